@@ -1,0 +1,23 @@
+# Everything installs into .venv (Python 3.11+); `make test` is the README's test command.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install test bench clean
+
+install: $(BIN)/.installed
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+test: install
+	$(BIN)/python -m pytest -q
+
+bench: install
+	$(BIN)/python bench/bench_model.py
+
+clean:
+	rm -rf $(VENV) *.egg-info

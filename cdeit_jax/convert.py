@@ -1,0 +1,245 @@
+"""Import (and export) PyTorch CDEIT checkpoints, strictly.
+
+The name table is derived from the NNX module tree, so every NNX variable has exactly one
+reference name and transform; a state dict must match it key for key and shape for shape.
+
+Command line (writes a checkpoint that eval.py loads):
+  python -m cdeit_jax.convert --checkpoint best.pt --config configs/default.py --workdir DIR
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from cdeit_jax.model import CDEIT, PosEmbed, relative_position_index
+
+WINDOW_BLOCKS = ("swinIn1", "swinIn2", "swinOut1", "swinOut2")
+
+
+@dataclass(frozen=True)
+class Entry:
+  """One reference tensor: the NNX path it fills and the two layout transforms."""
+  path: tuple[Any, ...]
+  to_nnx: Callable[[np.ndarray], np.ndarray]
+  to_torch: Callable[[np.ndarray], np.ndarray]
+
+
+def _ident(a):
+  return a
+
+
+def _torch_prefix(path: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
+  """Reference module prefix of an NNX path, and the rest of the path inside that module."""
+  head = path[0]
+  if head in ("x_embedder", "pos_embed", "final_layer"):
+    return {"x_embedder": "x_embedder.proj"}.get(head, head), path[1:]
+  if head == "t_fc1":
+    return "t_embedder.mlp.0", path[1:]
+  if head == "t_fc2":
+    return "t_embedder.mlp.2", path[1:]
+  if head in WINDOW_BLOCKS or head == "mid":
+    return f"blocks.{head}", path[1:]
+  if head == "downs":  # Sequential(PatchMerging, Block, Block)
+    i, part = path[1], path[2]
+    if part == "merge":
+      return f"blocks.downs.{i}.0", path[3:]
+    return f"blocks.downs.{i}.{path[3] + 1}", path[4:]
+  if head == "ups":  # ModuleList(Sequential(rearrange, Upsample, Conv2d), Linear, Block, Block)
+    i, part = path[1], path[2]
+    if part == "conv":
+      return f"blocks.ups.{i}.0.2", path[3:]
+    if part == "fuse":
+      return f"blocks.ups.{i}.1", path[3:]
+    return f"blocks.ups.{i}.{path[3] + 2}", path[4:]
+  raise KeyError(f"no reference name for NNX path {path}")
+
+
+def _torch_inner(rest: tuple[Any, ...], window: bool) -> str:
+  names = []
+  for k in rest:
+    if k == "attn" and window:
+      names += ["attn", "attn"]  # the reference wraps WindowAttention in a module named `attn`
+    elif k == "adaLN_modulation":
+      names.append("adaLN_modulation.1")  # Sequential(SiLU, Linear)
+    elif k in ("kernel", "scale"):
+      names.append("weight")
+    else:
+      names.append(str(k))
+  return ".".join(names)
+
+
+def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
+  """Reference name -> Entry for every loadable variable; and the index buffers to check."""
+  table: dict[str, Entry] = {}
+  buffers: dict[str, np.ndarray] = {}
+  state = nnx.state(model, nnx.Any(nnx.Param, PosEmbed))
+  for path, var in state.flat_state():
+    prefix, rest = _torch_prefix(path)
+    window = path[0] in WINDOW_BLOCKS
+    name = ".".join(p for p in (prefix, _torch_inner(rest, window)) if p)
+    shape = tuple(var.shape)
+    if path[0] == "x_embedder" and path[-1] == "kernel":  # conv (kh,kw,in,out) <- (out,in,kh,kw)
+      entry = Entry(path, lambda a: a.transpose(2, 3, 1, 0), lambda a: a.transpose(3, 2, 0, 1))
+    elif path[0] == "ups" and path[2] == "conv" and path[-1] == "kernel":  # 1x1 conv
+      entry = Entry(path, lambda a: a[:, :, 0, 0].T, lambda a: a.T[:, :, None, None])
+    elif path[-1] == "kernel":  # Linear (in,out) <- (out,in)
+      entry = Entry(path, lambda a: a.T, lambda a: a.T)
+    elif path[-1] in ("g", "pos_embed"):  # (1,1,C) / (1,N,C) in the reference
+      entry = Entry(path, lambda a, s=shape: a.reshape(s), lambda a: a[None] if a.ndim == 2
+                    else a.reshape(1, 1, -1))
+    else:
+      entry = Entry(path, _ident, _ident)
+    table[name] = entry
+    if path[-1] == "relative_position_bias_table":
+      win = int(round((np.sqrt(shape[0]) + 1) / 2))
+      buffers[name.replace("relative_position_bias_table", "relative_position_index")] = \
+          relative_position_index(win)
+  return table, buffers
+
+
+class StateDictMismatch(ValueError):
+  """A state dict does not match the model; the message lists every problem."""
+
+
+def _problems(items: list[str], title: str, limit: int = 40) -> list[str]:
+  if not items:
+    return []
+  shown = "\n    ".join(items[:limit])
+  more = f"\n    ... and {len(items) - limit} more" if len(items) > limit else ""
+  return [f"  {title} ({len(items)}):\n    {shown}{more}"]
+
+
+def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
+                          source: str = "state dict") -> CDEIT:
+  """Load a reference-named state dict into `model` in place (strict); returns the model.
+
+  Missing, unexpected and mis-shaped keys raise `StateDictMismatch` listing all of them; the
+  `relative_position_index` buffers are recomputed and checked, not loaded.
+  """
+  table, buffers = name_table(model)
+  arrays = {k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
+            for k, v in state_dict.items()}
+  state = nnx.state(model, nnx.Any(nnx.Param, PosEmbed))
+  flat = dict(state.flat_state())
+  missing = sorted(set(table) - set(arrays))
+  unexpected = sorted(set(arrays) - set(table) - set(buffers))
+  missing += sorted(set(buffers) - set(arrays))
+  shapes, bad_buffers, updates = [], [], {}
+  for name, entry in table.items():
+    if name not in arrays:
+      continue
+    var = flat[entry.path]
+    want = entry.to_torch(np.zeros(var.shape, np.float32)).shape
+    got = arrays[name].shape
+    if got != want:
+      shapes.append(f"{name}: checkpoint {got}, model expects {want}")
+      continue
+    updates[entry.path] = entry.to_nnx(arrays[name]).astype(var.dtype)
+  for name, want in buffers.items():
+    if name in arrays and (arrays[name].shape != want.shape or
+                           not np.array_equal(arrays[name], want)):
+      bad_buffers.append(f"{name}: differs from the Swin index of this window size")
+  errors = (_problems(missing, "missing keys") + _problems(unexpected, "unexpected keys") +
+            _problems(shapes, "shape mismatches") + _problems(bad_buffers, "bad index buffers"))
+  if errors:
+    raise StateDictMismatch(
+        f"{source} does not match the CDEIT model (hidden_size={model.hidden_size}, "
+        f"image_size={model.image_size}, patch_size={model.patch_size}):\n" + "\n".join(errors) +
+        "\n  Check that the config's model section matches the checkpoint "
+        "(e.g. --config.model.hidden_size).")
+  for path, value in updates.items():
+    flat[path].value = jax.numpy.asarray(value)
+  nnx.update(model, nnx.from_flat_state(flat))
+  return model
+
+
+def export_torch_state_dict(model: CDEIT) -> dict[str, np.ndarray]:
+  """The model's weights under the reference's names and layouts (with the index buffers)."""
+  table, buffers = name_table(model)
+  flat = dict(nnx.state(model, nnx.Any(nnx.Param, PosEmbed)).flat_state())
+  out = {name: e.to_torch(np.asarray(flat[e.path].value)) for name, e in table.items()}
+  out.update({k: v.astype(np.int64) for k, v in buffers.items()})
+  return out
+
+
+def read_state_dict(path: str) -> dict[str, np.ndarray]:
+  """Read a reference checkpoint: `.npz` of arrays, or a `.pt`/`.pth` (needs torch).
+
+  A `.pt` may be the authors' dict with a `model` entry, or a bare state dict.
+  """
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"--checkpoint {path}: no such file")
+  if path.endswith(".npz"):
+    try:
+      with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+      raise ValueError(f"{path}: not a readable .npz of arrays ({e})") from e
+  try:
+    import torch
+  except ImportError as e:
+    raise ImportError(
+        f"reading {path} needs PyTorch: pip install 'cdeit-jax[torch]' "
+        "(or convert it to .npz of arrays elsewhere and pass that)") from e
+  try:
+    obj = torch.load(path, map_location="cpu", weights_only=True)  # no arbitrary unpickling
+  except Exception as e:  # torch raises several types for corrupt or unsafe files
+    raise ValueError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from e
+  if isinstance(obj, Mapping) and "model" in obj and isinstance(obj["model"], Mapping):
+    obj = obj["model"]
+  if not isinstance(obj, Mapping):
+    raise ValueError(f"{path}: expected a state dict or a dict with a 'model' state dict, "
+                     f"got {type(obj).__name__}")
+  out = {}
+  for k, v in obj.items():
+    if not hasattr(v, "detach"):
+      raise ValueError(f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor")
+    out[k] = v.detach().cpu().numpy()
+  return out
+
+
+def convert(checkpoint_path: str, cfg, workdir: str, *, stats_dir: str | None = None,
+            step: int = 0, weights: str = "ema") -> str:
+  """Read a reference checkpoint, load it strictly into the config's model, save a workdir."""
+  from cdeit_jax import checkpoint, config_lib, stats
+
+  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  load_torch_state_dict(model, read_state_dict(checkpoint_path), source=checkpoint_path)
+  mean, std = stats.load_stats(stats_dir) if stats_dir else stats.authors_stats()
+  return checkpoint.save_inference(workdir, model, cfg, mean=mean, std=std, step=step,
+                                   weights=weights, source=os.path.abspath(checkpoint_path))
+
+
+def main(argv: list[str]) -> None:
+  from absl import flags
+  del argv
+  f = flags.FLAGS
+  path = convert(f.checkpoint, f.config, f.workdir, stats_dir=f.stats, step=f.step,
+                 weights=f.weights)
+  print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+  from absl import app, flags
+  from ml_collections import config_flags
+
+  config_flags.DEFINE_config_file("config", None, "config file whose `model` section matches the "
+                                  "checkpoint (e.g. configs/default.py); override keys with "
+                                  "--config.model.hidden_size=64", lock_config=True)
+  flags.DEFINE_string("checkpoint", None, "best.pt (dict with 'model'), a bare state dict, or .npz")
+  flags.DEFINE_string("workdir", None, "output directory, loadable by eval.py --workdir")
+  flags.DEFINE_string("stats", None, "folder with mean/std (.npy or .pth) the model was trained "
+                      "with; default: the CDEIT authors' statistics shipped with cdeit-jax")
+  flags.DEFINE_integer("step", 0, "step number to record")
+  flags.DEFINE_enum("weights", "ema", ["ema", "raw"], "which weight set the file holds "
+                    "(the authors' best.pt holds EMA weights)")
+  flags.mark_flags_as_required(["config", "checkpoint", "workdir"])
+  app.run(main)

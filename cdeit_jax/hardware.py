@@ -1,0 +1,41 @@
+"""Peak dense bfloat16 matmul throughput per device kind, for achieved-FLOP/s fractions (MFU)."""
+
+from __future__ import annotations
+
+import jax
+
+# TFLOP/s per device (one TPU core as JAX sees it; one GPU), dense bf16, vendor figures.
+PEAK_BF16_TFLOPS = {
+    "TPU v4": 275.0,
+    "TPU v5 lite": 197.0,  # v5e
+    "TPU v5e": 197.0,
+    "TPU v5p": 459.0,
+    "TPU v5": 459.0,
+    "TPU v6 lite": 918.0,  # v6e (Trillium)
+    "TPU v6e": 918.0,
+    "NVIDIA A100": 312.0,
+    "NVIDIA H100": 989.0,  # SXM; PCIe parts are lower
+    "NVIDIA H200": 989.0,
+}
+
+
+def peak_tflops(device: jax.Device | None = None) -> float | None:
+  """Peak bf16 TFLOP/s of `device` (default: the first), or None where unknown (CPU)."""
+  kind = (device or jax.devices()[0]).device_kind
+  for name in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
+    if kind.startswith(name) or name in kind:
+      return PEAK_BF16_TFLOPS[name]
+  return None
+
+
+def compiled_flops(compiled) -> float | None:
+  """FLOPs of one call of a compiled function, from XLA's cost analysis (None if unavailable)."""
+  try:
+    cost = compiled.cost_analysis()
+  except Exception:  # some backends do not implement it
+    return None
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else None
+  if not cost or "flops" not in cost:
+    return None
+  return float(cost["flops"])

@@ -1,0 +1,308 @@
+"""The CDEIT network (a DiT-style U-net of adaLN-Zero transformer blocks) in Flax NNX.
+
+Follows the published PyTorch `DiT` of CDEIT exactly (see docs/model.md and
+`tests/fixtures/`); layouts are NHWC inside, parameters float32, compute in
+`dtype` (bfloat16 on accelerators), with norms, softmax and the timestep
+embedding kept in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+Array = jax.Array
+DType = Any
+
+xavier_uniform = nnx.initializers.xavier_uniform()
+zeros = nnx.initializers.zeros_init()
+
+
+class PosEmbed(nnx.Variable):
+  """A fixed (not trained) table; loaded from checkpoints like the reference's `pos_embed`."""
+
+
+# ----------------------------------------------------------------------------- fixed tables
+
+
+def sincos_pos_embed_2d(dim: int, grid: int) -> np.ndarray:
+  """MAE/DiT 2-D sin-cos table (grid*grid, dim): first half encodes the column, second the row."""
+  if dim % 4:
+    raise ValueError(f"hidden_size must be a multiple of 4 for the sin-cos table, got {dim}")
+
+  def one_axis(d: int, pos: np.ndarray) -> np.ndarray:
+    omega = 1.0 / 10000 ** (np.arange(d // 2, dtype=np.float64) / (d / 2.0))
+    out = np.einsum("m,d->md", pos.reshape(-1).astype(np.float64), omega)
+    return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+  # DiT: meshgrid(w, h) so that grid[0] varies along columns; emb = [emb(grid[0]), emb(grid[1])].
+  gw, gh = np.meshgrid(np.arange(grid, dtype=np.float32), np.arange(grid, dtype=np.float32))
+  return np.concatenate([one_axis(dim // 2, gw), one_axis(dim // 2, gh)], axis=1).astype(np.float32)
+
+
+def relative_position_index(window: int) -> np.ndarray:
+  """Swin's (window^2, window^2) index into the ((2w-1)^2, heads) relative position bias table."""
+  coords = np.stack(np.meshgrid(np.arange(window), np.arange(window), indexing="ij")).reshape(2, -1)
+  rel = (coords[:, :, None] - coords[:, None, :]).transpose(1, 2, 0) + (window - 1)
+  return rel[:, :, 0] * (2 * window - 1) + rel[:, :, 1]
+
+
+def timestep_embedding(t: Array, dim: int = 256, max_period: float = 10000.0) -> Array:
+  """Sinusoidal embedding of integer timesteps, `[cos, sin]` order, float32 (as DiT)."""
+  half = dim // 2
+  freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
+  args = t.astype(jnp.float32)[:, None] * freqs[None]
+  emb = jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)
+  if dim % 2:
+    emb = jnp.concatenate([emb, jnp.zeros_like(emb[:, :1])], axis=-1)
+  return emb
+
+
+def modulate(x: Array, shift: Array, scale: Array) -> Array:
+  """adaLN modulation; x (B, ..., C), shift/scale (B, C)."""
+  expand = (slice(None),) + (None,) * (x.ndim - 2)
+  return x * (1 + scale[expand]) + shift[expand]
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+class L2Norm(nnx.Module):
+  """The reference's "RMSNorm": `x / max(||x||_2, 1e-12) * g * sqrt(dim)`, computed in float32."""
+
+  def __init__(self, dim: int):
+    self.g = nnx.Param(jnp.ones((dim,), jnp.float32))
+    self.scale = math.sqrt(dim)
+
+  def __call__(self, x: Array) -> Array:
+    x = x.astype(jnp.float32)
+    norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=-1, keepdims=True))
+    return x / jnp.maximum(norm, 1e-12) * (self.g[...] * self.scale)
+
+
+def _linear(din: int, dout: int, dtype: DType, rngs: nnx.Rngs, *, use_bias: bool = True,
+            kernel_init=xavier_uniform) -> nnx.Linear:
+  return nnx.Linear(din, dout, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
+                    kernel_init=kernel_init, bias_init=zeros, rngs=rngs)
+
+
+class Mlp(nnx.Module):
+  def __init__(self, dim: int, hidden: int, dtype: DType, rngs: nnx.Rngs):
+    self.fc1 = _linear(dim, hidden, dtype, rngs)
+    self.fc2 = _linear(hidden, dim, dtype, rngs)
+
+  def __call__(self, x: Array) -> Array:
+    return self.fc2(jax.nn.silu(self.fc1(x)))
+
+
+class Attention(nnx.Module):
+  """Multi-head self-attention on a (B, H, W, C) grid: global, or inside non-overlapping windows
+  (Swin W-MSA, no shift) with a learned relative position bias."""
+
+  def __init__(self, dim: int, num_heads: int, dtype: DType, rngs: nnx.Rngs, *,
+               window: int | None = None, implementation: str | None = None):
+    if dim % num_heads:
+      raise ValueError(f"hidden_size {dim} is not divisible by num_heads {num_heads}")
+    self.num_heads = num_heads
+    self.window = window
+    self.implementation = implementation
+    self.qkv = _linear(dim, 3 * dim, dtype, rngs)
+    self.proj = _linear(dim, dim, dtype, rngs)
+    if window is not None:
+      init = nnx.initializers.truncated_normal(stddev=0.02)
+      self.relative_position_bias_table = nnx.Param(
+          init(rngs.params(), ((2 * window - 1) ** 2, num_heads), jnp.float32))
+
+  def __call__(self, x: Array) -> Array:
+    b, h, w, c = x.shape
+    if self.window is None:
+      tokens = x.reshape(b, h * w, c)
+      bias = None
+    else:
+      ws = self.window
+      tokens = x.reshape(b, h // ws, ws, w // ws, ws, c).transpose(0, 1, 3, 2, 4, 5)
+      tokens = tokens.reshape(-1, ws * ws, c)
+      index = relative_position_index(ws).reshape(-1)
+      bias = self.relative_position_bias_table[...][index]
+      bias = bias.reshape(ws * ws, ws * ws, self.num_heads).transpose(2, 0, 1)[None]
+    qkv = self.qkv(tokens)
+    q, k, v = jnp.split(qkv.reshape(*tokens.shape[:2], 3, self.num_heads, -1), 3, axis=2)
+    q, k, v = (a[:, :, 0] for a in (q, k, v))  # (B', T, heads, head_dim)
+    if bias is not None:
+      bias = bias.astype(q.dtype)  # fused kernels (cuDNN) want the bias in the compute dtype
+    out = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=self.implementation)
+    out = self.proj(out.reshape(*tokens.shape[:2], c))
+    if self.window is None:
+      return out.reshape(b, h, w, c)
+    ws = self.window
+    out = out.reshape(b, h // ws, w // ws, ws, ws, c).transpose(0, 1, 3, 2, 4, 5)
+    return out.reshape(b, h, w, c)
+
+
+class Block(nnx.Module):
+  """adaLN-Zero transformer block (DiT) on a (B, H, W, C) grid."""
+
+  def __init__(self, dim: int, num_heads: int, mlp_ratio: float, dtype: DType, rngs: nnx.Rngs, *,
+               window: int | None = None, attention_impl: str | None = None):
+    self.norm1 = L2Norm(dim)
+    self.attn = Attention(dim, num_heads, dtype, rngs, window=window, implementation=attention_impl)
+    self.norm2 = L2Norm(dim)
+    self.mlp = Mlp(dim, int(dim * mlp_ratio), dtype, rngs)
+    self.adaLN_modulation = _linear(dim, 6 * dim, dtype, rngs, kernel_init=zeros)
+
+  def __call__(self, x: Array, c: Array) -> Array:
+    mod = self.adaLN_modulation(jax.nn.silu(c)).astype(jnp.float32)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = jnp.split(mod, 6, axis=-1)
+    x = x + gate_msa[:, None, None] * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
+    x = x + gate_mlp[:, None, None] * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+    return x
+
+
+class PatchMerging(nnx.Module):
+  """Swin patch merging: 2x2 neighbours -> 4C, LayerNorm, Linear(4C, C) without bias."""
+
+  def __init__(self, dim: int, dtype: DType, rngs: nnx.Rngs):
+    self.norm = nnx.LayerNorm(4 * dim, epsilon=1e-5, dtype=jnp.float32, param_dtype=jnp.float32,
+                              rngs=rngs)
+    self.reduction = _linear(4 * dim, dim, dtype, rngs, use_bias=False)
+
+  def __call__(self, x: Array) -> Array:
+    # Order (0,0), (1,0), (0,1), (1,1) as (row, col): even/even, odd/even, even/odd, odd/odd.
+    x = jnp.concatenate([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]],
+                        axis=-1)
+    return self.reduction(self.norm(x))
+
+
+class Down(nnx.Module):
+  def __init__(self, dim, num_heads, mlp_ratio, dtype, rngs, attention_impl):
+    self.merge = PatchMerging(dim, dtype, rngs)
+    self.blocks = nnx.List([Block(dim, num_heads, mlp_ratio, dtype, rngs,
+                                  attention_impl=attention_impl) for _ in range(2)])
+
+
+class Up(nnx.Module):
+  """Nearest 2x upsample, 1x1 conv, concat [up, skip], Linear(2C, C), two global blocks."""
+
+  def __init__(self, dim, num_heads, mlp_ratio, dtype, rngs, attention_impl):
+    # The reference's 1x1 Conv2d keeps PyTorch's default init: U(+-1/sqrt(fan_in)).
+    bound_init = nnx.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
+    self.conv = _linear(dim, dim, dtype, rngs, kernel_init=bound_init)
+    self.conv.bias = nnx.Param(jax.random.uniform(rngs.params(), (dim,), jnp.float32,
+                                                  -1 / math.sqrt(dim), 1 / math.sqrt(dim)))
+    self.fuse = _linear(2 * dim, dim, dtype, rngs)
+    self.blocks = nnx.List([Block(dim, num_heads, mlp_ratio, dtype, rngs,
+                                  attention_impl=attention_impl) for _ in range(2)])
+
+  def upsample(self, x: Array, skip: Array) -> Array:
+    x = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+    return self.fuse(jnp.concatenate([self.conv(x), skip], axis=-1))
+
+
+class FinalLayer(nnx.Module):
+  def __init__(self, dim: int, patch: int, out_channels: int, dtype: DType, rngs: nnx.Rngs):
+    self.norm_final = L2Norm(dim)
+    self.adaLN_modulation = _linear(dim, 2 * dim, dtype, rngs, kernel_init=zeros)
+    self.linear = _linear(dim, patch * patch * out_channels, dtype, rngs, kernel_init=zeros)
+
+  def __call__(self, x: Array, c: Array) -> Array:
+    shift, scale = jnp.split(self.adaLN_modulation(jax.nn.silu(c)).astype(jnp.float32), 2, axis=-1)
+    return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+# ----------------------------------------------------------------------------- the network
+
+
+class CDEIT(nnx.Module):
+  """CDEIT denoiser: predicts the clean image x0 from a noisy image, a timestep and the EIM.
+
+  Args default to the published model (109,719,108 parameters with the position table).
+  Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM -> (B, H, W, 1) float32.
+  """
+
+  def __init__(self, *, image_size: int = 128, patch_size: int = 2, in_channels: int = 1,
+               hidden_size: int = 512, num_heads: int = 16, mlp_ratio: float = 4.0,
+               num_scales: int = 4, window_size: int | None = None, cond_size: int = 16,
+               freq_dim: int = 256, dtype: DType = jnp.float32,
+               attention_impl: str | None = None, remat: bool = False, rngs: nnx.Rngs):
+    if image_size % patch_size:
+      raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
+    grid = image_size // patch_size
+    if grid % (2 ** num_scales):
+      raise ValueError(f"token grid {grid} (image_size/patch_size) must be divisible by "
+                       f"2**num_scales = {2 ** num_scales}")
+    window = grid // 4 if window_size is None else window_size
+    if grid % window:
+      raise ValueError(f"window_size {window} does not divide the token grid {grid}")
+    if image_size % cond_size:
+      raise ValueError(f"image_size {image_size} is not divisible by cond_size {cond_size}")
+    self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
+    self.hidden_size, self.grid, self.window, self.cond_size = hidden_size, grid, window, cond_size
+    self.freq_dim, self.dtype, self.remat = freq_dim, jnp.dtype(dtype), remat
+    dim, args = hidden_size, (num_heads, mlp_ratio, dtype, rngs)
+
+    # Patch embedding: the conv is initialised like a Linear over (kh, kw, in) -> out.
+    self.x_embedder = nnx.Conv(
+        2 * in_channels, dim, (patch_size, patch_size), strides=patch_size, padding="VALID",
+        dtype=dtype, param_dtype=jnp.float32, bias_init=zeros, rngs=rngs,
+        kernel_init=nnx.initializers.xavier_uniform(in_axis=(0, 1, 2), out_axis=3))
+    self.pos_embed = PosEmbed(jnp.asarray(sincos_pos_embed_2d(dim, grid)))
+    normal = nnx.initializers.normal(0.02)
+    self.t_fc1 = _linear(freq_dim, dim, dtype, rngs, kernel_init=normal)
+    self.t_fc2 = _linear(dim, dim, dtype, rngs, kernel_init=normal)
+
+    block = lambda win=None: Block(dim, *args, window=win, attention_impl=attention_impl)
+    self.swinIn1, self.swinIn2 = block(window), block(window)
+    self.downs = nnx.List([Down(dim, *args, attention_impl) for _ in range(num_scales)])
+    self.mid = block()
+    self.ups = nnx.List([Up(dim, *args, attention_impl) for _ in range(num_scales)])
+    self.swinOut1, self.swinOut2 = block(window), block(window)
+    self.final_layer = FinalLayer(dim, patch_size, in_channels, dtype, rngs)
+
+  def _block(self, blk: Block, x: Array, c: Array) -> Array:
+    if self.remat:
+      return nnx.remat(lambda m, x, c: m(x, c))(blk, x, c)
+    return blk(x, c)
+
+  def __call__(self, x: Array, t: Array, cond: Array) -> Array:
+    b, size = x.shape[0], self.image_size
+    if x.shape[1:] != (size, size, self.in_channels):
+      raise ValueError(f"x must be (B, {size}, {size}, {self.in_channels}), got {x.shape}")
+    if cond.shape[1:] != (self.cond_size, self.cond_size, 1):
+      raise ValueError(f"cond must be (B, {self.cond_size}, {self.cond_size}, 1), got {cond.shape}")
+    up = size // self.cond_size
+    cond = jnp.repeat(jnp.repeat(cond.astype(x.dtype), up, axis=1), up, axis=2)
+    h = self.x_embedder(jnp.concatenate([x, cond], axis=-1)).astype(jnp.float32)
+    h = h + self.pos_embed[...].reshape(1, self.grid, self.grid, -1)
+
+    c = timestep_embedding(t, self.freq_dim)
+    c = self.t_fc2(jax.nn.silu(self.t_fc1(c))).astype(jnp.float32)
+
+    h = self._block(self.swinIn2, self._block(self.swinIn1, h, c), c)
+    skips = []
+    for down in self.downs:
+      skips.append(h)
+      h = down.merge(h).astype(jnp.float32)
+      for blk in down.blocks:
+        h = self._block(blk, h, c)
+    h = self._block(self.mid, h, c)
+    for up_layer, skip in zip(self.ups, reversed(skips)):
+      h = up_layer.upsample(h, skip).astype(jnp.float32)
+      for blk in up_layer.blocks:
+        h = self._block(blk, h, c)
+    h = self._block(self.swinOut2, self._block(self.swinOut1, h, c), c)
+
+    out = self.final_layer(h, c).astype(jnp.float32)  # (B, g, g, p*p*C), ordered (p, q, C)
+    p, g = self.patch_size, self.grid
+    out = out.reshape(b, g, g, p, p, self.in_channels).transpose(0, 1, 3, 2, 4, 5)
+    return out.reshape(b, size, size, self.in_channels)
+
+
+def count_params(model: nnx.Module, include_fixed: bool = True) -> int:
+  """Number of parameters; `include_fixed` counts the position table as the reference does."""
+  filt = nnx.Any(nnx.Param, PosEmbed) if include_fixed else nnx.Param
+  return sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(model, filt)))

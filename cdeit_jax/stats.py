@@ -1,0 +1,140 @@
+"""Normalisation statistics of the conditioning voltages: `mean`, `std` of shape (1, 16, 13).
+
+Reads `.npy` and the authors' `.pth` files. A `.pth` is read without torch and without running
+pickled code: Python's documented "restricting globals" Unpickler admits only the few names a
+single saved tensor uses (`torch.load(weights_only=True)` would need torch, which we don't require).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from collections import OrderedDict
+from importlib import resources
+
+import numpy as np
+
+STATS_SHAPE = (1, 16, 13)
+
+_STORAGE_DTYPES = {
+    "FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
+    "LongStorage": np.int64, "IntStorage": np.int32,
+}
+
+
+class _Storage:
+  def __init__(self, dtype):
+    self.dtype = dtype
+
+
+def _rebuild_tensor_v2(storage, offset, size, stride, requires_grad=False, hooks=None,
+                       metadata=None):
+  flat = storage
+  itemsize = flat.dtype.itemsize
+  return np.lib.stride_tricks.as_strided(
+      flat[offset:], shape=tuple(size), strides=tuple(s * itemsize for s in stride)).copy()
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+  """Admits a tensor's rebuild function, storage types and OrderedDict; refuses anything else."""
+
+  def __init__(self, fh, archive: zipfile.ZipFile, prefix: str, path: str, byteorder: str):
+    super().__init__(fh)
+    self.archive, self.prefix, self.path, self.byteorder = archive, prefix, path, byteorder
+
+  def find_class(self, module, name):
+    if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+      return _rebuild_tensor_v2
+    if module == "torch" and name in _STORAGE_DTYPES:
+      return _Storage(_STORAGE_DTYPES[name])
+    if (module, name) == ("collections", "OrderedDict"):
+      return OrderedDict
+    raise ValueError(f"{self.path}: refusing to load {module}.{name}: only a plain saved tensor "
+                     "is accepted here (save mean/std with torch.save(tensor) or as .npy)")
+
+  def persistent_load(self, pid):
+    if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):
+      raise ValueError(f"{self.path}: unsupported persistent id {pid!r}")
+    _, storage_type, key, _location, numel = pid
+    if not isinstance(storage_type, _Storage):
+      raise ValueError(f"{self.path}: unsupported storage type {storage_type!r}")
+    raw = self.archive.read(f"{self.prefix}/data/{key}")
+    dtype = np.dtype(storage_type.dtype).newbyteorder("<" if self.byteorder == "little" else ">")
+    return np.frombuffer(raw, dtype=dtype, count=numel).astype(storage_type.dtype)
+
+
+def read_pth_tensor(path: str) -> np.ndarray:
+  """The single tensor saved in a PyTorch zip archive (`torch.save(tensor, path)`), as numpy."""
+  try:
+    archive = zipfile.ZipFile(path)
+  except (OSError, zipfile.BadZipFile) as e:
+    raise ValueError(f"{path}: not a PyTorch zip archive ({e}); re-save it with a recent "
+                     "torch.save or give a .npy file") from e
+  with archive:
+    names = archive.namelist()
+    pkl = [n for n in names if n.endswith("/data.pkl")]
+    if len(pkl) != 1:
+      raise ValueError(f"{path}: expected one data.pkl in the archive, found {len(pkl)}")
+    prefix = pkl[0][: -len("/data.pkl")]
+    byteorder = "little"
+    if f"{prefix}/byteorder" in names:
+      byteorder = archive.read(f"{prefix}/byteorder").decode().strip()
+    with archive.open(pkl[0]) as fh:
+      obj = _RestrictedUnpickler(fh, archive, prefix, path, byteorder).load()
+  if not isinstance(obj, np.ndarray):
+    raise ValueError(f"{path}: holds a {type(obj).__name__}, expected a single tensor")
+  return obj
+
+
+def read_array(path: str) -> np.ndarray:
+  """A `.npy` or a single-tensor `.pth`."""
+  if path.endswith(".npy"):
+    try:
+      return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+      raise ValueError(f"{path}: not a readable .npy array ({e})") from e
+  if path.endswith((".pth", ".pt")):
+    return read_pth_tensor(path)
+  raise ValueError(f"{path}: statistics must be .npy or .pth")
+
+
+def check_stats(mean: np.ndarray, std: np.ndarray, source: str = "statistics") -> tuple:
+  """Validate and return float32 (mean, std) of shape (1, 16, 13)."""
+  mean = np.asarray(mean, np.float32)
+  std = np.asarray(std, np.float32)
+  for name, a in (("mean", mean), ("std", std)):
+    if a.size != 208:
+      raise ValueError(f"{source}: {name} has shape {a.shape}, expected {STATS_SHAPE}")
+    if not np.all(np.isfinite(a)):
+      raise ValueError(f"{source}: {name} holds non-finite values")
+  if np.any(std <= 0):
+    raise ValueError(f"{source}: std has {(std <= 0).sum()} entries <= 0")
+  return mean.reshape(STATS_SHAPE), std.reshape(STATS_SHAPE)
+
+
+def find_stats_files(directory: str) -> tuple[str, str] | None:
+  """(mean, std) paths in `directory`, `.npy` preferred over `.pth`; None if absent."""
+  for ext in (".npy", ".pth"):
+    m, s = os.path.join(directory, "mean" + ext), os.path.join(directory, "std" + ext)
+    if os.path.isfile(m) and os.path.isfile(s):
+      return m, s
+  return None
+
+
+def load_stats(path: str) -> tuple[np.ndarray, np.ndarray]:
+  """Statistics from a folder holding mean/std (.npy or .pth)."""
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"statistics folder {path}: not a directory (it should hold "
+                            "mean.npy and std.npy, or mean.pth and std.pth)")
+  found = find_stats_files(path)
+  if found is None:
+    raise FileNotFoundError(f"statistics folder {path}: no mean.npy/std.npy or mean.pth/std.pth")
+  return check_stats(read_array(found[0]), read_array(found[1]), source=path)
+
+
+def authors_stats() -> tuple[np.ndarray, np.ndarray]:
+  """The CDEIT authors' statistics of their simulated training set (shipped with the package)."""
+  assets = resources.files("cdeit_jax") / "assets"
+  return check_stats(np.load(str(assets / "mean.npy")), np.load(str(assets / "std.npy")),
+                     source="cdeit_jax/assets")
