@@ -28,6 +28,14 @@ def default_config() -> ml_collections.ConfigDict:
       remat=False))
   c.diffusion = ml_collections.ConfigDict(dict(num_steps=1000, beta_start=1e-4, beta_end=0.02))
   c.sampling = ml_collections.ConfigDict(dict(steps=5, eta=1.0))
+  c.data = ml_collections.ConfigDict(dict(
+      path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
+      preset="simulated",  # simulated | uef2017 | ktc2023 (sets the two ratios)
+      voltage_ratio=config_dict.placeholder(float), current_ratio=config_dict.placeholder(float),
+      stats=config_dict.placeholder(str),  # folder with mean/std; default: the dataset root
+      skip_bad_files=False,  # True: skip unreadable/invalid files with a warning
+      cache=True,  # keep decoded arrays in memory (CDEIT datasets are small)
+      num_workers=0, num_threads=4, prefetch=8, seed=0))
   return c
 
 
