@@ -10,7 +10,10 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import logging
+import contextlib
 import os
+import sys
+import threading
 import zipfile
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -57,6 +60,18 @@ def resolve_ratios(preset: str, voltage_ratio: float | None = None,
       float(current_ratio if current_ratio is not None else c)
 
 
+# numpy parses .npy headers with ast.literal_eval, which is not thread-safe on CPython 3.11
+# ("SystemError: AST constructor recursion depth mismatch", seen here on 3.11.7 with grain's
+# reader threads). Decoding is serialised there; worker processes (num_workers) are unaffected.
+_NPZ_LOCK = threading.Lock() if sys.version_info < (3, 13) else contextlib.nullcontext()
+
+
+def _read_npz(path: str, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+  """The arrays of an npz (all, or `keys` where present), decoded under the lock."""
+  with _NPZ_LOCK, np.load(path, allow_pickle=False) as z:
+    return {k: z[k] for k in (z.files if keys is None else [k for k in keys if k in z.files])}
+
+
 # ----------------------------------------------------------------------------- validation
 
 
@@ -67,20 +82,19 @@ class DatasetError(ValueError):
 def check_file(path: str) -> str | None:
   """None if `path` is a usable CDEIT npz, else what is wrong with it."""
   try:
-    with np.load(path, allow_pickle=False) as z:
-      keys = set(z.files)
-      for key, shape in (("ys", (208, 1)), ("xs", (IMAGE_SIZE, IMAGE_SIZE))):
-        if key not in keys:
-          return f"missing key {key!r} (has {sorted(keys)})"
-        a = z[key]
-        if a.size != int(np.prod(shape)) or a.shape not in (shape, (shape[0],)):
-          return f"{key} has shape {a.shape}, expected {shape}"
-        if not np.issubdtype(a.dtype, np.number):
-          return f"{key} has dtype {a.dtype}, expected a float array"
-        if not np.all(np.isfinite(a)):
-          return f"{key} holds {int(np.size(a) - np.isfinite(a).sum())} non-finite values"
+    z = _read_npz(path)
   except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
     return f"not a readable npz ({type(e).__name__}: {e})"
+  for key, shape in (("ys", (208, 1)), ("xs", (IMAGE_SIZE, IMAGE_SIZE))):
+    if key not in z:
+      return f"missing key {key!r} (has {sorted(z)})"
+    a = z[key]
+    if a.size != int(np.prod(shape)) or a.shape not in (shape, (shape[0],)):
+      return f"{key} has shape {a.shape}, expected {shape}"
+    if not np.issubdtype(a.dtype, np.number):
+      return f"{key} has dtype {a.dtype}, expected a float array"
+    if not np.all(np.isfinite(a)):
+      return f"{key} holds {int(np.size(a) - np.isfinite(a).sum())} non-finite values"
   return None
 
 
@@ -123,9 +137,11 @@ def validate(directory: str, files: Sequence[str], *, skip_bad: bool = False,
 def resolve_stats(split_dir: str, stats: Any = None,
                   checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None
                   ) -> tuple[np.ndarray, np.ndarray]:
-  """Statistics to standardise with: explicit (arrays or folder), else the dataset root's
+  """Statistics to standardise with: explicit (arrays, a folder, or "authors"), else the dataset root's
   (the split folder's parent), else the checkpoint's. An explicit choice that differs from the
   checkpoint's is reported."""
+  if isinstance(stats, str) and stats == "authors":
+    stats = stats_lib.authors_stats()  # the CDEIT authors' statistics, shipped with the package
   if stats is not None:
     if isinstance(stats, (str, os.PathLike)):
       mean, std = stats_lib.load_stats(os.fspath(stats))
@@ -187,15 +203,15 @@ class NpzSource:
   def _load(self, i: int) -> dict[str, Any]:
     path = os.path.join(self.path, self.files[i])
     try:
-      with np.load(path, allow_pickle=False) as z:
-        cond, v = self.condition(z["ys"])
-        ex = {"cond": cond, "voltages": v,
-              "target": np.asarray(z["xs"], np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 1),
-              "index": np.int32(i), "name": self.files[i]}
-        if self.baselines:
-          for k in BASELINE_KEYS:
-            ex[k] = (np.asarray(z[k], np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 1) if k in z.files
-                     else np.full((IMAGE_SIZE, IMAGE_SIZE, 1), np.nan, np.float32))
+      z = _read_npz(path, ("ys", "xs") + (BASELINE_KEYS if self.baselines else ()))
+      cond, v = self.condition(z["ys"])
+      ex = {"cond": cond, "voltages": v,
+            "target": np.asarray(z["xs"], np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 1),
+            "index": np.int32(i), "name": self.files[i]}
+      if self.baselines:
+        for k in BASELINE_KEYS:
+          ex[k] = (np.asarray(z[k], np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 1) if k in z
+                   else np.full((IMAGE_SIZE, IMAGE_SIZE, 1), np.nan, np.float32))
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
       raise DatasetError(f"{path}: {e}") from e
     return ex
@@ -206,8 +222,7 @@ class NpzSource:
     return self._load(i)
 
   def has_baseline(self, key: str) -> bool:
-    with np.load(os.path.join(self.path, self.files[0]), allow_pickle=False) as z:
-      return key in z.files
+    return key in _read_npz(os.path.join(self.path, self.files[0]), (key,))
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -225,8 +240,8 @@ def compute_stats(split_dir: str, preset: str = "simulated", *, voltage_ratio: f
     raise DatasetError(f"data folder {split_dir}: need at least 2 files for a std (N-1)")
   n, mean, m2 = 0, np.zeros(208), np.zeros(208)
   for f in tqdm(files, desc=f"stats {split_dir}", unit="file", disable=not progress):
-    with np.load(os.path.join(split_dir, f), allow_pickle=False) as z:
-      x = np.asarray(z["ys"], np.float64).reshape(208) / ratio
+    x = np.asarray(_read_npz(os.path.join(split_dir, f), ("ys",))["ys"], np.float64)
+    x = x.reshape(208) / ratio
     n += 1  # Welford's update: one pass, numerically stable
     delta = x - mean
     mean += delta / n
@@ -254,11 +269,6 @@ def _drop_name(ex: dict) -> dict:
   return {k: ex[k] for k in _TRAIN_KEYS}
 
 
-def process_slice(n: int) -> slice:
-  """This host's share of n examples: a strided slice by process (disjoint across hosts)."""
-  return slice(jax.process_index(), None, jax.process_count())
-
-
 def local_batch_size(global_batch: int) -> int:
   if global_batch % jax.process_count():
     raise ValueError(f"global batch {global_batch} does not divide over {jax.process_count()} "
@@ -266,15 +276,41 @@ def local_batch_size(global_batch: int) -> int:
   return global_batch // jax.process_count()
 
 
+class _HostRows(grain.MapDataset):
+  """This host's rows of every global batch of `parent` (a global example stream).
+
+  Global batch k is parent[k*G : (k+1)*G]; host p gets its rows p*B .. p*B+B-1, so the hosts'
+  local batches, concatenated in process order, are the global batch whatever the process count.
+  """
+
+  def __init__(self, parent: grain.MapDataset, global_batch: int, per_host: int, process: int):
+    super().__init__(parent)
+    self._g, self._b, self._p = global_batch, per_host, process
+    self._len = (len(parent) // global_batch) * per_host
+
+  def __len__(self) -> int:
+    return self._len
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return self.slice(index)
+    k, j = divmod(index, self._b)
+    return self._parents[0][k * self._g + self._p * self._b + j]
+
+
 def train_dataset(source: NpzSource, global_batch: int, opts: LoaderOptions = LoaderOptions()
                   ) -> grain.IterDataset:
-  """Shuffled (per-epoch reshuffle, seeded), repeated, host-sharded, batched host data."""
+  """Shuffled (seeded, reshuffled each epoch), repeated, batched host share of the global batch.
+
+  The example order depends only on the seed, not on the number of hosts: each host reads only
+  the examples of its rows of each global batch.
+  """
   per_host = local_batch_size(global_batch)
-  ds = grain.MapDataset.source(source)[process_slice(len(source))]
-  if len(ds) < per_host:
-    raise DatasetError(f"{source.path}: this host's share has {len(ds)} examples, fewer than its "
-                       f"batch of {per_host}")
-  ds = ds.shuffle(seed=opts.seed + jax.process_index()).repeat().map(_drop_name)
+  if len(source) < global_batch:
+    raise DatasetError(f"{source.path}: {len(source)} examples, fewer than one global batch of "
+                       f"{global_batch}")
+  ds = grain.MapDataset.source(source).shuffle(seed=opts.seed).repeat().map(_drop_name)
+  ds = _HostRows(ds, global_batch, per_host, jax.process_index())
   ds = ds.batch(per_host, drop_remainder=True)
   it = ds.to_iter_dataset(grain.ReadOptions(
       num_threads=opts.num_threads, prefetch_buffer_size=max(opts.prefetch, opts.num_threads)))

@@ -29,7 +29,10 @@ def peak_tflops(device: jax.Device | None = None) -> float | None:
 
 
 def compiled_flops(compiled) -> float | None:
-  """FLOPs of one call of a compiled function, from XLA's cost analysis (None if unavailable)."""
+  """FLOPs of one call of a compiled function, from XLA's cost analysis (None if unavailable).
+
+  For a partitioned (sharded) executable this is per device (checked: 8 devices report 1/8).
+  """
   try:
     cost = compiled.cost_analysis()
   except Exception:  # some backends do not implement it
