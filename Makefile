@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test bench clean
+.PHONY: install test train-test bench clean
 
 install: $(BIN)/.installed
 
@@ -15,6 +15,9 @@ $(BIN)/.installed: pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+train-test: install
+	$(BIN)/python train.py --config configs/test.py --workdir runs/test
 
 bench: install
 	$(BIN)/python bench/bench_model.py

@@ -64,7 +64,7 @@ def manager(workdir: str, *, options: ocp.CheckpointManagerOptions | None = None
 
 
 def make_meta(cfg: ml_collections.ConfigDict, *, step: int, mean: np.ndarray, std: np.ndarray,
-              weights: list[str], source: str = "") -> dict[str, Any]:
+              weights: list[str], source: str = "", **extra: Any) -> dict[str, Any]:
   mean, std = stats.check_stats(mean, std, source="statistics to save")
   return {
       "format": FORMAT,
@@ -75,6 +75,7 @@ def make_meta(cfg: ml_collections.ConfigDict, *, step: int, mean: np.ndarray, st
       "stats": {"mean": mean.ravel().tolist(), "std": std.ravel().tolist()},
       "weights": sorted(weights),
       "source": source,
+      **extra,
   }
 
 
@@ -189,3 +190,100 @@ def load_model(path: str, *, weights: str = "ema", step: int | None = None,
   graphdef, state, rest = nnx.split(abstract, WEIGHTS, ...)
   state.replace_by_pure_dict(_restore_keys(restored, like))
   return nnx.merge(graphdef, state, rest), meta
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def _single_host_array_writes() -> None:
+  """Write replicated arrays from one replica when there is one host.
+
+  orbax's replica-parallel writes split each replicated array over its replicas with many small
+  eager slices (19 of 22 s of a 40-step CPU run over 8 devices); they only pay off when the
+  replicas sit on different hosts.
+  """
+  if jax.process_count() == 1:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+
+
+def train_manager(workdir: str, *, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
+  """Manager for training: keeps the latest `keep` steps plus the one with the lowest
+  validation loss (saved with `metrics={"val_loss": ...}`)."""
+  from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+  _single_host_array_writes()
+  policy = pp.AnyPreservationPolicy([
+      pp.LatestN(n=keep),
+      pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+               keep_checkpoints_without_metrics=False)])
+  return manager(workdir, options=ocp.CheckpointManagerOptions(
+      preservation_policy=policy, enable_async_checkpointing=async_save))
+
+
+def _weights_target(params_like, fixed_like) -> dict:
+  return _str_keys(nnx.merge_state(params_like, fixed_like).to_pure_dict())
+
+
+def save_train(mngr: ocp.CheckpointManager, state, data_iter, meta: dict[str, Any],
+               val_loss: float | None = None) -> None:
+  """Save a training state (every process calls this; orbax coordinates the writes)."""
+  import grain
+  step = int(meta["step"])
+  items = {
+      "params": ocp.args.StandardSave(_weights_target(state.params, state.fixed)),
+      "ema_params": ocp.args.StandardSave(_weights_target(state.ema, state.fixed)),
+      "opt_state": ocp.args.StandardSave(state.opt_state),
+      "meta": ocp.args.JsonSave(dict(meta, val_loss=val_loss)),
+  }
+  if data_iter is not None:
+    items["data"] = grain.checkpoint.CheckpointSave(data_iter)
+  mngr.save(step, args=ocp.args.Composite(**items),
+            metrics=None if val_loss is None else {"val_loss": float(val_loss)})
+
+
+def restore_train(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings, data_iter):
+  """Restore (state, meta) at `step` onto `shardings` (any device count), and the data iterator."""
+  import grain
+
+  def target(tree, sh):
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, sh)
+
+  w_like = nnx.merge_state(abstract_state.params, abstract_state.fixed)
+  w_target = target(_weights_target(abstract_state.params, abstract_state.fixed),
+                    _weights_target(shardings.params, shardings.fixed))
+  items = {"params": ocp.args.StandardRestore(w_target),
+           "ema_params": ocp.args.StandardRestore(w_target),
+           "opt_state": ocp.args.StandardRestore(target(abstract_state.opt_state,
+                                                        shardings.opt_state)),
+           "meta": ocp.args.JsonRestore()}
+  if data_iter is not None:
+    items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+  try:
+    r = mngr.restore(step, args=ocp.args.Composite(**items))
+  except ValueError as e:
+    raise ValueError(
+        f"cannot resume from {mngr.directory}/{step}: its state does not fit this config "
+        f"(changed config.model or config.optimizer?); use a new --workdir or the original "
+        f"settings. orbax said: {e}") from e
+
+  def split(restored):
+    state = jax.tree.map(lambda a: a, w_like)
+    state.replace_by_pure_dict(_restore_keys(restored, w_like.to_pure_dict()))
+    return nnx.split_state(state, nnx.Param, PosEmbed)
+
+  params, fixed = split(r["params"])
+  ema, _ = split(r["ema_params"])
+  state = abstract_state.replace(step=jax.device_put(jax.numpy.int32(r["meta"]["step"]),
+                                                     shardings.step),
+                                 params=params, fixed=fixed, ema=ema, opt_state=r["opt_state"])
+  return state, r["meta"]
+
+
+def best_step(workdir: str) -> int | None:
+  """The kept step with the lowest validation loss (None if none was validated)."""
+  workdir, _ = resolve(workdir)
+  with manager(workdir, read_only=True) as mngr:
+    steps = mngr.all_steps()
+  scored = [(m["val_loss"], s) for s in steps
+            if (m := read_meta(workdir, s)).get("val_loss") is not None]
+  return min(scored)[1] if scored else None

@@ -35,8 +35,68 @@ def default_config() -> ml_collections.ConfigDict:
       stats=config_dict.placeholder(str),  # folder with mean/std; default: the dataset root
       skip_bad_files=False,  # True: skip unreadable/invalid files with a warning
       cache=True,  # keep decoded arrays in memory (CDEIT datasets are small)
-      num_workers=0, num_threads=4, prefetch=8, seed=0))
+      num_workers=0, num_threads=4, prefetch=8, seed=0,
+      train_split="train", valid_split="valid"))
+  # Training: the authors' recipe.
+  c.seed = 0
+  c.batch_size = 16  # global, over all devices and hosts
+  c.accum_steps = 1  # micro-batches per step (each spread over all devices)
+  c.steps = 200_000
+  c.optimizer = ml_collections.ConfigDict(dict(
+      lr=1e-5, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0,
+      schedule="constant",  # constant | warmup_cosine
+      warmup_steps=0, end_lr_factor=0.0))
+  c.ema = ml_collections.ConfigDict(dict(beta=0.995, update_every=10, update_after_step=100,
+                                         power=2 / 3))  # ema_pytorch 0.5.2 defaults
+  c.shard_params = False  # True: FSDP-style, params/optimizer state split over the data axis
+  c.log_every = 100
+  c.eval_every = 1000  # validation loss (EMA weights, fixed seed); also the checkpoint interval
+  c.eval_batch_size = config_dict.placeholder(int)  # default: batch_size
+  c.eval_max_batches = config_dict.placeholder(int)  # default: the whole valid split
+  c.eval_seed = 1234
+  c.keep_checkpoints = 3  # the latest few; the best (lowest validation loss) is kept as well
+  c.async_checkpoints = True
   return c
+
+
+def validate(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1) -> None:
+  """Check every training value up front; errors name the key and say how to fix it."""
+
+  def need(ok: bool, key: str, msg: str):
+    if not ok:
+      raise ValueError(f"config.{key}={_get(cfg, key)!r}: {msg}")
+
+  model_kwargs(cfg)
+  for key in ("batch_size", "accum_steps", "steps", "log_every", "eval_every", "keep_checkpoints"):
+    need(isinstance(_get(cfg, key), int) and _get(cfg, key) > 0, key, "must be a positive integer")
+  need(cfg.batch_size % (num_devices * cfg.accum_steps) == 0, "batch_size",
+       f"does not divide evenly over {num_devices} devices x {cfg.accum_steps} accumulation "
+       f"steps; use a multiple of {num_devices * cfg.accum_steps}")
+  need(cfg.batch_size % num_processes == 0, "batch_size",
+       f"does not divide over {num_processes} processes")
+  eb = cfg.eval_batch_size or cfg.batch_size
+  need(eb % num_devices == 0, "eval_batch_size", f"must be a multiple of {num_devices} devices")
+  need(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
+  need(cfg.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 disables clipping)")
+  need(cfg.optimizer.schedule in ("constant", "warmup_cosine"), "optimizer.schedule",
+       "must be 'constant' or 'warmup_cosine'")
+  need(0 < cfg.ema.beta < 1, "ema.beta", "must be in (0, 1)")
+  need(cfg.ema.update_every > 0, "ema.update_every", "must be > 0")
+  need(cfg.sampling.steps >= 1, "sampling.steps", "must be >= 1")
+  need(cfg.diffusion.num_steps >= 1, "diffusion.num_steps", "must be >= 1")
+  need(cfg.data.preset in ("simulated", "uef2017", "ktc2023") or (
+      cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None), "data.preset",
+       "unknown preset: use simulated, uef2017 or ktc2023, or set data.voltage_ratio and "
+       "data.current_ratio")
+  need(cfg.data.path is not None, "data.path", "set the dataset root holding "
+       f"{cfg.data.train_split}/ and {cfg.data.valid_split}/ (--config.data.path=DIR)")
+
+
+def _get(cfg, key):
+  node = cfg
+  for k in key.split("."):
+    node = node[k]
+  return node
 
 
 def model_kwargs(cfg: ml_collections.ConfigDict) -> dict[str, Any]:

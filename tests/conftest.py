@@ -5,6 +5,11 @@ import os
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One persistent compilation cache for the session, inherited by the train.py subprocesses
+# (the same train step then compiles once: 14 s -> 3 s on 2 CPU cores).
+import tempfile  # noqa: E402
+
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="cdeit_jax_cache_"))
 
 import pathlib  # noqa: E402
 

@@ -76,7 +76,8 @@ def test_failed_load_leaves_model_untouched(small_state_dict):
 
 
 def test_convert_writes_loadable_checkpoint(tmp_path):
-  cfg = config_lib.load("configs/test.py")
+  cfg = config_lib.default_config()
+  cfg.model.hidden_size = 64  # the fixture's model
   convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
   model, meta = checkpoint.load_model(str(tmp_path / "run"))
   # The weights come back bit for bit (the forward of these weights is checked in test_model).

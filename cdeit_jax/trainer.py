@@ -1,0 +1,217 @@
+"""The training loop: data, compiled step, validation, checkpoints, logging, preemption.
+
+Host work stays off the device's path: metrics are fetched once per `log_every` steps, checkpoints
+are written asynchronously by orbax, and grain prefetches batches in threads or processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from cdeit_jax import checkpoint, config_lib, data, hardware, logs
+from cdeit_jax import sharding as shd
+from cdeit_jax import training
+from cdeit_jax.diffusion import Diffusion
+from cdeit_jax.model import CDEIT
+
+
+class NonFiniteLoss(RuntimeError):
+  pass
+
+
+class _Preemption:
+  """SIGTERM sets a flag; the loop saves and exits at the next step all processes agree on."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+  def _handle(self, signum, frame):
+    self.requested = True
+
+  def agreed(self) -> bool:
+    """Whether any process was signalled (a collective: call at the same steps everywhere)."""
+    if jax.process_count() == 1:
+      return self.requested
+    from jax.experimental import multihost_utils
+    flags = multihost_utils.process_allgather(np.array([self.requested], np.int32))
+    return bool(np.any(flags))
+
+  def restore(self):
+    signal.signal(signal.SIGTERM, self._previous)
+
+
+def _loader_options(cfg) -> data.LoaderOptions:
+  d = cfg.data
+  return data.LoaderOptions(num_workers=d.num_workers, num_threads=d.num_threads,
+                            prefetch=d.prefetch, seed=d.seed)
+
+
+def open_sources(cfg: ml_collections.ConfigDict, checkpoint_stats=None):
+  """(train, valid) sources; valid uses the training set's statistics."""
+  d = cfg.data
+  common = dict(voltage_ratio=d.voltage_ratio, current_ratio=d.current_ratio,
+                skip_bad=d.skip_bad_files)
+  train = data.NpzSource(os.path.join(d.path, d.train_split), d.preset, d.stats,
+                         checkpoint_stats=checkpoint_stats, cache=d.cache, **common)
+  valid = data.NpzSource(os.path.join(d.path, d.valid_split), d.preset, (train.mean, train.std),
+                         cache=d.cache, **common)
+  return train, valid
+
+
+def _memory_report(compiled: training.CompiledStep) -> str:
+  m = compiled.memory
+  if not m:
+    return "memory analysis: not reported by this backend"
+  gib = lambda b: b / 2 ** 30
+  need = m.get("argument_size_in_bytes", 0) + m.get("output_size_in_bytes", 0) + \
+      m.get("temp_size_in_bytes", 0) - m.get("alias_size_in_bytes", 0)
+  text = (f"memory per device: arguments {gib(m.get('argument_size_in_bytes', 0)):.2f} GiB, "
+          f"outputs {gib(m.get('output_size_in_bytes', 0)):.2f} GiB (aliased "
+          f"{gib(m.get('alias_size_in_bytes', 0)):.2f}), temporaries "
+          f"{gib(m.get('temp_size_in_bytes', 0)):.2f} GiB; total ~{gib(need):.2f} GiB")
+  stats = jax.local_devices()[0].memory_stats() or {}
+  limit = stats.get("bytes_limit")
+  if limit:
+    text += f" of {gib(limit):.2f} GiB"
+    if need > limit:
+      raise MemoryError(
+          text + "\nThe train step will not fit: lower config.batch_size, raise "
+          "config.accum_steps, set config.model.remat=True, config.shard_params=True, or use "
+          "bfloat16 (config.model.dtype).")
+  return text
+
+
+def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Train (or resume) in `workdir`; returns the last logged metrics."""
+  mesh = shd.make_mesh()
+  config_lib.validate(cfg, jax.device_count(), jax.process_count())
+  primary = jax.process_index() == 0
+  os.makedirs(workdir, exist_ok=True)
+  mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
+                                  async_save=cfg.async_checkpoints)
+  latest = mngr.latest_step()
+  ck_stats = checkpoint.meta_stats(checkpoint.read_meta(workdir, latest)) if latest is not None \
+      else None
+  train_src, valid_src = open_sources(cfg, ck_stats)
+
+  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(cfg.seed))
+  tx, schedule = training.make_optimizer(cfg)
+  graphdef, state = training.create_state(model, tx)
+  del model
+  diffusion = Diffusion(**cfg.diffusion)
+  step_fn = training.make_train_step(graphdef, diffusion, tx, schedule,
+                                     training.StepConfig.from_config(cfg), mesh)
+  abstract = jax.eval_shape(lambda: state)
+  compiled = training.compile_train_step(step_fn, abstract, cfg.batch_size, cfg.model.to_dict(),
+                                         mesh, cfg.shard_params)
+  report = [f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
+            f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
+            f"({cfg.accum_steps} micro-batches); params {checkpoint.count_model_params(nnx.merge(graphdef, state.params, state.fixed)):,}",
+            f"train step compiled in {compiled.compile_s:.1f} s; {_memory_report(compiled)}"]
+  host_iter = data.train_dataset(train_src, cfg.batch_size, _loader_options(cfg)).__iter__()
+  rng = jax.random.key(cfg.seed)
+  if latest is not None:
+    state, meta = checkpoint.restore_train(mngr, latest, abstract, compiled.state_shardings,
+                                           host_iter)
+    rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
+    report.append(f"resumed from {mngr.directory}/{latest}")
+  else:
+    state = jax.device_put(state, compiled.state_shardings)
+  start = int(jax.device_get(state.step))
+
+  eval_step = jax.jit(training.make_eval_step(graphdef, diffusion),
+                      in_shardings=(compiled.state_shardings.ema, compiled.state_shardings.fixed,
+                                    shd.batch_sharded(mesh), shd.replicated(mesh)),
+                      out_shardings=shd.replicated(mesh))
+  eval_batch = cfg.eval_batch_size or cfg.batch_size
+
+  def validate(params) -> float:
+    total, count = [], []
+    base = jax.random.key(cfg.eval_seed)
+    for i, b in enumerate(data.eval_batches(valid_src, eval_batch)):
+      if cfg.eval_max_batches and i >= cfg.eval_max_batches:
+        break
+      g = data.to_global(b, mesh)
+      s, c = eval_step(params, state.fixed, g, jax.random.fold_in(base, i))
+      total.append(s)
+      count.append(c)
+    return float(sum(jax.device_get(total))) / max(float(sum(jax.device_get(count))), 1.0)
+
+  def meta_now(step: int) -> dict:
+    return checkpoint.make_meta(cfg, step=step, mean=train_src.mean, std=train_src.std,
+                                weights=["ema", "raw"], source="train.py",
+                                rng=np.asarray(jax.random.key_data(rng)).tolist())
+
+  logger = logs.MetricLogger(workdir, cfg.steps, start, enabled=primary)
+  for line in report:
+    logger.print(line)
+  peak = hardware.peak_tflops()
+  preempt = _Preemption()
+  pending: list[dict] = []
+  window_start, window_t = start, time.perf_counter()
+  last_good = latest
+  last: dict[str, Any] = {}
+  step = start
+  try:
+    while step < cfg.steps:
+      batch = data.to_global(next(host_iter), mesh)
+      state, metrics = compiled.fn(state, {"cond": batch["cond"], "target": batch["target"]}, rng)
+      pending.append(metrics)
+      step += 1
+      final = step == cfg.steps
+      boundary = step % cfg.log_every == 0 or step % cfg.eval_every == 0 or final
+      stop = preempt.agreed() if (boundary or jax.process_count() == 1) else False
+      if not (boundary or stop):
+        continue
+      # --- one host sync per window: fetch the window's metrics
+      host = jax.device_get(pending)
+      pending = []
+      now = time.perf_counter()
+      if not all(bool(m["finite"]) for m in host):
+        bad = window_start + 1 + next(i for i, m in enumerate(host) if not bool(m["finite"]))
+        raise NonFiniteLoss(
+            f"the loss or gradient became non-finite at step {bad}; stopping without saving. "
+            f"The last good checkpoint is step {last_good} in {workdir}/checkpoints "
+            "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data).")
+      n = step - window_start
+      sps = n / (now - window_t)
+      loss = float(np.mean([m["loss"] for m in host]))
+      gnorm = float(host[-1]["grad_norm"])
+      last = {"loss": loss, "grad_norm": gnorm, "lr": float(host[-1]["lr"]),
+              "steps_per_sec": sps, "samples_per_sec": sps * cfg.batch_size,
+              "samples_per_sec_per_device": sps * cfg.batch_size / jax.device_count()}
+      if compiled.flops_per_step:
+        per_device = compiled.flops_per_step * sps / 1e12
+        last["tflops_per_device"] = per_device
+        if peak:
+          last["fraction_of_peak"] = per_device / peak
+      if gnorm > 1e3 or gnorm < 1e-7:
+        logger.print(f"warning: gradient norm {gnorm:.3g} at step {step}")
+      val_loss = None
+      if step % cfg.eval_every == 0 or final:
+        val_loss = validate(state.ema)
+        last["val_loss"] = val_loss
+      if step % cfg.eval_every == 0 or final or stop:
+        checkpoint.save_train(mngr, state, host_iter, meta_now(step), val_loss)
+        last_good = step
+      logger.write(step, last, advance=n)
+      window_start, window_t = step, time.perf_counter()
+      if stop and not final:
+        logger.print(f"SIGTERM: saved step {step}; rerun the same command to resume")
+        break
+  finally:
+    mngr.wait_until_finished()
+    mngr.close()
+    preempt.restore()
+    logger.close()
+  return dict(last, step=step)

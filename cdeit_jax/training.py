@@ -1,0 +1,221 @@
+"""Training: state, optimizer, the authors' EMA, and the jit-compiled sharded train/eval steps.
+
+The train step is a pure function of (state, batch, rng): per-step randomness is
+`fold_in(rng, state.step)`, so runs are reproducible and resume exactly. Gradient accumulation
+runs inside the step (`lax.scan` over micro-batches, each spread over every device).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from cdeit_jax import sharding as shd
+from cdeit_jax.diffusion import Diffusion
+from cdeit_jax.model import CDEIT, PosEmbed
+
+
+class TrainState(struct.PyTreeNode):
+  step: jax.Array            # optimizer steps done (int32 scalar)
+  params: nnx.State          # trained parameters (nnx.Param), float32
+  fixed: nnx.State           # fixed tables (the sin-cos position table)
+  opt_state: optax.OptState
+  ema: nnx.State             # EMA of `params` (the authors' ema_pytorch semantics)
+
+
+def create_state(model: CDEIT, tx: optax.GradientTransformation) -> tuple[nnx.GraphDef, TrainState]:
+  graphdef, params, fixed = nnx.split(model, nnx.Param, PosEmbed)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, fixed=fixed,
+                     opt_state=tx.init(params), ema=jax.tree.map(jnp.copy, params))
+  return graphdef, state
+
+
+# ----------------------------------------------------------------------------- optimizer
+
+
+def learning_rate_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
+  o = cfg.optimizer
+  if o.schedule == "constant":
+    return optax.constant_schedule(o.lr)
+  if o.schedule == "warmup_cosine":
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
+        decay_steps=max(cfg.steps, o.warmup_steps + 1), end_value=o.lr * o.end_lr_factor)
+  raise ValueError(f"config.optimizer.schedule: {o.schedule!r} is not 'constant' or 'warmup_cosine'")
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
+                                                             optax.Schedule]:
+  """Adam (PyTorch defaults: eps 1e-8 outside the sqrt, no weight decay) after global-norm clipping."""
+  o = cfg.optimizer
+  schedule = learning_rate_schedule(cfg)
+  # identity() keeps the state's structure when clipping is off, so checkpoints still restore.
+  clip = optax.clip_by_global_norm(o.grad_clip) if o.grad_clip else optax.identity()
+  return optax.chain(clip, optax.adam(schedule, b1=o.b1, b2=o.b2, eps=o.eps)), schedule
+
+
+# ----------------------------------------------------------------------------- EMA
+
+
+def ema_decay(n: jax.Array, beta: float, update_after_step: int, power: float) -> jax.Array:
+  """ema_pytorch 0.5.2's decay at counter n (> update_after_step): min(beta, 1 - (n - after)^-power)."""
+  epoch = jnp.maximum(n.astype(jnp.float32) - update_after_step, 1.0)
+  return jnp.clip(1.0 - epoch ** (-power), 0.0, beta)
+
+
+def ema_update(ema, params, n: jax.Array, *, beta: float = 0.995, update_every: int = 10,
+               update_after_step: int = 100, power: float = 2 / 3):
+  """One `EMA.update()` of ema_pytorch 0.5.2 after optimizer step n (counting from 0): acts only
+  when n % update_every == 0; copies the weights while n <= update_after_step; else
+  ema = ema * d + w * (1 - d)."""
+
+  def act(ema):
+    d = ema_decay(n, beta, update_after_step, power)
+    return jax.lax.cond(
+        n <= update_after_step, lambda: jax.tree.map(lambda p: p.astype(jnp.float32), params),
+        lambda: jax.tree.map(lambda e, p: e * d + p * (1 - d), ema, params))
+
+  return jax.lax.cond(n % update_every == 0, act, lambda e: e, ema)
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  accum_steps: int = 1
+  ema_beta: float = 0.995
+  ema_update_every: int = 10
+  ema_update_after_step: int = 100
+  ema_power: float = 2 / 3
+
+  @classmethod
+  def from_config(cls, cfg: ml_collections.ConfigDict) -> "StepConfig":
+    e = cfg.ema
+    return cls(accum_steps=cfg.accum_steps, ema_beta=e.beta, ema_update_every=e.update_every,
+               ema_update_after_step=e.update_after_step, ema_power=e.power)
+
+
+def _draws(key: jax.Array, target: jax.Array, num_steps: int):
+  k_t, k_n = jax.random.split(key)
+  t = jax.random.randint(k_t, (target.shape[0],), 0, num_steps)
+  return t, jax.random.normal(k_n, target.shape, jnp.float32)
+
+
+def make_train_step(graphdef: nnx.GraphDef, diffusion: Diffusion, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, sc: StepConfig, mesh: jax.sharding.Mesh | None = None
+                    ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
+  """The pure train step; `batch` holds `cond` (G,16,16,1) and `target` (G,H,W,1)."""
+
+  def loss_fn(params, fixed, mb):
+    model = nnx.merge(graphdef, params, fixed)
+    return diffusion.loss(model, mb["target"], mb["t"], mb["cond"], mb["noise"])
+
+  grad_fn = jax.value_and_grad(loss_fn)
+
+  def micro_batches(x):
+    """(G, ...) -> (k, G/k, ...): micro-batch j takes rows j, j+k, ..., so each is spread over
+    every device like the full batch."""
+    k = sc.accum_steps
+    x = jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
+    if mesh is not None:
+      x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, shd.DATA)))
+    return x
+
+  def train_step(state: TrainState, batch: dict, rng: jax.Array):
+    key = jax.random.fold_in(rng, state.step)
+    t, noise = _draws(key, batch["target"], diffusion.num_steps)
+    data = {"cond": batch["cond"], "target": batch["target"], "t": t, "noise": noise}
+    if sc.accum_steps == 1:
+      loss, grads = grad_fn(state.params, state.fixed, data)
+    else:
+      def body(carry, mb):
+        loss_sum, g_sum = carry
+        loss, g = grad_fn(state.params, state.fixed, mb)
+        return (loss_sum + loss, jax.tree.map(jnp.add, g_sum, g)), None
+      zeros = jax.tree.map(jnp.zeros_like, state.params)
+      (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
+                                      jax.tree.map(micro_batches, data))
+      loss = loss / sc.accum_steps
+      grads = jax.tree.map(lambda g: g / sc.accum_steps, grads)
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    ema = ema_update(state.ema, params, state.step, beta=sc.ema_beta,
+                     update_every=sc.ema_update_every, update_after_step=sc.ema_update_after_step,
+                     power=sc.ema_power)
+    new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema)
+    metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
+               "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm)}
+    return new, metrics
+
+  return train_step
+
+
+def make_eval_step(graphdef: nnx.GraphDef, diffusion: Diffusion):
+  """(weights, fixed, batch with mask, key) -> (sum of per-example L1, number of examples)."""
+
+  def eval_step(params, fixed, batch, key):
+    t, noise = _draws(key, batch["target"], diffusion.num_steps)
+    model = nnx.merge(graphdef, params, fixed)
+    pred = model(diffusion.q_sample(batch["target"], t, noise), t, batch["cond"])
+    err = jnp.mean(jnp.abs(pred - batch["target"]).reshape(pred.shape[0], -1), axis=1)
+    return jnp.sum(err * batch["mask"]), jnp.sum(batch["mask"])
+
+  return eval_step
+
+
+# ----------------------------------------------------------------------------- compilation
+
+
+@dataclasses.dataclass
+class CompiledStep:
+  fn: Any                     # the compiled executable
+  state_shardings: Any
+  batch_shardings: dict
+  flops_per_step: float | None
+  memory: dict[str, int]
+  compile_s: float
+
+
+def abstract_batch(global_batch: int, image_size: int, in_channels: int = 1,
+                   cond_size: int = 16) -> dict[str, jax.ShapeDtypeStruct]:
+  return {"cond": jax.ShapeDtypeStruct((global_batch, cond_size, cond_size, 1), jnp.float32),
+          "target": jax.ShapeDtypeStruct((global_batch, image_size, image_size, in_channels),
+                                         jnp.float32)}
+
+
+def compile_train_step(step_fn, abstract_state: TrainState, global_batch: int, model_cfg: dict,
+                       mesh: jax.sharding.Mesh, shard_params: bool = False) -> CompiledStep:
+  """jit with explicit shardings and donated state, compiled ahead of time."""
+  import time
+
+  from cdeit_jax import hardware
+
+  state_sh = shd.state_shardings(abstract_state, mesh, shard_params)
+  batch = abstract_batch(global_batch, model_cfg["image_size"], model_cfg.get("in_channels", 1),
+                         model_cfg.get("cond_size", 16))
+  batch_sh = {k: shd.batch_sharded(mesh) for k in batch}
+  jitted = jax.jit(step_fn, in_shardings=(state_sh, batch_sh, shd.replicated(mesh)),
+                   out_shardings=(state_sh, shd.replicated(mesh)), donate_argnums=(0,))
+  t0 = time.perf_counter()
+  compiled = jitted.lower(abstract_state, batch, jax.ShapeDtypeStruct(
+      (), jax.random.key(0).dtype)).compile()
+  compile_s = time.perf_counter() - t0
+  memory = {}
+  try:
+    m = compiled.memory_analysis()
+    memory = {k: int(getattr(m, k)) for k in (
+        "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+        "alias_size_in_bytes", "generated_code_size_in_bytes") if hasattr(m, k)}
+  except Exception:  # not every backend reports it
+    pass
+  return CompiledStep(compiled, state_sh, batch_sh, hardware.compiled_flops(compiled), memory,
+                      compile_s)

@@ -1,0 +1,291 @@
+"""Training: EMA semantics, sharded/accumulated steps, resume, multi-process, failure modes."""
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from cdeit_jax import checkpoint, config_lib, data, training, trainer
+from cdeit_jax import sharding as shd
+from cdeit_jax.diffusion import Diffusion
+from cdeit_jax.model import CDEIT
+
+REPO = pathlib.Path(__file__).parent.parent
+TEST_CONFIG = str(REPO / "configs" / "test.py")
+
+
+def cfg_(**over):
+  cfg = config_lib.load(TEST_CONFIG)
+  for k, v in over.items():
+    node = cfg
+    *path, leaf = k.split(".")
+    for p in path:
+      node = node[p]
+    node[leaf] = v
+  return cfg
+
+
+@pytest.fixture(scope="module")
+def uef_batch():
+  src = data.NpzSource(str(REPO / "data" / "uef2017"), "uef2017", "authors")
+  exs = [src[i] for i in range(16)]
+  return {k: np.stack([e[k] for e in exs]) for k in ("cond", "target")}
+
+
+def build(cfg, devices, batch_size, accum=1, shard_params=False):
+  mesh = shd.make_mesh(devices)
+  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  tx, schedule = training.make_optimizer(cfg)
+  graphdef, state = training.create_state(model, tx)
+  sc = training.StepConfig(accum_steps=accum)
+  fn = training.make_train_step(graphdef, Diffusion(), tx, schedule, sc, mesh)
+  c = training.compile_train_step(fn, jax.eval_shape(lambda: state), batch_size,
+                                  cfg.model.to_dict(), mesh, shard_params)
+  host = jax.device_get(state)
+  # The step donates its state: every caller gets a fresh copy on the devices.
+  return mesh, c, lambda: jax.device_put(host, c.state_shardings)
+
+
+def put(batch, mesh, n):
+  return {k: jax.device_put(v[:n], shd.batch_sharded(mesh)) for k, v in batch.items()}
+
+
+def leaves(tree):
+  return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+# ----------------------------------------------------------------------------- EMA
+
+
+def ema_pytorch_reference(ws, beta=0.995, update_every=10, after=100, power=2 / 3):
+  """ema_pytorch 0.5.2's EMA.update() called after each optimizer step, as plain Python."""
+  ema, out = None, []
+  for n, w in enumerate(ws):
+    if n % update_every == 0:
+      if n <= after:
+        ema = w
+      else:
+        d = min(beta, 1 - (1 + (n - after - 1)) ** (-power))
+        ema = ema * d + w * (1 - d)
+    out.append(ema)
+  return out
+
+
+def test_ema_matches_ema_pytorch_semantics():
+  ws = np.random.default_rng(0).normal(size=3200)
+  want = ema_pytorch_reference(list(ws))
+
+  def body(ema, inp):
+    n, w = inp
+    e = training.ema_update({"w": ema}, {"w": w}, n)["w"]
+    return e, e
+
+  _, got = jax.lax.scan(body, jnp.float32(0), (jnp.arange(3200), jnp.asarray(ws, jnp.float32)))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+  assert float(training.ema_decay(jnp.int32(3000), 0.995, 100, 2 / 3)) == pytest.approx(0.995)
+  assert float(training.ema_decay(jnp.int32(110), 0.995, 100, 2 / 3)) == pytest.approx(
+      1 - 10 ** (-2 / 3), rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+@pytest.fixture(scope="module")
+def step8():
+  """The test config's step compiled for 8 devices and a global batch of 8."""
+  return build(cfg_(), jax.devices(), 8)
+
+
+def test_one_step_on_8_devices_equals_1_device(uef_batch, step8):
+  rng = jax.random.key(0)
+  out = []
+  fsdp = build(cfg_(), jax.devices(), 8, shard_params=True)
+  for mesh, c, fresh in (build(cfg_(), jax.devices()[:1], 8), step8, fsdp):
+    state = fresh()
+    for _ in range(2):
+      state, metrics = c.fn(state, put(uef_batch, mesh, 8), rng)
+    out.append((state, metrics))
+  (s1, m1), (s8, m8), (sf, mf) = out
+  for s, m in ((s8, m8), (sf, mf)):  # replicated and FSDP-sharded params on 8 devices
+    assert abs(float(m1["loss"]) - float(m["loss"])) < 1e-6
+    for a, b in zip(leaves((s1.params, s1.ema, s1.opt_state)), leaves((s.params, s.ema, s.opt_state))):
+      np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+  assert int(s8.step) == 2
+  fc1 = sf.params["mid"]["mlp"]["fc1"]["kernel"].value  # (32, 128): split over 8 devices
+  assert fc1.sharding.spec == jax.sharding.PartitionSpec(None, "data")
+  assert {s.data.shape for s in fc1.addressable_shards} == {(32, 16)}
+  assert all(s.data.shape == s8.params["mid"]["attn"]["qkv"]["kernel"].shape
+             for s in s8.params["mid"]["attn"]["qkv"]["kernel"].value.addressable_shards)
+
+
+def test_accumulation_equals_one_big_step(uef_batch):
+  cfg, rng = cfg_(), jax.random.key(1)
+  devices = jax.devices()[:4]
+  mesh, big, s_big = build(cfg, devices, 8, accum=1)
+  _, acc, s_acc = build(cfg, devices, 8, accum=2)  # 2 micro-batches of 4 over 4 devices
+  s_big, m_big = big.fn(s_big(), put(uef_batch, mesh, 8), rng)
+  s_acc, m_acc = acc.fn(s_acc(), put(uef_batch, mesh, 8), rng)
+  assert abs(float(m_big["loss"]) - float(m_acc["loss"])) < 1e-6
+  assert abs(float(m_big["grad_norm"]) - float(m_acc["grad_norm"])) < 1e-5
+  for a, b in zip(leaves(s_big.params), leaves(s_acc.params)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_overfits_a_fixed_batch(step8):
+  """A batch with a strong signal: +-1 blocks whose condition is the block pattern itself."""
+  signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(8, 16, 16, 1)).astype(np.float32)
+  target = np.repeat(np.repeat(signs, 8, axis=1), 8, axis=2)
+  mesh, c, fresh = step8  # the test config's lr of 1e-3
+  state = fresh()
+  batch, rng = put({"cond": signs, "target": target}, mesh, 8), jax.random.key(2)
+  losses = []
+  for _ in range(80):
+    state, m = c.fn(state, batch, rng)
+    losses.append(m["loss"])
+  losses = np.asarray(jax.device_get(losses))
+  assert np.all(np.isfinite(losses))
+  assert losses[:5].mean() > 0.9  # a fresh (adaLN-zero) model predicts 0: L1 = mean |target| = 1
+  assert losses[-10:].mean() < 0.3 * losses[:5].mean(), losses
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def _run_train(workdir, *overrides, env=None, wait=True):
+  cmd = [sys.executable, str(REPO / "train.py"), "--config", TEST_CONFIG, "--workdir", str(workdir),
+         *overrides]
+  p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=env or os.environ.copy(), cwd=REPO)
+  if wait:
+    out, err = p.communicate(timeout=300)
+    return p.returncode, out, err
+  return p
+
+
+def _final_state(workdir, cfg, devices=None):
+  """(state leaves, data iterator position) of the latest checkpoint, restored onto `devices`."""
+  mesh = shd.make_mesh(devices)
+  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  tx, _ = training.make_optimizer(cfg)
+  _, state = training.create_state(model, tx)
+  abstract = jax.eval_shape(lambda: state)
+  sh = shd.state_shardings(abstract, mesh)
+  src = data.NpzSource(os.path.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
+  it = iter(data.train_dataset(src, cfg.batch_size))
+  mngr = checkpoint.train_manager(str(workdir))
+  step = mngr.latest_step()
+  state, meta = checkpoint.restore_train(mngr, step, abstract, sh, it)
+  mngr.close()
+  return step, leaves((state.params, state.ema, state.opt_state)), next(it)["index"].tolist()
+
+
+def test_resume_after_sigterm_equals_straight_run(tmp_path):
+  steps = ["--config.steps=24", "--config.log_every=2", "--config.eval_every=8"]
+  straight = tmp_path / "straight"
+  rc, _, err = _run_train(straight, *steps)
+  assert rc == 0, err[-3000:]
+  killed = tmp_path / "killed"
+  p = _run_train(killed, *steps, wait=False)
+  metrics = killed / "metrics.jsonl"
+  deadline = time.time() + 120
+  while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+    time.sleep(0.05)
+  p.send_signal(signal.SIGTERM)
+  _, err = p.communicate(timeout=120)
+  assert p.returncode == 0, err[-3000:]
+  mngr = checkpoint.train_manager(str(killed))
+  stopped = mngr.latest_step()
+  mngr.close()
+  assert stopped is not None and 2 <= stopped < 24, stopped
+  rc, _, err = _run_train(killed, *steps)  # resume
+  assert rc == 0, err[-3000:]
+  assert "resumed from" in err
+  cfg = cfg_(steps=24)
+  s_step, s_leaves, s_next = _final_state(straight, cfg)
+  k_step, k_leaves, k_next = _final_state(killed, cfg)
+  assert s_step == k_step == 24
+  for a, b in zip(s_leaves, k_leaves):
+    np.testing.assert_array_equal(a, b)  # identical on CPU
+  assert s_next == k_next  # the data iterator resumed at the same position
+  s_log = {r["step"]: r["loss"] for r in map(json.loads, (straight / "metrics.jsonl").open())}
+  k_log = {r["step"]: r["loss"] for r in map(json.loads, metrics.open())}
+  # logged windows (s-2, s] wholly after the resume have the straight run's losses exactly
+  after = [s for s in k_log if s % 2 == 0 and s - 2 >= stopped]
+  assert after and [s_log[s] for s in after] == [k_log[s] for s in after]
+
+
+def test_two_processes_give_the_same_losses_as_one(tmp_path):
+  base = ["--config.steps=6", "--config.log_every=1", "--config.eval_every=6"]
+  env = dict(os.environ)
+  rc, _, err = _run_train(tmp_path / "one", *base, env=env)
+  assert rc == 0, err[-3000:]
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env2 = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+              JAX_PLATFORMS="cpu")
+  procs = [_run_train(tmp_path / "two", *base, f"--coordinator_address=127.0.0.1:{port}",
+                      "--num_processes=2", f"--process_id={i}", env=env2, wait=False)
+           for i in range(2)]
+  errs = []
+  for p in procs:
+    _, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err[-3000:]
+    errs.append(err)
+  assert "devices: 8 x cpu over 2 process(es)" in errs[0]
+  one = [json.loads(l) for l in (tmp_path / "one" / "metrics.jsonl").open()]
+  two = [json.loads(l) for l in (tmp_path / "two" / "metrics.jsonl").open()]
+  assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2, 3, 4, 5, 6]
+  np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=1e-5)
+  np.testing.assert_allclose(two[-1]["val_loss"], one[-1]["val_loss"], rtol=1e-5)
+
+
+@pytest.mark.parametrize("over, match", [
+    ({"batch_size": 10}, r"config.batch_size=10: does not divide evenly over 8 devices x 1"),
+    ({"batch_size": 8, "accum_steps": 2}, r"config.batch_size=8: .* 8 devices x 2 accumulation"),
+    ({"optimizer.lr": -1.0}, r"config.optimizer.lr=-1.0: must be > 0"),
+    ({"optimizer.schedule": "linear"}, r"config.optimizer.schedule='linear'"),
+    ({"model.dtype": "float8"}, r"config.model.dtype: 'float8'"),
+    ({"data.preset": "tank"}, r"config.data.preset='tank': unknown preset"),
+    ({"steps": 0}, r"config.steps=0: must be a positive integer"),
+])
+def test_bad_config_values_are_named(over, match):
+  with pytest.raises(ValueError, match=match):
+    config_lib.validate(cfg_(**over), num_devices=8)
+
+
+def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path):
+  wd = tmp_path / "run"
+  rc, _, err = _run_train(wd, "--config.steps=4", "--config.eval_every=4", "--config.log_every=2")
+  assert rc == 0, err[-3000:]
+  before = _final_state(wd, cfg_(steps=4))
+  rc, _, err = _run_train(wd, "--config.steps=12", "--config.eval_every=4", "--config.log_every=2",
+                          "--config.optimizer.lr=1e30", "--config.optimizer.grad_clip=0.0")
+  assert rc == 1
+  assert "became non-finite at step" in err and "last good checkpoint is step 4" in err
+  after = _final_state(wd, cfg_(steps=4), jax.devices()[:1])  # saved on 8 devices, restored on 1
+  assert after[0] == 4
+  for a, b in zip(before[1], after[1]):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_checkpoints_keep_latest_and_best(tmp_path):
+  mngr = checkpoint.train_manager(str(tmp_path), keep=2, async_save=False)
+  import orbax.checkpoint as ocp
+  for step, val in zip(range(1, 6), [5.0, 1.0, 4.0, 3.0, 2.0]):
+    mngr.save(step, args=ocp.args.Composite(meta=ocp.args.JsonSave({"val_loss": val})),
+              metrics={"val_loss": val})
+  mngr.wait_until_finished()
+  assert sorted(mngr.all_steps()) == [2, 4, 5]  # best (1.0 at step 2) + the latest two
+  mngr.close()
