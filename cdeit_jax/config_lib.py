@@ -25,6 +25,7 @@ def default_config() -> ml_collections.ConfigDict:
       num_scales=4, window_size=config_dict.placeholder(int), cond_size=16, freq_dim=256,
       dtype="float32",  # compute dtype; parameters stay float32
       attention_impl=config_dict.placeholder(str),  # None (XLA picks), "xla" or "cudnn"
+      attention_query_chunk=config_dict.placeholder(int),  # e.g. 1024: lower attention memory
       remat=False))
   c.diffusion = ml_collections.ConfigDict(dict(num_steps=1000, beta_start=1e-4, beta_end=0.02))
   c.sampling = ml_collections.ConfigDict(dict(steps=5, eta=1.0))

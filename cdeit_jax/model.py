@@ -105,12 +105,14 @@ class Attention(nnx.Module):
   (Swin W-MSA, no shift) with a learned relative position bias."""
 
   def __init__(self, dim: int, num_heads: int, dtype: DType, rngs: nnx.Rngs, *,
-               window: int | None = None, implementation: str | None = None):
+               window: int | None = None, implementation: str | None = None,
+               query_chunk: int | None = None):
     if dim % num_heads:
       raise ValueError(f"hidden_size {dim} is not divisible by num_heads {num_heads}")
     self.num_heads = num_heads
     self.window = window
     self.implementation = implementation
+    self.query_chunk = query_chunk
     self.qkv = _linear(dim, 3 * dim, dtype, rngs)
     self.proj = _linear(dim, dim, dtype, rngs)
     if window is not None:
@@ -135,7 +137,7 @@ class Attention(nnx.Module):
     q, k, v = (a[:, :, 0] for a in (q, k, v))  # (B', T, heads, head_dim)
     if bias is not None:
       bias = bias.astype(q.dtype)  # fused kernels (cuDNN) want the bias in the compute dtype
-    out = jax.nn.dot_product_attention(q, k, v, bias=bias, implementation=self.implementation)
+    out = self._attend(q, k, v, bias)
     out = self.proj(out.reshape(*tokens.shape[:2], c))
     if self.window is None:
       return out.reshape(b, h, w, c)
@@ -144,13 +146,30 @@ class Attention(nnx.Module):
     return out.reshape(b, h, w, c)
 
 
+  def _attend(self, q, k, v, bias):
+    attend = lambda q: jax.nn.dot_product_attention(q, k, v, bias=bias,
+                                                    implementation=self.implementation)
+    t, chunk = q.shape[1], self.query_chunk
+    if bias is not None or not chunk or t <= chunk:
+      return attend(q)
+    if t % chunk:
+      raise ValueError(f"attention_query_chunk {chunk} does not divide the {t} tokens")
+    # Queries in chunks, one after another, each rematerialised for the backward pass: peak
+    # memory of the (chunk x tokens) logits instead of (tokens x tokens); same result per row.
+    qc = jnp.moveaxis(q.reshape(q.shape[0], t // chunk, chunk, *q.shape[2:]), 1, 0)
+    out = jax.lax.map(jax.checkpoint(attend), qc)
+    return jnp.moveaxis(out, 0, 1).reshape(q.shape[0], t, *out.shape[3:])
+
+
 class Block(nnx.Module):
   """adaLN-Zero transformer block (DiT) on a (B, H, W, C) grid."""
 
   def __init__(self, dim: int, num_heads: int, mlp_ratio: float, dtype: DType, rngs: nnx.Rngs, *,
-               window: int | None = None, attention_impl: str | None = None):
+               window: int | None = None, attention_impl: str | None = None,
+               query_chunk: int | None = None):
     self.norm1 = L2Norm(dim)
-    self.attn = Attention(dim, num_heads, dtype, rngs, window=window, implementation=attention_impl)
+    self.attn = Attention(dim, num_heads, dtype, rngs, window=window, implementation=attention_impl,
+                          query_chunk=query_chunk)
     self.norm2 = L2Norm(dim)
     self.mlp = Mlp(dim, int(dim * mlp_ratio), dtype, rngs)
     self.adaLN_modulation = _linear(dim, 6 * dim, dtype, rngs, kernel_init=zeros)
@@ -179,16 +198,17 @@ class PatchMerging(nnx.Module):
 
 
 class Down(nnx.Module):
-  def __init__(self, dim, num_heads, mlp_ratio, dtype, rngs, attention_impl):
+  def __init__(self, dim, num_heads, mlp_ratio, dtype, rngs, attention_impl, query_chunk):
     self.merge = PatchMerging(dim, dtype, rngs)
     self.blocks = nnx.List([Block(dim, num_heads, mlp_ratio, dtype, rngs,
-                                  attention_impl=attention_impl) for _ in range(2)])
+                                  attention_impl=attention_impl, query_chunk=query_chunk)
+                            for _ in range(2)])
 
 
 class Up(nnx.Module):
   """Nearest 2x upsample, 1x1 conv, concat [up, skip], Linear(2C, C), two global blocks."""
 
-  def __init__(self, dim, num_heads, mlp_ratio, dtype, rngs, attention_impl):
+  def __init__(self, dim, num_heads, mlp_ratio, dtype, rngs, attention_impl, query_chunk):
     # The reference's 1x1 Conv2d keeps PyTorch's default init: U(+-1/sqrt(fan_in)).
     bound_init = nnx.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
     self.conv = _linear(dim, dim, dtype, rngs, kernel_init=bound_init)
@@ -196,7 +216,8 @@ class Up(nnx.Module):
                                                   -1 / math.sqrt(dim), 1 / math.sqrt(dim)))
     self.fuse = _linear(2 * dim, dim, dtype, rngs)
     self.blocks = nnx.List([Block(dim, num_heads, mlp_ratio, dtype, rngs,
-                                  attention_impl=attention_impl) for _ in range(2)])
+                                  attention_impl=attention_impl, query_chunk=query_chunk)
+                            for _ in range(2)])
 
   def upsample(self, x: Array, skip: Array) -> Array:
     x = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
@@ -221,6 +242,8 @@ class CDEIT(nnx.Module):
   """CDEIT denoiser: predicts the clean image x0 from a noisy image, a timestep and the EIM.
 
   Args default to the published model (109,719,108 parameters with the position table).
+  `attention_query_chunk` computes global attention over query chunks of that many tokens in
+  turn (lower peak memory on long grids: the last up-stage attends over all 4096 tokens).
   Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM -> (B, H, W, 1) float32.
   """
 
@@ -228,7 +251,8 @@ class CDEIT(nnx.Module):
                hidden_size: int = 512, num_heads: int = 16, mlp_ratio: float = 4.0,
                num_scales: int = 4, window_size: int | None = None, cond_size: int = 16,
                freq_dim: int = 256, dtype: DType = jnp.float32,
-               attention_impl: str | None = None, remat: bool = False, rngs: nnx.Rngs):
+               attention_impl: str | None = None, attention_query_chunk: int | None = None,
+               remat: bool = False, rngs: nnx.Rngs):
     if image_size % patch_size:
       raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
     grid = image_size // patch_size
@@ -255,11 +279,13 @@ class CDEIT(nnx.Module):
     self.t_fc1 = _linear(freq_dim, dim, dtype, rngs, kernel_init=normal)
     self.t_fc2 = _linear(dim, dim, dtype, rngs, kernel_init=normal)
 
-    block = lambda win=None: Block(dim, *args, window=win, attention_impl=attention_impl)
+    chunk = attention_query_chunk
+    block = lambda win=None: Block(dim, *args, window=win, attention_impl=attention_impl,
+                                   query_chunk=chunk)
     self.swinIn1, self.swinIn2 = block(window), block(window)
-    self.downs = nnx.List([Down(dim, *args, attention_impl) for _ in range(num_scales)])
+    self.downs = nnx.List([Down(dim, *args, attention_impl, chunk) for _ in range(num_scales)])
     self.mid = block()
-    self.ups = nnx.List([Up(dim, *args, attention_impl) for _ in range(num_scales)])
+    self.ups = nnx.List([Up(dim, *args, attention_impl, chunk) for _ in range(num_scales)])
     self.swinOut1, self.swinOut2 = block(window), block(window)
     self.final_layer = FinalLayer(dim, patch_size, in_channels, dtype, rngs)
 

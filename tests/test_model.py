@@ -23,8 +23,12 @@ def _forward(model, f):
                        jnp.asarray(nhwc(f["y"]))))
 
 
-def test_forward_matches_reference(small_model, forward_fixture):
-  out = _forward(small_model, forward_fixture)
+@pytest.mark.parametrize("chunk", [None])  # the default path; chunked: small_model elsewhere
+def test_forward_matches_reference(small_state_dict, forward_fixture, chunk):
+  from cdeit_jax.convert import load_torch_state_dict
+  model = load_torch_state_dict(
+      CDEIT(hidden_size=64, attention_query_chunk=chunk, rngs=nnx.Rngs(0)), small_state_dict)
+  out = _forward(model, forward_fixture)
   ref = nhwc(forward_fixture["out"])
   assert out.shape == (2, 128, 128, 1)
   assert np.abs(out - ref).max() < 1e-4
@@ -45,7 +49,8 @@ def test_timestep_embedding_hand_computed():
 
 def test_bfloat16_forward_close_to_float32(small_state_dict, forward_fixture):
   from cdeit_jax.convert import load_torch_state_dict
-  model = load_torch_state_dict(CDEIT(hidden_size=64, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)),
+  model = load_torch_state_dict(CDEIT(hidden_size=64, dtype=jnp.bfloat16,
+                                      attention_query_chunk=1024, rngs=nnx.Rngs(0)),
                                 small_state_dict)
   out = _forward(model, forward_fixture)
   ref = nhwc(forward_fixture["out"])
@@ -66,7 +71,7 @@ def test_fresh_model_is_adaln_zero():
   """adaLN-Zero: zero adaLN and final layers make a fresh network output exactly zero."""
   model = CDEIT(**TINY, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(1), (2, 32, 32, 1))
-  out = model(x, jnp.array([1, 500]), jnp.ones((2, 16, 16, 1)))
+  out = nnx.jit(lambda m, *a: m(*a))(model, x, jnp.array([1, 500]), jnp.ones((2, 16, 16, 1)))
   assert np.all(np.asarray(out) == 0)
   assert np.all(np.asarray(model.swinIn1.adaLN_modulation.kernel[...]) == 0)
   kernel = np.asarray(model.mid.mlp.fc1.kernel[...])
@@ -118,3 +123,20 @@ def test_bad_sizes_are_named(kwargs, match):
 def test_bad_input_shapes_are_named(tiny_model):
   with pytest.raises(ValueError, match="cond must be"):
     tiny_model(jnp.zeros((1, 32, 32, 1)), jnp.zeros((1,), jnp.int32), jnp.zeros((1, 16, 13, 1)))
+
+
+def test_query_chunked_attention_matches_full(tiny_model):
+  """Chunking queries (lax.map + remat) changes memory, not results or gradients."""
+  x = jax.random.normal(jax.random.key(0), (2, 32, 32, 1))
+  t, y = jnp.array([3, 800]), jax.random.normal(jax.random.key(1), (2, 16, 16, 1))
+  state = nnx.state(tiny_model)
+  out = []
+  for chunk in (None, 16):  # global attention at grids 8 (64 tokens) and 4: 4 and 1 chunks
+    m = CDEIT(**TINY, attention_query_chunk=chunk, rngs=nnx.Rngs(0))
+    nnx.update(m, state)
+    loss = lambda m: jnp.mean(m(x, t, y) ** 2)
+    out.append(nnx.jit(nnx.value_and_grad(loss))(m))
+  (l0, g0), (l1, g1) = out
+  assert abs(float(l0) - float(l1)) < 1e-6
+  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
