@@ -155,13 +155,17 @@ def meta_stats(meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
                            source="checkpoint metadata")
 
 
+RUNTIME_MODEL_KEYS = ("dtype", "attention_impl", "attention_query_chunk", "remat")
+
+
 def load_model(path: str, *, weights: str = "ema", step: int | None = None,
-               dtype: str | None = None, sharding: jax.sharding.Sharding | None = None
-               ) -> tuple[CDEIT, dict[str, Any]]:
+               dtype: str | None = None, sharding: jax.sharding.Sharding | None = None,
+               **runtime: Any) -> tuple[CDEIT, dict[str, Any]]:
   """Build the checkpoint's model and load one weight set; returns (model, meta).
 
-  `dtype` overrides the compute dtype; `sharding` places the weights (default: the first
-  local device; data-parallel callers pass a replicated mesh sharding).
+  `dtype` and `runtime` (attention_impl, attention_query_chunk, remat) override how the model
+  computes, not what it is; `sharding` places the weights (default: the first local device;
+  data-parallel callers pass a replicated mesh sharding).
   """
   if weights not in WEIGHT_ITEMS:
     raise ValueError(f"--weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
@@ -173,6 +177,11 @@ def load_model(path: str, *, weights: str = "ema", step: int | None = None,
   cfg = model_config(meta)
   if dtype is not None:
     cfg.model.dtype = dtype
+  for k, v in runtime.items():
+    if k not in RUNTIME_MODEL_KEYS:
+      raise TypeError(f"load_model: {k!r} is not one of {RUNTIME_MODEL_KEYS}")
+    if v is not None:
+      cfg.model[k] = v
   abstract = nnx.eval_shape(lambda: CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0)))
   if sharding is None:
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

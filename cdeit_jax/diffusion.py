@@ -99,14 +99,20 @@ class Diffusion:
     """Traceable sampler: `apply(x, t, cond)` returns x0. Use inside jit (see `sample`).
 
     `noises` (steps, B, H, W, C): the start noise, then one per non-final step (the last entry
-    is unused). Without `noises`, draws from `key` (start: fold_in(key, 0); step i: i + 1).
+    is unused). Without `noises`, draws from `key` (start: fold_in(key, 0); step i: i + 1). A
+    key per example (`key` of shape (B,)) makes each example's draws independent of the batch
+    it is in (evaluation is then the same on any number of devices or batch size).
     """
     coef = {k: jnp.asarray(v) for k, v in self.sampler_coefficients(steps, eta).items()}
     b = cond.shape[0]
     if noises is None:
       if key is None:
         raise ValueError("sample needs `key` or explicit `noises`")
-      draw = lambda i: jax.random.normal(jax.random.fold_in(key, i), (b, *shape), jnp.float32)
+      if key.shape == (b,):
+        one = lambda k, i: jax.random.normal(jax.random.fold_in(k, i), shape, jnp.float32)
+        draw = lambda i: jax.vmap(one, in_axes=(0, None))(key, i)
+      else:
+        draw = lambda i: jax.random.normal(jax.random.fold_in(key, i), (b, *shape), jnp.float32)
       x = draw(0)
       step_noise = jnp.arange(1, steps + 1)
     else:

@@ -86,8 +86,9 @@ def _memory_report(compiled: training.CompiledStep) -> str:
     if need > limit:
       raise MemoryError(
           text + "\nThe train step will not fit: lower config.batch_size, raise "
-          "config.accum_steps, set config.model.remat=True, config.shard_params=True, or use "
-          "bfloat16 (config.model.dtype).")
+          "config.accum_steps, set config.model.attention_query_chunk=1024 (attention over the "
+          "4096-token grid dominates), config.model.remat=True, config.shard_params=True, or "
+          "use bfloat16 (config.model.dtype).")
   return text
 
 

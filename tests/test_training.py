@@ -190,11 +190,20 @@ def _final_state(workdir, cfg, devices=None):
   return step, leaves((state.params, state.ema, state.opt_state)), next(it)["index"].tolist()
 
 
-def test_resume_after_sigterm_equals_straight_run(tmp_path):
-  steps = ["--config.steps=24", "--config.log_every=2", "--config.eval_every=8"]
-  straight = tmp_path / "straight"
-  rc, _, err = _run_train(straight, *steps)
+RESUME_STEPS = ["--config.steps=24", "--config.log_every=2", "--config.eval_every=8"]
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory):
+  """A 24-step run of train.py with the test config, uninterrupted."""
+  wd = tmp_path_factory.mktemp("straight")
+  rc, _, err = _run_train(wd, *RESUME_STEPS)
   assert rc == 0, err[-3000:]
+  return wd
+
+
+def test_resume_after_sigterm_equals_straight_run(tmp_path, straight_run):
+  steps, straight = RESUME_STEPS, straight_run
   killed = tmp_path / "killed"
   p = _run_train(killed, *steps, wait=False)
   metrics = killed / "metrics.jsonl"
@@ -225,16 +234,14 @@ def test_resume_after_sigterm_equals_straight_run(tmp_path):
   assert after and [s_log[s] for s in after] == [k_log[s] for s in after]
 
 
-def test_two_processes_give_the_same_losses_as_one(tmp_path):
-  base = ["--config.steps=6", "--config.log_every=1", "--config.eval_every=6"]
-  env = dict(os.environ)
-  rc, _, err = _run_train(tmp_path / "one", *base, env=env)
-  assert rc == 0, err[-3000:]
+def test_two_processes_give_the_same_losses_as_one(tmp_path, straight_run):
+  """2 processes x 4 devices against the 1 x 8 straight run (same config, seed and windows)."""
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   env2 = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
               JAX_PLATFORMS="cpu")
+  base = ["--config.steps=8", "--config.log_every=2", "--config.eval_every=8"]
   procs = [_run_train(tmp_path / "two", *base, f"--coordinator_address=127.0.0.1:{port}",
                       "--num_processes=2", f"--process_id={i}", env=env2, wait=False)
            for i in range(2)]
@@ -244,11 +251,13 @@ def test_two_processes_give_the_same_losses_as_one(tmp_path):
     assert p.returncode == 0, err[-3000:]
     errs.append(err)
   assert "devices: 8 x cpu over 2 process(es)" in errs[0]
-  one = [json.loads(l) for l in (tmp_path / "one" / "metrics.jsonl").open()]
+  assert not (tmp_path / "two" / "metrics.jsonl").read_text().count("\n") > 4  # one writer
+  one = {r["step"]: r for r in map(json.loads, (straight_run / "metrics.jsonl").open())}
   two = [json.loads(l) for l in (tmp_path / "two" / "metrics.jsonl").open()]
-  assert [r["step"] for r in one] == [r["step"] for r in two] == [1, 2, 3, 4, 5, 6]
-  np.testing.assert_allclose([r["loss"] for r in two], [r["loss"] for r in one], rtol=1e-5)
-  np.testing.assert_allclose(two[-1]["val_loss"], one[-1]["val_loss"], rtol=1e-5)
+  assert [r["step"] for r in two] == [2, 4, 6, 8]
+  np.testing.assert_allclose([r["loss"] for r in two], [one[r["step"]]["loss"] for r in two],
+                             rtol=1e-5)
+  np.testing.assert_allclose(two[-1]["val_loss"], one[8]["val_loss"], rtol=1e-5)
 
 
 @pytest.mark.parametrize("over, match", [
@@ -265,17 +274,17 @@ def test_bad_config_values_are_named(over, match):
     config_lib.validate(cfg_(**over), num_devices=8)
 
 
-def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path):
+def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, straight_run):
+  import shutil
   wd = tmp_path / "run"
-  rc, _, err = _run_train(wd, "--config.steps=4", "--config.eval_every=4", "--config.log_every=2")
-  assert rc == 0, err[-3000:]
-  before = _final_state(wd, cfg_(steps=4))
-  rc, _, err = _run_train(wd, "--config.steps=12", "--config.eval_every=4", "--config.log_every=2",
+  shutil.copytree(straight_run, wd)
+  before = _final_state(wd, cfg_(steps=24))
+  rc, _, err = _run_train(wd, "--config.steps=32", "--config.eval_every=4", "--config.log_every=2",
                           "--config.optimizer.lr=1e30", "--config.optimizer.grad_clip=0.0")
   assert rc == 1
-  assert "became non-finite at step" in err and "last good checkpoint is step 4" in err
-  after = _final_state(wd, cfg_(steps=4), jax.devices()[:1])  # saved on 8 devices, restored on 1
-  assert after[0] == 4
+  assert "became non-finite at step" in err and "last good checkpoint is step 24" in err
+  after = _final_state(wd, cfg_(steps=24), jax.devices()[:1])  # saved on 8 devices, restored on 1
+  assert after[0] == 24
   for a, b in zip(before[1], after[1]):
     np.testing.assert_array_equal(a, b)
 

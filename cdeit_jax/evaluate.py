@@ -1,0 +1,269 @@
+"""Reconstruct a test set with a trained or imported CDEIT: sharded sampling, metrics, outputs.
+
+Each example's noise comes from fold_in(fold_in(key(seed), sample), example index), so the
+reconstructions do not depend on the batch size or the number of devices or hosts.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cdeit_jax import checkpoint, config_lib, data, metrics
+from cdeit_jax import sharding as shd
+from cdeit_jax.diffusion import Diffusion
+
+
+@dataclass
+class EvalSettings:
+  checkpoint: str
+  data: str                     # preset name (simulated, uef2017, ktc2023) or any name with ratios
+  data_path: str
+  out: str
+  weights: str = "ema"
+  step: int | None = None       # default: the best validated step, else the latest
+  sampling_steps: int = 5
+  eta: float = 1.0
+  num_samples: int = 1
+  seed: int = 0
+  batch_size: int | None = None  # global; default 8 per device
+  stats: str | None = None
+  voltage_ratio: float | None = None
+  current_ratio: float | None = None
+  max_examples: int | None = None
+  config: Any = None            # optional config whose model section must match the checkpoint
+  dtype: str | None = None
+  attention_query_chunk: int | None = None  # lower attention memory (see CDEIT)
+  figure: bool = True
+  extra: dict = field(default_factory=dict)
+
+
+def _check_model_config(cfg, meta: dict) -> None:
+  want = dict(cfg.model)
+  have = meta["model"]
+  diff = {k: (want.get(k), have.get(k)) for k in set(want) | set(have)
+          if k not in checkpoint.RUNTIME_MODEL_KEYS and want.get(k) != have.get(k)}
+  if diff:
+    listing = ", ".join(f"model.{k}: config {a!r}, checkpoint {b!r}"
+                        for k, (a, b) in sorted(diff.items()))
+    raise ValueError(f"the checkpoint's model settings disagree with the config: {listing}")
+
+
+def _atomic_write(path: str, write) -> None:
+  """Write through a temporary name in the same folder, then rename: never half-written."""
+  tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
+  write(tmp)
+  os.replace(tmp, path)
+
+
+def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, mesh):
+  """One compiled sampler: (weights, cond, example indices, key) -> images, batch-sharded."""
+
+  def sample(weights, cond, index, key):
+    model = nnx.merge(graphdef, weights)
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
+    return diffusion.sample_fn(model, cond, steps=steps, eta=eta, key=keys, shape=shape)
+
+  b = shd.batch_sharded(mesh)
+  return jax.jit(sample, in_shardings=(shd.replicated(mesh), b, b, shd.replicated(mesh)),
+                 out_shardings=b)
+
+
+def _gather(x: jax.Array) -> np.ndarray:
+  if x.is_fully_addressable:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
+  """Run the evaluation and write every output into `s.out`; returns metrics.json's content."""
+  if s.num_samples < 1:
+    raise ValueError(f"--num-samples must be >= 1, got {s.num_samples}")
+  if s.sampling_steps < 1:
+    raise ValueError(f"--sampling-steps must be >= 1, got {s.sampling_steps}")
+  workdir, resolved = checkpoint.resolve(s.checkpoint, s.step)
+  step_dir = os.path.basename(os.path.normpath(s.checkpoint)).isdigit()
+  step = s.step if s.step is not None else (
+      resolved if step_dir else (checkpoint.best_step(workdir) or resolved))
+  meta = checkpoint.read_meta(workdir, step)
+  if s.config is not None:
+    _check_model_config(s.config, meta)
+  voltage_ratio, current_ratio = data.resolve_ratios(s.data, s.voltage_ratio, s.current_ratio)
+  src = data.NpzSource(s.data_path, s.data, s.stats, voltage_ratio=voltage_ratio,
+                       current_ratio=current_ratio, checkpoint_stats=checkpoint.meta_stats(meta),
+                       baselines=True)
+  n_total = len(src) if s.max_examples is None else min(len(src), s.max_examples)
+
+  mesh = shd.make_mesh()
+  model, meta = checkpoint.load_model(workdir, weights=s.weights, step=step, dtype=s.dtype,
+                                      sharding=shd.replicated(mesh),
+                                      attention_query_chunk=s.attention_query_chunk)
+  graphdef, weights = nnx.split(model)
+  cfg = checkpoint.model_config(meta)
+  diffusion = Diffusion(**{**config_lib.default_config().diffusion,
+                           **meta["config"].get("diffusion", {})})
+  shape = (model.image_size, model.image_size, model.in_channels)
+  global_batch = s.batch_size or 8 * jax.device_count()
+  if global_batch % jax.device_count():
+    raise ValueError(f"--batch-size {global_batch} must be a multiple of the "
+                     f"{jax.device_count()} devices")
+  sampler = make_sampler(graphdef, diffusion, s.sampling_steps, s.eta, shape, mesh)
+
+  class _Limited:  # the first n_total examples of the source
+    def __len__(self):
+      return n_total
+
+    def __getitem__(self, i):
+      return src[i]
+
+  batches = list(data.eval_batches(_Limited(), global_batch, keys=("cond",)))
+  key = jax.random.key(s.seed)
+  # compile (and warm up) before timing
+  t0 = time.perf_counter()
+  first = data.to_global(batches[0], mesh)
+  jax.block_until_ready(sampler(weights, first["cond"], first["index"], key))
+  compile_s = time.perf_counter() - t0
+
+  samples = np.zeros((s.num_samples, n_total, *shape), np.float32)
+  t0 = time.perf_counter()
+  done = 0
+  for k in range(s.num_samples):
+    key_k = jax.random.fold_in(key, k)
+    for b in batches:
+      g = data.to_global(b, mesh)
+      out = _gather(sampler(weights, g["cond"], g["index"], key_k))
+      idx, mask = _gather(g["index"]), _gather(g["mask"]) > 0
+      samples[k, idx[mask]] = out[mask]
+      done += int(mask.sum())
+      log(f"\rsampling: {done}/{n_total * s.num_samples} images", end="")
+  sample_s = time.perf_counter() - t0
+  log("")
+  result = {"images_per_s": done / sample_s, "ms_per_image": 1000 * sample_s / done,
+            "compile_and_first_batch_s": compile_s, "devices": jax.device_count(),
+            "processes": jax.process_count(), "global_batch": global_batch}
+  if jax.process_index() != 0:
+    return result
+
+  pred = samples.mean(0)
+  std = samples.std(0) if s.num_samples > 1 else None
+  target = np.stack([src[i]["target"] for i in range(n_total)])
+  names = [src.files[i] for i in range(n_total)]
+  overall, rows = metrics.summary(pred[..., 0], target[..., 0])
+  report = {"cdeit": overall}
+  baselines = {}
+  for key_b in data.BASELINE_KEYS:
+    imgs = np.stack([src[i][key_b] for i in range(n_total)])[..., 0]
+    if np.all(np.isfinite(imgs)):
+      scaled = np.stack([metrics.scale_baseline(b) for b in imgs])
+      baselines[key_b] = scaled
+      b_overall, b_rows = metrics.summary(scaled, target[..., 0])
+      report[key_b] = b_overall
+      for r, br in zip(rows, b_rows):
+        r.update({f"{key_b}_{m}": v for m, v in br.items()})
+  result.update({
+      "metrics": report, "definitions": metrics.DEFINITIONS,
+      "settings": {"checkpoint": workdir, "checkpoint_step": int(meta["step"]),
+                   "weights": s.weights, "data": s.data, "data_path": os.path.abspath(s.data_path),
+                   "voltage_ratio": voltage_ratio, "current_ratio": current_ratio,
+                   "sampling_steps": s.sampling_steps, "eta": s.eta,
+                   "num_samples": s.num_samples, "seed": s.seed, "examples": n_total,
+                   "model": meta["model"], "dtype": s.dtype or meta["model"]["dtype"]},
+  })
+  write_outputs(s.out, result, rows, names, pred, target, std, samples, baselines,
+                current_ratio / voltage_ratio, s.figure)
+  return result
+
+
+def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pred: np.ndarray,
+                  target: np.ndarray, std: np.ndarray | None, samples: np.ndarray,
+                  baselines: dict[str, np.ndarray], mat_scale: float, figure: bool) -> None:
+  import scipy.io
+
+  os.makedirs(out, exist_ok=True)
+  _atomic_write(os.path.join(out, "metrics.json"),
+                lambda p: open(p, "w").write(json.dumps(result, indent=2)))
+
+  def write_csv(p):
+    with open(p, "w", newline="") as fh:
+      w = csv.DictWriter(fh, fieldnames=["name", *rows[0].keys()])
+      w.writeheader()
+      for name, r in zip(names, rows):
+        w.writerow({"name": name, **r})
+
+  _atomic_write(os.path.join(out, "metrics.csv"), write_csv)
+  arrays = {"pred": pred, "target": target, "names": np.asarray(names)}
+  if std is not None:
+    arrays.update(std=std, samples=samples)
+
+  def write_npz(p):
+    with open(p, "wb") as fh:
+      np.savez(fh, **arrays)
+
+  _atomic_write(os.path.join(out, "predictions.npz"), write_npz)
+  mat = {"pred": (pred[..., 0] * mat_scale).astype(np.float64),
+         "target": target[..., 0].astype(np.float64), "names": np.asarray(names, dtype=object),
+         "scale": mat_scale}
+  if std is not None:
+    mat["std"] = (std[..., 0] * abs(mat_scale)).astype(np.float64)
+  _atomic_write(os.path.join(out, "predictions.mat"),
+                lambda p: scipy.io.savemat(p, mat, do_compression=True))
+  if figure:
+    _atomic_write(os.path.join(out, "reconstructions.png"),
+                  lambda p: save_figure(p, names, target, pred, std, baselines))
+
+
+def disk_mask(size: int) -> np.ndarray:
+  """True inside the unit disk on the CDEIT pixel grid."""
+  c = (np.arange(size) - (size - 1) / 2) / (size / 2)
+  return c[None, :] ** 2 + c[:, None] ** 2 <= 1.0
+
+
+def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 32) -> None:
+  """Ground truth | reconstruction | uncertainty | baseline per image, electrode 0 on top."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  base_key = next(iter(baselines), None)
+  cols = ["ground truth", "CDEIT", "std (uncertainty)" if std is not None else None,
+          f"{base_key} (scaled)" if base_key else None]
+  cols = [c for c in cols if c]
+  n = min(len(names), max_rows)
+  mask = disk_mask(target.shape[1])
+  fig, axes = plt.subplots(n, len(cols), figsize=(2.2 * len(cols) + 0.8, 2.1 * n), squeeze=False)
+  for r in range(n):
+    panels = [target[r, ..., 0], pred[r, ..., 0]]
+    if std is not None:
+      panels.append(std[r, ..., 0])
+    if base_key:
+      panels.append(baselines[base_key][r])
+    for c, (img, title) in enumerate(zip(panels, cols)):
+      ax = axes[r, c]
+      shown = np.ma.masked_where(~mask, img)
+      is_std = title.startswith("std")
+      im = ax.imshow(shown, origin="lower", cmap="viridis" if is_std else "RdBu_r",
+                     vmin=0 if is_std else -1, vmax=None if is_std else 1)
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if r == 0:
+        ax.set_title(title, fontsize=9)
+      if c == 0:
+        ax.set_ylabel(names[r], fontsize=8)
+      fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=80)
+  plt.close(fig)
+  with open(path, "wb") as fh:
+    fh.write(buf.getvalue())

@@ -1,0 +1,80 @@
+"""Image metrics of CDEIT evaluation (numpy, on the host).
+
+RMSE and PSNR exactly as the CDEIT authors compute them; SSIM as Wang et al. (2004) with the
+standard Gaussian window; Pearson's correlation coefficient. Images are on the [-1, 1] scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import ndimage
+
+DEFINITIONS = {
+    "rmse": "sqrt(mean((pred - gt)^2)) over all pixels of all images, on the [-1, 1] scale "
+            "(the authors' RMSE); per image the same over its pixels",
+    "psnr": "per image, both mapped to [0, 1] by v/2 + 0.5: 10 log10(max(gt)^2 / (mean((gt - "
+            "pred)^2) + 1e-12)), averaged over images (the authors' PSNR)",
+    "ssim": "Wang et al. 2004 on the [0, 1]-mapped images: Gaussian window sigma 1.5 (11 x 11, "
+            "truncate 3.5), K1 0.01, K2 0.03, data range 1, population covariances, mean over the "
+            "image without the 5-pixel border (scikit-image's gaussian_weights=True convention)",
+    "cc": "Pearson correlation coefficient between pred and gt pixels, per image (NaN if either "
+          "is constant), averaged over images",
+    "baseline_scaling": "classical reconstructions (TR, xs_gn) are divided by their maximum "
+                        "absolute value per image (to [-1, 1], not using the ground truth) "
+                        "before the same metrics",
+}
+
+
+def to_unit(v: np.ndarray) -> np.ndarray:
+  return np.asarray(v, np.float64) / 2 + 0.5
+
+
+def rmse(pred: np.ndarray, gt: np.ndarray) -> float:
+  d = np.asarray(pred, np.float64) - np.asarray(gt, np.float64)
+  return float(np.sqrt(np.mean(d * d)))
+
+
+def psnr(pred: np.ndarray, gt: np.ndarray) -> float:
+  p, g = to_unit(pred), to_unit(gt)
+  return float(10 * np.log10(g.max() ** 2 / (np.mean((g - p) ** 2) + 1e-12)))
+
+
+def ssim(pred: np.ndarray, gt: np.ndarray, sigma: float = 1.5, k1: float = 0.01,
+         k2: float = 0.03, data_range: float = 1.0) -> float:
+  """Gaussian-window SSIM of two 2-D images given on [-1, 1] (compared on [0, 1])."""
+  x, y = to_unit(np.squeeze(pred)), to_unit(np.squeeze(gt))
+  filt = lambda a: ndimage.gaussian_filter(a, sigma, mode="reflect", truncate=3.5)
+  mx, my = filt(x), filt(y)
+  vx, vy, cxy = filt(x * x) - mx * mx, filt(y * y) - my * my, filt(x * y) - mx * my
+  c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
+  s = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
+  pad = int(3.5 * sigma + 0.5)  # the window's radius
+  return float(s[pad:-pad, pad:-pad].mean())
+
+
+def pearson(pred: np.ndarray, gt: np.ndarray) -> float:
+  p, g = np.ravel(pred).astype(np.float64), np.ravel(gt).astype(np.float64)
+  p, g = p - p.mean(), g - g.mean()
+  denom = np.sqrt((p * p).sum() * (g * g).sum())
+  return float((p * g).sum() / denom) if denom > 0 else float("nan")
+
+
+def scale_baseline(b: np.ndarray) -> np.ndarray:
+  """A classical reconstruction divided by its max |value| (documented in DEFINITIONS)."""
+  m = np.nanmax(np.abs(b))
+  return b / m if m > 0 else b
+
+
+def per_image(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
+  return {"rmse": rmse(pred, gt), "psnr": psnr(pred, gt), "ssim": ssim(pred, gt),
+          "cc": pearson(pred, gt)}
+
+
+def summary(preds: np.ndarray, gts: np.ndarray) -> tuple[dict[str, float], list[dict[str, float]]]:
+  """(overall, per-image rows) for stacks of images (N, H, W[, 1])."""
+  rows = [per_image(p, g) for p, g in zip(preds, gts)]
+  overall = {"rmse": rmse(preds, gts),
+             "psnr": float(np.mean([r["psnr"] for r in rows])),
+             "ssim": float(np.mean([r["ssim"] for r in rows])),
+             "cc": float(np.nanmean([r["cc"] for r in rows])) if rows else float("nan")}
+  return overall, rows

@@ -1,0 +1,183 @@
+"""eval.py: metrics against independent implementations, outputs, determinism, bad inputs."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import scipy.io
+from conftest import FIXTURES
+from flax import nnx
+
+from cdeit_jax import checkpoint, config_lib, convert, evaluate, metrics, stats
+from cdeit_jax.model import CDEIT
+
+REPO = pathlib.Path(__file__).parent.parent
+UEF = str(REPO / "data" / "uef2017")
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+@pytest.fixture(scope="module")
+def pair():
+  rng = np.random.default_rng(0)
+  gt = np.zeros((128, 128))
+  gt[30:60, 40:80] = 1.0
+  gt[80:100, 20:50] = -1.0
+  pred = np.clip(gt * 0.7 + rng.normal(0, 0.2, gt.shape), -1, 1)
+  return pred, gt
+
+
+def test_rmse_psnr_pearson_by_hand(pair):
+  pred, gt = pair
+  assert metrics.rmse(pred, gt) == pytest.approx(np.sqrt(((pred - gt) ** 2).mean()), rel=1e-12)
+  p01, g01 = pred / 2 + 0.5, gt / 2 + 0.5
+  want = 10 * np.log10(g01.max() ** 2 / (((g01 - p01) ** 2).mean() + 1e-12))
+  assert metrics.psnr(pred, gt) == pytest.approx(want, rel=1e-12)
+  assert metrics.pearson(pred, gt) == pytest.approx(np.corrcoef(pred.ravel(), gt.ravel())[0, 1],
+                                                    rel=1e-10)
+  assert np.isnan(metrics.pearson(pred, np.zeros_like(gt)))
+  stack_p, stack_g = np.stack([pred, gt]), np.stack([gt, gt])
+  overall, rows = metrics.summary(stack_p, stack_g)
+  assert overall["rmse"] == pytest.approx(np.sqrt(((stack_p - stack_g) ** 2).mean()))
+  assert overall["psnr"] == pytest.approx((rows[0]["psnr"] + rows[1]["psnr"]) / 2)
+  assert rows[1]["ssim"] == pytest.approx(1.0) and rows[1]["cc"] == pytest.approx(1.0)
+
+
+def test_ssim_matches_scikit_image(pair):
+  skm = pytest.importorskip("skimage.metrics")
+  pred, gt = pair
+  want = skm.structural_similarity(gt / 2 + 0.5, pred / 2 + 0.5, data_range=1.0,
+                                   gaussian_weights=True, sigma=1.5,
+                                   use_sample_covariance=False)
+  assert metrics.ssim(pred, gt) == pytest.approx(want, abs=1e-10)
+
+
+def test_baseline_scaling_and_disk_mask():
+  b = np.array([[0.5, -2.0], [1.0, 0.0]])
+  np.testing.assert_allclose(metrics.scale_baseline(b), b / 2.0)
+  m = evaluate.disk_mask(128)
+  assert m[64, 64] and m[0, 64] and not m[0, 0] and m.mean() == pytest.approx(np.pi / 4, abs=0.01)
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def fixture_run(tmp_path_factory):
+  """The reference's small model (fixture weights) imported with `convert`."""
+  wd = tmp_path_factory.mktemp("fixture_run")
+  cfg = config_lib.default_config()
+  cfg.model.hidden_size = 64
+  convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(wd))
+  return str(wd)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  """The test config's model with random non-zero weights (a fresh model predicts exactly 0)."""
+  wd = tmp_path_factory.mktemp("tiny_run")
+  cfg = config_lib.load(str(REPO / "configs" / "test.py"))
+  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  rng = np.random.default_rng(3)
+  state = jax.tree.map(lambda a: a + 0.05 * rng.standard_normal(a.shape).astype(np.float32), state)
+  mean, std = stats.authors_stats()
+  checkpoint.save_inference(str(wd), nnx.merge(graphdef, state), cfg, mean=mean, std=std, step=7)
+  return str(wd)
+
+
+def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
+  out = tmp_path / "out"
+  r = evaluate.evaluate(evaluate.EvalSettings(
+      checkpoint=fixture_run, data="uef2017", data_path=UEF, out=str(out), sampling_steps=1,
+      batch_size=8, attention_query_chunk=512), log=lambda *a, **k: None)
+  assert r["devices"] == 8
+  for f in ("metrics.json", "metrics.csv", "predictions.npz", "predictions.mat",
+            "reconstructions.png"):
+    assert (out / f).stat().st_size > 0, f
+  assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
+  m = json.loads((out / "metrics.json").read_text())
+  assert set(m["metrics"]) == {"cdeit", "TR", "xs_gn"} and m["settings"]["examples"] == 22
+  assert m["settings"]["checkpoint_step"] == 0 and m["images_per_s"] > 0
+  assert len((out / "metrics.csv").read_text().strip().splitlines()) == 23
+  z = np.load(out / "predictions.npz")
+  assert z["pred"].shape == (22, 128, 128, 1) and list(z["names"])[0] == "1_1.npz"
+  assert np.all(np.isfinite(z["pred"])) and z["pred"].std() > 0.01
+  mat = scipy.io.loadmat(out / "predictions.mat")
+  np.testing.assert_allclose(mat["pred"], z["pred"][..., 0] * 2 / 1040.856, rtol=1e-6)
+  # the overall RMSE is recomputable from the saved arrays
+  assert m["metrics"]["cdeit"]["rmse"] == pytest.approx(
+      np.sqrt(((z["pred"] - z["target"]) ** 2).mean()), rel=1e-6)
+
+
+def _eval_cli(*args, devices=None):
+  env = dict(os.environ)
+  if devices:
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  return subprocess.run([sys.executable, str(REPO / "eval.py"), *args], capture_output=True,
+                        text=True, env=env, cwd=REPO)
+
+
+def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
+  common = ["--workdir", tiny_run, "--data", "uef2017", "--data-path", UEF, "--seed", "3",
+            "--no-figure"]
+  r1 = _eval_cli(*common, "--out", str(tmp_path / "one"), "--batch-size", "4", devices=1)
+  assert r1.returncode == 0, r1.stderr[-2000:]
+  assert "cdeit" in r1.stdout and "images/s" in r1.stdout
+  r8 = evaluate.evaluate(evaluate.EvalSettings(
+      checkpoint=tiny_run, data="uef2017", data_path=UEF, out=str(tmp_path / "eight"), seed=3,
+      num_samples=4, figure=False), log=lambda *a, **k: None)
+  assert r8["devices"] == 8
+  one, eight = np.load(tmp_path / "one" / "predictions.npz"), np.load(tmp_path / "eight" /
+                                                                       "predictions.npz")
+  # sample 0 of the 4 is the single-sample run's reconstruction, example by example
+  np.testing.assert_allclose(eight["samples"][0], one["pred"], atol=1e-5, rtol=0)
+  assert eight["samples"].shape == (4, 22, 128, 128, 1)
+  np.testing.assert_allclose(eight["pred"], eight["samples"].mean(0), atol=1e-6)
+  assert eight["std"].shape == (22, 128, 128, 1) and eight["std"].mean() > 1e-3
+  assert "std" not in one.files
+
+
+def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
+  def run(**over):
+    s = dict(checkpoint=tiny_run, data="uef2017", data_path=UEF, out=str(tmp_path / "o"),
+             figure=False, max_examples=2)
+    s.update(over)
+    return evaluate.evaluate(evaluate.EvalSettings(**s), log=lambda *a, **k: None)
+
+  with pytest.raises(ValueError, match="unknown data preset 'tank'"):
+    run(data="tank")
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(ValueError, match="holds no .npz files"):
+    run(data_path=str(tmp_path / "empty"))
+  with pytest.raises(FileNotFoundError, match="no such file or directory"):
+    run(checkpoint=str(tmp_path / "missing"))
+  (tmp_path / "notrun" / "checkpoints").mkdir(parents=True)
+  with pytest.raises(FileNotFoundError, match="holds no finished checkpoint"):
+    run(checkpoint=str(tmp_path / "notrun"))
+  cfg = config_lib.default_config()
+  with pytest.raises(ValueError, match="model.hidden_size: config 512, checkpoint 32"):
+    run(config=cfg)
+  np.save(tmp_path / "mean.npy", np.zeros((1, 16, 12), np.float32))
+  np.save(tmp_path / "std.npy", np.ones((1, 16, 13), np.float32))
+  with pytest.raises(ValueError, match=r"mean has shape \(1, 16, 12\)"):
+    run(stats=str(tmp_path))
+  with pytest.raises(ValueError, match="--weights ema"):
+    run(weights="raw")
+  # an unreadable checkpoint: corrupt metadata
+  broken = tmp_path / "broken"
+  import shutil
+  shutil.copytree(tiny_run, broken)
+  meta = broken / "checkpoints" / "7" / "meta" / "metadata"
+  meta.write_text("{not json")
+  with pytest.raises(ValueError, match="unreadable metadata|not a 'cdeit-jax"):
+    run(checkpoint=str(broken))
+  r = _eval_cli("--workdir", str(tmp_path / "missing"), "--data", "uef2017", "--data-path", UEF,
+                "--out", str(tmp_path / "o2"))
+  assert r.returncode == 1 and "error: checkpoint" in r.stderr
