@@ -36,12 +36,13 @@ def main():
   p.add_argument("--dtype", default="float32", choices=sorted(config_lib.DTYPES))
   p.add_argument("--hidden-size", type=int, default=512)
   p.add_argument("--attention-impl", default=None, choices=[None, "xla", "cudnn"])
+  p.add_argument("--attention-query-chunk", type=int, default=None)
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--sample", action="store_true", help="also time the 5-step sampler")
   a = p.parse_args()
 
   kw = dict(hidden_size=a.hidden_size, dtype=config_lib.DTYPES[a.dtype],
-            attention_impl=a.attention_impl)
+            attention_impl=a.attention_impl, attention_query_chunk=a.attention_query_chunk)
   model = CDEIT(**kw, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   rng = np.random.default_rng(0)
@@ -60,6 +61,7 @@ def main():
   out = {
       "bench": "forward", "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
       "jax": jax.__version__, "params": count_params(model), "batch": a.batch, "dtype": a.dtype,
+      "attention_query_chunk": a.attention_query_chunk,
       "compile_s": round(compile_s, 2), "forward_s": round(step_s, 4),
       "images_per_s": round(a.batch / step_s, 2), "flops_per_forward": flops,
       "achieved_tflops": tflops, "peak_tflops": peak,
