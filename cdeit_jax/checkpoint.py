@@ -21,16 +21,12 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from cdeit_jax import config_lib, stats
-from cdeit_jax.model import CDEIT, PosEmbed, count_params
+from cdeit_jax.model import CDEIT, PosEmbed
 
 FORMAT = "cdeit-jax checkpoint v1"
 CHECKPOINTS = "checkpoints"
 WEIGHT_ITEMS = {"raw": "params", "ema": "ema_params"}
 WEIGHTS = nnx.Any(nnx.Param, PosEmbed)  # what a weight set holds
-
-
-def count_model_params(model: CDEIT) -> int:
-  return count_params(model)
 
 
 def weights_of(model: nnx.Module) -> dict:

@@ -338,10 +338,12 @@ def eval_indices(n: int, global_batch: int) -> tuple[np.ndarray, np.ndarray]:
   return np.where(mask, pos, 0), mask
 
 
-def eval_batches(source: NpzSource, global_batch: int, keys: Sequence[str] = _TRAIN_KEYS
-                 ) -> Iterator[dict[str, np.ndarray]]:
-  """Host batches covering every example exactly once across hosts, with `mask` and `index`."""
-  idx, mask = eval_indices(len(source), global_batch)
+def eval_batches(source: NpzSource, global_batch: int, keys: Sequence[str] = _TRAIN_KEYS,
+                 limit: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+  """Host batches covering every example (or the first `limit`) exactly once across hosts,
+  with `mask` and `index`."""
+  n = len(source) if limit is None else min(len(source), limit)
+  idx, mask = eval_indices(n, global_batch)
   for b in range(idx.shape[0]):
     exs = [source[int(i)] for i in idx[b]]
     batch = {k: np.stack([e[k] for e in exs]) for k in keys}

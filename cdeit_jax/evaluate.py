@@ -120,14 +120,7 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
                      f"{jax.device_count()} devices")
   sampler = make_sampler(graphdef, diffusion, s.sampling_steps, s.eta, shape, mesh)
 
-  class _Limited:  # the first n_total examples of the source
-    def __len__(self):
-      return n_total
-
-    def __getitem__(self, i):
-      return src[i]
-
-  batches = list(data.eval_batches(_Limited(), global_batch, keys=("cond",)))
+  batches = list(data.eval_batches(src, global_batch, keys=("cond",), limit=n_total))
   key = jax.random.key(s.seed)
   # compile (and warm up) before timing
   t0 = time.perf_counter()

@@ -21,7 +21,7 @@ from cdeit_jax import checkpoint, config_lib, data, hardware, logs
 from cdeit_jax import sharding as shd
 from cdeit_jax import training
 from cdeit_jax.diffusion import Diffusion
-from cdeit_jax.model import CDEIT
+from cdeit_jax.model import CDEIT, count_params
 
 
 class NonFiniteLoss(RuntimeError):
@@ -106,6 +106,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   train_src, valid_src = open_sources(cfg, ck_stats)
 
   model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(cfg.seed))
+  num_params = count_params(model)
   tx, schedule = training.make_optimizer(cfg)
   graphdef, state = training.create_state(model, tx)
   del model
@@ -117,7 +118,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                                          mesh, cfg.shard_params)
   report = [f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
             f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
-            f"({cfg.accum_steps} micro-batches); params {checkpoint.count_model_params(nnx.merge(graphdef, state.params, state.fixed)):,}",
+            f"({cfg.accum_steps} micro-batches); params {num_params:,}",
             f"train step compiled in {compiled.compile_s:.1f} s; {_memory_report(compiled)}"]
   host_iter = data.train_dataset(train_src, cfg.batch_size, _loader_options(cfg)).__iter__()
   rng = jax.random.key(cfg.seed)
