@@ -114,6 +114,13 @@ def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
   # the overall RMSE is recomputable from the saved arrays
   assert m["metrics"]["cdeit"]["rmse"] == pytest.approx(
       np.sqrt(((z["pred"] - z["target"]) ** 2).mean()), rel=1e-6)
+  # one device, through the command line: the same reconstructions (first 4 files)
+  r = _eval_cli("--workdir", fixture_run, "--data", "uef2017", "--data-path", UEF, "--out",
+                str(tmp_path / "one"), "--sampling-steps", "1", "--batch-size", "2",
+                "--max-examples", "4", "--attention-query-chunk", "512", "--no-figure", devices=1)
+  assert r.returncode == 0, r.stderr[-2000:]
+  one = np.load(tmp_path / "one" / "predictions.npz")
+  np.testing.assert_allclose(one["pred"], z["pred"][:4], atol=1e-5, rtol=0)
 
 
 def _eval_cli(*args, devices=None):
