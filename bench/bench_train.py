@@ -31,6 +31,7 @@ def main():
   p.add_argument("--hidden-size", type=int, default=None)
   p.add_argument("--remat", action="store_true")
   p.add_argument("--attention-impl", default=None, choices=["xla", "cudnn"])
+  p.add_argument("--attention-query-chunk", type=int, default=None)
   p.add_argument("--steps", type=int, default=3, help="timed steps")
   a = p.parse_args()
 
@@ -43,6 +44,8 @@ def main():
     cfg.model.remat = True
   if a.attention_impl:
     cfg.model.attention_impl = a.attention_impl
+  if a.attention_query_chunk:
+    cfg.model.attention_query_chunk = a.attention_query_chunk
   n = jax.device_count()
   global_batch = a.per_device_batch * n * a.accum_steps
   mesh = shd.make_mesh()
@@ -74,7 +77,8 @@ def main():
   print(json.dumps({
       "bench": "train_step", "device": jax.devices()[0].device_kind, "devices": n,
       "backend": jax.default_backend(), "jax": jax.__version__, "params": params,
-      "dtype": cfg.model.dtype, "remat": cfg.model.remat, "per_device_batch": a.per_device_batch,
+      "dtype": cfg.model.dtype, "remat": cfg.model.remat,
+      "attention_query_chunk": cfg.model.attention_query_chunk, "per_device_batch": a.per_device_batch,
       "accum_steps": a.accum_steps, "global_batch": global_batch,
       "compile_s": round(c.compile_s, 1), "step_s": round(step_s, 4),
       "samples_per_s": round(global_batch / step_s, 3),
