@@ -47,6 +47,14 @@ def _restore_keys(tree, like):
   return tree
 
 
+def _restore_target(tree, shardings):
+  """ShapeDtypeStructs of `tree` placed on `shardings` (one sharding, or a matching tree)."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shardings), tree)
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree,
+                      shardings)
+
+
 def manager(workdir: str, *, options: ocp.CheckpointManagerOptions | None = None,
             read_only: bool = False) -> ocp.CheckpointManager:
   """The workdir's CheckpointManager (orbax writes each step to a temporary name, then renames).
@@ -182,8 +190,7 @@ def load_model(path: str, *, weights: str = "ema", step: int | None = None,
   if sharding is None:
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   like = nnx.state(abstract, WEIGHTS).to_pure_dict()
-  target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
-                        _str_keys(like))
+  target = _restore_target(_str_keys(like), sharding)
   item = WEIGHT_ITEMS[weights]
   with manager(workdir, read_only=True) as mngr:
     try:
@@ -250,16 +257,13 @@ def restore_train(mngr: ocp.CheckpointManager, step: int, abstract_state, shardi
   """Restore (state, meta) at `step` onto `shardings` (any device count), and the data iterator."""
   import grain
 
-  def target(tree, sh):
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, sh)
-
   w_like = nnx.merge_state(abstract_state.params, abstract_state.fixed)
-  w_target = target(_weights_target(abstract_state.params, abstract_state.fixed),
-                    _weights_target(shardings.params, shardings.fixed))
+  w_target = _restore_target(_weights_target(abstract_state.params, abstract_state.fixed),
+                             _weights_target(shardings.params, shardings.fixed))
   items = {"params": ocp.args.StandardRestore(w_target),
            "ema_params": ocp.args.StandardRestore(w_target),
-           "opt_state": ocp.args.StandardRestore(target(abstract_state.opt_state,
-                                                        shardings.opt_state)),
+           "opt_state": ocp.args.StandardRestore(_restore_target(abstract_state.opt_state,
+                                                                 shardings.opt_state)),
            "meta": ocp.args.JsonRestore()}
   if data_iter is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iter)

@@ -150,13 +150,14 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
 
   pred = samples.mean(0)
   std = samples.std(0) if s.num_samples > 1 else None
-  target = np.stack([src[i]["target"] for i in range(n_total)])
+  examples = [src[i] for i in range(n_total)]  # one read per file for targets and baselines
+  target = np.stack([e["target"] for e in examples])
   names = [src.files[i] for i in range(n_total)]
   overall, rows = metrics.summary(pred[..., 0], target[..., 0])
   report = {"cdeit": overall}
   baselines = {}
   for key_b in data.BASELINE_KEYS:
-    imgs = np.stack([src[i][key_b] for i in range(n_total)])[..., 0]
+    imgs = np.stack([e[key_b] for e in examples])[..., 0]
     if np.all(np.isfinite(imgs)):
       scaled = np.stack([metrics.scale_baseline(b) for b in imgs])
       baselines[key_b] = scaled

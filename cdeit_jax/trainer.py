@@ -166,8 +166,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   step = start
   try:
     while step < cfg.steps:
-      batch = data.to_global(next(host_iter), mesh)
-      state, metrics = compiled.fn(state, {"cond": batch["cond"], "target": batch["target"]}, rng)
+      host_batch = next(host_iter)  # the step needs cond and target only (not the indices)
+      batch = data.to_global({k: host_batch[k] for k in ("cond", "target")}, mesh)
+      state, metrics = compiled.fn(state, batch, rng)
       pending.append(metrics)
       step += 1
       final = step == cfg.steps
