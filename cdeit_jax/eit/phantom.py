@@ -1,0 +1,123 @@
+"""Random inclusion phantoms: parameters drawn on the host, rendered in JAX on mesh and grid.
+
+A phantom is up to `MAX_INCLUSIONS` rows of `[active, kind, cx, cy, a, b, angle, v]`:
+  disc      |p - c| <= a
+  ellipse   semi-axes a, b, rotated by angle
+  half-disc |p - c| <= a on the side (cos angle, sin angle) of the line through c
+  annulus   b a <= |p - c| <= a   (b: inner radius ratio)
+with label v in [-1, 1] (|v| >= v_min) and conductivity sigma_bg * 10^v inside. Later rows win
+where inclusions overlap (the generator draws them disjoint). The label at a point is what the
+128 x 128 target shows (averaged over each pixel: area fraction times label); the conductivity
+averaged over a triangle's sample points is the partial-volume conductivity the FEM sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MAX_INCLUSIONS = 4
+KINDS = ("disc", "ellipse", "half_disc", "annulus")
+IMAGE_SIZE = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class PhantomSpec:
+  """Distribution of random phantoms (sizes in units of the disk radius)."""
+  min_inclusions: int = 1
+  max_inclusions: int = 4
+  min_size: float = 0.15         # radius (disc, half-disc, annulus) or major semi-axis (ellipse)
+  max_size: float = 0.45
+  min_aspect: float = 0.4        # ellipse minor / major
+  annulus_inner: float = 0.6     # annulus inner radius ratio (the authors' recipe)
+  max_radius: float = 0.95       # every inclusion lies inside |p| <= max_radius
+  v_min: float = 0.5             # |label| range: sigma = 10^v, v in +-[v_min, v_max]
+  v_max: float = 1.0
+  separation: float = 0.03       # minimum gap between inclusions' bounding circles
+
+  def validate(self) -> None:
+    if not 1 <= self.min_inclusions <= self.max_inclusions <= MAX_INCLUSIONS:
+      raise ValueError(f"need 1 <= min_inclusions <= max_inclusions <= {MAX_INCLUSIONS}")
+    if not 0 < self.min_size <= self.max_size < self.max_radius <= 1:
+      raise ValueError("need 0 < min_size <= max_size < max_radius <= 1")
+    if not 0 < self.v_min <= self.v_max:
+      raise ValueError("need 0 < v_min <= v_max")
+
+
+def random_params(rng: np.random.Generator, spec: PhantomSpec = PhantomSpec()) -> np.ndarray:
+  """(MAX_INCLUSIONS, 8) parameters of one random phantom with disjoint inclusions."""
+  out = np.zeros((MAX_INCLUSIONS, 8))
+  n = rng.integers(spec.min_inclusions, spec.max_inclusions + 1)
+  placed = []                                       # (cx, cy, bounding radius)
+  for i in range(n):
+    for _ in range(100):
+      kind = rng.integers(len(KINDS))
+      a = rng.uniform(spec.min_size, spec.max_size)
+      b = rng.uniform(spec.min_aspect, 1.0) * a if KINDS[kind] == "ellipse" else (
+          spec.annulus_inner if KINDS[kind] == "annulus" else 0.0)
+      rho = (spec.max_radius - a) * np.sqrt(rng.uniform())
+      phi = rng.uniform(0, 2 * np.pi)
+      cx, cy = rho * np.cos(phi), rho * np.sin(phi)
+      if all(np.hypot(cx - x, cy - y) >= a + r + spec.separation for x, y, r in placed):
+        break
+    else:
+      break                                         # no room left: fewer inclusions
+    angle = rng.uniform(0, 2 * np.pi)
+    v = rng.choice([-1.0, 1.0]) * rng.uniform(spec.v_min, spec.v_max)
+    placed.append((cx, cy, a))
+    out[i] = [1, kind, cx, cy, a, b, angle, v]
+  return out
+
+
+def label_at(params: jax.Array, points: jax.Array) -> jax.Array:
+  """Label (...) at points (..., 2) for one phantom's params (MAX_INCLUSIONS, 8); 0 outside."""
+  x, y = points[..., 0], points[..., 1]
+  out = jnp.zeros(x.shape, params.dtype)
+  for i in range(params.shape[0]):
+    active, kind, cx, cy, a, b, ang, v = (params[i, j] for j in range(8))
+    dx, dy = x - cx, y - cy
+    r = jnp.hypot(dx, dy)
+    ca, sa = jnp.cos(ang), jnp.sin(ang)
+    u, w = ca * dx + sa * dy, -sa * dx + ca * dy             # rotated frame
+    disc = r <= a
+    ellipse = (u / a) ** 2 + (w / jnp.maximum(b, 1e-6)) ** 2 <= 1
+    half = disc & (u >= 0)
+    annulus = disc & (r >= b * a)
+    inside = jnp.select([kind == 0, kind == 1, kind == 2, kind == 3],
+                        [disc, ellipse, half, annulus], False)
+    out = jnp.where(inside & (active > 0), v, out)
+  return jnp.where(x * x + y * y <= 1, out, 0.0)
+
+
+def pixel_centres(size: int = IMAGE_SIZE, supersample: int = 1) -> np.ndarray:
+  """(size, size, s*s, 2) points of each pixel: xs[row, col] is at ((col - c) / h, (row - c) / h),
+  c = (size - 1) / 2, h = size / 2 (row grows with +y), with s x s sub-pixel offsets."""
+  h, c = size / 2, (size - 1) / 2
+  off = (np.arange(supersample) + 0.5) / supersample - 0.5
+  col = (np.arange(size)[None, :, None, None] + off[None, None, None, :] - c) / h
+  row = (np.arange(size)[:, None, None, None] + off[None, None, :, None] - c) / h
+  col, row = np.broadcast_arrays(col, row)
+  return np.stack([col, row], -1).reshape(size, size, supersample * supersample, 2)
+
+
+def render_image(params: jax.Array, supersample: int = 4, size: int = IMAGE_SIZE) -> jax.Array:
+  """(size, size) target image: each pixel's area fraction times its label (0 outside the disk)."""
+  pts = jnp.asarray(pixel_centres(size, supersample), params.dtype)
+  return label_at(params, pts).mean(-1)
+
+
+def element_conductivity(params: jax.Array, sample_points: jax.Array,
+                         sigma_bg: float = 1.0) -> jax.Array:
+  """(E,) partial-volume conductivity: sigma_bg * 10^label averaged over each triangle's points."""
+  return sigma_bg * jnp.mean(10.0 ** label_at(params, sample_points), axis=-1)
+
+
+def pixel_index(points: np.ndarray, size: int = IMAGE_SIZE) -> np.ndarray:
+  """Flat index of the pixel containing each point (..., 2) of [-1, 1]^2."""
+  h = size / 2
+  col = np.clip(np.floor(points[..., 0] * h + h), 0, size - 1).astype(np.int32)
+  row = np.clip(np.floor(points[..., 1] * h + h), 0, size - 1).astype(np.int32)
+  return row * size + col

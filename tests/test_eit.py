@@ -1,0 +1,219 @@
+"""The EIT simulator against EIDORS, analytic solutions and the real UEF2017 tank data."""
+
+import glob
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import FIXTURES
+
+from cdeit_jax import eit
+from cdeit_jax.eit import phantom as ph, reconstruct
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rel_l2(a, b):
+  return float(np.linalg.norm(np.ravel(a) - np.ravel(b)) / np.linalg.norm(np.ravel(b)))
+
+
+def disc(cx, cy, r, sigma):
+  p = np.zeros((ph.MAX_INCLUSIONS, 8))
+  p[0] = [1, 0, cx, cy, r, 0, 0, np.log10(sigma)]
+  return p
+
+
+@pytest.fixture(scope="module")
+def sim64():
+  with jax.enable_x64(True):
+    yield eit.Simulator(dtype="float64")
+
+
+def test_mesh_electrodes_and_area():
+  m = eit.make_mesh()
+  assert np.all(m.areas() > 0)
+  assert abs(m.areas().sum() - np.pi) / np.pi < 2e-3   # inscribed polygon of the unit circle
+  ends = eit.electrode_angles(4.0)
+  for l, edges in enumerate(m.electrode_edges):
+    ang = np.unwrap(np.arctan2(m.nodes[edges][..., 1], m.nodes[edges][..., 0]).ravel())
+    centre = np.pi / 2 - 2 * np.pi * l / 16   # electrode 0 on top, clockwise
+    assert np.isclose(np.angle(np.exp(1j * (ang.mean() - centre))), 0, atol=1e-9)
+    assert np.isclose(ang.max() - ang.min(), np.deg2rad(4.0), atol=1e-9)
+    assert np.allclose(np.abs(m.nodes[edges]).sum(-1) > 0, True)
+  assert np.allclose(ends[:, 1] - ends[:, 0], np.deg2rad(4.0))
+
+
+def test_protocol_by_hand():
+  pairs = eit.measurement_pairs()
+  assert pairs.shape == (16, 13)
+  assert list(pairs[0]) == list(range(2, 15))          # injection 0 skips 15, 0, 1
+  assert list(pairs[5]) == [0, 1, 2, 3] + list(range(7, 16))
+  cur = eit.injection_currents()
+  assert cur[3, 3] == -1e-3 and cur[3, 4] == 1e-3 and cur[15, 0] == 1e-3 and cur.sum() == 0
+
+
+def test_homogeneous_matches_eidors(sim64):
+  eidors = np.load(FIXTURES / "eidors_j2d3c_vh_I1mA.npy").ravel()
+  with jax.enable_x64(True):
+    vh = np.asarray(sim64.vh)
+  assert np.all(vh > 0)
+  assert np.max(np.abs(vh / eidors - 1)) < 0.01
+  assert abs(vh[0] / 9.551375e-5 - 1) < 0.01
+
+
+def test_large_contact_impedance_tends_to_gap_model():
+  gap = np.load(FIXTURES / "analytic_gap4deg_vh.npy").ravel()
+  with jax.enable_x64(True):
+    err = {}
+    for z in (0.01, 100.0):
+      sim = eit.Simulator(dtype="float64", contact_impedance=z)
+      err[z] = np.max(np.abs(np.asarray(sim.vh) / gap - 1))
+  assert err[100.0] < 0.01
+  assert err[100.0] < err[0.01]
+
+
+def test_eidors_disc(sim64):
+  ref = np.load(FIXTURES / "eidors_j2d3c_dv_circ.npy").ravel()
+  with jax.enable_x64(True):
+    # additive C = +0.3 with partial volume == label log10(1.3) averaged as 10^label
+    dv = np.asarray(sim64.phantom_voltages(disc(0.4, 0.4, 0.2, 1.3)))
+  assert np.corrcoef(dv, ref)[0, 1] >= 0.999
+  assert rel_l2(dv, ref) <= 0.03
+
+
+def test_concentric_disc_analytic(sim64):
+  ref = np.load(FIXTURES / "analytic_gap4deg_concentric_r0.3_s2_dv.npy").ravel()
+  with jax.enable_x64(True):
+    dv = np.asarray(sim64.phantom_voltages(disc(0.0, 0.0, 0.3, 2.0)))
+  assert rel_l2(dv, ref) <= 0.03
+
+
+def test_condensed_system_equals_full(sim64):
+  params = np.stack([disc(0.4, -0.3, 0.25, 5.0), disc(-0.7, 0.2, 0.2, 0.2)])
+  with jax.enable_x64(True):
+    full = np.asarray(sim64.phantom_voltages(params))
+    cond = np.asarray(sim64.phantom_voltages(params, max_radius=0.95))
+    assert sim64.support_cem(0.95).num_unknowns < sim64.cem.num_unknowns
+  assert np.max(np.abs(cond - full)) < 1e-9 * np.max(np.abs(full))
+
+
+def test_float32_close_to_float64(sim64):
+  params = disc(0.3, 0.5, 0.25, 10.0)
+  with jax.enable_x64(True):
+    d64 = np.asarray(sim64.phantom_voltages(params))
+  d32 = np.asarray(eit.default_simulator().phantom_voltages(params))
+  assert d32.dtype == np.float32
+  assert rel_l2(d32, d64) < 3e-3
+
+
+def test_jacobian_matches_finite_differences(sim64):
+  """Autodiff through the CEM (custom_linear_solve) against central differences in float64."""
+  rng = np.random.default_rng(0)
+  d = rng.standard_normal((ph.IMAGE_SIZE, ph.IMAGE_SIZE))
+  with jax.enable_x64(True):
+    f = jax.jit(lambda x: sim64.difference(sim64.image_conductivity(x)))
+    x0 = jnp.asarray(0.1 * rng.standard_normal(d.shape))
+    _, jd = jax.jvp(f, (x0,), (jnp.asarray(d),))
+    eps = 1e-4
+    fd = (f(x0 + eps * d) - f(x0 - eps * d)) / (2 * eps)
+    g = jax.grad(lambda x: f(x)[17])(x0)
+  assert rel_l2(jd, fd) < 1e-6
+  assert np.isclose(float(jnp.vdot(g, d)), float(jd[17]), rtol=1e-8)
+
+
+def test_images_drive_the_same_model_as_phantoms(sim64):
+  """simulate from the rendered label image == from the phantom (up to pixelisation)."""
+  params = disc(-0.3, 0.4, 0.3, 10.0)
+  with jax.enable_x64(True):
+    from_phantom = np.asarray(sim64.phantom_voltages(params))
+    img = ph.render_image(jnp.asarray(params), supersample=1)
+    from_image = np.asarray(sim64.image_voltages(img[None]))[0]
+  assert np.corrcoef(from_image, from_phantom)[0, 1] > 0.999
+  assert rel_l2(from_image, from_phantom) < 0.05
+
+
+def test_render_orientation_and_area():
+  img = np.asarray(ph.render_image(jnp.asarray(disc(0.5, 0.0, 0.3, 10.0), jnp.float32)))
+  assert abs(img.sum() * (2 / 128) ** 2 - np.pi * 0.09) / (np.pi * 0.09) < 5e-3
+  rows, cols = np.nonzero(img)
+  assert cols.min() > 64 and abs(rows.mean() - 63.5) < 0.5          # +x is the column axis
+  up = np.asarray(ph.render_image(jnp.asarray(disc(0.0, 0.5, 0.2, 10.0), jnp.float32)))
+  assert np.nonzero(up)[0].min() > 64                                # +y is increasing rows
+  assert img.max() == pytest.approx(1.0) and img[0, 0] == 0
+
+
+def test_random_phantoms_inside_and_disjoint():
+  spec = eit.PhantomSpec()
+  rng = np.random.default_rng(0)
+  for _ in range(200):
+    p = eit.random_params(rng, spec)
+    act = p[p[:, 0] > 0]
+    assert 1 <= len(act) <= 4
+    assert np.all(np.hypot(act[:, 2], act[:, 3]) + act[:, 4] <= spec.max_radius + 1e-12)
+    assert np.all((np.abs(act[:, 7]) >= spec.v_min) & (np.abs(act[:, 7]) <= spec.v_max))
+    for i in range(len(act)):
+      for j in range(i):
+        assert np.hypot(*(act[i, 2:4] - act[j, 2:4])) >= act[i, 4] + act[j, 4]
+
+
+def test_noise_is_40db_on_each_vector():
+  sim = eit.default_simulator()
+  params = np.repeat(disc(0.2, 0.2, 0.3, 10.0)[None], 64, 0)
+  clean = np.asarray(sim.phantom_voltages(params[:1], max_radius=0.95))[0]
+  keys = jax.random.split(jax.random.key(0), 64)
+  noisy = np.asarray(sim.phantom_voltages(params, 40.0, keys, max_radius=0.95))
+  vh = np.asarray(sim.vh)
+  vi = vh + clean
+  rms = lambda v: np.sqrt(np.mean(v * v))
+  expected = np.sqrt((0.01 * rms(vi)) ** 2 + (0.01 * rms(vh)) ** 2)   # independent on vi and vh
+  assert np.std(noisy - clean) == pytest.approx(expected, rel=0.03)
+  assert abs(np.mean(noisy - clean)) < 0.05 * expected
+
+
+def test_uef2017_labels_explain_the_measurements():
+  files = sorted(glob.glob(os.path.join(REPO, "data", "uef2017", "*.npz")))
+  assert len(files) == 22
+  xs = np.stack([np.load(f)["xs"] for f in files])
+  ys = np.stack([np.load(f)["ys"][:, 0] for f in files]) / 1040.856
+  dv = np.asarray(eit.simulate_voltages(xs))
+  r = [np.corrcoef(a, b)[0, 1] for a, b in zip(dv, ys)]
+  assert np.median(r) >= 0.9
+  # and the units: a least-squares scale between simulation and the scaled tank data near 1
+  assert 0.7 < np.median([(a @ b) / (a @ a) for a, b in zip(dv, ys)]) < 1.4
+
+
+def test_simulate_voltages_checks_shape():
+  with pytest.raises(ValueError, match="xs_images must be"):
+    eit.simulate_voltages(np.zeros((128, 128)))
+  with pytest.raises(ValueError, match="PRNG key"):
+    eit.simulate_voltages(np.zeros((1, 128, 128)), snr_db=40.0)
+
+
+def test_tikhonov_dual_form_equals_primal():
+  """W^-1 J^T (J W^-1 J^T + lam I)^-1 == (J^T J + lam W)^-1 J^T on a small random Jacobian."""
+  rng = np.random.default_rng(0)
+  disk = (ph.pixel_centres(128)[:, :, 0] ** 2).sum(-1).reshape(-1) <= 1
+  small = rng.standard_normal((208, 300))
+  jac = np.zeros((208, 128 * 128))
+  jac[:, np.flatnonzero(disk)[:300]] = small          # the other pixels see nothing
+  t = reconstruct.Tikhonov(jac=jac.reshape(208, 128, 128), alpha=0.1, noser_exponent=1.0)
+  w = (small * small).sum(0)
+  lam = 0.1 * np.trace((small / w) @ small.T) / 208
+  primal = np.linalg.solve(small.T @ small + lam * np.diag(w), small.T)
+  assert np.all(t.matrix[300:] == 0)
+  np.testing.assert_allclose(t.matrix[:300], primal, rtol=1e-6, atol=1e-9)
+
+
+def test_tikhonov_finds_a_disc():
+  sim = eit.default_simulator()
+  params = disc(0.45, -0.3, 0.2, 10.0)
+  ys = np.asarray(sim.phantom_voltages(params[None], 40.0, jax.random.split(jax.random.key(1), 1)))
+  rec = eit.default_tikhonov()(ys)[0]
+  target = np.asarray(ph.render_image(jnp.asarray(params, jnp.float32)))
+  assert rec.shape == (128, 128) and rec[0, 0] == 0
+  row, col = np.unravel_index(np.argmax(rec), rec.shape)     # conductive: a positive peak
+  x, y = (col - 63.5) / 64, (row - 63.5) / 64
+  assert np.hypot(x - 0.45, y + 0.3) < 0.15
+  assert np.corrcoef(rec.ravel(), target.ravel())[0, 1] > 0.5
