@@ -72,6 +72,11 @@ def _read_npz(path: str, keys: Sequence[str] | None = None) -> dict[str, np.ndar
     return {k: z[k] for k in (z.files if keys is None else [k for k in keys if k in z.files])}
 
 
+def read_voltages(path: str) -> np.ndarray:
+  """The raw `ys` of one file as (208,) float64 (measured units)."""
+  return np.asarray(_read_npz(path, ("ys",))["ys"], np.float64).reshape(-1)
+
+
 # ----------------------------------------------------------------------------- validation
 
 
@@ -250,6 +255,16 @@ def compute_stats(split_dir: str, preset: str = "simulated", *, voltage_ratio: f
   return mean.reshape(1, 16, 13).astype(np.float32), std.reshape(1, 16, 13).astype(np.float32)
 
 
+def write_stats(out: str, mean: np.ndarray, std: np.ndarray) -> None:
+  """Write OUT/mean.npy and OUT/std.npy, each atomically (never half-written)."""
+  os.makedirs(out, exist_ok=True)
+  for name, arr in (("mean", mean), ("std", std)):
+    tmp = os.path.join(out, f".{name}.npy.tmp")
+    with open(tmp, "wb") as fh:
+      np.save(fh, arr)
+    os.replace(tmp, os.path.join(out, f"{name}.npy"))
+
+
 # ----------------------------------------------------------------------------- pipelines
 
 
@@ -397,12 +412,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   a = p.parse_args(argv)
   mean, std = compute_stats(a.split, a.preset, voltage_ratio=a.voltage_ratio)
   out = a.out or os.path.dirname(os.path.abspath(a.split))
-  os.makedirs(out, exist_ok=True)
-  for name, arr in (("mean", mean), ("std", std)):
-    tmp = os.path.join(out, f".{name}.npy.tmp")
-    with open(tmp, "wb") as fh:
-      np.save(fh, arr)
-    os.replace(tmp, os.path.join(out, f"{name}.npy"))  # never half-written
+  write_stats(out, mean, std)
   print(f"wrote {out}/mean.npy, {out}/std.npy from {a.split}: std median {np.median(std):.3e}")
 
 
