@@ -39,6 +39,8 @@ def parse(argv=None):
                  help="compute dtype (default: the checkpoint's)")
   p.add_argument("--attention-query-chunk", type=int, default=None,
                  help="global attention over query chunks of this many tokens (less memory)")
+  p.add_argument("--tikhonov", action="store_true", help="also reconstruct with the built-in "
+                 "one-step Tikhonov/NOSER (cdeit_jax.eit) and report it beside CDEIT")
   p.add_argument("--no-figure", action="store_true")
   p.add_argument("--coordinator-address", default=None)
   p.add_argument("--num-processes", type=int, default=None)
@@ -61,7 +63,8 @@ def main(argv=None):
         num_samples=a.num_samples, seed=a.seed, batch_size=a.batch_size, stats=a.stats,
         voltage_ratio=a.voltage_ratio, current_ratio=a.current_ratio,
         max_examples=a.max_examples, config=config_lib.load(a.config) if a.config else None,
-        dtype=a.dtype, attention_query_chunk=a.attention_query_chunk, figure=not a.no_figure)
+        dtype=a.dtype, attention_query_chunk=a.attention_query_chunk, figure=not a.no_figure,
+        tikhonov=a.tikhonov)
     r = evaluate.evaluate(s, log=lambda *x, **k: print(*x, **k, file=sys.stderr))
   except (ValueError, FileNotFoundError, DatasetError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -45,6 +44,7 @@ class EvalSettings:
   dtype: str | None = None
   attention_query_chunk: int | None = None  # lower attention memory (see CDEIT)
   figure: bool = True
+  tikhonov: bool = False        # also the built-in one-step Tikhonov/NOSER baseline (cdeit_jax.eit)
   extra: dict = field(default_factory=dict)
 
 
@@ -110,7 +110,6 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
                                       sharding=shd.replicated(mesh),
                                       attention_query_chunk=s.attention_query_chunk)
   graphdef, weights = nnx.split(model)
-  cfg = checkpoint.model_config(meta)
   diffusion = Diffusion(**{**config_lib.default_config().diffusion,
                            **meta["config"].get("diffusion", {})})
   shape = (model.image_size, model.image_size, model.in_channels)
@@ -155,9 +154,13 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
   names = [src.files[i] for i in range(n_total)]
   overall, rows = metrics.summary(pred[..., 0], target[..., 0])
   report = {"cdeit": overall}
+  stored = {k: np.stack([e[k] for e in examples])[..., 0] for k in data.BASELINE_KEYS}
+  if s.tikhonov:
+    from cdeit_jax import eit
+    ys = np.stack([data.read_voltages(os.path.join(src.path, f)) for f in names]) / voltage_ratio
+    stored = {"tikhonov": eit.default_tikhonov()(ys), **stored}
   baselines = {}
-  for key_b in data.BASELINE_KEYS:
-    imgs = np.stack([e[key_b] for e in examples])[..., 0]
+  for key_b, imgs in stored.items():
     if np.all(np.isfinite(imgs)):
       scaled = np.stack([metrics.scale_baseline(b) for b in imgs])
       baselines[key_b] = scaled
@@ -224,14 +227,13 @@ def disk_mask(size: int) -> np.ndarray:
 
 
 def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 32) -> None:
-  """Ground truth | reconstruction | uncertainty | baseline per image, electrode 0 on top."""
+  """Ground truth | reconstruction | uncertainty | baselines per image, electrode 0 on top."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  base_key = next(iter(baselines), None)
   cols = ["ground truth", "CDEIT", "std (uncertainty)" if std is not None else None,
-          f"{base_key} (scaled)" if base_key else None]
+          *[f"{k} (scaled)" for k in baselines]]
   cols = [c for c in cols if c]
   n = min(len(names), max_rows)
   mask = disk_mask(target.shape[1])
@@ -240,8 +242,7 @@ def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 
     panels = [target[r, ..., 0], pred[r, ..., 0]]
     if std is not None:
       panels.append(std[r, ..., 0])
-    if base_key:
-      panels.append(baselines[base_key][r])
+    panels += [b[r] for b in baselines.values()]
     for c, (img, title) in enumerate(zip(panels, cols)):
       ax = axes[r, c]
       shown = np.ma.masked_where(~mask, img)

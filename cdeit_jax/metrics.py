@@ -19,7 +19,9 @@ DEFINITIONS = {
             "image without the 5-pixel border (scikit-image's gaussian_weights=True convention)",
     "cc": "Pearson correlation coefficient between pred and gt pixels, per image (NaN if either "
           "is constant), averaged over images",
-    "baseline_scaling": "classical reconstructions (TR, xs_gn) are divided by their maximum "
+    "tikhonov": "eval.py --tikhonov: the built-in one-step Tikhonov/NOSER reconstruction "
+                "(cdeit_jax.eit.reconstruct) of ys / voltage_ratio",
+    "baseline_scaling": "classical reconstructions (tikhonov, TR, xs_gn) are divided by their maximum "
                         "absolute value per image (to [-1, 1], not using the ground truth) "
                         "before the same metrics",
 }
