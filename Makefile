@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test train-test bench clean
+.PHONY: install test demo train-test bench clean
 
 install: $(BIN)/.installed
 
@@ -15,6 +15,20 @@ $(BIN)/.installed: pyproject.toml
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# The embedded default: simulate a training set once (cached), train a small CDEIT on 2 CPU cores,
+# evaluate it on held-out simulations and on the real UEF2017 tank cases beside Tikhonov.
+DEMO_DATA ?= $(HOME)/.cache/cdeit-jax/demo-sim-v1
+DEMO_RUN ?= runs/demo
+demo: install
+	$(BIN)/python -m cdeit_jax.simulate --out $(DEMO_DATA) --num-train 3000 --num-valid 64 \
+	  --num-test 64 --seed 0 --tr-splits valid,test
+	$(BIN)/python train.py --config configs/demo.py --workdir $(DEMO_RUN) \
+	  --config.data.path=$(DEMO_DATA)
+	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data simulated --data-path $(DEMO_DATA)/test \
+	  --out $(DEMO_RUN)/eval_simulated
+	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data uef2017 --data-path data/uef2017 \
+	  --out $(DEMO_RUN)/eval_uef2017 --tikhonov
 
 train-test: install
 	$(BIN)/python train.py --config configs/test.py --workdir runs/test

@@ -1,6 +1,5 @@
 """Normalisation statistics: the torch-free .pth reader against .npy and against torch itself."""
 
-import io
 import pickle
 import zipfile
 

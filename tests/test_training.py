@@ -12,11 +12,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 from flax import nnx
 
-from cdeit_jax import checkpoint, config_lib, data, training, trainer
+from cdeit_jax import checkpoint, config_lib, data, training
 from cdeit_jax import sharding as shd
 from cdeit_jax.diffusion import Diffusion
 from cdeit_jax.model import CDEIT
