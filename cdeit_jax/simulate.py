@@ -39,7 +39,13 @@ class SimSettings:
   tikhonov_alpha: float | None = None                       # None: reconstruct.DEFAULT_ALPHA
 
   def to_json(self) -> dict:
-    return {"format": FORMAT_VERSION, **dataclasses.asdict(self)}
+    """The settings with every default spelled out, so a folder never extends with other
+    defaults (of a later version) than it was made with."""
+    from cdeit_jax.eit import PhantomSpec, reconstruct
+    d = dataclasses.asdict(self)
+    d["phantom"] = dataclasses.asdict(PhantomSpec(**self.phantom))
+    d["tikhonov_alpha"] = self.tikhonov_alpha or reconstruct.DEFAULT_ALPHA
+    return {"format": FORMAT_VERSION, **d}
 
 
 def example_rng(seed: int, split: str, index: int) -> np.random.Generator:

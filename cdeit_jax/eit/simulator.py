@@ -46,7 +46,7 @@ class Simulator:
     """Homogeneous voltages (208,)."""
     if self._vh is None:
       with jax.ensure_compile_time_eval():  # computed once, also when first asked under a trace
-          self._vh = jax.jit(self.cem.voltages)(
+        self._vh = jax.jit(self.cem.voltages)(
             jnp.full((self.mesh.num_elements,), self.sigma_bg, self.dtype))
     return self._vh
 
@@ -93,6 +93,7 @@ class Simulator:
   @functools.partial(jax.jit, static_argnames=("self", "snr_db"))
   def image_voltages(self, xs: jax.Array, snr_db: float | None = None,
                      key: jax.Array | None = None) -> jax.Array:
+    """ys (..., 208) of label images (..., 128, 128), sigma = sigma_bg * 10^xs pixel-wise."""
     return self.difference(self.image_conductivity(xs), snr_db, key)
 
   @functools.partial(jax.jit, static_argnames=("self", "snr_db", "max_radius"))
