@@ -23,6 +23,8 @@ import jax
 import numpy as np
 
 from cdeit_jax import stats as stats_lib
+from cdeit_jax.eit.fem import measurement_pairs
+from cdeit_jax.fileio import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -33,13 +35,8 @@ IMAGE_SIZE = 128
 BASELINE_KEYS = ("TR", "xs_gn")
 
 
-def eim_columns(n: int = NUM_ELECTRODES) -> np.ndarray:
-  """(n, n-3) column of each measurement in the EIM: row r skips r-1, r, r+1 (mod n)."""
-  return np.array([[c for c in range(n) if c not in {(r - 1) % n, r, (r + 1) % n}]
-                   for r in range(n)])
-
-
-_EIM_COLS = eim_columns()
+# (16, 13) column of each measurement in the EIM: row k skips k-1, k, k+1 (the measurement protocol)
+_EIM_COLS = measurement_pairs()
 
 
 def eim(voltages: np.ndarray) -> np.ndarray:
@@ -70,11 +67,6 @@ def _read_npz(path: str, keys: Sequence[str] | None = None) -> dict[str, np.ndar
   """The arrays of an npz (all, or `keys` where present), decoded under the lock."""
   with _NPZ_LOCK, np.load(path, allow_pickle=False) as z:
     return {k: z[k] for k in (z.files if keys is None else [k for k in keys if k in z.files])}
-
-
-def read_voltages(path: str) -> np.ndarray:
-  """The raw `ys` of one file as (208,) float64 (measured units)."""
-  return np.asarray(_read_npz(path, ("ys",))["ys"], np.float64).reshape(-1)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -259,10 +251,10 @@ def write_stats(out: str, mean: np.ndarray, std: np.ndarray) -> None:
   """Write OUT/mean.npy and OUT/std.npy, each atomically (never half-written)."""
   os.makedirs(out, exist_ok=True)
   for name, arr in (("mean", mean), ("std", std)):
-    tmp = os.path.join(out, f".{name}.npy.tmp")
-    with open(tmp, "wb") as fh:
-      np.save(fh, arr)
-    os.replace(tmp, os.path.join(out, f"{name}.npy"))
+    def save(p, a=arr):
+      with open(p, "wb") as fh:  # a handle: np.save would append ".npy" to the temporary name
+        np.save(fh, a)
+    atomic_write(os.path.join(out, f"{name}.npy"), save)
 
 
 # ----------------------------------------------------------------------------- pipelines

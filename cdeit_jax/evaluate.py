@@ -19,6 +19,8 @@ import numpy as np
 from flax import nnx
 
 from cdeit_jax import checkpoint, config_lib, data, metrics
+from cdeit_jax.eit.phantom import disk_mask  # noqa: F401  (the grid's disk, for figures)
+from cdeit_jax.fileio import atomic_write
 from cdeit_jax import sharding as shd
 from cdeit_jax.diffusion import Diffusion
 
@@ -57,13 +59,6 @@ def _check_model_config(cfg, meta: dict) -> None:
     listing = ", ".join(f"model.{k}: config {a!r}, checkpoint {b!r}"
                         for k, (a, b) in sorted(diff.items()))
     raise ValueError(f"the checkpoint's model settings disagree with the config: {listing}")
-
-
-def _atomic_write(path: str, write) -> None:
-  """Write through a temporary name in the same folder, then rename: never half-written."""
-  tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-  write(tmp)
-  os.replace(tmp, path)
 
 
 def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, mesh):
@@ -157,7 +152,8 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
   stored = {k: np.stack([e[k] for e in examples])[..., 0] for k in data.BASELINE_KEYS}
   if s.tikhonov:
     from cdeit_jax import eit
-    ys = np.stack([data.read_voltages(os.path.join(src.path, f)) for f in names]) / voltage_ratio
+    # ys / voltage_ratio, recovered from the examples already read (no second read per file)
+    ys = (np.stack([e["voltages"] for e in examples]) * src.std + src.mean).reshape(n_total, -1)
     stored = {"tikhonov": eit.default_tikhonov()(ys), **stored}
   baselines = {}
   for key_b, imgs in stored.items():
@@ -188,7 +184,7 @@ def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pr
   import scipy.io
 
   os.makedirs(out, exist_ok=True)
-  _atomic_write(os.path.join(out, "metrics.json"),
+  atomic_write(os.path.join(out, "metrics.json"),
                 lambda p: open(p, "w").write(json.dumps(result, indent=2)))
 
   def write_csv(p):
@@ -198,7 +194,7 @@ def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pr
       for name, r in zip(names, rows):
         w.writerow({"name": name, **r})
 
-  _atomic_write(os.path.join(out, "metrics.csv"), write_csv)
+  atomic_write(os.path.join(out, "metrics.csv"), write_csv)
   arrays = {"pred": pred, "target": target, "names": np.asarray(names)}
   if std is not None:
     arrays.update(std=std, samples=samples)
@@ -207,23 +203,17 @@ def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pr
     with open(p, "wb") as fh:
       np.savez(fh, **arrays)
 
-  _atomic_write(os.path.join(out, "predictions.npz"), write_npz)
+  atomic_write(os.path.join(out, "predictions.npz"), write_npz)
   mat = {"pred": (pred[..., 0] * mat_scale).astype(np.float64),
          "target": target[..., 0].astype(np.float64), "names": np.asarray(names, dtype=object),
          "scale": mat_scale}
   if std is not None:
     mat["std"] = (std[..., 0] * abs(mat_scale)).astype(np.float64)
-  _atomic_write(os.path.join(out, "predictions.mat"),
+  atomic_write(os.path.join(out, "predictions.mat"),
                 lambda p: scipy.io.savemat(p, mat, do_compression=True))
   if figure:
-    _atomic_write(os.path.join(out, "reconstructions.png"),
+    atomic_write(os.path.join(out, "reconstructions.png"),
                   lambda p: save_figure(p, names, target, pred, std, baselines))
-
-
-def disk_mask(size: int) -> np.ndarray:
-  """True inside the unit disk on the CDEIT pixel grid."""
-  c = (np.arange(size) - (size - 1) / 2) / (size / 2)
-  return c[None, :] ** 2 + c[:, None] ** 2 <= 1.0
 
 
 def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 32) -> None:

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cdeit_jax.fileio import atomic_write
+
 SPLITS = ("train", "valid", "test")
 FORMAT_VERSION = 1
 
@@ -60,11 +62,9 @@ def file_name(index: int) -> str:
   return f"{index:07d}.npz"
 
 
-def _atomic_savez(path: str, **arrays) -> None:
-  tmp = f"{os.path.dirname(path)}/.{os.path.basename(path)}.tmp"
-  with open(tmp, "wb") as fh:
+def _savez(p: str, arrays: dict) -> None:
+  with open(p, "wb") as fh:  # a handle: np.savez would append ".npz" to the temporary name
     np.savez(fh, **arrays)
-  os.replace(tmp, path)
 
 
 def _check_settings(out: str, settings: SimSettings) -> None:
@@ -81,10 +81,10 @@ def _check_settings(out: str, settings: SimSettings) -> None:
                        "Pass the folder's settings to extend it, or choose a new --out.")
     return
   os.makedirs(out, exist_ok=True)
-  tmp = path + ".tmp"
-  with open(tmp, "w") as fh:
-    json.dump(want, fh, indent=1)
-  os.replace(tmp, path)
+  def dump(p):
+    with open(p, "w") as fh:
+      json.dump(want, fh, indent=1)
+  atomic_write(path, dump)
 
 
 @functools.lru_cache(maxsize=8)
@@ -111,7 +111,6 @@ class Generator:
     self.settings = settings
     self.spec = eit.PhantomSpec(**settings.phantom)
     self.spec.validate()
-    self.sim = eit.default_simulator(contact_impedance=settings.contact_impedance)
     devices = jax.local_devices()
     if jax.default_backend() == "cpu":
       # XLA:CPU runs the Cholesky through LAPACK (scipy's OpenBLAS); called from several host
@@ -173,8 +172,11 @@ def generate(out: str, counts: dict[str, int], settings: SimSettings = SimSettin
         arrays = gen(split, chunk, with_tr=split in tr_splits)
         for k, i in enumerate(chunk):  # writes overlap the next batch's computation
           path = os.path.join(out, split, file_name(int(i)))
-          pending.append(pool.submit(_atomic_savez, path, **{a: v[k] for a, v in arrays.items()}))
-        pending = [f for f in pending if not f.done() or f.result()]
+          ex = {a: v[k] for a, v in arrays.items()}
+          pending.append(pool.submit(atomic_write, path, functools.partial(_savez, arrays=ex)))
+        for f in [f for f in pending if f.done()]:
+          f.result()                                    # re-raise a failed write now
+        pending = [f for f in pending if not f.done()]
         done += len(chunk)
         bar.update(len(chunk))
         bar.set_postfix(examples_per_s=f"{done / (time.perf_counter() - t0):.1f}")

@@ -103,6 +103,11 @@ def pixel_centres(size: int = IMAGE_SIZE, supersample: int = 1) -> np.ndarray:
   return np.stack([col, row], -1).reshape(size, size, supersample * supersample, 2)
 
 
+def disk_mask(size: int = IMAGE_SIZE) -> np.ndarray:
+  """(size, size) True where the pixel centre lies inside the unit disk."""
+  return (pixel_centres(size)[:, :, 0] ** 2).sum(-1) <= 1
+
+
 def render_image(params: jax.Array, supersample: int = 4, size: int = IMAGE_SIZE) -> jax.Array:
   """(size, size) target image: each pixel's area fraction times its label (0 outside the disk)."""
   pts = jnp.asarray(pixel_centres(size, supersample), params.dtype)

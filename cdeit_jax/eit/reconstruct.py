@@ -39,8 +39,7 @@ class Tikhonov:
       raise ValueError(f"alpha must be > 0, got {alpha}")
     sim = sim or default_simulator()
     j = (jacobian(sim) if jac is None else jac).reshape(208, -1).astype(np.float64)
-    pts = ph.pixel_centres(ph.IMAGE_SIZE)[:, :, 0]
-    self.disk = (pts ** 2).sum(-1).reshape(-1) <= 1
+    self.disk = ph.disk_mask(ph.IMAGE_SIZE).reshape(-1)
     jd = j[:, self.disk]
     w_inv = 1.0 / np.maximum((jd * jd).sum(0), 1e-300) ** noser_exponent
     gram = (jd * w_inv) @ jd.T
