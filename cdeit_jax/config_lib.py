@@ -10,9 +10,12 @@ import importlib.util
 import os
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
+
+from cdeit_jax import attention
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -24,8 +27,9 @@ def default_config() -> ml_collections.ConfigDict:
       image_size=128, patch_size=2, in_channels=1, hidden_size=512, num_heads=16, mlp_ratio=4.0,
       num_scales=4, window_size=config_dict.placeholder(int), cond_size=16, freq_dim=256,
       dtype="float32",  # compute dtype; parameters stay float32
-      attention_impl=config_dict.placeholder(str),  # None (XLA picks), "xla" or "cudnn"
-      attention_query_chunk=config_dict.placeholder(int),  # e.g. 1024: lower attention memory
+      # auto: splash (TPU), cudnn (GPU, 16-bit), blocked (elsewhere); or xla, blocked, cudnn, splash
+      attention_impl="auto",
+      attention_query_chunk=config_dict.placeholder(int),  # xla backend: lower attention memory
       remat=False))
   c.diffusion = ml_collections.ConfigDict(dict(num_steps=1000, beta_start=1e-4, beta_end=0.02))
   c.sampling = ml_collections.ConfigDict(dict(steps=5, eta=1.0))
@@ -60,8 +64,10 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
-def validate(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1) -> None:
-  """Check every training value up front; errors name the key and say how to fix it."""
+def validate(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1, *,
+             need_data: bool = True) -> None:
+  """Check every training value up front; errors name the key and say how to fix it.
+  `need_data=False` skips the dataset path (compile-only checks)."""
 
   def need(ok: bool, key: str, msg: str):
     if not ok:
@@ -89,7 +95,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: in
       cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None), "data.preset",
        "unknown preset: use simulated, uef2017 or ktc2023, or set data.voltage_ratio and "
        "data.current_ratio")
-  need(cfg.data.path is not None, "data.path", "set the dataset root holding "
+  need(cfg.data.path is not None or not need_data, "data.path", "set the dataset root holding "
        f"{cfg.data.train_split}/ and {cfg.data.valid_split}/ (--config.data.path=DIR)")
 
 
@@ -100,15 +106,15 @@ def _get(cfg, key):
   return node
 
 
-def model_kwargs(cfg: ml_collections.ConfigDict) -> dict[str, Any]:
-  """`CDEIT(**model_kwargs(cfg), rngs=...)` arguments from a config's `model` section."""
+def model_kwargs(cfg: ml_collections.ConfigDict, platform: str | None = None) -> dict[str, Any]:
+  """`CDEIT(**model_kwargs(cfg), rngs=...)` arguments from a config's `model` section, with the
+  attention backend resolved for `platform` (default: the default backend's)."""
   kw = dict(cfg.model)
   if kw.get("dtype") not in DTYPES:
     raise ValueError(f"config.model.dtype: {kw.get('dtype')!r} is not one of {sorted(DTYPES)}")
   kw["dtype"] = DTYPES[kw["dtype"]]
-  impl = kw.get("attention_impl")
-  if impl not in (None, "xla", "cudnn"):
-    raise ValueError(f"config.model.attention_impl: {impl!r} must be unset, 'xla' or 'cudnn'")
+  kw["attention_impl"] = attention.resolve(kw.get("attention_impl"),
+                                           platform or jax.default_backend(), kw["dtype"])
   return kw
 
 

@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cdeit_jax import attention
+
 Array = jax.Array
 DType = Any
 
@@ -147,10 +149,9 @@ class Attention(nnx.Module):
 
 
   def _attend(self, q, k, v, bias):
-    attend = lambda q: jax.nn.dot_product_attention(q, k, v, bias=bias,
-                                                    implementation=self.implementation)
+    attend = lambda q: attention.attend(q, k, v, bias, impl=self.implementation)
     t, chunk = q.shape[1], self.query_chunk
-    if bias is not None or not chunk or t <= chunk:
+    if bias is not None or not chunk or t <= chunk or self.implementation == "splash":
       return attend(q)
     if t % chunk:
       raise ValueError(f"attention_query_chunk {chunk} does not divide the {t} tokens")
@@ -242,8 +243,9 @@ class CDEIT(nnx.Module):
   """CDEIT denoiser: predicts the clean image x0 from a noisy image, a timestep and the EIM.
 
   Args default to the published model (109,719,108 parameters with the position table).
-  `attention_query_chunk` computes global attention over query chunks of that many tokens in
-  turn (lower peak memory on long grids: the last up-stage attends over all 4096 tokens).
+  `attention_impl` picks the attention backend (see `cdeit_jax.attention`; default: the best for
+  the platform). `attention_query_chunk` computes global attention over query chunks of that
+  many tokens in turn (lower peak memory with the `xla` backend).
   Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM -> (B, H, W, 1) float32.
   """
 
@@ -267,6 +269,13 @@ class CDEIT(nnx.Module):
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
     self.hidden_size, self.grid, self.window, self.cond_size = hidden_size, grid, window, cond_size
     self.freq_dim, self.dtype, self.remat = freq_dim, jnp.dtype(dtype), remat
+    # "auto" (or None) picks the backend of the default device; callers compiling for another
+    # platform (train.py --compile_topology) resolve it first (config_lib.model_kwargs).
+    if attention_impl in (None, "auto"):
+      attention_impl = attention.resolve(attention_impl, jax.default_backend(), dtype)
+    elif attention_impl not in attention.IMPLS:
+      raise ValueError(f"attention_impl {attention_impl!r} must be one of {attention.IMPLS}")
+    self.attention_impl = attention_impl
     dim, args = hidden_size, (num_heads, mlp_ratio, dtype, rngs)
 
     # Patch embedding: the conv is initialised like a Linear over (kh, kw, in) -> out.
