@@ -2,6 +2,7 @@
 
   python train.py --config configs/v5e8.py --workdir DIR [--config.key=value ...]
   python train.py --config configs/test.py --workdir /tmp/run          # tiny, CPU, shipped data
+  python train.py --config configs/v5e8.py --compile_topology v5e-8 --workdir DIR  # fits? (no TPU)
 
 A workdir that holds a checkpoint resumes from it. Explicit clusters (GPUs, CPUs):
   --coordinator_address HOST:PORT --num_processes N --process_id I
@@ -12,6 +13,10 @@ import logging
 import os
 import sys
 
+if __name__ == "__main__":
+  from cdeit_jax import cpu_tuning
+  cpu_tuning.apply()  # before jax starts (may re-execute this command once)
+
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -20,6 +25,9 @@ flags.DEFINE_string("workdir", None, "checkpoints, metrics.jsonl and TensorBoard
 flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (explicit clusters)")
 flags.DEFINE_integer("num_processes", None, "number of processes (explicit clusters)")
 flags.DEFINE_integer("process_id", None, "this process's id (explicit clusters)")
+flags.DEFINE_string("compile_topology", None, "compile only, for a TPU topology such as v5e-8 "
+                    "(any machine with libtpu: pip install -e '.[tpu]'); writes "
+                    "WORKDIR/compile.json and exits 0 when the step fits, 1 when not")
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -48,6 +56,14 @@ def init_distributed() -> None:
 def main(argv):
   del argv
   logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
+  if FLAGS.compile_topology:
+    from cdeit_jax import aot
+    try:
+      report = aot.compile_check(FLAGS.config, FLAGS.compile_topology, FLAGS.workdir)
+    except ValueError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    sys.exit(0 if report["fits"] else 1)
   init_distributed()
   from cdeit_jax import trainer
   try:

@@ -26,19 +26,3 @@ def peak_tflops(device: jax.Device | None = None) -> float | None:
     if kind.startswith(name) or name in kind:
       return PEAK_BF16_TFLOPS[name]
   return None
-
-
-def compiled_flops(compiled) -> float | None:
-  """FLOPs of one call of a compiled function, from XLA's cost analysis (None if unavailable).
-
-  For a partitioned (sharded) executable this is per device (checked: 8 devices report 1/8).
-  """
-  try:
-    cost = compiled.cost_analysis()
-  except Exception:  # some backends do not implement it
-    return None
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0] if cost else None
-  if not cost or "flops" not in cost:
-    return None
-  return float(cost["flops"])

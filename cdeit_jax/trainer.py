@@ -15,13 +15,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 
-from cdeit_jax import checkpoint, config_lib, data, hardware, logs
+from cdeit_jax import aot, checkpoint, config_lib, data, hardware, logs
 from cdeit_jax import sharding as shd
 from cdeit_jax import training
-from cdeit_jax.diffusion import Diffusion
-from cdeit_jax.model import CDEIT, count_params
 
 
 class NonFiniteLoss(RuntimeError):
@@ -95,6 +92,11 @@ def _memory_report(compiled: training.CompiledStep) -> str:
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Train (or resume) in `workdir`; returns the last logged metrics."""
   mesh = shd.make_mesh()
+  with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
+    return _train(cfg, workdir, mesh)
+
+
+def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
   config_lib.validate(cfg, jax.device_count(), jax.process_count())
   primary = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
@@ -105,17 +107,19 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       else None
   train_src, valid_src = open_sources(cfg, ck_stats)
 
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(cfg.seed))
-  num_params = count_params(model)
-  tx, schedule = training.make_optimizer(cfg)
-  graphdef, state = training.create_state(model, tx)
-  del model
-  diffusion = Diffusion(**cfg.diffusion)
-  step_fn = training.make_train_step(graphdef, diffusion, tx, schedule,
-                                     training.StepConfig.from_config(cfg), mesh)
+  ts = training.setup(cfg, mesh)
+  graphdef, state, diffusion, num_params = ts.graphdef, ts.state, ts.diffusion, ts.num_params
   abstract = jax.eval_shape(lambda: state)
-  compiled = training.compile_train_step(step_fn, abstract, cfg.batch_size, cfg.model.to_dict(),
-                                         mesh, cfg.shard_params)
+  try:
+    compiled = training.compile_train_step(ts.step_fn, abstract, cfg.batch_size, ts.model_kwargs,
+                                           mesh, cfg.shard_params)
+  except jax.errors.JaxRuntimeError as e:
+    if not aot.is_out_of_memory(e):
+      raise
+    raise MemoryError(
+        f"the train step does not fit the devices' memory ({str(e).splitlines()[0][:200]}). "
+        f"Set {aot.fit_advice(cfg, jax.device_count(), jax.default_backend())}. Check a "
+        "config without the hardware: train.py --compile_topology v5e-8 (TPU).") from None
   report = [f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
             f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
             f"({cfg.accum_steps} micro-batches); params {num_params:,}",
@@ -193,11 +197,10 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       last = {"loss": loss, "grad_norm": gnorm, "lr": float(host[-1]["lr"]),
               "steps_per_sec": sps, "samples_per_sec": sps * cfg.batch_size,
               "samples_per_sec_per_device": sps * cfg.batch_size / jax.device_count()}
-      if compiled.flops_per_step:
-        per_device = compiled.flops_per_step * sps / 1e12
-        last["tflops_per_device"] = per_device
-        if peak:
-          last["fraction_of_peak"] = per_device / peak
+      per_device = compiled.flops_per_step / jax.device_count() * sps / 1e12
+      last["tflops_per_device"] = per_device
+      if peak:
+        last["fraction_of_peak"] = per_device / peak
       if gnorm > 1e3 or gnorm < 1e-7:
         logger.print(f"warning: gradient norm {gnorm:.3g} at step {step}")
       val_loss = None

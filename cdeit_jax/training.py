@@ -176,11 +176,46 @@ def make_eval_step(graphdef: nnx.GraphDef, diffusion: Diffusion):
 
 
 @dataclasses.dataclass
+class Setup:
+  """The objects of a training run, built once from the config (trainer, benchmark, AOT check)."""
+  graphdef: nnx.GraphDef
+  state: TrainState           # concrete, or ShapeDtypeStructs when built `abstract`
+  step_fn: Callable
+  diffusion: Diffusion
+  num_params: int
+  model_kwargs: dict
+
+
+def setup(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, platform: str | None = None,
+          abstract: bool = False) -> Setup:
+  """Model, optimizer, state and the pure train step of `cfg` for `mesh`'s platform; `abstract`
+  builds shapes only (no parameters are materialised: compile-only checks)."""
+  from cdeit_jax import config_lib
+  from cdeit_jax.model import count_params
+  platform = platform or mesh.devices.flat[0].platform
+  kw = config_lib.model_kwargs(cfg, platform)
+  tx, schedule = make_optimizer(cfg)
+
+  make = lambda: CDEIT(**kw, rngs=nnx.Rngs(cfg.seed))
+  if abstract:
+    model = nnx.eval_shape(make)
+    graphdef = nnx.split(model, nnx.Param, PosEmbed)[0]
+    state = jax.eval_shape(lambda: create_state(make(), tx)[1])
+  else:
+    model = make()
+    graphdef, state = create_state(model, tx)
+  num_params = count_params(model)
+  diffusion = Diffusion(**cfg.diffusion)
+  step_fn = make_train_step(graphdef, diffusion, tx, schedule, StepConfig.from_config(cfg), mesh)
+  return Setup(graphdef, state, step_fn, diffusion, num_params, kw)
+
+
+@dataclasses.dataclass
 class CompiledStep:
   fn: Any                     # the compiled executable
   state_shardings: Any
   batch_shardings: dict
-  flops_per_step: float | None
+  flops_per_step: float       # model FLOPs of the whole step (all devices; loops counted)
   memory: dict[str, int]
   compile_s: float
 
@@ -192,12 +227,30 @@ def abstract_batch(global_batch: int, image_size: int, in_channels: int = 1,
                                          jnp.float32)}
 
 
+def memory_of(compiled) -> dict[str, int]:
+  """The compiler's memory analysis per device (empty where the backend reports none)."""
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # not every backend reports it
+    return {}
+  if m is None:
+    return {}
+  out = {k: int(getattr(m, k)) for k in (
+      "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+      "alias_size_in_bytes", "generated_code_size_in_bytes") if hasattr(m, k)}
+  out["peak_bytes"] = (out.get("argument_size_in_bytes", 0) + out.get("output_size_in_bytes", 0)
+                       - out.get("alias_size_in_bytes", 0) + out.get("temp_size_in_bytes", 0)
+                       + out.get("generated_code_size_in_bytes", 0))
+  return out
+
+
 def compile_train_step(step_fn, abstract_state: TrainState, global_batch: int, model_cfg: dict,
                        mesh: jax.sharding.Mesh, shard_params: bool = False) -> CompiledStep:
-  """jit with explicit shardings and donated state, compiled ahead of time."""
+  """jit with explicit shardings and donated state, compiled ahead of time under `mesh`
+  (`jax.set_mesh`, so that per-device kernels such as splash attention see it)."""
   import time
 
-  from cdeit_jax import hardware
+  from cdeit_jax import flops
 
   state_sh = shd.state_shardings(abstract_state, mesh, shard_params)
   batch = abstract_batch(global_batch, model_cfg["image_size"], model_cfg.get("in_channels", 1),
@@ -205,17 +258,11 @@ def compile_train_step(step_fn, abstract_state: TrainState, global_batch: int, m
   batch_sh = {k: shd.batch_sharded(mesh) for k in batch}
   jitted = jax.jit(step_fn, in_shardings=(state_sh, batch_sh, shd.replicated(mesh)),
                    out_shardings=(state_sh, shd.replicated(mesh)), donate_argnums=(0,))
+  key = jax.eval_shape(lambda: jax.random.key(0))
   t0 = time.perf_counter()
-  compiled = jitted.lower(abstract_state, batch, jax.ShapeDtypeStruct(
-      (), jax.random.key(0).dtype)).compile()
+  with jax.set_mesh(mesh):
+    compiled = jitted.lower(abstract_state, batch, key).compile()
   compile_s = time.perf_counter() - t0
-  memory = {}
-  try:
-    m = compiled.memory_analysis()
-    memory = {k: int(getattr(m, k)) for k in (
-        "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-        "alias_size_in_bytes", "generated_code_size_in_bytes") if hasattr(m, k)}
-  except Exception:  # not every backend reports it
-    pass
-  return CompiledStep(compiled, state_sh, batch_sh, hardware.compiled_flops(compiled), memory,
-                      compile_s)
+  return CompiledStep(compiled, state_sh, batch_sh,
+                      flops.train_flops_per_example(model_cfg) * global_batch,
+                      memory_of(compiled), compile_s)

@@ -297,3 +297,25 @@ def test_checkpoints_keep_latest_and_best(tmp_path):
   mngr.wait_until_finished()
   assert sorted(mngr.all_steps()) == [2, 4, 5]  # best (1.0 at step 2) + the latest two
   mngr.close()
+
+
+def test_compile_out_of_memory_gives_advice_not_a_traceback(tmp_path, monkeypatch):
+  """A step the devices cannot hold (as the TPU compiler reports it) ends in one MemoryError
+  that says what to change; train.py prints it as one line."""
+  from cdeit_jax import trainer
+
+  def refuse(*args, **kwargs):
+    raise jax.errors.JaxRuntimeError(
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (25.07G) exceeds available HBM (15.75G).")
+
+  monkeypatch.setattr(training, "compile_train_step", refuse)
+  cfg = cfg_(batch_size=32)
+  cfg.model.attention_impl = "xla"
+  with pytest.raises(MemoryError) as e:
+    trainer.train(cfg, str(tmp_path))
+  text = str(e.value)
+  assert "does not fit the devices' memory" in text and "(25.07G)" in text
+  for tip in ("config.model.attention_impl=auto", "config.accum_steps=2", "config.model.remat=True",
+              "config.shard_params=True", "--compile_topology"):
+    assert tip in text

@@ -1,0 +1,204 @@
+"""Ahead-of-time compile checks for TPU topologies, on any machine with libtpu installed.
+
+`python train.py --config CONFIG --compile_topology v5e-8 --workdir DIR` builds the run's exact
+train step (same mesh, shardings, donation; the model only as shapes) and the sampler that
+`eval.py` uses over compile-only devices of the topology (as MaxText's train_compile.py does),
+then writes DIR/compile.json and prints a table. No TPU is needed: `pip install -e ".[tpu]"`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+from typing import Any
+
+import jax
+import ml_collections
+
+from cdeit_jax import config_lib, flops, training
+from cdeit_jax import sharding as shd
+from cdeit_jax.fileio import atomic_write
+
+GIB = 2 ** 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+  topology_name: str
+  chip_config_name: str              # "megacore" (v4, v5p: one device per chip) or "default"
+  chips_per_host_bounds: tuple[int, int, int]
+  hbm_bytes: int                     # usable HBM per device, as the TPU compiler reports it
+
+
+_V4, _V5E, _V5P, _V6E = 30.75 * GIB, 15.75 * GIB, 95.74 * GIB, 31.25 * GIB
+TOPOLOGIES = {
+    "v4-8": Topology("v4:2x2x1", "megacore", (2, 2, 1), _V4),
+    "v4-16": Topology("v4:2x2x2", "megacore", (2, 2, 1), _V4),
+    "v4-32": Topology("v4:2x2x4", "megacore", (2, 2, 1), _V4),
+    "v5e-1": Topology("v5e:1x1", "default", (1, 1, 1), _V5E),
+    "v5e-4": Topology("v5e:2x2", "default", (2, 2, 1), _V5E),
+    "v5e-8": Topology("v5e:2x4", "default", (2, 4, 1), _V5E),
+    "v5e-16": Topology("v5e:4x4", "default", (2, 2, 1), _V5E),
+    "v5e-32": Topology("v5e:4x8", "default", (2, 2, 1), _V5E),
+    "v5e-64": Topology("v5e:8x8", "default", (2, 2, 1), _V5E),
+    "v5p-8": Topology("v5:2x2x1", "megacore", (2, 2, 1), _V5P),
+    "v5p-16": Topology("v5:2x2x2", "megacore", (2, 2, 1), _V5P),
+    "v5p-32": Topology("v5:2x2x4", "megacore", (2, 2, 1), _V5P),
+    "v6e-1": Topology("v6e:1x1", "default", (1, 1, 1), _V6E),
+    "v6e-4": Topology("v6e:2x2", "default", (2, 2, 1), _V6E),
+    "v6e-8": Topology("v6e:2x4", "default", (2, 4, 1), _V6E),
+    "v6e-16": Topology("v6e:4x4", "default", (2, 2, 1), _V6E),
+    "v6e-32": Topology("v6e:4x8", "default", (2, 2, 1), _V6E),
+}
+
+
+def topology_devices(name: str) -> list:
+  """Compile-only TPU devices of topology `name` (e.g. "v5e-8"); needs libtpu, not a TPU."""
+  if name not in TOPOLOGIES:
+    raise ValueError(f"--compile_topology {name!r}: unknown; use one of {', '.join(TOPOLOGIES)}")
+  t = TOPOLOGIES[name]
+  try:
+    from jax.experimental import topologies
+    desc = topologies.get_topology_desc(
+        platform="tpu", topology_name=t.topology_name, chip_config_name=t.chip_config_name,
+        chips_per_host_bounds=t.chips_per_host_bounds, num_slices=1, wrap=(False, False, False))
+  except Exception as e:  # libtpu missing or incompatible
+    raise ValueError(f"--compile_topology {name}: cannot create TPU compile-only devices "
+                     f"({type(e).__name__}: {e}); install libtpu matching jax with "
+                     f"pip install -e \".[tpu]\"") from e
+  return list(desc.devices)
+
+
+# ----------------------------------------------------------------------------- memory failures
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+  text = str(e)
+  return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text or "out of memory" in text
+
+
+def required_bytes(e: BaseException) -> int | None:
+  """The compiler's 'memory required (25.07G)' figure of an out-of-memory error, if it has one."""
+  m = re.search(r"required[^(]*\(([\d.]+)([KMGT])\)", str(e))
+  if not m:
+    return None
+  return int(float(m.group(1)) * 1024 ** "KMGT".index(m.group(2)) * 1024)
+
+
+def fit_advice(cfg: ml_collections.ConfigDict, num_devices: int, platform: str) -> str:
+  """What to change when the train step does not fit, most effective first."""
+  per_device = cfg.batch_size // max(num_devices * cfg.accum_steps, 1)
+  tips = []
+  impl = config_lib.model_kwargs(cfg, platform)["attention_impl"]
+  if impl == "xla":
+    tips.append("config.model.attention_impl=auto (a memory-efficient attention kernel for "
+                "this platform instead of the full 4096 x 4096 score matrix)")
+  if per_device > 1:
+    tips.append(f"config.accum_steps={2 * cfg.accum_steps} (same global batch "
+                f"{cfg.batch_size}, {per_device // 2} per device per micro-batch) or a smaller "
+                f"config.batch_size (a multiple of {num_devices})")
+  if not cfg.model.remat:
+    tips.append("config.model.remat=True (recompute each block in the backward pass)")
+  if not cfg.shard_params:
+    tips.append("config.shard_params=True (split parameters and optimizer state over devices)")
+  if cfg.model.dtype == "float32":
+    tips.append("config.model.dtype=bfloat16")
+  return "; or ".join(tips) if tips else "a topology with more memory per device"
+
+
+# ----------------------------------------------------------------------------- the check
+
+
+def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dict[str, Any]:
+  import jax.numpy as jnp
+  from flax import nnx
+
+  from cdeit_jax import evaluate
+  from cdeit_jax.model import CDEIT
+  m = setup.model_kwargs
+  shape = (m["image_size"], m["image_size"], m["in_channels"])
+  graphdef, weights = nnx.split(nnx.eval_shape(lambda: CDEIT(**m, rngs=nnx.Rngs(0))))
+  sampler = evaluate.make_sampler(graphdef, setup.diffusion, cfg.sampling.steps,
+                                  cfg.sampling.eta, shape, mesh)
+  cond = jax.ShapeDtypeStruct((global_batch, m["cond_size"], m["cond_size"], 1), jnp.float32)
+  index = jax.ShapeDtypeStruct((global_batch,), jnp.int32)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  t0 = time.perf_counter()
+  try:
+    with jax.set_mesh(mesh):
+      compiled = sampler.lower(weights, cond, index, key).compile()
+  except Exception as e:
+    if not is_out_of_memory(e):
+      raise
+    return {"global_batch": global_batch, "fits": False, "peak_bytes_per_device":
+            required_bytes(e), "error": str(e).splitlines()[0][:300]}
+  mem = training.memory_of(compiled)
+  return {"global_batch": global_batch, "fits": True, "steps": cfg.sampling.steps,
+          "peak_bytes_per_device": mem.get("peak_bytes"), "memory": mem,
+          "flops_per_call": flops.sample_flops_per_image(m, cfg.sampling.steps) * global_batch,
+          "compile_s": round(time.perf_counter() - t0, 1)}
+
+
+def compile_check(cfg: ml_collections.ConfigDict, topology: str, workdir: str,
+                  print_fn=print, margin: float = 0.85) -> dict[str, Any]:
+  """Compile the train step and the sampler for `topology`; write workdir/compile.json."""
+  devices = topology_devices(topology)
+  hbm = TOPOLOGIES[topology].hbm_bytes
+  n, hosts = len(devices), len({d.process_index for d in devices})
+  config_lib.validate(cfg, n, hosts, need_data=False)
+  mesh = shd.make_mesh(devices)
+  setup = training.setup(cfg, mesh, platform="tpu", abstract=True)
+  report: dict[str, Any] = {
+      "topology": topology, "device_kind": devices[0].device_kind, "num_devices": n,
+      "num_hosts": hosts, "global_batch": cfg.batch_size, "per_device_batch": cfg.batch_size // n,
+      "accum_steps": cfg.accum_steps, "dtype": cfg.model.dtype,
+      "attention_impl": setup.model_kwargs["attention_impl"], "remat": cfg.model.remat,
+      "params": setup.num_params, "hbm_bytes_per_device": int(hbm),
+      "flops_per_step": flops.train_flops_per_example(setup.model_kwargs) * cfg.batch_size}
+  t0 = time.perf_counter()
+  try:
+    compiled = training.compile_train_step(setup.step_fn, setup.state, cfg.batch_size,
+                                           setup.model_kwargs, mesh, cfg.shard_params)
+    mem = compiled.memory
+    report.update(fits=mem["peak_bytes"] <= hbm, peak_bytes_per_device=mem["peak_bytes"],
+                  memory=mem)
+  except Exception as e:
+    if not is_out_of_memory(e):
+      raise
+    report.update(fits=False, peak_bytes_per_device=required_bytes(e),
+                  error=str(e).splitlines()[0][:300])
+  report["compile_s"] = round(time.perf_counter() - t0, 1)
+  report["within_margin"] = bool(report["fits"] and report["peak_bytes_per_device"] is not None
+                                 and report["peak_bytes_per_device"] <= margin * hbm)
+  eval_batch = cfg.eval_batch_size or cfg.batch_size
+  report["sampler"] = _compile_sampler(setup, mesh, cfg, eval_batch)
+  if not report["fits"]:
+    report["advice"] = fit_advice(cfg, n, "tpu")
+  os.makedirs(workdir, exist_ok=True)
+  atomic_write(os.path.join(workdir, "compile.json"),
+               lambda p: open(p, "w").write(json.dumps(report, indent=2) + "\n"))
+  print_fn(format_table([report]))
+  if not report["fits"]:
+    print_fn(f"does not fit: set {report['advice']}")
+  return report
+
+
+def format_table(reports: list[dict]) -> str:
+  gib = lambda b: f"{b / GIB:.2f}" if b else "-"
+  head = ("config", "topology", "devices", "batch", "impl", "fits", "peak GiB", "HBM GiB", "used",
+          "TFLOP/step", "sampler GiB", "compile s")
+  rows = [head]
+  for r in reports:
+    s = r.get("sampler", {})
+    peak = r.get("peak_bytes_per_device")
+    rows.append((r.get("config", "-"), r["topology"], str(r["num_devices"]), str(r["global_batch"]),
+                 r["attention_impl"], "yes" if r["fits"] else "NO", gib(peak),
+                 gib(r["hbm_bytes_per_device"]),
+                 f"{peak / r['hbm_bytes_per_device']:.0%}" if peak else "-",
+                 f"{r['flops_per_step'] / 1e12:.1f}", gib(s.get("peak_bytes_per_device")),
+                 str(r["compile_s"])))
+  widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+  return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
