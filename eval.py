@@ -29,7 +29,7 @@ def parse(argv=None):
   p.add_argument("--num-samples", type=int, default=1, help="K samples per measurement: the mean "
                  "is the reconstruction, the per-pixel std its uncertainty")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--batch-size", type=int, default=None, help="global (default 8 per device)")
+  p.add_argument("--batch-size", type=int, default=None, help="global (default: the largest of 8, 4, 2, 1 per device that fits the memory)")
   p.add_argument("--stats", default=None, help="folder with mean/std overriding the checkpoint's")
   p.add_argument("--voltage-ratio", type=float, default=None)
   p.add_argument("--current-ratio", type=float, default=None)
@@ -50,6 +50,9 @@ def parse(argv=None):
 
 def main(argv=None):
   a = parse(argv)
+  if argv is None:
+    from cdeit_jax import cpu_tuning
+    cpu_tuning.apply()  # before jax starts (may re-execute this command once)
   logging.getLogger("absl").setLevel(logging.WARNING)
   import jax
   if a.coordinator_address:

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import checkpoint, config_lib, data, metrics
+from cdeit_jax import aot, checkpoint, config_lib, data, metrics, training
 from cdeit_jax.eit.phantom import disk_mask  # noqa: F401  (the grid's disk, for figures)
 from cdeit_jax.fileio import atomic_write
 from cdeit_jax import sharding as shd
@@ -37,7 +37,7 @@ class EvalSettings:
   eta: float = 1.0
   num_samples: int = 1
   seed: int = 0
-  batch_size: int | None = None  # global; default 8 per device
+  batch_size: int | None = None  # global; default: the largest that fits (compile_sampler)
   stats: str | None = None
   voltage_ratio: float | None = None
   current_ratio: float | None = None
@@ -74,6 +74,67 @@ def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, 
                  out_shardings=b)
 
 
+def memory_budget(device: jax.Device) -> tuple[int | None, int]:
+  """(bytes one device's program may use, how many local devices share that memory).
+
+  Accelerators: the device's own memory limit. CPU: the host's available memory, shared by every
+  local (fake) device. None where neither is known."""
+  stats = {}
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # backends without memory statistics
+    pass
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0)), 1
+  try:
+    with open("/proc/meminfo") as fh:
+      info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in fh}
+    return info["MemAvailable"], jax.local_device_count()
+  except (OSError, KeyError, ValueError):
+    return None, 1
+
+
+def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int | None = None, *,
+                    cond_size: int = 16, fraction: float = 0.8, log=print):
+  """Compile `sampler` for the largest batch that fits the devices; returns (executable, batch).
+
+  `batch_size` (global) is taken as given. Otherwise per-device batches 8, 4, 2, 1 (never more
+  than the examples need) are compiled in turn until the compiler's memory analysis says the
+  program fits `fraction` of the memory budget (`memory_budget`)."""
+  import jax.numpy as jnp
+  n = jax.device_count()
+  if batch_size is not None:
+    if batch_size < 1 or batch_size % n:
+      raise ValueError(f"--batch-size {batch_size} must be a positive multiple of the {n} devices")
+    candidates = [batch_size // n]
+  else:
+    most = max(1, -(-num_examples // n))
+    candidates = sorted({min(b, most) for b in (8, 4, 2, 1)}, reverse=True)
+  budget, sharing = memory_budget(jax.local_devices()[0])
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  compiled = None
+  for per_device in candidates:
+    g = per_device * n
+    cond = jax.ShapeDtypeStruct((g, cond_size, cond_size, 1), jnp.float32)
+    index = jax.ShapeDtypeStruct((g,), jnp.int32)
+    try:
+      with jax.set_mesh(mesh):
+        compiled = sampler.lower(weights, cond, index, key).compile()
+    except jax.errors.JaxRuntimeError as e:  # the compiler itself refuses what cannot fit (TPU)
+      if batch_size is not None or per_device == 1 or not aot.is_out_of_memory(e):
+        raise
+      log(f"sampler: batch {g} does not fit ({str(e).splitlines()[0][:120]}); trying smaller")
+      continue
+    need = training.memory_of(compiled).get("peak_bytes")
+    if batch_size is not None or need is None or budget is None or \
+        need * sharing <= fraction * budget:
+      return compiled, g
+    log(f"sampler: batch {g} needs ~{need * sharing / 2 ** 30:.1f} GiB of "
+        f"{budget / 2 ** 30:.1f} GiB available; trying a smaller batch")
+  log(f"sampler: even batch {n} may not fit the available memory; trying it anyway")
+  return compiled, n
+
+
 def _gather(x: jax.Array) -> np.ndarray:
   if x.is_fully_addressable:
     return np.asarray(x)
@@ -108,19 +169,13 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
   diffusion = Diffusion(**{**config_lib.default_config().diffusion,
                            **meta["config"].get("diffusion", {})})
   shape = (model.image_size, model.image_size, model.in_channels)
-  global_batch = s.batch_size or 8 * jax.device_count()
-  if global_batch % jax.device_count():
-    raise ValueError(f"--batch-size {global_batch} must be a multiple of the "
-                     f"{jax.device_count()} devices")
   sampler = make_sampler(graphdef, diffusion, s.sampling_steps, s.eta, shape, mesh)
-
+  t0 = time.perf_counter()
+  sampler, global_batch = compile_sampler(sampler, weights, mesh, n_total, s.batch_size,
+                                          cond_size=model.cond_size, log=log)
+  compile_s = time.perf_counter() - t0
   batches = list(data.eval_batches(src, global_batch, keys=("cond",), limit=n_total))
   key = jax.random.key(s.seed)
-  # compile (and warm up) before timing
-  t0 = time.perf_counter()
-  first = data.to_global(batches[0], mesh)
-  jax.block_until_ready(sampler(weights, first["cond"], first["index"], key))
-  compile_s = time.perf_counter() - t0
 
   samples = np.zeros((s.num_samples, n_total, *shape), np.float32)
   t0 = time.perf_counter()
@@ -137,7 +192,7 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
   sample_s = time.perf_counter() - t0
   log("")
   result = {"images_per_s": done / sample_s, "ms_per_image": 1000 * sample_s / done,
-            "compile_and_first_batch_s": compile_s, "devices": jax.device_count(),
+            "compile_s": compile_s, "devices": jax.device_count(),
             "processes": jax.process_count(), "global_batch": global_batch}
   if jax.process_index() != 0:
     return result

@@ -191,3 +191,45 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
   r = _eval_cli("--workdir", str(tmp_path / "missing"), "--data", "uef2017", "--data-path", UEF,
                 "--out", str(tmp_path / "o2"))
   assert r.returncode == 1 and "error: checkpoint" in r.stderr
+
+
+# ----------------------------------------------------------------------------- batch choice
+
+
+def test_sampler_batch_is_the_largest_that_fits(monkeypatch):
+  """Per-device batches 8, 4, 2, 1 are compiled in turn until the compiler's memory analysis
+  fits the budget; never more than the examples need; an explicit batch is taken as given."""
+  from cdeit_jax import sharding as shd
+  from cdeit_jax import training
+  from cdeit_jax.diffusion import Diffusion
+  mesh = shd.make_mesh()
+  # big enough that activations, not code and weights, set the memory (1,024-token grid)
+  model = CDEIT(image_size=128, patch_size=4, hidden_size=32, num_heads=4, num_scales=2,
+                rngs=nnx.Rngs(0))
+  graphdef, weights = nnx.split(model)
+  sampler = evaluate.make_sampler(graphdef, Diffusion(), 2, 1.0, (128, 128, 1), mesh)
+  need = {}
+  for per_device in (8, 4, 2):
+    compiled, g = evaluate.compile_sampler(sampler, weights, mesh, 1000, 8 * per_device)
+    assert g == 8 * per_device
+    need[per_device] = training.memory_of(compiled)["peak_bytes"]
+  assert need[8] > need[4] > need[2] > 0
+  # a host whose available memory (shared by the 8 CPU devices) lies between 2 and 4 per device
+  budget = 8 * (need[2] + need[4]) / 2 / 0.8
+  monkeypatch.setattr(evaluate, "memory_budget", lambda device: (budget, 8))
+  logs = []
+  assert evaluate.compile_sampler(sampler, weights, mesh, 1000, log=logs.append)[1] == 16
+  assert len(logs) == 2 and "trying a smaller batch" in logs[0]
+  monkeypatch.setattr(evaluate, "memory_budget", lambda device: (1e15, 8))
+  assert evaluate.compile_sampler(sampler, weights, mesh, 1000)[1] == 64
+  assert evaluate.compile_sampler(sampler, weights, mesh, 10)[1] == 16  # 10 examples: 2 each
+  with pytest.raises(ValueError, match="--batch-size 12 must be a positive multiple of the 8"):
+    evaluate.compile_sampler(sampler, weights, mesh, 1000, 12)
+
+
+def test_memory_budget_on_cpu_is_the_hosts_available_memory():
+  budget, sharing = evaluate.memory_budget(jax.devices()[0])
+  with open("/proc/meminfo") as fh:
+    avail = {l.split(":")[0]: int(l.split()[1]) * 1024 for l in fh}["MemAvailable"]
+  assert sharing == 8
+  assert budget == pytest.approx(avail, rel=0.2)
