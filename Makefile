@@ -13,8 +13,9 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
+# Huge-page-backed malloc: XLA:CPU's large temporaries fault in far faster (cdeit_jax/cpu_tuning.py).
 test: install
-	$(BIN)/python -m pytest -q
+	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q
 
 # The embedded default: simulate a training set once (cached), train a small CDEIT on 2 CPU cores,
 # evaluate it on held-out simulations and on the real UEF2017 tank cases beside Tikhonov.

@@ -1,0 +1,40 @@
+"""The XLA:CPU process options: added without clobbering, switchable off, applied by re-exec."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cdeit_jax import cpu_tuning
+
+linux_glibc = pytest.mark.skipif(not cpu_tuning._glibc(), reason="glibc tunables need glibc")
+
+
+@linux_glibc
+def test_settings_extend_what_is_there():
+  env = cpu_tuning.tuned_environment({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2",
+                                      "XLA_FLAGS": "--xla_force_host_platform_device_count=8"})
+  assert env["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+  assert env["XLA_FLAGS"].startswith("--xla_force_host_platform_device_count=8")
+  assert cpu_tuning.tuned_environment(env) == env  # idempotent
+  assert cpu_tuning.tuned_environment({"CDEIT_CPU_TUNING": "0"}) == {"CDEIT_CPU_TUNING": "0"}
+
+
+def test_wide_vectors_only_with_avx512():
+  env = cpu_tuning.tuned_environment({})
+  with open("/proc/cpuinfo") as fh:
+    avx512 = " avx512f" in fh.read()
+  assert ("--xla_cpu_prefer_vector_width=512" in env.get("XLA_FLAGS", "")) == avx512
+
+
+@linux_glibc
+def test_apply_reexecutes_once_with_the_same_arguments():
+  code = ("import os, sys; from cdeit_jax import cpu_tuning; print('run', sys.argv[1:], "
+          "flush=True); cpu_tuning.apply(); print(os.environ['GLIBC_TUNABLES'])")
+  env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "CDEIT_CPU_TUNING")}
+  r = subprocess.run([sys.executable, "-c", code, "a", "--b"], env=env, capture_output=True,
+                     text=True, cwd=os.path.dirname(os.path.dirname(__file__)), timeout=60)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.splitlines() == ["run ['a', '--b']", "run ['a', '--b']",
+                                   "glibc.malloc.hugetlb=1"]
