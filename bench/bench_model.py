@@ -10,12 +10,17 @@ import argparse
 import json
 import time
 
-import jax
+from cdeit_jax import cpu_tuning
+
+if __name__ == "__main__":
+  cpu_tuning.apply()  # as train.py and eval.py run (may re-execute this command once)
+
+import jax  # noqa: E402
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import config_lib, hardware
+from cdeit_jax import attention, config_lib, flops, hardware
 from cdeit_jax.diffusion import Diffusion
 from cdeit_jax.model import CDEIT, count_params
 
@@ -35,7 +40,7 @@ def main():
   p.add_argument("--batch", type=int, default=2)
   p.add_argument("--dtype", default="float32", choices=sorted(config_lib.DTYPES))
   p.add_argument("--hidden-size", type=int, default=512)
-  p.add_argument("--attention-impl", default=None, choices=[None, "xla", "cudnn"])
+  p.add_argument("--attention-impl", default=None, choices=attention.IMPLS)
   p.add_argument("--attention-query-chunk", type=int, default=None)
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--sample", action="store_true", help="also time the 5-step sampler")
@@ -55,15 +60,15 @@ def main():
   compiled = fwd.lower(state, x, t, cond).compile()
   compile_s = time.perf_counter() - t0
   step_s = timed(compiled, state, x, t, cond, repeats=a.repeats)
-  flops = hardware.compiled_flops(compiled)
+  fwd_flops = a.batch * flops.forward_flops(**kw, image_size=model.image_size)
   peak = hardware.peak_tflops()
-  tflops = flops / step_s / 1e12 if flops else None
+  tflops = fwd_flops / step_s / 1e12
   out = {
       "bench": "forward", "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
       "jax": jax.__version__, "params": count_params(model), "batch": a.batch, "dtype": a.dtype,
-      "attention_query_chunk": a.attention_query_chunk,
+      "attention_impl": model.attention_impl, "attention_query_chunk": a.attention_query_chunk,
       "compile_s": round(compile_s, 2), "forward_s": round(step_s, 4),
-      "images_per_s": round(a.batch / step_s, 2), "flops_per_forward": flops,
+      "images_per_s": round(a.batch / step_s, 3), "flops_per_forward": fwd_flops,
       "achieved_tflops": tflops, "peak_tflops": peak,
       "fraction_of_peak": (tflops / peak) if (tflops and peak) else None,
   }
@@ -74,8 +79,11 @@ def main():
     d.sample(model, cond, key=key).block_until_ready()
     out["sampler_first_call_s"] = round(time.perf_counter() - t0, 2)
     s = timed(lambda c: d.sample(model, c, key=key), cond, repeats=a.repeats)
-    out.update(sampler_s=round(s, 4), sampler_images_per_s=round(a.batch / s, 2),
-               sampler_ms_per_image=round(1000 * s / a.batch, 2))
+    out.update(sampler_s=round(s, 4), sampler_images_per_s=round(a.batch / s, 3),
+               sampler_ms_per_image=round(1000 * s / a.batch, 2),
+               sampler_tflops=5 * fwd_flops / s / 1e12)
+  import resource
+  out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   print(json.dumps(out))
 
 

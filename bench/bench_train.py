@@ -2,8 +2,8 @@
 
   python bench/bench_train.py                                   # published size, float32
   python bench/bench_train.py --config configs/v5e8.py --per-device-batch 8
-Reports samples/s, achieved TFLOP/s per device (model FLOPs from XLA's cost analysis of the
-compiled step) and the fraction of the device's bf16 peak where known.
+Reports samples/s, achieved TFLOP/s per device (model FLOPs counted analytically with every loop
+iteration, `cdeit_jax.flops`) and the fraction of the device's bf16 peak where known.
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ import argparse
 import json
 import time
 
-import jax
-import numpy as np
-from flax import nnx
+from cdeit_jax import cpu_tuning
 
-from cdeit_jax import config_lib, hardware, training
+if __name__ == "__main__":
+  cpu_tuning.apply()  # as train.py and eval.py run (may re-execute this command once)
+
+import jax  # noqa: E402
+import numpy as np
+
+from cdeit_jax import attention, config_lib, hardware, training
 from cdeit_jax import sharding as shd
-from cdeit_jax.diffusion import Diffusion
-from cdeit_jax.model import CDEIT, count_params
 
 
 def main():
@@ -30,9 +32,11 @@ def main():
   p.add_argument("--dtype", default=None, choices=sorted(config_lib.DTYPES))
   p.add_argument("--hidden-size", type=int, default=None)
   p.add_argument("--remat", action="store_true")
-  p.add_argument("--attention-impl", default=None, choices=["xla", "cudnn"])
+  p.add_argument("--attention-impl", default=None, choices=attention.IMPLS)
   p.add_argument("--attention-query-chunk", type=int, default=None)
   p.add_argument("--steps", type=int, default=3, help="timed steps")
+  p.add_argument("--sync-each-step", action="store_true",
+                 help="wait for each step and also report the fastest (step_s_min)")
   a = p.parse_args()
 
   cfg = config_lib.load(a.config) if a.config else config_lib.default_config()
@@ -48,16 +52,12 @@ def main():
     cfg.model.attention_query_chunk = a.attention_query_chunk
   n = jax.device_count()
   global_batch = a.per_device_batch * n * a.accum_steps
+  cfg.batch_size, cfg.accum_steps = global_batch, a.accum_steps
   mesh = shd.make_mesh()
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
-  params = count_params(model)
-  tx, schedule = training.make_optimizer(cfg)
-  graphdef, state = training.create_state(model, tx)
-  del model
-  fn = training.make_train_step(graphdef, Diffusion(), tx, schedule,
-                                training.StepConfig(accum_steps=a.accum_steps), mesh)
-  c = training.compile_train_step(fn, jax.eval_shape(lambda: state), global_batch,
-                                  cfg.model.to_dict(), mesh, cfg.shard_params)
+  ts = training.setup(cfg, mesh)
+  params, state = ts.num_params, ts.state
+  c = training.compile_train_step(ts.step_fn, jax.eval_shape(lambda: state), global_batch,
+                                  ts.model_kwargs, mesh, cfg.shard_params)
   state = jax.device_put(state, c.state_shardings)
   rng = np.random.default_rng(0)
   size = cfg.model.image_size
@@ -67,25 +67,42 @@ def main():
   key = jax.random.key(0)
   state, m = c.fn(state, batch, key)  # warm-up
   jax.block_until_ready(m)
-  t = time.perf_counter()
-  for _ in range(a.steps):
-    state, m = c.fn(state, batch, key)
-  jax.block_until_ready(m)
-  step_s = (time.perf_counter() - t) / a.steps
+  if a.sync_each_step:  # per-step times (min, as bench/reference/ref_bench.py reports)
+    times = []
+    for _ in range(a.steps):
+      t = time.perf_counter()
+      state, m = c.fn(state, batch, key)
+      jax.block_until_ready(m)
+      times.append(time.perf_counter() - t)
+    step_s, step_s_min = float(np.mean(times)), float(np.min(times))
+  else:
+    t = time.perf_counter()
+    for _ in range(a.steps):
+      state, m = c.fn(state, batch, key)
+    jax.block_until_ready(m)
+    step_s = step_s_min = (time.perf_counter() - t) / a.steps
   peak = hardware.peak_tflops()
-  tflops = c.flops_per_step / step_s / 1e12 if c.flops_per_step else None
+  tflops = c.flops_per_step / n / step_s / 1e12  # model FLOPs, loops counted (cdeit_jax.flops)
   print(json.dumps({
       "bench": "train_step", "device": jax.devices()[0].device_kind, "devices": n,
       "backend": jax.default_backend(), "jax": jax.__version__, "params": params,
       "dtype": cfg.model.dtype, "remat": cfg.model.remat,
+      "attention_impl": ts.model_kwargs["attention_impl"],
       "attention_query_chunk": cfg.model.attention_query_chunk, "per_device_batch": a.per_device_batch,
       "accum_steps": a.accum_steps, "global_batch": global_batch,
       "compile_s": round(c.compile_s, 1), "step_s": round(step_s, 4),
+      "step_s_min": round(step_s_min, 4), "samples_per_s_best": round(global_batch / step_s_min, 3),
       "samples_per_s": round(global_batch / step_s, 3),
       "samples_per_s_per_device": round(global_batch / step_s / n, 3),
-      "flops_per_step_per_device": c.flops_per_step, "tflops_per_device": tflops,
+      "flops_per_step_per_device": c.flops_per_step / n, "tflops_per_device": tflops,
       "peak_tflops": peak, "fraction_of_peak": tflops / peak if (tflops and peak) else None,
-      "memory_per_device": c.memory, "loss": float(m["loss"])}))
+      "memory_per_device": c.memory, "peak_rss_bytes": peak_rss(), "loss": float(m["loss"])}))
+
+
+def peak_rss() -> int:
+  """This process's peak resident memory (host memory: what CPU runs need)."""
+  import resource
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 if __name__ == "__main__":

@@ -1,0 +1,74 @@
+"""The CPU train step and 5-step sampler side by side with the published PyTorch CDEIT; JSON.
+
+  python bench/bench_vs_reference.py --reference REF_CHECKOUT [--batch 2 --threads 2]
+
+Same machine, same batch, float32, published model, one run: ours (attention "auto", i.e. the
+blocked backend on CPU; `cdeit_jax.cpu_tuning` applied as the commands do), then the reference
+(`bench/reference/ref_bench.py`, once as is and once with the same malloc setting; it needs torch and a
+checkout of the public shuaikaishi/CDEIT repository; `bench/reference/ref_shim` stands in for the
+few timm/ema_pytorch names its model file imports). Prints one JSON line with both and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from cdeit_jax import cpu_tuning  # noqa: E402
+
+
+def run(cmd: list[str], env: dict) -> dict:
+  r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+  if r.returncode:
+    raise SystemExit(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+  p.add_argument("--reference", required=True, help="checkout of the published CDEIT code")
+  p.add_argument("--batch", type=int, default=2)
+  p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+  a = p.parse_args()
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+  py = sys.executable
+  train = run([py, os.path.join(HERE, "bench_train.py"), "--per-device-batch", str(a.batch),
+               "--steps", "3", "--sync-each-step"], env)
+  sample = run([py, os.path.join(HERE, "bench_model.py"), "--batch", str(a.batch), "--sample",
+                "--repeats", "2"], env)
+  ref_env = dict(env, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "reference", "ref_shim"),
+                                                  a.reference]))
+  ref_cmd = [py, os.path.join(HERE, "reference", "ref_bench.py"), str(a.batch), str(a.threads)]
+  ref = run(ref_cmd, ref_env)
+  # the same malloc setting as ours (cdeit_jax.cpu_tuning), so that neither side is favoured
+  ref_tuned = run(ref_cmd, cpu_tuning.tuned_environment(ref_env))
+  out = {
+      "bench": "cpu_vs_reference", "batch": a.batch, "dtype": "float32",
+      # both sides: the fastest of the timed train steps; sampling: ours the median of 2, the
+      # reference one timed call
+      "ours": {"train_samples_per_s": train["samples_per_s_best"],
+               "train_step_s": train["step_s_min"], "train_step_s_mean": train["step_s"],
+               "train_tflops": train["tflops_per_device"],
+               "train_peak_rss_bytes": train["peak_rss_bytes"],
+               "sample_images_per_s": sample["sampler_images_per_s"],
+               "sample_s": sample["sampler_s"], "sample_peak_rss_bytes": sample["peak_rss_bytes"],
+               "attention_impl": train["attention_impl"]},
+      "reference": ref, "reference_hugepages": ref_tuned,
+      "train_speedup": train["samples_per_s_best"] / ref["train_samples_per_s"],
+      "sample_speedup": sample["sampler_images_per_s"] / ref["sample_images_per_s"],
+      "train_speedup_vs_hugepages": (train["samples_per_s_best"]
+                                     / ref_tuned["train_samples_per_s"]),
+      "sample_speedup_vs_hugepages": (sample["sampler_images_per_s"]
+                                      / ref_tuned["sample_images_per_s"]),
+  }
+  print(json.dumps(out))
+
+
+if __name__ == "__main__":
+  main()
