@@ -10,9 +10,8 @@
   device under `shard_map` over the mesh's batch axis.
 - `auto` (the default): splash on TPU, cudnn on GPUs for 16-bit compute, blocked otherwise.
 
-Only global attention longer than one key block uses `blocked` or `splash`; the windowed blocks
-(256-token windows with a relative position bias) stay on XLA (or cuDNN), where the score
-matrices are small.
+`blocked` also runs the windowed blocks (256-token windows with a relative position bias, one key
+block per window); with `splash` they stay on XLA, where their score matrices are small.
 """
 
 from __future__ import annotations
@@ -52,9 +51,10 @@ def resolve(impl: str | None, platform: str, dtype) -> str:
 # ----------------------------------------------------------------------------- blocked (CPU)
 # jax.nn.dot_product_attention has no memory-efficient CPU path and the Pallas kernels target
 # TPU/GPU only, so this is written here: FlashAttention's algorithm over key blocks in plain JAX.
-# Heads go first inside ((B, N, T, D): contiguous batched matmuls), which XLA:CPU runs 1.3x
-# (global) to 3x (windows) faster than the (B, T, N, D) einsums of jax.nn.dot_product_attention;
-# the hand-written backward pass is 5x faster than autodiff's for the windows.
+# Heads go first inside ((B, N, T, D): contiguous batched matmuls). Measured on 2 CPU cores, batch
+# 2, float32: a 4,096-token forward 0.42 s (keys in (B, T, N, D) order: 0.57 s); a windowed block
+# 0.034 s against 0.109 s for jax.nn.dot_product_attention; the published forward pass 2.3 s
+# against 9.2 s with XLA's attention (whose backward pass does not fit 24 GB at batch 2).
 
 
 def _heads_first(x):
