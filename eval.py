@@ -29,7 +29,8 @@ def parse(argv=None):
   p.add_argument("--num-samples", type=int, default=1, help="K samples per measurement: the mean "
                  "is the reconstruction, the per-pixel std its uncertainty")
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--batch-size", type=int, default=None, help="global (default: the largest of 8, 4, 2, 1 per device that fits the memory)")
+  p.add_argument("--batch-size", type=int, default=None, help="global (default: the largest of "
+                 "8, 4, 2, 1 per device whose compiled sampler fits the memory)")
   p.add_argument("--stats", default=None, help="folder with mean/std overriding the checkpoint's")
   p.add_argument("--voltage-ratio", type=float, default=None)
   p.add_argument("--current-ratio", type=float, default=None)

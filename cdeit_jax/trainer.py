@@ -65,13 +65,12 @@ def open_sources(cfg: ml_collections.ConfigDict, checkpoint_stats=None):
   return train, valid
 
 
-def _memory_report(compiled: training.CompiledStep) -> str:
+def _memory_report(compiled: training.CompiledStep, cfg: ml_collections.ConfigDict) -> str:
   m = compiled.memory
   if not m:
     return "memory analysis: not reported by this backend"
   gib = lambda b: b / 2 ** 30
-  need = m.get("argument_size_in_bytes", 0) + m.get("output_size_in_bytes", 0) + \
-      m.get("temp_size_in_bytes", 0) - m.get("alias_size_in_bytes", 0)
+  need = m["peak_bytes"]
   text = (f"memory per device: arguments {gib(m.get('argument_size_in_bytes', 0)):.2f} GiB, "
           f"outputs {gib(m.get('output_size_in_bytes', 0)):.2f} GiB (aliased "
           f"{gib(m.get('alias_size_in_bytes', 0)):.2f}), temporaries "
@@ -81,11 +80,8 @@ def _memory_report(compiled: training.CompiledStep) -> str:
   if limit:
     text += f" of {gib(limit):.2f} GiB"
     if need > limit:
-      raise MemoryError(
-          text + "\nThe train step will not fit: lower config.batch_size, raise "
-          "config.accum_steps, set config.model.attention_query_chunk=1024 (attention over the "
-          "4096-token grid dominates), config.model.remat=True, config.shard_params=True, or "
-          "use bfloat16 (config.model.dtype).")
+      raise MemoryError(f"{text}\nThe train step will not fit: set "
+                        f"{aot.fit_advice(cfg, jax.device_count(), jax.default_backend())}.")
   return text
 
 
@@ -123,7 +119,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   report = [f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
             f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
             f"({cfg.accum_steps} micro-batches); params {num_params:,}",
-            f"train step compiled in {compiled.compile_s:.1f} s; {_memory_report(compiled)}"]
+            f"train step compiled in {compiled.compile_s:.1f} s; {_memory_report(compiled, cfg)}"]
   host_iter = data.train_dataset(train_src, cfg.batch_size, _loader_options(cfg)).__iter__()
   rng = jax.random.key(cfg.seed)
   if latest is not None:
