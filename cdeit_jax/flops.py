@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import numpy as np
 
 
@@ -85,12 +84,13 @@ def jaxpr_matmul_flops(jaxpr) -> float:
       raise ValueError("jaxpr_matmul_flops: a while loop has no static trip count")
     else:
       times = eqn.params["length"] if name == "scan" else 1
-      for sub in jax.core.subjaxprs(eqn) if hasattr(jax.core, "subjaxprs") else _subjaxprs(eqn):
+      for sub in _subjaxprs(eqn):
         total += times * jaxpr_matmul_flops(sub)
   return total
 
 
 def _subjaxprs(eqn):
+  """The jaxprs in an equation's parameters (scan, cond branches, pjit, custom_vjp, remat)."""
   for v in eqn.params.values():
     for x in (v if isinstance(v, (list, tuple)) else [v]):
       if hasattr(x, "eqns") or hasattr(getattr(x, "jaxpr", None), "eqns"):
