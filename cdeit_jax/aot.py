@@ -113,7 +113,7 @@ def fit_advice(cfg: ml_collections.ConfigDict, num_devices: int, platform: str) 
 
 
 def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dict[str, Any]:
-  import jax.numpy as jnp
+  """eval.py's sampler (`evaluate.compile_sampler`) at `global_batch`, compiled for `mesh`."""
   from flax import nnx
 
   from cdeit_jax import evaluate
@@ -123,13 +123,10 @@ def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dic
   graphdef, weights = nnx.split(nnx.eval_shape(lambda: CDEIT(**m, rngs=nnx.Rngs(0))))
   sampler = evaluate.make_sampler(graphdef, setup.diffusion, cfg.sampling.steps,
                                   cfg.sampling.eta, shape, mesh)
-  cond = jax.ShapeDtypeStruct((global_batch, m["cond_size"], m["cond_size"], 1), jnp.float32)
-  index = jax.ShapeDtypeStruct((global_batch,), jnp.int32)
-  key = jax.eval_shape(lambda: jax.random.key(0))
   t0 = time.perf_counter()
   try:
-    with jax.set_mesh(mesh):
-      compiled = sampler.lower(weights, cond, index, key).compile()
+    compiled, _ = evaluate.compile_sampler(sampler, weights, mesh, global_batch, global_batch,
+                                           cond_size=m["cond_size"])
   except Exception as e:
     if not is_out_of_memory(e):
       raise

@@ -102,7 +102,7 @@ def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int |
   than the examples need) are compiled in turn until the compiler's memory analysis says the
   program fits `fraction` of the memory budget (`memory_budget`)."""
   import jax.numpy as jnp
-  n = jax.device_count()
+  n = mesh.devices.size
   if batch_size is not None:
     if batch_size < 1 or batch_size % n:
       raise ValueError(f"--batch-size {batch_size} must be a positive multiple of the {n} devices")
