@@ -60,7 +60,7 @@ def main():
   compiled = fwd.lower(state, x, t, cond).compile()
   compile_s = time.perf_counter() - t0
   step_s = timed(compiled, state, x, t, cond, repeats=a.repeats)
-  fwd_flops = a.batch * flops.forward_flops(**kw, image_size=model.image_size)
+  fwd_flops = a.batch * flops.forward_flops(**kw)
   peak = hardware.peak_tflops()
   tflops = fwd_flops / step_s / 1e12
   out = {

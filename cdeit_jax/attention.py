@@ -183,10 +183,9 @@ def splash_attention(q, k, v, block: int = SPLASH_BLOCK, interpret: bool = False
   kernel = _splash_kernel(t, n, min(block, t), interpret)
 
   def local(q, k, v):
-    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # (B, N, T, D)
-    out = jax.vmap(kernel)(heads_first(q * (1.0 / math.sqrt(d))).astype(q.dtype),
-                           heads_first(k), heads_first(v))
-    return jnp.swapaxes(out, 1, 2)
+    out = jax.vmap(kernel)(_heads_first(q * (1.0 / math.sqrt(d))).astype(q.dtype),
+                           _heads_first(k), _heads_first(v))
+    return _heads_first(out)
 
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or batch_axis not in mesh.axis_names or mesh.shape[batch_axis] == 1:
