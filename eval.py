@@ -26,6 +26,11 @@ def parse(argv=None):
   p.add_argument("--weights", choices=["ema", "raw"], default="ema")
   p.add_argument("--sampling-steps", type=int, default=5)
   p.add_argument("--eta", type=float, default=1.0)
+  p.add_argument("--data-consistency", type=float, default=0.0, metavar="S",
+                 help="between sampler steps, move each x0 estimate towards the measurements: "
+                 "x0 + S M_alpha (y - J x0) with the linearised forward model (0 = off)")
+  p.add_argument("--data-consistency-alpha", type=float, default=0.1,
+                 help="regularisation level of M_alpha in --data-consistency")
   p.add_argument("--num-samples", type=int, default=1, help="K samples per measurement: the mean "
                  "is the reconstruction, the per-pixel std its uncertainty")
   p.add_argument("--seed", type=int, default=0)
@@ -68,7 +73,8 @@ def main(argv=None):
         voltage_ratio=a.voltage_ratio, current_ratio=a.current_ratio,
         max_examples=a.max_examples, config=config_lib.load(a.config) if a.config else None,
         dtype=a.dtype, attention_query_chunk=a.attention_query_chunk, figure=not a.no_figure,
-        tikhonov=a.tikhonov)
+        tikhonov=a.tikhonov, data_consistency=a.data_consistency,
+        data_consistency_alpha=a.data_consistency_alpha)
     r = evaluate.evaluate(s, log=lambda *x, **k: print(*x, **k, file=sys.stderr))
   except (ValueError, FileNotFoundError, DatasetError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)
@@ -76,7 +82,7 @@ def main(argv=None):
   if "metrics" in r:
     for name, m in r["metrics"].items():
       print(f"{name:8s} RMSE {m['rmse']:.4f}  PSNR {m['psnr']:.2f}  SSIM {m['ssim']:.4f}  "
-            f"CC {m['cc']:.4f}")
+            f"SSIM(disk) {m['ssim_disk']:.4f}  CC {m.get('cc', float('nan')):.4f}")
     print(f"sampling: {r['images_per_s']:.2f} images/s, {r['ms_per_image']:.1f} ms/image on "
           f"{r['devices']} device(s); outputs in {a.out}")
 

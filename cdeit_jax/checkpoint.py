@@ -21,12 +21,13 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from cdeit_jax import config_lib, stats
-from cdeit_jax.model import CDEIT, PosEmbed
+from cdeit_jax.conditioning import Fixed
+from cdeit_jax.model import CDEIT
 
 FORMAT = "cdeit-jax checkpoint v1"
 CHECKPOINTS = "checkpoints"
 WEIGHT_ITEMS = {"raw": "params", "ema": "ema_params"}
-WEIGHTS = nnx.Any(nnx.Param, PosEmbed)  # what a weight set holds
+WEIGHTS = nnx.Any(nnx.Param, Fixed)  # what a weight set holds
 
 
 def weights_of(model: nnx.Module) -> dict:
@@ -278,7 +279,7 @@ def restore_train(mngr: ocp.CheckpointManager, step: int, abstract_state, shardi
   def split(restored):
     state = jax.tree.map(lambda a: a, w_like)
     state.replace_by_pure_dict(_restore_keys(restored, w_like.to_pure_dict()))
-    return nnx.split_state(state, nnx.Param, PosEmbed)
+    return nnx.split_state(state, nnx.Param, Fixed)
 
   params, fixed = split(r["params"])
   ema, _ = split(r["ema_params"])

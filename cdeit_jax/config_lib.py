@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
 
-from cdeit_jax import attention
+from cdeit_jax import attention, conditioning
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -26,13 +26,19 @@ def default_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       image_size=128, patch_size=2, in_channels=1, hidden_size=512, num_heads=16, mlp_ratio=4.0,
       num_scales=4, window_size=config_dict.placeholder(int), cond_size=16, freq_dim=256,
+      # the condition: "eim" (the published model) or "eim+linear" (physics-informed: one
+      # linear reconstruction of the voltages per regularisation level, cdeit_jax.conditioning)
+      cond="eim", cond_alphas=(0.03, 0.3),
       dtype="float32",  # compute dtype; parameters stay float32
       # auto: splash (TPU), cudnn (GPU, 16-bit), blocked (elsewhere); or xla, blocked, cudnn, splash
       attention_impl="auto",
       attention_query_chunk=config_dict.placeholder(int),  # xla backend: lower attention memory
       remat=False))
   c.diffusion = ml_collections.ConfigDict(dict(num_steps=1000, beta_start=1e-4, beta_end=0.02))
-  c.sampling = ml_collections.ConfigDict(dict(steps=5, eta=1.0))
+  # data_consistency: strength of the x0 <- x0 + s M_alpha (y - J x0) step between sampler steps
+  # (0 = off; cdeit_jax.conditioning.DataConsistency), alpha its regularisation level
+  c.sampling = ml_collections.ConfigDict(dict(steps=5, eta=1.0, data_consistency=0.0,
+                                              data_consistency_alpha=0.1))
   c.data = ml_collections.ConfigDict(dict(
       path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
       preset="simulated",  # simulated | uef2017 | ktc2023 (sets the two ratios)
@@ -90,6 +96,8 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: in
   need(0 < cfg.ema.beta < 1, "ema.beta", "must be in (0, 1)")
   need(cfg.ema.update_every > 0, "ema.update_every", "must be > 0")
   need(cfg.sampling.steps >= 1, "sampling.steps", "must be >= 1")
+  need(cfg.sampling.data_consistency >= 0, "sampling.data_consistency", "must be >= 0 (0 = off)")
+  need(cfg.sampling.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
   need(cfg.diffusion.num_steps >= 1, "diffusion.num_steps", "must be >= 1")
   need(cfg.data.preset in ("simulated", "uef2017", "ktc2023") or (
       cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None), "data.preset",
@@ -110,6 +118,16 @@ def model_kwargs(cfg: ml_collections.ConfigDict, platform: str | None = None) ->
   """`CDEIT(**model_kwargs(cfg), rngs=...)` arguments from a config's `model` section, with the
   attention backend resolved for `platform` (default: the default backend's)."""
   kw = dict(cfg.model)
+  if kw.get("cond", "eim") not in conditioning.MODES:
+    raise ValueError(f"config.model.cond: {kw.get('cond')!r} is not one of {conditioning.MODES}")
+  if "cond_alphas" in kw:
+    alphas = kw["cond_alphas"]
+    if isinstance(alphas, (int, float)):
+      alphas = (alphas,)
+    if not alphas or not all(isinstance(a, (int, float)) and a > 0 for a in alphas):
+      raise ValueError(f"config.model.cond_alphas: {alphas!r} must be one or more numbers > 0 "
+                       "(regularisation levels), e.g. (0.03, 0.3)")
+    kw["cond_alphas"] = tuple(float(a) for a in alphas)
   if kw.get("dtype") not in DTYPES:
     raise ValueError(f"config.model.dtype: {kw.get('dtype')!r} is not one of {sorted(DTYPES)}")
   kw["dtype"] = DTYPES[kw["dtype"]]

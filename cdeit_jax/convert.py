@@ -78,6 +78,9 @@ def _torch_inner(rest: tuple[Any, ...], window: bool) -> str:
 
 def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
   """Reference name -> Entry for every loadable variable; and the index buffers to check."""
+  if model.conditioner is not None:
+    raise ValueError("the PyTorch CDEIT has only the published condition: use a model with "
+                     f"config.model.cond='eim' (this one has {model.cond_mode!r})")
   table: dict[str, Entry] = {}
   buffers: dict[str, np.ndarray] = {}
   state = nnx.state(model, nnx.Any(nnx.Param, PosEmbed))

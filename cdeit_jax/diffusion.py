@@ -95,8 +95,12 @@ class Diffusion:
 
   def sample_fn(self, apply: Denoiser, cond: Array, *, steps: int = 5, eta: float = 1.0,
                 key: Array | None = None, noises: Array | None = None,
-                shape: tuple[int, ...] = (128, 128, 1)) -> Array:
+                shape: tuple[int, ...] = (128, 128, 1),
+                correct: Callable[[Array, Array], Array] | None = None) -> Array:
     """Traceable sampler: `apply(x, t, cond)` returns x0. Use inside jit (see `sample`).
+
+    `correct(x0, cond)`, when given, replaces each step's x0 estimate before the update (data
+    consistency, `cdeit_jax.conditioning.DataConsistency`); the last step returns it.
 
     `noises` (steps, B, H, W, C): the start noise, then one per non-final step (the last entry
     is unused). Without `noises`, draws from `key` (start: fold_in(key, 0); step i: i + 1). A
@@ -123,6 +127,8 @@ class Diffusion:
       c, z = inputs
       t = jnp.full((b,), c["t"], jnp.int32)
       x0 = apply(x, t, cond).astype(jnp.float32)
+      if correct is not None:
+        x0 = correct(x0, cond).astype(jnp.float32)
       eps = (x * c["recip_sqrt_ab"] - x0) / c["sqrt_recipm1_ab"]
       if noises is None:
         z = draw(z)

@@ -47,6 +47,8 @@ class EvalSettings:
   attention_query_chunk: int | None = None  # lower attention memory (see CDEIT)
   figure: bool = True
   tikhonov: bool = False        # also the built-in one-step Tikhonov/NOSER baseline (cdeit_jax.eit)
+  data_consistency: float = 0.0  # > 0: the sampler's data-consistency step with this strength
+  data_consistency_alpha: float = 0.1
   extra: dict = field(default_factory=dict)
 
 
@@ -61,13 +63,22 @@ def _check_model_config(cfg, meta: dict) -> None:
     raise ValueError(f"the checkpoint's model settings disagree with the config: {listing}")
 
 
-def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, mesh):
-  """One compiled sampler: (weights, cond, example indices, key) -> images, batch-sharded."""
+def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, mesh,
+                 correction_graphdef=None):
+  """One compiled sampler: (weights, cond, example indices, key) -> images, batch-sharded.
+
+  With `correction_graphdef` (of a `conditioning.DataConsistency`), `weights` is the pair
+  (model state, correction state) and every step's x0 is made consistent with the data."""
 
   def sample(weights, cond, index, key):
+    correct = None
+    if correction_graphdef is not None:
+      weights, correction = weights
+      correct = nnx.merge(correction_graphdef, correction)
     model = nnx.merge(graphdef, weights)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
-    return diffusion.sample_fn(model, cond, steps=steps, eta=eta, key=keys, shape=shape)
+    return diffusion.sample_fn(model, cond, steps=steps, eta=eta, key=keys, shape=shape,
+                               correct=correct)
 
   b = shd.batch_sharded(mesh)
   return jax.jit(sample, in_shardings=(shd.replicated(mesh), b, b, shd.replicated(mesh)),
@@ -169,7 +180,15 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
   diffusion = Diffusion(**{**config_lib.default_config().diffusion,
                            **meta["config"].get("diffusion", {})})
   shape = (model.image_size, model.image_size, model.in_channels)
-  sampler = make_sampler(graphdef, diffusion, s.sampling_steps, s.eta, shape, mesh)
+  correction_graphdef = None
+  if s.data_consistency:
+    from cdeit_jax import conditioning
+    dc = conditioning.DataConsistency(src.mean, src.std, strength=s.data_consistency,
+                                      alpha=s.data_consistency_alpha)
+    correction_graphdef, dc_state = nnx.split(dc)
+    weights = (weights, jax.device_put(dc_state, shd.replicated(mesh)))
+  sampler = make_sampler(graphdef, diffusion, s.sampling_steps, s.eta, shape, mesh,
+                         correction_graphdef)
   t0 = time.perf_counter()
   sampler, global_batch = compile_sampler(sampler, weights, mesh, n_total, s.batch_size,
                                           cond_size=model.cond_size, log=log)
@@ -203,7 +222,8 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
   target = np.stack([e["target"] for e in examples])
   names = [src.files[i] for i in range(n_total)]
   overall, rows = metrics.summary(pred[..., 0], target[..., 0])
-  report = {"cdeit": overall}
+  empty = metrics.summary(np.zeros_like(pred[..., 0]), target[..., 0])[0]
+  report = {"cdeit": overall, "empty": {k: v for k, v in empty.items() if k != "cc"}}  # CC: undefined
   stored = {k: np.stack([e[k] for e in examples])[..., 0] for k in data.BASELINE_KEYS}
   if s.tikhonov:
     from cdeit_jax import eit
@@ -225,6 +245,8 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
                    "weights": s.weights, "data": s.data, "data_path": os.path.abspath(s.data_path),
                    "voltage_ratio": voltage_ratio, "current_ratio": current_ratio,
                    "sampling_steps": s.sampling_steps, "eta": s.eta,
+                   "data_consistency": s.data_consistency,
+                   "data_consistency_alpha": s.data_consistency_alpha,
                    "num_samples": s.num_samples, "seed": s.seed, "examples": n_total,
                    "model": meta["model"], "dtype": s.dtype or meta["model"]["dtype"]},
   })

@@ -18,7 +18,7 @@ import numpy as np
 def forward_flops(*, image_size: int = 128, patch_size: int = 2, in_channels: int = 1,
                   hidden_size: int = 512, num_heads: int = 16, mlp_ratio: float = 4.0,
                   num_scales: int = 4, window_size: int | None = None, freq_dim: int = 256,
-                  **_: Any) -> float:
+                  cond: str = "eim", cond_alphas=(), **_: Any) -> float:
   """Matmul FLOPs of one image's forward pass (takes `config.model` as keywords)."""
   del num_heads  # heads split the width; the FLOPs do not depend on their number
   c, hid = hidden_size, int(hidden_size * mlp_ratio)
@@ -30,7 +30,11 @@ def forward_flops(*, image_size: int = 128, patch_size: int = 2, in_channels: in
     scores = 2 * 2 * tokens * attended * c               # q k^T and p v, all heads
     return linear + scores + 2 * c * 6 * c               # + adaLN modulation
 
-  total = 2 * grid ** 2 * (patch_size ** 2 * 2 * in_channels) * c  # patch embedding of [x, cond]
+  levels = 0 if cond == "eim" else len(tuple(cond_alphas))
+  pixels = image_size ** 2
+  # physics-informed condition: U^T y, then one (208 x pixels) product per level
+  total = 2 * 208 * 208 + levels * 2 * 208 * pixels if levels else 0
+  total += 2 * grid ** 2 * (patch_size ** 2 * (2 * in_channels + levels)) * c  # patch embedding
   total += 2 * freq_dim * c + 2 * c * c                            # timestep MLP
   total += 4 * block(grid ** 2, window ** 2)                       # swinIn1/2, swinOut1/2
   for s in range(1, num_scales + 1):

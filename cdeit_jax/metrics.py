@@ -17,8 +17,11 @@ DEFINITIONS = {
     "ssim": "Wang et al. 2004 on the [0, 1]-mapped images: Gaussian window sigma 1.5 (11 x 11, "
             "truncate 3.5), K1 0.01, K2 0.03, data range 1, population covariances, mean over the "
             "image without the 5-pixel border (scikit-image's gaussian_weights=True convention)",
+    "ssim_disk": "the same SSIM map averaged over the pixels inside the disk (the imaged domain) "
+                 "only: the empty background outside it does not count",
     "cc": "Pearson correlation coefficient between pred and gt pixels, per image (NaN if either "
           "is constant), averaged over images",
+    "empty": "the empty image (all zeros, no change): the floor every method must beat",
     "tikhonov": "eval.py --tikhonov: the built-in one-step Tikhonov/NOSER reconstruction "
                 "(cdeit_jax.eit.reconstruct) of ys / voltage_ratio",
     "baseline_scaling": "classical reconstructions (tikhonov, TR, xs_gn) are divided by their maximum "
@@ -41,17 +44,28 @@ def psnr(pred: np.ndarray, gt: np.ndarray) -> float:
   return float(10 * np.log10(g.max() ** 2 / (np.mean((g - p) ** 2) + 1e-12)))
 
 
-def ssim(pred: np.ndarray, gt: np.ndarray, sigma: float = 1.5, k1: float = 0.01,
-         k2: float = 0.03, data_range: float = 1.0) -> float:
-  """Gaussian-window SSIM of two 2-D images given on [-1, 1] (compared on [0, 1])."""
+def ssim_map(pred: np.ndarray, gt: np.ndarray, sigma: float = 1.5, k1: float = 0.01,
+             k2: float = 0.03, data_range: float = 1.0) -> np.ndarray:
+  """Per-pixel Gaussian-window SSIM of two 2-D images given on [-1, 1] (compared on [0, 1])."""
   x, y = to_unit(np.squeeze(pred)), to_unit(np.squeeze(gt))
   filt = lambda a: ndimage.gaussian_filter(a, sigma, mode="reflect", truncate=3.5)
   mx, my = filt(x), filt(y)
   vx, vy, cxy = filt(x * x) - mx * mx, filt(y * y) - my * my, filt(x * y) - mx * my
   c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
-  s = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
+  return ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
+
+
+def ssim(pred: np.ndarray, gt: np.ndarray, sigma: float = 1.5, **kw) -> float:
+  """SSIM over the square without the window's border (the standard figure)."""
   pad = int(3.5 * sigma + 0.5)  # the window's radius
-  return float(s[pad:-pad, pad:-pad].mean())
+  return float(ssim_map(pred, gt, sigma, **kw)[pad:-pad, pad:-pad].mean())
+
+
+def ssim_disk(pred: np.ndarray, gt: np.ndarray, **kw) -> float:
+  """SSIM averaged over the pixels inside the disk."""
+  from cdeit_jax.eit.phantom import disk_mask
+  m = ssim_map(pred, gt, **kw)
+  return float(m[disk_mask(m.shape[0])].mean())
 
 
 def pearson(pred: np.ndarray, gt: np.ndarray) -> float:
@@ -69,7 +83,12 @@ def scale_baseline(b: np.ndarray) -> np.ndarray:
 
 def per_image(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
   return {"rmse": rmse(pred, gt), "psnr": psnr(pred, gt), "ssim": ssim(pred, gt),
-          "cc": pearson(pred, gt)}
+          "ssim_disk": ssim_disk(pred, gt), "cc": pearson(pred, gt)}
+
+
+def _nanmean(values) -> float:
+  values = np.asarray(values, np.float64)
+  return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
 
 
 def summary(preds: np.ndarray, gts: np.ndarray) -> tuple[dict[str, float], list[dict[str, float]]]:
@@ -78,5 +97,6 @@ def summary(preds: np.ndarray, gts: np.ndarray) -> tuple[dict[str, float], list[
   overall = {"rmse": rmse(preds, gts),
              "psnr": float(np.mean([r["psnr"] for r in rows])),
              "ssim": float(np.mean([r["ssim"] for r in rows])),
-             "cc": float(np.nanmean([r["cc"] for r in rows])) if rows else float("nan")}
+             "ssim_disk": float(np.mean([r["ssim_disk"] for r in rows])),
+             "cc": _nanmean([r["cc"] for r in rows])}
   return overall, rows

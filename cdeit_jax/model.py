@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import attention
+from cdeit_jax import attention, conditioning
+from cdeit_jax.conditioning import Fixed
 
 Array = jax.Array
 DType = Any
@@ -25,7 +26,7 @@ xavier_uniform = nnx.initializers.xavier_uniform()
 zeros = nnx.initializers.zeros_init()
 
 
-class PosEmbed(nnx.Variable):
+class PosEmbed(Fixed):
   """A fixed (not trained) table; loaded from checkpoints like the reference's `pos_embed`."""
 
 
@@ -243,6 +244,9 @@ class CDEIT(nnx.Module):
   """CDEIT denoiser: predicts the clean image x0 from a noisy image, a timestep and the EIM.
 
   Args default to the published model (109,719,108 parameters with the position table).
+  `cond` is the condition: "eim" (published) or "eim+linear", which adds one linear
+  reconstruction of the same voltages per level in `cond_alphas` as input channels
+  (`cdeit_jax.conditioning`).
   `attention_impl` picks the attention backend (see `cdeit_jax.attention`; default: the best for
   the platform). `attention_query_chunk` computes global attention over query chunks of that
   many tokens in turn (lower peak memory with the `xla` backend).
@@ -252,8 +256,8 @@ class CDEIT(nnx.Module):
   def __init__(self, *, image_size: int = 128, patch_size: int = 2, in_channels: int = 1,
                hidden_size: int = 512, num_heads: int = 16, mlp_ratio: float = 4.0,
                num_scales: int = 4, window_size: int | None = None, cond_size: int = 16,
-               freq_dim: int = 256, dtype: DType = jnp.float32,
-               attention_impl: str | None = None, attention_query_chunk: int | None = None,
+               freq_dim: int = 256, cond: str = "eim", cond_alphas=(0.03, 0.3),
+               dtype: DType = jnp.float32, attention_impl: str | None = None, attention_query_chunk: int | None = None,
                remat: bool = False, rngs: nnx.Rngs):
     if image_size % patch_size:
       raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
@@ -266,7 +270,15 @@ class CDEIT(nnx.Module):
       raise ValueError(f"window_size {window} does not divide the token grid {grid}")
     if image_size % cond_size:
       raise ValueError(f"image_size {image_size} is not divisible by cond_size {cond_size}")
+    if cond not in conditioning.MODES:
+      raise ValueError(f"cond {cond!r} must be one of {conditioning.MODES}")
+    if cond != "eim" and image_size != 128:
+      raise ValueError(f"cond {cond!r} needs image_size 128 (the simulator's grid), got {image_size}")
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
+    self.cond_mode = cond
+    self.conditioner = (conditioning.LinearConditioner(tuple(cond_alphas)) if cond != "eim"
+                        else None)
+    extra = 0 if self.conditioner is None else len(self.conditioner.alphas)
     self.hidden_size, self.grid, self.window, self.cond_size = hidden_size, grid, window, cond_size
     self.freq_dim, self.dtype, self.remat = freq_dim, jnp.dtype(dtype), remat
     # "auto" (or None) picks the backend of the default device; callers compiling for another
@@ -280,7 +292,7 @@ class CDEIT(nnx.Module):
 
     # Patch embedding: the conv is initialised like a Linear over (kh, kw, in) -> out.
     self.x_embedder = nnx.Conv(
-        2 * in_channels, dim, (patch_size, patch_size), strides=patch_size, padding="VALID",
+        2 * in_channels + extra, dim, (patch_size, patch_size), strides=patch_size, padding="VALID",
         dtype=dtype, param_dtype=jnp.float32, bias_init=zeros, rngs=rngs,
         kernel_init=nnx.initializers.xavier_uniform(in_axis=(0, 1, 2), out_axis=3))
     self.pos_embed = PosEmbed(jnp.asarray(sincos_pos_embed_2d(dim, grid)))
@@ -310,8 +322,10 @@ class CDEIT(nnx.Module):
     if cond.shape[1:] != (self.cond_size, self.cond_size, 1):
       raise ValueError(f"cond must be (B, {self.cond_size}, {self.cond_size}, 1), got {cond.shape}")
     up = size // self.cond_size
-    cond = jnp.repeat(jnp.repeat(cond.astype(x.dtype), up, axis=1), up, axis=2)
-    h = self.x_embedder(jnp.concatenate([x, cond], axis=-1)).astype(jnp.float32)
+    inputs = [x, jnp.repeat(jnp.repeat(cond.astype(x.dtype), up, axis=1), up, axis=2)]
+    if self.conditioner is not None:
+      inputs.append(self.conditioner(cond).astype(x.dtype))
+    h = self.x_embedder(jnp.concatenate(inputs, axis=-1)).astype(jnp.float32)
     h = h + self.pos_embed[...].reshape(1, self.grid, self.grid, -1)
 
     c = timestep_embedding(t, self.freq_dim)

@@ -103,7 +103,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
       else None
   train_src, valid_src = open_sources(cfg, ck_stats)
 
-  ts = training.setup(cfg, mesh)
+  ts = training.setup(cfg, mesh, calibration_source=train_src if latest is None else None)
   graphdef, state, diffusion, num_params = ts.graphdef, ts.state, ts.diffusion, ts.num_params
   abstract = jax.eval_shape(lambda: state)
   try:

@@ -19,19 +19,21 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from cdeit_jax import sharding as shd
 from cdeit_jax.diffusion import Diffusion
-from cdeit_jax.model import CDEIT, PosEmbed
+from cdeit_jax.conditioning import Fixed
+from cdeit_jax.model import CDEIT
 
 
 class TrainState(struct.PyTreeNode):
   step: jax.Array            # optimizer steps done (int32 scalar)
   params: nnx.State          # trained parameters (nnx.Param), float32
-  fixed: nnx.State           # fixed tables (the sin-cos position table)
+  fixed: nnx.State           # fixed variables: the sin-cos position table, and (physics-informed
+                             # condition) the linear operator and its training-set calibration
   opt_state: optax.OptState
   ema: nnx.State             # EMA of `params` (the authors' ema_pytorch semantics)
 
 
 def create_state(model: CDEIT, tx: optax.GradientTransformation) -> tuple[nnx.GraphDef, TrainState]:
-  graphdef, params, fixed = nnx.split(model, nnx.Param, PosEmbed)
+  graphdef, params, fixed = nnx.split(model, nnx.Param, Fixed)
   state = TrainState(step=jnp.zeros((), jnp.int32), params=params, fixed=fixed,
                      opt_state=tx.init(params), ema=jax.tree.map(jnp.copy, params))
   return graphdef, state
@@ -187,9 +189,10 @@ class Setup:
 
 
 def setup(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, platform: str | None = None,
-          abstract: bool = False) -> Setup:
+          abstract: bool = False, calibration_source=None) -> Setup:
   """Model, optimizer, state and the pure train step of `cfg` for `mesh`'s platform; `abstract`
-  builds shapes only (no parameters are materialised: compile-only checks)."""
+  builds shapes only (no parameters are materialised: compile-only checks). A physics-informed
+  model is calibrated on `calibration_source` (the training `NpzSource`) when given."""
   from cdeit_jax import config_lib
   from cdeit_jax.model import count_params
   platform = platform or mesh.devices.flat[0].platform
@@ -199,10 +202,13 @@ def setup(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, platform: 
   make = lambda: CDEIT(**kw, rngs=nnx.Rngs(cfg.seed))
   if abstract:
     model = nnx.eval_shape(make)
-    graphdef = nnx.split(model, nnx.Param, PosEmbed)[0]
+    graphdef = nnx.split(model, nnx.Param, Fixed)[0]
     state = jax.eval_shape(lambda: create_state(make(), tx)[1])
   else:
     model = make()
+    if calibration_source is not None and model.conditioner is not None:
+      from cdeit_jax import conditioning
+      conditioning.calibrate(model.conditioner, calibration_source)
     graphdef, state = create_state(model, tx)
   num_params = count_params(model)
   diffusion = Diffusion(**cfg.diffusion)

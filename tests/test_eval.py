@@ -103,7 +103,7 @@ def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
     assert (out / f).stat().st_size > 0, f
   assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
   m = json.loads((out / "metrics.json").read_text())
-  assert set(m["metrics"]) == {"cdeit", "TR", "xs_gn"} and m["settings"]["examples"] == 8
+  assert set(m["metrics"]) == {"cdeit", "empty", "TR", "xs_gn"} and m["settings"]["examples"] == 8
   assert m["settings"]["checkpoint_step"] == 0 and m["images_per_s"] > 0
   assert len((out / "metrics.csv").read_text().strip().splitlines()) == 9
   z = np.load(out / "predictions.npz")
@@ -142,7 +142,7 @@ def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
       num_samples=4, figure=False, tikhonov=True), log=lambda *a, **k: None)
   assert r8["devices"] == 8
   # the built-in Tikhonov baseline beside the authors' stored ones; measured cc 0.744 on these
-  assert list(r8["metrics"]) == ["cdeit", "tikhonov", "TR", "xs_gn"]
+  assert list(r8["metrics"]) == ["cdeit", "empty", "tikhonov", "TR", "xs_gn"]
   assert r8["metrics"]["tikhonov"]["cc"] > 0.6
   one, eight = np.load(tmp_path / "one" / "predictions.npz"), np.load(tmp_path / "eight" /
                                                                        "predictions.npz")

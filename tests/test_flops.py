@@ -27,7 +27,9 @@ def test_published_forward_by_hand():
 
 
 @pytest.mark.parametrize("kw", [TINY, dict(hidden_size=64, patch_size=4, num_scales=3),
-                                dict(TINY, window_size=8, mlp_ratio=2.0)])
+                                dict(TINY, window_size=8, mlp_ratio=2.0),
+                                dict(patch_size=8, hidden_size=32, num_heads=4, num_scales=1,
+                                     cond="eim+linear", cond_alphas=(0.03, 0.3))])
 @pytest.mark.parametrize("impl", ["xla", "blocked"])
 def test_forward_matches_jaxpr(kw, impl):
   """The model's traced dot_general/conv FLOPs (scan bodies times their length) agree exactly."""

@@ -1,0 +1,72 @@
+"""A markdown table of evaluations (eval.py output folders), CDEIT beside its floors.
+
+  python -m cdeit_jax.report runs/demo/eval_simulated runs/demo/eval_uef2017
+
+For each folder: CDEIT, the built-in Tikhonov (`eval.py --tikhonov`) and the empty image, with
+RMSE, PSNR, SSIM (square and disk) and CC, and whether CDEIT beats Tikhonov in RMSE, PSNR and CC
+and the empty image in RMSE and PSNR (lower RMSE, higher PSNR and CC are better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+METHODS = (("cdeit", "CDEIT"), ("tikhonov", "Tikhonov (ours)"), ("empty", "empty image"))
+COLUMNS = (("rmse", "RMSE", "{:.4f}"), ("psnr", "PSNR", "{:.2f}"), ("ssim", "SSIM", "{:.3f}"),
+           ("ssim_disk", "SSIM disk", "{:.3f}"), ("cc", "CC", "{:.3f}"))
+
+
+def beats(m: dict, floor: dict, keys: Sequence[str]) -> bool:
+  """Whether metrics `m` are better than `floor` in every one of `keys`."""
+  better = {"rmse": lambda a, b: a < b, "psnr": lambda a, b: a > b, "cc": lambda a, b: a > b}
+  return all(better[k](m[k], floor[k]) for k in keys)
+
+
+def table(folders: Sequence[str]) -> tuple[str, bool]:
+  """(markdown table, whether CDEIT beats both floors everywhere)."""
+  lines = ["| set | method | " + " | ".join(c[1] for c in COLUMNS) + " |",
+           "|---|---|" + "---|" * len(COLUMNS)]
+  ok = True
+  for folder in folders:
+    path = os.path.join(folder, "metrics.json")
+    try:
+      with open(path) as fh:
+        r = json.load(fh)
+    except (OSError, ValueError) as e:
+      raise ValueError(f"{path}: not an eval.py output ({e}); run eval.py --out {folder}") from e
+    m, s = r["metrics"], r["settings"]
+    name = f"{s['data']} ({s['examples']})"
+    for key, label in METHODS:
+      if key in m:
+        cells = [fmt.format(m[key][c]) if c in m[key] else "-" for c, _, fmt in COLUMNS]
+        lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
+        name = ""
+    if "tikhonov" not in m:
+      raise ValueError(f"{path}: no Tikhonov baseline; evaluate with eval.py --tikhonov")
+    ok &= beats(m["cdeit"], m["tikhonov"], ("rmse", "psnr", "cc"))
+    ok &= beats(m["cdeit"], m["empty"], ("rmse", "psnr"))
+  return "\n".join(lines), ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  p = argparse.ArgumentParser(prog="python -m cdeit_jax.report", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("folders", nargs="+", help="eval.py --out folders")
+  a = p.parse_args(argv)
+  try:
+    text, ok = table(a.folders)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(text)
+  print("CDEIT beats Tikhonov (RMSE, PSNR, CC) and the empty image (RMSE, PSNR) on every set"
+        if ok else "CDEIT does NOT beat both floors on every set")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

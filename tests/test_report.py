@@ -1,0 +1,36 @@
+"""The demo's table: CDEIT against its two floors, by hand-made metrics.json files."""
+
+import json
+
+from cdeit_jax import report
+
+
+def _write(folder, cdeit, tik, empty):
+  folder.mkdir()
+  m = {"metrics": {"cdeit": cdeit, "tikhonov": tik, "empty": empty},
+       "settings": {"data": "uef2017", "examples": 22}}
+  (folder / "metrics.json").write_text(json.dumps(m))
+  return str(folder)
+
+
+def _m(rmse, psnr, cc=None):
+  d = {"rmse": rmse, "psnr": psnr, "ssim": 0.8, "ssim_disk": 0.7}
+  if cc is not None:
+    d["cc"] = cc
+  return d
+
+
+def test_table_and_verdict(tmp_path, capsys):
+  good = _write(tmp_path / "good", _m(0.15, 21.0, 0.80), _m(0.17, 20.0, 0.74), _m(0.26, 16.7))
+  text, ok = report.table([good])
+  assert ok
+  assert "| uef2017 (22) | CDEIT | 0.1500 | 21.00 | 0.800 | 0.700 | 0.800 |" in text
+  assert "|  | empty image | 0.2600 | 16.70 | 0.800 | 0.700 | - |" in text
+  # worse than Tikhonov in CC alone is a failure
+  worse_cc = _write(tmp_path / "cc", _m(0.15, 21.0, 0.73), _m(0.17, 20.0, 0.74), _m(0.26, 16.7))
+  assert not report.table([good, worse_cc])[1]
+  # an empty image with a better PSNR is a failure
+  worse_empty = _write(tmp_path / "e", _m(0.15, 16.0, 0.80), _m(0.17, 15.0, 0.74), _m(0.26, 16.7))
+  assert not report.table([worse_empty])[1]
+  assert report.main([str(tmp_path / "missing")]) == 2
+  assert "missing/metrics.json" in capsys.readouterr().err
