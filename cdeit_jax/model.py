@@ -250,15 +250,16 @@ class CDEIT(nnx.Module):
   `attention_impl` picks the attention backend (see `cdeit_jax.attention`; default: the best for
   the platform). `attention_query_chunk` computes global attention over query chunks of that
   many tokens in turn (lower peak memory with the `xla` backend).
-  Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM -> (B, H, W, 1) float32.
+  Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM -> (B, H, W, 1) float32
+  (the physics-informed channels are computed from the EIM inside the model).
   """
 
   def __init__(self, *, image_size: int = 128, patch_size: int = 2, in_channels: int = 1,
                hidden_size: int = 512, num_heads: int = 16, mlp_ratio: float = 4.0,
                num_scales: int = 4, window_size: int | None = None, cond_size: int = 16,
                freq_dim: int = 256, cond: str = "eim", cond_alphas=(0.03, 0.3),
-               dtype: DType = jnp.float32, attention_impl: str | None = None, attention_query_chunk: int | None = None,
-               remat: bool = False, rngs: nnx.Rngs):
+               dtype: DType = jnp.float32, attention_impl: str | None = None,
+               attention_query_chunk: int | None = None, remat: bool = False, rngs: nnx.Rngs):
     if image_size % patch_size:
       raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
     grid = image_size // patch_size
@@ -273,7 +274,8 @@ class CDEIT(nnx.Module):
     if cond not in conditioning.MODES:
       raise ValueError(f"cond {cond!r} must be one of {conditioning.MODES}")
     if cond != "eim" and image_size != 128:
-      raise ValueError(f"cond {cond!r} needs image_size 128 (the simulator's grid), got {image_size}")
+      raise ValueError(f"cond {cond!r} needs image_size 128 (the simulator's grid), "
+                       f"got {image_size}")
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
     self.cond_mode = cond
     self.conditioner = (conditioning.LinearConditioner(tuple(cond_alphas)) if cond != "eim"
