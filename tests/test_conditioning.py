@@ -169,6 +169,10 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path):
   assert m["metrics"]["empty"]["rmse"] == pytest.approx(np.sqrt((target ** 2).mean()), rel=1e-9)
   assert "cc" not in m["metrics"]["empty"]
   assert 0 < r["metrics"]["cdeit"]["ssim_disk"] < 1
+  # the README's figure from the same outputs
+  from cdeit_jax import report
+  report.figure(str(out), str(tmp_path / "fig.png"), rows=2)
+  assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_converting_a_physics_informed_model_is_refused():
