@@ -35,10 +35,7 @@ def default_config() -> ml_collections.ConfigDict:
       attention_query_chunk=config_dict.placeholder(int),  # xla backend: lower attention memory
       remat=False))
   c.diffusion = ml_collections.ConfigDict(dict(num_steps=1000, beta_start=1e-4, beta_end=0.02))
-  # data_consistency: strength of the x0 <- x0 + s M_alpha (y - J x0) step between sampler steps
-  # (0 = off; cdeit_jax.conditioning.DataConsistency), alpha its regularisation level
-  c.sampling = ml_collections.ConfigDict(dict(steps=5, eta=1.0, data_consistency=0.0,
-                                              data_consistency_alpha=0.1))
+  c.sampling = ml_collections.ConfigDict(dict(steps=5, eta=1.0))
   c.data = ml_collections.ConfigDict(dict(
       path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
       preset="simulated",  # simulated | uef2017 | ktc2023 (sets the two ratios)
@@ -96,8 +93,6 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: in
   need(0 < cfg.ema.beta < 1, "ema.beta", "must be in (0, 1)")
   need(cfg.ema.update_every > 0, "ema.update_every", "must be > 0")
   need(cfg.sampling.steps >= 1, "sampling.steps", "must be >= 1")
-  need(cfg.sampling.data_consistency >= 0, "sampling.data_consistency", "must be >= 0 (0 = off)")
-  need(cfg.sampling.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
   need(cfg.diffusion.num_steps >= 1, "diffusion.num_steps", "must be >= 1")
   need(cfg.data.preset in ("simulated", "uef2017", "ktc2023") or (
       cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None), "data.preset",

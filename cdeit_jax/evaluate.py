@@ -159,6 +159,10 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
     raise ValueError(f"--num-samples must be >= 1, got {s.num_samples}")
   if s.sampling_steps < 1:
     raise ValueError(f"--sampling-steps must be >= 1, got {s.sampling_steps}")
+  if not s.data_consistency >= 0:
+    raise ValueError(f"--data-consistency must be >= 0 (0 = off), got {s.data_consistency}")
+  if not s.data_consistency_alpha > 0:
+    raise ValueError(f"--data-consistency-alpha must be > 0, got {s.data_consistency_alpha}")
   workdir, resolved = checkpoint.resolve(s.checkpoint, s.step)
   step_dir = os.path.basename(os.path.normpath(s.checkpoint)).isdigit()
   step = s.step if s.step is not None else (

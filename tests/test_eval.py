@@ -180,6 +180,10 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
     run(stats=str(tmp_path))
   with pytest.raises(ValueError, match="--weights ema"):
     run(weights="raw")
+  with pytest.raises(ValueError, match="--data-consistency must be >= 0"):
+    run(data_consistency=-0.5)
+  with pytest.raises(ValueError, match="--data-consistency-alpha must be > 0"):
+    run(data_consistency=0.5, data_consistency_alpha=0.0)
   # an unreadable checkpoint: corrupt metadata
   broken = tmp_path / "broken"
   import shutil
