@@ -180,6 +180,13 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
   model, meta = checkpoint.load_model(workdir, weights=s.weights, step=step, dtype=s.dtype,
                                       sharding=shd.replicated(mesh),
                                       attention_query_chunk=s.attention_query_chunk)
+  if model.conditioner is not None and not (
+      np.allclose(model.conditioner.voltage_mean[...], src.mean.ravel(), rtol=1e-6, atol=0) and
+      np.allclose(model.conditioner.voltage_std[...], src.std.ravel(), rtol=1e-6, atol=0)):
+    log(f"warning: {s.data_path} is standardised with other statistics than this physics-"
+        "informed model was trained with, so its linear input channels are computed from wrong "
+        "voltages; use the checkpoint's statistics (no --stats, and no mean/std in the data "
+        "folder's parent)")
   graphdef, weights = nnx.split(model)
   diffusion = Diffusion(**{**config_lib.default_config().diffusion,
                            **meta["config"].get("diffusion", {})})

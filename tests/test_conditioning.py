@@ -169,10 +169,26 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path):
   assert m["metrics"]["empty"]["rmse"] == pytest.approx(np.sqrt((target ** 2).mean()), rel=1e-9)
   assert "cc" not in m["metrics"]["empty"]
   assert 0 < r["metrics"]["cdeit"]["ssim_disk"] < 1
+  # other statistics than the model's: a warning, since its channels would be wrong
+  logs = []
+  evaluate.evaluate(evaluate.EvalSettings(
+      checkpoint=str(tmp_path / "run"), data="uef2017", data_path=UEF, out=str(tmp_path / "e2"),
+      sampling_steps=1, batch_size=8, max_examples=1, figure=False,
+      stats=(uef.mean * 1.1, uef.std)), log=lambda *a, **k: logs.append(" ".join(map(str, a))))
+  assert any("other statistics than this physics-informed model" in m for m in logs)
+  assert not any("other statistics" in m for m in _quiet_eval(tmp_path / "run", tmp_path / "e3"))
   # the README's figure from the same outputs
   from cdeit_jax import report
   report.figure(str(out), str(tmp_path / "fig.png"), rows=2)
   assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _quiet_eval(run, out):
+  logs = []
+  evaluate.evaluate(evaluate.EvalSettings(
+      checkpoint=str(run), data="uef2017", data_path=UEF, out=str(out), sampling_steps=1,
+      batch_size=8, max_examples=1, figure=False), log=lambda *a, **k: logs.append(str(a)))
+  return logs
 
 
 def test_converting_a_physics_informed_model_is_refused():
