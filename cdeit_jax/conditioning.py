@@ -26,9 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cdeit_jax.eit import phantom as ph
+from cdeit_jax.eit import reconstruct
+from cdeit_jax.eit.fem import measurement_pairs
+
 MODES = ("eim", "eim+linear")
 NUM_MEAS = 208
-DEFAULT_NOSER_EXPONENT = 0.5   # as eit.reconstruct.Tikhonov's default
 CALIBRATION_EXAMPLES = 1024    # training examples whose channel std sets the channel scale
 
 
@@ -41,31 +44,22 @@ class Calibration(Fixed):
   """Fixed values measured on the training set (set once by `calibrate`)."""
 
 
-def _eim_columns() -> np.ndarray:
-  from cdeit_jax.eit.fem import measurement_pairs
-  return np.asarray(measurement_pairs())  # (16, 13): the EIM column of each measurement
+_EIM_COLS = np.asarray(measurement_pairs())  # (16, 13): the EIM column of each measurement
 
 
 @functools.lru_cache(maxsize=4)
-def linear_factors(noser_exponent: float = DEFAULT_NOSER_EXPONENT,
+def linear_factors(noser_exponent: float = reconstruct.NOSER_EXPONENT,
                    contact_impedance: float = 0.01) -> dict[str, np.ndarray]:
   """U (208, 208), s (208,), B^T (208, 128*128) and W (128*128,) of the default simulator's
-  Jacobian (float64; zero outside the disk), computed once per process (~5 s on a CPU)."""
-  from cdeit_jax import eit
-  from cdeit_jax.eit import phantom as ph
-  with jax.ensure_compile_time_eval():  # concrete also when a model is built under eval_shape
-    j = eit.jacobian(eit.default_simulator(contact_impedance=contact_impedance))
-  j = j.reshape(NUM_MEAS, -1).astype(np.float64)
-  disk = ph.disk_mask(ph.IMAGE_SIZE).reshape(-1)
-  jd = j[:, disk]
-  w = np.maximum((jd * jd).sum(0), 1e-300) ** noser_exponent
-  gram = (jd / w) @ jd.T
+  Jacobian (float64; zero outside the disk), computed once per process."""
+  disk, jd, w_inv, gram = reconstruct.weighted_system(
+      reconstruct.default_jacobian(contact_impedance), noser_exponent)
   s, u = np.linalg.eigh((gram + gram.T) / 2)
   s = np.maximum(s, 0.0)
   basis_t = np.zeros((NUM_MEAS, disk.size))
-  basis_t[:, disk] = u.T @ (jd / w)            # (B^T)[:, disk] = U^T J W^-1
+  basis_t[:, disk] = u.T @ (jd * w_inv)        # (B^T)[:, disk] = U^T J W^-1
   weight = np.zeros(disk.size)
-  weight[disk] = w
+  weight[disk] = 1.0 / w_inv
   return {"rotation": u, "spectrum": s, "basis_t": basis_t, "weight": weight}
 
 
@@ -80,11 +74,11 @@ class LinearConditioner(nnx.Module):
   """EIM (B, 16, 16, 1) of standardised voltages -> (B, 128, 128, levels) linear reconstructions
   of the voltages in simulation units, each divided by its training-set std."""
 
-  def __init__(self, alphas, *, noser_exponent: float = DEFAULT_NOSER_EXPONENT,
+  def __init__(self, alphas, *, noser_exponent: float = reconstruct.NOSER_EXPONENT,
                contact_impedance: float = 0.01):
     if not alphas or any(not a > 0 for a in alphas):
-      raise ValueError(f"config.model.cond_alphas={tuple(alphas)!r}: give one or more "
-                       "regularisation levels > 0, e.g. (0.03, 0.3)")
+      raise ValueError(f"regularisation levels {tuple(alphas)!r}: give one or more numbers > 0, "
+                       "e.g. (0.03, 0.3) (config.model.cond_alphas)")
     f = linear_factors(float(noser_exponent), float(contact_impedance))
     self.alphas = tuple(float(a) for a in alphas)
     self.rotation = Fixed(jnp.asarray(f["rotation"], jnp.float32))
@@ -98,7 +92,7 @@ class LinearConditioner(nnx.Module):
 
   def voltages(self, cond: jax.Array) -> jax.Array:
     """(B, 208) voltages in simulation units (ys / voltage_ratio) read back from the EIM."""
-    v = cond[..., 0].astype(jnp.float32)[:, np.arange(16)[:, None], _eim_columns()]
+    v = cond[..., 0].astype(jnp.float32)[:, np.arange(16)[:, None], _EIM_COLS]
     return v.reshape(v.shape[0], NUM_MEAS) * self.voltage_std[...] + self.voltage_mean[...]
 
   def reconstruct(self, ys: jax.Array, filt: jax.Array) -> jax.Array:
@@ -128,7 +122,6 @@ def calibrate(conditioner: LinearConditioner, source, limit: int = CALIBRATION_E
   """Set the conditioner's voltage statistics to the source's and each channel's scale to 1 / its
   std over the disk on the first `limit` examples of `source` (an `NpzSource`); returns the
   scales."""
-  from cdeit_jax.eit import phantom as ph
   conditioner.voltage_mean[...] = jnp.asarray(np.ravel(source.mean), jnp.float32)
   conditioner.voltage_std[...] = jnp.asarray(np.ravel(source.std), jnp.float32)
   n = min(len(source), limit)
@@ -158,28 +151,25 @@ def calibrate(conditioner: LinearConditioner, source, limit: int = CALIBRATION_E
 class DataConsistency(nnx.Module):
   """The sampler's data-consistency step on the x0 estimate (label units, 128 x 128):
 
-      x0 <- x0 + strength * mask * M_alpha (y - J x0)
+      x0 <- x0 + strength * M_alpha (y - J x0)      (M_alpha is zero outside the disk)
 
   one regularised Gauss-Newton step of ||J x0 - y||^2 from x0 with the linearised model, the
   measured voltages y (simulation units) read back from the EIM with the given statistics."""
 
   def __init__(self, mean, std, *, strength: float = 1.0, alpha: float = 0.1,
-               noser_exponent: float = DEFAULT_NOSER_EXPONENT, contact_impedance: float = 0.01):
+               noser_exponent: float = reconstruct.NOSER_EXPONENT,
+               contact_impedance: float = 0.01):
     if not strength > 0:
       raise ValueError(f"data consistency strength must be > 0, got {strength}")
-    if not alpha > 0:
-      raise ValueError(f"data consistency alpha must be > 0, got {alpha}")
-    from cdeit_jax.eit import phantom as ph
     self.strength = float(strength)
     self.op = LinearConditioner((alpha,), noser_exponent=noser_exponent,
                                 contact_impedance=contact_impedance)
     self.op.voltage_mean[...] = jnp.asarray(np.ravel(mean), jnp.float32)
     self.op.voltage_std[...] = jnp.asarray(np.ravel(std), jnp.float32)
-    self.mask = Fixed(jnp.asarray(ph.disk_mask(ph.IMAGE_SIZE), jnp.float32))
 
   def __call__(self, x0: jax.Array, cond: jax.Array) -> jax.Array:
     """Corrected x0 (B, 128, 128, C) given the EIM condition (B, 16, 16, 1)."""
     residual = self.op.voltages(cond) - self.op.forward(x0)
     step = self.op.reconstruct(residual, self.op.filters[...])[:, 0]
-    step = step.reshape(x0.shape[:3]) * self.mask[...]
+    step = step.reshape(x0.shape[:3])
     return x0 + self.strength * step[..., None]
