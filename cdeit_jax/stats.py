@@ -28,14 +28,6 @@ class _Storage:
     self.dtype = dtype
 
 
-def _rebuild_tensor_v2(storage, offset, size, stride, requires_grad=False, hooks=None,
-                       metadata=None):
-  flat = storage
-  itemsize = flat.dtype.itemsize
-  return np.lib.stride_tricks.as_strided(
-      flat[offset:], shape=tuple(size), strides=tuple(s * itemsize for s in stride)).copy()
-
-
 class _RestrictedUnpickler(pickle.Unpickler):
   """Admits a tensor's rebuild function, storage types and OrderedDict; refuses anything else."""
 
@@ -45,7 +37,7 @@ class _RestrictedUnpickler(pickle.Unpickler):
 
   def find_class(self, module, name):
     if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
-      return _rebuild_tensor_v2
+      return self._rebuild_tensor_v2
     if module == "torch" and name in _STORAGE_DTYPES:
       return _Storage(_STORAGE_DTYPES[name])
     if (module, name) == ("collections", "OrderedDict"):
@@ -54,14 +46,49 @@ class _RestrictedUnpickler(pickle.Unpickler):
                      "is accepted here (save mean/std with torch.save(tensor) or as .npy)")
 
   def persistent_load(self, pid):
-    if not (isinstance(pid, tuple) and pid and pid[0] == "storage"):
+    if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
       raise ValueError(f"{self.path}: unsupported persistent id {pid!r}")
     _, storage_type, key, _location, numel = pid
     if not isinstance(storage_type, _Storage):
       raise ValueError(f"{self.path}: unsupported storage type {storage_type!r}")
-    raw = self.archive.read(f"{self.prefix}/data/{key}")
+    name = f"{self.prefix}/data/{key}"
+    try:
+      raw = self.archive.read(name)
+    except KeyError:
+      raise ValueError(f"{self.path}: the archive has no storage {name!r}") from None
     dtype = np.dtype(storage_type.dtype).newbyteorder("<" if self.byteorder == "little" else ">")
+    if not _is_int(numel) or numel < 0 or len(raw) != numel * dtype.itemsize:
+      raise ValueError(f"{self.path}: storage {name!r} holds {len(raw)} bytes, not the "
+                       f"{numel!r} x {dtype.itemsize} its header declares")
     return np.frombuffer(raw, dtype=dtype, count=numel).astype(storage_type.dtype)
+
+  def _rebuild_tensor_v2(self, storage, offset, size, stride, requires_grad=False, hooks=None,
+                         metadata=None):
+    """A tensor view of `storage`, after checking that every element it addresses lies inside
+    the storage (a crafted header could otherwise read past the buffer)."""
+    if not isinstance(storage, np.ndarray):
+      raise ValueError(f"{self.path}: a tensor refers to {type(storage).__name__}, not a storage")
+    if not (isinstance(size, tuple) and isinstance(stride, tuple) and len(size) == len(stride)
+            and all(_is_int(v) for v in (offset, *size, *stride))):
+      raise ValueError(f"{self.path}: malformed tensor header (offset {offset!r}, size "
+                       f"{size!r}, stride {stride!r})")
+    if offset < 0 or any(v < 0 for v in (*size, *stride)):
+      raise ValueError(f"{self.path}: negative offset, size or stride in tensor header "
+                       f"(offset {offset}, size {size}, stride {stride})")
+    count = int(np.prod(size, dtype=np.int64)) if size else 1
+    if count:
+      last = offset + sum((n - 1) * s for n, s in zip(size, stride))
+      if last >= storage.size:
+        raise ValueError(
+            f"{self.path}: tensor of size {size}, stride {stride} at offset {offset} reaches "
+            f"element {last} of a storage of {storage.size}; the file is damaged or crafted")
+    itemsize = storage.dtype.itemsize
+    return np.lib.stride_tricks.as_strided(
+        storage[offset:], shape=size, strides=tuple(s * itemsize for s in stride)).copy()
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
 
 
 def read_pth_tensor(path: str) -> np.ndarray:
@@ -104,8 +131,11 @@ def check_stats(mean: np.ndarray, std: np.ndarray, source: str = "statistics") -
   mean = np.asarray(mean, np.float32)
   std = np.asarray(std, np.float32)
   for name, a in (("mean", mean), ("std", std)):
-    if a.size != 208:
-      raise ValueError(f"{source}: {name} has shape {a.shape}, expected {STATS_SHAPE}")
+    # Only shapes that hold the (16 injections, 13 measurements) order: a (13, 16) array has 208
+    # elements too, but in the other order.
+    if a.size != 208 or not (a.shape == (208,) or a.shape[-2:] == (16, 13)):
+      raise ValueError(f"{source}: {name} has shape {a.shape}, expected {STATS_SHAPE} (or "
+                       "(16, 13), (208,)): 16 current injections x 13 measurements")
     if not np.all(np.isfinite(a)):
       raise ValueError(f"{source}: {name} holds non-finite values")
   if np.any(std <= 0):

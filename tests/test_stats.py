@@ -52,3 +52,59 @@ def test_bad_stats_are_named(tmp_path):
   (tmp_path / "junk.pth").write_bytes(b"junk")
   with pytest.raises(ValueError, match="junk.pth: not a PyTorch zip archive"):
     stats.read_pth_tensor(str(tmp_path / "junk.pth"))
+
+
+def _crafted_pth(path, *, numel, offset, size, stride, stored=None):
+  """A .pth archive written opcode by opcode (no torch): one FloatStorage of `numel` declared
+  elements (`stored` actually present) and a tensor header (offset, size, stride) over it."""
+  import struct
+
+  def text(s):
+    b = s.encode()
+    return b"X" + struct.pack("<I", len(b)) + b
+
+  def integer(v):
+    return b"J" + struct.pack("<i", v)
+
+  def ints(vs):
+    return b"(" + b"".join(integer(v) for v in vs) + b"t"
+
+  pid = b"(" + text("storage") + b"ctorch\nFloatStorage\n" + text("0") + text("cpu") + \
+      integer(numel) + b"tQ"
+  pkl = (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n(" + pid + integer(offset) + ints(size) +
+         ints(stride) + b"\x89ccollections\nOrderedDict\n)Rt" + b"R.")
+  stored = numel if stored is None else stored
+  with zipfile.ZipFile(path, "w") as z:
+    z.writestr("x/data.pkl", pkl)
+    z.writestr("x/byteorder", "little")
+    z.writestr("x/data/0", np.arange(1, stored + 1, dtype="<f4").tobytes())
+  return str(path)
+
+
+def test_crafted_pth_headers_are_refused_before_reading(tmp_path):
+  # The honest form of the format reads back (an independent check of the hand-written opcodes).
+  ok = _crafted_pth(tmp_path / "ok.pth", numel=6, offset=1, size=(2, 2), stride=(1, 2))
+  np.testing.assert_array_equal(stats.read_pth_tensor(ok), [[2, 4], [3, 5]])
+  # Size/stride running far past a one-float storage (this crashed the process before).
+  far = _crafted_pth(tmp_path / "far.pth", numel=1, offset=0, size=(16, 13), stride=(10**7, 10**6))
+  with pytest.raises(ValueError, match=r"far.pth: tensor of size \(16, 13\).*reaches element"):
+    stats.read_pth_tensor(far)
+  # A small overshoot (read a few floats past the buffer).
+  near = _crafted_pth(tmp_path / "near.pth", numel=4, offset=2, size=(3,), stride=(1,))
+  with pytest.raises(ValueError, match="near.pth: .*reaches element 4 of a storage of 4"):
+    stats.read_pth_tensor(near)
+  neg = _crafted_pth(tmp_path / "neg.pth", numel=4, offset=0, size=(2,), stride=(-1,))
+  with pytest.raises(ValueError, match="neg.pth: negative offset, size or stride"):
+    stats.read_pth_tensor(neg)
+  short = _crafted_pth(tmp_path / "short.pth", numel=208, offset=0, size=(208,), stride=(1,),
+                       stored=1)
+  with pytest.raises(ValueError, match="short.pth: storage 'x/data/0' holds 4 bytes, not the 208"):
+    stats.read_pth_tensor(short)
+
+
+def test_transposed_stats_are_refused():
+  mean = np.zeros((13, 16), np.float32)
+  with pytest.raises(ValueError, match=r"mean has shape \(13, 16\).*16 current injections"):
+    stats.check_stats(mean, np.ones((1, 16, 13), np.float32))
+  m, s = stats.check_stats(np.zeros(208), np.ones((16, 13)))
+  assert m.shape == s.shape == stats.STATS_SHAPE
