@@ -48,6 +48,8 @@ def parse(argv=None):
   p.add_argument("--tikhonov", action="store_true", help="also reconstruct with the built-in "
                  "one-step Tikhonov/NOSER (cdeit_jax.eit) and report it beside CDEIT")
   p.add_argument("--no-figure", action="store_true")
+  p.add_argument("--skip-bad-files", action="store_true", help="skip unreadable or invalid data "
+                 "files with a warning (default: stop and list them)")
   p.add_argument("--coordinator-address", default=None)
   p.add_argument("--num-processes", type=int, default=None)
   p.add_argument("--process-id", type=int, default=None)
@@ -74,7 +76,7 @@ def main(argv=None):
         max_examples=a.max_examples, config=config_lib.load(a.config) if a.config else None,
         dtype=a.dtype, attention_query_chunk=a.attention_query_chunk, figure=not a.no_figure,
         tikhonov=a.tikhonov, data_consistency=a.data_consistency,
-        data_consistency_alpha=a.data_consistency_alpha)
+        data_consistency_alpha=a.data_consistency_alpha, skip_bad_files=a.skip_bad_files)
     r = evaluate.evaluate(s, log=lambda *x, **k: print(*x, **k, file=sys.stderr))
   except (ValueError, FileNotFoundError, DatasetError, ImportError) as e:
     print(f"error: {e}", file=sys.stderr)

@@ -53,6 +53,30 @@ def init_distributed() -> None:
     jax.distributed.initialize()
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a missing config file or an unknown config key reported as one
+  line (ml_collections raises them, some only when the config is first read, as OSError and
+  KeyError with long tracebacks)."""
+  try:
+    rest = FLAGS(argv)
+    if FLAGS.config is not None:
+      FLAGS.config.keys()  # config_flags defers a failed load to the first access
+    return rest
+  except flags.Error as e:
+    print(f"error: {e}\nPass --help for the flags.", file=sys.stderr)
+  except OSError as e:
+    path = FLAGS["config"].config_filename if "config" in FLAGS else None
+    if path and not os.path.isfile(path.split(":")[0]):
+      print(f"error: --config {path}: no such file (the configs are in configs/)", file=sys.stderr)
+    else:
+      print(f"error: --config: {' '.join(str(e).split())}", file=sys.stderr)
+  except KeyError as e:
+    text = " ".join(str(e.args[0] if e.args else e).split())
+    bad = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+    print(f"error: {', '.join(bad)}: no such config key: {text}", file=sys.stderr)
+  sys.exit(2)
+
+
 def main(argv):
   del argv
   logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
@@ -64,14 +88,17 @@ def main(argv):
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)
     sys.exit(0 if report["fits"] else 1)
+  from cdeit_jax import config_lib
+  config_lib.none_strings(FLAGS.config)
   init_distributed()
-  from cdeit_jax import trainer
+  from cdeit_jax import trainer, workdir_lock
   try:
     trainer.train(FLAGS.config, FLAGS.workdir)
-  except (trainer.NonFiniteLoss, ValueError, FileNotFoundError, MemoryError) as e:
+  except (trainer.NonFiniteLoss, ValueError, FileNotFoundError, MemoryError,
+          workdir_lock.WorkdirBusy) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -1,17 +1,25 @@
 """The cdeit-jax checkpoint format (orbax), shared by convert, train and eval.
 
-A workdir holds `checkpoints/<step>/` written atomically by an orbax `CheckpointManager`, with
-items:
-  meta        JSON: format, step, model settings, full config, normalisation statistics,
-              which weight sets are present, where the weights came from
-  params      the raw model weights (trained parameters and the fixed position table)
-  ema_params  the EMA weights (what the authors' `best.pt` holds)
-Training adds its own items (optimizer state, RNG, data iterator) beside these.
+A workdir holds `checkpoints/<step>/`, each written by an orbax `CheckpointManager` under a
+temporary name and renamed when complete, with items shaped like the training state:
+  params     the trained weights (nnx.Param), as `nnx.state(model, nnx.Param)`
+  ema        their EMA (what the authors' `best.pt` holds)
+  opt_state  the optimizer state (training only)
+  data       the grain iterator's position (training only)
+  meta       JSON: format, step, the full config, normalisation statistics, the physics-informed
+             calibration, which weight sets are present, where the weights came from
+  metrics    orbax's own record of the validation loss; the retention policy and `best_step`
+             read it, so the best step survives any number of restarts
+Variables recomputed from the config (the sin-cos position table, the linear operator of the
+physics-informed condition) are not stored. An inference checkpoint (convert, `save_inference`)
+holds one weight set and `meta`.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from typing import Any
 
 import jax
@@ -20,32 +28,71 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from cdeit_jax import config_lib, stats
-from cdeit_jax.conditioning import Fixed
+from cdeit_jax import config_lib, logs, stats
+from cdeit_jax.conditioning import Calibration, Fixed
 from cdeit_jax.model import CDEIT
 
-FORMAT = "cdeit-jax checkpoint v1"
+FORMAT = "cdeit-jax checkpoint v2"
+FORMAT_V1 = "cdeit-jax checkpoint v1"   # 0.1: weights with fixed tables, `ema_params`; read-only
 CHECKPOINTS = "checkpoints"
-WEIGHT_ITEMS = {"raw": "params", "ema": "ema_params"}
-WEIGHTS = nnx.Any(nnx.Param, Fixed)  # what a weight set holds
+WEIGHT_ITEMS = {"raw": "params", "ema": "ema"}
+_WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
 
 
-def weights_of(model: nnx.Module) -> dict:
-  """The model's weights as a pure nested dict (string keys, for orbax)."""
-  return _str_keys(nnx.state(model, WEIGHTS).to_pure_dict())
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be read (damaged, incomplete, or not ours); one line, with the
+  underlying error in the debug log."""
 
 
-def _str_keys(tree):
-  if isinstance(tree, dict):
-    return {str(k): _str_keys(v) for k, v in tree.items()}
-  return tree
+def failure(where: str, e: BaseException) -> CheckpointError:
+  """One line naming `where` (a step folder and item) and the file the error names, the whole
+  error logged at DEBUG."""
+  logs.debug.debug("%s", where, exc_info=e)
+  text = str(e)
+  found = re.search(r"(?:file://)?(/[^\s\"']+)", text)
+  first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+  if len(first) > 160:
+    first = first[:160] + "..."
+  file = f" (file {found.group(1).rstrip('.,:;')})" if found else ""
+  return CheckpointError(f"{where}: unreadable{file}: {type(e).__name__}: {first}")
 
 
-def _restore_keys(tree, like):
-  """Map string keys of a restored tree back to the (int) keys of `like`."""
-  if isinstance(like, dict):
-    return {k: _restore_keys(tree[str(k)], v) for k, v in like.items()}
-  return tree
+def weights_of(model: nnx.Module) -> nnx.State:
+  """The model's trained weights (what a weight item holds)."""
+  return nnx.state(model, nnx.Param)
+
+
+def _calibration_vars(tree) -> list[tuple[str, nnx.Variable]]:
+  state = tree if isinstance(tree, nnx.State) else nnx.state(tree, Calibration)
+  return [("/".join(map(str, path)), v) for path, v in nnx.to_flat_state(state)
+          if isinstance(v, Calibration)]
+
+
+def calibration_of(tree: nnx.Module | nnx.State) -> dict[str, list[float]]:
+  """The physics-informed condition's training-set calibration as JSON ({path: values}) of a
+  model or a state holding its Calibration variables."""
+  return {k: np.asarray(v.get_value()).ravel().tolist() for k, v in _calibration_vars(tree)}
+
+
+def set_calibration(tree: nnx.Module | nnx.State, calibration: dict[str, list[float]]) -> None:
+  """Set the Calibration variables of a model or state from `calibration_of`'s record, in place,
+  each value keeping its placement."""
+  for key, v in _calibration_vars(tree):
+    if key not in calibration:
+      raise CheckpointError(f"checkpoint metadata has no calibration for {key!r}")
+    old = v.get_value()
+    value = np.asarray(calibration[key], np.float32)
+    if value.size != old.size:
+      raise CheckpointError(f"checkpoint calibration {key!r} has {value.size} values, the model "
+                            f"{old.size}")
+    v.set_value(jax.device_put(value.reshape(old.shape), old.sharding))
+
+
+def fixed_variables(cfg: ml_collections.ConfigDict, sharding) -> nnx.State:
+  """The model's Fixed variables (position table, linear operator; uncalibrated) computed from
+  the config alone; jit drops the unused weight initialisation."""
+  build = lambda: nnx.state(CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0)), Fixed)
+  return jax.jit(build, out_shardings=sharding)()
 
 
 def _restore_target(tree, shardings):
@@ -56,42 +103,39 @@ def _restore_target(tree, shardings):
                       shardings)
 
 
+def _val_loss(metrics: dict) -> float:
+  return metrics["val_loss"]
+
+
 def manager(workdir: str, *, options: ocp.CheckpointManagerOptions | None = None,
             read_only: bool = False) -> ocp.CheckpointManager:
-  """The workdir's CheckpointManager (orbax writes each step to a temporary name, then renames).
+  """The workdir's CheckpointManager; it tracks `val_loss` so `best_step()` works.
 
   `read_only` only means "do not create the folder" (orbax's own read_only mode logs warnings).
   """
   directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS)
   if options is None:
-    options = ocp.CheckpointManagerOptions(create=not read_only, enable_async_checkpointing=False)
+    options = ocp.CheckpointManagerOptions(create=not read_only, enable_async_checkpointing=False,
+                                           best_fn=_val_loss, best_mode="min")
   return ocp.CheckpointManager(directory, options=options)
 
 
 def make_meta(cfg: ml_collections.ConfigDict, *, step: int, mean: np.ndarray, std: np.ndarray,
-              weights: list[str], source: str = "", **extra: Any) -> dict[str, Any]:
+              weights: list[str], calibration: dict[str, list[float]] | None = None,
+              source: str = "", **extra: Any) -> dict[str, Any]:
   mean, std = stats.check_stats(mean, std, source="statistics to save")
   return {
       "format": FORMAT,
       "step": int(step),
       "model": cfg.model.to_dict(),
-      "config": _json_safe(cfg.to_dict()),
+      "config": json.loads(cfg.to_json_best_effort()),
       # float32 -> Python float -> JSON -> float32 round-trips exactly.
       "stats": {"mean": mean.ravel().tolist(), "std": std.ravel().tolist()},
+      "calibration": calibration or {},
       "weights": sorted(weights),
       "source": source,
       **extra,
   }
-
-
-def _json_safe(tree):
-  if isinstance(tree, dict):
-    return {str(k): _json_safe(v) for k, v in tree.items()}
-  if isinstance(tree, (list, tuple)):
-    return [_json_safe(v) for v in tree]
-  if isinstance(tree, (str, int, float, bool)) or tree is None:
-    return tree
-  return str(tree)
 
 
 def save_inference(workdir: str, model: CDEIT, cfg: ml_collections.ConfigDict, *,
@@ -100,7 +144,8 @@ def save_inference(workdir: str, model: CDEIT, cfg: ml_collections.ConfigDict, *
   """Save one weight set (`ema` or `raw`) with its metadata; returns the step's directory."""
   if weights not in WEIGHT_ITEMS:
     raise ValueError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
-  meta = make_meta(cfg, step=step, mean=mean, std=std, weights=[weights], source=source)
+  meta = make_meta(cfg, step=step, mean=mean, std=std, weights=[weights], source=source,
+                   calibration=calibration_of(model))
   with manager(workdir) as mngr:
     if step in mngr.all_steps():
       raise FileExistsError(f"{mngr.directory}/{step} exists already: choose another --workdir "
@@ -125,8 +170,7 @@ def resolve(path: str, step: int | None = None) -> tuple[str, int]:
   if not os.path.isdir(os.path.join(path, CHECKPOINTS)):
     raise FileNotFoundError(f"checkpoint {path}: no {CHECKPOINTS}/ folder here (give a workdir "
                             "written by train.py or `python -m cdeit_jax.convert`)")
-  with manager(path, read_only=True) as mngr:
-    steps = mngr.all_steps()
+  steps = all_steps(path)
   if not steps:
     raise FileNotFoundError(f"checkpoint {path}: {CHECKPOINTS}/ holds no finished checkpoint")
   if step is None:
@@ -136,15 +180,21 @@ def resolve(path: str, step: int | None = None) -> tuple[str, int]:
   return path, step
 
 
+def all_steps(workdir: str) -> list[int]:
+  with manager(workdir, read_only=True) as mngr:
+    return sorted(mngr.all_steps())
+
+
 def read_meta(path: str, step: int | None = None) -> dict[str, Any]:
   workdir, step = resolve(path, step)
+  where = f"checkpoint {workdir}/{CHECKPOINTS}/{step}"
   with manager(workdir, read_only=True) as mngr:
     try:
       meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as e:  # orbax raises several types for unreadable items
-      raise ValueError(f"checkpoint {workdir}/{CHECKPOINTS}/{step}: unreadable metadata ({e})") from e
-  if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-    raise ValueError(f"checkpoint {workdir}/{CHECKPOINTS}/{step}: not a {FORMAT!r} checkpoint")
+      raise failure(f"{where}/meta/metadata", e) from None
+  if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, FORMAT_V1):
+    raise CheckpointError(f"{where}: not a {FORMAT!r} checkpoint")
   return meta
 
 
@@ -176,9 +226,10 @@ def load_model(path: str, *, weights: str = "ema", step: int | None = None,
     raise ValueError(f"--weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
   workdir, step = resolve(path, step)
   meta = read_meta(workdir, step)
+  where = f"checkpoint {workdir}/{CHECKPOINTS}/{step}"
   if weights not in meta["weights"]:
-    raise ValueError(f"checkpoint {workdir}/{CHECKPOINTS}/{step} has no {weights!r} weights "
-                     f"(it has {meta['weights']}); pass --weights {meta['weights'][0]}")
+    raise ValueError(f"{where} has no {weights!r} weights (it has {meta['weights']}); pass "
+                     f"--weights {meta['weights'][0]}")
   cfg = model_config(meta)
   if dtype is not None:
     cfg.model.dtype = dtype
@@ -187,22 +238,38 @@ def load_model(path: str, *, weights: str = "ema", step: int | None = None,
       raise TypeError(f"load_model: {k!r} is not one of {RUNTIME_MODEL_KEYS}")
     if v is not None:
       cfg.model[k] = v
-  abstract = nnx.eval_shape(lambda: CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0)))
   if sharding is None:
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  like = nnx.state(abstract, WEIGHTS).to_pure_dict()
-  target = _restore_target(_str_keys(like), sharding)
+  model = nnx.eval_shape(lambda: CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0)))
+  if meta["format"] == FORMAT_V1:
+    return _load_v1(model, workdir, step, meta, weights, sharding), meta
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   item = WEIGHT_ITEMS[weights]
   with manager(workdir, read_only=True) as mngr:
     try:
       restored = mngr.restore(step, args=ocp.args.Composite(
-          **{item: ocp.args.StandardRestore(target)}))[item]
+          **{item: ocp.args.StandardRestore(_restore_target(params, sharding))}))[item]
     except Exception as e:
-      raise ValueError(f"checkpoint {workdir}/{CHECKPOINTS}/{step}: cannot restore {item} into "
-                       f"the model its metadata describes ({type(e).__name__}: {e})") from e
-  graphdef, state, rest = nnx.split(abstract, WEIGHTS, ...)
-  state.replace_by_pure_dict(_restore_keys(restored, like))
-  return nnx.merge(graphdef, state, rest), meta
+      raise failure(f"{where}/{item} (the model its metadata describes)", e) from None
+  model = nnx.merge(graphdef, restored, fixed_variables(cfg, sharding))
+  set_calibration(model, meta.get("calibration", {}))
+  return model, meta
+
+
+def _load_v1(abstract: CDEIT, workdir: str, step: int, meta: dict, weights: str, sharding):
+  """A format-v1 weight set (trained and fixed variables in one str-keyed tree)."""
+  like = nnx.to_pure_dict(nnx.state(abstract, nnx.Any(nnx.Param, Fixed)))
+  str_keys = lambda t: ({str(k): str_keys(v) for k, v in t.items()} if isinstance(t, dict) else t)
+  item = _WEIGHT_ITEMS_V1[weights]
+  with manager(workdir, read_only=True) as mngr:
+    try:
+      restored = mngr.restore(step, args=ocp.args.Composite(
+          **{item: ocp.args.StandardRestore(_restore_target(str_keys(like), sharding))}))[item]
+    except Exception as e:
+      raise failure(f"checkpoint {workdir}/{CHECKPOINTS}/{step}/{item}", e) from None
+  graphdef, state, rest = nnx.split(abstract, nnx.Any(nnx.Param, Fixed), ...)
+  nnx.replace_by_pure_dict(state, restored)
+  return nnx.merge(graphdef, state, rest)
 
 
 # ----------------------------------------------------------------------------- training
@@ -222,78 +289,93 @@ def _single_host_array_writes() -> None:
 
 def train_manager(workdir: str, *, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
   """Manager for training: keeps the latest `keep` steps plus the one with the lowest
-  validation loss (saved with `metrics={"val_loss": ...}`)."""
+  validation loss (saved with `metrics={"val_loss": ...}`).
+
+  `best_fn` makes orbax write each step's metrics into the step (its preservation policy alone
+  would keep them in memory only, so a restarted run forgot which step was best).
+  """
   from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
   _single_host_array_writes()
   policy = pp.AnyPreservationPolicy([
       pp.LatestN(n=keep),
-      pp.BestN(get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+      pp.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
                keep_checkpoints_without_metrics=False)])
   return manager(workdir, options=ocp.CheckpointManagerOptions(
-      preservation_policy=policy, enable_async_checkpointing=async_save))
-
-
-def _weights_target(params_like, fixed_like) -> dict:
-  return _str_keys(nnx.merge_state(params_like, fixed_like).to_pure_dict())
+      preservation_policy=policy, best_fn=_val_loss, best_mode="min",
+      enable_async_checkpointing=async_save, cleanup_tmp_directories=True))
 
 
 def save_train(mngr: ocp.CheckpointManager, state, data_iter, meta: dict[str, Any],
                val_loss: float | None = None) -> None:
   """Save a training state (every process calls this; orbax coordinates the writes)."""
   import grain
-  step = int(meta["step"])
   items = {
-      "params": ocp.args.StandardSave(_weights_target(state.params, state.fixed)),
-      "ema_params": ocp.args.StandardSave(_weights_target(state.ema, state.fixed)),
+      "params": ocp.args.StandardSave(state.params),
+      "ema": ocp.args.StandardSave(state.ema),
       "opt_state": ocp.args.StandardSave(state.opt_state),
-      "meta": ocp.args.JsonSave(dict(meta, val_loss=val_loss)),
+      "meta": ocp.args.JsonSave(meta),
   }
   if data_iter is not None:
     items["data"] = grain.checkpoint.CheckpointSave(data_iter)
-  mngr.save(step, args=ocp.args.Composite(**items),
+  mngr.save(int(meta["step"]), args=ocp.args.Composite(**items),
             metrics=None if val_loss is None else {"val_loss": float(val_loss)})
 
 
-def restore_train(mngr: ocp.CheckpointManager, step: int, abstract_state, shardings, data_iter):
-  """Restore (state, meta) at `step` onto `shardings` (any device count), and the data iterator."""
-  import grain
+def restore_train(mngr: ocp.CheckpointManager, step: int, state, shardings, data_iter):
+  """Restore (state, meta) at `step` onto `shardings` (any device count), and the data iterator.
 
-  w_like = nnx.merge_state(abstract_state.params, abstract_state.fixed)
-  w_target = _restore_target(_weights_target(abstract_state.params, abstract_state.fixed),
-                             _weights_target(shardings.params, shardings.fixed))
-  items = {"params": ocp.args.StandardRestore(w_target),
-           "ema_params": ocp.args.StandardRestore(w_target),
-           "opt_state": ocp.args.StandardRestore(_restore_target(abstract_state.opt_state,
-                                                                 shardings.opt_state)),
-           "meta": ocp.args.JsonRestore()}
+  `state` is a fresh training state on `shardings`: its `fixed` variables (recomputed from the
+  config) are kept, with the calibration set from the checkpoint's metadata. Raises
+  CheckpointError, one line naming the step and item, when an item cannot be read."""
+  import grain
+  where = f"checkpoint {mngr.directory}/{step}"
+  try:
+    meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+  except Exception as e:
+    raise failure(f"{where}/meta/metadata", e) from None
+  if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    if isinstance(meta, dict) and meta.get("format") == FORMAT_V1:
+      raise CheckpointError(f"{where} was written by cdeit-jax 0.1 ({FORMAT_V1}); training "
+                            "cannot resume from it: start a new --workdir (eval.py and "
+                            "--init-from still read its weights)")
+    raise CheckpointError(f"{where}/meta: not a {FORMAT!r} checkpoint")
+  items = {name: ocp.args.StandardRestore(_restore_target(getattr(state, name),
+                                                         getattr(shardings, name)))
+           for name in ("params", "ema", "opt_state")}
   if data_iter is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
-  try:
-    r = mngr.restore(step, args=ocp.args.Composite(**items))
-  except ValueError as e:
-    raise ValueError(
-        f"cannot resume from {mngr.directory}/{step}: its state does not fit this config "
-        f"(changed config.model or config.optimizer?); use a new --workdir or the original "
-        f"settings. orbax said: {e}") from e
-
-  def split(restored):
-    state = jax.tree.map(lambda a: a, w_like)
-    state.replace_by_pure_dict(_restore_keys(restored, w_like.to_pure_dict()))
-    return nnx.split_state(state, nnx.Param, Fixed)
-
-  params, fixed = split(r["params"])
-  ema, _ = split(r["ema_params"])
-  state = abstract_state.replace(step=jax.device_put(jax.numpy.int32(r["meta"]["step"]),
-                                                     shardings.step),
-                                 params=params, fixed=fixed, ema=ema, opt_state=r["opt_state"])
-  return state, r["meta"]
+  restored = {}
+  for name, args in items.items():  # one item at a time, so a failure names its item
+    try:
+      restored[name] = mngr.restore(step, args=ocp.args.Composite(**{name: args}))[name]
+    except Exception as e:
+      raise failure(f"{where}/{name}", e) from None
+  restored.pop("data", None)  # restored into `data_iter` in place
+  set_calibration(state.fixed, meta.get("calibration", {}))
+  step_array = jax.device_put(jax.numpy.int32(meta["step"]), shardings.step)
+  return state.replace(step=step_array, **restored), meta
 
 
 def best_step(workdir: str) -> int | None:
   """The kept step with the lowest validation loss (None if none was validated)."""
+  return (ranked_steps(workdir) or [None])[0]
+
+
+def ranked_steps(workdir: str) -> list[int]:
+  """Validated steps, best (lowest validation loss) first, from orbax's per-step metrics; steps of
+  format v1 (whose loss is in `meta`) are read from there."""
   workdir, _ = resolve(workdir)
+  scored = []
   with manager(workdir, read_only=True) as mngr:
-    steps = mngr.all_steps()
-  scored = [(m["val_loss"], s) for s in steps
-            if (m := read_meta(workdir, s)).get("val_loss") is not None]
-  return min(scored)[1] if scored else None
+    for s in mngr.all_steps():
+      try:
+        m = mngr.metrics(s)
+        if m is None:  # format v1 kept its validation loss in meta
+          meta = read_meta(workdir, s)
+          m = {"val_loss": meta.get("val_loss")} if meta.get("format") == FORMAT_V1 else None
+      except Exception as e:  # a damaged step is skipped here; loading it reports it
+        logs.debug.debug("metrics of step %s unreadable", s, exc_info=e)
+        continue
+      if m and m.get("val_loss") is not None and np.isfinite(m["val_loss"]):
+        scored.append((float(m["val_loss"]), s))
+  return [s for _, s in sorted(scored)]

@@ -102,6 +102,17 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: in
        f"{cfg.data.train_split}/ and {cfg.data.valid_split}/ (--config.data.path=DIR)")
 
 
+def none_strings(cfg: ml_collections.ConfigDict) -> None:
+  """Read `--config.key=None` as None: config_flags passes the text "None" to optional string
+  fields (`data.stats`, `data.path`, ...) as the string itself."""
+  for key, value in list(cfg.items()):
+    if isinstance(value, ml_collections.ConfigDict):
+      none_strings(value)
+    elif isinstance(value, str) and value.strip() in ("None", "none", "null"):
+      with cfg.unlocked():
+        cfg[key] = None
+
+
 def _get(cfg, key):
   node = cfg
   for k in key.split("."):

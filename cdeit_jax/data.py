@@ -118,8 +118,9 @@ def validate(directory: str, files: Sequence[str], *, skip_bad: bool = False,
   more = f"\n  ... and {len(bad) - 50} more" if len(bad) > 50 else ""
   if not skip_bad:
     raise DatasetError(f"data folder {directory}: {len(bad)} of {len(files)} files are bad:\n"
-                       f"{listing}{more}\nFix or remove them, or set "
-                       "config.data.skip_bad_files=True to skip them.")
+                       f"{listing}{more}\nFix or remove them, or skip them: "
+                       "--config.data.skip_bad_files=True (train.py), --skip-bad-files "
+                       "(eval.py, python -m cdeit_jax.data stats).")
   log.warning("data folder %s: skipping %d of %d bad files:\n%s%s", directory, len(bad),
               len(files), listing, more)
   good = [f for f, p in zip(files, problems) if p is None]
@@ -226,13 +227,14 @@ class NpzSource:
 
 
 def compute_stats(split_dir: str, preset: str = "simulated", *, voltage_ratio: float | None = None,
-                  progress: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                  progress: bool = True, skip_bad: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
   """Per-measurement mean and std (N-1) of `ys / voltage_ratio` over a split, streaming in
   float64 (the authors' statistics, shape (1, 16, 13))."""
   from tqdm import tqdm
 
   ratio, _ = resolve_ratios(preset, voltage_ratio, 1.0)
-  files = validate(split_dir, list_files(split_dir))
+  files = validate(split_dir, list_files(split_dir), skip_bad=skip_bad)
   if len(files) < 2:
     raise DatasetError(f"data folder {split_dir}: need at least 2 files for a std (N-1)")
   n, mean, m2 = 0, np.zeros(208), np.zeros(208)
@@ -401,8 +403,15 @@ def main(argv: Sequence[str] | None = None) -> None:
   s.add_argument("--voltage-ratio", type=float, default=None)
   s.add_argument("--out", default=None, help="where to write mean.npy/std.npy (default: the "
                  "split's parent, where the loaders look first)")
+  s.add_argument("--skip-bad-files", action="store_true", help="skip unreadable or invalid "
+                 "files with a warning (default: stop and list them)")
   a = p.parse_args(argv)
-  mean, std = compute_stats(a.split, a.preset, voltage_ratio=a.voltage_ratio)
+  try:
+    mean, std = compute_stats(a.split, a.preset, voltage_ratio=a.voltage_ratio,
+                              skip_bad=a.skip_bad_files)
+  except DatasetError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
   out = a.out or os.path.dirname(os.path.abspath(a.split))
   write_stats(out, mean, std)
   print(f"wrote {out}/mean.npy, {out}/std.npy from {a.split}: std median {np.median(std):.3e}")

@@ -49,7 +49,69 @@ class EvalSettings:
   tikhonov: bool = False        # also the built-in one-step Tikhonov/NOSER baseline (cdeit_jax.eit)
   data_consistency: float = 0.0  # > 0: the sampler's data-consistency step with this strength
   data_consistency_alpha: float = 0.1
+  skip_bad_files: bool = False  # skip unreadable/invalid data files with a warning
   extra: dict = field(default_factory=dict)
+
+
+# Everything an evaluation writes into its output folder (metrics.json last: it marks a complete
+# evaluation). Each is written atomically, and all of them are removed first, so an output
+# folder never holds one evaluation's figure beside another's metrics.
+OUTPUTS = ("reconstructions.png", "predictions.mat", "predictions.npz", "metrics.csv",
+           "metrics.json")
+
+
+def check_out(out: str) -> None:
+  """Fail before any work when `out` cannot take the outputs (a file, read-only, ...)."""
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ValueError(f"--out {out}: exists and is not a folder; give a folder path")
+  try:
+    os.makedirs(out, exist_ok=True)
+    probe = os.path.join(out, f".write-test-{os.getpid()}")
+    with open(probe, "w"):
+      pass
+    os.remove(probe)
+  except OSError as e:
+    raise ValueError(f"--out {out}: cannot write there ({e.strerror or e}); give a writable "
+                     "folder") from None
+
+
+def _first_readable(workdir: str, candidates: list[int], log) -> tuple[int, dict]:
+  """(step, meta) of the first candidate whose metadata reads; each skipped step is one line."""
+  for i, step in enumerate(candidates):
+    try:
+      return step, checkpoint.read_meta(workdir, step)
+    except checkpoint.CheckpointError as e:
+      if i == len(candidates) - 1:
+        raise
+      log(f"warning: skipping checkpoint step {step}: {e}")
+  raise checkpoint.CheckpointError(f"checkpoint {workdir}: no step to evaluate")
+
+
+def check_scale(src, preset: str, limit: int = 8) -> None:
+  """Refuse data whose standardised voltages are far off the statistics' scale: the files were
+  made with other voltage/current units than the preset says (e.g. tank data as `simulated`)."""
+  n = min(len(src), limit)
+  v = np.concatenate([np.ravel(src[i]["voltages"]) for i in range(n)])
+  typical = float(np.median(np.abs(v)))
+  if not typical < 100:
+    raise ValueError(
+        f"{src.path}: its voltages, standardised for preset {preset!r}, are ~{typical:.3g} "
+        "standard deviations from the training mean (expected a few): the files are in other "
+        "units than this preset; give the preset they were made with (--data uef2017, ktc2023, "
+        "simulated) or --voltage-ratio/--current-ratio")
+
+
+def _json_clean(tree):
+  """NaN and infinities as null: metrics.json stays valid JSON."""
+  if isinstance(tree, dict):
+    return {k: _json_clean(v) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [_json_clean(v) for v in tree]
+  if isinstance(tree, (float, np.floating)):
+    return float(tree) if np.isfinite(tree) else None
+  if isinstance(tree, np.integer):
+    return int(tree)
+  return tree
 
 
 def _check_model_config(cfg, meta: dict) -> None:
@@ -163,23 +225,41 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
     raise ValueError(f"--data-consistency must be >= 0 (0 = off), got {s.data_consistency}")
   if not s.data_consistency_alpha > 0:
     raise ValueError(f"--data-consistency-alpha must be > 0, got {s.data_consistency_alpha}")
+  if s.max_examples is not None and s.max_examples < 1:
+    raise ValueError(f"--max-examples must be >= 1, got {s.max_examples}")
+  if jax.process_index() == 0:
+    check_out(s.out)
   workdir, resolved = checkpoint.resolve(s.checkpoint, s.step)
   step_dir = os.path.basename(os.path.normpath(s.checkpoint)).isdigit()
-  step = s.step if s.step is not None else (
-      resolved if step_dir else (checkpoint.best_step(workdir) or resolved))
-  meta = checkpoint.read_meta(workdir, step)
+  if s.step is not None or step_dir:
+    step, meta = resolved, checkpoint.read_meta(workdir, resolved)
+    candidates = [step]
+  else:
+    ranked = checkpoint.ranked_steps(workdir)
+    candidates = ranked + [st for st in checkpoint.all_steps(workdir)[::-1] if st not in ranked]
+    step, meta = _first_readable(workdir, candidates, log)
   if s.config is not None:
     _check_model_config(s.config, meta)
   voltage_ratio, current_ratio = data.resolve_ratios(s.data, s.voltage_ratio, s.current_ratio)
   src = data.NpzSource(s.data_path, s.data, s.stats, voltage_ratio=voltage_ratio,
                        current_ratio=current_ratio, checkpoint_stats=checkpoint.meta_stats(meta),
-                       baselines=True)
+                       baselines=True, skip_bad=s.skip_bad_files)
   n_total = len(src) if s.max_examples is None else min(len(src), s.max_examples)
+  check_scale(src, s.data)
 
   mesh = shd.make_mesh()
-  model, meta = checkpoint.load_model(workdir, weights=s.weights, step=step, dtype=s.dtype,
-                                      sharding=shd.replicated(mesh),
-                                      attention_query_chunk=s.attention_query_chunk)
+  while True:  # the chosen step, or (damaged weights) the next candidate
+    try:
+      model, meta = checkpoint.load_model(workdir, weights=s.weights, step=step, dtype=s.dtype,
+                                          sharding=shd.replicated(mesh),
+                                          attention_query_chunk=s.attention_query_chunk)
+      break
+    except checkpoint.CheckpointError as e:
+      rest = candidates[candidates.index(step) + 1:]
+      if not rest:
+        raise
+      log(f"warning: skipping checkpoint step {step}: {e}")
+      step, meta = _first_readable(workdir, rest, log)
   if model.conditioner is not None and not (
       np.allclose(model.conditioner.voltage_mean[...], src.mean.ravel(), rtol=1e-6, atol=0) and
       np.allclose(model.conditioner.voltage_std[...], src.std.ravel(), rtol=1e-6, atol=0)):
@@ -272,8 +352,10 @@ def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pr
   import scipy.io
 
   os.makedirs(out, exist_ok=True)
-  atomic_write(os.path.join(out, "metrics.json"),
-                lambda p: open(p, "w").write(json.dumps(result, indent=2)))
+  for name in reversed(OUTPUTS):  # an earlier evaluation's outputs go, metrics.json first
+    path = os.path.join(out, name)
+    if os.path.exists(path):
+      os.remove(path)
 
   def write_csv(p):
     with open(p, "w", newline="") as fh:
@@ -302,6 +384,13 @@ def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pr
   if figure:
     atomic_write(os.path.join(out, "reconstructions.png"),
                   lambda p: save_figure(p, names, target, pred, std, baselines))
+  text = json.dumps(_json_clean(result), indent=2, allow_nan=False)
+  atomic_write(os.path.join(out, "metrics.json"), lambda p: _write_text(p, text))
+
+
+def _write_text(path: str, text: str) -> None:
+  with open(path, "w") as fh:
+    fh.write(text)
 
 
 def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 32) -> None:

@@ -11,9 +11,54 @@ import sys
 from typing import Any
 
 log = logging.getLogger("cdeit_jax")
+DEBUG_LOG = "debug.log"
+debug = logging.getLogger("cdeit_jax.debug")  # full errors behind one-line reports
+debug.propagate = False
+
+
+def debug_log(directory: str, enabled: bool = True) -> None:
+  """Send the full errors behind one-line reports (damaged checkpoints) to
+  `<directory>/debug.log` (created on the first record)."""
+  debug.setLevel(logging.DEBUG)
+  for h in list(debug.handlers):
+    debug.removeHandler(h)
+    h.close()
+  if enabled:
+    handler = logging.FileHandler(os.path.join(directory, DEBUG_LOG), delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    debug.addHandler(handler)
+
+
+def truncate_jsonl(path: str, last_step: int) -> int:
+  """Keep the records of steps <= `last_step` (the step training resumes from), each step once
+  (its last record), in step order; rewritten atomically. Returns how many lines were dropped."""
+  if not os.path.exists(path):
+    return 0
+  records, total = {}, 0
+  with open(path) as f:
+    for line in f:
+      total += 1
+      try:
+        r = json.loads(line)
+        step = int(r["step"])
+      except (ValueError, KeyError, TypeError):
+        continue  # a line cut by a kill
+      if step <= last_step:
+        records[step] = line if line.endswith("\n") else line + "\n"
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(records[s] for s in sorted(records))
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  return total - len(records)
 
 
 class MetricLogger:
+  """`start_step` is the step the run resumes from (0 for a new run): records of later steps,
+  written by an earlier attempt whose checkpoints did not all commit, are dropped from
+  metrics.jsonl and hidden from TensorBoard (`purge_step`), so each step appears once."""
+
   def __init__(self, workdir: str, total_steps: int, start_step: int, enabled: bool = True):
     self.enabled = enabled
     if not enabled:
@@ -21,8 +66,10 @@ class MetricLogger:
     from tensorboardX import SummaryWriter
     from tqdm import tqdm
     os.makedirs(workdir, exist_ok=True)
-    self.jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", buffering=1)
-    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    path = os.path.join(workdir, "metrics.jsonl")
+    self.dropped = truncate_jsonl(path, start_step)
+    self.jsonl = open(path, "a", buffering=1)
+    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
     self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                     mininterval=2.0)
 

@@ -67,19 +67,31 @@ def _savez(p: str, arrays: dict) -> None:
     np.savez(fh, **arrays)
 
 
-def _check_settings(out: str, settings: SimSettings) -> None:
-  """Refuse to extend a folder generated with other settings (it would mix two datasets)."""
+def _check_settings(out: str, settings: SimSettings, tr_splits=SPLITS) -> None:
+  """Refuse to extend a folder generated with other settings, or with unknown ones (it would mix
+  two datasets); record the settings of a new folder."""
   path = os.path.join(out, "simulate.json")
-  want = settings.to_json()
+  want = {**settings.to_json(), "tr_splits": sorted(tr_splits)}
   if os.path.exists(path):
-    with open(path) as fh:
-      have = json.load(fh)
-    diff = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
+    try:
+      with open(path) as fh:
+        have = json.load(fh)
+    except (OSError, ValueError) as e:
+      raise ValueError(f"{path}: unreadable ({e}); restore it or choose a new --out") from None
+    # Records written before tr_splits was recorded do not say; they are not rewritten.
+    diff = {k: (have.get(k), v) for k, v in want.items()
+            if have.get(k) != v and (k in have or k != "tr_splits")}
     if diff:
       listing = ", ".join(f"{k}: folder has {a!r}, asked {b!r}" for k, (a, b) in diff.items())
       raise ValueError(f"{path}: the folder was generated with other settings ({listing}). "
                        "Pass the folder's settings to extend it, or choose a new --out.")
     return
+  found = [os.path.join(out, sp) for sp in SPLITS if os.path.isdir(os.path.join(out, sp))
+           and any(f.endswith(".npz") for f in os.listdir(os.path.join(out, sp)))]
+  if found:
+    raise ValueError(f"{out}: holds examples ({', '.join(found)}) but no simulate.json, so the "
+                     "settings that made them are unknown; choose a new --out (extending it "
+                     "could mix two datasets)")
   os.makedirs(out, exist_ok=True)
   def dump(p):
     with open(p, "w") as fh:
@@ -153,7 +165,7 @@ def generate(out: str, counts: dict[str, int], settings: SimSettings = SimSettin
   for split, n in counts.items():
     if split not in SPLITS or n < 0:
       raise ValueError(f"counts: unknown split {split!r} or negative count {n}")
-  _check_settings(out, settings)
+  _check_settings(out, settings, tr_splits)
   gen = Generator(settings, batch_size)
   todo = {}
   for split, n in counts.items():
@@ -162,6 +174,13 @@ def generate(out: str, counts: dict[str, int], settings: SimSettings = SimSettin
     have = set(os.listdir(d))
     todo[split] = np.array([i for i in range(n) if file_name(i) not in have], np.int64)
   total = sum(len(v) for v in todo.values())
+  if len(todo.get("train", ())):
+    # New training files make the statistics stale: remove them first, so that a run killed
+    # before they are recomputed leaves no statistics (recomputed by the next run) rather than
+    # old ones beside new files.
+    for name in ("mean.npy", "std.npy"):
+      if os.path.exists(os.path.join(out, name)):
+        os.remove(os.path.join(out, name))
   t0, done = time.perf_counter(), 0
   with concurrent.futures.ThreadPoolExecutor(2) as pool, tqdm(
       total=total, desc=f"simulating into {out}", unit="example", disable=not progress) as bar:

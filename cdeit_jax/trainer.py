@@ -6,7 +6,9 @@ are written asynchronously by orbax, and grain prefetches batches in threads or 
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import time
 from typing import Any
@@ -16,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from cdeit_jax import aot, checkpoint, config_lib, data, hardware, logs
+from cdeit_jax import aot, checkpoint, config_lib, data, hardware, logs, workdir_lock
 from cdeit_jax import sharding as shd
 from cdeit_jax import training
 
@@ -87,23 +89,124 @@ def _memory_report(compiled: training.CompiledStep, cfg: ml_collections.ConfigDi
 
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Train (or resume) in `workdir`; returns the last logged metrics."""
+  config_lib.validate(cfg, jax.device_count(), jax.process_count())
+  os.makedirs(workdir, exist_ok=True)
+  lock = workdir_lock.WorkdirLock(workdir)
+  if jax.process_index() == 0:  # one run per workdir (the other processes belong to this run)
+    lock.acquire()
+  logs.debug_log(workdir, enabled=jax.process_index() == 0)
   mesh = shd.make_mesh()
-  with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
-    return _train(cfg, workdir, mesh)
+  try:
+    with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
+      return _train(cfg, workdir, mesh)
+  finally:
+    lock.release()
+
+
+# Settings a run cannot resume under: they change the state's shapes or the data order.
+_RESUME_FIXED = ("batch_size",)
+# Settings that may change on resume, but then the run no longer matches an uninterrupted one.
+_RESUME_WARN = ("seed", "steps", "accum_steps", "optimizer", "ema", "diffusion", "data.seed",
+                "data.path", "data.train_split")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list[str]:
+  """Refuse a config the checkpoint cannot resume under; returns warnings for changed settings
+  that resume but break equality with an uninterrupted run."""
+  now = _flat(json.loads(cfg.to_json_best_effort()))
+  was = _flat(meta.get("config", {}))
+  changed = lambda keys: [k for k in sorted(set(now) | set(was))
+                          if any(k == p or k.startswith(p + ".") for p in keys)
+                          and now.get(k) != was.get(k)]
+  model = [k for k in changed(("model",))
+           if k.split(".", 1)[1] not in checkpoint.RUNTIME_MODEL_KEYS]
+  fixed = model + changed(_RESUME_FIXED)
+  if fixed:
+    diff = "; ".join(f"config.{k}: checkpoint {was.get(k)!r}, now {now.get(k)!r}" for k in fixed)
+    raise checkpoint.CheckpointError(
+        f"cannot resume from {where} with a changed config ({diff}); rerun with the "
+        "checkpoint's settings or give a new --workdir")
+  return [f"warning: resuming {where} with changed config.{k}: {was.get(k)!r} -> "
+          f"{now.get(k)!r} (the run no longer equals an uninterrupted one)"
+          for k in changed(_RESUME_WARN)]
+
+
+def _newest_meta(mngr, workdir: str, report: list[str]) -> dict | None:
+  """The metadata of the newest step whose metadata reads (None in a fresh workdir)."""
+  steps = sorted(mngr.all_steps(), reverse=True)
+  for step in steps:
+    try:
+      return checkpoint.read_meta(workdir, step)
+    except checkpoint.CheckpointError as e:
+      report.append(f"skipping checkpoint step {step}: {e}")
+  if steps:
+    raise checkpoint.CheckpointError(
+        f"no checkpoint in {mngr.directory} can be read (steps {sorted(steps)}); see "
+        f"{os.path.join(workdir, logs.DEBUG_LOG)}. Move them away to start afresh")
+  return None
+
+
+def _restore_newest_intact(mngr, state, shardings, host_iter, report: list[str]):
+  """(state, meta, step, damaged steps) from the newest step that restores completely."""
+  damaged = []
+  for step in sorted(mngr.all_steps(), reverse=True):
+    try:
+      restored, meta = checkpoint.restore_train(mngr, step, state, shardings, host_iter)
+      return restored, meta, step, damaged
+    except checkpoint.CheckpointError as e:
+      if "cdeit-jax 0.1" in str(e):
+        raise
+      report.append(f"skipping checkpoint step {step}: {e}")
+      damaged.append(step)
+  raise checkpoint.CheckpointError(
+      f"no checkpoint in {mngr.directory} restores completely (tried {damaged}); see the "
+      "lines above and the debug log. Move them away to start afresh")
+
+
+def _set_aside(workdir: str, steps: list[int]) -> list[str]:
+  """Move damaged step folders to `<workdir>/damaged/` (kept for inspection, out of orbax's way
+  so that the step can be written again)."""
+  moved = []
+  if jax.process_index() == 0:
+    dest = os.path.join(workdir, "damaged")
+    os.makedirs(dest, exist_ok=True)
+    for step in steps:
+      src = os.path.join(workdir, checkpoint.CHECKPOINTS, str(step))
+      target = os.path.join(dest, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+      shutil.move(src, target)
+      moved.append(target)
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils
+    multihost_utils.sync_global_devices("cdeit_jax damaged checkpoints moved")
+  return moved
 
 
 def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
-  config_lib.validate(cfg, jax.device_count(), jax.process_count())
   primary = jax.process_index() == 0
-  os.makedirs(workdir, exist_ok=True)
   mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
                                   async_save=cfg.async_checkpoints)
-  latest = mngr.latest_step()
-  ck_stats = checkpoint.meta_stats(checkpoint.read_meta(workdir, latest)) if latest is not None \
-      else None
+  report: list[str] = []
+  newest = _newest_meta(mngr, workdir, report)
+  if newest is not None:
+    if newest.get("format") == checkpoint.FORMAT_V1:
+      raise checkpoint.CheckpointError(
+          f"{mngr.directory} was written by cdeit-jax 0.1 ({checkpoint.FORMAT_V1}); training "
+          "cannot resume from it: start a new --workdir (eval.py still reads it)")
+    report += check_resume(cfg, newest, f"{mngr.directory}/{newest['step']}")
+  ck_stats = checkpoint.meta_stats(newest) if newest is not None else None
   train_src, valid_src = open_sources(cfg, ck_stats)
 
-  ts = training.setup(cfg, mesh, calibration_source=train_src if latest is None else None)
+  ts = training.setup(cfg, mesh, calibration_source=train_src if newest is None else None)
   graphdef, state, diffusion, num_params = ts.graphdef, ts.state, ts.diffusion, ts.num_params
   abstract = jax.eval_shape(lambda: state)
   try:
@@ -119,16 +222,23 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   report = [f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
             f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
             f"({cfg.accum_steps} micro-batches); params {num_params:,}",
-            f"train step compiled in {compiled.compile_s:.1f} s; {_memory_report(compiled, cfg)}"]
+            f"train step compiled in {compiled.compile_s:.1f} s; {_memory_report(compiled, cfg)}"
+            ] + report
   host_iter = data.train_dataset(train_src, cfg.batch_size, _loader_options(cfg)).__iter__()
   rng = jax.random.key(cfg.seed)
-  if latest is not None:
-    state, meta = checkpoint.restore_train(mngr, latest, abstract, compiled.state_shardings,
-                                           host_iter)
+  state = jax.device_put(state, compiled.state_shardings)
+  latest = None
+  if newest is not None:
+    state, meta, latest, damaged = _restore_newest_intact(mngr, state, compiled.state_shardings,
+                                                          host_iter, report)
     rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
+    if damaged:
+      mngr.close()
+      for path in _set_aside(workdir, damaged):
+        report.append(f"moved damaged checkpoint to {path}")
+      mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
+                                      async_save=cfg.async_checkpoints)
     report.append(f"resumed from {mngr.directory}/{latest}")
-  else:
-    state = jax.device_put(state, compiled.state_shardings)
   start = int(jax.device_get(state.step))
 
   eval_step = jax.jit(training.make_eval_step(graphdef, diffusion),
@@ -149,14 +259,19 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
       count.append(c)
     return float(sum(jax.device_get(total))) / max(float(sum(jax.device_get(count))), 1.0)
 
+  calibration = checkpoint.calibration_of(state.fixed)
+
   def meta_now(step: int) -> dict:
     return checkpoint.make_meta(cfg, step=step, mean=train_src.mean, std=train_src.std,
-                                weights=["ema", "raw"], source="train.py",
+                                weights=["ema", "raw"], source="train.py", calibration=calibration,
                                 rng=np.asarray(jax.random.key_data(rng)).tolist())
 
   logger = logs.MetricLogger(workdir, cfg.steps, start, enabled=primary)
   for line in report:
     logger.print(line)
+  if primary and logger.dropped:
+    logger.print(f"metrics.jsonl: dropped {logger.dropped} record(s) after step {start} (steps "
+                 "an earlier attempt logged but did not commit)")
   peak = hardware.peak_tflops()
   preempt = _Preemption()
   pending: list[dict] = []

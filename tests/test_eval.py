@@ -190,8 +190,21 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
   shutil.copytree(tiny_run, broken)
   meta = broken / "checkpoints" / "7" / "meta" / "metadata"
   meta.write_text("{not json")
-  with pytest.raises(ValueError, match="unreadable metadata|not a 'cdeit-jax"):
+  with pytest.raises(ValueError, match=r"checkpoints/7/meta/metadata: unreadable: JSONDecodeError"):
     run(checkpoint=str(broken))
+  # checked before any work: the example count, the output folder, data in other units
+  with pytest.raises(ValueError, match="--max-examples must be >= 1, got 0"):
+    run(max_examples=0)
+  (tmp_path / "a_file").write_text("x")
+  with pytest.raises(ValueError, match="a_file: exists and is not a folder"):
+    run(out=str(tmp_path / "a_file"))
+  if os.geteuid() != 0:  # root writes anywhere
+    (tmp_path / "ro").mkdir(mode=0o500)
+    with pytest.raises(ValueError, match="ro: cannot write there"):
+      run(out=str(tmp_path / "ro"))
+  with pytest.raises(ValueError, match="standardised for preset 'simulated', are ~.* standard "
+                     "deviations.*--data uef2017"):
+    run(data="simulated")
   r = _eval_cli("--workdir", str(tmp_path / "missing"), "--data", "uef2017", "--data-path", UEF,
                 "--out", str(tmp_path / "o2"))
   assert r.returncode == 1 and "error: checkpoint" in r.stderr

@@ -1,6 +1,7 @@
 """`python -m cdeit_jax.simulate`: layout, determinism, extension, statistics."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -73,6 +74,48 @@ def test_same_seed_same_bytes_and_extension(small_set, tmp_path):
 def test_refuses_to_mix_settings(small_set):
   with pytest.raises(ValueError, match=r"seed: folder has 5, asked 6"):
     simulate.generate(small_set, {"train": 30}, simulate.SimSettings(seed=6), progress=False)
+
+
+def test_refuses_folders_of_unknown_settings_and_records_tr_splits(small_set, tmp_path):
+  import shutil
+  bare = tmp_path / "bare"
+  shutil.copytree(small_set, bare)
+  os.remove(bare / "simulate.json")  # examples whose settings nobody recorded
+  with pytest.raises(ValueError, match="holds examples .* but no simulate.json"):
+    simulate.generate(str(bare), {"train": 30}, simulate.SimSettings(seed=5), progress=False)
+  assert json.load(open(os.path.join(small_set, "simulate.json")))["tr_splits"] == \
+      ["test", "train", "valid"]
+  with pytest.raises(ValueError, match=r"tr_splits: folder has \['test', 'train', 'valid'\], "
+                     r"asked \['test'\]"):
+    simulate.generate(small_set, {"train": 30}, simulate.SimSettings(seed=5), tr_splits=("test",),
+                      progress=False)
+
+
+def test_extension_replaces_statistics_even_after_a_kill(tmp_path):
+  """New training files remove the old mean/std before the first write, so a run killed before
+  recomputing them leaves none (the next run computes them) rather than stale ones."""
+  from cdeit_jax import data
+  out = str(tmp_path / "s")
+  simulate.generate(out, {"train": 3}, simulate.SimSettings(seed=5), progress=False)
+  old = np.load(os.path.join(out, "std.npy"))
+  calls = []
+  real = data.compute_stats
+
+  def killed(*a, **k):
+    calls.append(1)
+    raise KeyboardInterrupt  # the kill, after the new files and before the statistics
+  data.compute_stats = killed
+  try:
+    with pytest.raises(KeyboardInterrupt):
+      simulate.generate(out, {"train": 6}, simulate.SimSettings(seed=5), progress=False)
+  finally:
+    data.compute_stats = real
+  assert calls and not os.path.exists(os.path.join(out, "std.npy"))
+  assert simulate.generate(out, {"train": 6}, simulate.SimSettings(seed=5),
+                           progress=False)["generated"] == 0
+  mean, std = data.compute_stats(os.path.join(out, "train"), progress=False)
+  np.testing.assert_array_equal(np.load(os.path.join(out, "std.npy")), std)
+  assert not np.array_equal(std, old)
 
 
 def test_cli_errors_name_the_flag(tmp_path):

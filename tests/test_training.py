@@ -184,7 +184,7 @@ def _final_state(workdir, cfg, devices=None):
   it = iter(data.train_dataset(src, cfg.batch_size))
   mngr = checkpoint.train_manager(str(workdir))
   step = mngr.latest_step()
-  state, meta = checkpoint.restore_train(mngr, step, abstract, sh, it)
+  state, meta = checkpoint.restore_train(mngr, step, jax.device_put(state, sh), sh, it)
   mngr.close()
   return step, leaves((state.params, state.ema, state.opt_state)), next(it)["index"].tolist()
 
