@@ -45,16 +45,19 @@ class CheckpointError(ValueError):
 
 
 def failure(where: str, e: BaseException) -> CheckpointError:
-  """One line naming `where` (a step folder and item) and the file the error names, the whole
-  error logged at DEBUG."""
+  """One line naming `where` (a step folder and item), the array and file that TensorStore names,
+  and the innermost reason; the whole error goes to the debug log."""
   logs.debug.debug("%s", where, exc_info=e)
-  text = str(e)
-  found = re.search(r"(?:file://)?(/[^\s\"']+)", text)
-  first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
-  if len(first) > 160:
-    first = first[:160] + "..."
-  file = f" (file {found.group(1).rstrip('.,:;')})" if found else ""
-  return CheckpointError(f"{where}: unreadable{file}: {type(e).__name__}: {first}")
+  text = " ".join(str(e).split(" [tensorstore_spec")[0].split())
+  files = re.findall(r'local file "([^"]+)"', text) or re.findall(r"(/[^\s\"']+)", text)
+  array = re.search(r'Error reading "([^"]+?)/\.z', text)
+  reason = text.rsplit(": ", 1)[-1] if "Error opening" in text else text
+  if len(reason) > 200:
+    reason = reason[:200] + "..."
+  named = [f"array {array.group(1)}"] if array else []
+  named += [f"file {files[-1]}"] if files else []
+  detail = f" ({', '.join(named)})" if named else ""
+  return CheckpointError(f"{where}: unreadable{detail}: {type(e).__name__}: {reason}")
 
 
 def weights_of(model: nnx.Module) -> nnx.State:
@@ -250,7 +253,7 @@ def load_model(path: str, *, weights: str = "ema", step: int | None = None,
       restored = mngr.restore(step, args=ocp.args.Composite(
           **{item: ocp.args.StandardRestore(_restore_target(params, sharding))}))[item]
     except Exception as e:
-      raise failure(f"{where}/{item} (the model its metadata describes)", e) from None
+      raise failure(f"{where}/{item}", e) from None
   model = nnx.merge(graphdef, restored, fixed_variables(cfg, sharding))
   set_calibration(model, meta.get("calibration", {}))
   return model, meta

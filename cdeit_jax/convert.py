@@ -84,7 +84,7 @@ def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
   table: dict[str, Entry] = {}
   buffers: dict[str, np.ndarray] = {}
   state = nnx.state(model, nnx.Any(nnx.Param, PosEmbed))
-  for path, var in state.flat_state():
+  for path, var in nnx.to_flat_state(state):
     prefix, rest = _torch_prefix(path)
     window = path[0] in WINDOW_BLOCKS
     name = ".".join(p for p in (prefix, _torch_inner(rest, window)) if p)
@@ -131,7 +131,7 @@ def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
   arrays = {k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
             for k, v in state_dict.items()}
   state = nnx.state(model, nnx.Any(nnx.Param, PosEmbed))
-  flat = dict(state.flat_state())
+  flat = dict(nnx.to_flat_state(state))
   missing = sorted(set(table) - set(arrays))
   unexpected = sorted(set(arrays) - set(table) - set(buffers))
   missing += sorted(set(buffers) - set(arrays))
@@ -159,7 +159,7 @@ def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
         "\n  Check that the config's model section matches the checkpoint "
         "(e.g. --config.model.hidden_size).")
   for path, value in updates.items():
-    flat[path].value = jax.numpy.asarray(value)
+    flat[path].set_value(jax.numpy.asarray(value))
   nnx.update(model, nnx.from_flat_state(flat))
   return model
 
@@ -167,8 +167,8 @@ def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
 def export_torch_state_dict(model: CDEIT) -> dict[str, np.ndarray]:
   """The model's weights under the reference's names and layouts (with the index buffers)."""
   table, buffers = name_table(model)
-  flat = dict(nnx.state(model, nnx.Any(nnx.Param, PosEmbed)).flat_state())
-  out = {name: e.to_torch(np.asarray(flat[e.path].value)) for name, e in table.items()}
+  flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Any(nnx.Param, PosEmbed))))
+  out = {name: e.to_torch(np.asarray(flat[e.path].get_value())) for name, e in table.items()}
   out.update({k: v.astype(np.int64) for k, v in buffers.items()})
   return out
 

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import aot, checkpoint, config_lib, data, metrics, training
+from cdeit_jax import aot, checkpoint, config_lib, data, logs, metrics, training
 from cdeit_jax.eit.phantom import disk_mask  # noqa: F401  (the grid's disk, for figures)
 from cdeit_jax.fileio import atomic_write
 from cdeit_jax import sharding as shd
@@ -229,6 +229,7 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
     raise ValueError(f"--max-examples must be >= 1, got {s.max_examples}")
   if jax.process_index() == 0:
     check_out(s.out)
+    logs.debug_log(s.out)
   workdir, resolved = checkpoint.resolve(s.checkpoint, s.step)
   step_dir = os.path.basename(os.path.normpath(s.checkpoint)).isdigit()
   if s.step is not None or step_dir:
@@ -248,18 +249,23 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
   check_scale(src, s.data)
 
   mesh = shd.make_mesh()
-  while True:  # the chosen step, or (damaged weights) the next candidate
-    try:
-      model, meta = checkpoint.load_model(workdir, weights=s.weights, step=step, dtype=s.dtype,
-                                          sharding=shd.replicated(mesh),
-                                          attention_query_chunk=s.attention_query_chunk)
-      break
-    except checkpoint.CheckpointError as e:
-      rest = candidates[candidates.index(step) + 1:]
-      if not rest:
-        raise
-      log(f"warning: skipping checkpoint step {step}: {e}")
-      step, meta = _first_readable(workdir, rest, log)
+  skipped = []
+  with logs.StderrCapture() as capture:  # a failed restore's TensorStore noise -> debug log
+    while True:  # the chosen step, or (damaged weights) the next candidate
+      try:
+        model, meta = checkpoint.load_model(workdir, weights=s.weights, step=step, dtype=s.dtype,
+                                            sharding=shd.replicated(mesh),
+                                            attention_query_chunk=s.attention_query_chunk)
+        break
+      except checkpoint.CheckpointError as e:
+        capture.failed = True
+        rest = candidates[candidates.index(step) + 1:]
+        if not rest:
+          raise
+        skipped.append(f"warning: skipping checkpoint step {step}: {e}")
+        step, meta = _first_readable(workdir, rest, skipped.append)
+  for line in skipped:
+    log(line)
   if model.conditioner is not None and not (
       np.allclose(model.conditioner.voltage_mean[...], src.mean.ravel(), rtol=1e-6, atol=0) and
       np.allclose(model.conditioner.voltage_std[...], src.std.ravel(), rtol=1e-6, atol=0)):

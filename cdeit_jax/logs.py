@@ -8,6 +8,8 @@ import logging
 import math
 import os
 import sys
+import tempfile
+import time
 from typing import Any
 
 log = logging.getLogger("cdeit_jax")
@@ -52,6 +54,43 @@ def truncate_jsonl(path: str, last_step: int) -> int:
     os.fsync(f.fileno())
   os.replace(tmp, path)
   return total - len(records)
+
+
+class StderrCapture:
+  """While active, the process's stderr (fd 2) goes to a temporary file.
+
+  A failed orbax restore leaves TensorStore reads in flight whose callbacks, from TensorStore's
+  own threads, print "Event loop is closed" tracebacks straight to fd 2 (hundreds of lines for one
+  truncated file). Restore attempts run under this: set `failed` when one fails; the captured
+  text then goes to the debug log after a short wait for the late callbacks, and otherwise (only
+  warnings) back to stderr.
+  """
+
+  def __init__(self, grace_s: float = 0.5):
+    self.failed = False
+    self.grace_s = grace_s
+
+  def __enter__(self) -> "StderrCapture":
+    sys.stderr.flush()
+    self._saved = os.dup(2)
+    self._tmp = tempfile.TemporaryFile()
+    os.dup2(self._tmp.fileno(), 2)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self.failed or exc[0] is not None:
+      time.sleep(self.grace_s)
+    sys.stderr.flush()
+    os.dup2(self._saved, 2)
+    os.close(self._saved)
+    self._tmp.seek(0)
+    text = self._tmp.read().decode(errors="replace")
+    self._tmp.close()
+    if self.failed or exc[0] is not None:
+      if text:
+        debug.debug("stderr during the failed checkpoint restore:\n%s", text)
+    elif text:
+      sys.stderr.write(text)
 
 
 class MetricLogger:

@@ -136,9 +136,11 @@ def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list
     raise checkpoint.CheckpointError(
         f"cannot resume from {where} with a changed config ({diff}); rerun with the "
         "checkpoint's settings or give a new --workdir")
+  warn = changed(_RESUME_WARN)
+  if cfg.optimizer.schedule == "constant":  # then more steps only extend the same run
+    warn = [k for k in warn if k != "steps"]
   return [f"warning: resuming {where} with changed config.{k}: {was.get(k)!r} -> "
-          f"{now.get(k)!r} (the run no longer equals an uninterrupted one)"
-          for k in changed(_RESUME_WARN)]
+          f"{now.get(k)!r} (the run no longer equals an uninterrupted one)" for k in warn]
 
 
 def _newest_meta(mngr, workdir: str, report: list[str]) -> dict | None:
@@ -159,18 +161,20 @@ def _newest_meta(mngr, workdir: str, report: list[str]) -> dict | None:
 def _restore_newest_intact(mngr, state, shardings, host_iter, report: list[str]):
   """(state, meta, step, damaged steps) from the newest step that restores completely."""
   damaged = []
-  for step in sorted(mngr.all_steps(), reverse=True):
-    try:
-      restored, meta = checkpoint.restore_train(mngr, step, state, shardings, host_iter)
-      return restored, meta, step, damaged
-    except checkpoint.CheckpointError as e:
-      if "cdeit-jax 0.1" in str(e):
-        raise
-      report.append(f"skipping checkpoint step {step}: {e}")
-      damaged.append(step)
+  with logs.StderrCapture() as capture:
+    for step in sorted(mngr.all_steps(), reverse=True):
+      try:
+        restored, meta = checkpoint.restore_train(mngr, step, state, shardings, host_iter)
+        return restored, meta, step, damaged
+      except checkpoint.CheckpointError as e:
+        capture.failed = True
+        if "cdeit-jax 0.1" in str(e):
+          raise
+        report.append(f"skipping checkpoint step {step}: {e}")
+        damaged.append(step)
   raise checkpoint.CheckpointError(
       f"no checkpoint in {mngr.directory} restores completely (tried {damaged}); see the "
-      "lines above and the debug log. Move them away to start afresh")
+      f"lines above and {logs.DEBUG_LOG}. Move them away to start afresh")
 
 
 def _set_aside(workdir: str, steps: list[int]) -> list[str]:

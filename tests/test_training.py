@@ -319,3 +319,201 @@ def test_compile_out_of_memory_gives_advice_not_a_traceback(tmp_path, monkeypatc
   for tip in ("config.model.attention_impl=auto", "config.accum_steps=2", "config.model.remat=True",
               "config.shard_params=True", "--compile_topology"):
     assert tip in text
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def _records(workdir):
+  return [json.loads(l) for l in (pathlib.Path(workdir) / "metrics.jsonl").open()]
+
+
+def _wait_for(predicate, timeout=120):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    if predicate():
+      return True
+    time.sleep(0.02)
+  return False
+
+
+def _logged_steps(workdir):
+  path = pathlib.Path(workdir) / "metrics.jsonl"
+  if not path.exists():
+    return []
+  return [json.loads(l)["step"] for l in path.read_text().splitlines() if l.endswith("}")]
+
+
+def _assert_equals_straight(workdir, straight):
+  """Same final state, data position and validation metrics as the uninterrupted run, and a
+  metrics.jsonl with each step once, in order, the same steps as the uninterrupted run's."""
+  cfg = cfg_(steps=24)
+  s_step, s_leaves, s_next = _final_state(straight, cfg)
+  k_step, k_leaves, k_next = _final_state(workdir, cfg)
+  assert s_step == k_step == 24 and s_next == k_next
+  for a, b in zip(s_leaves, k_leaves):
+    np.testing.assert_array_equal(a, b)
+  k_log, s_log = _records(workdir), _records(straight)
+  assert [r["step"] for r in k_log] == [r["step"] for r in s_log]
+  assert [r.get("val_loss") for r in k_log] == [r.get("val_loss") for r in s_log]
+  assert checkpoint.all_steps(str(workdir)) == checkpoint.all_steps(str(straight))
+  assert checkpoint.best_step(str(workdir)) == checkpoint.best_step(str(straight))
+
+
+@pytest.mark.parametrize("when", ["compile", "between_checkpoints", "save_started"])
+def test_kill_9_then_resume_equals_straight_run(tmp_path, straight_run, when):
+  """kill -9 while compiling, between two checkpoints, and as an asynchronous save starts (its
+  metrics line is written right after the save is handed to orbax); the rerun loses nothing."""
+  wd = tmp_path / "run"
+  p = _run_train(wd, *RESUME_STEPS, wait=False)
+  if when == "compile":
+    assert _wait_for(lambda: (wd / "lock").exists())
+    time.sleep(1.0)
+  elif when == "between_checkpoints":
+    assert _wait_for(lambda: any(8 < s < 16 for s in _logged_steps(wd)))
+  else:
+    assert _wait_for(lambda: 16 in _logged_steps(wd))
+  p.kill()
+  p.communicate(timeout=60)
+  rc, _, err = _run_train(wd, *RESUME_STEPS)
+  assert rc == 0, err[-3000:]
+  assert not list((wd / "checkpoints").glob("*tmp*"))  # leftovers of the killed save are gone
+  _assert_equals_straight(wd, straight_run)
+
+
+def test_unfinished_save_and_damaged_latest_fall_back(tmp_path, straight_run):
+  """A half-written step (orbax's temporary folder) is ignored, and a latest step with a
+  truncated weight file is skipped with one line: training resumes from the newest intact step
+  and ends where the uninterrupted run does; the damaged step is kept aside, not deleted."""
+  import shutil
+  wd = tmp_path / "run"
+  rc, _, err = _run_train(wd, "--config.steps=16", *RESUME_STEPS[1:])
+  assert rc == 0, err[-3000:]
+  shutil.copytree(wd / "checkpoints" / "16", wd / "checkpoints" / "24.orbax-checkpoint-tmp-1")
+  (wd / "checkpoints" / "24.orbax-checkpoint-tmp-1" / "commit_success.txt").unlink(missing_ok=True)
+  chunks = [f for f in (wd / "checkpoints" / "16" / "params").rglob("*") if f.is_file()
+            and f.stat().st_size > 64 and "d" in f.parent.name]
+  assert chunks, sorted((wd / "checkpoints" / "16").rglob("*"))
+  for f in chunks:
+    f.write_bytes(f.read_bytes()[:16])  # truncated
+  rc, _, err = _run_train(wd, *RESUME_STEPS)
+  assert rc == 0, err[-3000:]
+  skipped = [l for l in err.splitlines() if "skipping checkpoint step 16" in l]
+  assert len(skipped) == 1 and "checkpoints/16/params: unreadable" in skipped[0], err[-3000:]
+  assert "Traceback" not in err
+  assert "resumed from" in err and err.count("moved damaged checkpoint") == 1
+  assert len(list((wd / "damaged").iterdir())) == 1
+  assert (wd / "debug.log").read_text().count("Traceback") >= 1  # the whole error, kept
+  _assert_equals_straight(wd, straight_run)
+
+
+def test_retention_keeps_the_best_across_restarts(tmp_path):
+  """The issue's case: the best step (lowest validation loss) is an old one; a restarted manager
+  must still know its loss and keep it (orbax's policy forgot metrics across restarts)."""
+  import orbax.checkpoint as ocp
+
+  def save(step, val):
+    mngr = checkpoint.train_manager(str(tmp_path), keep=2, async_save=False)
+    mngr.save(step, args=ocp.args.Composite(meta=ocp.args.JsonSave({"step": step})),
+              metrics=None if val is None else {"val_loss": val})
+    mngr.wait_until_finished()
+    mngr.close()
+
+  # a restart (a new manager) before every save; 47 is the SIGTERM save without a loss
+  for step, val in [(10, 0.09), (20, 0.08), (30, 0.0705), (40, 0.07047), (47, None), (50, 0.07056),
+                    (60, 0.07091)]:
+    save(step, val)
+  assert checkpoint.all_steps(str(tmp_path)) == [40, 50, 60]
+  assert checkpoint.best_step(str(tmp_path)) == 40
+
+
+def test_second_training_in_a_workdir_is_refused_and_a_dead_ones_lock_taken(tmp_path):
+  from cdeit_jax import workdir_lock
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time; from cdeit_jax import workdir_lock; "
+       f"workdir_lock.WorkdirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); "
+       "time.sleep(600)"], stdout=subprocess.PIPE, text=True, cwd=REPO)
+  assert holder.stdout.readline().strip() == "held"
+  rc, _, err = _run_train(tmp_path, "--config.steps=2")
+  assert rc == 1 and f"in use by another training (pid {holder.pid} on" in err, err[-2000:]
+  assert not (tmp_path / "checkpoints").exists()
+  holder.kill()  # kill -9: the kernel releases its lock
+  holder.wait()
+  with workdir_lock.WorkdirLock(str(tmp_path)):
+    with pytest.raises(workdir_lock.WorkdirBusy, match="in use by another training"):
+      workdir_lock.WorkdirLock(str(tmp_path)).acquire()
+
+
+def test_resume_refuses_a_changed_batch_size_and_warns_on_changed_optimizer(tmp_path,
+                                                                           straight_run):
+  from cdeit_jax import trainer
+  meta = checkpoint.read_meta(str(straight_run))
+  with pytest.raises(checkpoint.CheckpointError,
+                     match=r"config.batch_size: checkpoint 8, now 16.*new --workdir"):
+    trainer.check_resume(cfg_(batch_size=16), meta, "here")
+  with pytest.raises(checkpoint.CheckpointError, match=r"config.model.hidden_size: checkpoint 32"):
+    trainer.check_resume(cfg_(**{"model.hidden_size": 64}), meta, "here")
+  warnings = trainer.check_resume(cfg_(steps=24, **{"optimizer.lr": 5e-4,
+                                                    "model.attention_impl": "xla"}), meta, "here")
+  assert warnings == ["warning: resuming here with changed config.optimizer.lr: 0.001 -> 0.0005 "
+                      "(the run no longer equals an uninterrupted one)"]
+
+
+def test_metrics_jsonl_is_cut_to_the_resumed_step(tmp_path):
+  from cdeit_jax import logs
+  path = tmp_path / "metrics.jsonl"
+  lines = [{"step": s, "loss": s / 10} for s in (2, 4, 6, 4, 6, 8, 10)] 
+  path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 12, "lo')
+  assert logs.truncate_jsonl(str(path), 6) == 5
+  assert [json.loads(l) for l in path.open()] == [
+      {"step": 2, "loss": 0.2}, {"step": 4, "loss": 0.4}, {"step": 6, "loss": 0.6}]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config", "configs/nope.py"], "error: --config configs/nope.py: no such file"),
+    (["--config", TEST_CONFIG, "--config.modle.x=1"],
+     "error: --config.modle.x: no such config key: 'modle' Did you mean \"model\""),
+])
+def test_config_flag_mistakes_are_one_line(tmp_path, args, message):
+  p = subprocess.run([sys.executable, str(REPO / "train.py"), *args, "--workdir", str(tmp_path)],
+                     capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith(message), p.stderr
+  assert "Traceback" not in p.stderr
+
+
+def test_none_on_the_command_line_is_none():
+  cfg = cfg_()
+  cfg.data.stats = "None"
+  config_lib.none_strings(cfg)
+  assert cfg.data.stats is None and cfg.data.preset == "uef2017"
+
+
+def test_eval_uses_the_best_intact_step(tmp_path, straight_run):
+  """The best step's EMA weights truncated, then its metadata garbled: evaluation names the step
+  in one line and uses the next best step that loads."""
+  import shutil
+
+  from cdeit_jax import evaluate
+  wd = tmp_path / "run"
+  shutil.copytree(straight_run, wd, ignore=shutil.ignore_patterns("lock"))
+  ranked = checkpoint.ranked_steps(str(wd))
+  assert len(ranked) == 2, ranked  # the test config keeps 2
+
+  def run(out):
+    lines = []
+    r = evaluate.evaluate(evaluate.EvalSettings(
+        checkpoint=str(wd), data="uef2017", data_path=str(REPO / "data" / "uef2017"),
+        out=str(tmp_path / out), max_examples=2, figure=False),
+        log=lambda *a, **k: lines.append(str(a[0]) if a else ""))
+    return r["settings"]["checkpoint_step"], "\n".join(lines)
+
+  for f in (wd / "checkpoints" / str(ranked[0]) / "ema").rglob("*"):
+    if f.is_file() and f.parent.name == "d":
+      f.write_bytes(b"")
+  step, text = run("a")
+  assert step == ranked[1]
+  assert f"skipping checkpoint step {ranked[0]}: checkpoint" in text and "/ema: unreadable" in text
+  assert "Traceback" in (tmp_path / "a" / "debug.log").read_text()
+  (wd / "checkpoints" / str(ranked[0]) / "meta" / "metadata").write_text("{garbled")
+  step, text = run("b")
+  assert step == ranked[1] and "meta/metadata: unreadable: JSONDecodeError" in text
