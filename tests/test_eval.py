@@ -123,6 +123,41 @@ def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
   np.testing.assert_allclose(one["pred"], z["pred"][:2], atol=1e-5, rtol=0)
 
 
+def test_a_new_evaluation_replaces_every_old_output(tiny_run, tmp_path):
+  """An evaluation without a figure into a folder holding an older one's outputs (and a user's
+  own file): no old figure is left beside the new metrics; non-numbers are JSON null."""
+  out = tmp_path / "out"
+  out.mkdir()
+  for f in evaluate.OUTPUTS:
+    (out / f).write_text("old")
+  (out / "notes.txt").write_text("mine")
+  r = evaluate.evaluate(evaluate.EvalSettings(
+      checkpoint=tiny_run, data="uef2017", data_path=UEF, out=str(out), max_examples=2,
+      figure=False), log=lambda *a, **k: None)
+  assert not (out / "reconstructions.png").exists() and (out / "notes.txt").read_text() == "mine"
+  for f in evaluate.OUTPUTS[1:]:
+    assert (out / f).read_bytes() != b"old", f
+  assert json.loads((out / "metrics.json").read_text())["settings"]["examples"] == 2
+  r["metrics"]["cdeit"]["psnr"] = float("nan")
+  assert evaluate._json_clean(r)["metrics"]["cdeit"]["psnr"] is None
+
+
+def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):
+  d = tmp_path / "train"
+  d.mkdir()
+  (d / "junk.npz").write_bytes(b"not a zip")
+  np.savez(d / "a.npz", ys=np.ones((208, 1)), xs=np.zeros((128, 128)))
+  np.savez(d / "b.npz", ys=np.full((208, 1), 2.0), xs=np.zeros((128, 128)))
+  run = lambda *a: subprocess.run([sys.executable, "-m", "cdeit_jax.data", "stats", str(d), *a],
+                                  capture_output=True, text=True, cwd=REPO)
+  r = run()
+  assert r.returncode == 1 and "Traceback" not in r.stderr
+  assert "junk.npz: not a readable npz" in r.stderr and "--skip-bad-files" in r.stderr
+  r = run("--skip-bad-files", "--out", str(tmp_path / "stats"))
+  assert r.returncode == 0, r.stderr
+  np.testing.assert_allclose(np.load(tmp_path / "stats" / "mean.npy"), 1.5)
+
+
 def _eval_cli(*args, devices=None):
   env = dict(os.environ)
   if devices:

@@ -121,11 +121,11 @@ def test_one_step_on_8_devices_equals_1_device(uef_batch, step8):
     for a, b in zip(leaves((s1.params, s1.ema, s1.opt_state)), leaves((s.params, s.ema, s.opt_state))):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
   assert int(s8.step) == 2
-  fc1 = sf.params["mid"]["mlp"]["fc1"]["kernel"].value  # (32, 128): split over 8 devices
+  fc1 = sf.params["mid"]["mlp"]["fc1"]["kernel"].get_value()  # (32, 128): split over 8 devices
   assert fc1.sharding.spec == jax.sharding.PartitionSpec(None, "data")
   assert {s.data.shape for s in fc1.addressable_shards} == {(32, 16)}
   assert all(s.data.shape == s8.params["mid"]["attn"]["qkv"]["kernel"].shape
-             for s in s8.params["mid"]["attn"]["qkv"]["kernel"].value.addressable_shards)
+             for s in s8.params["mid"]["attn"]["qkv"]["kernel"].get_value().addressable_shards)
 
 
 def test_accumulation_equals_one_big_step(uef_batch):
