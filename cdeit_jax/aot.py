@@ -21,6 +21,7 @@ import ml_collections
 from cdeit_jax import config_lib, flops, training
 from cdeit_jax import sharding as shd
 from cdeit_jax.fileio import atomic_write
+from cdeit_jax.errors import InputError
 
 GIB = 2 ** 30
 
@@ -58,7 +59,7 @@ TOPOLOGIES = {
 def topology_devices(name: str) -> list:
   """Compile-only TPU devices of topology `name` (e.g. "v5e-8"); needs libtpu, not a TPU."""
   if name not in TOPOLOGIES:
-    raise ValueError(f"--compile_topology {name!r}: unknown; use one of {', '.join(TOPOLOGIES)}")
+    raise InputError(f"--compile_topology {name!r}: unknown; use one of {', '.join(TOPOLOGIES)}")
   t = TOPOLOGIES[name]
   try:
     from jax.experimental import topologies
@@ -66,7 +67,7 @@ def topology_devices(name: str) -> list:
         platform="tpu", topology_name=t.topology_name, chip_config_name=t.chip_config_name,
         chips_per_host_bounds=t.chips_per_host_bounds, num_slices=1, wrap=(False, False, False))
   except Exception as e:  # libtpu missing or incompatible
-    raise ValueError(f"--compile_topology {name}: cannot create TPU compile-only devices "
+    raise InputError(f"--compile_topology {name}: cannot create TPU compile-only devices "
                      f"({type(e).__name__}: {e}); install libtpu matching jax with "
                      f"pip install -e \".[tpu]\"") from e
   return list(desc.devices)

@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from cdeit_jax.errors import InputError
+
 IMPLS = ("auto", "xla", "blocked", "cudnn", "splash")
 SPLASH_BLOCK = 512
 BLOCKED_BLOCK = 256  # 2 CPU cores, 4,096 tokens: 0.42 s per forward vs 0.44 (512), 0.49 (1024)
@@ -36,7 +38,7 @@ def resolve(impl: str | None, platform: str, dtype) -> str:
   evaluates on another."""
   impl = impl or "auto"
   if impl not in IMPLS:
-    raise ValueError(f"config.model.attention_impl: {impl!r} must be one of {IMPLS}")
+    raise InputError(f"config.model.attention_impl: {impl!r} must be one of {IMPLS}")
   sixteen_bit = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
   gpu = platform in ("gpu", "cuda")
   if impl == "splash" and platform != "tpu" or impl == "cudnn" and not (gpu and sixteen_bit):

@@ -29,6 +29,7 @@ from flax import nnx
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit import reconstruct
 from cdeit_jax.eit.fem import measurement_pairs
+from cdeit_jax.errors import InputError
 
 MODES = ("eim", "eim+linear")
 NUM_MEAS = 208
@@ -77,7 +78,7 @@ class LinearConditioner(nnx.Module):
   def __init__(self, alphas, *, noser_exponent: float = reconstruct.NOSER_EXPONENT,
                contact_impedance: float = 0.01):
     if not alphas or any(not a > 0 for a in alphas):
-      raise ValueError(f"regularisation levels {tuple(alphas)!r}: give one or more numbers > 0, "
+      raise InputError(f"regularisation levels {tuple(alphas)!r}: give one or more numbers > 0, "
                        "e.g. (0.03, 0.3) (config.model.cond_alphas)")
     f = linear_factors(float(noser_exponent), float(contact_impedance))
     self.alphas = tuple(float(a) for a in alphas)
@@ -138,7 +139,7 @@ def calibrate(conditioner: LinearConditioner, source, limit: int = CALIBRATION_E
     count += ch.shape[0] * ch.shape[1]
   std = np.sqrt(np.maximum(total_sq / count - (total / count) ** 2, 0.0))
   if not np.all(std > 0):
-    raise ValueError(f"{source!r}: the linear reconstructions of its voltages are constant; "
+    raise InputError(f"{source!r}: the linear reconstructions of its voltages are constant; "
                      "cannot scale the conditioning channels")
   scale = (1.0 / std).astype(np.float32)
   conditioner.scale[...] = jnp.asarray(scale)
@@ -160,7 +161,7 @@ class DataConsistency(nnx.Module):
                noser_exponent: float = reconstruct.NOSER_EXPONENT,
                contact_impedance: float = 0.01):
     if not strength > 0:
-      raise ValueError(f"data consistency strength must be > 0, got {strength}")
+      raise InputError(f"data consistency strength must be > 0, got {strength}")
     self.strength = float(strength)
     self.op = LinearConditioner((alpha,), noser_exponent=noser_exponent,
                                 contact_impedance=contact_impedance)

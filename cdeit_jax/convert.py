@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from cdeit_jax.model import CDEIT, PosEmbed, relative_position_index
+from cdeit_jax.errors import InputError, MissingFile
 
 WINDOW_BLOCKS = ("swinIn1", "swinIn2", "swinOut1", "swinOut2")
 
@@ -79,7 +80,7 @@ def _torch_inner(rest: tuple[Any, ...], window: bool) -> str:
 def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
   """Reference name -> Entry for every loadable variable; and the index buffers to check."""
   if model.conditioner is not None:
-    raise ValueError("the PyTorch CDEIT has only the published condition: use a model with "
+    raise InputError("the PyTorch CDEIT has only the published condition: use a model with "
                      f"config.model.cond='eim' (this one has {model.cond_mode!r})")
   table: dict[str, Entry] = {}
   buffers: dict[str, np.ndarray] = {}
@@ -108,7 +109,7 @@ def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
   return table, buffers
 
 
-class StateDictMismatch(ValueError):
+class StateDictMismatch(InputError):
   """A state dict does not match the model; the message lists every problem."""
 
 
@@ -179,13 +180,13 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   A `.pt` may be the authors' dict with a `model` entry, or a bare state dict.
   """
   if not os.path.exists(path):
-    raise FileNotFoundError(f"--checkpoint {path}: no such file")
+    raise MissingFile(f"--checkpoint {path}: no such file")
   if path.endswith(".npz"):
     try:
       with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
     except (OSError, ValueError, zipfile.BadZipFile) as e:
-      raise ValueError(f"{path}: not a readable .npz of arrays ({e})") from e
+      raise InputError(f"{path}: not a readable .npz of arrays ({e})") from e
   try:
     import torch
   except ImportError as e:
@@ -195,16 +196,16 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   try:
     obj = torch.load(path, map_location="cpu", weights_only=True)  # no arbitrary unpickling
   except Exception as e:  # torch raises several types for corrupt or unsafe files
-    raise ValueError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from e
+    raise InputError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from e
   if isinstance(obj, Mapping) and "model" in obj and isinstance(obj["model"], Mapping):
     obj = obj["model"]
   if not isinstance(obj, Mapping):
-    raise ValueError(f"{path}: expected a state dict or a dict with a 'model' state dict, "
+    raise InputError(f"{path}: expected a state dict or a dict with a 'model' state dict, "
                      f"got {type(obj).__name__}")
   out = {}
   for k, v in obj.items():
     if not hasattr(v, "detach"):
-      raise ValueError(f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor")
+      raise InputError(f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor")
     out[k] = v.detach().cpu().numpy()
   return out
 

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cdeit_jax.errors import InputError
+
 Array = jax.Array
 Denoiser = Callable[[Array, Array, Array], Array]  # (x_t, t, cond) -> x0
 
@@ -27,7 +29,7 @@ def linear_betas(num_steps: int = 1000, beta_start: float = 1e-4, beta_end: floa
 def sampling_pairs(num_steps: int, steps: int) -> list[tuple[int, int]]:
   """(t, t_next) pairs of the reference sampler: linspace(-1, T-1, steps+1) as int, reversed."""
   if not 1 <= steps <= num_steps:
-    raise ValueError(f"sampling steps must be in [1, {num_steps}], got {steps}")
+    raise InputError(f"sampling steps must be in [1, {num_steps}], got {steps}")
   grid = np.linspace(-1, num_steps - 1, steps + 1).astype(np.int64)[::-1]
   return [(int(a), int(b)) for a, b in zip(grid[:-1], grid[1:])]
 
@@ -111,7 +113,7 @@ class Diffusion:
     b = cond.shape[0]
     if noises is None:
       if key is None:
-        raise ValueError("sample needs `key` or explicit `noises`")
+        raise InputError("sample needs `key` or explicit `noises`")
       if key.shape == (b,):
         one = lambda k, i: jax.random.normal(jax.random.fold_in(k, i), shape, jnp.float32)
         draw = lambda i: jax.vmap(one, in_axes=(0, None))(key, i)

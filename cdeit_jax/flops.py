@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from cdeit_jax.errors import InputError
+
 
 def forward_flops(*, image_size: int = 128, patch_size: int = 2, in_channels: int = 1,
                   hidden_size: int = 512, num_heads: int = 16, mlp_ratio: float = 4.0,
@@ -85,7 +87,7 @@ def jaxpr_matmul_flops(jaxpr) -> float:
     elif name == "conv_general_dilated":
       total += _conv_flops(eqn)
     elif name == "while":
-      raise ValueError("jaxpr_matmul_flops: a while loop has no static trip count")
+      raise InputError("jaxpr_matmul_flops: a while loop has no static trip count")
     else:
       times = eqn.params["length"] if name == "scan" else 1
       for sub in _subjaxprs(eqn):

@@ -22,8 +22,8 @@ DEFINITIONS = {
     "cc": "Pearson correlation coefficient between pred and gt pixels, per image (NaN if either "
           "is constant), averaged over images",
     "empty": "the empty image (all zeros, no change): the floor every method must beat",
-    "tikhonov": "eval.py --tikhonov: the built-in one-step Tikhonov/NOSER reconstruction "
-                "(cdeit_jax.eit.reconstruct) of ys / voltage_ratio",
+    "tikhonov": "eval.py --config.eval.tikhonov=True: the built-in one-step Tikhonov/NOSER "
+                "reconstruction (cdeit_jax.eit.reconstruct) of ys / voltage_ratio",
     "baseline_scaling": "classical reconstructions (tikhonov, TR, xs_gn) are divided by their maximum "
                         "absolute value per image (to [-1, 1], not using the ground truth) "
                         "before the same metrics",

@@ -3,7 +3,7 @@
   python -m cdeit_jax.report runs/demo/eval_simulated runs/demo/eval_uef2017
   python -m cdeit_jax.report runs/demo/eval_uef2017 --figure docs/demo_uef2017.png --rows 6
 
-For each folder: CDEIT, the built-in Tikhonov (`eval.py --tikhonov`) and the empty image, with
+For each folder: CDEIT, the built-in Tikhonov (`eval.py --config.eval.tikhonov=True`) and the empty image, with
 RMSE, PSNR, SSIM (square and disk) and CC, and whether CDEIT beats Tikhonov in RMSE, PSNR and CC
 and the empty image in RMSE and PSNR (lower RMSE, higher PSNR and CC are better).
 """
@@ -15,6 +15,8 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+
+from cdeit_jax.errors import InputError
 
 METHODS = (("cdeit", "CDEIT"), ("tikhonov", "Tikhonov (ours)"), ("empty", "empty image"))
 COLUMNS = (("rmse", "RMSE", "{:.4f}"), ("psnr", "PSNR", "{:.2f}"), ("ssim", "SSIM", "{:.3f}"),
@@ -38,7 +40,7 @@ def table(folders: Sequence[str]) -> tuple[str, bool]:
       with open(path) as fh:
         r = json.load(fh)
     except (OSError, ValueError) as e:
-      raise ValueError(f"{path}: not an eval.py output ({e}); run eval.py --out {folder}") from e
+      raise InputError(f"{path}: not an eval.py output ({e}); run eval.py --out {folder}") from e
     m, s = r["metrics"], r["settings"]
     name = f"{s['data']} ({s['examples']})"
     for key, label in METHODS:
@@ -47,7 +49,7 @@ def table(folders: Sequence[str]) -> tuple[str, bool]:
         lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
         name = ""
     if "tikhonov" not in m:
-      raise ValueError(f"{path}: no Tikhonov baseline; evaluate with eval.py --tikhonov")
+      raise InputError(f"{path}: no Tikhonov baseline; evaluate with eval.py --config.eval.tikhonov=True")
     ok &= beats(m["cdeit"], m["tikhonov"], ("rmse", "psnr", "cc"))
     ok &= beats(m["cdeit"], m["empty"], ("rmse", "psnr"))
   return "\n".join(lines), ok

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.fileio import atomic_write
+from cdeit_jax.errors import InputError
 
 SPLITS = ("train", "valid", "test")
 FORMAT_VERSION = 1
@@ -77,19 +78,19 @@ def _check_settings(out: str, settings: SimSettings, tr_splits=SPLITS) -> None:
       with open(path) as fh:
         have = json.load(fh)
     except (OSError, ValueError) as e:
-      raise ValueError(f"{path}: unreadable ({e}); restore it or choose a new --out") from None
+      raise InputError(f"{path}: unreadable ({e}); restore it or choose a new --out") from None
     # Records written before tr_splits was recorded do not say; they are not rewritten.
     diff = {k: (have.get(k), v) for k, v in want.items()
             if have.get(k) != v and (k in have or k != "tr_splits")}
     if diff:
       listing = ", ".join(f"{k}: folder has {a!r}, asked {b!r}" for k, (a, b) in diff.items())
-      raise ValueError(f"{path}: the folder was generated with other settings ({listing}). "
+      raise InputError(f"{path}: the folder was generated with other settings ({listing}). "
                        "Pass the folder's settings to extend it, or choose a new --out.")
     return
   found = [os.path.join(out, sp) for sp in SPLITS if os.path.isdir(os.path.join(out, sp))
            and any(f.endswith(".npz") for f in os.listdir(os.path.join(out, sp)))]
   if found:
-    raise ValueError(f"{out}: holds examples ({', '.join(found)}) but no simulate.json, so the "
+    raise InputError(f"{out}: holds examples ({', '.join(found)}) but no simulate.json, so the "
                      "settings that made them are unknown; choose a new --out (extending it "
                      "could mix two datasets)")
   os.makedirs(out, exist_ok=True)
@@ -164,7 +165,7 @@ def generate(out: str, counts: dict[str, int], settings: SimSettings = SimSettin
 
   for split, n in counts.items():
     if split not in SPLITS or n < 0:
-      raise ValueError(f"counts: unknown split {split!r} or negative count {n}")
+      raise InputError(f"counts: unknown split {split!r} or negative count {n}")
   _check_settings(out, settings, tr_splits)
   gen = Generator(settings, batch_size)
   todo = {}
@@ -232,11 +233,11 @@ def main(argv=None) -> None:
     from cdeit_jax.eit import PhantomSpec
     unknown = set(phantom) - {f.name for f in dataclasses.fields(PhantomSpec)}
     if unknown:
-      raise ValueError(f"--phantom: unknown fields {sorted(unknown)}; known: "
+      raise InputError(f"--phantom: unknown fields {sorted(unknown)}; known: "
                        f"{[f.name for f in dataclasses.fields(PhantomSpec)]}")
     tr = tuple(s for s in a.tr_splits.split(",") if s)
     if set(tr) - set(SPLITS):
-      raise ValueError(f"--tr-splits: unknown splits {sorted(set(tr) - set(SPLITS))}")
+      raise InputError(f"--tr-splits: unknown splits {sorted(set(tr) - set(SPLITS))}")
     settings = SimSettings(seed=a.seed, snr_db=None if a.snr_db < 0 else a.snr_db,
                            contact_impedance=a.contact_impedance, phantom=phantom)
     counts = {"train": a.num_train, "valid": a.num_valid, "test": a.num_test}

@@ -15,6 +15,8 @@ from importlib import resources
 
 import numpy as np
 
+from cdeit_jax.errors import InputError, MissingFile
+
 STATS_SHAPE = (1, 16, 13)
 
 _STORAGE_DTYPES = {
@@ -42,23 +44,23 @@ class _RestrictedUnpickler(pickle.Unpickler):
       return _Storage(_STORAGE_DTYPES[name])
     if (module, name) == ("collections", "OrderedDict"):
       return OrderedDict
-    raise ValueError(f"{self.path}: refusing to load {module}.{name}: only a plain saved tensor "
+    raise InputError(f"{self.path}: refusing to load {module}.{name}: only a plain saved tensor "
                      "is accepted here (save mean/std with torch.save(tensor) or as .npy)")
 
   def persistent_load(self, pid):
     if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-      raise ValueError(f"{self.path}: unsupported persistent id {pid!r}")
+      raise InputError(f"{self.path}: unsupported persistent id {pid!r}")
     _, storage_type, key, _location, numel = pid
     if not isinstance(storage_type, _Storage):
-      raise ValueError(f"{self.path}: unsupported storage type {storage_type!r}")
+      raise InputError(f"{self.path}: unsupported storage type {storage_type!r}")
     name = f"{self.prefix}/data/{key}"
     try:
       raw = self.archive.read(name)
     except KeyError:
-      raise ValueError(f"{self.path}: the archive has no storage {name!r}") from None
+      raise InputError(f"{self.path}: the archive has no storage {name!r}") from None
     dtype = np.dtype(storage_type.dtype).newbyteorder("<" if self.byteorder == "little" else ">")
     if not _is_int(numel) or numel < 0 or len(raw) != numel * dtype.itemsize:
-      raise ValueError(f"{self.path}: storage {name!r} holds {len(raw)} bytes, not the "
+      raise InputError(f"{self.path}: storage {name!r} holds {len(raw)} bytes, not the "
                        f"{numel!r} x {dtype.itemsize} its header declares")
     return np.frombuffer(raw, dtype=dtype, count=numel).astype(storage_type.dtype)
 
@@ -67,19 +69,19 @@ class _RestrictedUnpickler(pickle.Unpickler):
     """A tensor view of `storage`, after checking that every element it addresses lies inside
     the storage (a crafted header could otherwise read past the buffer)."""
     if not isinstance(storage, np.ndarray):
-      raise ValueError(f"{self.path}: a tensor refers to {type(storage).__name__}, not a storage")
+      raise InputError(f"{self.path}: a tensor refers to {type(storage).__name__}, not a storage")
     if not (isinstance(size, tuple) and isinstance(stride, tuple) and len(size) == len(stride)
             and all(_is_int(v) for v in (offset, *size, *stride))):
-      raise ValueError(f"{self.path}: malformed tensor header (offset {offset!r}, size "
+      raise InputError(f"{self.path}: malformed tensor header (offset {offset!r}, size "
                        f"{size!r}, stride {stride!r})")
     if offset < 0 or any(v < 0 for v in (*size, *stride)):
-      raise ValueError(f"{self.path}: negative offset, size or stride in tensor header "
+      raise InputError(f"{self.path}: negative offset, size or stride in tensor header "
                        f"(offset {offset}, size {size}, stride {stride})")
     count = int(np.prod(size, dtype=np.int64)) if size else 1
     if count:
       last = offset + sum((n - 1) * s for n, s in zip(size, stride))
       if last >= storage.size:
-        raise ValueError(
+        raise InputError(
             f"{self.path}: tensor of size {size}, stride {stride} at offset {offset} reaches "
             f"element {last} of a storage of {storage.size}; the file is damaged or crafted")
     itemsize = storage.dtype.itemsize
@@ -96,13 +98,13 @@ def read_pth_tensor(path: str) -> np.ndarray:
   try:
     archive = zipfile.ZipFile(path)
   except (OSError, zipfile.BadZipFile) as e:
-    raise ValueError(f"{path}: not a PyTorch zip archive ({e}); re-save it with a recent "
+    raise InputError(f"{path}: not a PyTorch zip archive ({e}); re-save it with a recent "
                      "torch.save or give a .npy file") from e
   with archive:
     names = archive.namelist()
     pkl = [n for n in names if n.endswith("/data.pkl")]
     if len(pkl) != 1:
-      raise ValueError(f"{path}: expected one data.pkl in the archive, found {len(pkl)}")
+      raise InputError(f"{path}: expected one data.pkl in the archive, found {len(pkl)}")
     prefix = pkl[0][: -len("/data.pkl")]
     byteorder = "little"
     if f"{prefix}/byteorder" in names:
@@ -110,7 +112,7 @@ def read_pth_tensor(path: str) -> np.ndarray:
     with archive.open(pkl[0]) as fh:
       obj = _RestrictedUnpickler(fh, archive, prefix, path, byteorder).load()
   if not isinstance(obj, np.ndarray):
-    raise ValueError(f"{path}: holds a {type(obj).__name__}, expected a single tensor")
+    raise InputError(f"{path}: holds a {type(obj).__name__}, expected a single tensor")
   return obj
 
 
@@ -120,10 +122,10 @@ def read_array(path: str) -> np.ndarray:
     try:
       return np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
-      raise ValueError(f"{path}: not a readable .npy array ({e})") from e
+      raise InputError(f"{path}: not a readable .npy array ({e})") from e
   if path.endswith((".pth", ".pt")):
     return read_pth_tensor(path)
-  raise ValueError(f"{path}: statistics must be .npy or .pth")
+  raise InputError(f"{path}: statistics must be .npy or .pth")
 
 
 def check_stats(mean: np.ndarray, std: np.ndarray, source: str = "statistics") -> tuple:
@@ -134,12 +136,12 @@ def check_stats(mean: np.ndarray, std: np.ndarray, source: str = "statistics") -
     # Only shapes that hold the (16 injections, 13 measurements) order: a (13, 16) array has 208
     # elements too, but in the other order.
     if a.size != 208 or not (a.shape == (208,) or a.shape[-2:] == (16, 13)):
-      raise ValueError(f"{source}: {name} has shape {a.shape}, expected {STATS_SHAPE} (or "
+      raise InputError(f"{source}: {name} has shape {a.shape}, expected {STATS_SHAPE} (or "
                        "(16, 13), (208,)): 16 current injections x 13 measurements")
     if not np.all(np.isfinite(a)):
-      raise ValueError(f"{source}: {name} holds non-finite values")
+      raise InputError(f"{source}: {name} holds non-finite values")
   if np.any(std <= 0):
-    raise ValueError(f"{source}: std has {(std <= 0).sum()} entries <= 0")
+    raise InputError(f"{source}: std has {(std <= 0).sum()} entries <= 0")
   return mean.reshape(STATS_SHAPE), std.reshape(STATS_SHAPE)
 
 
@@ -155,11 +157,11 @@ def find_stats_files(directory: str) -> tuple[str, str] | None:
 def load_stats(path: str) -> tuple[np.ndarray, np.ndarray]:
   """Statistics from a folder holding mean/std (.npy or .pth)."""
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"statistics folder {path}: not a directory (it should hold "
+    raise MissingFile(f"statistics folder {path}: not a directory (it should hold "
                             "mean.npy and std.npy, or mean.pth and std.pth)")
   found = find_stats_files(path)
   if found is None:
-    raise FileNotFoundError(f"statistics folder {path}: no mean.npy/std.npy or mean.pth/std.pth")
+    raise MissingFile(f"statistics folder {path}: no mean.npy/std.npy or mean.pth/std.pth")
   return check_stats(read_array(found[0]), read_array(found[1]), source=path)
 
 

@@ -17,10 +17,12 @@ import os
 import socket
 import time
 
+from cdeit_jax.errors import CdeitError
+
 LOCK_NAME = "lock"
 
 
-class WorkdirBusy(RuntimeError):
+class WorkdirBusy(CdeitError, RuntimeError):
   """Another live process trains in this workdir."""
 
 

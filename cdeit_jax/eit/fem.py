@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.eit.mesh import NUM_ELECTRODES, DiskMesh, MeshSpec, make_mesh
+from cdeit_jax.errors import InputError
 
 NUM_MEAS = NUM_ELECTRODES - 3
 
@@ -59,11 +60,11 @@ class CEM:
     self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
     self.dtype = jnp.dtype(dtype)
     if self.dtype == jnp.float64 and not jax.config.jax_enable_x64:
-      raise ValueError("dtype float64 needs 64-bit JAX: run under `with jax.enable_x64(True):` "
+      raise InputError("dtype float64 needs 64-bit JAX: run under `with jax.enable_x64(True):` "
                        "or set JAX_ENABLE_X64=1")
     z = np.broadcast_to(np.asarray(contact_impedance, np.float64), (NUM_ELECTRODES,))
     if np.any(z <= 0):
-      raise ValueError(f"contact_impedance must be > 0, got {contact_impedance}")
+      raise InputError(f"contact_impedance must be > 0, got {contact_impedance}")
     n, ne = mesh.num_nodes, NUM_ELECTRODES
     size = n + ne - 1                                   # grounded: U_15 = 0 is dropped
     # element stiffness (E, 3, 3) for sigma = 1: (b b^T + c c^T) / (4 |T|)
@@ -86,7 +87,7 @@ class CEM:
     full = full[:size, :size]
     var = np.ones(mesh.num_elements, bool) if support is None else np.asarray(support, bool)
     if var.shape != (mesh.num_elements,) or not var.any():
-      raise ValueError(f"support must be a non-empty boolean mask of the {mesh.num_elements} "
+      raise InputError(f"support must be a non-empty boolean mask of the {mesh.num_elements} "
                        "elements")
     tri = mesh.triangles
     fixed = np.flatnonzero(~var)

@@ -19,6 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cdeit_jax.errors import InputError
+
 MAX_INCLUSIONS = 4
 KINDS = ("disc", "ellipse", "half_disc", "annulus")
 IMAGE_SIZE = 128
@@ -40,11 +42,11 @@ class PhantomSpec:
 
   def validate(self) -> None:
     if not 1 <= self.min_inclusions <= self.max_inclusions <= MAX_INCLUSIONS:
-      raise ValueError(f"need 1 <= min_inclusions <= max_inclusions <= {MAX_INCLUSIONS}")
+      raise InputError(f"need 1 <= min_inclusions <= max_inclusions <= {MAX_INCLUSIONS}")
     if not 0 < self.min_size <= self.max_size < self.max_radius <= 1:
-      raise ValueError("need 0 < min_size <= max_size < max_radius <= 1")
+      raise InputError("need 0 < min_size <= max_size < max_radius <= 1")
     if not 0 < self.v_min <= self.v_max:
-      raise ValueError("need 0 < v_min <= v_max")
+      raise InputError("need 0 < v_min <= v_max")
 
 
 def random_params(rng: np.random.Generator, spec: PhantomSpec = PhantomSpec()) -> np.ndarray:

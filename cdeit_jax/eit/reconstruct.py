@@ -19,6 +19,7 @@ import numpy as np
 
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit.simulator import Simulator, default_simulator
+from cdeit_jax.errors import InputError
 
 DEFAULT_ALPHA = 0.1    # with noser_exponent 0.5: best RMSE on 128 simulated validation phantoms
 NOSER_EXPONENT = 0.5
@@ -55,7 +56,7 @@ class Tikhonov:
   def __init__(self, sim: Simulator | None = None, alpha: float = DEFAULT_ALPHA,
                noser_exponent: float = NOSER_EXPONENT, jac: np.ndarray | None = None):
     if alpha <= 0:
-      raise ValueError(f"alpha must be > 0, got {alpha}")
+      raise InputError(f"alpha must be > 0, got {alpha}")
     if jac is None:
       jac = default_jacobian() if sim is None else jacobian(sim)
     self.disk, jd, w_inv, gram = weighted_system(jac, noser_exponent)
@@ -69,7 +70,7 @@ class Tikhonov:
     if ys.shape[-1] == 1 and ys.ndim >= 2 and ys.shape[-2] == 208:
       ys = ys[..., 0]
     if ys.shape[-1] != 208:
-      raise ValueError(f"expected 208 voltages in the last axis, got shape {ys.shape}")
+      raise InputError(f"expected 208 voltages in the last axis, got shape {ys.shape}")
     out = np.zeros(ys.shape[:-1] + (self.disk.size,), np.float32)
     out[..., self.disk] = ys @ self.matrix.T
     return out.reshape(ys.shape[:-1] + (ph.IMAGE_SIZE, ph.IMAGE_SIZE))

@@ -17,6 +17,7 @@ import numpy as np
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit.fem import CEM
 from cdeit_jax.eit.mesh import MeshSpec, make_mesh
+from cdeit_jax.errors import InputError
 
 
 def add_noise(v: jax.Array, snr_db: float, key: jax.Array) -> jax.Array:
@@ -78,12 +79,12 @@ class Simulator:
     if snr_db is None:
       return vi - vh
     if key is None:
-      raise ValueError("snr_db needs a PRNG key (key=jax.random.key(seed))")
+      raise InputError("snr_db needs a PRNG key (key=jax.random.key(seed))")
     if key.shape == ():
       ki, kh = jax.random.split(key)
       return add_noise(vi, snr_db, ki) - add_noise(vh, snr_db, kh)
     if key.shape != vi.shape[:-1]:
-      raise ValueError(f"key must be one key or one per example {vi.shape[:-1]}, got {key.shape}")
+      raise InputError(f"key must be one key or one per example {vi.shape[:-1]}, got {key.shape}")
     # one key per example: its noise does not depend on which batch it is computed in
     noisy = lambda a, b, k: (add_noise(a, snr_db, jax.random.fold_in(k, 0))
                              - add_noise(b, snr_db, jax.random.fold_in(k, 1)))
@@ -117,5 +118,5 @@ def simulate_voltages(xs_images, snr_db: float | None = None, key: jax.Array | N
   white noise at snr_db on the homogeneous and the inhomogeneous vectors independently."""
   xs = jnp.asarray(xs_images)
   if xs.ndim != 3 or xs.shape[1:] != (ph.IMAGE_SIZE, ph.IMAGE_SIZE):
-    raise ValueError(f"xs_images must be (B, {ph.IMAGE_SIZE}, {ph.IMAGE_SIZE}), got {xs.shape}")
+    raise InputError(f"xs_images must be (B, {ph.IMAGE_SIZE}, {ph.IMAGE_SIZE}), got {xs.shape}")
   return default_simulator(dtype).image_voltages(xs, snr_db, key)

@@ -1,0 +1,83 @@
+"""Command-line plumbing shared by train.py and eval.py: one spelling of the multi-host flags, one
+cluster set-up, flag parsing whose mistakes are one line, and one-line reports of the project's
+own errors (`cdeit_jax.errors`); any other exception keeps its traceback."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Callable
+
+from absl import app, flags
+
+from cdeit_jax.errors import CdeitError
+
+FLAGS = flags.FLAGS
+
+
+def define_cluster_flags() -> None:
+  flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0 (explicit clusters)")
+  flags.DEFINE_integer("num_processes", None, "number of processes (explicit clusters)")
+  flags.DEFINE_integer("process_id", None, "this process's id (explicit clusters)")
+
+
+def _auto_cluster() -> bool:
+  """Multi-host environments where jax.distributed.initialize() needs no arguments."""
+  env = os.environ
+  return (len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
+          or int(env.get("SLURM_NTASKS", "1")) > 1
+          or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1)
+
+
+def init_distributed() -> None:
+  """`jax.distributed.initialize` from the cluster flags, or by itself on TPU pods, SLURM and
+  Open MPI; nothing on one host."""
+  import jax
+  given = [FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id]
+  if any(v is not None for v in given):
+    if any(v is None for v in given):
+      raise app.UsageError("--coordinator_address, --num_processes and --process_id go together")
+    if FLAGS.num_processes > 1 and os.environ.get("JAX_PLATFORMS", "") == "cpu":
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+  elif _auto_cluster():
+    jax.distributed.initialize()
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a missing config file or an unknown config key reported as one
+  line (ml_collections raises them, some only when the config is first read, as OSError and
+  KeyError with long tracebacks)."""
+  try:
+    rest = FLAGS(argv)
+    if "config" in FLAGS and FLAGS.config is not None:
+      FLAGS.config.keys()  # config_flags defers a failed load to the first access
+    return rest
+  except flags.Error as e:
+    print(f"error: {e}\nPass --help for the flags.", file=sys.stderr)
+  except OSError as e:
+    path = getattr(FLAGS["config"], "config_filename", None) if "config" in FLAGS else None
+    if path and not os.path.isfile(path.split(":")[0]):
+      print(f"error: --config {path}: no such file (the configs are in configs/)", file=sys.stderr)
+    else:
+      print(f"error: --config: {' '.join(str(e).split())}", file=sys.stderr)
+  except KeyError as e:
+    text = " ".join(str(e.args[0] if e.args else e).split())
+    bad = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+    print(f"error: {', '.join(bad)}: no such config key: {text}", file=sys.stderr)
+  sys.exit(2)
+
+
+def run(main: Callable[[list[str]], None]) -> None:
+  """`app.run(main)` with one-line flag errors and one-line reports of our own errors."""
+
+  def wrapped(argv):
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
+    try:
+      main(argv)
+    except CdeitError as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(1)
+
+  app.run(wrapped, flags_parser=parse_flags)
