@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import einops
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +19,7 @@ from flax import nnx
 
 from cdeit_jax import attention, conditioning
 from cdeit_jax.conditioning import Fixed
+from cdeit_jax.errors import InputError
 
 Array = jax.Array
 DType = Any
@@ -36,7 +38,7 @@ class PosEmbed(Fixed):
 def sincos_pos_embed_2d(dim: int, grid: int) -> np.ndarray:
   """MAE/DiT 2-D sin-cos table (grid*grid, dim): first half encodes the column, second the row."""
   if dim % 4:
-    raise ValueError(f"hidden_size must be a multiple of 4 for the sin-cos table, got {dim}")
+    raise InputError(f"hidden_size must be a multiple of 4 for the sin-cos table, got {dim}")
 
   def one_axis(d: int, pos: np.ndarray) -> np.ndarray:
     omega = 1.0 / 10000 ** (np.arange(d // 2, dtype=np.float64) / (d / 2.0))
@@ -111,7 +113,7 @@ class Attention(nnx.Module):
                window: int | None = None, implementation: str | None = None,
                query_chunk: int | None = None):
     if dim % num_heads:
-      raise ValueError(f"hidden_size {dim} is not divisible by num_heads {num_heads}")
+      raise InputError(f"hidden_size {dim} is not divisible by num_heads {num_heads}")
     self.num_heads = num_heads
     self.window = window
     self.implementation = implementation
@@ -130,11 +132,10 @@ class Attention(nnx.Module):
       bias = None
     else:
       ws = self.window
-      tokens = x.reshape(b, h // ws, ws, w // ws, ws, c).transpose(0, 1, 3, 2, 4, 5)
-      tokens = tokens.reshape(-1, ws * ws, c)
+      tokens = einops.rearrange(x, "b (nh wh) (nw ww) c -> (b nh nw) (wh ww) c", wh=ws, ww=ws)
       index = relative_position_index(ws).reshape(-1)
       bias = self.relative_position_bias_table[...][index]
-      bias = bias.reshape(ws * ws, ws * ws, self.num_heads).transpose(2, 0, 1)[None]
+      bias = einops.rearrange(bias, "(q k) n -> 1 n q k", q=ws * ws)
     qkv = self.qkv(tokens)
     q, k, v = jnp.split(qkv.reshape(*tokens.shape[:2], 3, self.num_heads, -1), 3, axis=2)
     q, k, v = (a[:, :, 0] for a in (q, k, v))  # (B', T, heads, head_dim)
@@ -145,8 +146,8 @@ class Attention(nnx.Module):
     if self.window is None:
       return out.reshape(b, h, w, c)
     ws = self.window
-    out = out.reshape(b, h // ws, w // ws, ws, ws, c).transpose(0, 1, 3, 2, 4, 5)
-    return out.reshape(b, h, w, c)
+    return einops.rearrange(out, "(b nh nw) (wh ww) c -> b (nh wh) (nw ww) c", b=b, nh=h // ws,
+                            wh=ws)
 
 
   def _attend(self, q, k, v, bias):
@@ -155,7 +156,7 @@ class Attention(nnx.Module):
     if bias is not None or not chunk or t <= chunk or self.implementation == "splash":
       return attend(q)
     if t % chunk:
-      raise ValueError(f"attention_query_chunk {chunk} does not divide the {t} tokens")
+      raise InputError(f"attention_query_chunk {chunk} does not divide the {t} tokens")
     # Queries in chunks, one after another, each rematerialised for the backward pass: peak
     # memory of the (chunk x tokens) logits instead of (tokens x tokens); same result per row.
     qc = jnp.moveaxis(q.reshape(q.shape[0], t // chunk, chunk, *q.shape[2:]), 1, 0)
@@ -261,20 +262,20 @@ class CDEIT(nnx.Module):
                dtype: DType = jnp.float32, attention_impl: str | None = None,
                attention_query_chunk: int | None = None, remat: bool = False, rngs: nnx.Rngs):
     if image_size % patch_size:
-      raise ValueError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
+      raise InputError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
     grid = image_size // patch_size
     if grid % (2 ** num_scales):
-      raise ValueError(f"token grid {grid} (image_size/patch_size) must be divisible by "
+      raise InputError(f"token grid {grid} (image_size/patch_size) must be divisible by "
                        f"2**num_scales = {2 ** num_scales}")
     window = grid // 4 if window_size is None else window_size
     if grid % window:
-      raise ValueError(f"window_size {window} does not divide the token grid {grid}")
+      raise InputError(f"window_size {window} does not divide the token grid {grid}")
     if image_size % cond_size:
-      raise ValueError(f"image_size {image_size} is not divisible by cond_size {cond_size}")
+      raise InputError(f"image_size {image_size} is not divisible by cond_size {cond_size}")
     if cond not in conditioning.MODES:
-      raise ValueError(f"cond {cond!r} must be one of {conditioning.MODES}")
+      raise InputError(f"cond {cond!r} must be one of {conditioning.MODES}")
     if cond != "eim" and image_size != 128:
-      raise ValueError(f"cond {cond!r} needs image_size 128 (the simulator's grid), "
+      raise InputError(f"cond {cond!r} needs image_size 128 (the simulator's grid), "
                        f"got {image_size}")
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
     self.cond_mode = cond
@@ -288,7 +289,7 @@ class CDEIT(nnx.Module):
     if attention_impl in (None, "auto"):
       attention_impl = attention.resolve(attention_impl, jax.default_backend(), dtype)
     elif attention_impl not in attention.IMPLS:
-      raise ValueError(f"attention_impl {attention_impl!r} must be one of {attention.IMPLS}")
+      raise InputError(f"attention_impl {attention_impl!r} must be one of {attention.IMPLS}")
     self.attention_impl = attention_impl
     dim, args = hidden_size, (num_heads, mlp_ratio, dtype, rngs)
 
@@ -318,11 +319,11 @@ class CDEIT(nnx.Module):
     return blk(x, c)
 
   def __call__(self, x: Array, t: Array, cond: Array) -> Array:
-    b, size = x.shape[0], self.image_size
+    size = self.image_size
     if x.shape[1:] != (size, size, self.in_channels):
-      raise ValueError(f"x must be (B, {size}, {size}, {self.in_channels}), got {x.shape}")
+      raise InputError(f"x must be (B, {size}, {size}, {self.in_channels}), got {x.shape}")
     if cond.shape[1:] != (self.cond_size, self.cond_size, 1):
-      raise ValueError(f"cond must be (B, {self.cond_size}, {self.cond_size}, 1), got {cond.shape}")
+      raise InputError(f"cond must be (B, {self.cond_size}, {self.cond_size}, 1), got {cond.shape}")
     up = size // self.cond_size
     inputs = [x, jnp.repeat(jnp.repeat(cond.astype(x.dtype), up, axis=1), up, axis=2)]
     if self.conditioner is not None:
@@ -348,9 +349,9 @@ class CDEIT(nnx.Module):
     h = self._block(self.swinOut2, self._block(self.swinOut1, h, c), c)
 
     out = self.final_layer(h, c).astype(jnp.float32)  # (B, g, g, p*p*C), ordered (p, q, C)
-    p, g = self.patch_size, self.grid
-    out = out.reshape(b, g, g, p, p, self.in_channels).transpose(0, 1, 3, 2, 4, 5)
-    return out.reshape(b, size, size, self.in_channels)
+    p = self.patch_size
+    return einops.rearrange(out, "b gh gw (ph pw c) -> b (gh ph) (gw pw) c", ph=p, pw=p,
+                            c=self.in_channels)
 
 
 def count_params(model: nnx.Module, include_fixed: bool = True) -> int:
