@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from cdeit_jax import data
+from cdeit_jax import config_lib, data
 
 
 def make_folder(root: str, n: int) -> str:
@@ -51,7 +51,8 @@ def main():
     src = data.NpzSource(split, cache=cache)
     open_s = time.perf_counter() - t
     for workers in a.workers:
-      opts = data.LoaderOptions(num_workers=workers, num_threads=a.threads)
+      opts = config_lib.default_config().data
+      opts.update(num_workers=workers, num_threads=a.threads)
       it = iter(data.train_dataset(src, a.batch, opts))
       for _ in range(5):  # warm-up: start workers, fill prefetch
         next(it)

@@ -8,7 +8,6 @@ target, optionally `TR` and `xs_gn` (classical reconstructions, kept for evaluat
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import contextlib
 import os
@@ -25,6 +24,7 @@ import numpy as np
 from cdeit_jax import stats as stats_lib
 from cdeit_jax.eit.fem import measurement_pairs
 from cdeit_jax.fileio import atomic_write
+from cdeit_jax.errors import InputError, MissingFile
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def eim(voltages: np.ndarray) -> np.ndarray:
 def resolve_ratios(preset: str, voltage_ratio: float | None = None,
                    current_ratio: float | None = None) -> tuple[float, float]:
   if preset not in PRESETS and (voltage_ratio is None or current_ratio is None):
-    raise ValueError(f"unknown data preset {preset!r}: use one of {sorted(PRESETS)}, or give both "
+    raise InputError(f"unknown data preset {preset!r}: use one of {sorted(PRESETS)}, or give both "
                      "voltage_ratio and current_ratio")
   v, c = PRESETS.get(preset, (None, None))
   return float(voltage_ratio if voltage_ratio is not None else v), \
@@ -72,7 +72,7 @@ def _read_npz(path: str, keys: Sequence[str] | None = None) -> dict[str, np.ndar
 # ----------------------------------------------------------------------------- validation
 
 
-class DatasetError(ValueError):
+class DatasetError(InputError):
   """A dataset folder or file is unusable; the message names every bad file."""
 
 
@@ -119,8 +119,9 @@ def validate(directory: str, files: Sequence[str], *, skip_bad: bool = False,
   if not skip_bad:
     raise DatasetError(f"data folder {directory}: {len(bad)} of {len(files)} files are bad:\n"
                        f"{listing}{more}\nFix or remove them, or skip them: "
-                       "--config.data.skip_bad_files=True (train.py), --skip-bad-files "
-                       "(eval.py, python -m cdeit_jax.data stats).")
+                       "--config.data.skip_bad_files=True (train.py), "
+                       "--config.eval.skip_bad_files=True (eval.py), --skip-bad-files "
+                       "(python -m cdeit_jax.data stats).")
   log.warning("data folder %s: skipping %d of %d bad files:\n%s%s", directory, len(bad),
               len(files), listing, more)
   good = [f for f, p in zip(files, problems) if p is None]
@@ -156,7 +157,7 @@ def resolve_stats(split_dir: str, stats: Any = None,
     return stats_lib.load_stats(root)
   if checkpoint_stats is not None:
     return stats_lib.check_stats(*checkpoint_stats, source="checkpoint")
-  raise FileNotFoundError(
+  raise MissingFile(
       f"no normalisation statistics for {split_dir}: put mean/std (.npy or .pth) in {root}, "
       "pass stats=, or compute them with `python -m cdeit_jax.data stats DATA/train`")
 
@@ -219,9 +220,6 @@ class NpzSource:
       return self._cache[i]
     return self._load(i)
 
-  def has_baseline(self, key: str) -> bool:
-    return key in _read_npz(os.path.join(self.path, self.files[0]), (key,))
-
 
 # ----------------------------------------------------------------------------- statistics
 
@@ -262,15 +260,6 @@ def write_stats(out: str, mean: np.ndarray, std: np.ndarray) -> None:
 # ----------------------------------------------------------------------------- pipelines
 
 
-@dataclasses.dataclass(frozen=True)
-class LoaderOptions:
-  """Host-side pipeline settings (config.data)."""
-  num_workers: int = 0          # worker processes (grain mp_prefetch); 0 = in-process
-  num_threads: int = 4          # reader threads per process (each reads whole batches)
-  prefetch: int = 8             # batches prefetched per process (>= num_threads)
-  seed: int = 0
-
-
 _TRAIN_KEYS = ("cond", "target", "index")
 
 
@@ -280,7 +269,7 @@ def _drop_name(ex: dict) -> dict:
 
 def local_batch_size(global_batch: int) -> int:
   if global_batch % jax.process_count():
-    raise ValueError(f"global batch {global_batch} does not divide over {jax.process_count()} "
+    raise InputError(f"global batch {global_batch} does not divide over {jax.process_count()} "
                      "processes")
   return global_batch // jax.process_count()
 
@@ -307,9 +296,11 @@ class _HostRows(grain.MapDataset):
     return self._parents[0][k * self._g + self._p * self._b + j]
 
 
-def train_dataset(source: NpzSource, global_batch: int, opts: LoaderOptions = LoaderOptions()
-                  ) -> grain.IterDataset:
+def train_dataset(source: NpzSource, global_batch: int, opts: Any) -> grain.IterDataset:
   """Shuffled (seeded, reshuffled each epoch), repeated, batched host share of the global batch.
+
+  `opts` is `config.data`: `seed`, `num_threads` (reader threads per process), `prefetch`
+  (batches per process), `num_workers` (grain worker processes; 0 = in-process).
 
   The example order depends only on the seed, not on the number of hosts: each host reads only
   the examples of its rows of each global batch.
@@ -361,35 +352,12 @@ def eval_batches(source: NpzSource, global_batch: int, keys: Sequence[str] = _TR
     yield batch
 
 
-def batch_sharding(mesh: jax.sharding.Mesh, axis: str = "data") -> jax.sharding.NamedSharding:
-  return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
-
-
-def to_global(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh, axis: str = "data"
-              ) -> dict[str, jax.Array]:
+def to_global(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
   """Host batch -> global jax.Arrays sharded over the mesh's data axis (leading dimension)."""
-  sharding = batch_sharding(mesh, axis)
+  from cdeit_jax import sharding as shd
+  sharding = shd.batch_sharded(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in batch.items() if np.asarray(v).dtype.kind != "U"}
-
-
-class GlobalBatches:
-  """Wraps a host-batch iterator, yielding global sharded batches; checkpointable state."""
-
-  def __init__(self, host_iter, mesh: jax.sharding.Mesh, axis: str = "data"):
-    self.host_iter, self.mesh, self.axis = host_iter, mesh, axis
-
-  def __iter__(self):
-    return self
-
-  def __next__(self) -> dict[str, jax.Array]:
-    return to_global(next(self.host_iter), self.mesh, self.axis)
-
-  def get_state(self):
-    return self.host_iter.get_state()
-
-  def set_state(self, state) -> None:
-    self.host_iter.set_state(state)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

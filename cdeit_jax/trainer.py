@@ -21,9 +21,10 @@ import numpy as np
 from cdeit_jax import aot, checkpoint, config_lib, data, hardware, logs, workdir_lock
 from cdeit_jax import sharding as shd
 from cdeit_jax import training
+from cdeit_jax.errors import CdeitError, DoesNotFit
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(CdeitError, RuntimeError):
   pass
 
 
@@ -47,12 +48,6 @@ class _Preemption:
 
   def restore(self):
     signal.signal(signal.SIGTERM, self._previous)
-
-
-def _loader_options(cfg) -> data.LoaderOptions:
-  d = cfg.data
-  return data.LoaderOptions(num_workers=d.num_workers, num_threads=d.num_threads,
-                            prefetch=d.prefetch, seed=d.seed)
 
 
 def open_sources(cfg: ml_collections.ConfigDict, checkpoint_stats=None):
@@ -82,7 +77,7 @@ def _memory_report(compiled: training.CompiledStep, cfg: ml_collections.ConfigDi
   if limit:
     text += f" of {gib(limit):.2f} GiB"
     if need > limit:
-      raise MemoryError(f"{text}\nThe train step will not fit: set "
+      raise DoesNotFit(f"{text}\nThe train step will not fit: set "
                         f"{aot.fit_advice(cfg, jax.device_count(), jax.default_backend())}.")
   return text
 
@@ -219,7 +214,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   except jax.errors.JaxRuntimeError as e:
     if not aot.is_out_of_memory(e):
       raise
-    raise MemoryError(
+    raise DoesNotFit(
         f"the train step does not fit the devices' memory ({str(e).splitlines()[0][:200]}). "
         f"Set {aot.fit_advice(cfg, jax.device_count(), jax.default_backend())}. Check a "
         "config without the hardware: train.py --compile_topology v5e-8 (TPU).") from None
@@ -228,7 +223,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
             f"({cfg.accum_steps} micro-batches); params {num_params:,}",
             f"train step compiled in {compiled.compile_s:.1f} s; {_memory_report(compiled, cfg)}"
             ] + report
-  host_iter = data.train_dataset(train_src, cfg.batch_size, _loader_options(cfg)).__iter__()
+  host_iter = data.train_dataset(train_src, cfg.batch_size, cfg.data).__iter__()
   rng = jax.random.key(cfg.seed)
   state = jax.device_put(state, compiled.state_shardings)
   latest = None

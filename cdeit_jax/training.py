@@ -21,6 +21,7 @@ from cdeit_jax import sharding as shd
 from cdeit_jax.diffusion import Diffusion
 from cdeit_jax.conditioning import Fixed
 from cdeit_jax.model import CDEIT
+from cdeit_jax.errors import InputError
 
 
 class TrainState(struct.PyTreeNode):
@@ -50,7 +51,7 @@ def learning_rate_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
         decay_steps=max(cfg.steps, o.warmup_steps + 1), end_value=o.lr * o.end_lr_factor)
-  raise ValueError(f"config.optimizer.schedule: {o.schedule!r} is not 'constant' or 'warmup_cosine'")
+  raise InputError(f"config.optimizer.schedule: {o.schedule!r} is not 'constant' or 'warmup_cosine'")
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
@@ -90,21 +91,6 @@ def ema_update(ema, params, n: jax.Array, *, beta: float = 0.995, update_every: 
 # ----------------------------------------------------------------------------- steps
 
 
-@dataclasses.dataclass(frozen=True)
-class StepConfig:
-  accum_steps: int = 1
-  ema_beta: float = 0.995
-  ema_update_every: int = 10
-  ema_update_after_step: int = 100
-  ema_power: float = 2 / 3
-
-  @classmethod
-  def from_config(cls, cfg: ml_collections.ConfigDict) -> "StepConfig":
-    e = cfg.ema
-    return cls(accum_steps=cfg.accum_steps, ema_beta=e.beta, ema_update_every=e.update_every,
-               ema_update_after_step=e.update_after_step, ema_power=e.power)
-
-
 def _draws(key: jax.Array, target: jax.Array, num_steps: int):
   k_t, k_n = jax.random.split(key)
   t = jax.random.randint(k_t, (target.shape[0],), 0, num_steps)
@@ -112,9 +98,12 @@ def _draws(key: jax.Array, target: jax.Array, num_steps: int):
 
 
 def make_train_step(graphdef: nnx.GraphDef, diffusion: Diffusion, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, sc: StepConfig, mesh: jax.sharding.Mesh | None = None
+                    schedule: optax.Schedule, cfg: ml_collections.ConfigDict,
+                    mesh: jax.sharding.Mesh | None = None
                     ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
-  """The pure train step; `batch` holds `cond` (G,16,16,1) and `target` (G,H,W,1)."""
+  """The pure train step; `batch` holds `cond` (G,16,16,1) and `target` (G,H,W,1). `cfg` gives
+  `accum_steps` and the EMA settings (`cfg.ema`)."""
+  accum_steps, e = cfg.accum_steps, cfg.ema
 
   def loss_fn(params, fixed, mb):
     model = nnx.merge(graphdef, params, fixed)
@@ -125,7 +114,7 @@ def make_train_step(graphdef: nnx.GraphDef, diffusion: Diffusion, tx: optax.Grad
   def micro_batches(x):
     """(G, ...) -> (k, G/k, ...): micro-batch j takes rows j, j+k, ..., so each is spread over
     every device like the full batch."""
-    k = sc.accum_steps
+    k = accum_steps
     x = jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
     if mesh is not None:
       x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, shd.DATA)))
@@ -135,7 +124,7 @@ def make_train_step(graphdef: nnx.GraphDef, diffusion: Diffusion, tx: optax.Grad
     key = jax.random.fold_in(rng, state.step)
     t, noise = _draws(key, batch["target"], diffusion.num_steps)
     data = {"cond": batch["cond"], "target": batch["target"], "t": t, "noise": noise}
-    if sc.accum_steps == 1:
+    if accum_steps == 1:
       loss, grads = grad_fn(state.params, state.fixed, data)
     else:
       def body(carry, mb):
@@ -145,14 +134,13 @@ def make_train_step(graphdef: nnx.GraphDef, diffusion: Diffusion, tx: optax.Grad
       zeros = jax.tree.map(jnp.zeros_like, state.params)
       (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
                                       jax.tree.map(micro_batches, data))
-      loss = loss / sc.accum_steps
-      grads = jax.tree.map(lambda g: g / sc.accum_steps, grads)
+      loss = loss / accum_steps
+      grads = jax.tree.map(lambda g: g / accum_steps, grads)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    ema = ema_update(state.ema, params, state.step, beta=sc.ema_beta,
-                     update_every=sc.ema_update_every, update_after_step=sc.ema_update_after_step,
-                     power=sc.ema_power)
+    ema = ema_update(state.ema, params, state.step, beta=e.beta, update_every=e.update_every,
+                     update_after_step=e.update_after_step, power=e.power)
     new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema)
     metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
                "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm)}
@@ -212,7 +200,7 @@ def setup(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, platform: 
     graphdef, state = create_state(model, tx)
   num_params = count_params(model)
   diffusion = Diffusion(**cfg.diffusion)
-  step_fn = make_train_step(graphdef, diffusion, tx, schedule, StepConfig.from_config(cfg), mesh)
+  step_fn = make_train_step(graphdef, diffusion, tx, schedule, cfg, mesh)
   return Setup(graphdef, state, step_fn, diffusion, num_params, kw)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from cdeit_jax import data, stats
+from cdeit_jax import config_lib, data, stats
 
 UEF = pathlib.Path(__file__).parent.parent / "data" / "uef2017"
 
@@ -34,6 +34,13 @@ def folder(tmp_path_factory):
   np.save(root / "mean.npy", np.zeros((1, 16, 13), np.float32))
   np.save(root / "std.npy", np.ones((1, 16, 13), np.float32))
   return root / "train"
+
+
+def _loader(**over):
+  """`config.data` with `over` (the loader settings train_dataset reads)."""
+  d = config_lib.default_config().data
+  d.update(over)
+  return d
 
 
 def test_uef2017_conditioning_matches_reference():
@@ -124,10 +131,10 @@ def test_epoch_lands_once_across_8_devices(folder):
   assert jax.device_count() == 8
   src = data.NpzSource(str(folder), cache=True)
   mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-  it = data.GlobalBatches(iter(data.train_dataset(src, global_batch=8)), mesh)
+  it = iter(data.train_dataset(src, global_batch=8, opts=_loader()))
   seen = []
   for _ in range(3):  # one epoch of 24
-    b = next(it)
+    b = data.to_global(next(it), mesh)
     assert b["cond"].shape == (8, 16, 16, 1) and b["target"].shape == (8, 128, 128, 1)
     assert b["cond"].sharding.spec == jax.sharding.PartitionSpec("data")
     shards = sorted(b["index"].addressable_shards, key=lambda s: s.index[0].start)
@@ -160,20 +167,20 @@ def test_eval_batches(folder):
 
 def test_iterator_state_restores_exactly(folder):
   src = data.NpzSource(str(folder))
-  it = iter(data.train_dataset(src, global_batch=4, opts=data.LoaderOptions(seed=3)))
+  it = iter(data.train_dataset(src, global_batch=4, opts=_loader(seed=3)))
   for _ in range(7):  # into the second epoch
     next(it)
   state = it.get_state()
   want = [next(it)["index"].tolist() for _ in range(5)]
-  fresh = iter(data.train_dataset(src, global_batch=4, opts=data.LoaderOptions(seed=3)))
+  fresh = iter(data.train_dataset(src, global_batch=4, opts=_loader(seed=3)))
   fresh.set_state(json.loads(json.dumps(state)))  # the state survives JSON (checkpoints)
   assert [next(fresh)["index"].tolist() for _ in range(5)] == want
 
 
 def test_worker_processes_give_the_same_batches(folder):
   src = data.NpzSource(str(folder))
-  a = iter(data.train_dataset(src, 4, data.LoaderOptions(seed=1)))
-  b = iter(data.train_dataset(src, 4, data.LoaderOptions(seed=1, num_workers=2)))
+  a = iter(data.train_dataset(src, 4, _loader(seed=1)))
+  b = iter(data.train_dataset(src, 4, _loader(seed=1, num_workers=2)))
   for _ in range(4):
     x, y = next(a), next(b)
     np.testing.assert_array_equal(x["index"], y["index"])
@@ -199,7 +206,7 @@ def test_two_processes_read_disjoint_shards(folder, tmp_path):
   assert not a & b and a | b == set(range(24))  # disjoint shares covering the epoch
   # the same global batches as one process reading everything (order independent of hosts)
   src = data.NpzSource(str(folder), stats=(np.zeros((1, 16, 13)), np.ones((1, 16, 13))))
-  one = iter(data.train_dataset(src, global_batch=8))
+  one = iter(data.train_dataset(src, global_batch=8, opts=_loader()))
   for k in range(3):
     assert next(one)["index"].tolist() == r[0]["seen"][4 * k:4 * k + 4] + r[1]["seen"][4 * k:4 * k + 4]
   for shape, n_local, spec_ok, _ in r[0]["shapes"]:
