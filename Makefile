@@ -22,16 +22,16 @@ test: install
 # and on the real UEF2017 tank cases beside Tikhonov and the empty image, print the table and time.
 DEMO_DATA ?= $(HOME)/.cache/cdeit-jax/demo-sim-v1
 DEMO_RUN ?= runs/demo
-DEMO_EVAL = --tikhonov --num-samples 8
+DEMO_EVAL = --config.eval.tikhonov=True --config.sampling.num_samples=8
 demo: install
 	@start=$$(date +%s) && \
 	$(BIN)/python -m cdeit_jax.simulate --out $(DEMO_DATA) --num-train 3000 --num-valid 64 \
 	  --num-test 64 --seed 0 --tr-splits valid,test && \
 	$(BIN)/python train.py --config configs/demo.py --workdir $(DEMO_RUN) \
 	  --config.data.path=$(DEMO_DATA) && \
-	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data simulated --data-path $(DEMO_DATA)/test \
+	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data simulated --data_path $(DEMO_DATA)/test \
 	  --out $(DEMO_RUN)/eval_simulated $(DEMO_EVAL) && \
-	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data uef2017 --data-path data/uef2017 \
+	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data uef2017 --data_path data/uef2017 \
 	  --out $(DEMO_RUN)/eval_uef2017 $(DEMO_EVAL) && \
 	$(BIN)/python -m cdeit_jax.report $(DEMO_RUN)/eval_simulated $(DEMO_RUN)/eval_uef2017 && \
 	echo "make demo: $$(( $$(date +%s) - start )) s (figures: $(DEMO_RUN)/eval_*/reconstructions.png)"

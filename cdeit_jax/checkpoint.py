@@ -31,6 +31,7 @@ from flax import nnx
 from cdeit_jax import config_lib, logs, stats
 from cdeit_jax.conditioning import Calibration, Fixed
 from cdeit_jax.model import CDEIT
+from cdeit_jax.errors import InputError, MissingFile
 
 FORMAT = "cdeit-jax checkpoint v2"
 FORMAT_V1 = "cdeit-jax checkpoint v1"   # 0.1: weights with fixed tables, `ema_params`; read-only
@@ -39,7 +40,7 @@ WEIGHT_ITEMS = {"raw": "params", "ema": "ema"}
 _WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
   """A checkpoint that cannot be read (damaged, incomplete, or not ours); one line, with the
   underlying error in the debug log."""
 
@@ -146,7 +147,7 @@ def save_inference(workdir: str, model: CDEIT, cfg: ml_collections.ConfigDict, *
                    weights: str = "ema") -> str:
   """Save one weight set (`ema` or `raw`) with its metadata; returns the step's directory."""
   if weights not in WEIGHT_ITEMS:
-    raise ValueError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
+    raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
   meta = make_meta(cfg, step=step, mean=mean, std=std, weights=[weights], source=source,
                    calibration=calibration_of(model))
   with manager(workdir) as mngr:
@@ -164,22 +165,22 @@ def resolve(path: str, step: int | None = None) -> tuple[str, int]:
   """(workdir, step) for a workdir, its `checkpoints/` folder, or one `checkpoints/<step>`."""
   path = os.path.abspath(path)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"checkpoint {path}: no such file or directory")
+    raise MissingFile(f"checkpoint {path}: no such file or directory")
   base = os.path.basename(path)
   if base.isdigit() and os.path.basename(os.path.dirname(path)) == CHECKPOINTS:
     return os.path.dirname(os.path.dirname(path)), int(base)
   if base == CHECKPOINTS:
     path = os.path.dirname(path)
   if not os.path.isdir(os.path.join(path, CHECKPOINTS)):
-    raise FileNotFoundError(f"checkpoint {path}: no {CHECKPOINTS}/ folder here (give a workdir "
+    raise MissingFile(f"checkpoint {path}: no {CHECKPOINTS}/ folder here (give a workdir "
                             "written by train.py or `python -m cdeit_jax.convert`)")
   steps = all_steps(path)
   if not steps:
-    raise FileNotFoundError(f"checkpoint {path}: {CHECKPOINTS}/ holds no finished checkpoint")
+    raise MissingFile(f"checkpoint {path}: {CHECKPOINTS}/ holds no finished checkpoint")
   if step is None:
     return path, max(steps)
   if step not in steps:
-    raise FileNotFoundError(f"checkpoint {path}: no step {step} (have {sorted(steps)})")
+    raise MissingFile(f"checkpoint {path}: no step {step} (have {sorted(steps)})")
   return path, step
 
 
@@ -226,13 +227,13 @@ def load_model(path: str, *, weights: str = "ema", step: int | None = None,
   data-parallel callers pass a replicated mesh sharding).
   """
   if weights not in WEIGHT_ITEMS:
-    raise ValueError(f"--weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
+    raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
   workdir, step = resolve(path, step)
   meta = read_meta(workdir, step)
   where = f"checkpoint {workdir}/{CHECKPOINTS}/{step}"
   if weights not in meta["weights"]:
-    raise ValueError(f"{where} has no {weights!r} weights (it has {meta['weights']}); pass "
-                     f"--weights {meta['weights'][0]}")
+    raise InputError(f"{where} has no {weights!r} weights (it has {meta['weights']}); pass "
+                     f"--config.eval.weights={meta['weights'][0]}")
   cfg = model_config(meta)
   if dtype is not None:
     cfg.model.dtype = dtype

@@ -16,6 +16,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from cdeit_jax import attention, conditioning
+from cdeit_jax.errors import InputError, MissingFile
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -35,7 +36,25 @@ def default_config() -> ml_collections.ConfigDict:
       attention_query_chunk=config_dict.placeholder(int),  # xla backend: lower attention memory
       remat=False))
   c.diffusion = ml_collections.ConfigDict(dict(num_steps=1000, beta_start=1e-4, beta_end=0.02))
-  c.sampling = ml_collections.ConfigDict(dict(steps=5, eta=1.0))
+  # Sampling and evaluation (eval.py): taken from the checkpoint's config, overridable there
+  # with --config.sampling.steps=10 and so on.
+  c.sampling = ml_collections.ConfigDict(dict(
+      steps=5, eta=1.0,
+      num_samples=1,  # K samples per measurement: the mean is the reconstruction, the std its
+                      # per-pixel uncertainty
+      seed=0,
+      batch_size=config_dict.placeholder(int),  # global; default: the largest that fits
+      # > 0: move each x0 estimate towards the measurements, x0 + S M_alpha (y - J x0)
+      data_consistency=0.0, data_consistency_alpha=0.1))
+  c.eval = ml_collections.ConfigDict(dict(
+      step=config_dict.placeholder(int),  # default: the best validated step, else the latest
+      weights="ema",  # ema | raw
+      stats=config_dict.placeholder(str),  # folder with mean/std overriding the checkpoint's
+      voltage_ratio=config_dict.placeholder(float), current_ratio=config_dict.placeholder(float),
+      max_examples=config_dict.placeholder(int),  # only the first N files
+      skip_bad_files=False,
+      tikhonov=False,  # also the built-in one-step Tikhonov/NOSER baseline
+      figure=True))
   c.data = ml_collections.ConfigDict(dict(
       path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
       preset="simulated",  # simulated | uef2017 | ktc2023 (sets the two ratios)
@@ -74,7 +93,7 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: in
 
   def need(ok: bool, key: str, msg: str):
     if not ok:
-      raise ValueError(f"config.{key}={_get(cfg, key)!r}: {msg}")
+      raise InputError(f"config.{key}={_get(cfg, key)!r}: {msg}")
 
   model_kwargs(cfg)
   for key in ("batch_size", "accum_steps", "steps", "log_every", "eval_every", "keep_checkpoints"):
@@ -102,6 +121,43 @@ def validate(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: in
        f"{cfg.data.train_split}/ and {cfg.data.valid_split}/ (--config.data.path=DIR)")
 
 
+def from_json(stored: dict[str, Any]) -> ml_collections.ConfigDict:
+  """`default_config()` updated with a stored config (a checkpoint's `meta["config"]`): keys this
+  version does not know are ignored, keys it added keep their defaults."""
+  cfg = default_config()
+
+  def update(node: ml_collections.ConfigDict, tree: dict) -> None:
+    for k, v in tree.items():
+      if k not in node:
+        continue
+      if isinstance(node[k], ml_collections.ConfigDict):
+        if isinstance(v, dict):
+          update(node[k], v)
+      else:
+        node[k] = tuple(v) if isinstance(v, list) and isinstance(node[k], tuple) else v
+
+  update(cfg, stored)
+  return cfg
+
+
+def override(cfg: ml_collections.ConfigDict, values: dict[str, Any]) -> None:
+  """Set dotted keys (`{"sampling.steps": 2}`); an unknown key or a wrongly typed value is an
+  InputError naming `--config.<key>`."""
+  for key, value in values.items():
+    node, *path = [cfg, *key.split(".")]
+    *parents, leaf = path
+    try:
+      for p in parents:
+        node = node[p]
+      if leaf not in node:
+        raise KeyError(f"no such key; config.{'.'.join(parents) or '<top>'} has "
+                       f"{', '.join(sorted(node.keys()))}")
+      node[leaf] = tuple(value) if isinstance(value, list) and isinstance(node[leaf], tuple) \
+          else value
+    except (KeyError, TypeError, AttributeError) as e:
+      raise InputError(f"--config.{key}={value!r}: {e.args[0] if e.args else e}") from None
+
+
 def none_strings(cfg: ml_collections.ConfigDict) -> None:
   """Read `--config.key=None` as None: config_flags passes the text "None" to optional string
   fields (`data.stats`, `data.path`, ...) as the string itself."""
@@ -125,17 +181,17 @@ def model_kwargs(cfg: ml_collections.ConfigDict, platform: str | None = None) ->
   attention backend resolved for `platform` (default: the default backend's)."""
   kw = dict(cfg.model)
   if kw.get("cond", "eim") not in conditioning.MODES:
-    raise ValueError(f"config.model.cond: {kw.get('cond')!r} is not one of {conditioning.MODES}")
+    raise InputError(f"config.model.cond: {kw.get('cond')!r} is not one of {conditioning.MODES}")
   if "cond_alphas" in kw:
     alphas = kw["cond_alphas"]
     if isinstance(alphas, (int, float)):
       alphas = (alphas,)
     if not alphas or not all(isinstance(a, (int, float)) and a > 0 for a in alphas):
-      raise ValueError(f"config.model.cond_alphas: {alphas!r} must be one or more numbers > 0 "
+      raise InputError(f"config.model.cond_alphas: {alphas!r} must be one or more numbers > 0 "
                        "(regularisation levels), e.g. (0.03, 0.3)")
     kw["cond_alphas"] = tuple(float(a) for a in alphas)
   if kw.get("dtype") not in DTYPES:
-    raise ValueError(f"config.model.dtype: {kw.get('dtype')!r} is not one of {sorted(DTYPES)}")
+    raise InputError(f"config.model.dtype: {kw.get('dtype')!r} is not one of {sorted(DTYPES)}")
   kw["dtype"] = DTYPES[kw["dtype"]]
   kw["attention_impl"] = attention.resolve(kw.get("attention_impl"),
                                            platform or jax.default_backend(), kw["dtype"])
@@ -145,10 +201,10 @@ def model_kwargs(cfg: ml_collections.ConfigDict, platform: str | None = None) ->
 def load(path: str) -> ml_collections.ConfigDict:
   """`get_config()` of a config file (command lines use ml_collections' config_flags instead)."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"config file {path}: no such file")
+    raise MissingFile(f"config file {path}: no such file")
   spec = importlib.util.spec_from_file_location(f"_cdeit_config_{abs(hash(path))}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
-    raise ValueError(f"config file {path}: defines no get_config()")
+    raise InputError(f"config file {path}: defines no get_config()")
   return module.get_config()

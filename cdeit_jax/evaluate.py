@@ -11,10 +11,10 @@ import io
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -23,34 +23,7 @@ from cdeit_jax.eit.phantom import disk_mask  # noqa: F401  (the grid's disk, for
 from cdeit_jax.fileio import atomic_write
 from cdeit_jax import sharding as shd
 from cdeit_jax.diffusion import Diffusion
-
-
-@dataclass
-class EvalSettings:
-  checkpoint: str
-  data: str                     # preset name (simulated, uef2017, ktc2023) or any name with ratios
-  data_path: str
-  out: str
-  weights: str = "ema"
-  step: int | None = None       # default: the best validated step, else the latest
-  sampling_steps: int = 5
-  eta: float = 1.0
-  num_samples: int = 1
-  seed: int = 0
-  batch_size: int | None = None  # global; default: the largest that fits (compile_sampler)
-  stats: str | None = None
-  voltage_ratio: float | None = None
-  current_ratio: float | None = None
-  max_examples: int | None = None
-  config: Any = None            # optional config whose model section must match the checkpoint
-  dtype: str | None = None
-  attention_query_chunk: int | None = None  # lower attention memory (see CDEIT)
-  figure: bool = True
-  tikhonov: bool = False        # also the built-in one-step Tikhonov/NOSER baseline (cdeit_jax.eit)
-  data_consistency: float = 0.0  # > 0: the sampler's data-consistency step with this strength
-  data_consistency_alpha: float = 0.1
-  skip_bad_files: bool = False  # skip unreadable/invalid data files with a warning
-  extra: dict = field(default_factory=dict)
+from cdeit_jax.errors import InputError
 
 
 # Everything an evaluation writes into its output folder (metrics.json last: it marks a complete
@@ -63,7 +36,7 @@ OUTPUTS = ("reconstructions.png", "predictions.mat", "predictions.npz", "metrics
 def check_out(out: str) -> None:
   """Fail before any work when `out` cannot take the outputs (a file, read-only, ...)."""
   if os.path.exists(out) and not os.path.isdir(out):
-    raise ValueError(f"--out {out}: exists and is not a folder; give a folder path")
+    raise InputError(f"--out {out}: exists and is not a folder; give a folder path")
   try:
     os.makedirs(out, exist_ok=True)
     probe = os.path.join(out, f".write-test-{os.getpid()}")
@@ -71,7 +44,7 @@ def check_out(out: str) -> None:
       pass
     os.remove(probe)
   except OSError as e:
-    raise ValueError(f"--out {out}: cannot write there ({e.strerror or e}); give a writable "
+    raise InputError(f"--out {out}: cannot write there ({e.strerror or e}); give a writable "
                      "folder") from None
 
 
@@ -94,7 +67,7 @@ def check_scale(src, preset: str, limit: int = 8) -> None:
   v = np.concatenate([np.ravel(src[i]["voltages"]) for i in range(n)])
   typical = float(np.median(np.abs(v)))
   if not typical < 100:
-    raise ValueError(
+    raise InputError(
         f"{src.path}: its voltages, standardised for preset {preset!r}, are ~{typical:.3g} "
         "standard deviations from the training mean (expected a few): the files are in other "
         "units than this preset; give the preset they were made with (--data uef2017, ktc2023, "
@@ -114,15 +87,36 @@ def _json_clean(tree):
   return tree
 
 
-def _check_model_config(cfg, meta: dict) -> None:
-  want = dict(cfg.model)
-  have = meta["model"]
-  diff = {k: (want.get(k), have.get(k)) for k in set(want) | set(have)
-          if k not in checkpoint.RUNTIME_MODEL_KEYS and want.get(k) != have.get(k)}
-  if diff:
-    listing = ", ".join(f"model.{k}: config {a!r}, checkpoint {b!r}"
-                        for k, (a, b) in sorted(diff.items()))
-    raise ValueError(f"the checkpoint's model settings disagree with the config: {listing}")
+# What eval.py may set; everything else (model, data, diffusion) is the checkpoint's.
+SETTABLE = ("sampling.", "eval.", *(f"model.{k}" for k in checkpoint.RUNTIME_MODEL_KEYS))
+
+
+def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The checkpoint's config with `overrides` (dotted keys) applied and the evaluation settings
+  checked; errors name `--config.<key>`."""
+  for key in overrides:
+    if not key.startswith(SETTABLE):
+      raise InputError(f"--config.{key}: evaluation takes the model, data and training settings "
+                       "from the checkpoint; only config.sampling.*, config.eval.* and "
+                       f"config.model.{{{','.join(checkpoint.RUNTIME_MODEL_KEYS)}}} can be set")
+  cfg = config_lib.from_json(meta.get("config", {}))
+  cfg.model.update(meta["model"])
+  config_lib.override(cfg, overrides)
+  s, e = cfg.sampling, cfg.eval
+
+  def need(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+      section, leaf = key.split(".")
+      raise InputError(f"--config.{key}={cfg[section][leaf]!r}: {msg}")
+
+  need(s.steps >= 1, "sampling.steps", "must be >= 1")
+  need(s.num_samples >= 1, "sampling.num_samples", "must be >= 1")
+  need(s.data_consistency >= 0, "sampling.data_consistency", "must be >= 0 (0 = off)")
+  need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
+  need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
+  need(e.weights in checkpoint.WEIGHT_ITEMS, "eval.weights",
+       f"must be one of {sorted(checkpoint.WEIGHT_ITEMS)}")
+  return cfg
 
 
 def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, mesh,
@@ -178,7 +172,8 @@ def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int |
   n = mesh.devices.size
   if batch_size is not None:
     if batch_size < 1 or batch_size % n:
-      raise ValueError(f"--batch-size {batch_size} must be a positive multiple of the {n} devices")
+      raise InputError(f"--config.sampling.batch_size={batch_size}: must be a positive multiple "
+                       f"of the {n} devices")
     candidates = [batch_size // n]
   else:
     most = max(1, -(-num_examples // n))
@@ -215,67 +210,64 @@ def _gather(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
-  """Run the evaluation and write every output into `s.out`; returns metrics.json's content."""
-  if s.num_samples < 1:
-    raise ValueError(f"--num-samples must be >= 1, got {s.num_samples}")
-  if s.sampling_steps < 1:
-    raise ValueError(f"--sampling-steps must be >= 1, got {s.sampling_steps}")
-  if not s.data_consistency >= 0:
-    raise ValueError(f"--data-consistency must be >= 0 (0 = off), got {s.data_consistency}")
-  if not s.data_consistency_alpha > 0:
-    raise ValueError(f"--data-consistency-alpha must be > 0, got {s.data_consistency_alpha}")
-  if s.max_examples is not None and s.max_examples < 1:
-    raise ValueError(f"--max-examples must be >= 1, got {s.max_examples}")
+def evaluate(path: str, data_name: str, data_path: str, out: str,
+             overrides: dict[str, Any] | None = None, log=print) -> dict[str, Any]:
+  """Reconstruct the npz files of `data_path` (preset `data_name`) with the checkpoint at `path`
+  (a run: its best validated step that loads, else the latest; or one `RUN/checkpoints/STEP`)
+  and write every output into `out`; returns metrics.json's content.
+
+  `overrides` (dotted keys, as `--config.sampling.steps=2` gives them) change the sampling and
+  evaluation settings and the model's runtime keys of the checkpoint's config."""
+  overrides = dict(overrides or {})
+  settings({"model": {}}, overrides)  # bad keys and values fail before any work
   if jax.process_index() == 0:
-    check_out(s.out)
-    logs.debug_log(s.out)
-  workdir, resolved = checkpoint.resolve(s.checkpoint, s.step)
-  step_dir = os.path.basename(os.path.normpath(s.checkpoint)).isdigit()
-  if s.step is not None or step_dir:
+    check_out(out)
+    logs.debug_log(out)
+  step_arg = overrides.get("eval.step")
+  workdir, resolved = checkpoint.resolve(path, step_arg)
+  if step_arg is not None or os.path.basename(os.path.normpath(path)).isdigit():
     step, meta = resolved, checkpoint.read_meta(workdir, resolved)
     candidates = [step]
   else:
     ranked = checkpoint.ranked_steps(workdir)
     candidates = ranked + [st for st in checkpoint.all_steps(workdir)[::-1] if st not in ranked]
     step, meta = _first_readable(workdir, candidates, log)
-  if s.config is not None:
-    _check_model_config(s.config, meta)
-  voltage_ratio, current_ratio = data.resolve_ratios(s.data, s.voltage_ratio, s.current_ratio)
-  src = data.NpzSource(s.data_path, s.data, s.stats, voltage_ratio=voltage_ratio,
+  cfg = settings(meta, overrides)
+  s, e = cfg.sampling, cfg.eval
+  voltage_ratio, current_ratio = data.resolve_ratios(data_name, e.voltage_ratio, e.current_ratio)
+  src = data.NpzSource(data_path, data_name, e.stats, voltage_ratio=voltage_ratio,
                        current_ratio=current_ratio, checkpoint_stats=checkpoint.meta_stats(meta),
-                       baselines=True, skip_bad=s.skip_bad_files)
-  n_total = len(src) if s.max_examples is None else min(len(src), s.max_examples)
-  check_scale(src, s.data)
+                       baselines=True, skip_bad=e.skip_bad_files)
+  n_total = len(src) if e.max_examples is None else min(len(src), e.max_examples)
+  check_scale(src, data_name)
+  runtime = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
 
   mesh = shd.make_mesh()
   skipped = []
   with logs.StderrCapture() as capture:  # a failed restore's TensorStore noise -> debug log
     while True:  # the chosen step, or (damaged weights) the next candidate
       try:
-        model, meta = checkpoint.load_model(workdir, weights=s.weights, step=step, dtype=s.dtype,
-                                            sharding=shd.replicated(mesh),
-                                            attention_query_chunk=s.attention_query_chunk)
+        model, meta = checkpoint.load_model(workdir, weights=e.weights, step=step,
+                                            sharding=shd.replicated(mesh), **runtime)
         break
-      except checkpoint.CheckpointError as e:
+      except checkpoint.CheckpointError as err:
         capture.failed = True
         rest = candidates[candidates.index(step) + 1:]
         if not rest:
           raise
-        skipped.append(f"warning: skipping checkpoint step {step}: {e}")
+        skipped.append(f"warning: skipping checkpoint step {step}: {err}")
         step, meta = _first_readable(workdir, rest, skipped.append)
   for line in skipped:
     log(line)
   if model.conditioner is not None and not (
       np.allclose(model.conditioner.voltage_mean[...], src.mean.ravel(), rtol=1e-6, atol=0) and
       np.allclose(model.conditioner.voltage_std[...], src.std.ravel(), rtol=1e-6, atol=0)):
-    log(f"warning: {s.data_path} is standardised with other statistics than this physics-"
+    log(f"warning: {data_path} is standardised with other statistics than this physics-"
         "informed model was trained with, so its linear input channels are computed from wrong "
-        "voltages; use the checkpoint's statistics (no --stats, and no mean/std in the data "
-        "folder's parent)")
+        "voltages; use the checkpoint's statistics (no --config.eval.stats, and no mean/std in the "
+        "data folder's parent)")
   graphdef, weights = nnx.split(model)
-  diffusion = Diffusion(**{**config_lib.default_config().diffusion,
-                           **meta["config"].get("diffusion", {})})
+  diffusion = Diffusion(**cfg.diffusion)
   shape = (model.image_size, model.image_size, model.in_channels)
   correction_graphdef = None
   if s.data_consistency:
@@ -284,8 +276,7 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
                                       alpha=s.data_consistency_alpha)
     correction_graphdef, dc_state = nnx.split(dc)
     weights = (weights, jax.device_put(dc_state, shd.replicated(mesh)))
-  sampler = make_sampler(graphdef, diffusion, s.sampling_steps, s.eta, shape, mesh,
-                         correction_graphdef)
+  sampler = make_sampler(graphdef, diffusion, s.steps, s.eta, shape, mesh, correction_graphdef)
   t0 = time.perf_counter()
   sampler, global_batch = compile_sampler(sampler, weights, mesh, n_total, s.batch_size,
                                           cond_size=model.cond_size, log=log)
@@ -300,9 +291,9 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
     key_k = jax.random.fold_in(key, k)
     for b in batches:
       g = data.to_global(b, mesh)
-      out = _gather(sampler(weights, g["cond"], g["index"], key_k))
+      imgs = _gather(sampler(weights, g["cond"], g["index"], key_k))
       idx, mask = _gather(g["index"]), _gather(g["mask"]) > 0
-      samples[k, idx[mask]] = out[mask]
+      samples[k, idx[mask]] = imgs[mask]
       done += int(mask.sum())
       log(f"\rsampling: {done}/{n_total * s.num_samples} images", end="")
   sample_s = time.perf_counter() - t0
@@ -322,7 +313,7 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
   empty = metrics.summary(np.zeros_like(pred[..., 0]), target[..., 0])[0]
   report = {"cdeit": overall, "empty": {k: v for k, v in empty.items() if k != "cc"}}  # CC: undefined
   stored = {k: np.stack([e[k] for e in examples])[..., 0] for k in data.BASELINE_KEYS}
-  if s.tikhonov:
+  if e.tikhonov:
     from cdeit_jax import eit
     # ys / voltage_ratio, recovered from the examples already read (no second read per file)
     ys = (np.stack([e["voltages"] for e in examples]) * src.std + src.mean).reshape(n_total, -1)
@@ -339,16 +330,19 @@ def evaluate(s: EvalSettings, log=print) -> dict[str, Any]:
   result.update({
       "metrics": report, "definitions": metrics.DEFINITIONS,
       "settings": {"checkpoint": workdir, "checkpoint_step": int(meta["step"]),
-                   "weights": s.weights, "data": s.data, "data_path": os.path.abspath(s.data_path),
+                   "weights": e.weights, "data": data_name,
+                   "data_path": os.path.abspath(data_path),
                    "voltage_ratio": voltage_ratio, "current_ratio": current_ratio,
-                   "sampling_steps": s.sampling_steps, "eta": s.eta,
+                   "sampling_steps": s.steps, "eta": s.eta,
                    "data_consistency": s.data_consistency,
                    "data_consistency_alpha": s.data_consistency_alpha,
                    "num_samples": s.num_samples, "seed": s.seed, "examples": n_total,
-                   "model": meta["model"], "dtype": s.dtype or meta["model"]["dtype"]},
+                   "model": meta["model"], "dtype": cfg.model.dtype,
+                   "config": {"sampling": s.to_dict(), "eval": e.to_dict(),
+                              "overrides": overrides}},
   })
-  write_outputs(s.out, result, rows, names, pred, target, std, samples, baselines,
-                current_ratio / voltage_ratio, s.figure)
+  write_outputs(out, result, rows, names, pred, target, std, samples, baselines,
+                current_ratio / voltage_ratio, e.figure)
   return result
 
 

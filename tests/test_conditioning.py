@@ -159,10 +159,9 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path):
   assert np.abs(np.asarray(loaded(x, t, cond)) - np.asarray(model(x, t, cond))).max() > 1e-3
 
   out = tmp_path / "eval"
-  r = evaluate.evaluate(evaluate.EvalSettings(
-      checkpoint=str(tmp_path / "run"), data="uef2017", data_path=UEF, out=str(out),
-      sampling_steps=2, batch_size=8, max_examples=8, figure=False, data_consistency=0.5),
-      log=lambda *a, **k: None)
+  r = evaluate.evaluate(str(tmp_path / "run"), "uef2017", UEF, str(out), {
+      "sampling.steps": 2, "sampling.batch_size": 8, "eval.max_examples": 8,
+      "eval.figure": False, "sampling.data_consistency": 0.5}, log=lambda *a, **k: None)
   m = json.loads((out / "metrics.json").read_text())
   assert m["settings"]["data_consistency"] == 0.5
   target = np.stack([uef[i]["target"][..., 0] for i in range(8)])
@@ -171,10 +170,12 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path):
   assert 0 < r["metrics"]["cdeit"]["ssim_disk"] < 1
   # other statistics than the model's: a warning, since its channels would be wrong
   logs = []
-  evaluate.evaluate(evaluate.EvalSettings(
-      checkpoint=str(tmp_path / "run"), data="uef2017", data_path=UEF, out=str(tmp_path / "e2"),
-      sampling_steps=1, batch_size=8, max_examples=1, figure=False,
-      stats=(uef.mean * 1.1, uef.std)), log=lambda *a, **k: logs.append(" ".join(map(str, a))))
+  other = tmp_path / "other_stats"
+  data.write_stats(str(other), uef.mean * 1.1, uef.std)
+  evaluate.evaluate(str(tmp_path / "run"), "uef2017", UEF, str(tmp_path / "e2"), {
+      "sampling.steps": 1, "sampling.batch_size": 8, "eval.max_examples": 1,
+      "eval.figure": False, "eval.stats": str(other)},
+      log=lambda *a, **k: logs.append(" ".join(map(str, a))))
   assert any("other statistics than this physics-informed model" in m for m in logs)
   assert not any("other statistics" in m for m in _quiet_eval(tmp_path / "run", tmp_path / "e3"))
   # the README's figure from the same outputs
@@ -185,9 +186,9 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path):
 
 def _quiet_eval(run, out):
   logs = []
-  evaluate.evaluate(evaluate.EvalSettings(
-      checkpoint=str(run), data="uef2017", data_path=UEF, out=str(out), sampling_steps=1,
-      batch_size=8, max_examples=1, figure=False), log=lambda *a, **k: logs.append(str(a)))
+  evaluate.evaluate(str(run), "uef2017", UEF, str(out), {
+      "sampling.steps": 1, "sampling.batch_size": 8, "eval.max_examples": 1,
+      "eval.figure": False}, log=lambda *a, **k: logs.append(str(a)))
   return logs
 
 

@@ -94,9 +94,9 @@ def tiny_run(tmp_path_factory):
 
 def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
   out = tmp_path / "out"
-  r = evaluate.evaluate(evaluate.EvalSettings(
-      checkpoint=fixture_run, data="uef2017", data_path=UEF, out=str(out), sampling_steps=1,
-      batch_size=8, attention_query_chunk=512, max_examples=8), log=lambda *a, **k: None)
+  r = evaluate.evaluate(fixture_run, "uef2017", UEF, str(out), {
+      "sampling.steps": 1, "sampling.batch_size": 8, "model.attention_query_chunk": 512,
+      "eval.max_examples": 8}, log=lambda *a, **k: None)
   assert r["devices"] == 8
   for f in ("metrics.json", "metrics.csv", "predictions.npz", "predictions.mat",
             "reconstructions.png"):
@@ -115,9 +115,10 @@ def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
   assert m["metrics"]["cdeit"]["rmse"] == pytest.approx(
       np.sqrt(((z["pred"] - z["target"]) ** 2).mean()), rel=1e-6)
   # one device, through the command line: the same reconstructions (first 2 files)
-  r = _eval_cli("--workdir", fixture_run, "--data", "uef2017", "--data-path", UEF, "--out",
-                str(tmp_path / "one"), "--sampling-steps", "1", "--batch-size", "2",
-                "--max-examples", "2", "--attention-query-chunk", "512", "--no-figure", devices=1)
+  r = _eval_cli("--workdir", fixture_run, "--data", "uef2017", "--data_path", UEF, "--out",
+                str(tmp_path / "one"), "--config.sampling.steps=1", "--config.sampling.batch_size=2",
+                "--config.eval.max_examples=2", "--config.model.attention_query_chunk=512",
+                "--config.eval.figure=False", devices=1)
   assert r.returncode == 0, r.stderr[-2000:]
   one = np.load(tmp_path / "one" / "predictions.npz")
   np.testing.assert_allclose(one["pred"], z["pred"][:2], atol=1e-5, rtol=0)
@@ -131,9 +132,8 @@ def test_a_new_evaluation_replaces_every_old_output(tiny_run, tmp_path):
   for f in evaluate.OUTPUTS:
     (out / f).write_text("old")
   (out / "notes.txt").write_text("mine")
-  r = evaluate.evaluate(evaluate.EvalSettings(
-      checkpoint=tiny_run, data="uef2017", data_path=UEF, out=str(out), max_examples=2,
-      figure=False), log=lambda *a, **k: None)
+  r = evaluate.evaluate(tiny_run, "uef2017", UEF, str(out),
+                        {"eval.max_examples": 2, "eval.figure": False}, log=lambda *a, **k: None)
   assert not (out / "reconstructions.png").exists() and (out / "notes.txt").read_text() == "mine"
   for f in evaluate.OUTPUTS[1:]:
     assert (out / f).read_bytes() != b"old", f
@@ -167,14 +167,15 @@ def _eval_cli(*args, devices=None):
 
 
 def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
-  common = ["--workdir", tiny_run, "--data", "uef2017", "--data-path", UEF, "--seed", "3",
-            "--no-figure"]
-  r1 = _eval_cli(*common, "--out", str(tmp_path / "one"), "--batch-size", "4", devices=1)
+  common = ["--workdir", tiny_run, "--data", "uef2017", "--data_path", UEF,
+            "--config.sampling.seed=3", "--config.eval.figure=False"]
+  r1 = _eval_cli(*common, "--out", str(tmp_path / "one"), "--config.sampling.batch_size=4",
+                 devices=1)
   assert r1.returncode == 0, r1.stderr[-2000:]
   assert "cdeit" in r1.stdout and "images/s" in r1.stdout
-  r8 = evaluate.evaluate(evaluate.EvalSettings(
-      checkpoint=tiny_run, data="uef2017", data_path=UEF, out=str(tmp_path / "eight"), seed=3,
-      num_samples=4, figure=False, tikhonov=True), log=lambda *a, **k: None)
+  r8 = evaluate.evaluate(tiny_run, "uef2017", UEF, str(tmp_path / "eight"), {
+      "sampling.seed": 3, "sampling.num_samples": 4, "eval.figure": False,
+      "eval.tikhonov": True}, log=lambda *a, **k: None)
   assert r8["devices"] == 8
   # the built-in Tikhonov baseline beside the authors' stored ones; measured cc 0.744 on these
   assert list(r8["metrics"]) == ["cdeit", "empty", "tikhonov", "TR", "xs_gn"]
@@ -190,11 +191,9 @@ def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
 
 
 def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
-  def run(**over):
-    s = dict(checkpoint=tiny_run, data="uef2017", data_path=UEF, out=str(tmp_path / "o"),
-             figure=False, max_examples=2)
-    s.update(over)
-    return evaluate.evaluate(evaluate.EvalSettings(**s), log=lambda *a, **k: None)
+  def run(checkpoint=tiny_run, data="uef2017", data_path=UEF, out=str(tmp_path / "o"), **over):
+    settings = {"eval.figure": False, "eval.max_examples": 2, **over}
+    return evaluate.evaluate(checkpoint, data, data_path, out, settings, log=lambda *a, **k: None)
 
   with pytest.raises(ValueError, match="unknown data preset 'tank'"):
     run(data="tank")
@@ -206,19 +205,21 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
   (tmp_path / "notrun" / "checkpoints").mkdir(parents=True)
   with pytest.raises(FileNotFoundError, match="holds no finished checkpoint"):
     run(checkpoint=str(tmp_path / "notrun"))
-  cfg = config_lib.default_config()
-  with pytest.raises(ValueError, match="model.hidden_size: config 512, checkpoint 32"):
-    run(config=cfg)
+  with pytest.raises(ValueError, match=r"--config.model.hidden_size: evaluation takes the model"):
+    run(**{"model.hidden_size": 512})
+  with pytest.raises(ValueError, match=r"--config.sampling.stpes=2: no such key; "
+                     r"config.sampling has batch_size, data_consistency"):
+    run(**{"sampling.stpes": 2})
   np.save(tmp_path / "mean.npy", np.zeros((1, 16, 12), np.float32))
   np.save(tmp_path / "std.npy", np.ones((1, 16, 13), np.float32))
   with pytest.raises(ValueError, match=r"mean has shape \(1, 16, 12\)"):
-    run(stats=str(tmp_path))
-  with pytest.raises(ValueError, match="--weights ema"):
-    run(weights="raw")
-  with pytest.raises(ValueError, match="--data-consistency must be >= 0"):
-    run(data_consistency=-0.5)
-  with pytest.raises(ValueError, match="--data-consistency-alpha must be > 0"):
-    run(data_consistency=0.5, data_consistency_alpha=0.0)
+    run(**{"eval.stats": str(tmp_path)})
+  with pytest.raises(ValueError, match="--config.eval.weights=ema"):
+    run(**{"eval.weights": "raw"})
+  with pytest.raises(ValueError, match=r"--config.sampling.data_consistency=-0.5: must be >= 0"):
+    run(**{"sampling.data_consistency": -0.5})
+  with pytest.raises(ValueError, match="--config.sampling.data_consistency_alpha=0.0: must be > 0"):
+    run(**{"sampling.data_consistency": 0.5, "sampling.data_consistency_alpha": 0.0})
   # an unreadable checkpoint: corrupt metadata
   broken = tmp_path / "broken"
   import shutil
@@ -228,8 +229,8 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
   with pytest.raises(ValueError, match=r"checkpoints/7/meta/metadata: unreadable: JSONDecodeError"):
     run(checkpoint=str(broken))
   # checked before any work: the example count, the output folder, data in other units
-  with pytest.raises(ValueError, match="--max-examples must be >= 1, got 0"):
-    run(max_examples=0)
+  with pytest.raises(ValueError, match=r"--config.eval.max_examples=0: must be >= 1"):
+    run(**{"eval.max_examples": 0})
   (tmp_path / "a_file").write_text("x")
   with pytest.raises(ValueError, match="a_file: exists and is not a folder"):
     run(out=str(tmp_path / "a_file"))
@@ -240,9 +241,13 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
   with pytest.raises(ValueError, match="standardised for preset 'simulated', are ~.* standard "
                      "deviations.*--data uef2017"):
     run(data="simulated")
-  r = _eval_cli("--workdir", str(tmp_path / "missing"), "--data", "uef2017", "--data-path", UEF,
+  r = _eval_cli("--workdir", str(tmp_path / "missing"), "--data", "uef2017", "--data_path", UEF,
                 "--out", str(tmp_path / "o2"))
-  assert r.returncode == 1 and "error: checkpoint" in r.stderr
+  assert r.returncode == 1 and "error: checkpoint" in r.stderr and "Traceback" not in r.stderr
+  r = _eval_cli("--workdir", tiny_run, "--data", "uef2017", "--data_path", UEF,
+                "--out", str(tmp_path / "o3"), "--config.sampling.stepz=2")
+  assert r.returncode == 2 and "Traceback" not in r.stderr
+  assert "error: --config.sampling.stepz: no such config key" in r.stderr
 
 
 # ----------------------------------------------------------------------------- batch choice

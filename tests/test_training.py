@@ -47,8 +47,8 @@ def build(cfg, devices, batch_size, accum=1, shard_params=False):
   model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
   tx, schedule = training.make_optimizer(cfg)
   graphdef, state = training.create_state(model, tx)
-  sc = training.StepConfig(accum_steps=accum)
-  fn = training.make_train_step(graphdef, Diffusion(), tx, schedule, sc, mesh)
+  cfg.accum_steps = accum
+  fn = training.make_train_step(graphdef, Diffusion(), tx, schedule, cfg, mesh)
   c = training.compile_train_step(fn, jax.eval_shape(lambda: state), batch_size,
                                   cfg.model.to_dict(), mesh, shard_params)
   host = jax.device_get(state)
@@ -181,7 +181,7 @@ def _final_state(workdir, cfg, devices=None):
   abstract = jax.eval_shape(lambda: state)
   sh = shd.state_shardings(abstract, mesh)
   src = data.NpzSource(os.path.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
-  it = iter(data.train_dataset(src, cfg.batch_size))
+  it = iter(data.train_dataset(src, cfg.batch_size, cfg.data))
   mngr = checkpoint.train_manager(str(workdir))
   step = mngr.latest_step()
   state, meta = checkpoint.restore_train(mngr, step, jax.device_put(state, sh), sh, it)
@@ -501,10 +501,9 @@ def test_eval_uses_the_best_intact_step(tmp_path, straight_run):
 
   def run(out):
     lines = []
-    r = evaluate.evaluate(evaluate.EvalSettings(
-        checkpoint=str(wd), data="uef2017", data_path=str(REPO / "data" / "uef2017"),
-        out=str(tmp_path / out), max_examples=2, figure=False),
-        log=lambda *a, **k: lines.append(str(a[0]) if a else ""))
+    r = evaluate.evaluate(str(wd), "uef2017", str(REPO / "data" / "uef2017"),
+                          str(tmp_path / out), {"eval.max_examples": 2, "eval.figure": False},
+                          log=lambda *a, **k: lines.append(str(a[0]) if a else ""))
     return r["settings"]["checkpoint_step"], "\n".join(lines)
 
   for f in (wd / "checkpoints" / str(ranked[0]) / "ema").rglob("*"):
