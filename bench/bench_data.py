@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from cdeit_jax import config_lib, data
+from cdeit_jax import config_lib, data, pipeline
 
 
 def make_folder(root: str, n: int) -> str:
@@ -53,7 +53,7 @@ def main():
     for workers in a.workers:
       opts = config_lib.default_config().data
       opts.update(num_workers=workers, num_threads=a.threads)
-      it = iter(data.train_dataset(src, a.batch, opts))
+      it = iter(pipeline.train_dataset(src, a.batch, opts))
       for _ in range(5):  # warm-up: start workers, fill prefetch
         next(it)
       t = time.perf_counter()

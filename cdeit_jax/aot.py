@@ -15,7 +15,6 @@ import re
 import time
 from typing import Any
 
-import jax
 import ml_collections
 
 from cdeit_jax import config_lib, flops, training

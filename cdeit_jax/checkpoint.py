@@ -248,29 +248,27 @@ def load_model(path: str, *, weights: str = "ema", step: int | None = None,
   if meta["format"] == FORMAT_V1:
     return _load_v1(model, workdir, step, meta, weights, sharding), meta
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  item = WEIGHT_ITEMS[weights]
-  with manager(workdir, read_only=True) as mngr:
-    try:
-      restored = mngr.restore(step, args=ocp.args.Composite(
-          **{item: ocp.args.StandardRestore(_restore_target(params, sharding))}))[item]
-    except Exception as e:
-      raise failure(f"{where}/{item}", e) from None
+  restored = _restore_item(workdir, step, WEIGHT_ITEMS[weights], params, sharding)
   model = nnx.merge(graphdef, restored, fixed_variables(cfg, sharding))
   set_calibration(model, meta.get("calibration", {}))
   return model, meta
+
+
+def _restore_item(workdir: str, step: int, item: str, like, sharding):
+  """One item of a step restored into the structure of `like` on `sharding`."""
+  with manager(workdir, read_only=True) as mngr:
+    try:
+      return mngr.restore(step, args=ocp.args.Composite(
+          **{item: ocp.args.StandardRestore(_restore_target(like, sharding))}))[item]
+    except Exception as e:  # orbax and TensorStore raise many types for unreadable items
+      raise failure(f"checkpoint {workdir}/{CHECKPOINTS}/{step}/{item}", e) from None
 
 
 def _load_v1(abstract: CDEIT, workdir: str, step: int, meta: dict, weights: str, sharding):
   """A format-v1 weight set (trained and fixed variables in one str-keyed tree)."""
   like = nnx.to_pure_dict(nnx.state(abstract, nnx.Any(nnx.Param, Fixed)))
   str_keys = lambda t: ({str(k): str_keys(v) for k, v in t.items()} if isinstance(t, dict) else t)
-  item = _WEIGHT_ITEMS_V1[weights]
-  with manager(workdir, read_only=True) as mngr:
-    try:
-      restored = mngr.restore(step, args=ocp.args.Composite(
-          **{item: ocp.args.StandardRestore(_restore_target(str_keys(like), sharding))}))[item]
-    except Exception as e:
-      raise failure(f"checkpoint {workdir}/{CHECKPOINTS}/{step}/{item}", e) from None
+  restored = _restore_item(workdir, step, _WEIGHT_ITEMS_V1[weights], str_keys(like), sharding)
   graphdef, state, rest = nnx.split(abstract, nnx.Any(nnx.Param, Fixed), ...)
   nnx.replace_by_pure_dict(state, restored)
   return nnx.merge(graphdef, state, rest)

@@ -30,9 +30,9 @@ from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit import reconstruct
 from cdeit_jax.eit.fem import measurement_pairs
 from cdeit_jax.errors import InputError
+from cdeit_jax.protocol import NUM_MEASUREMENTS
 
 MODES = ("eim", "eim+linear")
-NUM_MEAS = 208
 CALIBRATION_EXAMPLES = 1024    # training examples whose channel std sets the channel scale
 
 
@@ -57,7 +57,7 @@ def linear_factors(noser_exponent: float = reconstruct.NOSER_EXPONENT,
       reconstruct.default_jacobian(contact_impedance), noser_exponent)
   s, u = np.linalg.eigh((gram + gram.T) / 2)
   s = np.maximum(s, 0.0)
-  basis_t = np.zeros((NUM_MEAS, disk.size))
+  basis_t = np.zeros((NUM_MEASUREMENTS, disk.size))
   basis_t[:, disk] = u.T @ (jd * w_inv)        # (B^T)[:, disk] = U^T J W^-1
   weight = np.zeros(disk.size)
   weight[disk] = 1.0 / w_inv
@@ -87,14 +87,14 @@ class LinearConditioner(nnx.Module):
     self.weight = Fixed(jnp.asarray(f["weight"], jnp.float32))
     self.filters = Fixed(jnp.asarray(filters(f["spectrum"], self.alphas), jnp.float32))
     # Identity until `calibrate` measures the training set.
-    self.voltage_mean = Calibration(jnp.zeros((NUM_MEAS,), jnp.float32))
-    self.voltage_std = Calibration(jnp.ones((NUM_MEAS,), jnp.float32))
+    self.voltage_mean = Calibration(jnp.zeros((NUM_MEASUREMENTS,), jnp.float32))
+    self.voltage_std = Calibration(jnp.ones((NUM_MEASUREMENTS,), jnp.float32))
     self.scale = Calibration(jnp.ones((len(self.alphas),), jnp.float32))
 
   def voltages(self, cond: jax.Array) -> jax.Array:
     """(B, 208) voltages in simulation units (ys / voltage_ratio) read back from the EIM."""
     v = cond[..., 0].astype(jnp.float32)[:, np.arange(16)[:, None], _EIM_COLS]
-    return v.reshape(v.shape[0], NUM_MEAS) * self.voltage_std[...] + self.voltage_mean[...]
+    return v.reshape(v.shape[0], NUM_MEASUREMENTS) * self.voltage_std[...] + self.voltage_mean[...]
 
   def reconstruct(self, ys: jax.Array, filt: jax.Array) -> jax.Array:
     """(B, levels, pixels) M_alpha ys for filters (levels, 208)."""

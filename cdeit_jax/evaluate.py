@@ -18,7 +18,8 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import aot, checkpoint, config_lib, data, logs, metrics, training
+from cdeit_jax import aot, checkpoint, config_lib, data, logs, metrics, pipeline, training
+from cdeit_jax import files as npz_files
 from cdeit_jax.eit.phantom import disk_mask  # noqa: F401  (the grid's disk, for figures)
 from cdeit_jax.fileio import atomic_write
 from cdeit_jax import sharding as shd
@@ -234,10 +235,10 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
     step, meta = _first_readable(workdir, candidates, log)
   cfg = settings(meta, overrides)
   s, e = cfg.sampling, cfg.eval
-  voltage_ratio, current_ratio = data.resolve_ratios(data_name, e.voltage_ratio, e.current_ratio)
+  voltage_ratio, current_ratio = npz_files.resolve_ratios(data_name, e.voltage_ratio, e.current_ratio)
   src = data.NpzSource(data_path, data_name, e.stats, voltage_ratio=voltage_ratio,
                        current_ratio=current_ratio, checkpoint_stats=checkpoint.meta_stats(meta),
-                       baselines=True, skip_bad=e.skip_bad_files)
+                       baselines=True, skip_bad=e.skip_bad_files, cache=True)
   n_total = len(src) if e.max_examples is None else min(len(src), e.max_examples)
   check_scale(src, data_name)
   runtime = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
@@ -281,7 +282,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   sampler, global_batch = compile_sampler(sampler, weights, mesh, n_total, s.batch_size,
                                           cond_size=model.cond_size, log=log)
   compile_s = time.perf_counter() - t0
-  batches = list(data.eval_batches(src, global_batch, keys=("cond",), limit=n_total))
+  batches = list(pipeline.eval_batches(src, global_batch, keys=("cond",), limit=n_total))
   key = jax.random.key(s.seed)
 
   samples = np.zeros((s.num_samples, n_total, *shape), np.float32)
@@ -290,7 +291,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   for k in range(s.num_samples):
     key_k = jax.random.fold_in(key, k)
     for b in batches:
-      g = data.to_global(b, mesh)
+      g = pipeline.to_global(b, mesh)
       imgs = _gather(sampler(weights, g["cond"], g["index"], key_k))
       idx, mask = _gather(g["index"]), _gather(g["mask"]) > 0
       samples[k, idx[mask]] = imgs[mask]
@@ -306,17 +307,16 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
 
   pred = samples.mean(0)
   std = samples.std(0) if s.num_samples > 1 else None
-  examples = [src[i] for i in range(n_total)]  # one read per file for targets and baselines
+  examples = [src[i] for i in range(n_total)]  # cached: each file was read once
   target = np.stack([e["target"] for e in examples])
   names = [src.files[i] for i in range(n_total)]
   overall, rows = metrics.summary(pred[..., 0], target[..., 0])
   empty = metrics.summary(np.zeros_like(pred[..., 0]), target[..., 0])[0]
   report = {"cdeit": overall, "empty": {k: v for k, v in empty.items() if k != "cc"}}  # CC: undefined
-  stored = {k: np.stack([e[k] for e in examples])[..., 0] for k in data.BASELINE_KEYS}
+  stored = {k: np.stack([e[k] for e in examples])[..., 0] for k in npz_files.BASELINE_KEYS}
   if e.tikhonov:
     from cdeit_jax import eit
-    # ys / voltage_ratio, recovered from the examples already read (no second read per file)
-    ys = (np.stack([e["voltages"] for e in examples]) * src.std + src.mean).reshape(n_total, -1)
+    ys = np.stack([e["ys"] for e in examples])  # ys / voltage_ratio
     stored = {"tikhonov": eit.default_tikhonov()(ys), **stored}
   baselines = {}
   for key_b, imgs in stored.items():

@@ -3,9 +3,9 @@
   python -m cdeit_jax.report runs/demo/eval_simulated runs/demo/eval_uef2017
   python -m cdeit_jax.report runs/demo/eval_uef2017 --figure docs/demo_uef2017.png --rows 6
 
-For each folder: CDEIT, the built-in Tikhonov (`eval.py --config.eval.tikhonov=True`) and the empty image, with
-RMSE, PSNR, SSIM (square and disk) and CC, and whether CDEIT beats Tikhonov in RMSE, PSNR and CC
-and the empty image in RMSE and PSNR (lower RMSE, higher PSNR and CC are better).
+For each folder: CDEIT, the built-in Tikhonov (`eval.py --config.eval.tikhonov=True`) and the
+empty image, with RMSE, PSNR, SSIM (square and disk) and CC, and whether CDEIT beats Tikhonov in
+RMSE, PSNR and CC and the empty image in RMSE and PSNR (lower RMSE, higher PSNR and CC are better).
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ def table(folders: Sequence[str]) -> tuple[str, bool]:
         lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
         name = ""
     if "tikhonov" not in m:
-      raise InputError(f"{path}: no Tikhonov baseline; evaluate with eval.py --config.eval.tikhonov=True")
+      raise InputError(f"{path}: no Tikhonov baseline; evaluate with eval.py "
+                       "--config.eval.tikhonov=True")
     ok &= beats(m["cdeit"], m["tikhonov"], ("rmse", "psnr", "cc"))
     ok &= beats(m["cdeit"], m["empty"], ("rmse", "psnr"))
   return "\n".join(lines), ok
@@ -60,13 +61,14 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
   several samples) | the built-in Tikhonov of the same voltages (scaled as in the metrics)."""
   import numpy as np
 
-  from cdeit_jax import data, eit, evaluate, metrics
+  from cdeit_jax import eit, evaluate, metrics
+  from cdeit_jax import files as npz_files
   from cdeit_jax.fileio import atomic_write
   with open(os.path.join(folder, "metrics.json")) as fh:
     s = json.load(fh)["settings"]
   z = np.load(os.path.join(folder, "predictions.npz"))
   names = [str(n) for n in z["names"][:rows]]
-  ys = np.stack([data._read_npz(os.path.join(s["data_path"], n), ("ys",))["ys"].reshape(-1)
+  ys = np.stack([npz_files.read_npz(os.path.join(s["data_path"], n), ("ys",))["ys"].reshape(-1)
                  for n in names]) / s["voltage_ratio"]
   tik = np.stack([metrics.scale_baseline(b) for b in eit.default_tikhonov()(ys)])
   std = z["std"][:rows] if "std" in z.files else None

@@ -205,9 +205,9 @@ def generate(out: str, counts: dict[str, int], settings: SimSettings = SimSettin
   elapsed = time.perf_counter() - t0
   if counts.get("train", 0) >= 2 and (len(todo["train"]) or not os.path.exists(
       os.path.join(out, "std.npy"))):
-    from cdeit_jax import data
-    mean, std = data.compute_stats(os.path.join(out, "train"), progress=False)
-    data.write_stats(out, mean, std)
+    from cdeit_jax import stats as stats_lib
+    mean, std = stats_lib.compute_stats(os.path.join(out, "train"), progress=False)
+    stats_lib.write_stats(out, mean, std)
   return {"generated": total, "seconds": elapsed,
           "examples_per_s": total / elapsed if total else None}
 

@@ -1,23 +1,29 @@
 """Normalisation statistics of the conditioning voltages: `mean`, `std` of shape (1, 16, 13).
 
-Reads `.npy` and the authors' `.pth` files. A `.pth` is read without torch and without running
+Reads `.npy` and the authors' `.pth` files, computes them over a training split, and decides which
+statistics a dataset is standardised with. A `.pth` is read without torch and without running
 pickled code: Python's documented "restricting globals" Unpickler admits only the few names a
 single saved tensor uses (`torch.load(weights_only=True)` would need torch, which we don't require).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import zipfile
 from collections import OrderedDict
 from importlib import resources
+from typing import Any
 
 import numpy as np
 
+from cdeit_jax import files
 from cdeit_jax.errors import InputError, MissingFile
+from cdeit_jax.fileio import atomic_write
+from cdeit_jax.protocol import NUM_MEASUREMENTS, STATS_SHAPE
 
-STATS_SHAPE = (1, 16, 13)
+log = logging.getLogger(__name__)
 
 _STORAGE_DTYPES = {
     "FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
@@ -135,7 +141,8 @@ def check_stats(mean: np.ndarray, std: np.ndarray, source: str = "statistics") -
   for name, a in (("mean", mean), ("std", std)):
     # Only shapes that hold the (16 injections, 13 measurements) order: a (13, 16) array has 208
     # elements too, but in the other order.
-    if a.size != 208 or not (a.shape == (208,) or a.shape[-2:] == (16, 13)):
+    if a.size != NUM_MEASUREMENTS or not (a.shape == (NUM_MEASUREMENTS,)
+                                          or a.shape[-2:] == STATS_SHAPE[1:]):
       raise InputError(f"{source}: {name} has shape {a.shape}, expected {STATS_SHAPE} (or "
                        "(16, 13), (208,)): 16 current injections x 13 measurements")
     if not np.all(np.isfinite(a)):
@@ -170,3 +177,68 @@ def authors_stats() -> tuple[np.ndarray, np.ndarray]:
   assets = resources.files("cdeit_jax") / "assets"
   return check_stats(np.load(str(assets / "mean.npy")), np.load(str(assets / "std.npy")),
                      source="cdeit_jax/assets")
+
+
+# ----------------------------------------------------------------------------- datasets
+
+
+def resolve_stats(split_dir: str, stats: Any = None,
+                  checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """Statistics to standardise with: explicit (arrays, a folder, or "authors"), else the dataset root's
+  (the split folder's parent), else the checkpoint's. An explicit choice that differs from the
+  checkpoint's is reported."""
+  if isinstance(stats, str) and stats == "authors":
+    stats = authors_stats()  # the CDEIT authors' statistics, shipped with the package
+  if stats is not None:
+    if isinstance(stats, (str, os.PathLike)):
+      mean, std = load_stats(os.fspath(stats))
+    else:
+      mean, std = check_stats(*stats, source="stats argument")
+    if checkpoint_stats is not None and not (
+        np.allclose(mean, checkpoint_stats[0], rtol=1e-6, atol=0) and
+        np.allclose(std, checkpoint_stats[1], rtol=1e-6, atol=0)):
+      log.warning("the given normalisation statistics differ from those stored in the checkpoint "
+                  "(the model was trained with the checkpoint's); using the given ones")
+    return mean, std
+  root = os.path.dirname(os.path.abspath(split_dir))
+  if find_stats_files(root):
+    return load_stats(root)
+  if checkpoint_stats is not None:
+    return check_stats(*checkpoint_stats, source="checkpoint")
+  raise MissingFile(
+      f"no normalisation statistics for {split_dir}: put mean/std (.npy or .pth) in {root}, "
+      "pass stats=, or compute them with `python -m cdeit_jax.data stats DATA/train`")
+
+
+def compute_stats(split_dir: str, preset: str = "simulated", *, voltage_ratio: float | None = None,
+                  progress: bool = True, skip_bad: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """Per-measurement mean and std (N-1) of `ys / voltage_ratio` over a split, streaming in
+  float64 (the authors' statistics, shape (1, 16, 13))."""
+  from tqdm import tqdm
+
+  ratio, _ = files.resolve_ratios(preset, voltage_ratio, 1.0)
+  names = files.validate(split_dir, files.list_files(split_dir), skip_bad=skip_bad)
+  if len(names) < 2:
+    raise files.DatasetError(f"data folder {split_dir}: need at least 2 files for a std (N-1)")
+  n, mean, m2 = 0, np.zeros(NUM_MEASUREMENTS), np.zeros(NUM_MEASUREMENTS)
+  for f in tqdm(names, desc=f"stats {split_dir}", unit="file", disable=not progress):
+    x = np.asarray(files.read_npz(os.path.join(split_dir, f), ("ys",))["ys"], np.float64)
+    x = x.reshape(NUM_MEASUREMENTS) / ratio
+    n += 1  # Welford's update: one pass, numerically stable
+    delta = x - mean
+    mean += delta / n
+    m2 += delta * (x - mean)
+  std = np.sqrt(m2 / (n - 1))
+  return mean.reshape(STATS_SHAPE).astype(np.float32), std.reshape(STATS_SHAPE).astype(np.float32)
+
+
+def write_stats(out: str, mean: np.ndarray, std: np.ndarray) -> None:
+  """Write OUT/mean.npy and OUT/std.npy, each atomically (never half-written)."""
+  os.makedirs(out, exist_ok=True)
+  for name, arr in (("mean", mean), ("std", std)):
+    def save(p, a=arr):
+      with open(p, "wb") as fh:  # a handle: np.save would append ".npy" to the temporary name
+        np.save(fh, a)
+    atomic_write(os.path.join(out, f"{name}.npy"), save)

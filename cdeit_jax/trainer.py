@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from cdeit_jax import aot, checkpoint, config_lib, data, hardware, logs, workdir_lock
+from cdeit_jax import aot, checkpoint, config_lib, data, hardware, logs, pipeline, workdir_lock
 from cdeit_jax import sharding as shd
 from cdeit_jax import training
 from cdeit_jax.errors import CdeitError, DoesNotFit
@@ -223,7 +223,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
             f"({cfg.accum_steps} micro-batches); params {num_params:,}",
             f"train step compiled in {compiled.compile_s:.1f} s; {_memory_report(compiled, cfg)}"
             ] + report
-  host_iter = data.train_dataset(train_src, cfg.batch_size, cfg.data).__iter__()
+  host_iter = pipeline.train_dataset(train_src, cfg.batch_size, cfg.data).__iter__()
   rng = jax.random.key(cfg.seed)
   state = jax.device_put(state, compiled.state_shardings)
   latest = None
@@ -249,10 +249,10 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   def validate(params) -> float:
     total, count = [], []
     base = jax.random.key(cfg.eval_seed)
-    for i, b in enumerate(data.eval_batches(valid_src, eval_batch)):
+    for i, b in enumerate(pipeline.eval_batches(valid_src, eval_batch)):
       if cfg.eval_max_batches and i >= cfg.eval_max_batches:
         break
-      g = data.to_global(b, mesh)
+      g = pipeline.to_global(b, mesh)
       s, c = eval_step(params, state.fixed, g, jax.random.fold_in(base, i))
       total.append(s)
       count.append(c)
@@ -281,7 +281,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   try:
     while step < cfg.steps:
       host_batch = next(host_iter)  # the step needs cond and target only (not the indices)
-      batch = data.to_global({k: host_batch[k] for k in ("cond", "target")}, mesh)
+      batch = pipeline.to_global({k: host_batch[k] for k in ("cond", "target")}, mesh)
       state, metrics = compiled.fn(state, batch, rng)
       pending.append(metrics)
       step += 1

@@ -12,6 +12,7 @@ from flax import nnx
 
 from cdeit_jax import checkpoint, conditioning, config_lib, convert, data, eit, evaluate, metrics
 from cdeit_jax import sharding as shd
+from cdeit_jax import stats as stats_lib
 from cdeit_jax import training
 from cdeit_jax.diffusion import Diffusion
 from cdeit_jax.eit import phantom as ph
@@ -171,7 +172,7 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path):
   # other statistics than the model's: a warning, since its channels would be wrong
   logs = []
   other = tmp_path / "other_stats"
-  data.write_stats(str(other), uef.mean * 1.1, uef.std)
+  stats_lib.write_stats(str(other), uef.mean * 1.1, uef.std)
   evaluate.evaluate(str(tmp_path / "run"), "uef2017", UEF, str(tmp_path / "e2"), {
       "sampling.steps": 1, "sampling.batch_size": 8, "eval.max_examples": 1,
       "eval.figure": False, "eval.stats": str(other)},

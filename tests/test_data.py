@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from cdeit_jax import config_lib, data, stats
+from cdeit_jax import config_lib, data, pipeline, stats
+from cdeit_jax import files as npz_files
 
 UEF = pathlib.Path(__file__).parent.parent / "data" / "uef2017"
 
@@ -92,7 +93,7 @@ def test_stats_lookup_order(folder, tmp_path, caplog):
 
 
 def test_compute_stats_matches_numpy(folder, tmp_path):
-  mean, std = data.compute_stats(str(folder), progress=False)
+  mean, std = stats.compute_stats(str(folder), progress=False)
   ys = np.stack([np.load(folder / f)["ys"].astype(np.float64).reshape(208)
                  for f in sorted(os.listdir(folder))])
   np.testing.assert_allclose(mean.ravel(), ys.mean(0), rtol=1e-5)
@@ -108,7 +109,7 @@ def test_bad_files_are_named_and_skippable(tmp_path, caplog):
   np.savez(d / "shape.npz", ys=np.zeros((200, 1)), xs=np.zeros((128, 128)))
   np.savez(d / "nan.npz", ys=np.full((208, 1), np.nan), xs=np.zeros((128, 128)))
   ok_stats = (np.zeros((1, 16, 13)), np.ones((1, 16, 13)))
-  with pytest.raises(data.DatasetError) as e:
+  with pytest.raises(npz_files.DatasetError) as e:
     data.NpzSource(str(d), stats=ok_stats)
   msg = str(e.value)
   assert "4 of 7 files are bad" in msg
@@ -120,10 +121,10 @@ def test_bad_files_are_named_and_skippable(tmp_path, caplog):
   with caplog.at_level(logging.WARNING):
     src = data.NpzSource(str(d), stats=ok_stats, skip_bad=True)
   assert len(src) == 3 and "skipping 4 of 7 bad files" in caplog.text
-  with pytest.raises(data.DatasetError, match="does not exist"):
+  with pytest.raises(npz_files.DatasetError, match="does not exist"):
     data.NpzSource(str(tmp_path / "nope"), stats=ok_stats)
   (tmp_path / "empty").mkdir()
-  with pytest.raises(data.DatasetError, match="holds no .npz files"):
+  with pytest.raises(npz_files.DatasetError, match="holds no .npz files"):
     data.NpzSource(str(tmp_path / "empty"), stats=ok_stats)
 
 
@@ -131,10 +132,10 @@ def test_epoch_lands_once_across_8_devices(folder):
   assert jax.device_count() == 8
   src = data.NpzSource(str(folder), cache=True)
   mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-  it = iter(data.train_dataset(src, global_batch=8, opts=_loader()))
+  it = iter(pipeline.train_dataset(src, global_batch=8, opts=_loader()))
   seen = []
   for _ in range(3):  # one epoch of 24
-    b = data.to_global(next(it), mesh)
+    b = pipeline.to_global(next(it), mesh)
     assert b["cond"].shape == (8, 16, 16, 1) and b["target"].shape == (8, 128, 128, 1)
     assert b["cond"].sharding.spec == jax.sharding.PartitionSpec("data")
     shards = sorted(b["index"].addressable_shards, key=lambda s: s.index[0].start)
@@ -151,7 +152,7 @@ def test_epoch_lands_once_across_8_devices(folder):
 
 
 def test_eval_covers_every_example_once_with_padding():
-  idx, mask = data.eval_indices(21, 8)
+  idx, mask = pipeline.eval_indices(21, 8)
   assert idx.shape == (3, 8) and mask.sum() == 21
   assert sorted(idx[mask].tolist()) == list(range(21))
   assert not mask[2, 5:].any()
@@ -159,7 +160,7 @@ def test_eval_covers_every_example_once_with_padding():
 
 def test_eval_batches(folder):
   src = data.NpzSource(str(folder))
-  batches = list(data.eval_batches(src, 10))
+  batches = list(pipeline.eval_batches(src, 10))
   assert len(batches) == 3 and batches[-1]["mask"].tolist() == [1] * 4 + [0] * 6
   got = np.concatenate([b["index"][b["mask"] > 0] for b in batches])
   np.testing.assert_array_equal(got, np.arange(24))
@@ -167,20 +168,20 @@ def test_eval_batches(folder):
 
 def test_iterator_state_restores_exactly(folder):
   src = data.NpzSource(str(folder))
-  it = iter(data.train_dataset(src, global_batch=4, opts=_loader(seed=3)))
+  it = iter(pipeline.train_dataset(src, global_batch=4, opts=_loader(seed=3)))
   for _ in range(7):  # into the second epoch
     next(it)
   state = it.get_state()
   want = [next(it)["index"].tolist() for _ in range(5)]
-  fresh = iter(data.train_dataset(src, global_batch=4, opts=_loader(seed=3)))
+  fresh = iter(pipeline.train_dataset(src, global_batch=4, opts=_loader(seed=3)))
   fresh.set_state(json.loads(json.dumps(state)))  # the state survives JSON (checkpoints)
   assert [next(fresh)["index"].tolist() for _ in range(5)] == want
 
 
 def test_worker_processes_give_the_same_batches(folder):
   src = data.NpzSource(str(folder))
-  a = iter(data.train_dataset(src, 4, _loader(seed=1)))
-  b = iter(data.train_dataset(src, 4, _loader(seed=1, num_workers=2)))
+  a = iter(pipeline.train_dataset(src, 4, _loader(seed=1)))
+  b = iter(pipeline.train_dataset(src, 4, _loader(seed=1, num_workers=2)))
   for _ in range(4):
     x, y = next(a), next(b)
     np.testing.assert_array_equal(x["index"], y["index"])
@@ -206,7 +207,7 @@ def test_two_processes_read_disjoint_shards(folder, tmp_path):
   assert not a & b and a | b == set(range(24))  # disjoint shares covering the epoch
   # the same global batches as one process reading everything (order independent of hosts)
   src = data.NpzSource(str(folder), stats=(np.zeros((1, 16, 13)), np.ones((1, 16, 13))))
-  one = iter(data.train_dataset(src, global_batch=8, opts=_loader()))
+  one = iter(pipeline.train_dataset(src, global_batch=8, opts=_loader()))
   for k in range(3):
     assert next(one)["index"].tolist() == r[0]["seen"][4 * k:4 * k + 4] + r[1]["seen"][4 * k:4 * k + 4]
   for shape, n_local, spec_ok, _ in r[0]["shapes"]:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cdeit_jax import data, simulate
+from cdeit_jax import stats as stats_lib
 from cdeit_jax.eit import reconstruct
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +39,7 @@ def test_layout_and_loader(small_set):
   # TR is the default Tikhonov applied to ys
   np.testing.assert_allclose(ex[3]["TR"], reconstruct.default_tikhonov()(ex[3]["ys"]), atol=1e-5)
   # the stats are the training split's, and the project's loader reads the folder
-  mean, std = data.compute_stats(os.path.join(small_set, "train"), progress=False)
+  mean, std = stats_lib.compute_stats(os.path.join(small_set, "train"), progress=False)
   np.testing.assert_array_equal(np.load(os.path.join(small_set, "std.npy")), std)
   ys = np.stack([e["ys"][:, 0] for e in ex]).astype(np.float64)
   np.testing.assert_allclose(std.ravel(), ys.std(0, ddof=1), rtol=1e-5)
@@ -94,26 +95,25 @@ def test_refuses_folders_of_unknown_settings_and_records_tr_splits(small_set, tm
 def test_extension_replaces_statistics_even_after_a_kill(tmp_path):
   """New training files remove the old mean/std before the first write, so a run killed before
   recomputing them leaves none (the next run computes them) rather than stale ones."""
-  from cdeit_jax import data
   out = str(tmp_path / "s")
   simulate.generate(out, {"train": 3}, simulate.SimSettings(seed=5), progress=False)
   old = np.load(os.path.join(out, "std.npy"))
   calls = []
-  real = data.compute_stats
+  real = stats_lib.compute_stats
 
   def killed(*a, **k):
     calls.append(1)
     raise KeyboardInterrupt  # the kill, after the new files and before the statistics
-  data.compute_stats = killed
+  stats_lib.compute_stats = killed
   try:
     with pytest.raises(KeyboardInterrupt):
       simulate.generate(out, {"train": 6}, simulate.SimSettings(seed=5), progress=False)
   finally:
-    data.compute_stats = real
+    stats_lib.compute_stats = real
   assert calls and not os.path.exists(os.path.join(out, "std.npy"))
   assert simulate.generate(out, {"train": 6}, simulate.SimSettings(seed=5),
                            progress=False)["generated"] == 0
-  mean, std = data.compute_stats(os.path.join(out, "train"), progress=False)
+  mean, std = stats_lib.compute_stats(os.path.join(out, "train"), progress=False)
   np.testing.assert_array_equal(np.load(os.path.join(out, "std.npy")), std)
   assert not np.array_equal(std, old)
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cdeit_jax import checkpoint, config_lib, data, training
+from cdeit_jax import checkpoint, config_lib, data, pipeline, training
 from cdeit_jax import sharding as shd
 from cdeit_jax.diffusion import Diffusion
 from cdeit_jax.model import CDEIT
@@ -181,7 +181,7 @@ def _final_state(workdir, cfg, devices=None):
   abstract = jax.eval_shape(lambda: state)
   sh = shd.state_shardings(abstract, mesh)
   src = data.NpzSource(os.path.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
-  it = iter(data.train_dataset(src, cfg.batch_size, cfg.data))
+  it = iter(pipeline.train_dataset(src, cfg.batch_size, cfg.data))
   mngr = checkpoint.train_manager(str(workdir))
   step = mngr.latest_step()
   state, meta = checkpoint.restore_train(mngr, step, jax.device_put(state, sh), sh, it)

@@ -24,8 +24,7 @@ import numpy as np
 
 from cdeit_jax.eit.mesh import NUM_ELECTRODES, DiskMesh, MeshSpec, make_mesh
 from cdeit_jax.errors import InputError
-
-NUM_MEAS = NUM_ELECTRODES - 3
+from cdeit_jax.protocol import MEAS_PER_INJECTION
 
 
 def measurement_pairs(n: int = NUM_ELECTRODES) -> np.ndarray:
@@ -115,7 +114,7 @@ class CEM:
     self._cols = jnp.asarray(np.tile(vt, (1, 3)).reshape(-1), jnp.int32)
     pairs = measurement_pairs()
     self._m = jnp.asarray(pairs.reshape(-1), jnp.int32)
-    self._k = jnp.asarray(np.repeat(np.arange(ne), NUM_MEAS), jnp.int32)
+    self._k = jnp.asarray(np.repeat(np.arange(ne), MEAS_PER_INJECTION), jnp.int32)
     self.num_unknowns = len(v_nodes)
 
   @property

@@ -16,7 +16,7 @@ import functools
 import numpy as np
 from scipy.spatial import Delaunay
 
-NUM_ELECTRODES = 16
+from cdeit_jax.protocol import NUM_ELECTRODES
 
 
 @dataclasses.dataclass(frozen=True)

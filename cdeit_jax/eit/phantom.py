@@ -20,10 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.errors import InputError
+from cdeit_jax.protocol import IMAGE_SIZE
 
 MAX_INCLUSIONS = 4
 KINDS = ("disc", "ellipse", "half_disc", "annulus")
-IMAGE_SIZE = 128
 
 
 @dataclasses.dataclass(frozen=True)
