@@ -44,8 +44,8 @@ def main(argv):
       sys.exit(2)
     sys.exit(0 if report["fits"] else 1)
   cli.init_distributed()
-  from cdeit_jax import trainer
-  trainer.train(FLAGS.config, FLAGS.workdir)
+  from cdeit_jax import train_loop
+  train_loop.train(FLAGS.config, FLAGS.workdir)
 
 
 if __name__ == "__main__":

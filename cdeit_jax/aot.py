@@ -145,7 +145,7 @@ def compile_check(cfg: ml_collections.ConfigDict, topology: str, workdir: str,
   devices = topology_devices(topology)
   hbm = TOPOLOGIES[topology].hbm_bytes
   n, hosts = len(devices), len({d.process_index for d in devices})
-  config_lib.validate(cfg, n, hosts, need_data=False)
+  config_lib.check_training_config(cfg, n, hosts, need_data=False)
   mesh = shd.make_mesh(devices)
   setup = training.setup(cfg, mesh, platform="tpu", abstract=True)
   report: dict[str, Any] = {

@@ -86,7 +86,7 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
-def validate(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1, *,
+def check_training_config(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1, *,
              need_data: bool = True) -> None:
   """Check every training value up front; errors name the key and say how to fix it.
   `need_data=False` skips the dataset path (compile-only checks)."""

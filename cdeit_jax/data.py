@@ -55,9 +55,9 @@ class NpzSource:
     names = npz_files.list_files(self.path)
     arrays = None
     if validate_files and cache:  # validation reads each file; keep what it read
-      self.files, arrays = npz_files.validate(self.path, names, skip_bad=skip_bad, keep=True)
+      self.files, arrays = npz_files.check_folder(self.path, names, skip_bad=skip_bad, keep=True)
     elif validate_files:
-      self.files = npz_files.validate(self.path, names, skip_bad=skip_bad)
+      self.files = npz_files.check_folder(self.path, names, skip_bad=skip_bad)
     else:
       self.files = names
     self.mean, self.std = stats_lib.resolve_stats(self.path, stats, checkpoint_stats)

@@ -94,7 +94,7 @@ def list_files(directory: str) -> list[str]:
   return files
 
 
-def validate(directory: str, files: Sequence[str], *, skip_bad: bool = False,
+def check_folder(directory: str, files: Sequence[str], *, skip_bad: bool = False,
              num_threads: int = 8, keep: bool = False):
   """Check every file; raise listing all bad ones, or (skip_bad) warn and drop them. Returns the
   good file names, and with `keep` also their arrays ({name: arrays}: each file is read once)."""

@@ -219,7 +219,7 @@ def compute_stats(split_dir: str, preset: str = "simulated", *, voltage_ratio: f
   from tqdm import tqdm
 
   ratio, _ = files.resolve_ratios(preset, voltage_ratio, 1.0)
-  names = files.validate(split_dir, files.list_files(split_dir), skip_bad=skip_bad)
+  names = files.check_folder(split_dir, files.list_files(split_dir), skip_bad=skip_bad)
   if len(names) < 2:
     raise files.DatasetError(f"data folder {split_dir}: need at least 2 files for a std (N-1)")
   n, mean, m2 = 0, np.zeros(NUM_MEASUREMENTS), np.zeros(NUM_MEASUREMENTS)

@@ -167,7 +167,7 @@ def make_eval_step(graphdef: nnx.GraphDef, diffusion: Diffusion):
 
 @dataclasses.dataclass
 class Setup:
-  """The objects of a training run, built once from the config (trainer, benchmark, AOT check)."""
+  """The objects of a training run, built once from the config (the training loop, the benchmark, the AOT check, the tests)."""
   graphdef: nnx.GraphDef
   state: TrainState           # concrete, or ShapeDtypeStructs when built `abstract`
   step_fn: Callable

@@ -13,12 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from cdeit_jax import checkpoint, config_lib, data, pipeline, training
 from cdeit_jax import sharding as shd
-from cdeit_jax.diffusion import Diffusion
-from cdeit_jax.model import CDEIT
 
 REPO = pathlib.Path(__file__).parent.parent
 TEST_CONFIG = str(REPO / "configs" / "test.py")
@@ -43,15 +40,13 @@ def uef_batch():
 
 
 def build(cfg, devices, batch_size, accum=1, shard_params=False):
+  """The training loop's objects (`training.setup`) for `devices`, compiled for `batch_size`."""
   mesh = shd.make_mesh(devices)
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
-  tx, schedule = training.make_optimizer(cfg)
-  graphdef, state = training.create_state(model, tx)
   cfg.accum_steps = accum
-  fn = training.make_train_step(graphdef, Diffusion(), tx, schedule, cfg, mesh)
-  c = training.compile_train_step(fn, jax.eval_shape(lambda: state), batch_size,
-                                  cfg.model.to_dict(), mesh, shard_params)
-  host = jax.device_get(state)
+  ts = training.setup(cfg, mesh)
+  c = training.compile_train_step(ts.step_fn, jax.eval_shape(lambda: ts.state), batch_size,
+                                  ts.model_kwargs, mesh, shard_params)
+  host = jax.device_get(ts.state)
   # The step donates its state: every caller gets a fresh copy on the devices.
   return mesh, c, lambda: jax.device_put(host, c.state_shardings)
 
@@ -175,9 +170,7 @@ def _run_train(workdir, *overrides, env=None, wait=True):
 def _final_state(workdir, cfg, devices=None):
   """(state leaves, data iterator position) of the latest checkpoint, restored onto `devices`."""
   mesh = shd.make_mesh(devices)
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
-  tx, _ = training.make_optimizer(cfg)
-  _, state = training.create_state(model, tx)
+  state = training.setup(cfg, mesh).state
   abstract = jax.eval_shape(lambda: state)
   sh = shd.state_shardings(abstract, mesh)
   src = data.NpzSource(os.path.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
@@ -270,7 +263,7 @@ def test_two_processes_give_the_same_losses_as_one(tmp_path, straight_run):
 ])
 def test_bad_config_values_are_named(over, match):
   with pytest.raises(ValueError, match=match):
-    config_lib.validate(cfg_(**over), num_devices=8)
+    config_lib.check_training_config(cfg_(**over), num_devices=8)
 
 
 def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, straight_run):
@@ -302,7 +295,7 @@ def test_checkpoints_keep_latest_and_best(tmp_path):
 def test_compile_out_of_memory_gives_advice_not_a_traceback(tmp_path, monkeypatch):
   """A step the devices cannot hold (as the TPU compiler reports it) ends in one MemoryError
   that says what to change; train.py prints it as one line."""
-  from cdeit_jax import trainer
+  from cdeit_jax import train_loop
 
   def refuse(*args, **kwargs):
     raise jax.errors.JaxRuntimeError(
@@ -313,7 +306,7 @@ def test_compile_out_of_memory_gives_advice_not_a_traceback(tmp_path, monkeypatc
   cfg = cfg_(batch_size=32)
   cfg.model.attention_impl = "xla"
   with pytest.raises(MemoryError) as e:
-    trainer.train(cfg, str(tmp_path))
+    train_loop.train(cfg, str(tmp_path))
   text = str(e.value)
   assert "does not fit the devices' memory" in text and "(25.07G)" in text
   for tip in ("config.model.attention_impl=auto", "config.accum_steps=2", "config.model.remat=True",
@@ -446,14 +439,14 @@ def test_second_training_in_a_workdir_is_refused_and_a_dead_ones_lock_taken(tmp_
 
 def test_resume_refuses_a_changed_batch_size_and_warns_on_changed_optimizer(tmp_path,
                                                                            straight_run):
-  from cdeit_jax import trainer
+  from cdeit_jax import train_loop
   meta = checkpoint.read_meta(str(straight_run))
   with pytest.raises(checkpoint.CheckpointError,
                      match=r"config.batch_size: checkpoint 8, now 16.*new --workdir"):
-    trainer.check_resume(cfg_(batch_size=16), meta, "here")
+    train_loop.check_resume(cfg_(batch_size=16), meta, "here")
   with pytest.raises(checkpoint.CheckpointError, match=r"config.model.hidden_size: checkpoint 32"):
-    trainer.check_resume(cfg_(**{"model.hidden_size": 64}), meta, "here")
-  warnings = trainer.check_resume(cfg_(steps=24, **{"optimizer.lr": 5e-4,
+    train_loop.check_resume(cfg_(**{"model.hidden_size": 64}), meta, "here")
+  warnings = train_loop.check_resume(cfg_(steps=24, **{"optimizer.lr": 5e-4,
                                                     "model.attention_impl": "xla"}), meta, "here")
   assert warnings == ["warning: resuming here with changed config.optimizer.lr: 0.001 -> 0.0005 "
                       "(the run no longer equals an uninterrupted one)"]

@@ -84,7 +84,7 @@ def _memory_report(compiled: training.CompiledStep, cfg: ml_collections.ConfigDi
 
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Train (or resume) in `workdir`; returns the last logged metrics."""
-  config_lib.validate(cfg, jax.device_count(), jax.process_count())
+  config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
   os.makedirs(workdir, exist_ok=True)
   lock = workdir_lock.WorkdirLock(workdir)
   if jax.process_index() == 0:  # one run per workdir (the other processes belong to this run)
@@ -246,7 +246,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
                       out_shardings=shd.replicated(mesh))
   eval_batch = cfg.eval_batch_size or cfg.batch_size
 
-  def validate(params) -> float:
+  def validation_loss(params) -> float:
     total, count = [], []
     base = jax.random.key(cfg.eval_seed)
     for i, b in enumerate(pipeline.eval_batches(valid_src, eval_batch)):
@@ -315,7 +315,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
         logger.print(f"warning: gradient norm {gnorm:.3g} at step {step}")
       val_loss = None
       if step % cfg.eval_every == 0 or final:
-        val_loss = validate(state.ema)
+        val_loss = validation_loss(state.ema)
         last["val_loss"] = val_loss
       if step % cfg.eval_every == 0 or final or stop:
         checkpoint.save_train(mngr, state, host_iter, meta_now(step), val_loss)
