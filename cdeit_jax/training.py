@@ -167,7 +167,8 @@ def make_eval_step(graphdef: nnx.GraphDef, diffusion: Diffusion):
 
 @dataclasses.dataclass
 class Setup:
-  """The objects of a training run, built once from the config (the training loop, the benchmark, the AOT check, the tests)."""
+  """The objects of a training run, built once from the config (the training loop, the
+  benchmark, the AOT check and the tests use it)."""
   graphdef: nnx.GraphDef
   state: TrainState           # concrete, or ShapeDtypeStructs when built `abstract`
   step_fn: Callable
