@@ -11,7 +11,6 @@ cdeit_jax/config_lib.py), changed with --config.KEY=VALUE; the model's runtime k
 Writes OUT/metrics.json, metrics.csv, predictions.npz, predictions.mat, reconstructions.png.
 """
 
-import sys
 
 if __name__ == "__main__":
   from cdeit_jax import cpu_tuning
@@ -42,8 +41,7 @@ def main(argv):
   cli.init_distributed()
   from cdeit_jax import evaluate
   overrides = dict(config_flags.get_override_values(FLAGS["config"]))
-  r = evaluate.evaluate(FLAGS.workdir, FLAGS.data, FLAGS.data_path, FLAGS.out, overrides,
-                        log=lambda *x, **k: print(*x, **k, file=sys.stderr))
+  r = evaluate.evaluate(FLAGS.workdir, FLAGS.data, FLAGS.data_path, FLAGS.out, overrides)
   if "metrics" in r:
     for name, m in r["metrics"].items():
       print(f"{name:8s} RMSE {m['rmse']:.4f}  PSNR {m['psnr']:.2f}  SSIM {m['ssim']:.4f}  "

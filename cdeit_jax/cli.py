@@ -43,6 +43,8 @@ def init_distributed() -> None:
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   elif _auto_cluster():
     jax.distributed.initialize()
+  from cdeit_jax import logs
+  logs.console(primary=jax.process_index() == 0)
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 from flax import nnx
+from tqdm import tqdm
 
 from cdeit_jax import aot, checkpoint, config_lib, data, logs, metrics, pipeline, training
 from cdeit_jax import files as npz_files
@@ -25,6 +27,8 @@ from cdeit_jax.fileio import atomic_write
 from cdeit_jax import sharding as shd
 from cdeit_jax.diffusion import Diffusion
 from cdeit_jax.errors import InputError
+
+log = logs.log.getChild("eval")
 
 
 # Everything an evaluation writes into its output folder (metrics.json last: it marks a complete
@@ -49,15 +53,17 @@ def check_out(out: str) -> None:
                      "folder") from None
 
 
-def _first_readable(workdir: str, candidates: list[int], log) -> tuple[int, dict]:
-  """(step, meta) of the first candidate whose metadata reads; each skipped step is one line."""
+def _first_readable(workdir: str, candidates: list[int], skipped: list[str]
+                    ) -> tuple[int, dict]:
+  """(step, meta) of the first candidate whose metadata reads; each skipped step is one line in
+  `skipped`."""
   for i, step in enumerate(candidates):
     try:
       return step, checkpoint.read_meta(workdir, step)
     except checkpoint.CheckpointError as e:
       if i == len(candidates) - 1:
         raise
-      log(f"warning: skipping checkpoint step {step}: {e}")
+      skipped.append(f"skipping checkpoint step {step}: {e}")
   raise checkpoint.CheckpointError(f"checkpoint {workdir}: no step to evaluate")
 
 
@@ -163,7 +169,7 @@ def memory_budget(device: jax.Device) -> tuple[int | None, int]:
 
 
 def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int | None = None, *,
-                    cond_size: int = 16, fraction: float = 0.8, log=print):
+                    cond_size: int = 16, fraction: float = 0.8):
   """Compile `sampler` for the largest batch that fits the devices; returns (executable, batch).
 
   `batch_size` (global) is taken as given. Otherwise per-device batches 8, 4, 2, 1 (never more
@@ -192,15 +198,15 @@ def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int |
     except jax.errors.JaxRuntimeError as e:  # the compiler itself refuses what cannot fit (TPU)
       if batch_size is not None or per_device == 1 or not aot.is_out_of_memory(e):
         raise
-      log(f"sampler: batch {g} does not fit ({str(e).splitlines()[0][:120]}); trying smaller")
+      log.info(f"sampler: batch {g} does not fit ({str(e).splitlines()[0][:120]}); trying smaller")
       continue
     need = training.memory_of(compiled).get("peak_bytes")
     if batch_size is not None or need is None or budget is None or \
         need * sharing <= fraction * budget:
       return compiled, g
-    log(f"sampler: batch {g} needs ~{need * sharing / 2 ** 30:.1f} GiB of "
+    log.info(f"sampler: batch {g} needs ~{need * sharing / 2 ** 30:.1f} GiB of "
         f"{budget / 2 ** 30:.1f} GiB available; trying a smaller batch")
-  log(f"sampler: even batch {n} may not fit the available memory; trying it anyway")
+  log.warning(f"sampler: even batch {n} may not fit the available memory; trying it anyway")
   return compiled, n
 
 
@@ -212,7 +218,7 @@ def _gather(x: jax.Array) -> np.ndarray:
 
 
 def evaluate(path: str, data_name: str, data_path: str, out: str,
-             overrides: dict[str, Any] | None = None, log=print) -> dict[str, Any]:
+             overrides: dict[str, Any] | None = None) -> dict[str, Any]:
   """Reconstruct the npz files of `data_path` (preset `data_name`) with the checkpoint at `path`
   (a run: its best validated step that loads, else the latest; or one `RUN/checkpoints/STEP`)
   and write every output into `out`; returns metrics.json's content.
@@ -224,6 +230,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   if jax.process_index() == 0:
     check_out(out)
     logs.debug_log(out)
+  skipped: list[str] = []  # damaged steps passed over, reported once the choice is made
   step_arg = overrides.get("eval.step")
   workdir, resolved = checkpoint.resolve(path, step_arg)
   if step_arg is not None or os.path.basename(os.path.normpath(path)).isdigit():
@@ -232,7 +239,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   else:
     ranked = checkpoint.ranked_steps(workdir)
     candidates = ranked + [st for st in checkpoint.all_steps(workdir)[::-1] if st not in ranked]
-    step, meta = _first_readable(workdir, candidates, log)
+    step, meta = _first_readable(workdir, candidates, skipped)
   cfg = settings(meta, overrides)
   s, e = cfg.sampling, cfg.eval
   voltage_ratio, current_ratio = npz_files.resolve_ratios(data_name, e.voltage_ratio, e.current_ratio)
@@ -244,7 +251,6 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   runtime = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
 
   mesh = shd.make_mesh()
-  skipped = []
   with logs.StderrCapture() as capture:  # a failed restore's TensorStore noise -> debug log
     while True:  # the chosen step, or (damaged weights) the next candidate
       try:
@@ -256,14 +262,14 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
         rest = candidates[candidates.index(step) + 1:]
         if not rest:
           raise
-        skipped.append(f"warning: skipping checkpoint step {step}: {err}")
-        step, meta = _first_readable(workdir, rest, skipped.append)
+        skipped.append(f"skipping checkpoint step {step}: {err}")
+        step, meta = _first_readable(workdir, rest, skipped)
   for line in skipped:
-    log(line)
+    log.warning(line)
   if model.conditioner is not None and not (
       np.allclose(model.conditioner.voltage_mean[...], src.mean.ravel(), rtol=1e-6, atol=0) and
       np.allclose(model.conditioner.voltage_std[...], src.std.ravel(), rtol=1e-6, atol=0)):
-    log(f"warning: {data_path} is standardised with other statistics than this physics-"
+    log.warning(f"{data_path} is standardised with other statistics than this physics-"
         "informed model was trained with, so its linear input channels are computed from wrong "
         "voltages; use the checkpoint's statistics (no --config.eval.stats, and no mean/std in the "
         "data folder's parent)")
@@ -280,7 +286,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   sampler = make_sampler(graphdef, diffusion, s.steps, s.eta, shape, mesh, correction_graphdef)
   t0 = time.perf_counter()
   sampler, global_batch = compile_sampler(sampler, weights, mesh, n_total, s.batch_size,
-                                          cond_size=model.cond_size, log=log)
+                                          cond_size=model.cond_size)
   compile_s = time.perf_counter() - t0
   batches = list(pipeline.eval_batches(src, global_batch, keys=("cond",), limit=n_total))
   key = jax.random.key(s.seed)
@@ -288,6 +294,8 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   samples = np.zeros((s.num_samples, n_total, *shape), np.float32)
   t0 = time.perf_counter()
   done = 0
+  bar = tqdm(total=n_total * s.num_samples, desc="sampling", unit="image", file=sys.stderr,
+             disable=jax.process_index() != 0, mininterval=1.0)
   for k in range(s.num_samples):
     key_k = jax.random.fold_in(key, k)
     for b in batches:
@@ -296,9 +304,9 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
       idx, mask = _gather(g["index"]), _gather(g["mask"]) > 0
       samples[k, idx[mask]] = imgs[mask]
       done += int(mask.sum())
-      log(f"\rsampling: {done}/{n_total * s.num_samples} images", end="")
+      bar.update(int(mask.sum()))
   sample_s = time.perf_counter() - t0
-  log("")
+  bar.close()
   result = {"images_per_s": done / sample_s, "ms_per_image": 1000 * sample_s / done,
             "compile_s": compile_s, "devices": jax.device_count(),
             "processes": jax.process_count(), "global_batch": global_batch}

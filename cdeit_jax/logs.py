@@ -1,5 +1,7 @@
-"""Training logs from process 0: console progress bar with ETA, `metrics.jsonl`, TensorBoard
-event files (tensorboardX, no TensorFlow)."""
+"""Logging: one logger (`cdeit_jax` and its children) for every message, shown on stderr through
+tqdm so progress bars stay intact; the debug log of full errors behind one-line reports; and the
+training metrics of process 0: progress bar with ETA, `metrics.jsonl`, TensorBoard event files
+(tensorboardX, no TensorFlow)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,31 @@ from typing import Any
 
 log = logging.getLogger("cdeit_jax")
 DEBUG_LOG = "debug.log"
+
+
+class _Console(logging.Handler):
+  """stderr through `tqdm.write` (a running progress bar is redrawn below the message); warnings
+  and errors are prefixed with their level."""
+
+  def emit(self, record: logging.LogRecord) -> None:
+    try:
+      from tqdm import tqdm
+      text = record.getMessage()
+      if record.levelno >= logging.WARNING:
+        text = f"{record.levelname.lower()}: {text}"
+      tqdm.write(text, file=sys.stderr)
+    except Exception:  # logging's convention: report, never raise
+      self.handleError(record)
+
+
+def console(primary: bool = True) -> None:
+  """Show the `cdeit_jax` loggers on stderr (commands call this once jax knows the process):
+  information from process 0, warnings and errors from every process."""
+  for h in [h for h in log.handlers if isinstance(h, _Console)]:
+    log.removeHandler(h)
+  log.addHandler(_Console())
+  log.setLevel(logging.INFO if primary else logging.WARNING)
+  log.propagate = False
 debug = logging.getLogger("cdeit_jax.debug")  # full errors behind one-line reports
 debug.propagate = False
 
@@ -126,10 +153,6 @@ class MetricLogger:
     shown = {k: f"{v:.4g}" for k, v in metrics.items() if k in ("loss", "val_loss",
                                                                   "samples_per_sec")}
     self.bar.set_postfix(shown, refresh=False)
-
-  def print(self, msg: str) -> None:
-    if self.enabled:
-      self.bar.write(msg, file=sys.stderr)
 
   def close(self) -> None:
     if self.enabled:

@@ -23,6 +23,8 @@ from cdeit_jax import sharding as shd
 from cdeit_jax import training
 from cdeit_jax.errors import CdeitError, DoesNotFit
 
+log = logs.log.getChild("train")
+
 
 class NonFiniteLoss(CdeitError, RuntimeError):
   pass
@@ -267,9 +269,10 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
 
   logger = logs.MetricLogger(workdir, cfg.steps, start, enabled=primary)
   for line in report:
-    logger.print(line)
+    (log.warning if line.startswith(("warning: ", "skipping ")) else log.info)(
+        line.removeprefix("warning: "))
   if primary and logger.dropped:
-    logger.print(f"metrics.jsonl: dropped {logger.dropped} record(s) after step {start} (steps "
+    log.info(f"metrics.jsonl: dropped {logger.dropped} record(s) after step {start} (steps "
                  "an earlier attempt logged but did not commit)")
   peak = hardware.peak_tflops()
   preempt = _Preemption()
@@ -312,7 +315,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
       if peak:
         last["fraction_of_peak"] = per_device / peak
       if gnorm > 1e3 or gnorm < 1e-7:
-        logger.print(f"warning: gradient norm {gnorm:.3g} at step {step}")
+        log.warning(f"gradient norm {gnorm:.3g} at step {step}")
       val_loss = None
       if step % cfg.eval_every == 0 or final:
         val_loss = validation_loss(state.ema)
@@ -323,7 +326,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
       logger.write(step, last, advance=n)
       window_start, window_t = step, time.perf_counter()
       if stop and not final:
-        logger.print(f"SIGTERM: saved step {step}; rerun the same command to resume")
+        log.info(f"SIGTERM: saved step {step}; rerun the same command to resume")
         break
   finally:
     mngr.wait_until_finished()

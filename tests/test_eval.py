@@ -1,6 +1,7 @@
 """eval.py: metrics against independent implementations, outputs, determinism, bad inputs."""
 
 import json
+import logging
 import os
 import pathlib
 import subprocess
@@ -96,7 +97,7 @@ def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
   out = tmp_path / "out"
   r = evaluate.evaluate(fixture_run, "uef2017", UEF, str(out), {
       "sampling.steps": 1, "sampling.batch_size": 8, "model.attention_query_chunk": 512,
-      "eval.max_examples": 8}, log=lambda *a, **k: None)
+      "eval.max_examples": 8})
   assert r["devices"] == 8
   for f in ("metrics.json", "metrics.csv", "predictions.npz", "predictions.mat",
             "reconstructions.png"):
@@ -133,7 +134,7 @@ def test_a_new_evaluation_replaces_every_old_output(tiny_run, tmp_path):
     (out / f).write_text("old")
   (out / "notes.txt").write_text("mine")
   r = evaluate.evaluate(tiny_run, "uef2017", UEF, str(out),
-                        {"eval.max_examples": 2, "eval.figure": False}, log=lambda *a, **k: None)
+                        {"eval.max_examples": 2, "eval.figure": False})
   assert not (out / "reconstructions.png").exists() and (out / "notes.txt").read_text() == "mine"
   for f in evaluate.OUTPUTS[1:]:
     assert (out / f).read_bytes() != b"old", f
@@ -175,7 +176,7 @@ def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
   assert "cdeit" in r1.stdout and "images/s" in r1.stdout
   r8 = evaluate.evaluate(tiny_run, "uef2017", UEF, str(tmp_path / "eight"), {
       "sampling.seed": 3, "sampling.num_samples": 4, "eval.figure": False,
-      "eval.tikhonov": True}, log=lambda *a, **k: None)
+      "eval.tikhonov": True})
   assert r8["devices"] == 8
   # the built-in Tikhonov baseline beside the authors' stored ones; measured cc 0.744 on these
   assert list(r8["metrics"]) == ["cdeit", "empty", "tikhonov", "TR", "xs_gn"]
@@ -193,7 +194,7 @@ def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
 def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
   def run(checkpoint=tiny_run, data="uef2017", data_path=UEF, out=str(tmp_path / "o"), **over):
     settings = {"eval.figure": False, "eval.max_examples": 2, **over}
-    return evaluate.evaluate(checkpoint, data, data_path, out, settings, log=lambda *a, **k: None)
+    return evaluate.evaluate(checkpoint, data, data_path, out, settings)
 
   with pytest.raises(ValueError, match="unknown data preset 'tank'"):
     run(data="tank")
@@ -253,7 +254,7 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
 # ----------------------------------------------------------------------------- batch choice
 
 
-def test_sampler_batch_is_the_largest_that_fits(monkeypatch):
+def test_sampler_batch_is_the_largest_that_fits(monkeypatch, caplog):
   """Per-device batches 8, 4, 2, 1 are compiled in turn until the compiler's memory analysis
   fits the budget; never more than the examples need; an explicit batch is taken as given."""
   from cdeit_jax import sharding as shd
@@ -274,13 +275,15 @@ def test_sampler_batch_is_the_largest_that_fits(monkeypatch):
   # a host whose available memory (shared by the 8 CPU devices) lies between 2 and 4 per device
   budget = 8 * (need[2] + need[4]) / 2 / 0.8
   monkeypatch.setattr(evaluate, "memory_budget", lambda device: (budget, 8))
-  logs = []
-  assert evaluate.compile_sampler(sampler, weights, mesh, 1000, log=logs.append)[1] == 16
-  assert len(logs) == 2 and "trying a smaller batch" in logs[0]
+  with caplog.at_level(logging.INFO, logger="cdeit_jax"):
+    assert evaluate.compile_sampler(sampler, weights, mesh, 1000)[1] == 16
+  tried = [r.getMessage() for r in caplog.records if r.name == "cdeit_jax.eval"]
+  assert len(tried) == 2 and "trying a smaller batch" in tried[0]
   monkeypatch.setattr(evaluate, "memory_budget", lambda device: (1e15, 8))
   assert evaluate.compile_sampler(sampler, weights, mesh, 1000)[1] == 64
   assert evaluate.compile_sampler(sampler, weights, mesh, 10)[1] == 16  # 10 examples: 2 each
-  with pytest.raises(ValueError, match="--batch-size 12 must be a positive multiple of the 8"):
+  with pytest.raises(ValueError, match="--config.sampling.batch_size=12: must be a positive "
+                     "multiple of the 8"):
     evaluate.compile_sampler(sampler, weights, mesh, 1000, 12)
 
 

@@ -1,6 +1,7 @@
 """Training: EMA semantics, sharded/accumulated steps, resume, multi-process, failure modes."""
 
 import json
+import logging
 import os
 import pathlib
 import signal
@@ -481,7 +482,7 @@ def test_none_on_the_command_line_is_none():
   assert cfg.data.stats is None and cfg.data.preset == "uef2017"
 
 
-def test_eval_uses_the_best_intact_step(tmp_path, straight_run):
+def test_eval_uses_the_best_intact_step(tmp_path, straight_run, caplog):
   """The best step's EMA weights truncated, then its metadata garbled: evaluation names the step
   in one line and uses the next best step that loads."""
   import shutil
@@ -493,11 +494,11 @@ def test_eval_uses_the_best_intact_step(tmp_path, straight_run):
   assert len(ranked) == 2, ranked  # the test config keeps 2
 
   def run(out):
-    lines = []
-    r = evaluate.evaluate(str(wd), "uef2017", str(REPO / "data" / "uef2017"),
-                          str(tmp_path / out), {"eval.max_examples": 2, "eval.figure": False},
-                          log=lambda *a, **k: lines.append(str(a[0]) if a else ""))
-    return r["settings"]["checkpoint_step"], "\n".join(lines)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="cdeit_jax"):
+      r = evaluate.evaluate(str(wd), "uef2017", str(REPO / "data" / "uef2017"),
+                            str(tmp_path / out), {"eval.max_examples": 2, "eval.figure": False})
+    return r["settings"]["checkpoint_step"], caplog.text
 
   for f in (wd / "checkpoints" / str(ranked[0]) / "ema").rglob("*"):
     if f.is_file() and f.parent.name == "d":
