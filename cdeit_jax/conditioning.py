@@ -12,9 +12,11 @@ linearised forward model at the homogeneous background (J, 208 x pixels; W = dia
 
 so every level costs one (208 x pixels) matrix product per example on the device, and the same
 factors give J for data-consistent sampling. lambda = alpha * trace(G) / 208 as in
-`eit.reconstruct.Tikhonov`. The factors, the training set's voltage statistics and the channels'
-scales are fixed variables of the model: saved in its checkpoint and restored with it, so a
-checkpoint reproduces its conditioning exactly on any machine, for simulated and real presets.
+`eit.reconstruct.Tikhonov`. The factors are fixed variables recomputed from the config (M_alpha
+and J do not depend on the eigenvectors' signs or on the basis of a repeated eigenvalue); the
+training set's voltage statistics and the channels' scales (`Calibration`) are recorded in the
+checkpoint's metadata, so a checkpoint reproduces its conditioning for simulated and real
+presets.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ CALIBRATION_EXAMPLES = 1024    # training examples whose channel std sets the ch
 
 
 class Fixed(nnx.Variable):
-  """A model variable that is not trained but saved with the weights (tables, operators,
-  calibration)."""
+  """A model variable that is not trained (tables, operators, calibration): recomputed from the
+  config when a checkpoint loads, except `Calibration`, which the checkpoint records."""
 
 
 class Calibration(Fixed):

@@ -149,9 +149,10 @@ def _newest_meta(mngr, workdir: str, report: list[str]) -> dict | None:
     except checkpoint.CheckpointError as e:
       report.append(f"skipping checkpoint step {step}: {e}")
   if steps:
+    reasons = "\n  ".join(report)
     raise checkpoint.CheckpointError(
-        f"no checkpoint in {mngr.directory} can be read (steps {sorted(steps)}); see "
-        f"{os.path.join(workdir, logs.DEBUG_LOG)}. Move them away to start afresh")
+        f"no checkpoint in {mngr.directory} can be read:\n  {reasons}\nThe whole errors are in "
+        f"{os.path.join(workdir, logs.DEBUG_LOG)}; move the steps away to start afresh")
   return None
 
 
@@ -167,11 +168,13 @@ def _restore_newest_intact(mngr, state, shardings, host_iter, report: list[str])
         capture.failed = True
         if "cdeit-jax 0.1" in str(e):
           raise
-        report.append(f"skipping checkpoint step {step}: {e}")
+        if not any(line.startswith(f"skipping checkpoint step {step}:") for line in report):
+          report.append(f"skipping checkpoint step {step}: {e}")  # not yet reported
         damaged.append(step)
+  reasons = "\n  ".join(line for line in report if line.startswith("skipping checkpoint"))
   raise checkpoint.CheckpointError(
-      f"no checkpoint in {mngr.directory} restores completely (tried {damaged}); see the "
-      f"lines above and {logs.DEBUG_LOG}. Move them away to start afresh")
+      f"no checkpoint in {mngr.directory} restores completely:\n  {reasons}\nThe whole errors "
+      f"are in {logs.DEBUG_LOG}; move the steps away to start afresh")
 
 
 def _set_aside(workdir: str, steps: list[int]) -> list[str]:

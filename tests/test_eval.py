@@ -121,6 +121,9 @@ def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
                 "--config.eval.max_examples=2", "--config.model.attention_query_chunk=512",
                 "--config.eval.figure=False", devices=1)
   assert r.returncode == 0, r.stderr[-2000:]
+  settings = json.loads((tmp_path / "one" / "metrics.json").read_text())["settings"]
+  assert settings["sampling_steps"] == 1 and settings["config"]["sampling"]["steps"] == 1
+  assert settings["config"]["overrides"]["sampling.batch_size"] == 2
   one = np.load(tmp_path / "one" / "predictions.npz")
   np.testing.assert_allclose(one["pred"], z["pred"][:2], atol=1e-5, rtol=0)
 
