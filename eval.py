@@ -11,6 +11,7 @@ cdeit_jax/config_lib.py), changed with --config.KEY=VALUE; the model's runtime k
 Writes OUT/metrics.json, metrics.csv, predictions.npz, predictions.mat, reconstructions.png.
 """
 
+import sys
 
 if __name__ == "__main__":
   from cdeit_jax import cpu_tuning
@@ -21,9 +22,12 @@ from ml_collections import config_flags
 
 from cdeit_jax import cli, config_lib
 
-config_flags.DEFINE_config_dict(
-    "config", config_lib.default_config(), "settings: the checkpoint's config, changed with "
-    "--config.sampling.steps=10, --config.eval.tikhonov=True, ...", lock_config=True)
+try:
+  config_flags.DEFINE_config_dict(
+      "config", config_lib.default_config(), "settings: the checkpoint's config, changed with "
+      "--config.sampling.steps=10, --config.eval.tikhonov=True, ...", lock_config=True)
+except (KeyError, AttributeError) as e:  # an unknown --config.KEY on the command line
+  cli.unknown_config_key(sys.argv, e)
 flags.DEFINE_string("workdir", None, "a run directory (train.py or python -m cdeit_jax.convert): "
                     "its best validated checkpoint that loads, else the latest; or one "
                     "RUN/checkpoints/STEP")

@@ -64,10 +64,20 @@ def parse_flags(argv: list[str]) -> list[str]:
       print(f"error: --config {path}: no such file (the configs are in configs/)", file=sys.stderr)
     else:
       print(f"error: --config: {' '.join(str(e).split())}", file=sys.stderr)
-  except KeyError as e:
-    text = " ".join(str(e.args[0] if e.args else e).split())
-    bad = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-    print(f"error: {', '.join(bad)}: no such config key: {text}", file=sys.stderr)
+  except (KeyError, AttributeError) as e:  # an unknown key: config files, config dicts
+    unknown_config_key(argv, e)
+  sys.exit(2)
+
+
+def unknown_config_key(argv: list[str], e: Exception) -> None:
+  """Report an unknown `--config.KEY` in one line and exit 2 (`DEFINE_config_dict` meets it when
+  the flag is defined, `DEFINE_config_file` when the flags are parsed)."""
+  arg = e
+  while isinstance(arg, BaseException) and arg.args:  # AttributeError(KeyError(text))
+    arg = arg.args[0]
+  text = " ".join(str(arg).split())
+  bad = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
+  print(f"error: {', '.join(bad)}: no such config key: {text}", file=sys.stderr)
   sys.exit(2)
 
 

@@ -89,7 +89,7 @@ def test_convert_writes_loadable_checkpoint(tmp_path):
   np.testing.assert_array_equal(mean, a_mean)
   np.testing.assert_array_equal(std, a_std)
   assert meta["weights"] == ["ema"] and meta["model"]["hidden_size"] == 64
-  with pytest.raises(ValueError, match="--weights ema"):
+  with pytest.raises(ValueError, match="--config.eval.weights=ema"):
     checkpoint.load_model(str(tmp_path / "run"), weights="raw")
   with pytest.raises(FileExistsError):
     convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
