@@ -86,8 +86,8 @@ def default_config() -> ml_collections.ConfigDict:
   return c
 
 
-def check_training_config(cfg: ml_collections.ConfigDict, num_devices: int, num_processes: int = 1, *,
-             need_data: bool = True) -> None:
+def check_training_config(cfg: ml_collections.ConfigDict, num_devices: int,
+                          num_processes: int = 1, *, need_data: bool = True) -> None:
   """Check every training value up front; errors name the key and say how to fix it.
   `need_data=False` skips the dataset path (compile-only checks)."""
 

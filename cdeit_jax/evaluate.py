@@ -242,7 +242,8 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
     step, meta = _first_readable(workdir, candidates, skipped)
   cfg = settings(meta, overrides)
   s, e = cfg.sampling, cfg.eval
-  voltage_ratio, current_ratio = npz_files.resolve_ratios(data_name, e.voltage_ratio, e.current_ratio)
+  voltage_ratio, current_ratio = npz_files.resolve_ratios(data_name, e.voltage_ratio,
+                                                          e.current_ratio)
   src = data.NpzSource(data_path, data_name, e.stats, voltage_ratio=voltage_ratio,
                        current_ratio=current_ratio, checkpoint_stats=checkpoint.meta_stats(meta),
                        baselines=True, skip_bad=e.skip_bad_files, cache=True)

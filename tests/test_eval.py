@@ -117,7 +117,8 @@ def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
       np.sqrt(((z["pred"] - z["target"]) ** 2).mean()), rel=1e-6)
   # one device, through the command line: the same reconstructions (first 2 files)
   r = _eval_cli("--workdir", fixture_run, "--data", "uef2017", "--data_path", UEF, "--out",
-                str(tmp_path / "one"), "--config.sampling.steps=1", "--config.sampling.batch_size=2",
+                str(tmp_path / "one"), "--config.sampling.steps=1",
+                "--config.sampling.batch_size=2",
                 "--config.eval.max_examples=2", "--config.model.attention_query_chunk=512",
                 "--config.eval.figure=False", devices=1)
   assert r.returncode == 0, r.stderr[-2000:]
