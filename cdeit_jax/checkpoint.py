@@ -202,6 +202,20 @@ def read_meta(path: str, step: int | None = None) -> dict[str, Any]:
   return meta
 
 
+def first_readable(workdir: str, steps: list[int], skipped: dict[int, str]
+                   ) -> tuple[int, dict[str, Any]]:
+  """(step, meta) of the first of `steps` whose metadata reads; each step passed over is recorded
+  in `skipped` ({step: reason}). Raises the last step's error when none reads."""
+  for i, step in enumerate(steps):
+    try:
+      return step, read_meta(workdir, step)
+    except CheckpointError as e:
+      skipped[step] = str(e)
+      if i == len(steps) - 1:
+        raise
+  raise CheckpointError(f"checkpoint {workdir}: no step to read")
+
+
 def model_config(meta: dict[str, Any]) -> ml_collections.ConfigDict:
   """A config whose `model` section is the checkpoint's."""
   cfg = config_lib.default_config()
@@ -331,16 +345,10 @@ def restore_train(mngr: ocp.CheckpointManager, step: int, state, shardings, data
   CheckpointError, one line naming the step and item, when an item cannot be read."""
   import grain
   where = f"checkpoint {mngr.directory}/{step}"
-  try:
-    meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-  except Exception as e:
-    raise failure(f"{where}/meta/metadata", e) from None
-  if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-    if isinstance(meta, dict) and meta.get("format") == FORMAT_V1:
-      raise CheckpointError(f"{where} was written by cdeit-jax 0.1 ({FORMAT_V1}); training "
-                            "cannot resume from it: start a new --workdir (eval.py and "
-                            "--init-from still read its weights)")
-    raise CheckpointError(f"{where}/meta: not a {FORMAT!r} checkpoint")
+  meta = read_meta(os.path.dirname(str(mngr.directory)), step)
+  if meta["format"] != FORMAT:
+    raise CheckpointError(f"{where}: a {meta['format']!r} checkpoint; training resumes only "
+                          f"from {FORMAT!r} (start a new --workdir)")
   items = {name: ocp.args.StandardRestore(_restore_target(getattr(state, name),
                                                          getattr(shardings, name)))
            for name in ("params", "ema", "opt_state")}

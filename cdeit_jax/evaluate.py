@@ -53,20 +53,6 @@ def check_out(out: str) -> None:
                      "folder") from None
 
 
-def _first_readable(workdir: str, candidates: list[int], skipped: list[str]
-                    ) -> tuple[int, dict]:
-  """(step, meta) of the first candidate whose metadata reads; each skipped step is one line in
-  `skipped`."""
-  for i, step in enumerate(candidates):
-    try:
-      return step, checkpoint.read_meta(workdir, step)
-    except checkpoint.CheckpointError as e:
-      if i == len(candidates) - 1:
-        raise
-      skipped.append(f"skipping checkpoint step {step}: {e}")
-  raise checkpoint.CheckpointError(f"checkpoint {workdir}: no step to evaluate")
-
-
 def check_scale(src, preset: str, limit: int = 8) -> None:
   """Refuse data whose standardised voltages are far off the statistics' scale: the files were
   made with other voltage/current units than the preset says (e.g. tank data as `simulated`)."""
@@ -230,7 +216,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   if jax.process_index() == 0:
     check_out(out)
     logs.debug_log(out)
-  skipped: list[str] = []  # damaged steps passed over, reported once the choice is made
+  skipped: dict[int, str] = {}  # damaged steps passed over, reported once the choice is made
   step_arg = overrides.get("eval.step")
   workdir, resolved = checkpoint.resolve(path, step_arg)
   if step_arg is not None or os.path.basename(os.path.normpath(path)).isdigit():
@@ -239,7 +225,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   else:
     ranked = checkpoint.ranked_steps(workdir)
     candidates = ranked + [st for st in checkpoint.all_steps(workdir)[::-1] if st not in ranked]
-    step, meta = _first_readable(workdir, candidates, skipped)
+    step, meta = checkpoint.first_readable(workdir, candidates, skipped)
   cfg = settings(meta, overrides)
   s, e = cfg.sampling, cfg.eval
   voltage_ratio, current_ratio = npz_files.resolve_ratios(data_name, e.voltage_ratio,
@@ -263,10 +249,10 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
         rest = candidates[candidates.index(step) + 1:]
         if not rest:
           raise
-        skipped.append(f"skipping checkpoint step {step}: {err}")
-        step, meta = _first_readable(workdir, rest, skipped)
-  for line in skipped:
-    log.warning(line)
+        skipped[step] = str(err)
+        step, meta = checkpoint.first_readable(workdir, rest, skipped)
+  for bad, reason in skipped.items():
+    log.warning(f"skipping checkpoint step {bad}: {reason}")
   if model.conditioner is not None and not (
       np.allclose(model.conditioner.voltage_mean[...], src.mean.ravel(), rtol=1e-6, atol=0) and
       np.allclose(model.conditioner.voltage_std[...], src.std.ravel(), rtol=1e-6, atol=0)):

@@ -140,24 +140,27 @@ def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list
           f"{now.get(k)!r} (the run no longer equals an uninterrupted one)" for k in warn]
 
 
-def _newest_meta(mngr, workdir: str, report: list[str]) -> dict | None:
+def _newest_meta(mngr, workdir: str, skipped: dict[int, str]) -> dict | None:
   """The metadata of the newest step whose metadata reads (None in a fresh workdir)."""
   steps = sorted(mngr.all_steps(), reverse=True)
-  for step in steps:
-    try:
-      return checkpoint.read_meta(workdir, step)
-    except checkpoint.CheckpointError as e:
-      report.append(f"skipping checkpoint step {step}: {e}")
-  if steps:
-    reasons = "\n  ".join(report)
+  if not steps:
+    return None
+  try:
+    return checkpoint.first_readable(workdir, steps, skipped)[1]
+  except checkpoint.CheckpointError:
     raise checkpoint.CheckpointError(
-        f"no checkpoint in {mngr.directory} can be read:\n  {reasons}\nThe whole errors are in "
-        f"{os.path.join(workdir, logs.DEBUG_LOG)}; move the steps away to start afresh")
-  return None
+        f"no checkpoint in {mngr.directory} can be read:\n  {_reasons(skipped)}\nThe whole errors "
+        f"are in {os.path.join(workdir, logs.DEBUG_LOG)}; move the steps away to start afresh"
+        ) from None
 
 
-def _restore_newest_intact(mngr, state, shardings, host_iter, report: list[str]):
-  """(state, meta, step, damaged steps) from the newest step that restores completely."""
+def _reasons(skipped: dict[int, str]) -> str:
+  return "\n  ".join(f"step {step}: {reason}" for step, reason in skipped.items())
+
+
+def _restore_newest_intact(mngr, state, shardings, host_iter, skipped: dict[int, str]):
+  """(state, meta, step, damaged steps) from the newest step that restores completely; steps
+  passed over are added to `skipped`."""
   damaged = []
   with logs.StderrCapture() as capture:
     for step in sorted(mngr.all_steps(), reverse=True):
@@ -166,15 +169,11 @@ def _restore_newest_intact(mngr, state, shardings, host_iter, report: list[str])
         return restored, meta, step, damaged
       except checkpoint.CheckpointError as e:
         capture.failed = True
-        if "cdeit-jax 0.1" in str(e):
-          raise
-        if not any(line.startswith(f"skipping checkpoint step {step}:") for line in report):
-          report.append(f"skipping checkpoint step {step}: {e}")  # not yet reported
+        skipped.setdefault(step, str(e))  # reported once, with the first reason found
         damaged.append(step)
-  reasons = "\n  ".join(line for line in report if line.startswith("skipping checkpoint"))
   raise checkpoint.CheckpointError(
-      f"no checkpoint in {mngr.directory} restores completely:\n  {reasons}\nThe whole errors "
-      f"are in {logs.DEBUG_LOG}; move the steps away to start afresh")
+      f"no checkpoint in {mngr.directory} restores completely:\n  {_reasons(skipped)}\nThe "
+      f"whole errors are in {logs.DEBUG_LOG}; move the steps away to start afresh")
 
 
 def _set_aside(workdir: str, steps: list[int]) -> list[str]:
@@ -200,7 +199,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
                                   async_save=cfg.async_checkpoints)
   report: list[str] = []
-  newest = _newest_meta(mngr, workdir, report)
+  skipped: dict[int, str] = {}  # unreadable steps: {step: reason}
+  newest = _newest_meta(mngr, workdir, skipped)
   if newest is not None:
     if newest.get("format") == checkpoint.FORMAT_V1:
       raise checkpoint.CheckpointError(
@@ -234,7 +234,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   latest = None
   if newest is not None:
     state, meta, latest, damaged = _restore_newest_intact(mngr, state, compiled.state_shardings,
-                                                          host_iter, report)
+                                                          host_iter, skipped)
+    report += [f"skipping checkpoint step {step}: {reason}" for step, reason in skipped.items()]
     rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
     if damaged:
       mngr.close()
