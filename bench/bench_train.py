@@ -56,29 +56,29 @@ def main():
   mesh = shd.make_mesh()
   ts = training.setup(cfg, mesh)
   params, state = ts.num_params, ts.state
-  c = training.compile_train_step(ts.step_fn, jax.eval_shape(lambda: state), global_batch,
-                                  ts.model_kwargs, mesh, cfg.shard_params)
+  c = training.compile_train_step(ts, global_batch, mesh, cfg.shard_params)
   state = jax.device_put(state, c.state_shardings)
+  constants = jax.device_put(ts.constants, c.constants_shardings)
   rng = np.random.default_rng(0)
   size = cfg.model.image_size
   batch = {"cond": rng.standard_normal((global_batch, 16, 16, 1), np.float32),
            "target": rng.uniform(-1, 1, (global_batch, size, size, 1)).astype(np.float32)}
   batch = {k: jax.device_put(v, shd.batch_sharded(mesh)) for k, v in batch.items()}
   key = jax.random.key(0)
-  state, m = c.fn(state, batch, key)  # warm-up
+  state, m = c.fn(state, batch, key, constants)  # warm-up
   jax.block_until_ready(m)
   if a.sync_each_step:  # per-step times (min, as bench/reference/ref_bench.py reports)
     times = []
     for _ in range(a.steps):
       t = time.perf_counter()
-      state, m = c.fn(state, batch, key)
+      state, m = c.fn(state, batch, key, constants)
       jax.block_until_ready(m)
       times.append(time.perf_counter() - t)
     step_s, step_s_min = float(np.mean(times)), float(np.min(times))
   else:
     t = time.perf_counter()
     for _ in range(a.steps):
-      state, m = c.fn(state, batch, key)
+      state, m = c.fn(state, batch, key, constants)
     jax.block_until_ready(m)
     step_s = step_s_min = (time.perf_counter() - t) / a.steps
   peak = hardware.peak_tflops()

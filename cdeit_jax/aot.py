@@ -157,8 +157,7 @@ def compile_check(cfg: ml_collections.ConfigDict, topology: str, workdir: str,
       "flops_per_step": flops.train_flops_per_example(setup.model_kwargs) * cfg.batch_size}
   t0 = time.perf_counter()
   try:
-    compiled = training.compile_train_step(setup.step_fn, setup.state, cfg.batch_size,
-                                           setup.model_kwargs, mesh, cfg.shard_params)
+    compiled = training.compile_train_step(setup, cfg.batch_size, mesh, cfg.shard_params)
     mem = compiled.memory
     report.update(fits=mem["peak_bytes"] <= hbm, peak_bytes_per_device=mem["peak_bytes"],
                   memory=mem)

@@ -93,8 +93,9 @@ def set_calibration(tree: nnx.Module | nnx.State, calibration: dict[str, list[fl
 
 
 def fixed_variables(cfg: ml_collections.ConfigDict, sharding) -> nnx.State:
-  """The model's Fixed variables (position table, linear operator; uncalibrated) computed from
-  the config alone; jit drops the unused weight initialisation."""
+  """The model's Fixed variables (the physics-informed model's linear operator, uncalibrated;
+  empty for the published model) computed from the config alone; jit drops the unused weight
+  initialisation."""
   build = lambda: nnx.state(CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0)), Fixed)
   return jax.jit(build, out_shardings=sharding)()
 
@@ -282,7 +283,11 @@ def _load_v1(abstract: CDEIT, workdir: str, step: int, meta: dict, weights: str,
   """A format-v1 weight set (trained and fixed variables in one str-keyed tree)."""
   like = nnx.to_pure_dict(nnx.state(abstract, nnx.Any(nnx.Param, Fixed)))
   str_keys = lambda t: ({str(k): str_keys(v) for k, v in t.items()} if isinstance(t, dict) else t)
-  restored = _restore_item(workdir, step, _WEIGHT_ITEMS_V1[weights], str_keys(like), sharding)
+  like = str_keys(like)
+  # v1 stored the sin-cos table, which the model now builds itself: read and dropped.
+  like["pos_embed"] = jax.ShapeDtypeStruct((abstract.grid ** 2, abstract.hidden_size), np.float32)
+  restored = _restore_item(workdir, step, _WEIGHT_ITEMS_V1[weights], like, sharding)
+  restored.pop("pos_embed")
   graphdef, state, rest = nnx.split(abstract, nnx.Any(nnx.Param, Fixed), ...)
   nnx.replace_by_pure_dict(state, restored)
   return nnx.merge(graphdef, state, rest)
@@ -340,9 +345,10 @@ def save_train(mngr: ocp.CheckpointManager, state, data_iter, meta: dict[str, An
 def restore_train(mngr: ocp.CheckpointManager, step: int, state, shardings, data_iter):
   """Restore (state, meta) at `step` onto `shardings` (any device count), and the data iterator.
 
-  `state` is a fresh training state on `shardings`: its `fixed` variables (recomputed from the
-  config) are kept, with the calibration set from the checkpoint's metadata. Raises
-  CheckpointError, one line naming the step and item, when an item cannot be read."""
+  `state` is a fresh training state on `shardings` (its structure and placement are the
+  target). The model's constants are not part of it: the caller sets their calibration from
+  `meta` (`set_calibration`). Raises CheckpointError, one line naming the step and item, when an
+  item cannot be read."""
   import grain
   where = f"checkpoint {mngr.directory}/{step}"
   meta = read_meta(os.path.dirname(str(mngr.directory)), step)
@@ -361,7 +367,6 @@ def restore_train(mngr: ocp.CheckpointManager, step: int, state, shardings, data
     except Exception as e:
       raise failure(f"{where}/{name}", e) from None
   restored.pop("data", None)  # restored into `data_iter` in place
-  set_calibration(state.fixed, meta.get("calibration", {}))
   step_array = jax.device_put(jax.numpy.int32(meta["step"]), shardings.step)
   return state.replace(step=step_array, **restored), meta
 

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from cdeit_jax.model import CDEIT, PosEmbed, relative_position_index
+from cdeit_jax.model import CDEIT, relative_position_index, sincos_pos_embed_2d
 from cdeit_jax.errors import InputError, MissingFile
 
 WINDOW_BLOCKS = ("swinIn1", "swinIn2", "swinOut1", "swinOut2")
@@ -40,7 +40,7 @@ def _ident(a):
 def _torch_prefix(path: tuple[Any, ...]) -> tuple[str, tuple[Any, ...]]:
   """Reference module prefix of an NNX path, and the rest of the path inside that module."""
   head = path[0]
-  if head in ("x_embedder", "pos_embed", "final_layer"):
+  if head in ("x_embedder", "final_layer"):
     return {"x_embedder": "x_embedder.proj"}.get(head, head), path[1:]
   if head == "t_fc1":
     return "t_embedder.mlp.0", path[1:]
@@ -78,13 +78,14 @@ def _torch_inner(rest: tuple[Any, ...], window: bool) -> str:
 
 
 def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
-  """Reference name -> Entry for every loadable variable; and the index buffers to check."""
+  """Reference name -> Entry for every loadable variable; and the fixed tables to check (the
+  sin-cos `pos_embed` and the Swin index buffers), which the model computes itself."""
   if model.conditioner is not None:
     raise InputError("the PyTorch CDEIT has only the published condition: use a model with "
                      f"config.model.cond='eim' (this one has {model.cond_mode!r})")
   table: dict[str, Entry] = {}
-  buffers: dict[str, np.ndarray] = {}
-  state = nnx.state(model, nnx.Any(nnx.Param, PosEmbed))
+  buffers = {"pos_embed": sincos_pos_embed_2d(model.hidden_size, model.grid)[None]}
+  state = nnx.state(model, nnx.Param)
   for path, var in nnx.to_flat_state(state):
     prefix, rest = _torch_prefix(path)
     window = path[0] in WINDOW_BLOCKS
@@ -96,9 +97,8 @@ def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
       entry = Entry(path, lambda a: a[:, :, 0, 0].T, lambda a: a.T[:, :, None, None])
     elif path[-1] == "kernel":  # Linear (in,out) <- (out,in)
       entry = Entry(path, lambda a: a.T, lambda a: a.T)
-    elif path[-1] in ("g", "pos_embed"):  # (1,1,C) / (1,N,C) in the reference
-      entry = Entry(path, lambda a, s=shape: a.reshape(s), lambda a: a[None] if a.ndim == 2
-                    else a.reshape(1, 1, -1))
+    elif path[-1] == "g":  # (1,1,C) in the reference
+      entry = Entry(path, lambda a, s=shape: a.reshape(s), lambda a: a.reshape(1, 1, -1))
     else:
       entry = Entry(path, _ident, _ident)
     table[name] = entry
@@ -126,13 +126,12 @@ def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
   """Load a reference-named state dict into `model` in place (strict); returns the model.
 
   Missing, unexpected and mis-shaped keys raise `StateDictMismatch` listing all of them; the
-  `relative_position_index` buffers are recomputed and checked, not loaded.
+  fixed tables (`pos_embed`, `relative_position_index`) are recomputed and checked, not loaded.
   """
   table, buffers = name_table(model)
   arrays = {k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
             for k, v in state_dict.items()}
-  state = nnx.state(model, nnx.Any(nnx.Param, PosEmbed))
-  flat = dict(nnx.to_flat_state(state))
+  flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   missing = sorted(set(table) - set(arrays))
   unexpected = sorted(set(arrays) - set(table) - set(buffers))
   missing += sorted(set(buffers) - set(arrays))
@@ -150,9 +149,11 @@ def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
   for name, want in buffers.items():
     if name in arrays and (arrays[name].shape != want.shape or
                            not np.array_equal(arrays[name], want)):
-      bad_buffers.append(f"{name}: differs from the Swin index of this window size")
+      what = ("the sin-cos table" if name == "pos_embed" else
+              "the Swin index of this window size")
+      bad_buffers.append(f"{name}: differs from {what}")
   errors = (_problems(missing, "missing keys") + _problems(unexpected, "unexpected keys") +
-            _problems(shapes, "shape mismatches") + _problems(bad_buffers, "bad index buffers"))
+            _problems(shapes, "shape mismatches") + _problems(bad_buffers, "bad fixed tables"))
   if errors:
     raise StateDictMismatch(
         f"{source} does not match the CDEIT model (hidden_size={model.hidden_size}, "
@@ -166,11 +167,11 @@ def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
 
 
 def export_torch_state_dict(model: CDEIT) -> dict[str, np.ndarray]:
-  """The model's weights under the reference's names and layouts (with the index buffers)."""
+  """The model's weights under the reference's names and layouts (with the fixed tables)."""
   table, buffers = name_table(model)
-  flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Any(nnx.Param, PosEmbed))))
+  flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   out = {name: e.to_torch(np.asarray(flat[e.path].get_value())) for name, e in table.items()}
-  out.update({k: v.astype(np.int64) for k, v in buffers.items()})
+  out.update({k: v if k == "pos_embed" else v.astype(np.int64) for k, v in buffers.items()})
   return out
 
 

@@ -8,6 +8,7 @@ embedding kept in float32.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -18,7 +19,6 @@ import numpy as np
 from flax import nnx
 
 from cdeit_jax import attention, conditioning
-from cdeit_jax.conditioning import Fixed
 from cdeit_jax.errors import InputError
 
 Array = jax.Array
@@ -28,26 +28,30 @@ xavier_uniform = nnx.initializers.xavier_uniform()
 zeros = nnx.initializers.zeros_init()
 
 
-class PosEmbed(Fixed):
-  """A fixed (not trained) table; loaded from checkpoints like the reference's `pos_embed`."""
-
-
 # ----------------------------------------------------------------------------- fixed tables
 
 
-def sincos_pos_embed_2d(dim: int, grid: int) -> np.ndarray:
-  """MAE/DiT 2-D sin-cos table (grid*grid, dim): first half encodes the column, second the row."""
+@functools.lru_cache(maxsize=8)
+def sincos_axis_table(dim: int, grid: int) -> np.ndarray:
+  """(grid, dim // 2) sin-cos embedding of positions 0..grid-1 (computed in float64, as the
+  reference's numpy code)."""
   if dim % 4:
     raise InputError(f"hidden_size must be a multiple of 4 for the sin-cos table, got {dim}")
+  d = dim // 2
+  omega = 1.0 / 10000 ** (np.arange(d // 2, dtype=np.float64) / (d / 2.0))
+  out = np.einsum("m,d->md", np.arange(grid, dtype=np.float64), omega)
+  table = np.concatenate([np.sin(out), np.cos(out)], axis=1).astype(np.float32)
+  table.setflags(write=False)  # cached: shared by every caller
+  return table
 
-  def one_axis(d: int, pos: np.ndarray) -> np.ndarray:
-    omega = 1.0 / 10000 ** (np.arange(d // 2, dtype=np.float64) / (d / 2.0))
-    out = np.einsum("m,d->md", pos.reshape(-1).astype(np.float64), omega)
-    return np.concatenate([np.sin(out), np.cos(out)], axis=1)
 
-  # DiT: meshgrid(w, h) so that grid[0] varies along columns; emb = [emb(grid[0]), emb(grid[1])].
-  gw, gh = np.meshgrid(np.arange(grid, dtype=np.float32), np.arange(grid, dtype=np.float32))
-  return np.concatenate([one_axis(dim // 2, gw), one_axis(dim // 2, gh)], axis=1).astype(np.float32)
+def sincos_pos_embed_2d(dim: int, grid: int) -> np.ndarray:
+  """MAE/DiT 2-D sin-cos table (grid*grid, dim), the reference's `pos_embed` buffer: the first
+  half embeds the column, the second the row (DiT's meshgrid(w, h))."""
+  axis = sincos_axis_table(dim, grid)
+  cols = np.broadcast_to(axis[None, :, :], (grid, grid, dim // 2))
+  rows = np.broadcast_to(axis[:, None, :], (grid, grid, dim // 2))
+  return np.concatenate([cols, rows], axis=-1).reshape(grid * grid, dim)
 
 
 def relative_position_index(window: int) -> np.ndarray:
@@ -298,7 +302,6 @@ class CDEIT(nnx.Module):
         2 * in_channels + extra, dim, (patch_size, patch_size), strides=patch_size, padding="VALID",
         dtype=dtype, param_dtype=jnp.float32, bias_init=zeros, rngs=rngs,
         kernel_init=nnx.initializers.xavier_uniform(in_axis=(0, 1, 2), out_axis=3))
-    self.pos_embed = PosEmbed(jnp.asarray(sincos_pos_embed_2d(dim, grid)))
     normal = nnx.initializers.normal(0.02)
     self.t_fc1 = _linear(freq_dim, dim, dtype, rngs, kernel_init=normal)
     self.t_fc2 = _linear(dim, dim, dtype, rngs, kernel_init=normal)
@@ -312,6 +315,16 @@ class CDEIT(nnx.Module):
     self.ups = nnx.List([Up(dim, *args, attention_impl, chunk) for _ in range(num_scales)])
     self.swinOut1, self.swinOut2 = block(window), block(window)
     self.final_layer = FinalLayer(dim, patch_size, in_channels, dtype, rngs)
+
+  def pos_embed(self) -> Array:
+    """(grid, grid, hidden) sin-cos position table: [column embedding, row embedding].
+
+    Not a variable (nothing to store or pass around): built in the graph from the (grid, dim/2)
+    axis table, bit-equal to the reference's float64 numpy buffer (float32 sin/cos in the graph
+    would differ by ~3e-6) and small as a constant (64 KB at the published size, not 16 MB)."""
+    g, axis = self.grid, jnp.asarray(sincos_axis_table(self.hidden_size, self.grid))
+    return jnp.concatenate([jnp.broadcast_to(axis[None], (g, g, axis.shape[-1])),
+                            jnp.broadcast_to(axis[:, None], (g, g, axis.shape[-1]))], axis=-1)
 
   def _block(self, blk: Block, x: Array, c: Array) -> Array:
     if self.remat:
@@ -329,7 +342,7 @@ class CDEIT(nnx.Module):
     if self.conditioner is not None:
       inputs.append(self.conditioner(cond).astype(x.dtype))
     h = self.x_embedder(jnp.concatenate(inputs, axis=-1)).astype(jnp.float32)
-    h = h + self.pos_embed[...].reshape(1, self.grid, self.grid, -1)
+    h = h + self.pos_embed()[None]
 
     c = timestep_embedding(t, self.freq_dim)
     c = self.t_fc2(jax.nn.silu(self.t_fc1(c))).astype(jnp.float32)
@@ -354,7 +367,8 @@ class CDEIT(nnx.Module):
                             c=self.in_channels)
 
 
-def count_params(model: nnx.Module, include_fixed: bool = True) -> int:
-  """Number of parameters; `include_fixed` counts the position table as the reference does."""
-  filt = nnx.Any(nnx.Param, PosEmbed) if include_fixed else nnx.Param
-  return sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(model, filt)))
+def count_params(model: CDEIT, include_fixed: bool = True) -> int:
+  """Number of parameters; `include_fixed` counts the position table as the reference does (its
+  `pos_embed` is an `nn.Parameter` with requires_grad=False)."""
+  n = sum(int(np.prod(v.shape)) for v in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  return n + (model.grid * model.grid * model.hidden_size if include_fixed else 0)

@@ -212,10 +212,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
 
   ts = training.setup(cfg, mesh, calibration_source=train_src if newest is None else None)
   graphdef, state, diffusion, num_params = ts.graphdef, ts.state, ts.diffusion, ts.num_params
-  abstract = jax.eval_shape(lambda: state)
   try:
-    compiled = training.compile_train_step(ts.step_fn, abstract, cfg.batch_size, ts.model_kwargs,
-                                           mesh, cfg.shard_params)
+    compiled = training.compile_train_step(ts, cfg.batch_size, mesh, cfg.shard_params)
   except jax.errors.JaxRuntimeError as e:
     if not aot.is_out_of_memory(e):
       raise
@@ -231,10 +229,12 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   host_iter = pipeline.train_dataset(train_src, cfg.batch_size, cfg.data).__iter__()
   rng = jax.random.key(cfg.seed)
   state = jax.device_put(state, compiled.state_shardings)
+  constants = ts.constants
   latest = None
   if newest is not None:
     state, meta, latest, damaged = _restore_newest_intact(mngr, state, compiled.state_shardings,
                                                           host_iter, skipped)
+    checkpoint.set_calibration(constants, meta.get("calibration", {}))
     report += [f"skipping checkpoint step {step}: {reason}" for step, reason in skipped.items()]
     rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
     if damaged:
@@ -245,9 +245,10 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
                                       async_save=cfg.async_checkpoints)
     report.append(f"resumed from {mngr.directory}/{latest}")
   start = int(jax.device_get(state.step))
+  constants = jax.device_put(constants, compiled.constants_shardings)
 
   eval_step = jax.jit(training.make_eval_step(graphdef, diffusion),
-                      in_shardings=(compiled.state_shardings.ema, compiled.state_shardings.fixed,
+                      in_shardings=(compiled.state_shardings.ema, compiled.constants_shardings,
                                     shd.batch_sharded(mesh), shd.replicated(mesh)),
                       out_shardings=shd.replicated(mesh))
   eval_batch = cfg.eval_batch_size or cfg.batch_size
@@ -259,12 +260,12 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
       if cfg.eval_max_batches and i >= cfg.eval_max_batches:
         break
       g = pipeline.to_global(b, mesh)
-      s, c = eval_step(params, state.fixed, g, jax.random.fold_in(base, i))
+      s, c = eval_step(params, constants, g, jax.random.fold_in(base, i))
       total.append(s)
       count.append(c)
     return float(sum(jax.device_get(total))) / max(float(sum(jax.device_get(count))), 1.0)
 
-  calibration = checkpoint.calibration_of(state.fixed)
+  calibration = checkpoint.calibration_of(constants)
 
   def meta_now(step: int) -> dict:
     return checkpoint.make_meta(cfg, step=step, mean=train_src.mean, std=train_src.std,
@@ -289,7 +290,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
     while step < cfg.steps:
       host_batch = next(host_iter)  # the step needs cond and target only (not the indices)
       batch = pipeline.to_global({k: host_batch[k] for k in ("cond", "target")}, mesh)
-      state, metrics = compiled.fn(state, batch, rng)
+      state, metrics = compiled.fn(state, batch, rng, constants)
       pending.append(metrics)
       step += 1
       final = step == cfg.steps

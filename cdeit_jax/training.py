@@ -1,8 +1,12 @@
 """Training: state, optimizer, the authors' EMA, and the jit-compiled sharded train/eval steps.
 
-The train step is a pure function of (state, batch, rng): per-step randomness is
-`fold_in(rng, state.step)`, so runs are reproducible and resume exactly. Gradient accumulation
-runs inside the step (`lax.scan` over micro-batches, each spread over every device).
+The train step is a pure function of (state, batch, rng, constants): per-step randomness is
+`fold_in(rng, state.step)`, so runs are reproducible and resume exactly. `constants` are the
+model's fixed variables (the physics-informed model's linear operator and calibration; empty for
+the published model): computed from the config, never changed by training, so they are not part
+of the state (nor of its checkpoints), and they are passed, not closed over, so that the arrays
+are not embedded in the executable. Gradient accumulation runs inside the step (`lax.scan` over
+micro-batches, each spread over every device).
 """
 
 from __future__ import annotations
@@ -27,17 +31,17 @@ from cdeit_jax.errors import InputError
 class TrainState(struct.PyTreeNode):
   step: jax.Array            # optimizer steps done (int32 scalar)
   params: nnx.State          # trained parameters (nnx.Param), float32
-  fixed: nnx.State           # fixed variables: the sin-cos position table, and (physics-informed
-                             # condition) the linear operator and its training-set calibration
   opt_state: optax.OptState
   ema: nnx.State             # EMA of `params` (the authors' ema_pytorch semantics)
 
 
-def create_state(model: CDEIT, tx: optax.GradientTransformation) -> tuple[nnx.GraphDef, TrainState]:
-  graphdef, params, fixed = nnx.split(model, nnx.Param, Fixed)
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, fixed=fixed,
-                     opt_state=tx.init(params), ema=jax.tree.map(jnp.copy, params))
-  return graphdef, state
+def create_state(model: CDEIT, tx: optax.GradientTransformation
+                 ) -> tuple[nnx.GraphDef, TrainState, nnx.State]:
+  """(graphdef, fresh training state, the model's constants)."""
+  graphdef, params, constants = nnx.split(model, nnx.Param, Fixed)
+  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                     ema=jax.tree.map(jnp.copy, params))
+  return graphdef, state, constants
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -100,13 +104,14 @@ def _draws(key: jax.Array, target: jax.Array, num_steps: int):
 def make_train_step(graphdef: nnx.GraphDef, diffusion: Diffusion, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, cfg: ml_collections.ConfigDict,
                     mesh: jax.sharding.Mesh | None = None
-                    ) -> Callable[[TrainState, dict, jax.Array], tuple[TrainState, dict]]:
+                    ) -> Callable[[TrainState, dict, jax.Array, nnx.State],
+                                  tuple[TrainState, dict]]:
   """The pure train step; `batch` holds `cond` (G,16,16,1) and `target` (G,H,W,1). `cfg` gives
   `accum_steps` and the EMA settings (`cfg.ema`)."""
   accum_steps, e = cfg.accum_steps, cfg.ema
 
-  def loss_fn(params, fixed, mb):
-    model = nnx.merge(graphdef, params, fixed)
+  def loss_fn(params, constants, mb):
+    model = nnx.merge(graphdef, params, constants)
     return diffusion.loss(model, mb["target"], mb["t"], mb["cond"], mb["noise"])
 
   grad_fn = jax.value_and_grad(loss_fn)
@@ -120,16 +125,16 @@ def make_train_step(graphdef: nnx.GraphDef, diffusion: Diffusion, tx: optax.Grad
       x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, shd.DATA)))
     return x
 
-  def train_step(state: TrainState, batch: dict, rng: jax.Array):
+  def train_step(state: TrainState, batch: dict, rng: jax.Array, constants: nnx.State):
     key = jax.random.fold_in(rng, state.step)
     t, noise = _draws(key, batch["target"], diffusion.num_steps)
     data = {"cond": batch["cond"], "target": batch["target"], "t": t, "noise": noise}
     if accum_steps == 1:
-      loss, grads = grad_fn(state.params, state.fixed, data)
+      loss, grads = grad_fn(state.params, constants, data)
     else:
       def body(carry, mb):
         loss_sum, g_sum = carry
-        loss, g = grad_fn(state.params, state.fixed, mb)
+        loss, g = grad_fn(state.params, constants, mb)
         return (loss_sum + loss, jax.tree.map(jnp.add, g_sum, g)), None
       zeros = jax.tree.map(jnp.zeros_like, state.params)
       (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
@@ -150,11 +155,11 @@ def make_train_step(graphdef: nnx.GraphDef, diffusion: Diffusion, tx: optax.Grad
 
 
 def make_eval_step(graphdef: nnx.GraphDef, diffusion: Diffusion):
-  """(weights, fixed, batch with mask, key) -> (sum of per-example L1, number of examples)."""
+  """(weights, constants, batch with mask, key) -> (sum of per-example L1, number of examples)."""
 
-  def eval_step(params, fixed, batch, key):
+  def eval_step(params, constants, batch, key):
     t, noise = _draws(key, batch["target"], diffusion.num_steps)
-    model = nnx.merge(graphdef, params, fixed)
+    model = nnx.merge(graphdef, params, constants)
     pred = model(diffusion.q_sample(batch["target"], t, noise), t, batch["cond"])
     err = jnp.mean(jnp.abs(pred - batch["target"]).reshape(pred.shape[0], -1), axis=1)
     return jnp.sum(err * batch["mask"]), jnp.sum(batch["mask"])
@@ -171,6 +176,7 @@ class Setup:
   benchmark, the AOT check and the tests use it)."""
   graphdef: nnx.GraphDef
   state: TrainState           # concrete, or ShapeDtypeStructs when built `abstract`
+  constants: nnx.State        # the model's fixed variables (see the module docstring)
   step_fn: Callable
   diffusion: Diffusion
   num_params: int
@@ -192,23 +198,24 @@ def setup(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, platform: 
   if abstract:
     model = nnx.eval_shape(make)
     graphdef = nnx.split(model, nnx.Param, Fixed)[0]
-    state = jax.eval_shape(lambda: create_state(make(), tx)[1])
+    state, constants = jax.eval_shape(lambda: create_state(make(), tx)[1:])
   else:
     model = make()
     if calibration_source is not None and model.conditioner is not None:
       from cdeit_jax import conditioning
       conditioning.calibrate(model.conditioner, calibration_source)
-    graphdef, state = create_state(model, tx)
+    graphdef, state, constants = create_state(model, tx)
   num_params = count_params(model)
   diffusion = Diffusion(**cfg.diffusion)
   step_fn = make_train_step(graphdef, diffusion, tx, schedule, cfg, mesh)
-  return Setup(graphdef, state, step_fn, diffusion, num_params, kw)
+  return Setup(graphdef, state, constants, step_fn, diffusion, num_params, kw)
 
 
 @dataclasses.dataclass
 class CompiledStep:
-  fn: Any                     # the compiled executable
+  fn: Any                     # the compiled executable: (state, batch, rng, constants)
   state_shardings: Any
+  constants_shardings: Any
   batch_shardings: dict
   flops_per_step: float       # model FLOPs of the whole step (all devices; loops counted)
   memory: dict[str, int]
@@ -239,25 +246,31 @@ def memory_of(compiled) -> dict[str, int]:
   return out
 
 
-def compile_train_step(step_fn, abstract_state: TrainState, global_batch: int, model_cfg: dict,
-                       mesh: jax.sharding.Mesh, shard_params: bool = False) -> CompiledStep:
-  """jit with explicit shardings and donated state, compiled ahead of time under `mesh`
-  (`jax.set_mesh`, so that per-device kernels such as splash attention see it)."""
+def compile_train_step(ts: Setup, global_batch: int, mesh: jax.sharding.Mesh,
+                       shard_params: bool = False) -> CompiledStep:
+  """The train step of `ts` jitted with explicit shardings and donated state (the constants are
+  replicated and not donated), compiled ahead of time under `mesh` (`jax.set_mesh`, so that
+  per-device kernels such as splash attention see it)."""
   import time
 
   from cdeit_jax import flops
 
+  shapes = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
+  abstract_state, abstract_constants = shapes(ts.state), shapes(ts.constants)
   state_sh = shd.state_shardings(abstract_state, mesh, shard_params)
-  batch = abstract_batch(global_batch, model_cfg["image_size"], model_cfg.get("in_channels", 1),
-                         model_cfg.get("cond_size", 16))
+  constants_sh = shd.state_shardings(abstract_constants, mesh)
+  kw = ts.model_kwargs
+  batch = abstract_batch(global_batch, kw["image_size"], kw.get("in_channels", 1),
+                         kw.get("cond_size", 16))
   batch_sh = {k: shd.batch_sharded(mesh) for k in batch}
-  jitted = jax.jit(step_fn, in_shardings=(state_sh, batch_sh, shd.replicated(mesh)),
+  jitted = jax.jit(ts.step_fn,
+                   in_shardings=(state_sh, batch_sh, shd.replicated(mesh), constants_sh),
                    out_shardings=(state_sh, shd.replicated(mesh)), donate_argnums=(0,))
   key = jax.eval_shape(lambda: jax.random.key(0))
   t0 = time.perf_counter()
   with jax.set_mesh(mesh):
-    compiled = jitted.lower(abstract_state, batch, key).compile()
+    compiled = jitted.lower(abstract_state, batch, key, abstract_constants).compile()
   compile_s = time.perf_counter() - t0
-  return CompiledStep(compiled, state_sh, batch_sh,
-                      flops.train_flops_per_example(model_cfg) * global_batch,
+  return CompiledStep(compiled, state_sh, constants_sh, batch_sh,
+                      flops.train_flops_per_example(kw) * global_batch,
                       memory_of(compiled), compile_s)

@@ -136,7 +136,7 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path, caplog
   cfg = _pi_config()
   mesh = shd.make_mesh()
   ts = training.setup(cfg, mesh, calibration_source=uef)
-  model = nnx.merge(ts.graphdef, ts.state.params, ts.state.fixed)
+  model = nnx.merge(ts.graphdef, ts.state.params, ts.constants)
   assert model.x_embedder.kernel.shape[2] == 2 + len(ALPHAS)
   np.testing.assert_array_equal(model.conditioner.voltage_mean[...], uef.mean.ravel())
   assert np.all(np.asarray(model.conditioner.scale[...]) > 1)  # recon std << 1 on UEF2017

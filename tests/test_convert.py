@@ -11,7 +11,7 @@ from flax import nnx
 
 from cdeit_jax import checkpoint, config_lib, convert, stats
 from cdeit_jax.convert import StateDictMismatch, export_torch_state_dict, load_torch_state_dict
-from cdeit_jax.model import CDEIT, count_params, relative_position_index
+from cdeit_jax.model import CDEIT, count_params, relative_position_index, sincos_pos_embed_2d
 
 
 def test_export_round_trips_reference_state_dict(small_model, small_state_dict):
@@ -29,6 +29,8 @@ def test_full_published_state_dict_loads():
   for k, s in shapes.items():
     if k.endswith("relative_position_index"):
       sd[k] = relative_position_index(int(np.sqrt(s[0])))  # (w*w, w*w)
+    elif k == "pos_embed":  # the fixed sin-cos table (checked on import, not loaded)
+      sd[k] = sincos_pos_embed_2d(s[2], int(np.sqrt(s[1])))[None]
     else:
       sd[k] = rng.standard_normal(s).astype(np.float32) if np.prod(s) < 10_000 else \
           np.full(s, 0.5, np.float32)
@@ -62,7 +64,14 @@ def test_bad_index_buffer_is_reported(small_state_dict):
   sd = dict(small_state_dict)
   key = "blocks.swinOut2.attn.attn.relative_position_index"
   sd[key] = sd[key][::-1].copy()
-  with pytest.raises(StateDictMismatch, match="bad index buffers"):
+  with pytest.raises(StateDictMismatch, match="bad fixed tables"):
+    load_torch_state_dict(CDEIT(hidden_size=64, rngs=nnx.Rngs(0)), sd)
+
+
+def test_changed_position_table_is_reported(small_state_dict):
+  sd = dict(small_state_dict)
+  sd["pos_embed"] = sd["pos_embed"] + np.float32(1e-3)
+  with pytest.raises(StateDictMismatch, match="pos_embed: differs from the sin-cos table"):
     load_torch_state_dict(CDEIT(hidden_size=64, rngs=nnx.Rngs(0)), sd)
 
 

@@ -41,15 +41,17 @@ def uef_batch():
 
 
 def build(cfg, devices, batch_size, accum=1, shard_params=False):
-  """The training loop's objects (`training.setup`) for `devices`, compiled for `batch_size`."""
+  """The training loop's objects (`training.setup`) for `devices`, compiled for `batch_size`:
+  (mesh, step(state, batch, rng), a fresh state)."""
   mesh = shd.make_mesh(devices)
   cfg.accum_steps = accum
   ts = training.setup(cfg, mesh)
-  c = training.compile_train_step(ts.step_fn, jax.eval_shape(lambda: ts.state), batch_size,
-                                  ts.model_kwargs, mesh, shard_params)
+  c = training.compile_train_step(ts, batch_size, mesh, shard_params)
   host = jax.device_get(ts.state)
+  constants = jax.device_put(ts.constants, c.constants_shardings)
   # The step donates its state: every caller gets a fresh copy on the devices.
-  return mesh, c, lambda: jax.device_put(host, c.state_shardings)
+  return (mesh, lambda state, batch, rng: c(state, batch, rng, constants),
+          lambda: jax.device_put(host, c.state_shardings))
 
 
 def put(batch, mesh, n):
@@ -109,7 +111,7 @@ def test_one_step_on_8_devices_equals_1_device(uef_batch, step8):
   for mesh, c, fresh in (build(cfg_(), jax.devices()[:1], 8), step8, fsdp):
     state = fresh()
     for _ in range(2):
-      state, metrics = c.fn(state, put(uef_batch, mesh, 8), rng)
+      state, metrics = c(state, put(uef_batch, mesh, 8), rng)
     out.append((state, metrics))
   (s1, m1), (s8, m8), (sf, mf) = out
   for s, m in ((s8, m8), (sf, mf)):  # replicated and FSDP-sharded params on 8 devices
@@ -129,8 +131,8 @@ def test_accumulation_equals_one_big_step(uef_batch):
   devices = jax.devices()[:4]
   mesh, big, s_big = build(cfg, devices, 8, accum=1)
   _, acc, s_acc = build(cfg, devices, 8, accum=2)  # 2 micro-batches of 4 over 4 devices
-  s_big, m_big = big.fn(s_big(), put(uef_batch, mesh, 8), rng)
-  s_acc, m_acc = acc.fn(s_acc(), put(uef_batch, mesh, 8), rng)
+  s_big, m_big = big(s_big(), put(uef_batch, mesh, 8), rng)
+  s_acc, m_acc = acc(s_acc(), put(uef_batch, mesh, 8), rng)
   assert abs(float(m_big["loss"]) - float(m_acc["loss"])) < 1e-6
   assert abs(float(m_big["grad_norm"]) - float(m_acc["grad_norm"])) < 1e-5
   for a, b in zip(leaves(s_big.params), leaves(s_acc.params)):
@@ -146,7 +148,7 @@ def test_overfits_a_fixed_batch(step8):
   batch, rng = put({"cond": signs, "target": target}, mesh, 8), jax.random.key(2)
   losses = []
   for _ in range(80):
-    state, m = c.fn(state, batch, rng)
+    state, m = c(state, batch, rng)
     losses.append(m["loss"])
   losses = np.asarray(jax.device_get(losses))
   assert np.all(np.isfinite(losses))
