@@ -50,7 +50,7 @@ def build(cfg, devices, batch_size, accum=1, shard_params=False):
   host = jax.device_get(ts.state)
   constants = jax.device_put(ts.constants, c.constants_shardings)
   # The step donates its state: every caller gets a fresh copy on the devices.
-  return (mesh, lambda state, batch, rng: c(state, batch, rng, constants),
+  return (mesh, lambda state, batch, rng: c.fn(state, batch, rng, constants),
           lambda: jax.device_put(host, c.state_shardings))
 
 
