@@ -6,6 +6,7 @@ Config files in `configs/` are small ml_collections files with `get_config()` th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from typing import Any
@@ -56,6 +57,9 @@ def default_config() -> ml_collections.ConfigDict:
       tikhonov=False,  # also the built-in one-step Tikhonov/NOSER baseline
       figure=True))
   c.data = ml_collections.ConfigDict(dict(
+      # files: npz folders under `path`; simulator: fresh examples made on the devices every step
+      # from `config.simulator` (no files, no epochs; cdeit_jax.simulator_source)
+      source="files",
       path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
       preset="simulated",  # simulated | uef2017 | ktc2023 (sets the two ratios)
       voltage_ratio=config_dict.placeholder(float), current_ratio=config_dict.placeholder(float),
@@ -64,6 +68,18 @@ def default_config() -> ml_collections.ConfigDict:
       cache=True,  # keep decoded arrays in memory (CDEIT datasets are small)
       num_workers=0, num_threads=4, prefetch=8, seed=0,
       train_split="train", valid_split="valid"))
+  # The simulated distribution (cdeit_jax.synthetic): read by `python -m cdeit_jax.simulate`
+  # (files) and by the simulator data source (config.data.source="simulator") alike.
+  from cdeit_jax.eit.phantom import PhantomSpec
+  c.simulator = ml_collections.ConfigDict(dict(
+      seed=0,  # example i of a split is a function of (seed, split, i)
+      snr_db=config_dict.FieldReference(40.0, field_type=float),  # noise on vh and vi; None: none
+      contact_impedance=0.01,
+      phantom=ml_collections.ConfigDict(dataclasses.asdict(PhantomSpec())),
+      tikhonov_alpha=config_dict.placeholder(float),  # TR in files; None: reconstruct's default
+      # simulator source: normalisation statistics (and the physics-informed calibration) from
+      # the first `stats_examples` training examples; validation on valid examples 0..N-1
+      stats_examples=1024, valid_examples=256))
   # Training: the authors' recipe.
   c.seed = 0
   c.batch_size = 16  # global, over all devices and hosts
@@ -84,6 +100,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3  # the latest few; the best (lowest validation loss) is kept as well
   c.async_checkpoints = True
   return c
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """This module as a config file (the commands' default `--config`)."""
+  return default_config()
 
 
 def check_training_config(cfg: ml_collections.ConfigDict, num_devices: int,

@@ -21,6 +21,18 @@ def test_settings_extend_what_is_there():
   assert cpu_tuning.tuned_environment({"CDEIT_CPU_TUNING": "0"}) == {"CDEIT_CPU_TUNING": "0"}
 
 
+def test_one_blas_thread_and_a_host_device_per_core_for_simulation():
+  env = cpu_tuning.tuned_environment({})
+  assert env["OPENBLAS_NUM_THREADS"] == "1" and "device_count" not in env.get("XLA_FLAGS", "")
+  assert cpu_tuning.tuned_environment({"OPENBLAS_NUM_THREADS": "4"})["OPENBLAS_NUM_THREADS"] == "4"
+  sim = cpu_tuning.tuned_environment({}, simulate=True)
+  assert f"--xla_force_host_platform_device_count={len(os.sched_getaffinity(0))}" in \
+      sim["XLA_FLAGS"]
+  given = {"XLA_FLAGS": "--xla_force_host_platform_device_count=3"}
+  assert "count=3" in cpu_tuning.tuned_environment(given, simulate=True)["XLA_FLAGS"]
+  assert "count=2" not in cpu_tuning.tuned_environment(given, simulate=True)["XLA_FLAGS"]
+
+
 def test_wide_vectors_only_with_avx512():
   env = cpu_tuning.tuned_environment({})
   with open("/proc/cpuinfo") as fh:

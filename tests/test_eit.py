@@ -158,6 +158,28 @@ def test_random_phantoms_inside_and_disjoint():
         assert np.hypot(*(act[i, 2:4] - act[j, 2:4])) >= act[i, 4] + act[j, 4]
 
 
+def test_jax_phantoms_inside_disjoint_and_distributed_as_numpys():
+  """draw_params (the simulator's, on the devices) keeps the constraints and draws the
+  distribution of the sequential numpy reference random_params."""
+  spec = eit.PhantomSpec()
+  keys = jax.random.split(jax.random.key(0), 3000)
+  p = np.asarray(jax.jit(jax.vmap(lambda k: ph.draw_params(k, spec)))(keys))
+  q = np.stack([eit.random_params(np.random.default_rng(i), spec) for i in range(3000)])
+  for x in p:
+    act = x[x[:, 0] > 0]
+    assert 1 <= len(act) <= 4 and np.all(x[len(act):] == 0)  # active rows first
+    assert np.all(np.hypot(act[:, 2], act[:, 3]) + act[:, 4] <= spec.max_radius + 1e-6)
+    assert np.all((np.abs(act[:, 7]) >= spec.v_min) & (np.abs(act[:, 7]) <= spec.v_max))
+    for i in range(len(act)):
+      for j in range(i):
+        assert np.hypot(*(act[i, 2:4] - act[j, 2:4])) >= act[i, 4] + act[j, 4] + 0.03 - 1e-6
+  summary = lambda x: (np.bincount((x[..., 0] > 0).sum(1), minlength=5)[1:] / len(x),
+                       np.bincount(x[x[..., 0] > 0][:, 1].astype(int), minlength=4) /
+                       (x[..., 0] > 0).sum(), x[x[..., 0] > 0][:, 4].mean())
+  for a, b in zip(summary(p), summary(q)):  # 3,000 draws: sampling error ~0.01
+    np.testing.assert_allclose(a, b, atol=0.035)
+
+
 def test_noise_is_40db_on_each_vector():
   sim = eit.default_simulator()
   params = np.repeat(disc(0.2, 0.2, 0.3, 10.0)[None], 64, 0)

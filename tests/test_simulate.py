@@ -9,11 +9,18 @@ import sys
 import numpy as np
 import pytest
 
-from cdeit_jax import data, simulate
+from cdeit_jax import config_lib, data, simulate, synthetic
 from cdeit_jax import stats as stats_lib
 from cdeit_jax.eit import reconstruct
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def sim(seed):
+  """The default simulated distribution (config.simulator) with another seed."""
+  c = config_lib.default_config().simulator
+  c.seed = seed
+  return c
 
 
 def read_split(path):
@@ -24,7 +31,7 @@ def read_split(path):
 @pytest.fixture(scope="module")
 def small_set(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("sim") / "a")
-  r = simulate.generate(out, {"train": 12, "valid": 4, "test": 2}, simulate.SimSettings(seed=5),
+  r = simulate.generate(out, {"train": 12, "valid": 4, "test": 2}, sim(5),
                         batch_size=8, progress=False)
   assert r["generated"] == 18
   return out
@@ -50,9 +57,9 @@ def test_layout_and_loader(small_set):
 def test_same_seed_same_bytes_and_extension(small_set, tmp_path):
   """Another batch size, in two runs (the second extends the first), gives the same examples."""
   out = str(tmp_path / "b")
-  simulate.generate(out, {"train": 5}, simulate.SimSettings(seed=5), batch_size=4,
+  simulate.generate(out, {"train": 5}, sim(5), batch_size=4,
                     progress=False)
-  r = simulate.generate(out, {"train": 12, "valid": 4, "test": 2}, simulate.SimSettings(seed=5),
+  r = simulate.generate(out, {"train": 12, "valid": 4, "test": 2}, sim(5),
                         batch_size=4, progress=False)
   assert r["generated"] == 13                      # only the missing ones
   for split in ("train", "valid", "test"):
@@ -63,18 +70,31 @@ def test_same_seed_same_bytes_and_extension(small_set, tmp_path):
       np.testing.assert_array_equal(a["xs"], b["xs"])
       np.testing.assert_allclose(a["ys"], b["ys"], rtol=0, atol=1e-6 * np.abs(a["ys"]).max())
   # a second identical run changes nothing
-  assert simulate.generate(out, {"train": 12}, simulate.SimSettings(seed=5),
+  assert simulate.generate(out, {"train": 12}, sim(5),
                            progress=False)["generated"] == 0
   # another seed: other examples
   other = str(tmp_path / "c")
-  simulate.generate(other, {"train": 2}, simulate.SimSettings(seed=6), progress=False)
+  simulate.generate(other, {"train": 2}, sim(6), progress=False)
   assert not np.array_equal(read_split(os.path.join(other, "train"))[1][0]["xs"],
                             read_split(os.path.join(out, "train"))[1][0]["xs"])
 
 
+def test_files_are_the_simulator_sources_examples(small_set):
+  """File i of a split is example i of that split as the simulator data source makes it on the
+  devices (8 here, the command used 1), bit for bit."""
+  import jax
+
+  from cdeit_jax import sharding as shd
+  _, ex = read_split(os.path.join(small_set, "valid"))
+  ys, xs = synthetic.example_arrays(sim(5), "valid", np.arange(4), shd.make_mesh(jax.devices()))
+  for i in range(4):
+    np.testing.assert_array_equal(ex[i]["ys"][:, 0], ys[i])
+    np.testing.assert_array_equal(ex[i]["xs"], xs[i])
+
+
 def test_refuses_to_mix_settings(small_set):
   with pytest.raises(ValueError, match=r"seed: folder has 5, asked 6"):
-    simulate.generate(small_set, {"train": 30}, simulate.SimSettings(seed=6), progress=False)
+    simulate.generate(small_set, {"train": 30}, sim(6), progress=False)
 
 
 def test_refuses_folders_of_unknown_settings_and_records_tr_splits(small_set, tmp_path):
@@ -83,12 +103,12 @@ def test_refuses_folders_of_unknown_settings_and_records_tr_splits(small_set, tm
   shutil.copytree(small_set, bare)
   os.remove(bare / "simulate.json")  # examples whose settings nobody recorded
   with pytest.raises(ValueError, match="holds examples .* but no simulate.json"):
-    simulate.generate(str(bare), {"train": 30}, simulate.SimSettings(seed=5), progress=False)
+    simulate.generate(str(bare), {"train": 30}, sim(5), progress=False)
   assert json.load(open(os.path.join(small_set, "simulate.json")))["tr_splits"] == \
       ["test", "train", "valid"]
   with pytest.raises(ValueError, match=r"tr_splits: folder has \['test', 'train', 'valid'\], "
                      r"asked \['test'\]"):
-    simulate.generate(small_set, {"train": 30}, simulate.SimSettings(seed=5), tr_splits=("test",),
+    simulate.generate(small_set, {"train": 30}, sim(5), tr_splits=("test",),
                       progress=False)
 
 
@@ -96,7 +116,7 @@ def test_extension_replaces_statistics_even_after_a_kill(tmp_path):
   """New training files remove the old mean/std before the first write, so a run killed before
   recomputing them leaves none (the next run computes them) rather than stale ones."""
   out = str(tmp_path / "s")
-  simulate.generate(out, {"train": 3}, simulate.SimSettings(seed=5), progress=False)
+  simulate.generate(out, {"train": 3}, sim(5), progress=False)
   old = np.load(os.path.join(out, "std.npy"))
   calls = []
   real = stats_lib.compute_stats
@@ -107,11 +127,11 @@ def test_extension_replaces_statistics_even_after_a_kill(tmp_path):
   stats_lib.compute_stats = killed
   try:
     with pytest.raises(KeyboardInterrupt):
-      simulate.generate(out, {"train": 6}, simulate.SimSettings(seed=5), progress=False)
+      simulate.generate(out, {"train": 6}, sim(5), progress=False)
   finally:
     stats_lib.compute_stats = real
   assert calls and not os.path.exists(os.path.join(out, "std.npy"))
-  assert simulate.generate(out, {"train": 6}, simulate.SimSettings(seed=5),
+  assert simulate.generate(out, {"train": 6}, sim(5),
                            progress=False)["generated"] == 0
   mean, std = stats_lib.compute_stats(os.path.join(out, "train"), progress=False)
   np.testing.assert_array_equal(np.load(os.path.join(out, "std.npy")), std)
@@ -122,18 +142,21 @@ def test_cli_errors_name_the_flag(tmp_path):
   run = lambda *a: subprocess.run([sys.executable, "-m", "cdeit_jax.simulate", "--out",
                                    str(tmp_path / "x"), *a], capture_output=True, text=True,
                                   cwd=REPO)
-  r = run("--num-train", "2", "--phantom", '{"max_inclusion": 2}')
-  assert r.returncode == 2 and "--phantom: unknown fields ['max_inclusion']" in r.stderr
-  r = run("--num-train", "2", "--tr-splits", "train,tst")
-  assert r.returncode == 2 and "--tr-splits" in r.stderr
+  r = run("--num_train", "2", "--config.simulator.phantom.max_inclusion=2")
+  assert r.returncode == 2 and "--config.simulator.phantom.max_inclusion: no such config key" \
+      in r.stderr and 'Did you mean "max_inclusions"' in r.stderr
+  r = run("--num_train", "2", "--tr_splits", "train,tst")
+  assert r.returncode == 1 and "--tr_splits: unknown splits ['tst']" in r.stderr
+  r = run("--num_train", "2", "--config.simulator.phantom.max_size=0.99")
+  assert r.returncode == 1 and "max_size < max_radius" in r.stderr
 
 
 def test_training_statistics_have_the_authors_magnitudes(tmp_path):
   """2,048 examples of the default recipe, made by the CLI: median std within 2x of the authors'
-  1.0e-5 V. (A subprocess without the 8 fake devices, which slow XLA:CPU's LAPACK calls ~5x.)"""
+  1.0e-5 V. (A subprocess with its own host devices, one per core, as the command sets them.)"""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   r = subprocess.run([sys.executable, "-m", "cdeit_jax.simulate", "--out", str(tmp_path / "s"),
-                      "--num-train", "2048", "--batch-size", "256", "--tr-splits", ""],
+                      "--num_train", "2048", "--batch_size", "256", "--tr_splits", ""],
                      capture_output=True, text=True, cwd=REPO, env=env)
   assert r.returncode == 0, r.stderr[-2000:]
   assert "generated 2048 examples" in r.stdout

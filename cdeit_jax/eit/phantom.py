@@ -49,8 +49,52 @@ class PhantomSpec:
       raise InputError("need 0 < v_min <= v_max")
 
 
+TRIES = 100  # candidate placements per inclusion before the phantom stops growing
+
+
+def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
+  """(MAX_INCLUSIONS, 8) float32 parameters of one random phantom with disjoint inclusions, a
+  function of `key` alone (jit/vmap-able: the simulator data source draws them on the devices).
+
+  The number of inclusions is uniform in [min_inclusions, max_inclusions]; each inclusion is the
+  first of `TRIES` candidate placements (kind uniform, size uniform in [min_size, max_size],
+  centre uniform over the disk of radius max_radius - size) that keeps `separation` from the
+  inclusions placed before it; when none does, the phantom stops there (fewer inclusions). The
+  angle is uniform and the label is +-uniform(v_min, v_max). `random_params` draws the same
+  distribution with numpy, sequentially.
+  """
+  k_n, k_rest = jax.random.split(key)
+  n = jax.random.randint(k_n, (), spec.min_inclusions, spec.max_inclusions + 1)
+  rows, placed = [], []                               # placed: (cx, cy, a, active) so far
+  growing = jnp.bool_(True)
+  for i in range(MAX_INCLUSIONS):
+    ks = jax.random.split(jax.random.fold_in(k_rest, i), 8)
+    kind = jax.random.randint(ks[0], (TRIES,), 0, len(KINDS))
+    a = jax.random.uniform(ks[1], (TRIES,), minval=spec.min_size, maxval=spec.max_size)
+    aspect = jax.random.uniform(ks[2], (TRIES,), minval=spec.min_aspect, maxval=1.0)
+    b = jnp.where(kind == KINDS.index("ellipse"), aspect * a,
+                  jnp.where(kind == KINDS.index("annulus"), spec.annulus_inner, 0.0))
+    rho = (spec.max_radius - a) * jnp.sqrt(jax.random.uniform(ks[3], (TRIES,)))
+    phi = jax.random.uniform(ks[4], (TRIES,), maxval=2 * np.pi)
+    cx, cy = rho * jnp.cos(phi), rho * jnp.sin(phi)
+    ok = jnp.ones((TRIES,), bool)
+    for px, py, pa, pactive in placed:
+      ok &= ~pactive | (jnp.hypot(cx - px, cy - py) >= a + pa + spec.separation)
+    j = jnp.argmax(ok)                                # the first acceptable candidate
+    active = growing & (i < n) & ok[j]
+    growing = active
+    angle = jax.random.uniform(ks[5], (), maxval=2 * np.pi)
+    sign = jnp.where(jax.random.bernoulli(ks[6]), 1.0, -1.0)
+    v = sign * jax.random.uniform(ks[7], (), minval=spec.v_min, maxval=spec.v_max)
+    row = jnp.stack([1.0, kind[j].astype(jnp.float32), cx[j], cy[j], a[j], b[j], angle, v])
+    rows.append(jnp.where(active, row, 0.0))
+    placed.append((cx[j], cy[j], a[j], active))
+  return jnp.stack(rows).astype(jnp.float32)
+
+
 def random_params(rng: np.random.Generator, spec: PhantomSpec = PhantomSpec()) -> np.ndarray:
-  """(MAX_INCLUSIONS, 8) parameters of one random phantom with disjoint inclusions."""
+  """(MAX_INCLUSIONS, 8) parameters of one random phantom with disjoint inclusions (numpy; the
+  distribution of `draw_params`, which the simulator and the data source use)."""
   out = np.zeros((MAX_INCLUSIONS, 8))
   n = rng.integers(spec.min_inclusions, spec.max_inclusions + 1)
   placed = []                                       # (cx, cy, bounding radius)
