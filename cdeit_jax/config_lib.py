@@ -138,8 +138,12 @@ def check_training_config(cfg: ml_collections.ConfigDict, num_devices: int,
       cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None), "data.preset",
        "unknown preset: use simulated, uef2017 or ktc2023, or set data.voltage_ratio and "
        "data.current_ratio")
-  need(cfg.data.path is not None or not need_data, "data.path", "set the dataset root holding "
-       f"{cfg.data.train_split}/ and {cfg.data.valid_split}/ (--config.data.path=DIR)")
+  need(cfg.data.source in ("files", "simulator"), "data.source",
+       "must be 'files' (npz folders under data.path) or 'simulator' (examples made on the "
+       "devices from config.simulator)")
+  need(cfg.data.path is not None or not need_data or cfg.data.source == "simulator", "data.path",
+       f"set the dataset root holding {cfg.data.train_split}/ and {cfg.data.valid_split}/ "
+       "(--config.data.path=DIR), or train on fresh simulations: --config.data.source=simulator")
 
 
 def from_json(stored: dict[str, Any]) -> ml_collections.ConfigDict:

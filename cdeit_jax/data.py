@@ -30,7 +30,13 @@ def eim(voltages: np.ndarray) -> np.ndarray:
   return out
 
 
-# ----------------------------------------------------------------------------- the source
+def _condition(ys, ratio: float, mean: np.ndarray, std: np.ndarray):
+  scaled = np.asarray(ys, np.float32).reshape(STATS_SHAPE[1:]) / np.float32(ratio)
+  v = (scaled - mean) / std
+  return eim(v)[..., None], v, scaled.reshape(-1)
+
+
+# ----------------------------------------------------------------------------- the sources
 
 
 class NpzSource:
@@ -77,9 +83,7 @@ class NpzSource:
   def condition(self, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cond (16,16,1), standardised voltages (16,13), scaled voltages (208,)) from raw `ys`
     (208,) in measured units."""
-    scaled = np.asarray(ys, np.float32).reshape(STATS_SHAPE[1:]) / np.float32(self.voltage_ratio)
-    v = (scaled - self._mean) / self._std
-    return eim(v)[..., None], v, scaled.reshape(-1)
+    return _condition(ys, self.voltage_ratio, self._mean, self._std)
 
   def _load(self, i: int, z: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     path = os.path.join(self.path, self.files[i])
@@ -102,6 +106,33 @@ class NpzSource:
     if self._cache is not None:
       return self._cache[i]
     return self._load(i)
+
+
+class ArraySource:
+  """In-memory examples with `NpzSource`'s items: voltages `ys` (n, 208) in simulation units (the
+  "simulated" preset) and label images `xs` (n, 128, 128), standardised with (mean, std). The
+  simulator source's fixed sets (statistics, validation) are ArraySources."""
+
+  preset, voltage_ratio = "simulated", 1.0
+
+  def __init__(self, ys: np.ndarray, xs: np.ndarray, mean: np.ndarray, std: np.ndarray, *,
+               name: str):
+    self.path = name  # what messages call it
+    self._ys, self._xs = np.asarray(ys, np.float32), np.asarray(xs, np.float32)
+    self.mean, self.std = stats_lib.check_stats(mean, std, source=name)
+    self._mean, self._std = self.mean.reshape(STATS_SHAPE[1:]), self.std.reshape(STATS_SHAPE[1:])
+
+  def __len__(self) -> int:
+    return len(self._ys)
+
+  def __repr__(self) -> str:
+    return f"ArraySource({self.path!r}, n={len(self)})"
+
+  def __getitem__(self, i: int) -> dict[str, Any]:
+    cond, v, scaled = _condition(self._ys[i], self.voltage_ratio, self._mean, self._std)
+    return {"cond": cond, "voltages": v, "ys": scaled,
+            "target": self._xs[i].reshape(IMAGE_SIZE, IMAGE_SIZE, 1), "index": np.int32(i),
+            "name": f"{i:07d}"}
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -108,7 +108,10 @@ def per_example(platform: str) -> bool:
 @functools.lru_cache(maxsize=8)
 def _generator(settings: str) -> Generator:
   import json
-  return Generator(ml_collections.ConfigDict(json.loads(settings)))
+  # Built outside any mesh context (the training loop runs under `jax.set_mesh`): arrays made
+  # there are placed on that mesh, and such constants cannot enter shard_map's per-device code.
+  with jax.set_mesh(None):
+    return Generator(ml_collections.ConfigDict(json.loads(settings)))
 
 
 def generator(sim: ml_collections.ConfigDict) -> Generator:

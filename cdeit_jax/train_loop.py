@@ -20,7 +20,7 @@ import numpy as np
 
 from cdeit_jax import aot, checkpoint, config_lib, data, hardware, logs, pipeline, workdir_lock
 from cdeit_jax import sharding as shd
-from cdeit_jax import training
+from cdeit_jax import simulator_source, training
 from cdeit_jax.errors import CdeitError, DoesNotFit
 
 log = logs.log.getChild("train")
@@ -104,7 +104,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 _RESUME_FIXED = ("batch_size",)
 # Settings that may change on resume, but then the run no longer matches an uninterrupted one.
 _RESUME_WARN = ("seed", "steps", "accum_steps", "optimizer", "ema", "diffusion", "data.seed",
-                "data.path", "data.train_split")
+                "data.path", "data.train_split", "data.source")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -133,7 +133,7 @@ def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list
     raise checkpoint.CheckpointError(
         f"cannot resume from {where} with a changed config ({diff}); rerun with the "
         "checkpoint's settings or give a new --workdir")
-  warn = changed(_RESUME_WARN)
+  warn = changed(_RESUME_WARN + (("simulator",) if cfg.data.source == "simulator" else ()))
   if cfg.optimizer.schedule == "constant":  # then more steps only extend the same run
     warn = [k for k in warn if k != "steps"]
   return [f"warning: resuming {where} with changed config.{k}: {was.get(k)!r} -> "
@@ -208,7 +208,16 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
           "cannot resume from it: start a new --workdir (eval.py still reads it)")
     report += check_resume(cfg, newest, f"{mngr.directory}/{newest['step']}")
   ck_stats = checkpoint.meta_stats(newest) if newest is not None else None
-  train_src, valid_src = open_sources(cfg, ck_stats)
+  simulated = cfg.data.source == "simulator"
+  if simulated:  # the statistics' and validation examples, made on the devices now
+    t0 = time.perf_counter()
+    train_src, valid_src = simulator_source.open_sources(cfg, mesh, ck_stats)
+    made = (f"{len(train_src)} statistics and" if ck_stats is None else
+            "statistics from the checkpoint,")
+    report.append(f"simulator source: {made} {len(valid_src)} validation examples made in "
+                  f"{time.perf_counter() - t0:.1f} s")
+  else:
+    train_src, valid_src = open_sources(cfg, ck_stats)
 
   ts = training.setup(cfg, mesh, calibration_source=train_src if newest is None else None)
   graphdef, state, diffusion, num_params = ts.graphdef, ts.state, ts.diffusion, ts.num_params
@@ -226,7 +235,11 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
             f"({cfg.accum_steps} micro-batches); params {num_params:,}",
             f"train step compiled in {compiled.compile_s:.1f} s; {_memory_report(compiled, cfg)}"
             ] + report
-  host_iter = pipeline.train_dataset(train_src, cfg.batch_size, cfg.data).__iter__()
+  if simulated:  # each step's batch is made on the devices from the step number
+    host_iter = None
+    simulated_batch = simulator_source.batch_fn(cfg, mesh, train_src.mean, train_src.std)
+  else:
+    host_iter = pipeline.train_dataset(train_src, cfg.batch_size, cfg.data).__iter__()
   rng = jax.random.key(cfg.seed)
   state = jax.device_put(state, compiled.state_shardings)
   constants = ts.constants
@@ -288,8 +301,11 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   step = start
   try:
     while step < cfg.steps:
-      host_batch = next(host_iter)  # the step needs cond and target only (not the indices)
-      batch = pipeline.to_global({k: host_batch[k] for k in ("cond", "target")}, mesh)
+      if host_iter is None:
+        batch = simulated_batch(state.step)
+      else:
+        host_batch = next(host_iter)  # the step needs cond and target only (not the indices)
+        batch = pipeline.to_global({k: host_batch[k] for k in ("cond", "target")}, mesh)
       state, metrics = compiled.fn(state, batch, rng, constants)
       pending.append(metrics)
       step += 1

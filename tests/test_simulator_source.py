@@ -1,0 +1,161 @@
+"""The simulator as a data source: batches made on the devices equal the simulate command's
+examples, runs on 8 fake devices train, resume bit for bit and match a 1-device run."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from cdeit_jax import checkpoint, config_lib, data, simulator_source, synthetic
+from cdeit_jax import sharding as shd
+
+REPO = pathlib.Path(__file__).parent.parent
+TEST_CONFIG = str(REPO / "configs" / "test.py")
+# The test config's tiny model, physics-informed (its operator and calibration are the step's
+# constants), trained on fresh simulations.
+SIM = ["--config.data.source=simulator", "--config.data.preset=simulated",
+       "--config.data.stats=None", "--config.model.cond=eim+linear",
+       "--config.simulator.stats_examples=32", "--config.simulator.valid_examples=8",
+       "--config.log_every=2", "--config.eval_every=4"]
+
+
+def _cfg(batch_size=8):
+  cfg = config_lib.load(TEST_CONFIG)
+  cfg.data.update(source="simulator", preset="simulated", stats=None)
+  cfg.batch_size = batch_size
+  return cfg
+
+
+def test_batches_are_the_streams_examples_on_any_devices():
+  """Step k's batch holds training examples k*G .. k*G+G-1 (as `python -m cdeit_jax.simulate`
+  writes them: same function, test_simulate checks the files), standardised into the EIM the
+  files' loader makes; the same on 1 and 8 devices, bit for bit."""
+  cfg = _cfg()
+  mean, std = simulator_source.statistics(
+      synthetic.example_arrays(cfg.simulator, "train", np.arange(16), shd.make_mesh())[0])
+  out = []
+  for devices in (jax.devices()[:1], jax.devices()):
+    mesh = shd.make_mesh(devices)
+    fn = simulator_source.batch_fn(cfg, mesh, mean, std)
+    b = fn(jax.device_put(np.int32(3), shd.replicated(mesh)))
+    assert b["cond"].sharding.spec == shd.batch_sharded(mesh).spec
+    out.append(jax.device_get(b))
+  np.testing.assert_array_equal(out[0]["cond"], out[1]["cond"])
+  np.testing.assert_array_equal(out[0]["target"], out[1]["target"])
+  ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(24, 32), shd.make_mesh())
+  ref = data.ArraySource(ys, xs, mean, std, name="reference")
+  for i in range(8):
+    np.testing.assert_array_equal(out[1]["target"][i], ref[i]["target"])
+    np.testing.assert_allclose(out[1]["cond"][i], ref[i]["cond"], rtol=0, atol=1e-5)
+
+
+def _run(workdir, *over, devices=8, wait=True):
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  cmd = [sys.executable, str(REPO / "train.py"), "--config", TEST_CONFIG, "--workdir",
+         str(workdir), *SIM, *over]
+  p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                       cwd=REPO)
+  if not wait:
+    return p
+  out, err = p.communicate(timeout=400)
+  assert p.returncode == 0, err[-3000:]
+  return err
+
+
+def _losses(workdir):
+  return {r["step"]: r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").open())
+          if "loss" in r}
+
+
+def _weights(workdir):
+  meta = checkpoint.read_meta(str(workdir), 16)
+  model, _ = checkpoint.load_model(str(workdir), step=16, weights="raw")
+  from flax import nnx
+  return meta, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+  wd = tmp_path_factory.mktemp("sim_straight")
+  err = _run(wd, "--config.steps=16")
+  assert "simulator source: 32 statistics and 8 validation examples" in err
+  return wd
+
+
+def test_trains_on_8_devices_and_stores_the_statistics(straight):
+  losses = _losses(straight)
+  assert sorted(losses) == [2, 4, 6, 8, 10, 12, 14, 16]
+  assert all(np.isfinite(v) for v in losses.values())
+  # learning, measured on the fixed validation examples (EMA weights: copies of the weights up
+  # to step 100, taken every 10 steps; 0.0891 at step 4, 0.0790 at 16 when written)
+  val = {r["step"]: r["val_loss"] for r in map(json.loads, (straight / "metrics.jsonl").open())
+         if r.get("val_loss") is not None}
+  assert sorted(val) == [4, 8, 12, 16] and val[16] < 0.95 * val[4], val
+  meta = checkpoint.read_meta(str(straight), 16)
+  mean, std = checkpoint.meta_stats(meta)
+  cfg = _cfg()
+  cfg.simulator.stats_examples = 32
+  ys, _ = simulator_source.fixed_examples(cfg, "train", 32, shd.make_mesh())
+  want_mean, want_std = simulator_source.statistics(ys)
+  np.testing.assert_array_equal(mean, want_mean)
+  np.testing.assert_array_equal(std, want_std)
+  assert meta["calibration"]  # the physics-informed channels' scales, measured on those examples
+  assert not (straight / "checkpoints" / "16" / "data").exists()  # the step is the position
+
+
+def test_sigterm_and_resume_equal_the_straight_run(straight, tmp_path):
+  wd = tmp_path / "killed"
+  p = _run(wd, "--config.steps=16", wait=False)
+  metrics = wd / "metrics.jsonl"
+  deadline = time.time() + 300
+  while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+    time.sleep(0.05)
+  p.send_signal(signal.SIGTERM)
+  _, err = p.communicate(timeout=300)
+  assert p.returncode == 0, err[-3000:]
+  mngr = checkpoint.train_manager(str(wd))
+  stopped = mngr.latest_step()
+  mngr.close()
+  assert stopped is not None and stopped < 16, stopped
+  err = _run(wd, "--config.steps=16")
+  assert "resumed from" in err and "simulator source: statistics from the checkpoint" in err
+  (m1, w1), (m2, w2) = _weights(straight), _weights(wd)
+  assert checkpoint.meta_stats(m1)[1].tolist() == checkpoint.meta_stats(m2)[1].tolist()
+  assert m1["calibration"] == m2["calibration"]
+  for a, b in zip(w1, w2):
+    np.testing.assert_array_equal(a, b)
+  s, k = _losses(straight), _losses(wd)
+  after = [step for step in k if step - 2 >= stopped]
+  assert after and [s[step] for step in after] == [k[step] for step in after]
+
+
+def test_one_device_gives_the_losses_of_eight():
+  """Three steps of the physics-informed model on simulator batches, on 1 and on 8 devices."""
+  from cdeit_jax import training
+  cfg = _cfg()
+  cfg.model.cond = "eim+linear"
+  ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(16), shd.make_mesh())
+  mean, std = simulator_source.statistics(ys)
+  calib = data.ArraySource(ys, xs, mean, std, name="calibration")
+  losses = []
+  for devices in (jax.devices()[:1], jax.devices()):
+    mesh = shd.make_mesh(devices)
+    ts = training.setup(cfg, mesh, calibration_source=calib)
+    c = training.compile_train_step(ts, cfg.batch_size, mesh)
+    state = jax.device_put(ts.state, c.state_shardings)
+    constants = jax.device_put(ts.constants, c.constants_shardings)
+    make = simulator_source.batch_fn(cfg, mesh, mean, std)
+    run = []
+    for _ in range(3):
+      state, m = c.fn(state, make(state.step), jax.random.key(0), constants)
+      run.append(float(m["loss"]))
+    losses.append(run)
+  np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5, atol=1e-7)
