@@ -20,13 +20,13 @@ test: install
 # The embedded default: simulate a training set once (cached), train the small physics-informed
 # CDEIT of configs/demo.py on 2 CPU cores, evaluate it (mean of 8 samples) on held-out simulations
 # and on the real UEF2017 tank cases beside Tikhonov and the empty image, print the table and time.
-DEMO_DATA ?= $(HOME)/.cache/cdeit-jax/demo-sim-v1
+DEMO_DATA ?= $(HOME)/.cache/cdeit-jax/demo-sim-v2
 DEMO_RUN ?= runs/demo
 DEMO_EVAL = --config.eval.tikhonov=True --config.sampling.num_samples=8
 demo: install
 	@start=$$(date +%s) && \
-	$(BIN)/python -m cdeit_jax.simulate --out $(DEMO_DATA) --num-train 3000 --num-valid 64 \
-	  --num-test 64 --seed 0 --tr-splits valid,test && \
+	$(BIN)/python -m cdeit_jax.simulate --out $(DEMO_DATA) --num_train 3000 --num_valid 64 \
+	  --num_test 64 --tr_splits valid,test && \
 	$(BIN)/python train.py --config configs/demo.py --workdir $(DEMO_RUN) \
 	  --config.data.path=$(DEMO_DATA) && \
 	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data simulated --data_path $(DEMO_DATA)/test \

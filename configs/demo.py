@@ -1,7 +1,7 @@
 """The embedded default (`make demo`): a small physics-informed CDEIT trained on our own
 simulations, CPU-sized.
 
-  python -m cdeit_jax.simulate --out DATA --num-train 3000 --num-valid 64 --num-test 64 --seed 0
+  python -m cdeit_jax.simulate --out DATA --num_train 3000 --num_valid 64 --num_test 64
   python train.py --config configs/demo.py --workdir runs/demo --config.data.path=DATA
 
 Patch 8, width 64, two scales (1.1 M parameters; a 16 x 16 token grid), and the physics-informed
