@@ -1,6 +1,12 @@
 """Simulator throughput after compilation; prints JSON.
 
   python bench/bench_simulate.py [--batch 64 256] [--dtype float32]
+  python bench/bench_simulate.py --source --config configs/demo.py [--batch 16]
+
+`--source`: the simulator data source (`config.data.source="simulator"`) on every device:
+examples/s of its batches (global and per device) against the train step's consumption
+(samples/s of `config`'s step at the same global batch), and the simulation's share of a step
+that makes its batch first (both timed after compilation, each waited for).
 
 Times (1) generation of training examples as `python -m cdeit_jax.simulate` does it (random
 phantoms, CEM solve on the condensed system, 40 dB noise, 128 x 128 target; no disk I/O, no TR),
@@ -35,7 +41,11 @@ def main():
   p.add_argument("--batch", type=int, nargs="+", default=[64, 256])
   p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--source", action="store_true", help="bench the on-device data source")
+  p.add_argument("--config", default=None, help="--source: the config whose step consumes")
   a = p.parse_args()
+  if a.source:
+    return bench_source(a)
   if a.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
   sim = eit.default_simulator(a.dtype)
@@ -65,6 +75,47 @@ def main():
   eit.Tikhonov(sim)
   print(json.dumps({"bench": "tikhonov_matrix", **common,
                     "seconds": round(time.perf_counter() - t, 2)}))
+
+
+def bench_source(a) -> None:
+  from cdeit_jax import config_lib, simulator_source, synthetic, training
+  from cdeit_jax import sharding as shd
+  cfg = config_lib.load(a.config) if a.config else config_lib.default_config()
+  mesh = shd.make_mesh()
+  n = mesh.size
+  for b in a.batch:
+    g = -(-b // n) * n
+    cfg.batch_size = g
+    ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(64), mesh)
+    mean, std = simulator_source.statistics(ys)
+    make = simulator_source.batch_fn(cfg, mesh, mean, std)
+    step0 = jax.device_put(jnp.int32(0), shd.replicated(mesh))
+    sim_s = timed(lambda: make(step0), a.repeats)
+    from cdeit_jax.data import ArraySource
+    ts = training.setup(cfg, mesh, calibration_source=ArraySource(ys, xs, mean, std,
+                                                                  name="bench"))
+    c = training.compile_train_step(ts, g, mesh)
+    state = jax.device_put(ts.state, c.state_shardings)
+    constants = jax.device_put(ts.constants, c.constants_shardings)
+    batch = make(step0)
+    key = jax.random.key(0)
+    box = [state]
+
+    def step():
+      box[0], m = c.fn(box[0], batch, key, constants)
+      return m
+    step_s = timed(step, a.repeats)
+    print(json.dumps({
+        "bench": "simulator_source", "device": jax.devices()[0].device_kind,
+        "backend": jax.default_backend(), "devices": n, "jax": jax.__version__,
+        "config": a.config or "default", "global_batch": g,
+        "per_example_solves": synthetic.per_example(jax.default_backend()),
+        "sim_examples_per_s": round(g / sim_s, 1),
+        "sim_examples_per_s_per_device": round(g / sim_s / n, 1),
+        "step_samples_per_s": round(g / step_s, 1), "sim_ms": round(1000 * sim_s, 1),
+        "step_ms": round(1000 * step_s, 1),
+        "sim_over_consumption": round(step_s / sim_s, 2),
+        "sim_share_of_step_time": round(sim_s / (sim_s + step_s), 3)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,23 @@
+"""TPU v5e-8, the published-size physics-informed model (`configs/v5e8_physics.py`) trained on
+fresh simulations: every step's 64 examples (random phantoms, complete-electrode-model voltages
+with 40 dB noise on both vectors, target image, EIM) are made on the 8 chips next to the step
+from `config.simulator` (`cdeit_jax.simulator_source`); no dataset, no epochs. The statistics
+come from the first 4,096 simulated examples and are stored in the checkpoint; validation uses
+512 fixed simulated examples. Same on GPUs: `--config configs/gpu.py
+--config.data.source=simulator --config.model.cond=eim+linear`.
+
+  python train.py --config configs/v5e8_simulator.py --workdir runs/v5e8_sim
+  python train.py --config configs/v5e8_simulator.py --compile_topology v5e-8 --workdir /tmp/aot
+"""
+
+import os
+
+from cdeit_jax import config_lib
+
+
+def get_config():
+  c = config_lib.load(os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                   "v5e8_physics.py"))
+  c.data.update(source="simulator", preset="simulated")
+  c.simulator.update(stats_examples=4096, valid_examples=512)
+  return c
