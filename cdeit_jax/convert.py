@@ -233,7 +233,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-  from absl import app, flags
+  from absl import flags
   from ml_collections import config_flags
 
   config_flags.DEFINE_config_file("config", None, "config file whose `model` section matches the "
@@ -247,4 +247,5 @@ if __name__ == "__main__":
   flags.DEFINE_enum("weights", "ema", ["ema", "raw"], "which weight set the file holds "
                     "(the authors' best.pt holds EMA weights)")
   flags.mark_flags_as_required(["config", "checkpoint", "workdir"])
-  app.run(main)
+  from cdeit_jax import cli
+  cli.run(main)  # one-line reports of our own errors (a state dict that does not match, ...)

@@ -117,7 +117,8 @@ def test_convert_command_line(tmp_path):
       [sys.executable, "-m", "cdeit_jax.convert", "--config", "configs/default.py",
        "--checkpoint", str(FIXTURES / "dit_small_state_dict.npz"), "--workdir", str(tmp_path / "b")],
       capture_output=True, text=True)
-  assert r.returncode != 0 and "missing keys" not in r.stderr and "shape mismatches" in r.stderr
+  assert r.returncode == 1 and "missing keys" not in r.stderr and "shape mismatches" in r.stderr
+  assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr  # our error: a report
 
 
 def test_missing_checkpoint_paths_are_named(tmp_path):
