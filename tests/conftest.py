@@ -69,3 +69,23 @@ def tiny_model():
   rng = np.random.default_rng(1)
   leaves = [np.asarray(l) + 0.05 * rng.standard_normal(l.shape).astype(np.float32) for l in leaves]
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, [jax.numpy.asarray(l) for l in leaves]))
+
+
+def sigterm_after_first_log(p, workdir: pathlib.Path, timeout: float = 300) -> int:
+  """SIGTERM the train.py process `p` once its first metrics line is written; returns the
+  latest checkpointed step after it exited cleanly."""
+  import signal
+  import time
+
+  from cdeit_jax import checkpoint
+  metrics = workdir / "metrics.jsonl"
+  deadline = time.time() + timeout
+  while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+    time.sleep(0.05)
+  p.send_signal(signal.SIGTERM)
+  _, err = p.communicate(timeout=timeout)
+  assert p.returncode == 0, err[-3000:]
+  mngr = checkpoint.train_manager(str(workdir))
+  stopped = mngr.latest_step()
+  mngr.close()
+  return stopped

@@ -4,14 +4,13 @@ examples, runs on 8 fake devices train, resume bit for bit and match a 1-device 
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import pytest
+from conftest import sigterm_after_first_log
 
 from cdeit_jax import checkpoint, config_lib, data, simulator_source, synthetic
 from cdeit_jax import sharding as shd
@@ -114,16 +113,7 @@ def test_trains_on_8_devices_and_stores_the_statistics(straight):
 def test_sigterm_and_resume_equal_the_straight_run(straight, tmp_path):
   wd = tmp_path / "killed"
   p = _run(wd, "--config.steps=16", wait=False)
-  metrics = wd / "metrics.jsonl"
-  deadline = time.time() + 300
-  while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
-    time.sleep(0.05)
-  p.send_signal(signal.SIGTERM)
-  _, err = p.communicate(timeout=300)
-  assert p.returncode == 0, err[-3000:]
-  mngr = checkpoint.train_manager(str(wd))
-  stopped = mngr.latest_step()
-  mngr.close()
+  stopped = sigterm_after_first_log(p, wd)
   assert stopped is not None and stopped < 16, stopped
   err = _run(wd, "--config.steps=16")
   assert "resumed from" in err and "simulator source: statistics from the checkpoint" in err

@@ -4,7 +4,6 @@ import json
 import logging
 import os
 import pathlib
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import sigterm_after_first_log
 
 from cdeit_jax import checkpoint, config_lib, data, pipeline, training
 from cdeit_jax import sharding as shd
@@ -202,15 +202,7 @@ def test_resume_after_sigterm_equals_straight_run(tmp_path, straight_run):
   killed = tmp_path / "killed"
   p = _run_train(killed, *steps, wait=False)
   metrics = killed / "metrics.jsonl"
-  deadline = time.time() + 120
-  while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
-    time.sleep(0.05)
-  p.send_signal(signal.SIGTERM)
-  _, err = p.communicate(timeout=120)
-  assert p.returncode == 0, err[-3000:]
-  mngr = checkpoint.train_manager(str(killed))
-  stopped = mngr.latest_step()
-  mngr.close()
+  stopped = sigterm_after_first_log(p, killed, timeout=120)
   assert stopped is not None and 2 <= stopped < 24, stopped
   rc, _, err = _run_train(killed, *steps)  # resume
   assert rc == 0, err[-3000:]
