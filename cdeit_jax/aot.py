@@ -139,6 +139,36 @@ def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dic
           "compile_s": round(time.perf_counter() - t0, 1)}
 
 
+def simulation_flops(num_unknowns: int, rhs: int = 16) -> float:
+  """Dense FLOPs of one example's solve: Cholesky n^3/3 plus forward and back substitution for
+  the `rhs` injections (2 n^2 each); assembly, phantom and image are O(n) to O(pixels) and left
+  out (under 1 % at the default mesh)."""
+  n = float(num_unknowns)
+  return n ** 3 / 3 + 2 * 2 * n * n * rhs
+
+
+def _compile_simulator(cfg, mesh, step_flops: float) -> dict[str, Any]:
+  """The simulator source's batch (`simulator_source.batch_fn`) compiled for `mesh`: its memory
+  and its FLOPs beside the train step's."""
+  import jax
+  import numpy as np
+
+  from cdeit_jax import simulator_source, synthetic
+  gen = synthetic.generator(cfg.simulator)
+  unknowns = gen.sim.support_cem(gen.spec.max_radius).num_unknowns
+  fn = simulator_source.batch_fn(cfg, mesh, np.zeros(208, np.float32), np.ones(208, np.float32))
+  t0 = time.perf_counter()
+  step = jax.ShapeDtypeStruct((), np.int32, sharding=shd.replicated(mesh))
+  with jax.set_mesh(mesh):
+    compiled = fn.lower(step).compile()
+  mem = training.memory_of(compiled)
+  sim_flops = simulation_flops(unknowns) * cfg.batch_size
+  return {"global_batch": cfg.batch_size, "unknowns": unknowns,
+          "peak_bytes_per_device": mem.get("peak_bytes"), "memory": mem,
+          "flops_per_step": sim_flops, "share_of_step_flops": sim_flops / step_flops,
+          "compile_s": round(time.perf_counter() - t0, 1)}
+
+
 def compile_check(cfg: ml_collections.ConfigDict, topology: str, workdir: str,
                   print_fn=print, margin: float = 0.85) -> dict[str, Any]:
   """Compile the train step and the sampler for `topology`; write workdir/compile.json."""
@@ -171,6 +201,8 @@ def compile_check(cfg: ml_collections.ConfigDict, topology: str, workdir: str,
                                  and report["peak_bytes_per_device"] <= margin * hbm)
   eval_batch = cfg.eval_batch_size or cfg.batch_size
   report["sampler"] = _compile_sampler(setup, mesh, cfg, eval_batch)
+  if cfg.data.source == "simulator":
+    report["simulator"] = _compile_simulator(cfg, mesh, report["flops_per_step"])
   if not report["fits"]:
     report["advice"] = fit_advice(cfg, n, "tpu")
   os.makedirs(workdir, exist_ok=True)
@@ -197,4 +229,11 @@ def format_table(reports: list[dict]) -> str:
                  f"{r['flops_per_step'] / 1e12:.1f}", gib(s.get("peak_bytes_per_device")),
                  str(r["compile_s"])))
   widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-  return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+  table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+  for r in reports:
+    if "simulator" in r:
+      m = r["simulator"]
+      table += (f"\nsimulator source: {gib(m['peak_bytes_per_device'])} GiB per device, "
+                f"{m['flops_per_step'] / 1e9:.1f} GFLOP per step ({m['unknowns']} unknowns per "
+                f"example), {m['share_of_step_flops']:.3%} of the train step's FLOPs")
+  return table
