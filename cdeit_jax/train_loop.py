@@ -107,6 +107,23 @@ _RESUME_WARN = ("seed", "steps", "accum_steps", "optimizer", "ema", "diffusion",
                 "data.path", "data.train_split", "data.source")
 
 
+GRAD_NORM_RANGE = (1e-7, 1e3)  # outside it, a step's gradient norm is reported
+
+
+def unusual_grad_norms(first_step: int, norms: list[float]) -> list[str]:
+  """Warnings for the steps of a log window (steps first_step, first_step + 1, ...) whose
+  gradient norm lies outside GRAD_NORM_RANGE: every step is checked, so a spike inside the window
+  is seen; one line per window, naming the steps (the first few) and the extreme value."""
+  lo, hi = GRAD_NORM_RANGE
+  bad = [(first_step + i, g) for i, g in enumerate(norms) if not lo <= g <= hi]
+  if not bad:
+    return []
+  steps = ", ".join(str(s) for s, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
+  worst = max(bad, key=lambda sg: abs(np.log10(max(sg[1], 1e-30))))
+  return [f"gradient norm outside [{lo:g}, {hi:g}] at {len(bad)} step(s) ({steps}); "
+          f"{worst[1]:.3g} at step {worst[0]}"]
+
+
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
   out = {}
   for k, v in tree.items():
@@ -327,16 +344,18 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
       n = step - window_start
       sps = n / (now - window_t)
       loss = float(np.mean([m["loss"] for m in host]))
-      gnorm = float(host[-1]["grad_norm"])
-      last = {"loss": loss, "grad_norm": gnorm, "lr": float(host[-1]["lr"]),
+      norms = [float(m["grad_norm"]) for m in host]
+      gnorm = norms[-1]
+      last = {"loss": loss, "grad_norm": gnorm, "grad_norm_max": max(norms),
+              "lr": float(host[-1]["lr"]),
               "steps_per_sec": sps, "samples_per_sec": sps * cfg.batch_size,
               "samples_per_sec_per_device": sps * cfg.batch_size / jax.device_count()}
       per_device = compiled.flops_per_step / jax.device_count() * sps / 1e12
       last["tflops_per_device"] = per_device
       if peak:
         last["fraction_of_peak"] = per_device / peak
-      if gnorm > 1e3 or gnorm < 1e-7:
-        log.warning(f"gradient norm {gnorm:.3g} at step {step}")
+      for line in unusual_grad_norms(window_start + 1, norms):
+        log.warning(line)
       val_loss = None
       if step % cfg.eval_every == 0 or final:
         val_loss = validation_loss(state.ema)

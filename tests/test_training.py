@@ -79,6 +79,16 @@ def ema_pytorch_reference(ws, beta=0.995, update_every=10, after=100, power=2 / 
   return out
 
 
+def test_grad_norm_warning_sees_every_step_of_the_window():
+  from cdeit_jax.train_loop import unusual_grad_norms
+  assert unusual_grad_norms(11, [0.5, 2.0, 3.0]) == []
+  # a spike in the middle of the window (the last step is normal)
+  assert unusual_grad_norms(11, [0.5, 5e3, 2.0]) == [
+      "gradient norm outside [1e-07, 1000] at 1 step(s) (12); 5e+03 at step 12"]
+  out = unusual_grad_norms(1, [1e-9, 1.0, 2e4, 1e-8])
+  assert out == ["gradient norm outside [1e-07, 1000] at 3 step(s) (1, 3, 4); 1e-09 at step 1"]
+
+
 def test_ema_matches_ema_pytorch_semantics():
   ws = np.random.default_rng(0).normal(size=3200)
   want = ema_pytorch_reference(list(ws))
