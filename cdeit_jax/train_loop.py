@@ -31,25 +31,34 @@ class NonFiniteLoss(CdeitError, RuntimeError):
 
 
 class _Preemption:
-  """SIGTERM sets a flag; the loop saves and exits at the next step all processes agree on."""
+  """Stop at a step every process agrees on after a SIGTERM to any of them.
+
+  One process: a Python SIGTERM handler sets a flag, checked after every step. Several: JAX's
+  preemption service (started by `jax.distributed.initialize`) catches SIGTERM itself, tells
+  every process through the coordination service and agrees on the next safe step;
+  `reached_preemption_sync_point(step)`, called after every step, is a local check (no
+  collective, no device sync) that turns true at that same step everywhere. No Python handler
+  is installed then: it would replace JAX's and hide the signal from it.
+  """
 
   def __init__(self):
     self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    self._multi = jax.process_count() > 1
+    self._previous = None if self._multi else signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
     self.requested = True
 
-  def agreed(self) -> bool:
-    """Whether any process was signalled (a collective: call at the same steps everywhere)."""
-    if jax.process_count() == 1:
+  def agreed(self, step: int) -> bool:
+    """Whether to save and stop after `step` (call after every step, on every process)."""
+    if not self._multi:
       return self.requested
     from jax.experimental import multihost_utils
-    flags = multihost_utils.process_allgather(np.array([self.requested], np.int32))
-    return bool(np.any(flags))
+    return multihost_utils.reached_preemption_sync_point(step)
 
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
 
 
 def open_sources(cfg: ml_collections.ConfigDict, checkpoint_stats=None):
@@ -328,7 +337,7 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
       step += 1
       final = step == cfg.steps
       boundary = step % cfg.log_every == 0 or step % cfg.eval_every == 0 or final
-      stop = preempt.agreed() if (boundary or jax.process_count() == 1) else False
+      stop = preempt.agreed(step)
       if not (boundary or stop):
         continue
       # --- one host sync per window: fetch the window's metrics

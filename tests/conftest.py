@@ -71,17 +71,22 @@ def tiny_model():
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, [jax.numpy.asarray(l) for l in leaves]))
 
 
-def sigterm_after_first_log(p, workdir: pathlib.Path, timeout: float = 300) -> int:
-  """SIGTERM the train.py process `p` once its first metrics line is written; returns the
-  latest checkpointed step after it exited cleanly."""
-  import signal
+def wait_for_first_log(workdir: pathlib.Path, timeout: float = 300) -> None:
+  """Wait until a train.py run in `workdir` has written its first metrics line."""
   import time
-
-  from cdeit_jax import checkpoint
   metrics = workdir / "metrics.jsonl"
   deadline = time.time() + timeout
   while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
     time.sleep(0.05)
+
+
+def sigterm_after_first_log(p, workdir: pathlib.Path, timeout: float = 300) -> int:
+  """SIGTERM the train.py process `p` once its first metrics line is written; returns the
+  latest checkpointed step after it exited cleanly."""
+  import signal
+
+  from cdeit_jax import checkpoint
+  wait_for_first_log(workdir, timeout)
   p.send_signal(signal.SIGTERM)
   _, err = p.communicate(timeout=timeout)
   assert p.returncode == 0, err[-3000:]

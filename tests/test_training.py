@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import sigterm_after_first_log
+from conftest import sigterm_after_first_log, wait_for_first_log
 
 from cdeit_jax import checkpoint, config_lib, data, pipeline, training
 from cdeit_jax import sharding as shd
@@ -231,22 +232,31 @@ def test_resume_after_sigterm_equals_straight_run(tmp_path, straight_run):
   assert after and [s_log[s] for s in after] == [k_log[s] for s in after]
 
 
-def test_two_processes_give_the_same_losses_as_one(tmp_path, straight_run):
-  """2 processes x 4 devices against the 1 x 8 straight run (same config, seed and windows)."""
+def _two_processes(workdir, *overrides):
+  """train.py as 2 local processes x 4 CPU devices (jax.distributed on 127.0.0.1)."""
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
   env2 = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
               JAX_PLATFORMS="cpu")
-  base = ["--config.steps=8", "--config.log_every=2", "--config.eval_every=8"]
-  procs = [_run_train(tmp_path / "two", *base, f"--coordinator_address=127.0.0.1:{port}",
-                      "--num_processes=2", f"--process_id={i}", env=env2, wait=False)
-           for i in range(2)]
+  return [_run_train(workdir, *overrides, f"--coordinator_address=127.0.0.1:{port}",
+                     "--num_processes=2", f"--process_id={i}", env=env2, wait=False)
+          for i in range(2)]
+
+
+def _finish(procs):
   errs = []
   for p in procs:
     _, err = p.communicate(timeout=300)
     assert p.returncode == 0, err[-3000:]
     errs.append(err)
+  return errs
+
+
+def test_two_processes_give_the_same_losses_as_one(tmp_path, straight_run):
+  """2 processes x 4 devices against the 1 x 8 straight run (same config, seed and windows)."""
+  base = ["--config.steps=8", "--config.log_every=2", "--config.eval_every=8"]
+  errs = _finish(_two_processes(tmp_path / "two", *base))
   assert "devices: 8 x cpu over 2 process(es)" in errs[0]
   assert not (tmp_path / "two" / "metrics.jsonl").read_text().count("\n") > 4  # one writer
   one = {r["step"]: r for r in map(json.loads, (straight_run / "metrics.jsonl").open())}
@@ -255,6 +265,30 @@ def test_two_processes_give_the_same_losses_as_one(tmp_path, straight_run):
   np.testing.assert_allclose([r["loss"] for r in two], [one[r["step"]]["loss"] for r in two],
                              rtol=1e-5)
   np.testing.assert_allclose(two[-1]["val_loss"], one[8]["val_loss"], rtol=1e-5)
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(tmp_path, straight_run):
+  """SIGTERM to process 1 only: JAX's preemption service makes both stop after the same step
+  and save it (checked every step, not only at log boundaries); the rerun resumes there and ends
+  where the 1 x 8 straight run does."""
+  wd = tmp_path / "two"
+  procs = _two_processes(wd, *RESUME_STEPS)
+  wait_for_first_log(wd)
+  procs[1].send_signal(signal.SIGTERM)
+  errs = _finish(procs)
+  mngr = checkpoint.train_manager(str(wd))
+  stopped = mngr.latest_step()
+  mngr.close()
+  assert stopped is not None and 2 <= stopped < 24, stopped
+  assert f"SIGTERM: saved step {stopped}" in errs[0]  # the primary logs the agreed step
+  errs = _finish(_two_processes(wd, *RESUME_STEPS))
+  assert f"resumed from {wd}/checkpoints/{stopped}" in errs[0]
+  cfg = cfg_(steps=24)
+  s_step, s_leaves, _ = _final_state(straight_run, cfg)
+  k_step, k_leaves, _ = _final_state(wd, cfg)
+  assert s_step == k_step == 24
+  for a, b in zip(s_leaves, k_leaves):  # 2 x 4 against 1 x 8 devices: float32 rounding only
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("over, match", [
