@@ -17,12 +17,12 @@ from cdeit_jax import sharding as shd
 
 REPO = pathlib.Path(__file__).parent.parent
 TEST_CONFIG = str(REPO / "configs" / "test.py")
-# The test config's tiny model, physics-informed (its operator and calibration are the step's
-# constants), trained on fresh simulations.
+# The test config's tiny model trained on fresh simulations. (The physics-informed model, whose
+# operator and calibration are the step's constants, is stepped in-process below: its operator
+# costs each train.py process ~20 s here.)
 SIM = ["--config.data.source=simulator", "--config.data.preset=simulated",
-       "--config.data.stats=None", "--config.model.cond=eim+linear",
-       "--config.simulator.stats_examples=32", "--config.simulator.valid_examples=8",
-       "--config.log_every=2", "--config.eval_every=4"]
+       "--config.data.stats=None", "--config.simulator.stats_examples=8",
+       "--config.simulator.valid_examples=8", "--config.log_every=2", "--config.eval_every=4"]
 
 
 def _cfg(batch_size=8):
@@ -85,7 +85,7 @@ def _weights(workdir):
 def straight(tmp_path_factory):
   wd = tmp_path_factory.mktemp("sim_straight")
   err = _run(wd, "--config.steps=16")
-  assert "simulator source: 32 statistics and 8 validation examples" in err
+  assert "simulator source: 8 statistics and 8 validation examples" in err
   return wd
 
 
@@ -94,19 +94,17 @@ def test_trains_on_8_devices_and_stores_the_statistics(straight):
   assert sorted(losses) == [2, 4, 6, 8, 10, 12, 14, 16]
   assert all(np.isfinite(v) for v in losses.values())
   # learning, measured on the fixed validation examples (EMA weights: copies of the weights up
-  # to step 100, taken every 10 steps; 0.0891 at step 4, 0.0790 at 16 when written)
+  # to step 100, taken every 10 steps; 0.0875 at step 4, 0.0780 at 16 when written)
   val = {r["step"]: r["val_loss"] for r in map(json.loads, (straight / "metrics.jsonl").open())
          if r.get("val_loss") is not None}
   assert sorted(val) == [4, 8, 12, 16] and val[16] < 0.95 * val[4], val
   meta = checkpoint.read_meta(str(straight), 16)
   mean, std = checkpoint.meta_stats(meta)
   cfg = _cfg()
-  cfg.simulator.stats_examples = 32
-  ys, _ = simulator_source.fixed_examples(cfg, "train", 32, shd.make_mesh())
+  ys, _ = simulator_source.fixed_examples(cfg, "train", 8, shd.make_mesh())
   want_mean, want_std = simulator_source.statistics(ys)
   np.testing.assert_array_equal(mean, want_mean)
   np.testing.assert_array_equal(std, want_std)
-  assert meta["calibration"]  # the physics-informed channels' scales, measured on those examples
   assert not (straight / "checkpoints" / "16" / "data").exists()  # the step is the position
 
 
@@ -119,7 +117,6 @@ def test_sigterm_and_resume_equal_the_straight_run(straight, tmp_path):
   assert "resumed from" in err and "simulator source: statistics from the checkpoint" in err
   (m1, w1), (m2, w2) = _weights(straight), _weights(wd)
   assert checkpoint.meta_stats(m1)[1].tolist() == checkpoint.meta_stats(m2)[1].tolist()
-  assert m1["calibration"] == m2["calibration"]
   for a, b in zip(w1, w2):
     np.testing.assert_array_equal(a, b)
   s, k = _losses(straight), _losses(wd)
