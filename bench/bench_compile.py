@@ -1,6 +1,6 @@
 """Compile-only memory and FLOP table of the shipped configs on TPU topologies; prints JSON lines.
 
-  python bench/bench_compile.py    # v5e8, v5e8_physics, gpu, default on v5e-8, v5p-8, v6e-8
+  python bench/bench_compile.py    # v5e8, v5e8_physics, v5e8_simulator, gpu, default on v5e-8, v5p-8, v6e-8
   python bench/bench_compile.py --configs configs/v5e8.py --topologies v5e-8 v5e-16
 
 Needs libtpu (pip install -e '.[tpu]'), not a TPU: each pair is compiled as
@@ -25,7 +25,7 @@ from cdeit_jax import aot, config_lib  # noqa: E402
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   root = os.path.dirname(HERE)
-  shipped = ("v5e8", "v5e8_physics", "gpu", "default")
+  shipped = ("v5e8", "v5e8_physics", "v5e8_simulator", "gpu", "default")
   p.add_argument("--configs", nargs="+",
                  default=[os.path.join(root, "configs", f"{c}.py") for c in shipped])
   p.add_argument("--topologies", nargs="+", default=["v5e-8", "v5p-8", "v6e-8"])
