@@ -1,6 +1,6 @@
 """Compile-only memory and FLOP table of the shipped configs on TPU topologies; prints JSON lines.
 
-  python bench/bench_compile.py    # v5e8, v5e8_physics, v5e8_simulator, gpu, default on v5e-8, v5p-8, v6e-8
+  python bench/bench_compile.py    # the shipped configs on v5e-8, v5p-8, v6e-8
   python bench/bench_compile.py --configs configs/v5e8.py --topologies v5e-8 v5e-16
 
 Needs libtpu (pip install -e '.[tpu]'), not a TPU: each pair is compiled as
