@@ -297,6 +297,7 @@ class CDEIT(nnx.Module):
     self.attention_impl = attention_impl
     dim, args = hidden_size, (num_heads, mlp_ratio, dtype, rngs)
 
+    sincos_axis_table(dim, grid)  # checks hidden_size now, not at the first call
     # Patch embedding: the conv is initialised like a Linear over (kh, kw, in) -> out.
     self.x_embedder = nnx.Conv(
         2 * in_channels + extra, dim, (patch_size, patch_size), strides=patch_size, padding="VALID",
