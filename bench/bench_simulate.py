@@ -80,6 +80,7 @@ def main():
 def bench_source(a) -> None:
   from cdeit_jax import config_lib, simulator_source, synthetic, training
   from cdeit_jax import sharding as shd
+  from cdeit_jax.data import ArraySource
   cfg = config_lib.load(a.config) if a.config else config_lib.default_config()
   mesh = shd.make_mesh()
   n = mesh.size
@@ -91,7 +92,6 @@ def bench_source(a) -> None:
     make = simulator_source.batch_fn(cfg, mesh, mean, std)
     step0 = jax.device_put(jnp.int32(0), shd.replicated(mesh))
     sim_s = timed(lambda: make(step0), a.repeats)
-    from cdeit_jax.data import ArraySource
     ts = training.setup(cfg, mesh, calibration_source=ArraySource(ys, xs, mean, std,
                                                                   name="bench"))
     c = training.compile_train_step(ts, g, mesh)

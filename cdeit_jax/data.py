@@ -18,16 +18,26 @@ from cdeit_jax.eit.fem import measurement_pairs
 from cdeit_jax.files import BASELINE_KEYS, DatasetError
 from cdeit_jax.protocol import IMAGE_SIZE, NUM_ELECTRODES, STATS_SHAPE
 
-# (16, 13) column of each measurement in the EIM: row k skips k-1, k, k+1 (the measurement protocol)
-_EIM_COLS = measurement_pairs()
-
-
-def eim(voltages: np.ndarray) -> np.ndarray:
-  """Electrode interaction matrix (..., 16, 16) from standardised voltages (..., 16, 13)."""
-  out = np.zeros(voltages.shape[:-1] + (NUM_ELECTRODES,), voltages.dtype)
+def _eim_gather() -> tuple[np.ndarray, np.ndarray]:
+  """(16, 16) measurement index of each EIM entry (row k skips k-1, k, k+1: the measurement
+  protocol) and its mask (0 where nothing is measured, index 0 there)."""
+  index = np.zeros((NUM_ELECTRODES, NUM_ELECTRODES), np.int32)
+  mask = np.zeros((NUM_ELECTRODES, NUM_ELECTRODES), np.float32)
   rows = np.arange(NUM_ELECTRODES)[:, None]
-  out[..., rows, _EIM_COLS] = voltages
-  return out
+  cols = np.asarray(measurement_pairs())
+  index[rows, cols] = np.arange(cols.shape[1])[None]
+  mask[rows, cols] = 1.0
+  return index, mask
+
+
+_EIM_ROWS = np.arange(NUM_ELECTRODES)[:, None]
+_EIM_INDEX, _EIM_MASK = _eim_gather()
+
+
+def eim(voltages):
+  """Electrode interaction matrix (..., 16, 16) from standardised voltages (..., 16, 13); numpy
+  or jax arrays (the files' pipeline on the host, the simulator source on the devices)."""
+  return voltages[..., _EIM_ROWS, _EIM_INDEX] * _EIM_MASK.astype(voltages.dtype)
 
 
 def _condition(ys, ratio: float, mean: np.ndarray, std: np.ndarray):

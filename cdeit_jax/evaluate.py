@@ -191,7 +191,7 @@ def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int |
         need * sharing <= fraction * budget:
       return compiled, g
     log.info(f"sampler: batch {g} needs ~{need * sharing / 2 ** 30:.1f} GiB of "
-        f"{budget / 2 ** 30:.1f} GiB available; trying a smaller batch")
+             f"{budget / 2 ** 30:.1f} GiB available; trying a smaller batch")
   log.warning(f"sampler: even batch {n} may not fit the available memory; trying it anyway")
   return compiled, n
 
@@ -257,9 +257,9 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
       np.allclose(model.conditioner.voltage_mean[...], src.mean.ravel(), rtol=1e-6, atol=0) and
       np.allclose(model.conditioner.voltage_std[...], src.std.ravel(), rtol=1e-6, atol=0)):
     log.warning(f"{data_path} is standardised with other statistics than this physics-"
-        "informed model was trained with, so its linear input channels are computed from wrong "
-        "voltages; use the checkpoint's statistics (no --config.eval.stats, and no mean/std in the "
-        "data folder's parent)")
+                "informed model was trained with, so its linear input channels are computed "
+                "from wrong voltages; use the checkpoint's statistics (no --config.eval.stats, "
+                "and no mean/std in the data folder's parent)")
   graphdef, weights = nnx.split(model)
   diffusion = Diffusion(**cfg.diffusion)
   shape = (model.image_size, model.image_size, model.in_channels)

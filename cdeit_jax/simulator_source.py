@@ -24,9 +24,8 @@ from jax.sharding import PartitionSpec as P
 
 from cdeit_jax import sharding as shd
 from cdeit_jax import synthetic
-from cdeit_jax.data import ArraySource
+from cdeit_jax.data import ArraySource, eim
 from cdeit_jax.errors import InputError
-from cdeit_jax.eit.fem import measurement_pairs
 from cdeit_jax.protocol import IMAGE_SIZE, NUM_ELECTRODES, NUM_MEASUREMENTS, STATS_SHAPE
 
 _CHUNK = 256  # examples per call when making the fixed sets
@@ -78,15 +77,6 @@ def open_sources(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
   return train, valid
 
 
-def eim(v: jax.Array) -> jax.Array:
-  """(B, 16, 16, 1) electrode interaction matrix of standardised voltages (B, 208), as
-  `data.eim` (zeros where the protocol measures nothing)."""
-  v = v.reshape(v.shape[0], NUM_ELECTRODES, -1)
-  rows = np.arange(NUM_ELECTRODES)[:, None]
-  out = jnp.zeros((v.shape[0], NUM_ELECTRODES, NUM_ELECTRODES), v.dtype)
-  return out.at[:, rows, np.asarray(measurement_pairs())].set(v)[..., None]
-
-
 def batch_fn(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, mean: np.ndarray,
              std: np.ndarray) -> Callable[[jax.Array], dict[str, jax.Array]]:
   """Jitted `step -> {"cond", "target"}`: the global batch of `step`, sharded over the batch axis
@@ -101,7 +91,8 @@ def batch_fn(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, mean: np.n
   def rows(indices):
     ys, xs = gen.examples("train", indices, batched=not one_at_a_time)
     # The "simulated" preset's voltage ratio is 1: the voltages are used as simulated.
-    cond = eim((ys.astype(jnp.float32) - mean) / std)
+    v = (ys.astype(jnp.float32) - mean) / std
+    cond = eim(v.reshape(v.shape[0], NUM_ELECTRODES, -1))[..., None]
     return {"cond": cond, "target": xs.astype(jnp.float32)[..., None]}
 
   local = jax.shard_map(rows, mesh=mesh, in_specs=P(shd.DATA), out_specs=P(shd.DATA))

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -53,7 +54,6 @@ class _Preemption:
     """Whether to save and stop after `step` (call after every step, on every process)."""
     if not self._multi:
       return self.requested
-    from jax.experimental import multihost_utils
     return multihost_utils.reached_preemption_sync_point(step)
 
   def restore(self):
@@ -215,7 +215,6 @@ def _set_aside(workdir: str, steps: list[int]) -> list[str]:
       shutil.move(src, target)
       moved.append(target)
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils
     multihost_utils.sync_global_devices("cdeit_jax damaged checkpoints moved")
   return moved
 
