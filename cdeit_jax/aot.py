@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import time
 from typing import Any
 
 import ml_collections
 
-from cdeit_jax import config_lib, flops, training
+from cdeit_jax import config_lib, fileio, flops, training
 from cdeit_jax import sharding as shd
-from cdeit_jax.fileio import atomic_write
 from cdeit_jax.errors import InputError
 
 GIB = 2 ** 30
@@ -205,9 +203,8 @@ def compile_check(cfg: ml_collections.ConfigDict, topology: str, workdir: str,
     report["simulator"] = _compile_simulator(cfg, mesh, report["flops_per_step"])
   if not report["fits"]:
     report["advice"] = fit_advice(cfg, n, "tpu")
-  os.makedirs(workdir, exist_ok=True)
-  atomic_write(os.path.join(workdir, "compile.json"),
-               lambda p: open(p, "w").write(json.dumps(report, indent=2) + "\n"))
+  fileio.makedirs(workdir)
+  fileio.write_text(fileio.join(workdir, "compile.json"), json.dumps(report, indent=2) + "\n")
   print_fn(format_table([report]))
   if not report["fits"]:
     print_fn(f"does not fit: set {report['advice']}")

@@ -18,7 +18,6 @@ holds one weight set and `meta`.
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Any
 
@@ -28,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from cdeit_jax import config_lib, logs, stats
+from cdeit_jax import config_lib, fileio, logs, stats
 from cdeit_jax.conditioning import Calibration, Fixed
 from cdeit_jax.model import CDEIT
 from cdeit_jax.errors import InputError, MissingFile
@@ -118,7 +117,7 @@ def manager(workdir: str, *, options: ocp.CheckpointManagerOptions | None = None
 
   `read_only` only means "do not create the folder" (orbax's own read_only mode logs warnings).
   """
-  directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS)
+  directory = fileio.join(fileio.resolve(workdir), CHECKPOINTS)
   if options is None:
     options = ocp.CheckpointManagerOptions(create=not read_only, enable_async_checkpointing=False,
                                            best_fn=_val_loss, best_mode="min")
@@ -164,15 +163,16 @@ def save_inference(workdir: str, model: CDEIT, cfg: ml_collections.ConfigDict, *
 
 def resolve(path: str, step: int | None = None) -> tuple[str, int]:
   """(workdir, step) for a workdir, its `checkpoints/` folder, or one `checkpoints/<step>`."""
-  path = os.path.abspath(path)
-  if not os.path.exists(path):
+  p = fileio.path(path)
+  path = str(p)
+  if not p.exists():
     raise MissingFile(f"checkpoint {path}: no such file or directory")
-  base = os.path.basename(path)
-  if base.isdigit() and os.path.basename(os.path.dirname(path)) == CHECKPOINTS:
-    return os.path.dirname(os.path.dirname(path)), int(base)
-  if base == CHECKPOINTS:
-    path = os.path.dirname(path)
-  if not os.path.isdir(os.path.join(path, CHECKPOINTS)):
+  if p.name.isdigit() and p.parent.name == CHECKPOINTS:
+    return str(p.parent.parent), int(p.name)
+  if p.name == CHECKPOINTS:
+    p = p.parent
+    path = str(p)
+  if not (p / CHECKPOINTS).is_dir():
     raise MissingFile(f"checkpoint {path}: no {CHECKPOINTS}/ folder here (give a workdir "
                             "written by train.py or `python -m cdeit_jax.convert`)")
   steps = all_steps(path)
@@ -351,7 +351,7 @@ def restore_train(mngr: ocp.CheckpointManager, step: int, state, shardings, data
   item cannot be read."""
   import grain
   where = f"checkpoint {mngr.directory}/{step}"
-  meta = read_meta(os.path.dirname(str(mngr.directory)), step)
+  meta = read_meta(fileio.dirname(str(mngr.directory)), step)
   if meta["format"] != FORMAT:
     raise CheckpointError(f"{where}: a {meta['format']!r} checkpoint; training resumes only "
                           f"from {FORMAT!r} (start a new --workdir)")

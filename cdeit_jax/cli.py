@@ -86,6 +86,7 @@ def run(main: Callable[[list[str]], None]) -> None:
 
   def wrapped(argv):
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
+    logging.getLogger("gcsfs").setLevel(logging.WARNING)  # and gcsfs every file it opens
     try:
       main(argv)
     except CdeitError as e:

@@ -9,7 +9,6 @@ Command line (writes a checkpoint that eval.py loads):
 
 from __future__ import annotations
 
-import os
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from cdeit_jax import fileio
 from cdeit_jax.model import CDEIT, relative_position_index, sincos_pos_embed_2d
 from cdeit_jax.errors import InputError, MissingFile
 
@@ -180,11 +180,11 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
 
   A `.pt` may be the authors' dict with a `model` entry, or a bare state dict.
   """
-  if not os.path.exists(path):
+  if not fileio.path(path).exists():
     raise MissingFile(f"--checkpoint {path}: no such file")
   if path.endswith(".npz"):
     try:
-      with np.load(path, allow_pickle=False) as z:
+      with fileio.open_binary(path) as fh, np.load(fh, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
     except (OSError, ValueError, zipfile.BadZipFile) as e:
       raise InputError(f"{path}: not a readable .npz of arrays ({e})") from e
@@ -195,7 +195,8 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         f"reading {path} needs PyTorch: pip install 'cdeit-jax[torch]' "
         "(or convert it to .npz of arrays elsewhere and pass that)") from e
   try:
-    obj = torch.load(path, map_location="cpu", weights_only=True)  # no arbitrary unpickling
+    with fileio.open_binary(path) as fh:  # weights_only: no arbitrary unpickling
+      obj = torch.load(fh, map_location="cpu", weights_only=True)
   except Exception as e:  # torch raises several types for corrupt or unsafe files
     raise InputError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from e
   if isinstance(obj, Mapping) and "model" in obj and isinstance(obj["model"], Mapping):
@@ -220,7 +221,7 @@ def convert(checkpoint_path: str, cfg, workdir: str, *, stats_dir: str | None = 
   load_torch_state_dict(model, read_state_dict(checkpoint_path), source=checkpoint_path)
   mean, std = stats.load_stats(stats_dir) if stats_dir else stats.authors_stats()
   return checkpoint.save_inference(workdir, model, cfg, mean=mean, std=std, step=step,
-                                   weights=weights, source=os.path.abspath(checkpoint_path))
+                                   weights=weights, source=fileio.resolve(checkpoint_path))
 
 
 def main(argv: list[str]) -> None:

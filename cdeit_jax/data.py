@@ -4,7 +4,6 @@ standardised voltages, their EIM condition and the target; and `python -m cdeit_
 
 from __future__ import annotations
 
-import os
 import sys
 import zipfile
 from collections.abc import Sequence
@@ -12,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from cdeit_jax import fileio
 from cdeit_jax import files as npz_files
 from cdeit_jax import stats as stats_lib
 from cdeit_jax.eit.fem import measurement_pairs
@@ -64,7 +64,7 @@ class NpzSource:
                checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
                skip_bad: bool = False, validate_files: bool = True, cache: bool = False,
                baselines: bool = False):
-    self.path = os.path.abspath(path)
+    self.path = fileio.resolve(path)
     self.preset = preset
     self.voltage_ratio, self.current_ratio = npz_files.resolve_ratios(preset, voltage_ratio,
                                                                       current_ratio)
@@ -96,7 +96,7 @@ class NpzSource:
     return _condition(ys, self.voltage_ratio, self._mean, self._std)
 
   def _load(self, i: int, z: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
-    path = os.path.join(self.path, self.files[i])
+    path = fileio.join(self.path, self.files[i])
     try:
       if z is None:
         z = npz_files.read_npz(path, ("ys", "xs") + (BASELINE_KEYS if self.baselines else ()))
@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   except DatasetError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
-  out = a.out or os.path.dirname(os.path.abspath(a.split))
+  out = a.out or fileio.dirname(a.split)
   stats_lib.write_stats(out, mean, std)
   print(f"wrote {out}/mean.npy, {out}/std.npy from {a.split}: std median {np.median(std):.3e}")
 

@@ -20,10 +20,10 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from cdeit_jax import aot, checkpoint, config_lib, data, logs, metrics, pipeline, training
+from cdeit_jax import aot, checkpoint, config_lib, data, fileio, logs, metrics, pipeline
+from cdeit_jax import training
 from cdeit_jax import files as npz_files
 from cdeit_jax.eit.phantom import disk_mask  # noqa: F401  (the grid's disk, for figures)
-from cdeit_jax.fileio import atomic_write
 from cdeit_jax import sharding as shd
 from cdeit_jax.diffusion import Diffusion
 from cdeit_jax.errors import InputError
@@ -40,17 +40,17 @@ OUTPUTS = ("reconstructions.png", "predictions.mat", "predictions.npz", "metrics
 
 def check_out(out: str) -> None:
   """Fail before any work when `out` cannot take the outputs (a file, read-only, ...)."""
-  if os.path.exists(out) and not os.path.isdir(out):
+  folder = fileio.path(out)
+  if folder.exists() and not folder.is_dir():
     raise InputError(f"--out {out}: exists and is not a folder; give a folder path")
   try:
-    os.makedirs(out, exist_ok=True)
-    probe = os.path.join(out, f".write-test-{os.getpid()}")
-    with open(probe, "w"):
-      pass
-    os.remove(probe)
+    fileio.makedirs(out)
+    probe = folder / f".write-test-{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
   except OSError as e:
     raise InputError(f"--out {out}: cannot write there ({e.strerror or e}); give a writable "
-                     "folder") from None
+                     "folder") from (None if not fileio.is_remote(out) else e)
 
 
 def check_scale(src, preset: str, limit: int = 8) -> None:
@@ -219,7 +219,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   skipped: dict[int, str] = {}  # damaged steps passed over, reported once the choice is made
   step_arg = overrides.get("eval.step")
   workdir, resolved = checkpoint.resolve(path, step_arg)
-  if step_arg is not None or os.path.basename(os.path.normpath(path)).isdigit():
+  if step_arg is not None or fileio.basename(path).isdigit():
     step, meta = resolved, checkpoint.read_meta(workdir, resolved)
     candidates = [step]
   else:
@@ -326,7 +326,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
       "metrics": report, "definitions": metrics.DEFINITIONS,
       "settings": {"checkpoint": workdir, "checkpoint_step": int(meta["step"]),
                    "weights": e.weights, "data": data_name,
-                   "data_path": os.path.abspath(data_path),
+                   "data_path": fileio.resolve(data_path),
                    "voltage_ratio": voltage_ratio, "current_ratio": current_ratio,
                    "sampling_steps": s.steps, "eta": s.eta,
                    "data_consistency": s.data_consistency,
@@ -346,11 +346,9 @@ def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pr
                   baselines: dict[str, np.ndarray], mat_scale: float, figure: bool) -> None:
   import scipy.io
 
-  os.makedirs(out, exist_ok=True)
+  fileio.makedirs(out)
   for name in reversed(OUTPUTS):  # an earlier evaluation's outputs go, metrics.json first
-    path = os.path.join(out, name)
-    if os.path.exists(path):
-      os.remove(path)
+    fileio.path(fileio.join(out, name)).unlink(missing_ok=True)
 
   def write_csv(p):
     with open(p, "w", newline="") as fh:
@@ -359,7 +357,7 @@ def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pr
       for name, r in zip(names, rows):
         w.writerow({"name": name, **r})
 
-  atomic_write(os.path.join(out, "metrics.csv"), write_csv)
+  fileio.atomic_write(fileio.join(out, "metrics.csv"), write_csv)
   arrays = {"pred": pred, "target": target, "names": np.asarray(names)}
   if std is not None:
     arrays.update(std=std, samples=samples)
@@ -368,24 +366,19 @@ def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pr
     with open(p, "wb") as fh:
       np.savez(fh, **arrays)
 
-  atomic_write(os.path.join(out, "predictions.npz"), write_npz)
+  fileio.atomic_write(fileio.join(out, "predictions.npz"), write_npz)
   mat = {"pred": (pred[..., 0] * mat_scale).astype(np.float64),
          "target": target[..., 0].astype(np.float64), "names": np.asarray(names, dtype=object),
          "scale": mat_scale}
   if std is not None:
     mat["std"] = (std[..., 0] * abs(mat_scale)).astype(np.float64)
-  atomic_write(os.path.join(out, "predictions.mat"),
-                lambda p: scipy.io.savemat(p, mat, do_compression=True))
+  fileio.atomic_write(fileio.join(out, "predictions.mat"),
+                      lambda p: scipy.io.savemat(p, mat, do_compression=True))
   if figure:
-    atomic_write(os.path.join(out, "reconstructions.png"),
-                  lambda p: save_figure(p, names, target, pred, std, baselines))
-  text = json.dumps(_json_clean(result), indent=2, allow_nan=False)
-  atomic_write(os.path.join(out, "metrics.json"), lambda p: _write_text(p, text))
-
-
-def _write_text(path: str, text: str) -> None:
-  with open(path, "w") as fh:
-    fh.write(text)
+    fileio.atomic_write(fileio.join(out, "reconstructions.png"),
+                        lambda p: save_figure(p, names, target, pred, std, baselines))
+  fileio.write_text(fileio.join(out, "metrics.json"),
+                    json.dumps(_json_clean(result), indent=2, allow_nan=False))
 
 
 def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 32) -> None:

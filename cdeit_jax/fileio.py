@@ -1,13 +1,158 @@
-"""Atomic file writes: outputs are never half-written."""
+"""One path layer for every file the commands read or write: local paths and object-store URLs
+(`gs://bucket/...`) alike, through etils.epath (the layer orbax uses; gs:// goes through gcsfs).
+
+Outputs are never half-written on either: a local file is written under a temporary name and
+renamed; an object is uploaded in one request, and an object store shows an object only once its
+upload has finished (a killed upload leaves nothing), so nothing half-written ever appears under
+its final name. Objects cannot be appended to, so an append-only log on an object store is
+rewritten whole, in the background (`AppendLog`).
+"""
 
 from __future__ import annotations
 
+import concurrent.futures
+import io
+import logging
 import os
+import pathlib
+import tempfile
+import threading
 from typing import Callable
 
+import fsspec.config
+from etils import epath
 
-def atomic_write(path: str, write: Callable[[str], object]) -> None:
-  """Call write(tmp) on a temporary name in the same folder, then rename it to `path`."""
-  tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.tmp")
-  write(tmp)
-  os.replace(tmp, path)
+PathLike = str | os.PathLike
+
+log = logging.getLogger("cdeit_jax.fileio")
+
+# gcsfs caches directory listings forever by default, so objects written by another process (the
+# other hosts, the run before a resume) stay unseen and deleted ones stay listed: checkpoint steps
+# would be missed or "found". Listings here are few (folders, checkpoint steps): never cache them.
+for _protocol in ("gs", "gcs"):
+  fsspec.config.conf.setdefault(_protocol, {}).setdefault("use_listings_cache", False)
+
+
+def is_remote(p: PathLike) -> bool:
+  """Whether `p` is a URL (gs://..., any fsspec scheme) rather than a local path."""
+  return "://" in os.fspath(p)
+
+
+def resolve(p: PathLike) -> str:
+  """An absolute local path (`~` expanded), or the URL as given without a trailing slash."""
+  s = os.fspath(p)
+  return s.rstrip("/") if is_remote(s) else os.path.abspath(os.path.expanduser(s))
+
+
+def path(p: PathLike) -> epath.Path:
+  """`p` (resolved) as an epath.Path: exists(), is_dir(), iterdir(), read_bytes(), mkdir()..."""
+  return epath.Path(resolve(p))
+
+
+def join(base: PathLike, *parts: str) -> str:
+  return os.fspath(epath.Path(os.fspath(base)).joinpath(*parts))
+
+
+def dirname(p: PathLike) -> str:
+  return os.fspath(path(p).parent)
+
+
+def basename(p: PathLike) -> str:
+  return path(p).name
+
+
+def makedirs(p: PathLike) -> None:
+  """Create a local folder and its parents (object stores have no folders: nothing to do)."""
+  if not is_remote(p):
+    os.makedirs(resolve(p), exist_ok=True)
+
+
+def open_binary(p: PathLike) -> io.BufferedIOBase:
+  """A seekable binary reader: a local file, or the whole object read in one request."""
+  if not is_remote(p):
+    return open(resolve(p), "rb")
+  return io.BytesIO(path(p).read_bytes())
+
+
+def atomic_write(p: PathLike, write: Callable[[str], object]) -> None:
+  """Call write(tmp) with a local temporary file name, then publish that file as `p`: renamed in
+  the same folder (local), or uploaded in one request (object store)."""
+  p = resolve(p)
+  if not is_remote(p):
+    tmp = os.path.join(os.path.dirname(p), f".{os.path.basename(p)}.tmp")
+    write(tmp)
+    os.replace(tmp, p)
+    return
+  with tempfile.TemporaryDirectory(prefix="cdeit-upload-") as d:
+    tmp = os.path.join(d, os.path.basename(p))
+    write(tmp)
+    epath.Path(p).write_bytes(pathlib.Path(tmp).read_bytes())
+
+
+def write_text(p: PathLike, text: str) -> None:
+  """Write `text` to `p` atomically."""
+  atomic_write(p, lambda t: pathlib.Path(t).write_text(text))
+
+
+def read_text(p: PathLike) -> str | None:
+  """The text of `p`, or None if there is no such file."""
+  q = path(p)
+  return q.read_text() if q.exists() else None
+
+
+class AppendLog:
+  """A text log written in appends: a line-buffered local file, or an object store's object
+  rewritten whole after each append by one background thread (so the caller never waits on the
+  network; appends made during an upload go out in the next). `initial` is the text the log
+  starts from (on an object store it replaces the object's content). close() waits for the last
+  upload; a failed upload is logged as a warning and retried with the next append or close."""
+
+  def __init__(self, p: PathLike, initial: str | None = None):
+    self.path = resolve(p)
+    self._remote = is_remote(self.path)
+    if not self._remote:
+      if initial is not None:
+        write_text(self.path, initial)
+      self._fh = open(self.path, "a", buffering=1)
+      return
+    self._parts = [initial or ""]
+    self._lock = threading.Lock()
+    self._dirty = self._busy = False
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cdeit-upload")
+
+  def write(self, text: str) -> None:
+    if not self._remote:
+      self._fh.write(text)
+      return
+    with self._lock:
+      self._parts.append(text)
+      self._dirty = True
+      if self._busy:
+        return
+      self._busy = True
+    self._pool.submit(self._drain)
+
+  def _drain(self) -> None:
+    while True:
+      with self._lock:
+        if not self._dirty:
+          self._busy = False
+          return
+        text, self._dirty = "".join(self._parts), False
+      try:
+        write_text(self.path, text)
+      except Exception as e:  # keep training; the next append or close() tries again
+        log.warning("could not write %s (%s: %s); will retry", self.path, type(e).__name__, e)
+        with self._lock:
+          self._dirty, self._busy = True, False
+        return
+
+  def close(self) -> None:
+    if not self._remote:
+      self._fh.close()
+      return
+    self._pool.shutdown(wait=True)
+    with self._lock:
+      dirty = self._dirty
+    if dirty:  # the last upload failed: one more try, and its error is the caller's
+      write_text(self.path, "".join(self._parts))

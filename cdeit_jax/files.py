@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-import os
 import sys
 import threading
 import zipfile
@@ -17,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from cdeit_jax import fileio
 from cdeit_jax.errors import InputError
 from cdeit_jax.protocol import IMAGE_SIZE, NUM_MEASUREMENTS
 
@@ -45,7 +45,7 @@ _NPZ_LOCK = threading.Lock() if sys.version_info < (3, 13) else contextlib.nullc
 
 def read_npz(path: str, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
   """The arrays of an npz (all, or `keys` where present), decoded under the lock."""
-  with _NPZ_LOCK, np.load(path, allow_pickle=False) as z:
+  with fileio.open_binary(path) as fh, _NPZ_LOCK, np.load(fh, allow_pickle=False) as z:
     return {k: z[k] for k in (z.files if keys is None else [k for k in keys if k in z.files])}
 
 
@@ -85,10 +85,11 @@ def _problem(z: dict[str, np.ndarray]) -> str | None:
 
 
 def list_files(directory: str) -> list[str]:
-  if not os.path.isdir(directory):
+  d = fileio.path(directory)
+  if not d.is_dir():
     raise DatasetError(f"data folder {directory}: does not exist (expected a folder of .npz "
-                       "files, e.g. DATA/train)")
-  files = sorted(f for f in os.listdir(directory) if f.endswith(".npz"))
+                       "files, e.g. DATA/train, or gs://BUCKET/DATA/train)")
+  files = sorted(f.name for f in d.iterdir() if f.name.endswith(".npz"))
   if not files:
     raise DatasetError(f"data folder {directory}: holds no .npz files")
   return files
@@ -98,7 +99,7 @@ def check_folder(directory: str, files: Sequence[str], *, skip_bad: bool = False
              num_threads: int = 8, keep: bool = False):
   """Check every file; raise listing all bad ones, or (skip_bad) warn and drop them. Returns the
   good file names, and with `keep` also their arrays ({name: arrays}: each file is read once)."""
-  paths = [os.path.join(directory, f) for f in files]
+  paths = [fileio.join(directory, f) for f in files]
   with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
     checked = list(pool.map(_read_checked, paths))
   problems = [p for p, _ in checked]
@@ -107,7 +108,7 @@ def check_folder(directory: str, files: Sequence[str], *, skip_bad: bool = False
   bad = [(f, p) for f, p in zip(files, problems) if p is not None]
   if not bad:
     return (list(files), arrays) if keep else list(files)
-  listing = "\n".join(f"  {os.path.join(directory, f)}: {p}" for f, p in bad[:50])
+  listing = "\n".join(f"  {fileio.join(directory, f)}: {p}" for f, p in bad[:50])
   more = f"\n  ... and {len(bad) - 50} more" if len(bad) > 50 else ""
   if not skip_bad:
     raise DatasetError(f"data folder {directory}: {len(bad)} of {len(files)} files are bad:\n"

@@ -14,6 +14,8 @@ import tempfile
 import time
 from typing import Any
 
+from cdeit_jax import fileio
+
 log = logging.getLogger("cdeit_jax")
 DEBUG_LOG = "debug.log"
 
@@ -45,42 +47,57 @@ debug = logging.getLogger("cdeit_jax.debug")  # full errors behind one-line repo
 debug.propagate = False
 
 
+class _AppendHandler(logging.Handler):
+  """Records appended to a `fileio.AppendLog` (a local file or an object), opened on the first
+  record and continuing what the file already holds."""
+
+  def __init__(self, path: str):
+    super().__init__()
+    self.path, self._log = path, None
+
+  def emit(self, record: logging.LogRecord) -> None:
+    try:
+      if self._log is None:
+        self._log = fileio.AppendLog(self.path, None if not fileio.is_remote(self.path)
+                                     else fileio.read_text(self.path) or "")
+      self._log.write(self.format(record) + "\n")
+    except Exception:  # logging's convention: report, never raise
+      self.handleError(record)
+
+  def close(self) -> None:
+    if self._log is not None:
+      self._log.close()
+      self._log = None
+    super().close()
+
+
 def debug_log(directory: str, enabled: bool = True) -> None:
   """Send the full errors behind one-line reports (damaged checkpoints) to
-  `<directory>/debug.log` (created on the first record)."""
+  `<directory>/debug.log` (created on the first record; local or gs://)."""
   debug.setLevel(logging.DEBUG)
   for h in list(debug.handlers):
     debug.removeHandler(h)
     h.close()
   if enabled:
-    handler = logging.FileHandler(os.path.join(directory, DEBUG_LOG), delay=True)
+    handler = _AppendHandler(fileio.join(directory, DEBUG_LOG))
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     debug.addHandler(handler)
 
 
-def truncate_jsonl(path: str, last_step: int) -> int:
-  """Keep the records of steps <= `last_step` (the step training resumes from), each step once
-  (its last record), in step order; rewritten atomically. Returns how many lines were dropped."""
-  if not os.path.exists(path):
-    return 0
+def cut_jsonl(text: str | None, last_step: int) -> tuple[str, int]:
+  """(the records of steps <= `last_step` (the step training resumes from), each step once (its
+  last record), in step order; how many lines were dropped)."""
   records, total = {}, 0
-  with open(path) as f:
-    for line in f:
-      total += 1
-      try:
-        r = json.loads(line)
-        step = int(r["step"])
-      except (ValueError, KeyError, TypeError):
-        continue  # a line cut by a kill
-      if step <= last_step:
-        records[step] = line if line.endswith("\n") else line + "\n"
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.writelines(records[s] for s in sorted(records))
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-  return total - len(records)
+  for line in (text or "").splitlines(keepends=True):
+    total += 1
+    try:
+      r = json.loads(line)
+      step = int(r["step"])
+    except (ValueError, KeyError, TypeError):
+      continue  # a line cut by a kill
+    if step <= last_step:
+      records[step] = line if line.endswith("\n") else line + "\n"
+  return "".join(records[s] for s in sorted(records)), total - len(records)
 
 
 class StderrCapture:
@@ -131,11 +148,12 @@ class MetricLogger:
       return
     from tensorboardX import SummaryWriter
     from tqdm import tqdm
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "metrics.jsonl")
-    self.dropped = truncate_jsonl(path, start_step)
-    self.jsonl = open(path, "a", buffering=1)
-    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start_step + 1)
+    fileio.makedirs(workdir)
+    path = fileio.join(workdir, "metrics.jsonl")
+    kept, self.dropped = cut_jsonl(fileio.read_text(path), start_step)
+    self.jsonl = fileio.AppendLog(path, kept)  # rewritten atomically first
+    # tensorboardX writes gs:// itself (google-cloud-storage; the whole event file per flush).
+    self.tb = SummaryWriter(fileio.join(workdir, "tensorboard"), purge_step=start_step + 1)
     self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
                     mininterval=2.0)
 

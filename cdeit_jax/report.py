@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 
+from cdeit_jax import fileio
 from cdeit_jax.errors import InputError
 
 METHODS = (("cdeit", "CDEIT"), ("tikhonov", "Tikhonov (ours)"), ("empty", "empty image"))
@@ -35,10 +35,9 @@ def table(folders: Sequence[str]) -> tuple[str, bool]:
            "|---|---|" + "---|" * len(COLUMNS)]
   ok = True
   for folder in folders:
-    path = os.path.join(folder, "metrics.json")
+    path = fileio.join(folder, "metrics.json")
     try:
-      with open(path) as fh:
-        r = json.load(fh)
+      r = json.loads(fileio.path(path).read_text())
     except (OSError, ValueError) as e:
       raise InputError(f"{path}: not an eval.py output ({e}); run eval.py --out {folder}") from e
     m, s = r["metrics"], r["settings"]
@@ -63,17 +62,16 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
 
   from cdeit_jax import eit, evaluate, metrics
   from cdeit_jax import files as npz_files
-  from cdeit_jax.fileio import atomic_write
-  with open(os.path.join(folder, "metrics.json")) as fh:
-    s = json.load(fh)["settings"]
-  z = np.load(os.path.join(folder, "predictions.npz"))
+  s = json.loads(fileio.path(fileio.join(folder, "metrics.json")).read_text())["settings"]
+  with fileio.open_binary(fileio.join(folder, "predictions.npz")) as fh:
+    z = dict(np.load(fh, allow_pickle=False))
   names = [str(n) for n in z["names"][:rows]]
-  ys = np.stack([npz_files.read_npz(os.path.join(s["data_path"], n), ("ys",))["ys"].reshape(-1)
+  ys = np.stack([npz_files.read_npz(fileio.join(s["data_path"], n), ("ys",))["ys"].reshape(-1)
                  for n in names]) / s["voltage_ratio"]
   tik = np.stack([metrics.scale_baseline(b) for b in eit.default_tikhonov()(ys)])
-  std = z["std"][:rows] if "std" in z.files else None
-  atomic_write(out, lambda p: evaluate.save_figure(p, names, z["target"][:rows], z["pred"][:rows],
-                                                   std, {"tikhonov": tik}))
+  std = z["std"][:rows] if "std" in z else None
+  fileio.atomic_write(out, lambda p: evaluate.save_figure(
+      p, names, z["target"][:rows], z["pred"][:rows], std, {"tikhonov": tik}))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -91,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
   print(text)
   if a.figure:
-    os.makedirs(os.path.dirname(os.path.abspath(a.figure)), exist_ok=True)
+    fileio.makedirs(fileio.dirname(a.figure))
     figure(a.folders[0], a.figure, a.rows)
     print(f"wrote {a.figure}")
   print("CDEIT beats Tikhonov (RMSE, PSNR, CC) and the empty image (RMSE, PSNR) on every set"

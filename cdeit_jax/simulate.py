@@ -24,14 +24,13 @@ if __name__ == "__main__":
 import concurrent.futures
 import functools
 import json
-import os
 import sys
 import time
 
 import ml_collections
 import numpy as np
 
-from cdeit_jax.fileio import atomic_write
+from cdeit_jax import fileio
 from cdeit_jax.errors import InputError
 from cdeit_jax.synthetic import SPLITS
 
@@ -49,12 +48,11 @@ def _check_settings(out: str, sim: ml_collections.ConfigDict, tr_splits=SPLITS) 
   """Refuse to extend a folder generated with other settings, or with unknown ones (it would mix
   two datasets); record the settings of a new folder."""
   from cdeit_jax import synthetic
-  path = os.path.join(out, "simulate.json")
+  path = fileio.join(out, "simulate.json")
   want = {**synthetic.settings_json(sim), "tr_splits": sorted(tr_splits)}
-  if os.path.exists(path):
+  if fileio.path(path).exists():
     try:
-      with open(path) as fh:
-        have = json.load(fh)
+      have = json.loads(fileio.path(path).read_text())
     except (OSError, ValueError) as e:
       raise InputError(f"{path}: unreadable ({e}); restore it or choose a new --out") from None
     # Records written before tr_splits was recorded do not say; they are not rewritten.
@@ -68,17 +66,15 @@ def _check_settings(out: str, sim: ml_collections.ConfigDict, tr_splits=SPLITS) 
                        f"{hint}. Pass the folder's settings (--config.simulator.*) to extend "
                        "it, or choose a new --out.")
     return
-  found = [os.path.join(out, sp) for sp in SPLITS if os.path.isdir(os.path.join(out, sp))
-           and any(f.endswith(".npz") for f in os.listdir(os.path.join(out, sp)))]
+  splits = [fileio.path(fileio.join(out, sp)) for sp in SPLITS]
+  found = [str(d) for d in splits if d.is_dir() and any(f.name.endswith(".npz")
+                                                        for f in d.iterdir())]
   if found:
     raise InputError(f"{out}: holds examples ({', '.join(found)}) but no simulate.json, so the "
                      "settings that made them are unknown; choose a new --out (extending it "
                      "could mix two datasets)")
-  os.makedirs(out, exist_ok=True)
-  def dump(p):
-    with open(p, "w") as fh:
-      json.dump(want, fh, indent=1)
-  atomic_write(path, dump)
+  fileio.makedirs(out)
+  fileio.write_text(path, json.dumps(want, indent=1))
 
 
 class Generator:
@@ -123,13 +119,14 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
   for split, n in counts.items():
     if split not in SPLITS or n < 0:
       raise InputError(f"counts: unknown split {split!r} or negative count {n}")
+  out = fileio.resolve(out)
   _check_settings(out, sim, tr_splits)
   gen = Generator(sim, batch_size)
   todo = {}
   for split, n in counts.items():
-    d = os.path.join(out, split)
-    os.makedirs(d, exist_ok=True)
-    have = set(os.listdir(d))
+    d = fileio.join(out, split)
+    fileio.makedirs(d)
+    have = {f.name for f in fileio.path(d).iterdir()} if fileio.path(d).is_dir() else set()
     todo[split] = np.array([i for i in range(n) if file_name(i) not in have], np.int64)
   total = sum(len(v) for v in todo.values())
   if len(todo.get("train", ())):
@@ -137,8 +134,7 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
     # before they are recomputed leaves no statistics (recomputed by the next run) rather than
     # old ones beside new files.
     for name in ("mean.npy", "std.npy"):
-      if os.path.exists(os.path.join(out, name)):
-        os.remove(os.path.join(out, name))
+      fileio.path(fileio.join(out, name)).unlink(missing_ok=True)
   t0, done = time.perf_counter(), 0
   with concurrent.futures.ThreadPoolExecutor(2) as pool, tqdm(
       total=total, desc=f"simulating into {out}", unit="example", disable=not progress) as bar:
@@ -148,9 +144,10 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
         chunk = idx[start:start + gen.batch_size]
         arrays = gen(split, chunk, with_tr=split in tr_splits)
         for k, i in enumerate(chunk):  # writes overlap the next batch's computation
-          path = os.path.join(out, split, file_name(int(i)))
+          path = fileio.join(out, split, file_name(int(i)))
           ex = {a: v[k] for a, v in arrays.items()}
-          pending.append(pool.submit(atomic_write, path, functools.partial(_savez, arrays=ex)))
+          write = functools.partial(_savez, arrays=ex)
+          pending.append(pool.submit(fileio.atomic_write, path, write))
         for f in [f for f in pending if f.done()]:
           f.result()                                    # re-raise a failed write now
         pending = [f for f in pending if not f.done()]
@@ -160,10 +157,10 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
     for f in pending:
       f.result()
   elapsed = time.perf_counter() - t0
-  if counts.get("train", 0) >= 2 and (len(todo["train"]) or not os.path.exists(
-      os.path.join(out, "std.npy"))):
+  if counts.get("train", 0) >= 2 and (len(todo["train"]) or not fileio.path(
+      fileio.join(out, "std.npy")).exists()):
     from cdeit_jax import stats as stats_lib
-    mean, std = stats_lib.compute_stats(os.path.join(out, "train"), progress=False)
+    mean, std = stats_lib.compute_stats(fileio.join(out, "train"), progress=False)
     stats_lib.write_stats(out, mean, std)
   return {"generated": total, "seconds": elapsed,
           "examples_per_s": total / elapsed if total else None}

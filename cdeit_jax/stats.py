@@ -8,6 +8,7 @@ single saved tensor uses (`torch.load(weights_only=True)` would need torch, whic
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import pickle
@@ -18,9 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from cdeit_jax import files
+from cdeit_jax import fileio, files
 from cdeit_jax.errors import InputError, MissingFile
-from cdeit_jax.fileio import atomic_write
 from cdeit_jax.protocol import NUM_MEASUREMENTS, STATS_SHAPE
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def _is_int(v) -> bool:
 def read_pth_tensor(path: str) -> np.ndarray:
   """The single tensor saved in a PyTorch zip archive (`torch.save(tensor, path)`), as numpy."""
   try:
-    archive = zipfile.ZipFile(path)
+    archive = zipfile.ZipFile(fileio.open_binary(path))
   except (OSError, zipfile.BadZipFile) as e:
     raise InputError(f"{path}: not a PyTorch zip archive ({e}); re-save it with a recent "
                      "torch.save or give a .npy file") from e
@@ -126,7 +126,8 @@ def read_array(path: str) -> np.ndarray:
   """A `.npy` or a single-tensor `.pth`."""
   if path.endswith(".npy"):
     try:
-      return np.load(path, allow_pickle=False)
+      with fileio.open_binary(path) as fh:
+        return np.load(fh, allow_pickle=False)
     except (OSError, ValueError) as e:
       raise InputError(f"{path}: not a readable .npy array ({e})") from e
   if path.endswith((".pth", ".pt")):
@@ -155,15 +156,15 @@ def check_stats(mean: np.ndarray, std: np.ndarray, source: str = "statistics") -
 def find_stats_files(directory: str) -> tuple[str, str] | None:
   """(mean, std) paths in `directory`, `.npy` preferred over `.pth`; None if absent."""
   for ext in (".npy", ".pth"):
-    m, s = os.path.join(directory, "mean" + ext), os.path.join(directory, "std" + ext)
-    if os.path.isfile(m) and os.path.isfile(s):
+    m, s = fileio.join(directory, "mean" + ext), fileio.join(directory, "std" + ext)
+    if fileio.path(m).is_file() and fileio.path(s).is_file():
       return m, s
   return None
 
 
 def load_stats(path: str) -> tuple[np.ndarray, np.ndarray]:
   """Statistics from a folder holding mean/std (.npy or .pth)."""
-  if not os.path.isdir(path):
+  if not fileio.path(path).is_dir():
     raise MissingFile(f"statistics folder {path}: not a directory (it should hold "
                             "mean.npy and std.npy, or mean.pth and std.pth)")
   found = find_stats_files(path)
@@ -201,7 +202,7 @@ def resolve_stats(split_dir: str, stats: Any = None,
       log.warning("the given normalisation statistics differ from those stored in the checkpoint "
                   "(the model was trained with the checkpoint's); using the given ones")
     return mean, std
-  root = os.path.dirname(os.path.abspath(split_dir))
+  root = fileio.dirname(split_dir)
   if find_stats_files(root):
     return load_stats(root)
   if checkpoint_stats is not None:
@@ -223,22 +224,25 @@ def compute_stats(split_dir: str, preset: str = "simulated", *, voltage_ratio: f
   if len(names) < 2:
     raise files.DatasetError(f"data folder {split_dir}: need at least 2 files for a std (N-1)")
   n, mean, m2 = 0, np.zeros(NUM_MEASUREMENTS), np.zeros(NUM_MEASUREMENTS)
-  for f in tqdm(names, desc=f"stats {split_dir}", unit="file", disable=not progress):
-    x = np.asarray(files.read_npz(os.path.join(split_dir, f), ("ys",))["ys"], np.float64)
-    x = x.reshape(NUM_MEASUREMENTS) / ratio
-    n += 1  # Welford's update: one pass, numerically stable
-    delta = x - mean
-    mean += delta / n
-    m2 += delta * (x - mean)
+  read = lambda f: files.read_npz(fileio.join(split_dir, f), ("ys",))["ys"]
+  with concurrent.futures.ThreadPoolExecutor(8) as pool:  # overlaps reads (object stores)
+    ys = pool.map(read, names)
+    for y in tqdm(ys, total=len(names), desc=f"stats {split_dir}", unit="file",
+                  disable=not progress):
+      x = np.asarray(y, np.float64).reshape(NUM_MEASUREMENTS) / ratio
+      n += 1  # Welford's update: one pass, numerically stable
+      delta = x - mean
+      mean += delta / n
+      m2 += delta * (x - mean)
   std = np.sqrt(m2 / (n - 1))
   return mean.reshape(STATS_SHAPE).astype(np.float32), std.reshape(STATS_SHAPE).astype(np.float32)
 
 
 def write_stats(out: str, mean: np.ndarray, std: np.ndarray) -> None:
   """Write OUT/mean.npy and OUT/std.npy, each atomically (never half-written)."""
-  os.makedirs(out, exist_ok=True)
+  fileio.makedirs(out)
   for name, arr in (("mean", mean), ("std", std)):
     def save(p, a=arr):
       with open(p, "wb") as fh:  # a handle: np.save would append ".npy" to the temporary name
         np.save(fh, a)
-    atomic_write(os.path.join(out, f"{name}.npy"), save)
+    fileio.atomic_write(fileio.join(out, f"{name}.npy"), save)

@@ -7,8 +7,6 @@ are written asynchronously by orbax, and grain prefetches batches in threads or 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import time
 from typing import Any
@@ -19,7 +17,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from cdeit_jax import aot, checkpoint, config_lib, data, hardware, logs, pipeline, workdir_lock
+from cdeit_jax import aot, checkpoint, config_lib, data, fileio, hardware, logs, pipeline
+from cdeit_jax import workdir_lock
 from cdeit_jax import sharding as shd
 from cdeit_jax import simulator_source, training
 from cdeit_jax.errors import CdeitError, DoesNotFit
@@ -66,9 +65,9 @@ def open_sources(cfg: ml_collections.ConfigDict, checkpoint_stats=None):
   d = cfg.data
   common = dict(voltage_ratio=d.voltage_ratio, current_ratio=d.current_ratio,
                 skip_bad=d.skip_bad_files)
-  train = data.NpzSource(os.path.join(d.path, d.train_split), d.preset, d.stats,
+  train = data.NpzSource(fileio.join(d.path, d.train_split), d.preset, d.stats,
                          checkpoint_stats=checkpoint_stats, cache=d.cache, **common)
-  valid = data.NpzSource(os.path.join(d.path, d.valid_split), d.preset, (train.mean, train.std),
+  valid = data.NpzSource(fileio.join(d.path, d.valid_split), d.preset, (train.mean, train.std),
                          cache=d.cache, **common)
   return train, valid
 
@@ -96,7 +95,8 @@ def _memory_report(compiled: training.CompiledStep, cfg: ml_collections.ConfigDi
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Train (or resume) in `workdir`; returns the last logged metrics."""
   config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
-  os.makedirs(workdir, exist_ok=True)
+  workdir = fileio.resolve(workdir)
+  fileio.makedirs(workdir)
   lock = workdir_lock.WorkdirLock(workdir)
   if jax.process_index() == 0:  # one run per workdir (the other processes belong to this run)
     lock.acquire()
@@ -176,7 +176,7 @@ def _newest_meta(mngr, workdir: str, skipped: dict[int, str]) -> dict | None:
   except checkpoint.CheckpointError:
     raise checkpoint.CheckpointError(
         f"no checkpoint in {mngr.directory} can be read:\n  {_reasons(skipped)}\nThe whole errors "
-        f"are in {os.path.join(workdir, logs.DEBUG_LOG)}; move the steps away to start afresh"
+        f"are in {fileio.join(workdir, logs.DEBUG_LOG)}; move the steps away to start afresh"
         ) from None
 
 
@@ -207,12 +207,12 @@ def _set_aside(workdir: str, steps: list[int]) -> list[str]:
   so that the step can be written again)."""
   moved = []
   if jax.process_index() == 0:
-    dest = os.path.join(workdir, "damaged")
-    os.makedirs(dest, exist_ok=True)
+    dest = fileio.join(workdir, "damaged")
+    fileio.makedirs(dest)
     for step in steps:
-      src = os.path.join(workdir, checkpoint.CHECKPOINTS, str(step))
-      target = os.path.join(dest, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
-      shutil.move(src, target)
+      src = fileio.path(fileio.join(workdir, checkpoint.CHECKPOINTS, str(step)))
+      target = fileio.join(dest, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+      src.rename(target)  # on an object store: a copy and delete of every object
       moved.append(target)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("cdeit_jax damaged checkpoints moved")

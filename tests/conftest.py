@@ -71,16 +71,20 @@ def tiny_model():
   return nnx.merge(graphdef, jax.tree.unflatten(treedef, [jax.numpy.asarray(l) for l in leaves]))
 
 
-def wait_for_first_log(workdir: pathlib.Path, timeout: float = 300) -> None:
-  """Wait until a train.py run in `workdir` has written its first metrics line."""
+def wait_for_first_log(workdir, timeout: float = 300) -> None:
+  """Wait until a train.py run in `workdir` (a folder or gs:// URL) has written its first
+  metrics line."""
   import time
-  metrics = workdir / "metrics.jsonl"
+
+  from cdeit_jax import fileio
+  metrics = fileio.join(workdir, "metrics.jsonl")
+  pause = 0.25 if fileio.is_remote(metrics) else 0.05  # the emulator serves one request at a time
   deadline = time.time() + timeout
-  while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
-    time.sleep(0.05)
+  while time.time() < deadline and not (fileio.read_text(metrics) or "").strip():
+    time.sleep(pause)
 
 
-def sigterm_after_first_log(p, workdir: pathlib.Path, timeout: float = 300) -> int:
+def sigterm_after_first_log(p, workdir, timeout: float = 300) -> int:
   """SIGTERM the train.py process `p` once its first metrics line is written; returns the
   latest checkpointed step after it exited cleanly."""
   import signal
@@ -94,3 +98,135 @@ def sigterm_after_first_log(p, workdir: pathlib.Path, timeout: float = 300) -> i
   stopped = mngr.latest_step()
   mngr.close()
   return stopped
+
+
+# ----------------------------------------------------------------------------- train.py runs
+
+REPO = pathlib.Path(__file__).parent.parent
+TEST_CONFIG = str(REPO / "configs" / "test.py")
+RESUME_STEPS = ["--config.steps=24", "--config.log_every=2", "--config.eval_every=8"]
+
+
+def free_port() -> int:
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def run_train(workdir, *overrides, env=None, wait=True):
+  """train.py with the test config in `workdir`: (returncode, stdout, stderr), or the running
+  process (`wait=False`)."""
+  import subprocess
+  import sys
+  cmd = [sys.executable, str(REPO / "train.py"), "--config", TEST_CONFIG, "--workdir",
+         str(workdir), *overrides]
+  p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env=env or os.environ.copy(), cwd=REPO)
+  if wait:
+    out, err = p.communicate(timeout=300)
+    return p.returncode, out, err
+  return p
+
+
+def two_processes(script: str, *args: str) -> list:
+  """`python script args` as 2 local processes x 4 CPU devices (jax.distributed on 127.0.0.1,
+  the --coordinator_address/--num_processes/--process_id flags of train.py and eval.py)."""
+  import subprocess
+  import sys
+  port = free_port()
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  return [subprocess.Popen([sys.executable, str(REPO / script), *args,
+                            f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                            f"--process_id={i}"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+          for i in range(2)]
+
+
+def finish(procs, timeout: float = 300) -> list[str]:
+  """Wait for every process; assert each succeeded; their stderr texts."""
+  errs = []
+  for p in procs:
+    _, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, err[-3000:]
+    errs.append(err)
+  return errs
+
+
+@pytest.fixture(scope="session")
+def straight_run(tmp_path_factory):
+  """A 24-step run of train.py with the test config, uninterrupted."""
+  wd = tmp_path_factory.mktemp("straight")
+  rc, _, err = run_train(wd, *RESUME_STEPS)
+  assert rc == 0, err[-3000:]
+  return wd
+
+
+def final_state(workdir, cfg, devices=None):
+  """(step, state leaves, data iterator position) of the latest checkpoint of `workdir` (a
+  folder or gs:// URL), restored onto `devices`."""
+  import jax
+
+  from cdeit_jax import checkpoint, data, fileio, pipeline, training
+  from cdeit_jax import sharding as shd
+  mesh = shd.make_mesh(devices)
+  state = training.setup(cfg, mesh).state
+  abstract = jax.eval_shape(lambda: state)
+  sh = shd.state_shardings(abstract, mesh)
+  src = data.NpzSource(fileio.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
+  it = iter(pipeline.train_dataset(src, cfg.batch_size, cfg.data))
+  mngr = checkpoint.train_manager(str(workdir))
+  step = mngr.latest_step()
+  state, meta = checkpoint.restore_train(mngr, step, jax.device_put(state, sh), sh, it)
+  mngr.close()
+  leaves = [np.asarray(x) for x in jax.tree.leaves((state.params, state.ema, state.opt_state))]
+  return step, leaves, next(it)["index"].tolist()
+
+
+# ----------------------------------------------------------------------------- a GCS server
+
+GCS_BUCKET = "cdeit-test"
+
+
+@pytest.fixture(scope="session")
+def gcs(tmp_path_factory):
+  """gs://cdeit-test on a real GCS JSON API server started here on 127.0.0.1
+  (tests/gcs_server.py: the gcp-storage-emulator package, in memory), with every client pointed
+  at it by its emulator settings, here and in the subprocesses: gcsfs (etils.epath) and
+  google-cloud-storage (tensorboardX) by STORAGE_EMULATOR_HOST, TensorStore (orbax's arrays) by
+  TENSORSTORE_GCS_HTTP_URL with a test token."""
+  import subprocess
+  import sys
+  import time
+  import urllib.request
+  pytest.importorskip("gcp_storage_emulator")
+  port = free_port()
+  logfile = open(tmp_path_factory.mktemp("gcs") / "server.log", "w")
+  server = subprocess.Popen([sys.executable, str(REPO / "tests" / "gcs_server.py"), str(port),
+                             GCS_BUCKET], stdout=logfile, stderr=subprocess.STDOUT)
+  url = f"http://127.0.0.1:{port}"
+  deadline = time.time() + 60
+  while True:
+    try:
+      urllib.request.urlopen(f"{url}/storage/v1/b/{GCS_BUCKET}", timeout=1).read()
+      break
+    except OSError:
+      assert server.poll() is None and time.time() < deadline, "the GCS server did not start"
+      time.sleep(0.1)
+  settings = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
+              "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator", "GOOGLE_CLOUD_PROJECT": "cdeit-test",
+              # gcsfs asks the Storage Control API (which the emulator lacks) for the layout
+              "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+  saved = {k: os.environ.get(k) for k in settings}
+  os.environ.update(settings)
+  pytest.importorskip("gcsfs")  # after the settings: gcsfs reads its feature switch on import
+  yield f"gs://{GCS_BUCKET}"
+  for k, v in saved.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+  server.terminate()
+  server.wait(timeout=30)
+  logfile.close()

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 import scipy.io
-from conftest import FIXTURES
+from conftest import FIXTURES, finish, two_processes
 from flax import nnx
 
 from cdeit_jax import checkpoint, config_lib, convert, evaluate, metrics, stats
@@ -172,8 +172,12 @@ def _eval_cli(*args, devices=None):
 
 
 def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
+  """One device, 8 devices in one process, and 8 devices over 2 processes (eval.py with
+  jax.distributed on 127.0.0.1) reconstruct the same images."""
   common = ["--workdir", tiny_run, "--data", "uef2017", "--data_path", UEF,
             "--config.sampling.seed=3", "--config.eval.figure=False"]
+  two = two_processes("eval.py", *common, "--out", str(tmp_path / "two"),
+                      "--config.sampling.num_samples=4", "--config.eval.tikhonov=True")
   r1 = _eval_cli(*common, "--out", str(tmp_path / "one"), "--config.sampling.batch_size=4",
                  devices=1)
   assert r1.returncode == 0, r1.stderr[-2000:]
@@ -193,6 +197,17 @@ def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
   np.testing.assert_allclose(eight["pred"], eight["samples"].mean(0), atol=1e-6)
   assert eight["std"].shape == (22, 128, 128, 1) and eight["std"].mean() > 1e-3
   assert "std" not in one.files
+  finish(two)
+  r2 = json.loads((tmp_path / "two" / "metrics.json").read_text())
+  assert (r2["processes"], r2["devices"]) == (2, 8)
+  pair = np.load(tmp_path / "two" / "predictions.npz")
+  for k in ("pred", "std", "samples", "target"):  # 2 x 4 devices against 1 x 8
+    np.testing.assert_allclose(pair[k], eight[k], atol=1e-6, rtol=0, err_msg=k)
+  assert pair["names"].tolist() == eight["names"].tolist()
+  for method, values in r8["metrics"].items():
+    for name, v in values.items():
+      assert r2["metrics"][method][name] == pytest.approx(v, rel=1e-5, abs=1e-6, nan_ok=True), \
+          (method, name)
 
 
 def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):

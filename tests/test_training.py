@@ -2,10 +2,8 @@
 
 import json
 import logging
-import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import sigterm_after_first_log, wait_for_first_log
+from conftest import (RESUME_STEPS, TEST_CONFIG, final_state, finish, run_train, two_processes,
+                      wait_for_first_log)
 
-from cdeit_jax import checkpoint, config_lib, data, pipeline, training
+from cdeit_jax import checkpoint, config_lib, data, training
 from cdeit_jax import sharding as shd
 
 REPO = pathlib.Path(__file__).parent.parent
-TEST_CONFIG = str(REPO / "configs" / "test.py")
 
 
 def cfg_(**over):
@@ -170,87 +168,9 @@ def test_overfits_a_fixed_batch(step8):
 # ----------------------------------------------------------------------------- the loop
 
 
-def _run_train(workdir, *overrides, env=None, wait=True):
-  cmd = [sys.executable, str(REPO / "train.py"), "--config", TEST_CONFIG, "--workdir", str(workdir),
-         *overrides]
-  p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=env or os.environ.copy(), cwd=REPO)
-  if wait:
-    out, err = p.communicate(timeout=300)
-    return p.returncode, out, err
-  return p
-
-
-def _final_state(workdir, cfg, devices=None):
-  """(state leaves, data iterator position) of the latest checkpoint, restored onto `devices`."""
-  mesh = shd.make_mesh(devices)
-  state = training.setup(cfg, mesh).state
-  abstract = jax.eval_shape(lambda: state)
-  sh = shd.state_shardings(abstract, mesh)
-  src = data.NpzSource(os.path.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
-  it = iter(pipeline.train_dataset(src, cfg.batch_size, cfg.data))
-  mngr = checkpoint.train_manager(str(workdir))
-  step = mngr.latest_step()
-  state, meta = checkpoint.restore_train(mngr, step, jax.device_put(state, sh), sh, it)
-  mngr.close()
-  return step, leaves((state.params, state.ema, state.opt_state)), next(it)["index"].tolist()
-
-
-RESUME_STEPS = ["--config.steps=24", "--config.log_every=2", "--config.eval_every=8"]
-
-
-@pytest.fixture(scope="module")
-def straight_run(tmp_path_factory):
-  """A 24-step run of train.py with the test config, uninterrupted."""
-  wd = tmp_path_factory.mktemp("straight")
-  rc, _, err = _run_train(wd, *RESUME_STEPS)
-  assert rc == 0, err[-3000:]
-  return wd
-
-
-def test_resume_after_sigterm_equals_straight_run(tmp_path, straight_run):
-  steps, straight = RESUME_STEPS, straight_run
-  killed = tmp_path / "killed"
-  p = _run_train(killed, *steps, wait=False)
-  metrics = killed / "metrics.jsonl"
-  stopped = sigterm_after_first_log(p, killed, timeout=120)
-  assert stopped is not None and 2 <= stopped < 24, stopped
-  rc, _, err = _run_train(killed, *steps)  # resume
-  assert rc == 0, err[-3000:]
-  assert "resumed from" in err
-  cfg = cfg_(steps=24)
-  s_step, s_leaves, s_next = _final_state(straight, cfg)
-  k_step, k_leaves, k_next = _final_state(killed, cfg)
-  assert s_step == k_step == 24
-  for a, b in zip(s_leaves, k_leaves):
-    np.testing.assert_array_equal(a, b)  # identical on CPU
-  assert s_next == k_next  # the data iterator resumed at the same position
-  s_log = {r["step"]: r["loss"] for r in map(json.loads, (straight / "metrics.jsonl").open())}
-  k_log = {r["step"]: r["loss"] for r in map(json.loads, metrics.open())}
-  # logged windows (s-2, s] wholly after the resume have the straight run's losses exactly
-  after = [s for s in k_log if s % 2 == 0 and s - 2 >= stopped]
-  assert after and [s_log[s] for s in after] == [k_log[s] for s in after]
-
-
 def _two_processes(workdir, *overrides):
-  """train.py as 2 local processes x 4 CPU devices (jax.distributed on 127.0.0.1)."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  env2 = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-              JAX_PLATFORMS="cpu")
-  return [_run_train(workdir, *overrides, f"--coordinator_address=127.0.0.1:{port}",
-                     "--num_processes=2", f"--process_id={i}", env=env2, wait=False)
-          for i in range(2)]
-
-
-def _finish(procs):
-  errs = []
-  for p in procs:
-    _, err = p.communicate(timeout=300)
-    assert p.returncode == 0, err[-3000:]
-    errs.append(err)
-  return errs
+  """train.py with the test config as 2 local processes x 4 CPU devices."""
+  return two_processes("train.py", "--config", TEST_CONFIG, "--workdir", str(workdir), *overrides)
 
 
 def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight_run):
@@ -262,14 +182,14 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
   procs = _two_processes(wd, *RESUME_STEPS)
   wait_for_first_log(wd)
   procs[1].send_signal(signal.SIGTERM)
-  errs = _finish(procs)
+  errs = finish(procs)
   mngr = checkpoint.train_manager(str(wd))
   stopped = mngr.latest_step()
   mngr.close()
   assert stopped is not None and 2 <= stopped < 24, stopped
   assert f"SIGTERM: saved step {stopped}" in errs[0]  # the primary logs the agreed step
   assert "devices: 8 x cpu over 2 process(es)" in errs[0]
-  errs = _finish(_two_processes(wd, *RESUME_STEPS))
+  errs = finish(_two_processes(wd, *RESUME_STEPS))
   assert f"resumed from {wd}/checkpoints/{stopped}" in errs[0]
   one = {r["step"]: r for r in map(json.loads, (straight_run / "metrics.jsonl").open())}
   two = [json.loads(line) for line in (wd / "metrics.jsonl").open()]
@@ -304,12 +224,12 @@ def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, straight_run):
   import shutil
   wd = tmp_path / "run"
   shutil.copytree(straight_run, wd)
-  before = _final_state(wd, cfg_(steps=24))
-  rc, _, err = _run_train(wd, "--config.steps=32", "--config.eval_every=4", "--config.log_every=2",
+  before = final_state(wd, cfg_(steps=24))
+  rc, _, err = run_train(wd, "--config.steps=32", "--config.eval_every=4", "--config.log_every=2",
                           "--config.optimizer.lr=1e30", "--config.optimizer.grad_clip=0.0")
   assert rc == 1
   assert "became non-finite at step" in err and "last good checkpoint is step 24" in err
-  after = _final_state(wd, cfg_(steps=24), jax.devices()[:1])  # saved on 8 devices, restored on 1
+  after = final_state(wd, cfg_(steps=24), jax.devices()[:1])  # saved on 8 devices, restored on 1
   assert after[0] == 24
   for a, b in zip(before[1], after[1]):
     np.testing.assert_array_equal(a, b)
@@ -375,8 +295,8 @@ def _assert_equals_straight(workdir, straight):
   """Same final state, data position and validation metrics as the uninterrupted run, and a
   metrics.jsonl with each step once, in order, the same steps as the uninterrupted run's."""
   cfg = cfg_(steps=24)
-  s_step, s_leaves, s_next = _final_state(straight, cfg)
-  k_step, k_leaves, k_next = _final_state(workdir, cfg)
+  s_step, s_leaves, s_next = final_state(straight, cfg)
+  k_step, k_leaves, k_next = final_state(workdir, cfg)
   assert s_step == k_step == 24 and s_next == k_next
   for a, b in zip(s_leaves, k_leaves):
     np.testing.assert_array_equal(a, b)
@@ -392,7 +312,7 @@ def test_kill_9_then_resume_equals_straight_run(tmp_path, straight_run, when):
   """kill -9 while compiling, between two checkpoints, and as an asynchronous save starts (its
   metrics line is written right after the save is handed to orbax); the rerun loses nothing."""
   wd = tmp_path / "run"
-  p = _run_train(wd, *RESUME_STEPS, wait=False)
+  p = run_train(wd, *RESUME_STEPS, wait=False)
   if when == "compile":
     assert _wait_for(lambda: (wd / "lock").exists())
     time.sleep(1.0)
@@ -402,7 +322,7 @@ def test_kill_9_then_resume_equals_straight_run(tmp_path, straight_run, when):
     assert _wait_for(lambda: 16 in _logged_steps(wd))
   p.kill()
   p.communicate(timeout=60)
-  rc, _, err = _run_train(wd, *RESUME_STEPS)
+  rc, _, err = run_train(wd, *RESUME_STEPS)
   assert rc == 0, err[-3000:]
   assert not list((wd / "checkpoints").glob("*tmp*"))  # leftovers of the killed save are gone
   _assert_equals_straight(wd, straight_run)
@@ -414,7 +334,7 @@ def test_unfinished_save_and_damaged_latest_fall_back(tmp_path, straight_run):
   and ends where the uninterrupted run does; the damaged step is kept aside, not deleted."""
   import shutil
   wd = tmp_path / "run"
-  rc, _, err = _run_train(wd, "--config.steps=16", *RESUME_STEPS[1:])
+  rc, _, err = run_train(wd, "--config.steps=16", *RESUME_STEPS[1:])
   assert rc == 0, err[-3000:]
   shutil.copytree(wd / "checkpoints" / "16", wd / "checkpoints" / "24.orbax-checkpoint-tmp-1")
   (wd / "checkpoints" / "24.orbax-checkpoint-tmp-1" / "commit_success.txt").unlink(missing_ok=True)
@@ -423,7 +343,7 @@ def test_unfinished_save_and_damaged_latest_fall_back(tmp_path, straight_run):
   assert chunks, sorted((wd / "checkpoints" / "16").rglob("*"))
   for f in chunks:
     f.write_bytes(f.read_bytes()[:16])  # truncated
-  rc, _, err = _run_train(wd, *RESUME_STEPS)
+  rc, _, err = run_train(wd, *RESUME_STEPS)
   assert rc == 0, err[-3000:]
   skipped = [l for l in err.splitlines() if "skipping checkpoint step 16" in l]
   assert len(skipped) == 1 and "checkpoints/16/params: unreadable" in skipped[0], err[-3000:]
@@ -461,7 +381,7 @@ def test_second_training_in_a_workdir_is_refused_and_a_dead_ones_lock_taken(tmp_
        f"workdir_lock.WorkdirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); "
        "time.sleep(600)"], stdout=subprocess.PIPE, text=True, cwd=REPO)
   assert holder.stdout.readline().strip() == "held"
-  rc, _, err = _run_train(tmp_path, "--config.steps=2")
+  rc, _, err = run_train(tmp_path, "--config.steps=2")
   assert rc == 1 and f"in use by another training (pid {holder.pid} on" in err, err[-2000:]
   assert not (tmp_path / "checkpoints").exists()
   holder.kill()  # kill -9: the kernel releases its lock
@@ -489,9 +409,11 @@ def test_resume_refuses_a_changed_batch_size_and_warns_on_changed_optimizer(tmp_
 def test_metrics_jsonl_is_cut_to_the_resumed_step(tmp_path):
   from cdeit_jax import logs
   path = tmp_path / "metrics.jsonl"
-  lines = [{"step": s, "loss": s / 10} for s in (2, 4, 6, 4, 6, 8, 10)] 
+  lines = [{"step": s, "loss": s / 10} for s in (2, 4, 6, 4, 6, 8, 10)]
   path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 12, "lo')
-  assert logs.truncate_jsonl(str(path), 6) == 5
+  logger = logs.MetricLogger(str(tmp_path), total_steps=10, start_step=6)
+  logger.close()
+  assert logger.dropped == 5
   assert [json.loads(l) for l in path.open()] == [
       {"step": 2, "loss": 0.2}, {"step": 4, "loss": 0.4}, {"step": 6, "loss": 0.6}]
 

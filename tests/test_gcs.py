@@ -1,0 +1,152 @@
+"""Data, workdirs and outputs in a bucket: the commands with gs:// paths against a real GCS JSON API
+server on 127.0.0.1 (conftest.gcs). Selected by `pytest -m gcs`."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import (REPO, RESUME_STEPS, TEST_CONFIG, final_state, run_train,
+                      sigterm_after_first_log)
+
+from cdeit_jax import config_lib, evaluate, fileio, stats, workdir_lock
+
+pytestmark = pytest.mark.gcs
+UEF = REPO / "data" / "uef2017"
+
+
+@pytest.fixture(scope="module")
+def bucket_data(gcs):
+  """The 22 UEF2017 cases copied to gs://.../data/uef2017 (the test config's data root)."""
+  url = f"{gcs}/data"
+  for f in sorted(UEF.iterdir()):
+    fileio.path(f"{url}/uef2017/{f.name}").write_bytes(f.read_bytes())
+  return url
+
+
+def _objects(url: str) -> list[str]:
+  """Every object under `url`, as paths relative to it."""
+  import fsspec
+  root = url.removeprefix("gs://")
+  return sorted(p.removeprefix(root + "/") for p in fsspec.filesystem("gs").find(root))
+
+
+def _eval(*args: str) -> subprocess.Popen:
+  return subprocess.Popen([sys.executable, str(REPO / "eval.py"), "--data", "uef2017",
+                           "--config.sampling.steps=2", "--config.sampling.seed=5", *args],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
+def test_train_killed_resumed_and_evaluated_in_a_bucket(gcs, bucket_data, straight_run,
+                                                        tmp_path):
+  """train.py reads its data from the bucket and keeps its workdir there; after a SIGTERM the
+  rerun resumes from the bucket's checkpoint and ends bit-equal to the uninterrupted local run;
+  eval.py then reads that workdir and the bucket's test set, writes its outputs to the bucket,
+  and they equal those of evaluating the local run."""
+  wd = f"{gcs}/runs/killed"
+  data_flag = f"--config.data.path={bucket_data}"
+  p = run_train(wd, *RESUME_STEPS, data_flag, wait=False)
+  stopped = sigterm_after_first_log(p, wd, timeout=180)
+  assert stopped is not None and 2 <= stopped < 24, stopped
+  rc, _, err = run_train(wd, *RESUME_STEPS, data_flag)
+  assert rc == 0, err[-3000:]
+  assert f"resumed from {wd}/checkpoints/{stopped}" in err
+  cfg = config_lib.load(TEST_CONFIG)
+  cfg.steps = 24
+  s_step, s_leaves, s_next = final_state(straight_run, cfg)
+  k_step, k_leaves, k_next = final_state(wd, cfg)
+  assert s_step == k_step == 24
+  for a, b in zip(s_leaves, k_leaves):
+    np.testing.assert_array_equal(a, b)  # identical on CPU
+  assert s_next == k_next  # the data iterator resumed at the same position
+
+  # metrics.jsonl in the bucket: each logged step once; the windows wholly after the resume
+  # have the straight run's losses exactly
+  s_log = {r["step"]: r["loss"] for r in map(json.loads, (straight_run / "metrics.jsonl").open())}
+  k_lines = fileio.read_text(f"{wd}/metrics.jsonl").splitlines()
+  k_log = {r["step"]: r["loss"] for r in map(json.loads, k_lines)}
+  assert [json.loads(line)["step"] for line in k_lines] == sorted(set(range(2, 25, 2)) | {stopped})
+  after = [s for s in k_log if s % 2 == 0 and s - 2 >= stopped]
+  assert after and [s_log[s] for s in after] == [k_log[s] for s in after]
+  objects = _objects(wd)
+  assert any(o.startswith("tensorboard/events.out.tfevents.") for o in objects), objects
+  assert "lock" not in objects  # released at the end of each run
+  assert not [o for o in objects if o.endswith(".tmp") or "/.write-test" in o], objects
+
+  # eval.py: the bucket's workdir and data, outputs into the bucket; and the local equivalent
+  out = f"{wd}/eval"
+  runs = [_eval("--workdir", wd, "--data_path", f"{bucket_data}/uef2017", "--out", out),
+          _eval("--workdir", str(straight_run), "--data_path", str(UEF), "--out",
+                str(tmp_path / "local"))]
+  for r in runs:
+    _, e = r.communicate(timeout=300)
+    assert r.returncode == 0, e[-3000:]
+  assert sorted(o for o in _objects(out)) == sorted(evaluate.OUTPUTS)
+  with fileio.open_binary(f"{out}/predictions.npz") as fh:
+    remote = dict(np.load(fh))
+  local = np.load(tmp_path / "local" / "predictions.npz")
+  np.testing.assert_array_equal(remote["pred"], local["pred"])
+  r_metrics = json.loads(fileio.read_text(f"{out}/metrics.json"))
+  l_metrics = json.loads((tmp_path / "local" / "metrics.json").read_text())
+  assert r_metrics["metrics"] == l_metrics["metrics"]
+  assert r_metrics["settings"]["checkpoint"] == wd
+  assert r_metrics["settings"]["data_path"] == f"{bucket_data}/uef2017"
+
+
+def test_statistics_of_a_bucket_folder(gcs, bucket_data):
+  """Statistics computed from the bucket's copy equal the local folder's; written to and read
+  back from the bucket unchanged."""
+  local = stats.compute_stats(str(UEF), "uef2017", progress=False)
+  remote = stats.compute_stats(f"{bucket_data}/uef2017", "uef2017", progress=False)
+  for a, b in zip(local, remote):
+    np.testing.assert_array_equal(a, b)
+  stats.write_stats(f"{gcs}/stats", *remote)
+  for a, b in zip(stats.load_stats(f"{gcs}/stats"), remote):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_outputs_in_a_bucket_are_never_half_written(gcs):
+  """A write that fails part-way leaves the old object (or none); an append log ends with every
+  append in order, though each append only starts a background rewrite."""
+  path, new = f"{gcs}/atomic/metrics.json", f"{gcs}/atomic/new.json"
+  fileio.write_text(path, "old")
+
+  def broken(tmp):
+    pathlib.Path(tmp).write_text("half")
+    raise RuntimeError("killed while writing")
+
+  for p in (path, new):
+    with pytest.raises(RuntimeError, match="killed"):
+      fileio.atomic_write(p, broken)
+  assert fileio.read_text(path) == "old"
+  assert not fileio.path(new).exists()
+  log = fileio.AppendLog(f"{gcs}/atomic/log.jsonl", "first\n")
+  for i in range(40):
+    log.write(f"{i}\n")
+  log.close()
+  assert fileio.read_text(f"{gcs}/atomic/log.jsonl") == "first\n" + "".join(
+      f"{i}\n" for i in range(40))
+
+
+def test_workdir_lease_in_a_bucket(gcs):
+  """Object stores have no locks: the lease refuses a second training while the first renews it
+  (checked past one lease length), is gone after release, and a dead holder's lapses."""
+  wd = f"{gcs}/runs/lease"
+  lock_path = f"{wd}/lock"
+  held = workdir_lock.WorkdirLock(wd, lease_s=2.0).acquire()
+  time.sleep(3.0)  # longer than a lease: only the renewals keep it
+  with pytest.raises(workdir_lock.WorkdirBusy,
+                     match=rf"{wd} is in use by another training \(pid {os.getpid()} on "):
+    workdir_lock.WorkdirLock(wd, lease_s=2.0).acquire()
+  held.release()
+  assert not fileio.path(lock_path).exists()
+  dead = {"host": "gone", "pid": 1, "since": "2026-01-01 00:00:00", "token": "dead",
+          "renewed": time.time() - 10.0}
+  fileio.write_text(lock_path, json.dumps(dead))
+  taker = workdir_lock.WorkdirLock(wd, lease_s=2.0).acquire()
+  assert json.loads(fileio.read_text(lock_path))["pid"] == os.getpid()
+  taker.release()
