@@ -49,7 +49,8 @@ def failure(where: str, e: BaseException) -> CheckpointError:
   and the innermost reason; the whole error goes to the debug log."""
   logs.debug.debug("%s", where, exc_info=e)
   text = " ".join(str(e).split(" [tensorstore_spec")[0].split())
-  files = re.findall(r'local file "([^"]+)"', text) or re.findall(r"(/[^\s\"']+)", text)
+  files = (re.findall(r'local file "([^"]+)"', text) or
+           re.findall(r"((?:[a-z][a-z0-9+.-]*://|/)[^\s\"']+)", text))  # a path or a URL
   array = re.search(r'Error reading "([^"]+?)/\.z', text)
   reason = text.rsplit(": ", 1)[-1] if "Error opening" in text else text
   if len(reason) > 200:

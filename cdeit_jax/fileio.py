@@ -20,6 +20,7 @@ import threading
 from typing import Callable
 
 import fsspec.config
+import fsspec.core
 from etils import epath
 
 PathLike = str | os.PathLike
@@ -65,6 +66,21 @@ def makedirs(p: PathLike) -> None:
   """Create a local folder and its parents (object stores have no folders: nothing to do)."""
   if not is_remote(p):
     os.makedirs(resolve(p), exist_ok=True)
+
+
+def move(src: PathLike, dst: PathLike) -> None:
+  """Move a file or folder to `dst` (whose parent is created): a rename when local; on an object
+  store a copy, then a delete, of every object (epath's rename refuses there, as a destination
+  "folder" exists only once something is in it; gcsfs's own mv tries GCS's moveTo first, which
+  local GCS servers lack, and retries it for seconds per object before copying anyway)."""
+  src, dst = resolve(src), resolve(dst)
+  if not is_remote(src):
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    os.rename(src, dst)
+    return
+  fs, _ = fsspec.core.url_to_fs(src)
+  fs.copy(src, dst, recursive=True)
+  fs.rm(src, recursive=True)
 
 
 def open_binary(p: PathLike) -> io.BufferedIOBase:

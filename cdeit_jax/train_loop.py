@@ -207,12 +207,9 @@ def _set_aside(workdir: str, steps: list[int]) -> list[str]:
   so that the step can be written again)."""
   moved = []
   if jax.process_index() == 0:
-    dest = fileio.join(workdir, "damaged")
-    fileio.makedirs(dest)
     for step in steps:
-      src = fileio.path(fileio.join(workdir, checkpoint.CHECKPOINTS, str(step)))
-      target = fileio.join(dest, f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
-      src.rename(target)  # on an object store: a copy and delete of every object
+      target = fileio.join(workdir, "damaged", f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+      fileio.move(fileio.join(workdir, checkpoint.CHECKPOINTS, str(step)), target)
       moved.append(target)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices("cdeit_jax damaged checkpoints moved")

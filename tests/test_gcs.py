@@ -150,3 +150,23 @@ def test_workdir_lease_in_a_bucket(gcs):
   taker = workdir_lock.WorkdirLock(wd, lease_s=2.0).acquire()
   assert json.loads(fileio.read_text(lock_path))["pid"] == os.getpid()
   taker.release()
+
+
+def test_damaged_step_set_aside_and_debug_log_in_a_bucket(gcs):
+  """A damaged step's objects move to WORKDIR/damaged/STEP-TIME (object stores have no folder
+  rename), and the debug log appends to an object."""
+  from cdeit_jax import logs, train_loop
+  wd = f"{gcs}/runs/damaged"
+  names = ["meta/metadata", "params/d/0a1b", "params/manifest.ocdbt"]
+  for n in names:
+    fileio.path(f"{wd}/checkpoints/7/{n}").write_text(n)
+  moved = train_loop._set_aside(wd, [7])
+  assert len(moved) == 1 and moved[0].startswith(f"{wd}/damaged/7-"), moved
+  assert _objects(moved[0]) == names
+  assert not fileio.path(f"{wd}/checkpoints/7").exists()
+  fileio.write_text(f"{wd}/debug.log", "earlier run\n")
+  logs.debug_log(wd)
+  logs.debug.debug("step %d unreadable", 7)
+  logs.debug_log(wd, enabled=False)  # closes the handler: waits for its upload
+  assert fileio.read_text(f"{wd}/debug.log").splitlines()[0] == "earlier run"
+  assert fileio.read_text(f"{wd}/debug.log").splitlines()[1].endswith(" step 7 unreadable")
