@@ -86,7 +86,8 @@ def run(main: Callable[[list[str]], None]) -> None:
 
   def wrapped(argv):
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
-    logging.getLogger("gcsfs").setLevel(logging.WARNING)  # and gcsfs every file it opens
+    for name in ("gcsfs", "fsspec"):  # and every file they open
+      logging.getLogger(name).setLevel(logging.WARNING)
     try:
       main(argv)
     except CdeitError as e:
