@@ -10,8 +10,9 @@ fresh inode while an earlier one still holds the old.
 
 Object stores (gs://) have no locks and no rename, so there the lock is a lease: the `lock`
 object names its holder and the time it was last renewed, rewritten every `lease_s / 4` by a
-thread of the holder; a newcomer refuses a lock renewed within `lease_s` and takes over an older
-one (its holder died without releasing it, e.g. a preempted VM). The holder checks at each renewal
+thread of the holder. A newcomer takes a lock not renewed for `lease_s` (its holder died without
+releasing it, e.g. a lost VM); a younger one it watches, and refuses as soon as it is renewed, or
+takes it once it has lapsed. The holder checks at each renewal
 that the object still names it, and releasing deletes the object only if it does. Two newcomers
 starting within the same second could both see the lock free (the read-then-write is not one
 request); on GCS a generation precondition would close that, which the fsspec layer used here does
@@ -99,7 +100,7 @@ def _read_holder(fd: int) -> str:
 
 
 def _describe(h: dict) -> str:
-  return f"pid {h['pid']} on {h['host']} since {h['since']}"
+  return f"pid {h.get('pid', '?')} on {h.get('host', '?')} since {h.get('since', '?')}"
 
 
 def _holder() -> dict:
@@ -113,26 +114,42 @@ class _Lease:
 
   def __init__(self, path: str, workdir: str, lease_s: float):
     self.path, self.lease_s = path, lease_s
-    h = self._read()
-    if h is not None:
-      age = time.time() - float(h.get("renewed", 0))
-      if age < lease_s:
-        raise WorkdirBusy(
-            f"{workdir} is in use by another training ({_describe(h)}; lock renewed {age:.0f} s "
-            "ago); wait for it to finish, stop it, or give another --workdir. The lock of a run "
-            f"that died without releasing it lapses {lease_s:.0f} s after its last renewal.")
-      log.info("taking over the lock of %s (%s: not renewed for %.0f s)", workdir, _describe(h),
-               age)
+    self._wait_for_lapse(workdir)
     self.me = _holder()
     self._write()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._renew, name="cdeit-workdir-lease", daemon=True)
     self._thread.start()
 
+  def _wait_for_lapse(self, workdir: str) -> None:
+    """Return once the lock is free or lapsed; raise WorkdirBusy as soon as its holder renews it.
+    A fresh lock is watched rather than refused at once: a run restarted right after its
+    predecessor died (kill -9, a VM lost) then takes over by itself within one lease."""
+    h, told = self._read(), False
+    while h is not None:
+      age = time.time() - float(h.get("renewed", 0))
+      if age >= self.lease_s:
+        log.info("taking over the lock of %s (%s: not renewed for %.0f s)", workdir,
+                 _describe(h), age)
+        return
+      if not told:
+        log.info("%s is locked by %s, renewed %.0f s ago: waiting up to %.0f s to see whether "
+                 "it is renewed (its holder is alive) or lapses", workdir, _describe(h), age,
+                 self.lease_s - age)
+        told = True
+      time.sleep(min(self.lease_s / 8, self.lease_s - age))
+      now = self._read()
+      if now is not None and (now.get("token"), now.get("renewed")) != (h.get("token"),
+                                                                      h.get("renewed")):
+        raise WorkdirBusy(
+            f"{workdir} is in use by another training ({_describe(now)}; it renews its lock); "
+            "wait for it to finish, stop it, or give another --workdir")
+      h = now
+
   def _read(self) -> dict | None:
     try:
-      text = fileio.read_text(self.path)
-      return json.loads(text) if text else None
+      h = json.loads(fileio.read_text(self.path) or "null")
+      return h if isinstance(h, dict) else None
     except ValueError:  # not ours to interpret: treated as free
       return None
 

@@ -133,23 +133,33 @@ def test_outputs_in_a_bucket_are_never_half_written(gcs):
 
 
 def test_workdir_lease_in_a_bucket(gcs):
-  """Object stores have no locks: the lease refuses a second training while the first renews it
-  (checked past one lease length), is gone after release, and a dead holder's lapses."""
-  wd = f"{gcs}/runs/lease"
+  """Object stores have no locks: the lease refuses a second training as soon as it sees the
+  first renew it (past one lease length), is gone after release; a dead holder's lease is taken
+  at once when old, and after it lapses when young."""
+  wd, lease = f"{gcs}/runs/lease", 2.0
   lock_path = f"{wd}/lock"
-  held = workdir_lock.WorkdirLock(wd, lease_s=2.0).acquire()
-  time.sleep(3.0)  # longer than a lease: only the renewals keep it
+  held = workdir_lock.WorkdirLock(wd, lease_s=lease).acquire()
+  time.sleep(1.5 * lease)  # only the renewals keep it
+  t0 = time.perf_counter()
   with pytest.raises(workdir_lock.WorkdirBusy,
                      match=rf"{wd} is in use by another training \(pid {os.getpid()} on "):
-    workdir_lock.WorkdirLock(wd, lease_s=2.0).acquire()
+    workdir_lock.WorkdirLock(wd, lease_s=lease).acquire()
+  assert time.perf_counter() - t0 < lease  # refused at the first renewal seen
   held.release()
   assert not fileio.path(lock_path).exists()
-  dead = {"host": "gone", "pid": 1, "since": "2026-01-01 00:00:00", "token": "dead",
-          "renewed": time.time() - 10.0}
-  fileio.write_text(lock_path, json.dumps(dead))
-  taker = workdir_lock.WorkdirLock(wd, lease_s=2.0).acquire()
-  assert json.loads(fileio.read_text(lock_path))["pid"] == os.getpid()
-  taker.release()
+
+  def dead(age):
+    fileio.write_text(lock_path, json.dumps({"host": "gone", "pid": 1, "since": "2026-01-01",
+                                             "token": "dead", "renewed": time.time() - age}))
+
+  for age in (10 * lease, 0.5 * lease):  # long dead; just died
+    dead(age)
+    t0 = time.perf_counter()
+    taker = workdir_lock.WorkdirLock(wd, lease_s=lease).acquire()
+    waited = time.perf_counter() - t0
+    assert json.loads(fileio.read_text(lock_path))["pid"] == os.getpid()
+    taker.release()
+    assert waited < 0.5 * lease if age > lease else 0.4 * lease < waited < 2 * lease, waited
 
 
 def test_damaged_step_set_aside_and_debug_log_in_a_bucket(gcs):
