@@ -102,11 +102,16 @@ def _is_int(v) -> bool:
 def read_pth_tensor(path: str) -> np.ndarray:
   """The single tensor saved in a PyTorch zip archive (`torch.save(tensor, path)`), as numpy."""
   try:
-    archive = zipfile.ZipFile(fileio.open_binary(path))
+    fh = fileio.open_binary(path)
+    try:
+      archive = zipfile.ZipFile(fh)
+    except BaseException:
+      fh.close()
+      raise
   except (OSError, zipfile.BadZipFile) as e:
     raise InputError(f"{path}: not a PyTorch zip archive ({e}); re-save it with a recent "
                      "torch.save or give a .npy file") from e
-  with archive:
+  with fh, archive:
     names = archive.namelist()
     pkl = [n for n in names if n.endswith("/data.pkl")]
     if len(pkl) != 1:
