@@ -84,11 +84,11 @@ def bench_source(a) -> None:
   cfg = config_lib.load(a.config) if a.config else config_lib.default_config()
   mesh = shd.make_mesh()
   n = mesh.size
+  ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(64), mesh)
+  mean, std = simulator_source.statistics(ys)
   for b in a.batch:
     g = -(-b // n) * n
     cfg.batch_size = g
-    ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(64), mesh)
-    mean, std = simulator_source.statistics(ys)
     make = simulator_source.batch_fn(cfg, mesh, mean, std)
     step0 = jax.device_put(jnp.int32(0), shd.replicated(mesh))
     sim_s = timed(lambda: make(step0), a.repeats)

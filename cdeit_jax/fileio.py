@@ -111,17 +111,20 @@ def write_text(p: PathLike, text: str) -> None:
 
 
 def read_text(p: PathLike) -> str | None:
-  """The text of `p`, or None if there is no such file."""
-  q = path(p)
-  return q.read_text() if q.exists() else None
+  """The text of `p`, or None if there is no such file (one request on an object store)."""
+  try:
+    return path(p).read_text()
+  except FileNotFoundError:
+    return None
 
 
 class AppendLog:
   """A text log written in appends: a line-buffered local file, or an object store's object
   rewritten whole after each append by one background thread (so the caller never waits on the
   network; appends made during an upload go out in the next). `initial` is the text the log
-  starts from (on an object store it replaces the object's content). close() waits for the last
-  upload; a failed upload is logged as a warning and retried with the next append or close."""
+  starts from, replacing what the file holds; None continues the file. close() waits for the
+  last upload; a failed upload is logged as a warning and retried with the next append or
+  close."""
 
   def __init__(self, p: PathLike, initial: str | None = None):
     self.path = resolve(p)
@@ -131,7 +134,7 @@ class AppendLog:
         write_text(self.path, initial)
       self._fh = open(self.path, "a", buffering=1)
       return
-    self._parts = [initial or ""]
+    self._parts = [initial if initial is not None else read_text(self.path) or ""]
     self._lock = threading.Lock()
     self._dirty = self._busy = False
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cdeit-upload")

@@ -58,8 +58,7 @@ class _AppendHandler(logging.Handler):
   def emit(self, record: logging.LogRecord) -> None:
     try:
       if self._log is None:
-        self._log = fileio.AppendLog(self.path, None if not fileio.is_remote(self.path)
-                                     else fileio.read_text(self.path) or "")
+        self._log = fileio.AppendLog(self.path)
       self._log.write(self.format(record) + "\n")
     except Exception:  # logging's convention: report, never raise
       self.handleError(record)
