@@ -78,14 +78,16 @@ def main():
 
 
 def bench_source(a) -> None:
-  from cdeit_jax import config_lib, simulator_source, synthetic, training
+  from cdeit_jax import config_lib, measurement, simulator_source, synthetic, training
   from cdeit_jax import sharding as shd
   from cdeit_jax.data import ArraySource
   cfg = config_lib.load(a.config) if a.config else config_lib.default_config()
   mesh = shd.make_mesh()
   n = mesh.size
   ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(64), mesh)
-  mean, std = simulator_source.statistics(ys)
+  running = measurement.RunningStats()
+  running.add(ys)
+  mean, std = running.result()
   for b in a.batch:
     g = -(-b // n) * n
     cfg.batch_size = g

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import time
 from typing import Any
 
 import ml_collections
 
-from cdeit_jax import config_lib, fileio, flops, training
+from cdeit_jax import config_lib, fileio, flops, sampling, training
+from cdeit_jax import device_memory as dm
 from cdeit_jax import sharding as shd
 from cdeit_jax.errors import InputError
 
-GIB = 2 ** 30
+GIB = dm.GIB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,67 +70,29 @@ def topology_devices(name: str) -> list:
   return list(desc.devices)
 
 
-# ----------------------------------------------------------------------------- memory failures
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-  text = str(e)
-  return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text or "out of memory" in text
-
-
-def required_bytes(e: BaseException) -> int | None:
-  """The compiler's 'memory required (25.07G)' figure of an out-of-memory error, if it has one."""
-  m = re.search(r"required[^(]*\(([\d.]+)([KMGT])\)", str(e))
-  if not m:
-    return None
-  return int(float(m.group(1)) * 1024 ** "KMGT".index(m.group(2)) * 1024)
-
-
-def fit_advice(cfg: ml_collections.ConfigDict, num_devices: int, platform: str) -> str:
-  """What to change when the train step does not fit, most effective first."""
-  per_device = cfg.batch_size // max(num_devices * cfg.accum_steps, 1)
-  tips = []
-  impl = config_lib.model_kwargs(cfg, platform)["attention_impl"]
-  if impl == "xla":
-    tips.append("config.model.attention_impl=auto (a memory-efficient attention kernel for "
-                "this platform instead of the full 4096 x 4096 score matrix)")
-  if per_device > 1:
-    tips.append(f"config.accum_steps={2 * cfg.accum_steps} (same global batch "
-                f"{cfg.batch_size}, {per_device // 2} per device per micro-batch) or a smaller "
-                f"config.batch_size (a multiple of {num_devices})")
-  if not cfg.model.remat:
-    tips.append("config.model.remat=True (recompute each block in the backward pass)")
-  if not cfg.shard_params:
-    tips.append("config.shard_params=True (split parameters and optimizer state over devices)")
-  if cfg.model.dtype == "float32":
-    tips.append("config.model.dtype=bfloat16")
-  return "; or ".join(tips) if tips else "a topology with more memory per device"
-
-
 # ----------------------------------------------------------------------------- the check
 
 
 def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dict[str, Any]:
-  """eval.py's sampler (`evaluate.compile_sampler`) at `global_batch`, compiled for `mesh`."""
+  """eval.py's sampler (`sampling.compile_sampler`) at `global_batch`, compiled for `mesh`."""
   from flax import nnx
 
-  from cdeit_jax import evaluate
   from cdeit_jax.model import CDEIT
   m = setup.model_kwargs
   shape = (m["image_size"], m["image_size"], m["in_channels"])
   graphdef, weights = nnx.split(nnx.eval_shape(lambda: CDEIT(**m, rngs=nnx.Rngs(0))))
-  sampler = evaluate.make_sampler(graphdef, setup.diffusion, cfg.sampling.steps,
+  sampler = sampling.make_sampler(graphdef, setup.diffusion, cfg.sampling.steps,
                                   cfg.sampling.eta, shape, mesh)
   t0 = time.perf_counter()
   try:
-    compiled, _ = evaluate.compile_sampler(sampler, weights, mesh, global_batch, global_batch,
+    compiled, _ = sampling.compile_sampler(sampler, weights, mesh, global_batch, global_batch,
                                            cond_size=m["cond_size"])
   except Exception as e:
-    if not is_out_of_memory(e):
+    if not dm.is_out_of_memory(e):
       raise
     return {"global_batch": global_batch, "fits": False, "peak_bytes_per_device":
-            required_bytes(e), "error": str(e).splitlines()[0][:300]}
-  mem = training.memory_of(compiled)
+            dm.required_bytes(e), "error": str(e).splitlines()[0][:300]}
+  mem = dm.memory_of(compiled)
   return {"global_batch": global_batch, "fits": True, "steps": cfg.sampling.steps,
           "peak_bytes_per_device": mem.get("peak_bytes"), "memory": mem,
           "flops_per_call": flops.sample_flops_per_image(m, cfg.sampling.steps) * global_batch,
@@ -159,7 +121,7 @@ def _compile_simulator(cfg, mesh, step_flops: float) -> dict[str, Any]:
   step = jax.ShapeDtypeStruct((), np.int32, sharding=shd.replicated(mesh))
   with jax.set_mesh(mesh):
     compiled = fn.lower(step).compile()
-  mem = training.memory_of(compiled)
+  mem = dm.memory_of(compiled)
   sim_flops = simulation_flops(unknowns) * cfg.batch_size
   return {"global_batch": cfg.batch_size, "unknowns": unknowns,
           "peak_bytes_per_device": mem.get("peak_bytes"), "memory": mem,
@@ -190,9 +152,9 @@ def compile_check(cfg: ml_collections.ConfigDict, topology: str, workdir: str,
     report.update(fits=mem["peak_bytes"] <= hbm, peak_bytes_per_device=mem["peak_bytes"],
                   memory=mem)
   except Exception as e:
-    if not is_out_of_memory(e):
+    if not dm.is_out_of_memory(e):
       raise
-    report.update(fits=False, peak_bytes_per_device=required_bytes(e),
+    report.update(fits=False, peak_bytes_per_device=dm.required_bytes(e),
                   error=str(e).splitlines()[0][:300])
   report["compile_s"] = round(time.perf_counter() - t0, 1)
   report["within_margin"] = bool(report["fits"] and report["peak_bytes_per_device"] is not None
@@ -202,7 +164,7 @@ def compile_check(cfg: ml_collections.ConfigDict, topology: str, workdir: str,
   if cfg.data.source == "simulator":
     report["simulator"] = _compile_simulator(cfg, mesh, report["flops_per_step"])
   if not report["fits"]:
-    report["advice"] = fit_advice(cfg, n, "tpu")
+    report["advice"] = dm.fit_advice(cfg, n, "tpu")
   fileio.makedirs(workdir)
   fileio.write_text(fileio.join(workdir, "compile.json"), json.dumps(report, indent=2) + "\n")
   print_fn(format_table([report]))

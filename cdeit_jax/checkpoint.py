@@ -1,6 +1,6 @@
 """The cdeit-jax checkpoint format (orbax), shared by convert, train and eval.
 
-A workdir holds `checkpoints/<step>/`, each written by an orbax `CheckpointManager` under a
+Reading a model back is `cdeit_jax.models.load`. A workdir holds `checkpoints/<step>/`, each written by an orbax `CheckpointManager` under a
 temporary name and renamed when complete, with items shaped like the training state:
   params     the trained weights (nnx.Param), as `nnx.state(model, nnx.Param)`
   ema        their EMA (what the authors' `best.pt` holds)
@@ -17,9 +17,10 @@ holds one weight set and `meta`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import jax
 import ml_collections
@@ -27,16 +28,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from cdeit_jax import config_lib, fileio, logs, stats
-from cdeit_jax.conditioning import Calibration, Fixed
-from cdeit_jax.model import CDEIT
+from cdeit_jax import fileio, logs, stats
+from cdeit_jax.variables import Calibration
 from cdeit_jax.errors import InputError, MissingFile
 
 FORMAT = "cdeit-jax checkpoint v2"
 FORMAT_V1 = "cdeit-jax checkpoint v1"   # 0.1: weights with fixed tables, `ema_params`; read-only
 CHECKPOINTS = "checkpoints"
+T = TypeVar("T")
 WEIGHT_ITEMS = {"raw": "params", "ema": "ema"}
-_WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
 
 
 class CheckpointError(InputError):
@@ -92,14 +92,6 @@ def set_calibration(tree: nnx.Module | nnx.State, calibration: dict[str, list[fl
     v.set_value(jax.device_put(value.reshape(old.shape), old.sharding))
 
 
-def fixed_variables(cfg: ml_collections.ConfigDict, sharding) -> nnx.State:
-  """The model's Fixed variables (the physics-informed model's linear operator, uncalibrated;
-  empty for the published model) computed from the config alone; jit drops the unused weight
-  initialisation."""
-  build = lambda: nnx.state(CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0)), Fixed)
-  return jax.jit(build, out_shardings=sharding)()
-
-
 def _restore_target(tree, shardings):
   """ShapeDtypeStructs of `tree` placed on `shardings` (one sharding, or a matching tree)."""
   if isinstance(shardings, jax.sharding.Sharding):
@@ -143,7 +135,7 @@ def make_meta(cfg: ml_collections.ConfigDict, *, step: int, mean: np.ndarray, st
   }
 
 
-def save_inference(workdir: str, model: CDEIT, cfg: ml_collections.ConfigDict, *,
+def save_inference(workdir: str, model: nnx.Module, cfg: ml_collections.ConfigDict, *,
                    mean: np.ndarray, std: np.ndarray, step: int = 0, source: str = "",
                    weights: str = "ema") -> str:
   """Save one weight set (`ema` or `raw`) with its metadata; returns the step's directory."""
@@ -162,14 +154,21 @@ def save_inference(workdir: str, model: CDEIT, cfg: ml_collections.ConfigDict, *
     return str(mngr.directory / str(step))
 
 
+def step_folder(path: str) -> int | None:
+  """The step of a step folder (`.../checkpoints/<digits>`), recognised by its place, not by its
+  name alone (a workdir may be called `runs/2024`); None for anything else."""
+  p = fileio.path(path)
+  return int(p.name) if p.name.isdigit() and p.parent.name == CHECKPOINTS else None
+
+
 def resolve(path: str, step: int | None = None) -> tuple[str, int]:
   """(workdir, step) for a workdir, its `checkpoints/` folder, or one `checkpoints/<step>`."""
   p = fileio.path(path)
   path = str(p)
   if not p.exists():
     raise MissingFile(f"checkpoint {path}: no such file or directory")
-  if p.name.isdigit() and p.parent.name == CHECKPOINTS:
-    return str(p.parent.parent), int(p.name)
+  if step_folder(path) is not None:
+    return str(p.parent.parent), step_folder(path)
   if p.name == CHECKPOINTS:
     p = p.parent
     path = str(p)
@@ -204,25 +203,29 @@ def read_meta(path: str, step: int | None = None) -> dict[str, Any]:
   return meta
 
 
+def first_intact(steps: list[int], load: Callable[[int], T], skipped: dict[int, str],
+                 where: str) -> tuple[int, T]:
+  """(step, load(step)) of the first of `steps` that loads completely (newest first for a
+  resume, best first for an evaluation): one rule for training and evaluation. Each step passed
+  over is recorded in `skipped` ({step: reason}, the first reason found); TensorStore's noise
+  of a failed read goes to the debug log. CheckpointError listing every reason when none loads."""
+  with logs.StderrCapture() as capture:
+    for step in steps:
+      try:
+        return step, load(step)
+      except CheckpointError as e:
+        capture.failed = True
+        skipped.setdefault(step, str(e))
+  reasons = "\n  ".join(f"step {st}: {r}" for st, r in skipped.items())
+  raise CheckpointError(f"no checkpoint in {where} can be read:\n  {reasons}\nThe whole errors "
+                        f"are in {logs.DEBUG_LOG}; move the steps away to start afresh")
+
+
 def first_readable(workdir: str, steps: list[int], skipped: dict[int, str]
                    ) -> tuple[int, dict[str, Any]]:
-  """(step, meta) of the first of `steps` whose metadata reads; each step passed over is recorded
-  in `skipped` ({step: reason}). Raises the last step's error when none reads."""
-  for i, step in enumerate(steps):
-    try:
-      return step, read_meta(workdir, step)
-    except CheckpointError as e:
-      skipped[step] = str(e)
-      if i == len(steps) - 1:
-        raise
-  raise CheckpointError(f"checkpoint {workdir}: no step to read")
-
-
-def model_config(meta: dict[str, Any]) -> ml_collections.ConfigDict:
-  """A config whose `model` section is the checkpoint's."""
-  cfg = config_lib.default_config()
-  cfg.model.update(meta["model"])
-  return cfg
+  """(step, meta) of the first of `steps` whose metadata reads (`first_intact`)."""
+  return first_intact(steps, lambda st: read_meta(workdir, st), skipped,
+                      fileio.join(workdir, CHECKPOINTS))
 
 
 def meta_stats(meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -230,48 +233,9 @@ def meta_stats(meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
                            source="checkpoint metadata")
 
 
-RUNTIME_MODEL_KEYS = ("dtype", "attention_impl", "attention_query_chunk", "remat")
-
-
-def load_model(path: str, *, weights: str = "ema", step: int | None = None,
-               dtype: str | None = None, sharding: jax.sharding.Sharding | None = None,
-               **runtime: Any) -> tuple[CDEIT, dict[str, Any]]:
-  """Build the checkpoint's model and load one weight set; returns (model, meta).
-
-  `dtype` and `runtime` (attention_impl, attention_query_chunk, remat) override how the model
-  computes, not what it is; `sharding` places the weights (default: the first local device;
-  data-parallel callers pass a replicated mesh sharding).
-  """
-  if weights not in WEIGHT_ITEMS:
-    raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
-  workdir, step = resolve(path, step)
-  meta = read_meta(workdir, step)
-  where = f"checkpoint {workdir}/{CHECKPOINTS}/{step}"
-  if weights not in meta["weights"]:
-    raise InputError(f"{where} has no {weights!r} weights (it has {meta['weights']}); pass "
-                     f"--config.eval.weights={meta['weights'][0]}")
-  cfg = model_config(meta)
-  if dtype is not None:
-    cfg.model.dtype = dtype
-  for k, v in runtime.items():
-    if k not in RUNTIME_MODEL_KEYS:
-      raise TypeError(f"load_model: {k!r} is not one of {RUNTIME_MODEL_KEYS}")
-    if v is not None:
-      cfg.model[k] = v
-  if sharding is None:
-    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  model = nnx.eval_shape(lambda: CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0)))
-  if meta["format"] == FORMAT_V1:
-    return _load_v1(model, workdir, step, meta, weights, sharding), meta
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  restored = _restore_item(workdir, step, WEIGHT_ITEMS[weights], params, sharding)
-  model = nnx.merge(graphdef, restored, fixed_variables(cfg, sharding))
-  set_calibration(model, meta.get("calibration", {}))
-  return model, meta
-
-
-def _restore_item(workdir: str, step: int, item: str, like, sharding):
-  """One item of a step restored into the structure of `like` on `sharding`."""
+def restore_item(workdir: str, step: int, item: str, like, sharding):
+  """One item of a step restored into the structure of `like` on `sharding` (CheckpointError,
+  one line naming the step and item, when it cannot be read)."""
   with manager(workdir, read_only=True) as mngr:
     try:
       return mngr.restore(step, args=ocp.args.Composite(
@@ -280,29 +244,16 @@ def _restore_item(workdir: str, step: int, item: str, like, sharding):
       raise failure(f"checkpoint {workdir}/{CHECKPOINTS}/{step}/{item}", e) from None
 
 
-def _load_v1(abstract: CDEIT, workdir: str, step: int, meta: dict, weights: str, sharding):
-  """A format-v1 weight set (trained and fixed variables in one str-keyed tree)."""
-  like = nnx.to_pure_dict(nnx.state(abstract, nnx.Any(nnx.Param, Fixed)))
-  str_keys = lambda t: ({str(k): str_keys(v) for k, v in t.items()} if isinstance(t, dict) else t)
-  like = str_keys(like)
-  # v1 stored the sin-cos table, which the model now builds itself: read and dropped.
-  like["pos_embed"] = jax.ShapeDtypeStruct((abstract.grid ** 2, abstract.hidden_size), np.float32)
-  restored = _restore_item(workdir, step, _WEIGHT_ITEMS_V1[weights], like, sharding)
-  restored.pop("pos_embed")
-  graphdef, state, rest = nnx.split(abstract, nnx.Any(nnx.Param, Fixed), ...)
-  nnx.replace_by_pure_dict(state, restored)
-  return nnx.merge(graphdef, state, rest)
-
-
 # ----------------------------------------------------------------------------- training
 
 
+@functools.cache
 def _single_host_array_writes() -> None:
   """Write replicated arrays from one replica when there is one host.
 
   orbax's replica-parallel writes split each replicated array over its replicas with many small
   eager slices (19 of 22 s of a 40-step CPU run over 8 devices); they only pay off when the
-  replicas sit on different hosts.
+  replicas sit on different hosts. Registered once per process (cached).
   """
   if jax.process_count() == 1:
     ocp.type_handlers.register_type_handler(

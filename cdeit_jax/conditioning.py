@@ -28,33 +28,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cdeit_jax import measurement
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit import reconstruct
-from cdeit_jax.eit.fem import measurement_pairs
 from cdeit_jax.errors import InputError
-from cdeit_jax.protocol import NUM_MEASUREMENTS
+from cdeit_jax.measurement import CONTACT_IMPEDANCE, NUM_MEASUREMENTS
+from cdeit_jax.variables import Calibration, Fixed
 
-MODES = ("eim", "eim+linear")
 CALIBRATION_EXAMPLES = 1024    # training examples whose channel std sets the channel scale
-
-
-class Fixed(nnx.Variable):
-  """A model variable that is not trained (tables, operators, calibration): recomputed from the
-  config when a checkpoint loads, except `Calibration`, which the checkpoint records."""
-
-
-class Calibration(Fixed):
-  """Fixed values measured on the training set (set once by `calibrate`)."""
-
-
-_EIM_COLS = np.asarray(measurement_pairs())  # (16, 13): the EIM column of each measurement
 
 
 @functools.lru_cache(maxsize=4)
 def linear_factors(noser_exponent: float = reconstruct.NOSER_EXPONENT,
-                   contact_impedance: float = 0.01) -> dict[str, np.ndarray]:
-  """U (208, 208), s (208,), B^T (208, 128*128) and W (128*128,) of the default simulator's
-  Jacobian (float64; zero outside the disk), computed once per process."""
+                   contact_impedance: float = CONTACT_IMPEDANCE) -> dict[str, np.ndarray]:
+  """U (208, 208), s (208,), B^T (208, 128*128) and W (128*128,) of the simulator's
+  Jacobian at `contact_impedance` (float64; zero outside the disk), computed once per process."""
   disk, jd, w_inv, gram = reconstruct.weighted_system(
       reconstruct.default_jacobian(contact_impedance), noser_exponent)
   s, u = np.linalg.eigh((gram + gram.T) / 2)
@@ -78,7 +66,7 @@ class LinearConditioner(nnx.Module):
   of the voltages in simulation units, each divided by its training-set std."""
 
   def __init__(self, alphas, *, noser_exponent: float = reconstruct.NOSER_EXPONENT,
-               contact_impedance: float = 0.01):
+               contact_impedance: float = CONTACT_IMPEDANCE):
     if not alphas or any(not a > 0 for a in alphas):
       raise InputError(f"regularisation levels {tuple(alphas)!r}: give one or more numbers > 0, "
                        "e.g. (0.03, 0.3) (config.model.cond_alphas)")
@@ -95,8 +83,8 @@ class LinearConditioner(nnx.Module):
 
   def voltages(self, cond: jax.Array) -> jax.Array:
     """(B, 208) voltages in simulation units (ys / voltage_ratio) read back from the EIM."""
-    v = cond[..., 0].astype(jnp.float32)[:, np.arange(16)[:, None], _EIM_COLS]
-    return v.reshape(v.shape[0], NUM_MEASUREMENTS) * self.voltage_std[...] + self.voltage_mean[...]
+    return measurement.voltages_from_eim(cond.astype(jnp.float32), self.voltage_mean[...],
+                                         self.voltage_std[...])
 
   def reconstruct(self, ys: jax.Array, filt: jax.Array) -> jax.Array:
     """(B, levels, pixels) M_alpha ys for filters (levels, 208)."""
@@ -161,7 +149,7 @@ class DataConsistency(nnx.Module):
 
   def __init__(self, mean, std, *, strength: float = 1.0, alpha: float = 0.1,
                noser_exponent: float = reconstruct.NOSER_EXPONENT,
-               contact_impedance: float = 0.01):
+               contact_impedance: float = CONTACT_IMPEDANCE):
     if not strength > 0:
       raise InputError(f"data consistency strength must be > 0, got {strength}")
     self.strength = float(strength)

@@ -1,13 +1,17 @@
 """The default configuration (the CDEIT authors' recipe) and helpers to load and use configs.
 
 Config files in `configs/` are small ml_collections files with `get_config()` that start from
-`default_config()` here and change what differs; keys of `model` are `CDEIT` argument names.
+`default_config()` here and change what differs. Each default lives once: `model` is `CDEIT`'s
+keyword arguments and `diffusion` `Diffusion`'s, read from their signatures; the phantoms'
+from `PhantomSpec`; the measuring system's from `cdeit_jax.measurement`. Reading a config
+imports no physics (no simulator, no conditioning).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import os
 from typing import Any
 
@@ -16,31 +20,44 @@ import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
 
-from cdeit_jax import attention, conditioning
+from cdeit_jax import attention, measurement
+from cdeit_jax.diffusion import Diffusion
+from cdeit_jax.eit.spec import PhantomSpec
 from cdeit_jax.errors import InputError, MissingFile
+from cdeit_jax.model import CDEIT, COND_MODES, SYSTEM_ARGS
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+SOURCES = ("files", "simulator")
+
+
+def signature_defaults(fn, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None
+                       ) -> dict[str, Any]:
+  """The keyword defaults of `fn` (or of the names in `only`) as config values; a None default
+  becomes a placeholder of its annotated type (`int | None` -> placeholder(int))."""
+  out = {}
+  for name, p in inspect.signature(fn).parameters.items():
+    if name in skip or p.default is inspect.Parameter.empty or (only and name not in only):
+      continue
+    if p.default is None:
+      kind = next(t for t in (int, float, str) if t.__name__ in str(p.annotation).split(" | "))
+      out[name] = config_dict.placeholder(kind)
+    else:
+      out[name] = p.default
+  return out
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """The published model and diffusion."""
+  """The published model and diffusion, the authors' training recipe."""
   c = ml_collections.ConfigDict()
-  c.model = ml_collections.ConfigDict(dict(
-      image_size=128, patch_size=2, in_channels=1, hidden_size=512, num_heads=16, mlp_ratio=4.0,
-      num_scales=4, window_size=config_dict.placeholder(int), cond_size=16, freq_dim=256,
-      # the condition: "eim" (the published model) or "eim+linear" (physics-informed: one
-      # linear reconstruction of the voltages per regularisation level, cdeit_jax.conditioning)
-      cond="eim", cond_alphas=(0.03, 0.3),
-      dtype="float32",  # compute dtype; parameters stay float32
-      # auto: splash (TPU), cudnn (GPU, 16-bit), blocked (elsewhere); or xla, blocked, cudnn, splash
-      attention_impl="auto",
-      attention_query_chunk=config_dict.placeholder(int),  # xla backend: lower attention memory
-      remat=False))
-  c.diffusion = ml_collections.ConfigDict(dict(num_steps=1000, beta_start=1e-4, beta_end=0.02))
+  # CDEIT's arguments. cond: "eim" (published) or "eim+linear" (physics-informed); dtype: the
+  # compute dtype; attention_impl: auto = splash (TPU), cudnn (GPU, 16-bit), blocked (elsewhere),
+  # or xla, blocked, cudnn, splash; attention_query_chunk: lower attention memory (xla backend).
+  c.model = ml_collections.ConfigDict(signature_defaults(CDEIT.__init__, skip=SYSTEM_ARGS))
+  c.diffusion = ml_collections.ConfigDict(signature_defaults(Diffusion.__init__))
   # Sampling and evaluation (eval.py): taken from the checkpoint's config, overridable there
   # with --config.sampling.steps=10 and so on.
   c.sampling = ml_collections.ConfigDict(dict(
-      steps=5, eta=1.0,
+      **signature_defaults(Diffusion.sample_fn, only=("steps", "eta")),
       num_samples=1,  # K samples per measurement: the mean is the reconstruction, the std its
                       # per-pixel uncertainty
       seed=0,
@@ -59,9 +76,9 @@ def default_config() -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       # files: npz folders under `path`; simulator: fresh examples made on the devices every step
       # from `config.simulator` (no files, no epochs; cdeit_jax.simulator_source)
-      source="files",
+      source=SOURCES[0],
       path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
-      preset="simulated",  # simulated | uef2017 | ktc2023 (sets the two ratios)
+      preset="simulated",  # a name of measurement.PRESETS (sets the two ratios)
       voltage_ratio=config_dict.placeholder(float), current_ratio=config_dict.placeholder(float),
       stats=config_dict.placeholder(str),  # folder with mean/std; default: the dataset root
       skip_bad_files=False,  # True: skip unreadable/invalid files with a warning
@@ -70,11 +87,10 @@ def default_config() -> ml_collections.ConfigDict:
       train_split="train", valid_split="valid"))
   # The simulated distribution (cdeit_jax.synthetic): read by `python -m cdeit_jax.simulate`
   # (files) and by the simulator data source (config.data.source="simulator") alike.
-  from cdeit_jax.eit.phantom import PhantomSpec
   c.simulator = ml_collections.ConfigDict(dict(
       seed=0,  # example i of a split is a function of (seed, split, i)
       snr_db=config_dict.FieldReference(40.0, field_type=float),  # noise on vh and vi; None: none
-      contact_impedance=0.01,
+      contact_impedance=measurement.CONTACT_IMPEDANCE,
       phantom=ml_collections.ConfigDict(dataclasses.asdict(PhantomSpec())),
       tikhonov_alpha=config_dict.placeholder(float),  # TR in files; None: reconstruct's default
       # simulator source: normalisation statistics (and the physics-informed calibration) from
@@ -134,11 +150,11 @@ def check_training_config(cfg: ml_collections.ConfigDict, num_devices: int,
   need(cfg.ema.update_every > 0, "ema.update_every", "must be > 0")
   need(cfg.sampling.steps >= 1, "sampling.steps", "must be >= 1")
   need(cfg.diffusion.num_steps >= 1, "diffusion.num_steps", "must be >= 1")
-  need(cfg.data.preset in ("simulated", "uef2017", "ktc2023") or (
+  need(cfg.data.preset in measurement.PRESETS or (
       cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None), "data.preset",
-       "unknown preset: use simulated, uef2017 or ktc2023, or set data.voltage_ratio and "
-       "data.current_ratio")
-  need(cfg.data.source in ("files", "simulator"), "data.source",
+       f"unknown preset: use one of {', '.join(measurement.PRESETS)}, or set data.voltage_ratio "
+       "and data.current_ratio")
+  need(cfg.data.source in SOURCES, "data.source",
        "must be 'files' (npz folders under data.path) or 'simulator' (examples made on the "
        "devices from config.simulator)")
   need(cfg.data.path is not None or not need_data or cfg.data.source == "simulator", "data.path",
@@ -202,11 +218,13 @@ def _get(cfg, key):
 
 
 def model_kwargs(cfg: ml_collections.ConfigDict, platform: str | None = None) -> dict[str, Any]:
-  """`CDEIT(**model_kwargs(cfg), rngs=...)` arguments from a config's `model` section, with the
+  """`CDEIT(**model_kwargs(cfg), rngs=...)` arguments from a config's `model` section and the
+  measuring system of `config.simulator` (the physics-informed condition's Jacobian), with the
   attention backend resolved for `platform` (default: the default backend's)."""
   kw = dict(cfg.model)
-  if kw.get("cond", "eim") not in conditioning.MODES:
-    raise InputError(f"config.model.cond: {kw.get('cond')!r} is not one of {conditioning.MODES}")
+  kw["contact_impedance"] = float(cfg.simulator.contact_impedance)
+  if kw.get("cond", "eim") not in COND_MODES:
+    raise InputError(f"config.model.cond: {kw.get('cond')!r} is not one of {COND_MODES}")
   if "cond_alphas" in kw:
     alphas = kw["cond_alphas"]
     if isinstance(alphas, (int, float)):

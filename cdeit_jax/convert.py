@@ -215,9 +215,9 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
 def convert(checkpoint_path: str, cfg, workdir: str, *, stats_dir: str | None = None,
             step: int = 0, weights: str = "ema") -> str:
   """Read a reference checkpoint, load it strictly into the config's model, save a workdir."""
-  from cdeit_jax import checkpoint, config_lib, stats
+  from cdeit_jax import checkpoint, models, stats
 
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  model = models.build(cfg)
   load_torch_state_dict(model, read_state_dict(checkpoint_path), source=checkpoint_path)
   mean, std = stats.load_stats(stats_dir) if stats_dir else stats.authors_stats()
   return checkpoint.save_inference(workdir, model, cfg, mean=mean, std=std, step=step,

@@ -1,5 +1,6 @@
-"""CDEIT examples: a folder of npz files (`cdeit_jax.files`) as a random-access source of scaled,
-standardised voltages, their EIM condition and the target; and `python -m cdeit_jax.data stats`.
+"""CDEIT examples: a folder of npz files (`cdeit_jax.files`), or arrays in memory, as a
+random-access source of conditioned examples (`measurement.condition`: scaled and standardised
+voltages, their EIM) and targets; and `python -m cdeit_jax.data stats`.
 """
 
 from __future__ import annotations
@@ -11,40 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from cdeit_jax import fileio
+from cdeit_jax import fileio, measurement
 from cdeit_jax import files as npz_files
 from cdeit_jax import stats as stats_lib
-from cdeit_jax.eit.fem import measurement_pairs
 from cdeit_jax.files import BASELINE_KEYS, DatasetError
-from cdeit_jax.protocol import IMAGE_SIZE, NUM_ELECTRODES, STATS_SHAPE
-
-def _eim_gather() -> tuple[np.ndarray, np.ndarray]:
-  """(16, 16) measurement index of each EIM entry (row k skips k-1, k, k+1: the measurement
-  protocol) and its mask (0 where nothing is measured, index 0 there)."""
-  index = np.zeros((NUM_ELECTRODES, NUM_ELECTRODES), np.int32)
-  mask = np.zeros((NUM_ELECTRODES, NUM_ELECTRODES), np.float32)
-  rows = np.arange(NUM_ELECTRODES)[:, None]
-  cols = np.asarray(measurement_pairs())
-  index[rows, cols] = np.arange(cols.shape[1])[None]
-  mask[rows, cols] = 1.0
-  return index, mask
-
-
-_EIM_ROWS = np.arange(NUM_ELECTRODES)[:, None]
-_EIM_INDEX, _EIM_MASK = _eim_gather()
-
-
-def eim(voltages):
-  """Electrode interaction matrix (..., 16, 16) from standardised voltages (..., 16, 13); numpy
-  or jax arrays (the files' pipeline on the host, the simulator source on the devices)."""
-  return voltages[..., _EIM_ROWS, _EIM_INDEX] * _EIM_MASK.astype(voltages.dtype)
-
-
-def _condition(ys, ratio: float, mean: np.ndarray, std: np.ndarray):
-  scaled = np.asarray(ys, np.float32).reshape(STATS_SHAPE[1:]) / np.float32(ratio)
-  v = (scaled - mean) / std
-  return eim(v)[..., None], v, scaled.reshape(-1)
-
+from cdeit_jax.measurement import IMAGE_SIZE
 
 # ----------------------------------------------------------------------------- the sources
 
@@ -66,8 +38,8 @@ class NpzSource:
                baselines: bool = False):
     self.path = fileio.resolve(path)
     self.preset = preset
-    self.voltage_ratio, self.current_ratio = npz_files.resolve_ratios(preset, voltage_ratio,
-                                                                      current_ratio)
+    self.voltage_ratio, self.current_ratio = measurement.resolve_ratios(preset, voltage_ratio,
+                                                                        current_ratio)
     names = npz_files.list_files(self.path)
     arrays = None
     if validate_files and cache:  # validation reads each file; keep what it read
@@ -77,7 +49,6 @@ class NpzSource:
     else:
       self.files = names
     self.mean, self.std = stats_lib.resolve_stats(self.path, stats, checkpoint_stats)
-    self._mean, self._std = self.mean.reshape(STATS_SHAPE[1:]), self.std.reshape(STATS_SHAPE[1:])
     self.baselines = baselines
     self._cache: list[dict] | None = None
     if cache:
@@ -93,7 +64,8 @@ class NpzSource:
   def condition(self, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cond (16,16,1), standardised voltages (16,13), scaled voltages (208,)) from raw `ys`
     (208,) in measured units."""
-    return _condition(ys, self.voltage_ratio, self._mean, self._std)
+    return measurement.condition(np.asarray(ys, np.float32), self.voltage_ratio, self.mean,
+                                 self.std)
 
   def _load(self, i: int, z: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     path = fileio.join(self.path, self.files[i])
@@ -130,7 +102,6 @@ class ArraySource:
     self.path = name  # what messages call it
     self._ys, self._xs = np.asarray(ys, np.float32), np.asarray(xs, np.float32)
     self.mean, self.std = stats_lib.check_stats(mean, std, source=name)
-    self._mean, self._std = self.mean.reshape(STATS_SHAPE[1:]), self.std.reshape(STATS_SHAPE[1:])
 
   def __len__(self) -> int:
     return len(self._ys)
@@ -139,7 +110,7 @@ class ArraySource:
     return f"ArraySource({self.path!r}, n={len(self)})"
 
   def __getitem__(self, i: int) -> dict[str, Any]:
-    cond, v, scaled = _condition(self._ys[i], self.voltage_ratio, self._mean, self._std)
+    cond, v, scaled = measurement.condition(self._ys[i], self.voltage_ratio, self.mean, self.std)
     return {"cond": cond, "voltages": v, "ys": scaled,
             "target": self._xs[i].reshape(IMAGE_SIZE, IMAGE_SIZE, 1), "index": np.int32(i),
             "name": f"{i:07d}"}
@@ -152,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
   sub = p.add_subparsers(dest="cmd", required=True)
   s = sub.add_parser("stats", help="compute mean.npy/std.npy (1,16,13) of a training split")
   s.add_argument("split", help="folder of npz files, e.g. DATA/train")
-  s.add_argument("--preset", default="simulated", choices=sorted(npz_files.PRESETS))
+  s.add_argument("--preset", default="simulated", choices=sorted(measurement.PRESETS))
   s.add_argument("--voltage-ratio", type=float, default=None)
   s.add_argument("--out", default=None, help="where to write mean.npy/std.npy (default: the "
                  "split's parent, where the loaders look first)")

@@ -1,6 +1,6 @@
 """The CDEIT npz file format: one example per file, `ys` (208, 1) difference voltages in the
-measuring system's units and `xs` (128, 128) the conductivity-change target, optionally `TR` and
-`xs_gn` (classical reconstructions, kept for evaluation); the presets' units; reading and
+measuring system's units (`measurement.PRESETS`) and `xs` (128, 128) the conductivity-change
+target, optionally `TR` and `xs_gn` (classical reconstructions, kept for evaluation); reading and
 validating a folder of them.
 """
 
@@ -18,23 +18,11 @@ import numpy as np
 
 from cdeit_jax import fileio
 from cdeit_jax.errors import InputError
-from cdeit_jax.protocol import IMAGE_SIZE, NUM_MEASUREMENTS
+from cdeit_jax.measurement import IMAGE_SIZE, NUM_MEASUREMENTS
 
 log = logging.getLogger(__name__)
 
-# name -> (voltage_ratio, current_ratio): measured / simulated units (reference document).
-PRESETS = {"simulated": (1.0, 1.0), "uef2017": (1040.856, 2.0), "ktc2023": (1978.0, 2.0)}
 BASELINE_KEYS = ("TR", "xs_gn")
-
-
-def resolve_ratios(preset: str, voltage_ratio: float | None = None,
-                   current_ratio: float | None = None) -> tuple[float, float]:
-  if preset not in PRESETS and (voltage_ratio is None or current_ratio is None):
-    raise InputError(f"unknown data preset {preset!r}: use one of {sorted(PRESETS)}, or give both "
-                     "voltage_ratio and current_ratio")
-  v, c = PRESETS.get(preset, (None, None))
-  return float(voltage_ratio if voltage_ratio is not None else v), \
-      float(current_ratio if current_ratio is not None else c)
 
 
 # numpy parses .npy headers with ast.literal_eval, which is not thread-safe on CPython 3.11

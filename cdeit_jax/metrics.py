@@ -100,3 +100,23 @@ def summary(preds: np.ndarray, gts: np.ndarray) -> tuple[dict[str, float], list[
              "ssim_disk": float(np.mean([r["ssim_disk"] for r in rows])),
              "cc": _nanmean([r["cc"] for r in rows])}
   return overall, rows
+
+
+def score(pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
+          ) -> tuple[dict[str, dict], list[dict[str, float]], dict[str, np.ndarray]]:
+  """An evaluation's scores: (overall metrics of CDEIT, the empty image and each baseline that is
+  finite everywhere (scaled, `scale_baseline`); per-image rows with the baselines' columns; the
+  scaled baselines). `pred`, `target` (n, H, W); `baselines` {name: (n, H, W)}."""
+  overall, rows = summary(pred, target)
+  empty = summary(np.zeros_like(pred), target)[0]
+  report = {"cdeit": overall, "empty": {k: v for k, v in empty.items() if k != "cc"}}  # CC: undefined
+  scaled_all = {}
+  for name, imgs in baselines.items():
+    if np.all(np.isfinite(imgs)):
+      scaled = np.stack([scale_baseline(b) for b in imgs])
+      scaled_all[name] = scaled
+      b_overall, b_rows = summary(scaled, target)
+      report[name] = b_overall
+      for r, br in zip(rows, b_rows):
+        r.update({f"{name}_{m}": v for m, v in br.items()})
+  return report, rows, scaled_all

@@ -18,11 +18,19 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import attention, conditioning
+from cdeit_jax import attention
 from cdeit_jax.errors import InputError
+from cdeit_jax.measurement import CONTACT_IMPEDANCE
 
 Array = jax.Array
 DType = Any
+
+# The condition: "eim" (the published model) or "eim+linear" (physics-informed: one linear
+# reconstruction of the voltages per regularisation level, cdeit_jax.conditioning).
+COND_MODES = ("eim", "eim+linear")
+# Arguments that describe the measuring system, not the network: configs set them in
+# `config.simulator` (the system the data come from), not in `config.model`.
+SYSTEM_ARGS = ("contact_impedance",)
 
 xavier_uniform = nnx.initializers.xavier_uniform()
 zeros = nnx.initializers.zeros_init()
@@ -248,10 +256,12 @@ class FinalLayer(nnx.Module):
 class CDEIT(nnx.Module):
   """CDEIT denoiser: predicts the clean image x0 from a noisy image, a timestep and the EIM.
 
-  Args default to the published model (109,719,108 parameters with the position table).
+  Args default to the published model (109,719,108 parameters with the position table); these
+  defaults are the config's (`config_lib.default_config` reads them from this signature).
   `cond` is the condition: "eim" (published) or "eim+linear", which adds one linear
   reconstruction of the same voltages per level in `cond_alphas` as input channels
-  (`cdeit_jax.conditioning`).
+  (`cdeit_jax.conditioning`), with the Jacobian of a system of this `contact_impedance`.
+  `dtype` is the compute dtype (a name or a dtype); parameters stay float32.
   `attention_impl` picks the attention backend (see `cdeit_jax.attention`; default: the best for
   the platform). `attention_query_chunk` computes global attention over query chunks of that
   many tokens in turn (lower peak memory with the `xla` backend).
@@ -262,9 +272,10 @@ class CDEIT(nnx.Module):
   def __init__(self, *, image_size: int = 128, patch_size: int = 2, in_channels: int = 1,
                hidden_size: int = 512, num_heads: int = 16, mlp_ratio: float = 4.0,
                num_scales: int = 4, window_size: int | None = None, cond_size: int = 16,
-               freq_dim: int = 256, cond: str = "eim", cond_alphas=(0.03, 0.3),
-               dtype: DType = jnp.float32, attention_impl: str | None = None,
-               attention_query_chunk: int | None = None, remat: bool = False, rngs: nnx.Rngs):
+               freq_dim: int = 256, cond: str = "eim", cond_alphas: tuple = (0.03, 0.3),
+               dtype: str | DType = "float32", attention_impl: str = "auto",
+               attention_query_chunk: int | None = None, remat: bool = False,
+               contact_impedance: float = CONTACT_IMPEDANCE, rngs: nnx.Rngs):
     if image_size % patch_size:
       raise InputError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
     grid = image_size // patch_size
@@ -276,15 +287,20 @@ class CDEIT(nnx.Module):
       raise InputError(f"window_size {window} does not divide the token grid {grid}")
     if image_size % cond_size:
       raise InputError(f"image_size {image_size} is not divisible by cond_size {cond_size}")
-    if cond not in conditioning.MODES:
-      raise InputError(f"cond {cond!r} must be one of {conditioning.MODES}")
+    if cond not in COND_MODES:
+      raise InputError(f"cond {cond!r} must be one of {COND_MODES}")
     if cond != "eim" and image_size != 128:
       raise InputError(f"cond {cond!r} needs image_size 128 (the simulator's grid), "
                        f"got {image_size}")
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
     self.cond_mode = cond
-    self.conditioner = (conditioning.LinearConditioner(tuple(cond_alphas)) if cond != "eim"
-                        else None)
+    dtype = jnp.dtype(dtype)
+    conditioner = None
+    if cond != "eim":  # the physics, only when asked for
+      from cdeit_jax import conditioning
+      conditioner = conditioning.LinearConditioner(tuple(cond_alphas),
+                                                   contact_impedance=contact_impedance)
+    self.conditioner = conditioner
     extra = 0 if self.conditioner is None else len(self.conditioner.alphas)
     self.hidden_size, self.grid, self.window, self.cond_size = hidden_size, grid, window, cond_size
     self.freq_dim, self.dtype, self.remat = freq_dim, jnp.dtype(dtype), remat

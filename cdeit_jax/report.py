@@ -60,7 +60,7 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
   several samples) | the built-in Tikhonov of the same voltages (scaled as in the metrics)."""
   import numpy as np
 
-  from cdeit_jax import eit, evaluate, metrics
+  from cdeit_jax import eit, metrics, outputs
   from cdeit_jax import files as npz_files
   s = json.loads(fileio.path(fileio.join(folder, "metrics.json")).read_text())["settings"]
   with fileio.open_binary(fileio.join(folder, "predictions.npz")) as fh:
@@ -70,7 +70,7 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
                  for n in names]) / s["voltage_ratio"]
   tik = np.stack([metrics.scale_baseline(b) for b in eit.default_tikhonov()(ys)])
   std = z["std"][:rows] if "std" in z else None
-  fileio.atomic_write(out, lambda p: evaluate.save_figure(
+  fileio.atomic_write(out, lambda p: outputs.save_figure(
       p, names, z["target"][:rows], z["pred"][:rows], std, {"tikhonov": tik}))
 
 

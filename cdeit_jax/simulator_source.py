@@ -14,6 +14,7 @@ validation uses the fixed examples 0..`config.simulator.valid_examples`-1 of the
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 import jax
@@ -22,13 +23,14 @@ import ml_collections
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from cdeit_jax import measurement
 from cdeit_jax import sharding as shd
 from cdeit_jax import synthetic
-from cdeit_jax.data import ArraySource, eim
+from cdeit_jax.data import ArraySource
 from cdeit_jax.errors import InputError
-from cdeit_jax.protocol import IMAGE_SIZE, NUM_ELECTRODES, NUM_MEASUREMENTS, STATS_SHAPE
 
 _CHUNK = 256  # examples per call when making the fixed sets
+PRESET = "simulated"  # the simulator's units
 
 
 def fixed_examples(cfg: ml_collections.ConfigDict, split: str, n: int, mesh: jax.sharding.Mesh
@@ -43,56 +45,65 @@ def fixed_examples(cfg: ml_collections.ConfigDict, split: str, n: int, mesh: jax
   return np.concatenate(ys), np.concatenate(xs)
 
 
-def statistics(ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-  """Per-measurement mean and std (N-1) in float64, shaped (1, 16, 13) as the authors'."""
-  if len(ys) < 2:
-    raise InputError("config.simulator.stats_examples must be >= 2 (a std needs two examples)")
-  y = np.asarray(ys, np.float64)
-  return (y.mean(0).reshape(STATS_SHAPE).astype(np.float32),
-          y.std(0, ddof=1).reshape(STATS_SHAPE).astype(np.float32))
+class SimulatorData:
+  """The training data of `config.simulator` (the `sources.TrainingData` interface): statistics
+  (and the physics-informed calibration) from the first `stats_examples` training examples, or
+  the checkpoint's on resume; the fixed validation examples; each step's batch made on the
+  devices. Nothing goes into the checkpoint: the stream's position is the step."""
 
+  checkpoint_item = None
 
-def open_sources(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-                 checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None
-                 ) -> tuple[ArraySource, ArraySource]:
-  """(calibration source: the statistics' examples with their mean and std, or an empty source
-  carrying the checkpoint's statistics on resume; the fixed validation set)."""
-  if cfg.data.preset != "simulated":
-    raise InputError(f"config.data.preset={cfg.data.preset!r}: the simulator source makes "
-                     "simulated data; use config.data.preset='simulated'")
-  s = cfg.simulator
-  if checkpoint_stats is None:
-    ys, xs = fixed_examples(cfg, "train", int(s.stats_examples), mesh)
-    mean, std = statistics(ys)
-    train = ArraySource(ys, xs, mean, std, name=f"simulator train examples 0..{len(ys) - 1}")
-  else:
-    mean, std = checkpoint_stats
-    train = ArraySource(np.zeros((0, NUM_MEASUREMENTS), np.float32),
-                        np.zeros((0, IMAGE_SIZE, IMAGE_SIZE), np.float32), mean, std,
-                        name="simulator (statistics from the checkpoint)")
-  if int(s.valid_examples) < 1:
-    raise InputError("config.simulator.valid_examples must be >= 1")
-  ys, xs = fixed_examples(cfg, "valid", int(s.valid_examples), mesh)
-  valid = ArraySource(ys, xs, mean, std, name=f"simulator valid examples 0..{len(ys) - 1}")
-  return train, valid
+  def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
+               checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None):
+    if cfg.data.preset != PRESET:
+      raise InputError(f"config.data.preset={cfg.data.preset!r}: the simulator source makes "
+                       f"simulated data; use config.data.preset='{PRESET}'")
+    s = cfg.simulator
+    if int(s.valid_examples) < 1:
+      raise InputError("config.simulator.valid_examples must be >= 1")
+    t0 = time.perf_counter()
+    self.calibration = None
+    if checkpoint_stats is None:
+      if int(s.stats_examples) < 2:
+        raise InputError("config.simulator.stats_examples must be >= 2 (a std needs two "
+                         "examples)")
+      ys, xs = fixed_examples(cfg, "train", int(s.stats_examples), mesh)
+      running = measurement.RunningStats()
+      running.add(ys)
+      self.mean, self.std = running.result("config.simulator.stats_examples")
+      self.calibration = ArraySource(ys, xs, self.mean, self.std,
+                                     name=f"simulator train examples 0..{len(ys) - 1}")
+    else:
+      self.mean, self.std = checkpoint_stats
+    ys, xs = fixed_examples(cfg, "valid", int(s.valid_examples), mesh)
+    self.valid = ArraySource(ys, xs, self.mean, self.std,
+                             name=f"simulator valid examples 0..{len(ys) - 1}")
+    made = (f"{len(self.calibration)} statistics and" if self.calibration is not None else
+            "statistics from the checkpoint,")
+    self.description = (f"simulator source: {made} {len(self.valid)} validation examples made "
+                        f"in {time.perf_counter() - t0:.1f} s")
+    self._batch = batch_fn(cfg, mesh, self.mean, self.std)
+
+  def batch(self, step: jax.Array) -> dict[str, jax.Array]:
+    return self._batch(step)
 
 
 def batch_fn(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, mean: np.ndarray,
              std: np.ndarray) -> Callable[[jax.Array], dict[str, jax.Array]]:
   """Jitted `step -> {"cond", "target"}`: the global batch of `step`, sharded over the batch axis
-  like the files' batches, each device making its rows. `step` is a device scalar (the state's),
-  so no value goes through the host."""
+  like the files' batches, each device making its rows (conditioned as the files' examples,
+  `measurement.condition`). `step` is a device scalar (the state's), so no value goes through
+  the host."""
   gen = synthetic.generator(cfg.simulator)
   g = cfg.batch_size
   one_at_a_time = synthetic.per_example(mesh.devices.flat[0].platform)
   mean = jnp.asarray(np.ravel(mean), jnp.float32)
   std = jnp.asarray(np.ravel(std), jnp.float32)
+  ratio, _ = measurement.resolve_ratios(PRESET)
 
   def rows(indices):
     ys, xs = gen.examples("train", indices, batched=not one_at_a_time)
-    # The "simulated" preset's voltage ratio is 1: the voltages are used as simulated.
-    v = (ys.astype(jnp.float32) - mean) / std
-    cond = eim(v.reshape(v.shape[0], NUM_ELECTRODES, -1))[..., None]
+    cond, _, _ = measurement.condition(ys.astype(jnp.float32), ratio, mean, std)
     return {"cond": cond, "target": xs.astype(jnp.float32)[..., None]}
 
   local = jax.shard_map(rows, mesh=mesh, in_specs=P(shd.DATA), out_specs=P(shd.DATA))

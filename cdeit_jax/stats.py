@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from cdeit_jax import fileio, files
+from cdeit_jax import fileio, files, measurement
 from cdeit_jax.errors import InputError, MissingFile
-from cdeit_jax.protocol import NUM_MEASUREMENTS, STATS_SHAPE
+from cdeit_jax.measurement import NUM_MEASUREMENTS, STATS_SHAPE
 
 log = logging.getLogger(__name__)
 
@@ -221,26 +221,21 @@ def compute_stats(split_dir: str, preset: str = "simulated", *, voltage_ratio: f
                   progress: bool = True, skip_bad: bool = False
                   ) -> tuple[np.ndarray, np.ndarray]:
   """Per-measurement mean and std (N-1) of `ys / voltage_ratio` over a split, streaming in
-  float64 (the authors' statistics, shape (1, 16, 13))."""
+  float64 (`measurement.RunningStats`; the authors' statistics, shape (1, 16, 13))."""
   from tqdm import tqdm
 
-  ratio, _ = files.resolve_ratios(preset, voltage_ratio, 1.0)
+  ratio, _ = measurement.resolve_ratios(preset, voltage_ratio, 1.0)
   names = files.check_folder(split_dir, files.list_files(split_dir), skip_bad=skip_bad)
   if len(names) < 2:
     raise files.DatasetError(f"data folder {split_dir}: need at least 2 files for a std (N-1)")
-  n, mean, m2 = 0, np.zeros(NUM_MEASUREMENTS), np.zeros(NUM_MEASUREMENTS)
+  running = measurement.RunningStats()
   read = lambda f: files.read_npz(fileio.join(split_dir, f), ("ys",))["ys"]
   with concurrent.futures.ThreadPoolExecutor(8) as pool:  # overlaps reads (object stores)
     ys = pool.map(read, names)
     for y in tqdm(ys, total=len(names), desc=f"stats {split_dir}", unit="file",
                   disable=not progress):
-      x = np.asarray(y, np.float64).reshape(NUM_MEASUREMENTS) / ratio
-      n += 1  # Welford's update: one pass, numerically stable
-      delta = x - mean
-      mean += delta / n
-      m2 += delta * (x - mean)
-  std = np.sqrt(m2 / (n - 1))
-  return mean.reshape(STATS_SHAPE).astype(np.float32), std.reshape(STATS_SHAPE).astype(np.float32)
+      running.add(y, ratio)
+  return running.result(f"data folder {split_dir}")
 
 
 def write_stats(out: str, mean: np.ndarray, std: np.ndarray) -> None:

@@ -1,11 +1,15 @@
-"""The training loop: data, compiled step, validation, checkpoints, logging, preemption.
+"""The training loop, in phases: the resume plan (which checkpoint, if any, and whether the
+config may resume from it), the data (`sources`), the compiled step (`training`), the restore
+(the newest intact step), then the steps, with every periodic action (log window, validation,
+checkpoint, preemption stop) decided by one small predicate (`Schedule`).
 
-Host work stays off the device's path: metrics are fetched once per `log_every` steps, checkpoints
+Host work stays off the device's path: metrics are fetched once per log window, checkpoints
 are written asynchronously by orbax, and grain prefetches batches in threads or processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import time
@@ -17,11 +21,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from cdeit_jax import aot, checkpoint, config_lib, data, fileio, hardware, logs, pipeline
-from cdeit_jax import workdir_lock
+from cdeit_jax import checkpoint, config_lib, fileio, hardware, logs, models, pipeline
+from cdeit_jax import device_memory, sources, training, workdir_lock
 from cdeit_jax import sharding as shd
-from cdeit_jax import simulator_source, training
-from cdeit_jax.errors import CdeitError, DoesNotFit
+from cdeit_jax.errors import CdeitError
 
 log = logs.log.getChild("train")
 
@@ -60,38 +63,6 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
-def open_sources(cfg: ml_collections.ConfigDict, checkpoint_stats=None):
-  """(train, valid) sources; valid uses the training set's statistics."""
-  d = cfg.data
-  common = dict(voltage_ratio=d.voltage_ratio, current_ratio=d.current_ratio,
-                skip_bad=d.skip_bad_files)
-  train = data.NpzSource(fileio.join(d.path, d.train_split), d.preset, d.stats,
-                         checkpoint_stats=checkpoint_stats, cache=d.cache, **common)
-  valid = data.NpzSource(fileio.join(d.path, d.valid_split), d.preset, (train.mean, train.std),
-                         cache=d.cache, **common)
-  return train, valid
-
-
-def _memory_report(compiled: training.CompiledStep, cfg: ml_collections.ConfigDict) -> str:
-  m = compiled.memory
-  if not m:
-    return "memory analysis: not reported by this backend"
-  gib = lambda b: b / 2 ** 30
-  need = m["peak_bytes"]
-  text = (f"memory per device: arguments {gib(m.get('argument_size_in_bytes', 0)):.2f} GiB, "
-          f"outputs {gib(m.get('output_size_in_bytes', 0)):.2f} GiB (aliased "
-          f"{gib(m.get('alias_size_in_bytes', 0)):.2f}), temporaries "
-          f"{gib(m.get('temp_size_in_bytes', 0)):.2f} GiB; total ~{gib(need):.2f} GiB")
-  stats = jax.local_devices()[0].memory_stats() or {}
-  limit = stats.get("bytes_limit")
-  if limit:
-    text += f" of {gib(limit):.2f} GiB"
-    if need > limit:
-      raise DoesNotFit(f"{text}\nThe train step will not fit: set "
-                        f"{aot.fit_advice(cfg, jax.device_count(), jax.default_backend())}.")
-  return text
-
-
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Train (or resume) in `workdir`; returns the last logged metrics."""
   config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
@@ -116,23 +87,6 @@ _RESUME_WARN = ("seed", "steps", "accum_steps", "optimizer", "ema", "diffusion",
                 "data.path", "data.train_split", "data.source")
 
 
-GRAD_NORM_RANGE = (1e-7, 1e3)  # outside it, a step's gradient norm is reported
-
-
-def unusual_grad_norms(first_step: int, norms: list[float]) -> list[str]:
-  """Warnings for the steps of a log window (steps first_step, first_step + 1, ...) whose
-  gradient norm lies outside GRAD_NORM_RANGE: every step is checked, so a spike inside the window
-  is seen; one line per window, naming the steps (the first few) and the extreme value."""
-  lo, hi = GRAD_NORM_RANGE
-  bad = [(first_step + i, g) for i, g in enumerate(norms) if not lo <= g <= hi]
-  if not bad:
-    return []
-  steps = ", ".join(str(s) for s, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
-  worst = max(bad, key=lambda sg: abs(np.log10(max(sg[1], 1e-30))))
-  return [f"gradient norm outside [{lo:g}, {hi:g}] at {len(bad)} step(s) ({steps}); "
-          f"{worst[1]:.3g} at step {worst[0]}"]
-
-
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
   out = {}
   for k, v in tree.items():
@@ -152,7 +106,7 @@ def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list
                           if any(k == p or k.startswith(p + ".") for p in keys)
                           and now.get(k) != was.get(k)]
   model = [k for k in changed(("model",))
-           if k.split(".", 1)[1] not in checkpoint.RUNTIME_MODEL_KEYS]
+           if k.split(".", 1)[1] not in models.RUNTIME_MODEL_KEYS]
   fixed = model + changed(_RESUME_FIXED)
   if fixed:
     diff = "; ".join(f"config.{k}: checkpoint {was.get(k)!r}, now {now.get(k)!r}" for k in fixed)
@@ -166,40 +120,62 @@ def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list
           f"{now.get(k)!r} (the run no longer equals an uninterrupted one)" for k in warn]
 
 
-def _newest_meta(mngr, workdir: str, skipped: dict[int, str]) -> dict | None:
-  """The metadata of the newest step whose metadata reads (None in a fresh workdir)."""
+# ----------------------------------------------------------------------------- phases
+
+
+@dataclasses.dataclass
+class ResumePlan:
+  """Where the state comes from: None (a new run) or the newest step whose metadata reads."""
+  meta: dict | None
+  warnings: list[str]
+  skipped: dict[int, str]      # unreadable steps passed over: {step: reason}
+
+  @property
+  def checkpoint_stats(self):
+    return None if self.meta is None else checkpoint.meta_stats(self.meta)
+
+
+def plan_resume(mngr, cfg: ml_collections.ConfigDict, workdir: str) -> ResumePlan:
+  """Read the newest readable step's metadata and check that `cfg` may resume from it."""
+  skipped: dict[int, str] = {}
   steps = sorted(mngr.all_steps(), reverse=True)
   if not steps:
-    return None
-  try:
-    return checkpoint.first_readable(workdir, steps, skipped)[1]
-  except checkpoint.CheckpointError:
+    return ResumePlan(None, [], skipped)
+  _, meta = checkpoint.first_readable(workdir, steps, skipped)
+  if meta.get("format") == checkpoint.FORMAT_V1:
     raise checkpoint.CheckpointError(
-        f"no checkpoint in {mngr.directory} can be read:\n  {_reasons(skipped)}\nThe whole errors "
-        f"are in {fileio.join(workdir, logs.DEBUG_LOG)}; move the steps away to start afresh"
-        ) from None
+        f"{mngr.directory} was written by cdeit-jax 0.1 ({checkpoint.FORMAT_V1}); training "
+        "cannot resume from it: start a new --workdir (eval.py still reads it)")
+  return ResumePlan(meta, check_resume(cfg, meta, f"{mngr.directory}/{meta['step']}"), skipped)
 
 
-def _reasons(skipped: dict[int, str]) -> str:
-  return "\n  ".join(f"step {step}: {reason}" for step, reason in skipped.items())
+def compile_step(ts: training.Setup, cfg: ml_collections.ConfigDict, mesh
+                 ) -> training.CompiledStep:
+  """The train step compiled for `mesh`; DoesNotFit, with advice, when memory refuses it."""
+  try:
+    return training.compile_train_step(ts, cfg.batch_size, mesh, cfg.shard_params)
+  except jax.errors.JaxRuntimeError as e:
+    if not device_memory.is_out_of_memory(e):
+      raise
+    raise device_memory.does_not_fit(e, cfg) from None
 
 
-def _restore_newest_intact(mngr, state, shardings, host_iter, skipped: dict[int, str]):
-  """(state, meta, step, damaged steps) from the newest step that restores completely; steps
-  passed over are added to `skipped`."""
-  damaged = []
-  with logs.StderrCapture() as capture:
-    for step in sorted(mngr.all_steps(), reverse=True):
-      try:
-        restored, meta = checkpoint.restore_train(mngr, step, state, shardings, host_iter)
-        return restored, meta, step, damaged
-      except checkpoint.CheckpointError as e:
-        capture.failed = True
-        skipped.setdefault(step, str(e))  # reported once, with the first reason found
-        damaged.append(step)
-  raise checkpoint.CheckpointError(
-      f"no checkpoint in {mngr.directory} restores completely:\n  {_reasons(skipped)}\nThe "
-      f"whole errors are in {logs.DEBUG_LOG}; move the steps away to start afresh")
+def restore(mngr, workdir: str, plan: ResumePlan, state, compiled: training.CompiledStep,
+            constants, data_item) -> tuple[Any, dict, int, list[str]]:
+  """(state, meta, step, report lines) from the newest step that restores completely, the
+  calibration set in `constants`; damaged steps are moved aside (kept for inspection)."""
+  load = lambda st: checkpoint.restore_train(mngr, st, state, compiled.state_shardings,
+                                             data_item)
+  steps = sorted(mngr.all_steps(), reverse=True)
+  step, (state, meta) = checkpoint.first_intact(steps, load, plan.skipped, str(mngr.directory))
+  checkpoint.set_calibration(constants, meta.get("calibration", {}))
+  report = [f"skipping checkpoint step {st}: {reason}" for st, reason in plan.skipped.items()]
+  damaged = [st for st in steps if st > step]  # each failed to restore
+  if damaged:
+    report += [f"moved damaged checkpoint to {path}" for path in _set_aside(workdir, damaged)]
+    mngr.reload()  # the manager forgets the steps moved away
+  report.append(f"resumed from {mngr.directory}/{step}")
+  return state, meta, step, report
 
 
 def _set_aside(workdir: str, steps: list[int]) -> list[str]:
@@ -216,72 +192,83 @@ def _set_aside(workdir: str, steps: list[int]) -> list[str]:
   return moved
 
 
-def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
-  primary = jax.process_index() == 0
-  mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
-                                  async_save=cfg.async_checkpoints)
-  report: list[str] = []
-  skipped: dict[int, str] = {}  # unreadable steps: {step: reason}
-  newest = _newest_meta(mngr, workdir, skipped)
-  if newest is not None:
-    if newest.get("format") == checkpoint.FORMAT_V1:
-      raise checkpoint.CheckpointError(
-          f"{mngr.directory} was written by cdeit-jax 0.1 ({checkpoint.FORMAT_V1}); training "
-          "cannot resume from it: start a new --workdir (eval.py still reads it)")
-    report += check_resume(cfg, newest, f"{mngr.directory}/{newest['step']}")
-  ck_stats = checkpoint.meta_stats(newest) if newest is not None else None
-  simulated = cfg.data.source == "simulator"
-  if simulated:  # the statistics' and validation examples, made on the devices now
-    t0 = time.perf_counter()
-    train_src, valid_src = simulator_source.open_sources(cfg, mesh, ck_stats)
-    made = (f"{len(train_src)} statistics and" if ck_stats is None else
-            "statistics from the checkpoint,")
-    report.append(f"simulator source: {made} {len(valid_src)} validation examples made in "
-                  f"{time.perf_counter() - t0:.1f} s")
-  else:
-    train_src, valid_src = open_sources(cfg, ck_stats)
+class Schedule:
+  """Which periodic actions happen after a step: one predicate, so each is found here."""
 
-  ts = training.setup(cfg, mesh, calibration_source=train_src if newest is None else None)
-  graphdef, state, diffusion, num_params = ts.graphdef, ts.state, ts.diffusion, ts.num_params
-  try:
-    compiled = training.compile_train_step(ts, cfg.batch_size, mesh, cfg.shard_params)
-  except jax.errors.JaxRuntimeError as e:
-    if not aot.is_out_of_memory(e):
-      raise
-    raise DoesNotFit(
-        f"the train step does not fit the devices' memory ({str(e).splitlines()[0][:200]}). "
-        f"Set {aot.fit_advice(cfg, jax.device_count(), jax.default_backend())}. Check a "
-        "config without the hardware: train.py --compile_topology v5e-8 (TPU).") from None
-  report = [f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
-            f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
-            f"({cfg.accum_steps} micro-batches); params {num_params:,}",
-            f"train step compiled in {compiled.compile_s:.1f} s; {_memory_report(compiled, cfg)}"
-            ] + report
-  if simulated:  # each step's batch is made on the devices from the step number
-    host_iter = None
-    simulated_batch = simulator_source.batch_fn(cfg, mesh, train_src.mean, train_src.std)
-  else:
-    host_iter = pipeline.train_dataset(train_src, cfg.batch_size, cfg.data).__iter__()
-  rng = jax.random.key(cfg.seed)
-  state = jax.device_put(state, compiled.state_shardings)
-  constants = ts.constants
-  latest = None
-  if newest is not None:
-    state, meta, latest, damaged = _restore_newest_intact(mngr, state, compiled.state_shardings,
-                                                          host_iter, skipped)
-    checkpoint.set_calibration(constants, meta.get("calibration", {}))
-    report += [f"skipping checkpoint step {step}: {reason}" for step, reason in skipped.items()]
-    rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
-    if damaged:
-      mngr.close()
-      for path in _set_aside(workdir, damaged):
-        report.append(f"moved damaged checkpoint to {path}")
-      mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
-                                      async_save=cfg.async_checkpoints)
-    report.append(f"resumed from {mngr.directory}/{latest}")
-  start = int(jax.device_get(state.step))
-  constants = jax.device_put(constants, compiled.constants_shardings)
+  def __init__(self, cfg: ml_collections.ConfigDict):
+    self.log_every, self.eval_every, self.last = cfg.log_every, cfg.eval_every, cfg.steps
 
+  def validate(self, step: int) -> bool:
+    return step % self.eval_every == 0 or step == self.last
+
+  def save(self, step: int, stop: bool) -> bool:
+    return self.validate(step) or stop
+
+  def log(self, step: int, stop: bool) -> bool:
+    """The end of a log window (metrics fetched): any action ends one."""
+    return step % self.log_every == 0 or self.save(step, stop)
+
+
+GRAD_NORM_RANGE = (1e-7, 1e3)  # outside it, a step's gradient norm is reported
+
+
+def unusual_grad_norms(first_step: int, norms: list[float]) -> list[str]:
+  """Warnings for the steps of a log window (steps first_step, first_step + 1, ...) whose
+  gradient norm lies outside GRAD_NORM_RANGE: every step is checked, so a spike inside the window
+  is seen; one line per window, naming the steps (the first few) and the extreme value."""
+  lo, hi = GRAD_NORM_RANGE
+  bad = [(first_step + i, g) for i, g in enumerate(norms) if not lo <= g <= hi]
+  if not bad:
+    return []
+  steps = ", ".join(str(s) for s, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
+  worst = max(bad, key=lambda sg: abs(np.log10(max(sg[1], 1e-30))))
+  return [f"gradient norm outside [{lo:g}, {hi:g}] at {len(bad)} step(s) ({steps}); "
+          f"{worst[1]:.3g} at step {worst[0]}"]
+
+
+class Window:
+  """The device metrics of the steps since the last log, fetched once at the window's end."""
+
+  def __init__(self, start: int, cfg: ml_collections.ConfigDict, flops_per_step: float):
+    self.cfg, self.flops_per_step = cfg, flops_per_step
+    self.peak = hardware.peak_tflops()
+    self.start, self.t0, self.pending = start, time.perf_counter(), []
+
+  def add(self, metrics: dict) -> None:
+    self.pending.append(metrics)
+
+  def close(self, step: int, last_good: int | None, workdir: str) -> dict[str, Any]:
+    """The window's statistics (one host sync); NonFiniteLoss at a non-finite step."""
+    host = jax.device_get(self.pending)
+    now = time.perf_counter()
+    if not all(bool(m["finite"]) for m in host):
+      bad = self.start + 1 + next(i for i, m in enumerate(host) if not bool(m["finite"]))
+      raise NonFiniteLoss(
+          f"the loss or gradient became non-finite at step {bad}; stopping without saving. "
+          f"The last good checkpoint is step {last_good} in {workdir}/checkpoints "
+          "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data).")
+    n, batch, devices = step - self.start, self.cfg.batch_size, jax.device_count()
+    sps = n / (now - self.t0)
+    norms = [float(m["grad_norm"]) for m in host]
+    out = {"loss": float(np.mean([m["loss"] for m in host])), "grad_norm": norms[-1],
+           "grad_norm_max": max(norms), "lr": float(host[-1]["lr"]),
+           "steps_per_sec": sps, "samples_per_sec": sps * batch,
+           "samples_per_sec_per_device": sps * batch / devices,
+           "tflops_per_device": self.flops_per_step / devices * sps / 1e12}
+    if self.peak:
+      out["fraction_of_peak"] = out["tflops_per_device"] / self.peak
+    for line in unusual_grad_norms(self.start + 1, norms):
+      log.warning(line)
+    self.steps = n
+    return out
+
+  def reset(self, step: int) -> None:
+    self.start, self.t0, self.pending = step, time.perf_counter(), []
+
+
+def make_validation(graphdef, diffusion, compiled: training.CompiledStep, constants, valid,
+                    cfg: ml_collections.ConfigDict, mesh):
+  """`params -> validation loss` (mean L1 of x0 over the validation examples, fixed seed)."""
   eval_step = jax.jit(training.make_eval_step(graphdef, diffusion),
                       in_shardings=(compiled.state_shardings.ema, compiled.constants_shardings,
                                     shd.batch_sharded(mesh), shd.replicated(mesh)),
@@ -291,86 +278,90 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   def validation_loss(params) -> float:
     total, count = [], []
     base = jax.random.key(cfg.eval_seed)
-    for i, b in enumerate(pipeline.eval_batches(valid_src, eval_batch)):
+    for i, b in enumerate(pipeline.eval_batches(valid, eval_batch)):
       if cfg.eval_max_batches and i >= cfg.eval_max_batches:
         break
-      g = pipeline.to_global(b, mesh)
-      s, c = eval_step(params, constants, g, jax.random.fold_in(base, i))
+      s, c = eval_step(params, constants, pipeline.to_global(b, mesh), jax.random.fold_in(base, i))
       total.append(s)
       count.append(c)
     return float(sum(jax.device_get(total))) / max(float(sum(jax.device_get(count))), 1.0)
 
+  return validation_loss
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
+  primary = jax.process_index() == 0
+  mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
+                                  async_save=cfg.async_checkpoints)
+  # --- resume plan, data
+  plan = plan_resume(mngr, cfg, workdir)
+  data = sources.open_training_data(cfg, mesh, plan.checkpoint_stats)
+
+  # --- model, optimizer, compiled step
+  ts = training.setup(cfg, mesh, calibration_source=data.calibration)
+  compiled = compile_step(ts, cfg, mesh)
+  report = [f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
+            f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
+            f"({cfg.accum_steps} micro-batches); params {ts.num_params:,}",
+            f"train step compiled in {compiled.compile_s:.1f} s; "
+            f"{device_memory.train_step_report(compiled.memory, cfg)}", data.description]
+  warnings = list(plan.warnings)
+
+  # --- the state: fresh, or the newest intact step
+  state = jax.device_put(ts.state, compiled.state_shardings)
+  constants, rng, last_good = ts.constants, jax.random.key(cfg.seed), None
+  if plan.meta is not None:
+    state, meta, last_good, lines = restore(mngr, workdir, plan, state, compiled, constants,
+                                            data.checkpoint_item)
+    warnings += [ln for ln in lines if ln.startswith("skipping ")]
+    report += [ln for ln in lines if not ln.startswith("skipping ")]
+    rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
+  start = int(jax.device_get(state.step))
+  constants = jax.device_put(constants, compiled.constants_shardings)
+  validation_loss = make_validation(ts.graphdef, ts.diffusion, compiled, constants, data.valid,
+                                    cfg, mesh)
   calibration = checkpoint.calibration_of(constants)
 
   def meta_now(step: int) -> dict:
-    return checkpoint.make_meta(cfg, step=step, mean=train_src.mean, std=train_src.std,
+    return checkpoint.make_meta(cfg, step=step, mean=data.mean, std=data.std,
                                 weights=["ema", "raw"], source="train.py", calibration=calibration,
                                 rng=np.asarray(jax.random.key_data(rng)).tolist())
 
   logger = logs.MetricLogger(workdir, cfg.steps, start, enabled=primary)
   for line in report:
-    (log.warning if line.startswith(("warning: ", "skipping ")) else log.info)(
-        line.removeprefix("warning: "))
+    log.info(line)
+  for line in warnings:
+    log.warning(line.removeprefix("warning: "))
   if primary and logger.dropped:
     log.info(f"metrics.jsonl: dropped {logger.dropped} record(s) after step {start} (steps "
-                 "an earlier attempt logged but did not commit)")
-  peak = hardware.peak_tflops()
-  preempt = _Preemption()
-  pending: list[dict] = []
-  window_start, window_t = start, time.perf_counter()
-  last_good = latest
+             "an earlier attempt logged but did not commit)")
+
+  # --- steps, and the periodic actions
+  schedule, window, preempt = Schedule(cfg), Window(start, cfg, compiled.flops_per_step), \
+      _Preemption()
   last: dict[str, Any] = {}
   step = start
   try:
     while step < cfg.steps:
-      if host_iter is None:
-        batch = simulated_batch(state.step)
-      else:
-        host_batch = next(host_iter)  # the step needs cond and target only (not the indices)
-        batch = pipeline.to_global({k: host_batch[k] for k in ("cond", "target")}, mesh)
-      state, metrics = compiled.fn(state, batch, rng, constants)
-      pending.append(metrics)
+      state, metrics = compiled.fn(state, data.batch(state.step), rng, constants)
+      window.add(metrics)
       step += 1
-      final = step == cfg.steps
-      boundary = step % cfg.log_every == 0 or step % cfg.eval_every == 0 or final
       stop = preempt.agreed(step)
-      if not (boundary or stop):
+      if not schedule.log(step, stop):
         continue
-      # --- one host sync per window: fetch the window's metrics
-      host = jax.device_get(pending)
-      pending = []
-      now = time.perf_counter()
-      if not all(bool(m["finite"]) for m in host):
-        bad = window_start + 1 + next(i for i, m in enumerate(host) if not bool(m["finite"]))
-        raise NonFiniteLoss(
-            f"the loss or gradient became non-finite at step {bad}; stopping without saving. "
-            f"The last good checkpoint is step {last_good} in {workdir}/checkpoints "
-            "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data).")
-      n = step - window_start
-      sps = n / (now - window_t)
-      loss = float(np.mean([m["loss"] for m in host]))
-      norms = [float(m["grad_norm"]) for m in host]
-      gnorm = norms[-1]
-      last = {"loss": loss, "grad_norm": gnorm, "grad_norm_max": max(norms),
-              "lr": float(host[-1]["lr"]),
-              "steps_per_sec": sps, "samples_per_sec": sps * cfg.batch_size,
-              "samples_per_sec_per_device": sps * cfg.batch_size / jax.device_count()}
-      per_device = compiled.flops_per_step / jax.device_count() * sps / 1e12
-      last["tflops_per_device"] = per_device
-      if peak:
-        last["fraction_of_peak"] = per_device / peak
-      for line in unusual_grad_norms(window_start + 1, norms):
-        log.warning(line)
-      val_loss = None
-      if step % cfg.eval_every == 0 or final:
-        val_loss = validation_loss(state.ema)
-        last["val_loss"] = val_loss
-      if step % cfg.eval_every == 0 or final or stop:
-        checkpoint.save_train(mngr, state, host_iter, meta_now(step), val_loss)
+      last = window.close(step, last_good, workdir)
+      if schedule.validate(step):
+        last["val_loss"] = validation_loss(state.ema)
+      if schedule.save(step, stop):
+        checkpoint.save_train(mngr, state, data.checkpoint_item, meta_now(step),
+                              last.get("val_loss"))
         last_good = step
-      logger.write(step, last, advance=n)
-      window_start, window_t = step, time.perf_counter()
-      if stop and not final:
+      logger.write(step, last, advance=window.steps)
+      window.reset(step)
+      if stop and step < cfg.steps:
         log.info(f"SIGTERM: saved step {step}; rerun the same command to resume")
         break
   finally:

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from cdeit_jax import sharding as shd
 from cdeit_jax.diffusion import Diffusion
-from cdeit_jax.conditioning import Fixed
+from cdeit_jax.variables import Fixed
 from cdeit_jax.model import CDEIT
 from cdeit_jax.errors import InputError
 
@@ -77,9 +77,10 @@ def ema_decay(n: jax.Array, beta: float, update_after_step: int, power: float) -
   return jnp.clip(1.0 - epoch ** (-power), 0.0, beta)
 
 
-def ema_update(ema, params, n: jax.Array, *, beta: float = 0.995, update_every: int = 10,
-               update_after_step: int = 100, power: float = 2 / 3):
-  """One `EMA.update()` of ema_pytorch 0.5.2 after optimizer step n (counting from 0): acts only
+def ema_update(ema, params, n: jax.Array, *, beta: float, update_every: int,
+               update_after_step: int, power: float):
+  """One `EMA.update()` of ema_pytorch 0.5.2 (its defaults are `config.ema`'s) after optimizer
+  step n (counting from 0): acts only
   when n % update_every == 0; copies the weights while n <= update_after_step; else
   ema = ema * d + w * (1 - d)."""
 
@@ -188,13 +189,13 @@ def setup(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, platform: 
   """Model, optimizer, state and the pure train step of `cfg` for `mesh`'s platform; `abstract`
   builds shapes only (no parameters are materialised: compile-only checks). A physics-informed
   model is calibrated on `calibration_source` (the training `NpzSource`) when given."""
-  from cdeit_jax import config_lib
+  from cdeit_jax import config_lib, models
   from cdeit_jax.model import count_params
   platform = platform or mesh.devices.flat[0].platform
   kw = config_lib.model_kwargs(cfg, platform)
   tx, schedule = make_optimizer(cfg)
 
-  make = lambda: CDEIT(**kw, rngs=nnx.Rngs(cfg.seed))
+  make = lambda: models.build(cfg, seed=cfg.seed, platform=platform)
   if abstract:
     model = nnx.eval_shape(make)
     graphdef = nnx.split(model, nnx.Param, Fixed)[0]
@@ -229,23 +230,6 @@ def abstract_batch(global_batch: int, image_size: int, in_channels: int = 1,
                                          jnp.float32)}
 
 
-def memory_of(compiled) -> dict[str, int]:
-  """The compiler's memory analysis per device (empty where the backend reports none)."""
-  try:
-    m = compiled.memory_analysis()
-  except Exception:  # not every backend reports it
-    return {}
-  if m is None:
-    return {}
-  out = {k: int(getattr(m, k)) for k in (
-      "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-      "alias_size_in_bytes", "generated_code_size_in_bytes") if hasattr(m, k)}
-  out["peak_bytes"] = (out.get("argument_size_in_bytes", 0) + out.get("output_size_in_bytes", 0)
-                       - out.get("alias_size_in_bytes", 0) + out.get("temp_size_in_bytes", 0)
-                       + out.get("generated_code_size_in_bytes", 0))
-  return out
-
-
 def compile_train_step(ts: Setup, global_batch: int, mesh: jax.sharding.Mesh,
                        shard_params: bool = False) -> CompiledStep:
   """The train step of `ts` jitted with explicit shardings and donated state (the constants are
@@ -253,7 +237,7 @@ def compile_train_step(ts: Setup, global_batch: int, mesh: jax.sharding.Mesh,
   per-device kernels such as splash attention see it)."""
   import time
 
-  from cdeit_jax import flops
+  from cdeit_jax import device_memory, flops
 
   shapes = lambda tree: jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), tree)
   abstract_state, abstract_constants = shapes(ts.state), shapes(ts.constants)
@@ -273,4 +257,4 @@ def compile_train_step(ts: Setup, global_batch: int, mesh: jax.sharding.Mesh,
   compile_s = time.perf_counter() - t0
   return CompiledStep(compiled, state_sh, constants_sh, batch_sh,
                       flops.train_flops_per_example(kw) * global_batch,
-                      memory_of(compiled), compile_s)
+                      device_memory.memory_of(compiled), compile_s)

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cdeit_jax import checkpoint, conditioning, config_lib, convert, data, eit, evaluate, metrics
+from cdeit_jax import checkpoint, conditioning, config_lib, convert, data, eit, evaluate, measurement
+from cdeit_jax import metrics, models
 from cdeit_jax import sharding as shd
 from cdeit_jax import stats as stats_lib
 from cdeit_jax import training
@@ -62,6 +63,26 @@ def test_channels_equal_the_tikhonov_matrix(conditioner, cond_and_ys):
     assert np.all(got[:, ~DISK, k] == 0)
 
 
+def test_conditioner_follows_the_simulators_contact_impedance(conditioner, cond_and_ys, uef):
+  """The model built from a config computes its channels with the Jacobian of
+  config.simulator's system: at contact impedance 0.05 they are the Tikhonov images of that
+  system's Jacobian (a second implementation), and differ from those at the default 0.01."""
+  from cdeit_jax.eit import reconstruct
+  cond, ys = cond_and_ys
+  cfg = _pi_config()
+  cfg.simulator.contact_impedance = 0.05
+  model = models.build(cfg)
+  model.conditioner.voltage_mean[...] = jnp.asarray(uef.mean.ravel())
+  model.conditioner.voltage_std[...] = jnp.asarray(uef.std.ravel())
+  got = np.asarray(model.conditioner.channels(cond, scaled=False))
+  default = np.asarray(conditioner.channels(cond, scaled=False))
+  jac = reconstruct.default_jacobian(0.05)
+  for k, alpha in enumerate(ALPHAS):
+    want = eit.Tikhonov(alpha=alpha, jac=jac)(ys)
+    assert np.abs(got[..., k] - want).max() <= 1e-5 * np.abs(want).max()
+    assert np.abs(got[..., k] - default[..., k]).max() > 1e-2 * np.abs(want).max()
+
+
 def test_forward_is_the_jacobian_inside_the_disk(conditioner):
   j = eit.jacobian(eit.default_simulator()).reshape(208, -1).astype(np.float64)
   x = np.random.default_rng(0).normal(size=(3, 128, 128)).astype(np.float32)
@@ -92,7 +113,8 @@ def test_data_consistency_step(uef, cond_and_ys):
   x = jnp.asarray(np.random.default_rng(1).normal(size=(6, 128, 128, 1)) * DISK[..., None],
                   jnp.float32)
   y = np.asarray(dc.op.forward(x))
-  eim = data.eim(((y / 1.0 - uef.mean.reshape(208)) / uef.std.reshape(208)).reshape(6, 16, 13))
+  eim = measurement.DEFAULT.eim(
+      ((y / 1.0 - uef.mean.reshape(208)) / uef.std.reshape(208)).reshape(6, 16, 13))
   fixed = np.asarray(dc(x, jnp.asarray(eim[..., None], jnp.float32)))
   assert np.abs(fixed - np.asarray(x)).max() <= 1e-3 * np.abs(np.asarray(x)).max()
   # half strength moves half way; each step shrinks the data misfit
@@ -109,18 +131,19 @@ def test_data_consistency_step(uef, cond_and_ys):
 
 
 def test_sampler_applies_the_correction_every_step():
-  """With a correction that returns a constant image, the sampler returns that image (the last
-  step returns x0), and the model sees the corrected estimate's noisy version each step."""
-  seen = []
-
-  def apply(x, t, cond):
-    seen.append(x)
-    return jnp.zeros_like(x)
-
-  target = jnp.full((2, 128, 128, 1), 0.25)
-  out = Diffusion().sample_fn(apply, jnp.zeros((2, 16, 16, 1)), steps=3, key=jax.random.key(0),
-                              correct=lambda x0, c: target)
-  np.testing.assert_allclose(out, target, rtol=0, atol=1e-6)
+  """A model f with the correction x0 + d samples exactly as the model f + d without one: the
+  correction acts on every step's x0 (the trajectory depends on each step, since f reads its
+  input), and the last step returns the corrected x0."""
+  d = jnp.full((2, 128, 128, 1), 0.25)
+  apply = lambda x, t, cond: 0.5 * x
+  sample = lambda f, correct: Diffusion().sample_fn(f, jnp.zeros((2, 16, 16, 1)), steps=3,
+                                                    key=jax.random.key(0), correct=correct)
+  corrected = sample(apply, lambda x0, c: x0 + d)
+  np.testing.assert_allclose(corrected, sample(lambda x, t, c: apply(x, t, c) + d, None),
+                             rtol=0, atol=1e-6)
+  # correcting only the last step is another trajectory
+  last_only = sample(apply, None) + d
+  assert np.abs(np.asarray(corrected - last_only)).max() > 1e-3
 
 
 def _pi_config():
@@ -147,7 +170,7 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path, caplog
   noisy = jax.tree.map(lambda a: a + 0.05 * rng.standard_normal(a.shape).astype(np.float32), params)
   nnx.update(model, noisy)
   checkpoint.save_inference(str(tmp_path / "run"), model, cfg, mean=uef.mean, std=uef.std)
-  loaded, meta = checkpoint.load_model(str(tmp_path / "run"))
+  loaded, meta = models.load(str(tmp_path / "run"))
   assert meta["model"]["cond"] == "eim+linear" and meta["model"]["cond_alphas"] == list(ALPHAS)
   x = jnp.asarray(rng.normal(size=(2, 128, 128, 1)), jnp.float32)
   cond = jnp.asarray(np.stack([uef[i]["cond"] for i in range(2)]))

@@ -9,7 +9,7 @@ import pytest
 from conftest import FIXTURES
 from flax import nnx
 
-from cdeit_jax import checkpoint, config_lib, convert, stats
+from cdeit_jax import models, checkpoint, config_lib, convert, stats
 from cdeit_jax.convert import StateDictMismatch, export_torch_state_dict, load_torch_state_dict
 from cdeit_jax.model import CDEIT, count_params, relative_position_index, sincos_pos_embed_2d
 
@@ -89,7 +89,7 @@ def test_convert_writes_loadable_checkpoint(tmp_path):
   cfg = config_lib.default_config()
   cfg.model.hidden_size = 64  # the fixture's model
   convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
-  model, meta = checkpoint.load_model(str(tmp_path / "run"))
+  model, meta = models.load(str(tmp_path / "run"))
   # The weights come back bit for bit (the forward of these weights is checked in test_model).
   reference = dict(np.load(FIXTURES / "dit_small_state_dict.npz"))
   for k, v in export_torch_state_dict(model).items():
@@ -100,7 +100,7 @@ def test_convert_writes_loadable_checkpoint(tmp_path):
   np.testing.assert_array_equal(std, a_std)
   assert meta["weights"] == ["ema"] and meta["model"]["hidden_size"] == 64
   with pytest.raises(ValueError, match="--config.eval.weights=ema"):
-    checkpoint.load_model(str(tmp_path / "run"), weights="raw")
+    models.load(str(tmp_path / "run"), weights="raw")
   with pytest.raises(FileExistsError):
     convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
 
@@ -128,7 +128,7 @@ def test_missing_checkpoint_paths_are_named(tmp_path):
   with pytest.raises(ValueError, match="bad.npz"):
     convert.read_state_dict(str(tmp_path / "bad.npz"))
   with pytest.raises(FileNotFoundError, match="checkpoints/"):
-    checkpoint.load_model(str(tmp_path))
+    models.load(str(tmp_path))
 
 
 def test_pt_without_torch_says_how_to_install(tmp_path, monkeypatch):
@@ -159,7 +159,7 @@ def test_checkpoints_of_format_v1_still_evaluate_and_refuse_to_resume(tmp_path):
 
   from cdeit_jax import train_loop
   fixture = pathlib.Path(__file__).parent / "fixtures" / "checkpoint_v1"
-  model, meta = checkpoint.load_model(str(fixture / "run"))
+  model, meta = models.load(str(fixture / "run"))
   assert meta["format"] == checkpoint.FORMAT_V1 and meta["step"] == 3
   io = np.load(fixture / "io.npz")
   y = model(jnp.asarray(io["x"]), jnp.asarray(io["t"]), jnp.asarray(io["cond"]))

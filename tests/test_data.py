@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from cdeit_jax import config_lib, data, pipeline, stats
+from cdeit_jax import config_lib, data, measurement, pipeline, stats
 from cdeit_jax import files as npz_files
 
 UEF = pathlib.Path(__file__).parent.parent / "data" / "uef2017"
@@ -61,12 +61,13 @@ def test_uef2017_conditioning_matches_reference():
 
 def test_eim_layout_by_hand():
   v = np.arange(16 * 13, dtype=np.float32).reshape(16, 13) + 1
-  m = data.eim(v)
+  m = measurement.DEFAULT.eim(v)
   assert (m == 0).sum() == 48
   np.testing.assert_array_equal(m[0, 2:15], v[0])          # row 0 skips 15, 0, 1
   assert m[0, 15] == m[0, 0] == m[0, 1] == 0
   np.testing.assert_array_equal(m[5, [0, 1, 2, 3, 7]], v[5, :5])  # row 5 skips 4, 5, 6
   np.testing.assert_array_equal(m[15, 1:14], v[15])        # row 15 skips 14, 15, 0
+  np.testing.assert_array_equal(measurement.DEFAULT.from_eim(m), v)   # and back
 
 
 def test_presets_and_custom_ratios(folder):

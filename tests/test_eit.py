@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from cdeit_jax import eit
+from cdeit_jax import eit, measurement
 from cdeit_jax.eit import phantom as ph, reconstruct
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,12 +46,23 @@ def test_mesh_electrodes_and_area():
 
 
 def test_protocol_by_hand():
-  pairs = eit.measurement_pairs()
-  assert pairs.shape == (16, 13)
+  p = measurement.Protocol()
+  pairs = p.pairs
+  assert pairs.shape == (16, 13) and p.num_measurements == 208 and p.stats_shape == (1, 16, 13)
   assert list(pairs[0]) == list(range(2, 15))          # injection 0 skips 15, 0, 1
   assert list(pairs[5]) == [0, 1, 2, 3] + list(range(7, 16))
-  cur = eit.injection_currents()
+  cur = p.currents()
   assert cur[3, 3] == -1e-3 and cur[3, 4] == 1e-3 and cur[15, 0] == 1e-3 and cur.sum() == 0
+  # skip 1 ("opposite-ish"): injection 0 drives 0 -> 2; pairs (m, m+2) touching 0 or 2 are
+  # m = 0, 2 and 14 (14, 0)
+  skip = measurement.Protocol(injection_skip=1, measurement_skip=1)
+  assert list(skip.pairs[0]) == [1] + list(range(3, 14)) + [15]
+  assert list(skip.second_electrodes()[0][:2]) == [3, 5]
+  assert skip.currents()[0, 2] == 1e-3
+  wide = measurement.Protocol(num_electrodes=32)
+  assert wide.num_measurements == 32 * 29 and list(wide.pairs[31]) == list(range(1, 30))
+  with pytest.raises(ValueError, match="measurement_skip=20"):
+    measurement.Protocol(measurement_skip=20)
 
 
 def test_homogeneous_matches_eidors(sim64):

@@ -13,7 +13,7 @@ import pytest
 from conftest import (REPO, RESUME_STEPS, TEST_CONFIG, final_state, run_train,
                       sigterm_after_first_log)
 
-from cdeit_jax import config_lib, evaluate, fileio, stats, workdir_lock
+from cdeit_jax import config_lib, fileio, outputs, stats, workdir_lock
 
 pytestmark = pytest.mark.gcs
 UEF = REPO / "data" / "uef2017"
@@ -85,7 +85,7 @@ def test_train_killed_resumed_and_evaluated_in_a_bucket(gcs, bucket_data, straig
   for r in runs:
     _, e = r.communicate(timeout=300)
     assert r.returncode == 0, e[-3000:]
-  assert sorted(o for o in _objects(out)) == sorted(evaluate.OUTPUTS)
+  assert sorted(o for o in _objects(out)) == sorted(outputs.OUTPUTS)
   with fileio.open_binary(f"{out}/predictions.npz") as fh:
     remote = dict(np.load(fh))
   local = np.load(tmp_path / "local" / "predictions.npz")

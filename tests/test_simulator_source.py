@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import sigterm_after_first_log
 
-from cdeit_jax import checkpoint, config_lib, data, simulator_source, synthetic
+from cdeit_jax import models, checkpoint, config_lib, data, simulator_source, synthetic
 from cdeit_jax import sharding as shd
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -32,12 +32,19 @@ def _cfg(batch_size=8):
   return cfg
 
 
+def _stats(ys):
+  """numpy's mean and std (N-1) in float64, shaped (1, 16, 13) as the authors'."""
+  y = np.asarray(ys, np.float64)
+  return (y.mean(0).reshape(1, 16, 13).astype(np.float32),
+          y.std(0, ddof=1).reshape(1, 16, 13).astype(np.float32))
+
+
 def test_batches_are_the_streams_examples_on_any_devices():
   """Step k's batch holds training examples k*G .. k*G+G-1 (as `python -m cdeit_jax.simulate`
   writes them: same function, test_simulate checks the files), standardised into the EIM the
   files' loader makes; the same on 1 and 8 devices, bit for bit."""
   cfg = _cfg()
-  mean, std = simulator_source.statistics(
+  mean, std = _stats(
       synthetic.example_arrays(cfg.simulator, "train", np.arange(16), shd.make_mesh())[0])
   out = []
   for devices in (jax.devices()[:1], jax.devices()):
@@ -76,7 +83,7 @@ def _losses(workdir):
 
 def _weights(workdir):
   meta = checkpoint.read_meta(str(workdir), 16)
-  model, _ = checkpoint.load_model(str(workdir), step=16, weights="raw")
+  model, _ = models.load(str(workdir), step=16, weights="raw")
   from flax import nnx
   return meta, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
@@ -102,7 +109,7 @@ def test_trains_on_8_devices_and_stores_the_statistics(straight):
   mean, std = checkpoint.meta_stats(meta)
   cfg = _cfg()
   ys, _ = simulator_source.fixed_examples(cfg, "train", 8, shd.make_mesh())
-  want_mean, want_std = simulator_source.statistics(ys)
+  want_mean, want_std = _stats(ys)
   np.testing.assert_array_equal(mean, want_mean)
   np.testing.assert_array_equal(std, want_std)
   assert not (straight / "checkpoints" / "16" / "data").exists()  # the step is the position
@@ -130,7 +137,7 @@ def test_one_device_gives_the_losses_of_eight():
   cfg = _cfg()
   cfg.model.cond = "eim+linear"
   ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(16), shd.make_mesh())
-  mean, std = simulator_source.statistics(ys)
+  mean, std = _stats(ys)
   calib = data.ArraySource(ys, xs, mean, std, name="calibration")
   losses = []
   for devices in (jax.devices()[:1], jax.devices()):

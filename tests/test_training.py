@@ -15,7 +15,7 @@ import pytest
 from conftest import (RESUME_STEPS, TEST_CONFIG, final_state, finish, run_train, two_processes,
                       wait_for_first_log)
 
-from cdeit_jax import checkpoint, config_lib, data, training
+from cdeit_jax import models, checkpoint, config_lib, data, training
 from cdeit_jax import sharding as shd
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -94,7 +94,7 @@ def test_ema_matches_ema_pytorch_semantics():
 
   def body(ema, inp):
     n, w = inp
-    e = training.ema_update({"w": ema}, {"w": w}, n)["w"]
+    e = training.ema_update({"w": ema}, {"w": w}, n, **config_lib.default_config().ema)["w"]
     return e, e
 
   _, got = jax.lax.scan(body, jnp.float32(0), (jnp.arange(3200), jnp.asarray(ws, jnp.float32)))
@@ -200,7 +200,7 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
                              rtol=1e-5)
   np.testing.assert_allclose(two[-1]["val_loss"], one[24]["val_loss"], rtol=1e-5)
   from flax import nnx
-  weights = lambda w: jax.tree.leaves(nnx.state(checkpoint.load_model(
+  weights = lambda w: jax.tree.leaves(nnx.state(models.load(
       str(w), step=24, weights="raw")[0], nnx.Param))
   for a, b in zip(weights(straight_run), weights(wd)):  # 2 x 4 against 1 x 8 devices
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)

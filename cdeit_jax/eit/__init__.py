@@ -5,17 +5,29 @@
   ys = eit.simulate_voltages(xs_images, 40.0, jax.random.key(0))
   rec = eit.default_tikhonov()(ys)                  # (B, 128, 128) one-step baseline
 
-Modules: mesh (unit-disk mesh, electrodes), fem (CEM forward model), phantom (random inclusions
-on mesh and grid), simulator (images/phantoms -> voltages, noise), reconstruct (Tikhonov/NOSER).
+Modules: spec (what is simulated: plain dataclasses, no JAX), mesh (unit-disk mesh, electrodes),
+fem (CEM forward model), phantom (random inclusions on mesh and grid), simulator (images/phantoms
+-> voltages, noise), reconstruct (Tikhonov/NOSER). The names below load their module on first use
+(PEP 562), so that `cdeit_jax.eit.spec` is read without JAX (configs import it).
 """
 
-from cdeit_jax.eit.fem import CEM, injection_currents, measurement_pairs
-from cdeit_jax.eit.mesh import DiskMesh, MeshSpec, electrode_angles, make_mesh
-from cdeit_jax.eit.phantom import PhantomSpec, random_params, render_image
-from cdeit_jax.eit.reconstruct import Tikhonov, default_tikhonov, jacobian
-from cdeit_jax.eit.simulator import Simulator, add_noise, default_simulator, simulate_voltages
+import importlib
 
-__all__ = ["CEM", "DiskMesh", "MeshSpec", "PhantomSpec", "Simulator", "Tikhonov", "add_noise",
-           "default_simulator", "default_tikhonov", "electrode_angles", "injection_currents",
-           "jacobian", "make_mesh", "measurement_pairs", "random_params", "render_image",
-           "simulate_voltages"]
+_WHERE = {
+    "CEM": "fem", "DiskMesh": "mesh", "MeshSpec": "mesh", "electrode_angles": "mesh",
+    "make_mesh": "mesh", "PhantomSpec": "spec", "random_params": "phantom",
+    "render_image": "phantom", "Tikhonov": "reconstruct", "default_tikhonov": "reconstruct",
+    "jacobian": "reconstruct", "Simulator": "simulator", "add_noise": "simulator",
+    "default_simulator": "simulator", "simulate_voltages": "simulator",
+}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+  if name not in _WHERE:
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+  return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+
+
+def __dir__():
+  return sorted(list(globals()) + __all__)

@@ -24,23 +24,7 @@ import numpy as np
 
 from cdeit_jax.eit.mesh import NUM_ELECTRODES, DiskMesh, MeshSpec, make_mesh
 from cdeit_jax.errors import InputError
-from cdeit_jax.protocol import MEAS_PER_INJECTION
-
-
-def measurement_pairs(n: int = NUM_ELECTRODES) -> np.ndarray:
-  """(n, n-3) first electrode m of each adjacent pair U_m - U_{m+1} per injection k, skipping
-  m in {k-1, k, k+1}: the EIDORS default and the CDEIT `ys` order."""
-  return np.array([[m for m in range(n) if m not in {(k - 1) % n, k, (k + 1) % n}]
-                   for k in range(n)])
-
-
-def injection_currents(current: float = 1e-3, n: int = NUM_ELECTRODES) -> np.ndarray:
-  """(n, n) currents per injection k: -I on electrode k, +I on k+1 ("+" = into the body)."""
-  cur = np.zeros((n, n))
-  k = np.arange(n)
-  cur[k, k] = -current
-  cur[k, (k + 1) % n] = current
-  return cur
+from cdeit_jax.measurement import CONTACT_IMPEDANCE, CURRENT, DEFAULT as PROTOCOL
 
 
 class CEM:
@@ -53,8 +37,8 @@ class CEM:
   elements outside it are taken to have conductivity `sigma_bg` whatever `sigma` says there.
   """
 
-  def __init__(self, mesh: DiskMesh | None = None, contact_impedance: float = 0.01,
-               current: float = 1e-3, dtype=jnp.float32, support: np.ndarray | None = None,
+  def __init__(self, mesh: DiskMesh | None = None,
+               contact_impedance: float = CONTACT_IMPEDANCE, current: float = CURRENT, dtype=jnp.float32, support: np.ndarray | None = None,
                sigma_bg: float = 1.0):
     self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
     self.dtype = jnp.dtype(dtype)
@@ -96,7 +80,7 @@ class CEM:
     # Schur complement onto V (constant part) and the maps back to electrode potentials
     a_ff, a_vf = full[np.ix_(f_idx, f_idx)], full[np.ix_(v_nodes, f_idx)]
     rhs = np.zeros((size, ne))
-    rhs[n:] = injection_currents(current).T[:ne - 1]    # column k: injection k
+    rhs[n:] = PROTOCOL.currents(current).T[:ne - 1]    # column k: injection k
     inv_ff_fv = np.linalg.solve(a_ff, a_vf.T)           # (F, V)
     inv_ff_bf = np.linalg.solve(a_ff, rhs[f_idx])       # (F, 16)
     schur = full[np.ix_(v_nodes, v_nodes)] - a_vf @ inv_ff_fv
@@ -112,9 +96,9 @@ class CEM:
     self._ke = jnp.asarray(ke[var], self.dtype)
     self._rows = jnp.asarray(np.repeat(vt, 3, axis=1).reshape(-1), jnp.int32)
     self._cols = jnp.asarray(np.tile(vt, (1, 3)).reshape(-1), jnp.int32)
-    pairs = measurement_pairs()
-    self._m = jnp.asarray(pairs.reshape(-1), jnp.int32)
-    self._k = jnp.asarray(np.repeat(np.arange(ne), MEAS_PER_INJECTION), jnp.int32)
+    self._m = jnp.asarray(PROTOCOL.pairs.reshape(-1), jnp.int32)
+    self._m2 = jnp.asarray(PROTOCOL.second_electrodes().reshape(-1), jnp.int32)
+    self._k = jnp.asarray(np.repeat(np.arange(ne), PROTOCOL.per_injection), jnp.int32)
     self.num_unknowns = len(v_nodes)
 
   @property
@@ -143,4 +127,4 @@ class CEM:
       flat = sigma.reshape(-1, sigma.shape[-1])
       return jax.vmap(self.voltages)(flat).reshape(*sigma.shape[:-1], -1)
     u = self.electrode_potentials(sigma)
-    return u[self._m, self._k] - u[(self._m + 1) % NUM_ELECTRODES, self._k]
+    return u[self._m, self._k] - u[self._m2, self._k]

@@ -16,7 +16,7 @@ import functools
 import numpy as np
 from scipy.spatial import Delaunay
 
-from cdeit_jax.protocol import NUM_ELECTRODES
+from cdeit_jax.measurement import NUM_ELECTRODES
 
 
 @dataclasses.dataclass(frozen=True)

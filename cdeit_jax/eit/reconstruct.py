@@ -20,6 +20,7 @@ import numpy as np
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit.simulator import Simulator, default_simulator
 from cdeit_jax.errors import InputError
+from cdeit_jax.measurement import CONTACT_IMPEDANCE
 
 DEFAULT_ALPHA = 0.1    # with noser_exponent 0.5: best RMSE on 128 simulated validation phantoms
 NOSER_EXPONENT = 0.5
@@ -33,7 +34,7 @@ def jacobian(sim: Simulator) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=4)
-def default_jacobian(contact_impedance: float = 0.01) -> np.ndarray:
+def default_jacobian(contact_impedance: float = CONTACT_IMPEDANCE) -> np.ndarray:
   """`jacobian` of the default simulator, computed once per process (~4 s on a CPU) and shared by
   the Tikhonov baseline and the physics-informed conditioning."""
   with jax.ensure_compile_time_eval():  # concrete also when first asked under a trace
@@ -77,5 +78,6 @@ class Tikhonov:
 
 
 @functools.lru_cache(maxsize=4)
-def default_tikhonov(alpha: float = DEFAULT_ALPHA, contact_impedance: float = 0.01) -> Tikhonov:
+def default_tikhonov(alpha: float = DEFAULT_ALPHA,
+                     contact_impedance: float = CONTACT_IMPEDANCE) -> Tikhonov:
   return Tikhonov(alpha=alpha, jac=default_jacobian(contact_impedance))

@@ -18,6 +18,7 @@ from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit.fem import CEM
 from cdeit_jax.eit.mesh import MeshSpec, make_mesh
 from cdeit_jax.errors import InputError
+from cdeit_jax.measurement import CONTACT_IMPEDANCE
 
 
 def add_noise(v: jax.Array, snr_db: float, key: jax.Array) -> jax.Array:
@@ -30,7 +31,8 @@ def add_noise(v: jax.Array, snr_db: float, key: jax.Array) -> jax.Array:
 class Simulator:
   """A CEM forward model plus the maps from label images and phantoms to its elements."""
 
-  def __init__(self, mesh_spec: MeshSpec = MeshSpec(), contact_impedance: float = 0.01,
+  def __init__(self, mesh_spec: MeshSpec = MeshSpec(),
+               contact_impedance: float = CONTACT_IMPEDANCE,
                sigma_bg: float = 1.0, dtype=jnp.float32, samples_per_edge: int = 8):
     self.mesh = make_mesh(mesh_spec)
     self._cem_args = dict(contact_impedance=contact_impedance, dtype=dtype, sigma_bg=sigma_bg)
@@ -106,7 +108,8 @@ class Simulator:
 
 
 @functools.lru_cache(maxsize=4)
-def default_simulator(dtype: str = "float32", contact_impedance: float = 0.01) -> Simulator:
+def default_simulator(dtype: str = "float32",
+                      contact_impedance: float = CONTACT_IMPEDANCE) -> Simulator:
   """One shared instance per setting (its jitted functions compile once per process)."""
   return Simulator(dtype=dtype, contact_impedance=contact_impedance)
 
@@ -114,7 +117,7 @@ def default_simulator(dtype: str = "float32", contact_impedance: float = 0.01) -
 def simulate_voltages(xs_images, snr_db: float | None = None, key: jax.Array | None = None,
                       dtype: str = "float32") -> jax.Array:
   """Difference voltages (B, 208) of label images (B, 128, 128) (sigma = 10^xs pixel-wise,
-  I = 1 mA, sigma_bg = 1, 4-degree electrodes, z = 0.01); noise-free when snr_db is None, else
+  I = 1 mA, sigma_bg = 1, 4-degree electrodes, contact impedance `CONTACT_IMPEDANCE`); noise-free when snr_db is None, else
   white noise at snr_db on the homogeneous and the inhomogeneous vectors independently."""
   xs = jnp.asarray(xs_images)
   if xs.ndim != 3 or xs.shape[1:] != (ph.IMAGE_SIZE, ph.IMAGE_SIZE):

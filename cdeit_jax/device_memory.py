@@ -1,0 +1,116 @@
+"""Compiled programs and device memory, in one place for the trainer, evaluation and the
+ahead-of-time check: what a compiled program needs (the compiler's memory analysis), what a
+device offers, whether an error means "out of memory", and what to change when a step does not
+fit."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import ml_collections
+
+from cdeit_jax.errors import DoesNotFit
+
+GIB = 2 ** 30
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+  text = str(e)
+  return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text or "out of memory" in text
+
+
+def required_bytes(e: BaseException) -> int | None:
+  """The compiler's 'memory required (25.07G)' figure of an out-of-memory error, if it has one."""
+  m = re.search(r"required[^(]*\(([\d.]+)([KMGT])\)", str(e))
+  if not m:
+    return None
+  return int(float(m.group(1)) * 1024 ** "KMGT".index(m.group(2)) * 1024)
+
+
+def memory_of(compiled) -> dict[str, int]:
+  """The compiler's memory analysis per device (empty where the backend reports none), with
+  `peak_bytes` = arguments + outputs - aliased + temporaries + generated code."""
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # not every backend reports it
+    return {}
+  if m is None:
+    return {}
+  out = {k: int(getattr(m, k)) for k in (
+      "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+      "alias_size_in_bytes", "generated_code_size_in_bytes") if hasattr(m, k)}
+  out["peak_bytes"] = (out.get("argument_size_in_bytes", 0) + out.get("output_size_in_bytes", 0)
+                       - out.get("alias_size_in_bytes", 0) + out.get("temp_size_in_bytes", 0)
+                       + out.get("generated_code_size_in_bytes", 0))
+  return out
+
+
+def budget(device: jax.Device) -> tuple[int | None, int]:
+  """(bytes one device's program may use, how many local devices share that memory).
+
+  Accelerators: the device's own memory limit. CPU: the host's available memory, shared by every
+  local (fake) device. None where neither is known."""
+  stats = {}
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # backends without memory statistics
+    pass
+  if stats.get("bytes_limit"):
+    return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0)), 1
+  try:
+    with open("/proc/meminfo") as fh:
+      info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in fh}
+    return info["MemAvailable"], jax.local_device_count()
+  except (OSError, KeyError, ValueError):
+    return None, 1
+
+
+def fit_advice(cfg: ml_collections.ConfigDict, num_devices: int, platform: str) -> str:
+  """What to change when the train step does not fit, most effective first."""
+  from cdeit_jax import config_lib
+  per_device = cfg.batch_size // max(num_devices * cfg.accum_steps, 1)
+  tips = []
+  impl = config_lib.model_kwargs(cfg, platform)["attention_impl"]
+  if impl == "xla":
+    tips.append("config.model.attention_impl=auto (a memory-efficient attention kernel for "
+                "this platform instead of the full 4096 x 4096 score matrix)")
+  if per_device > 1:
+    tips.append(f"config.accum_steps={2 * cfg.accum_steps} (same global batch "
+                f"{cfg.batch_size}, {per_device // 2} per device per micro-batch) or a smaller "
+                f"config.batch_size (a multiple of {num_devices})")
+  if not cfg.model.remat:
+    tips.append("config.model.remat=True (recompute each block in the backward pass)")
+  if not cfg.shard_params:
+    tips.append("config.shard_params=True (split parameters and optimizer state over devices)")
+  if cfg.model.dtype == "float32":
+    tips.append("config.model.dtype=bfloat16")
+  return "; or ".join(tips) if tips else "a topology with more memory per device"
+
+
+def train_step_report(memory: dict[str, int], cfg: ml_collections.ConfigDict) -> str:
+  """One line on the train step's memory per device; DoesNotFit (with advice) when it exceeds
+  the device's limit."""
+  if not memory:
+    return "memory analysis: not reported by this backend"
+  gib = lambda b: b / GIB
+  need = memory["peak_bytes"]
+  text = (f"memory per device: arguments {gib(memory.get('argument_size_in_bytes', 0)):.2f} GiB, "
+          f"outputs {gib(memory.get('output_size_in_bytes', 0)):.2f} GiB (aliased "
+          f"{gib(memory.get('alias_size_in_bytes', 0)):.2f}), temporaries "
+          f"{gib(memory.get('temp_size_in_bytes', 0)):.2f} GiB; total ~{gib(need):.2f} GiB")
+  limit = (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
+  if limit:
+    text += f" of {gib(limit):.2f} GiB"
+    if need > limit:
+      raise DoesNotFit(f"{text}\nThe train step will not fit: set "
+                       f"{fit_advice(cfg, jax.device_count(), jax.default_backend())}.")
+  return text
+
+
+def does_not_fit(e: BaseException, cfg: ml_collections.ConfigDict) -> DoesNotFit:
+  """The one-line error for a train step the devices' memory refused (`e`), with advice."""
+  return DoesNotFit(
+      f"the train step does not fit the devices' memory ({str(e).splitlines()[0][:200]}). "
+      f"Set {fit_advice(cfg, jax.device_count(), jax.default_backend())}. Check a "
+      "config without the hardware: train.py --compile_topology v5e-8 (TPU).")

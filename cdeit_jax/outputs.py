@@ -1,0 +1,128 @@
+"""What an evaluation writes: metrics.json (last: it marks a complete evaluation), metrics.csv,
+predictions.npz and .mat, and the figure of reconstructions; each written atomically."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+
+import numpy as np
+
+from cdeit_jax import fileio
+from cdeit_jax.eit.phantom import disk_mask
+from cdeit_jax.errors import InputError
+
+
+# Everything an evaluation writes into its output folder (metrics.json last: it marks a complete
+# evaluation). Each is written atomically, and all of them are removed first, so an output
+# folder never holds one evaluation's figure beside another's metrics.
+OUTPUTS = ("reconstructions.png", "predictions.mat", "predictions.npz", "metrics.csv",
+           "metrics.json")
+
+
+def check_out(out: str) -> None:
+  """Fail before any work when `out` cannot take the outputs (a file, read-only, ...)."""
+  folder = fileio.path(out)
+  if folder.exists() and not folder.is_dir():
+    raise InputError(f"--out {out}: exists and is not a folder; give a folder path")
+  try:
+    fileio.makedirs(out)
+    probe = folder / f".write-test-{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
+  except OSError as e:
+    raise InputError(f"--out {out}: cannot write there ({e.strerror or e}); give a writable "
+                     "folder") from (None if not fileio.is_remote(out) else e)
+
+
+def _json_clean(tree):
+  """NaN and infinities as null: metrics.json stays valid JSON."""
+  if isinstance(tree, dict):
+    return {k: _json_clean(v) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [_json_clean(v) for v in tree]
+  if isinstance(tree, (float, np.floating)):
+    return float(tree) if np.isfinite(tree) else None
+  if isinstance(tree, np.integer):
+    return int(tree)
+  return tree
+
+
+def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pred: np.ndarray,
+                  target: np.ndarray, std: np.ndarray | None, samples: np.ndarray,
+                  baselines: dict[str, np.ndarray], mat_scale: float, figure: bool) -> None:
+  import scipy.io
+
+  fileio.makedirs(out)
+  for name in reversed(OUTPUTS):  # an earlier evaluation's outputs go, metrics.json first
+    fileio.path(fileio.join(out, name)).unlink(missing_ok=True)
+
+  def write_csv(p):
+    with open(p, "w", newline="") as fh:
+      w = csv.DictWriter(fh, fieldnames=["name", *rows[0].keys()])
+      w.writeheader()
+      for name, r in zip(names, rows):
+        w.writerow({"name": name, **r})
+
+  fileio.atomic_write(fileio.join(out, "metrics.csv"), write_csv)
+  arrays = {"pred": pred, "target": target, "names": np.asarray(names)}
+  if std is not None:
+    arrays.update(std=std, samples=samples)
+
+  def write_npz(p):
+    with open(p, "wb") as fh:
+      np.savez(fh, **arrays)
+
+  fileio.atomic_write(fileio.join(out, "predictions.npz"), write_npz)
+  mat = {"pred": (pred[..., 0] * mat_scale).astype(np.float64),
+         "target": target[..., 0].astype(np.float64), "names": np.asarray(names, dtype=object),
+         "scale": mat_scale}
+  if std is not None:
+    mat["std"] = (std[..., 0] * abs(mat_scale)).astype(np.float64)
+  fileio.atomic_write(fileio.join(out, "predictions.mat"),
+                      lambda p: scipy.io.savemat(p, mat, do_compression=True))
+  if figure:
+    fileio.atomic_write(fileio.join(out, "reconstructions.png"),
+                        lambda p: save_figure(p, names, target, pred, std, baselines))
+  fileio.write_text(fileio.join(out, "metrics.json"),
+                    json.dumps(_json_clean(result), indent=2, allow_nan=False))
+
+
+def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 32) -> None:
+  """Ground truth | reconstruction | uncertainty | baselines per image, electrode 0 on top."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  cols = ["ground truth", "CDEIT", "std (uncertainty)" if std is not None else None,
+          *[f"{k} (scaled)" for k in baselines]]
+  cols = [c for c in cols if c]
+  n = min(len(names), max_rows)
+  mask = disk_mask(target.shape[1])
+  fig, axes = plt.subplots(n, len(cols), figsize=(2.2 * len(cols) + 0.8, 2.1 * n), squeeze=False)
+  for r in range(n):
+    panels = [target[r, ..., 0], pred[r, ..., 0]]
+    if std is not None:
+      panels.append(std[r, ..., 0])
+    panels += [b[r] for b in baselines.values()]
+    for c, (img, title) in enumerate(zip(panels, cols)):
+      ax = axes[r, c]
+      shown = np.ma.masked_where(~mask, img)
+      is_std = title.startswith("std")
+      im = ax.imshow(shown, origin="lower", cmap="viridis" if is_std else "RdBu_r",
+                     vmin=0 if is_std else -1, vmax=None if is_std else 1)
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if r == 0:
+        ax.set_title(title, fontsize=9)
+      if c == 0:
+        ax.set_ylabel(names[r], fontsize=8)
+      fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=80)
+  plt.close(fig)
+  with open(path, "wb") as fh:
+    fh.write(buf.getvalue())

@@ -1,0 +1,92 @@
+"""The compiled sampler of eval.py (and of the ahead-of-time check): one jitted, batch-sharded
+function of (weights, cond, example indices, key), compiled for the largest batch that fits.
+
+Each example's noise comes from fold_in(key, example index), so the reconstructions do not depend
+on the batch size or the number of devices or hosts.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from cdeit_jax import device_memory as dm
+from cdeit_jax import logs
+from cdeit_jax import sharding as shd
+from cdeit_jax.diffusion import Diffusion
+from cdeit_jax.errors import InputError
+
+log = logs.log.getChild("eval")
+
+
+def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, mesh,
+                 correction_graphdef=None):
+  """One compiled sampler: (weights, cond, example indices, key) -> images, batch-sharded.
+
+  With `correction_graphdef` (of a `conditioning.DataConsistency`), `weights` is the pair
+  (model state, correction state) and every step's x0 is made consistent with the data."""
+
+  def sample(weights, cond, index, key):
+    correct = None
+    if correction_graphdef is not None:
+      weights, correction = weights
+      correct = nnx.merge(correction_graphdef, correction)
+    model = nnx.merge(graphdef, weights)
+    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
+    return diffusion.sample_fn(model, cond, steps=steps, eta=eta, key=keys, shape=shape,
+                               correct=correct)
+
+  b = shd.batch_sharded(mesh)
+  return jax.jit(sample, in_shardings=(shd.replicated(mesh), b, b, shd.replicated(mesh)),
+                 out_shardings=b)
+
+
+def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int | None = None, *,
+                    cond_size: int = 16, fraction: float = 0.8):
+  """Compile `sampler` for the largest batch that fits the devices; returns (executable, batch).
+
+  `batch_size` (global) is taken as given. Otherwise per-device batches 8, 4, 2, 1 (never more
+  than the examples need) are compiled in turn until the compiler's memory analysis says the
+  program fits `fraction` of the memory budget (`device_memory.budget`)."""
+  n = mesh.devices.size
+  if batch_size is not None:
+    if batch_size < 1 or batch_size % n:
+      raise InputError(f"--config.sampling.batch_size={batch_size}: must be a positive multiple "
+                       f"of the {n} devices")
+    candidates = [batch_size // n]
+  else:
+    most = max(1, -(-num_examples // n))
+    candidates = sorted({min(b, most) for b in (8, 4, 2, 1)}, reverse=True)
+  budget, sharing = dm.budget(jax.local_devices()[0])
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  compiled = None
+  for per_device in candidates:
+    g = per_device * n
+    cond = jax.ShapeDtypeStruct((g, cond_size, cond_size, 1), jnp.float32)
+    index = jax.ShapeDtypeStruct((g,), jnp.int32)
+    try:
+      with jax.set_mesh(mesh):
+        compiled = sampler.lower(weights, cond, index, key).compile()
+    except jax.errors.JaxRuntimeError as e:  # the compiler itself refuses what cannot fit (TPU)
+      if batch_size is not None or per_device == 1 or not dm.is_out_of_memory(e):
+        raise
+      log.info(f"sampler: batch {g} does not fit ({str(e).splitlines()[0][:120]}); trying smaller")
+      continue
+    need = dm.memory_of(compiled).get("peak_bytes")
+    if batch_size is not None or need is None or budget is None or \
+        need * sharing <= fraction * budget:
+      return compiled, g
+    log.info(f"sampler: batch {g} needs ~{need * sharing / 2 ** 30:.1f} GiB of "
+             f"{budget / 2 ** 30:.1f} GiB available; trying a smaller batch")
+  log.warning(f"sampler: even batch {n} may not fit the available memory; trying it anyway")
+  return compiled, n
+
+
+def gather(x: jax.Array) -> np.ndarray:
+  """A global array as one host array on every process."""
+  if x.is_fully_addressable:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
