@@ -161,21 +161,22 @@ def compile_step(ts: training.Setup, cfg: ml_collections.ConfigDict, mesh
 
 
 def restore(mngr, workdir: str, plan: ResumePlan, state, compiled: training.CompiledStep,
-            constants, data_item) -> tuple[Any, dict, int, list[str]]:
-  """(state, meta, step, report lines) from the newest step that restores completely, the
-  calibration set in `constants`; damaged steps are moved aside (kept for inspection)."""
+            constants, data_item) -> tuple[Any, dict, int, list[str], list[str]]:
+  """(state, meta, step, warnings, report lines) from the newest step that restores completely,
+  the calibration set in `constants`; damaged steps are moved aside (kept for inspection)."""
   load = lambda st: checkpoint.restore_train(mngr, st, state, compiled.state_shardings,
                                              data_item)
   steps = sorted(mngr.all_steps(), reverse=True)
   step, (state, meta) = checkpoint.first_intact(steps, load, plan.skipped, str(mngr.directory))
   checkpoint.set_calibration(constants, meta.get("calibration", {}))
-  report = [f"skipping checkpoint step {st}: {reason}" for st, reason in plan.skipped.items()]
+  warnings = [f"skipping checkpoint step {st}: {reason}" for st, reason in plan.skipped.items()]
+  report = []
   damaged = [st for st in steps if st > step]  # each failed to restore
   if damaged:
     report += [f"moved damaged checkpoint to {path}" for path in _set_aside(workdir, damaged)]
     mngr.reload()  # the manager forgets the steps moved away
   report.append(f"resumed from {mngr.directory}/{step}")
-  return state, meta, step, report
+  return state, meta, step, warnings, report
 
 
 def _set_aside(workdir: str, steps: list[int]) -> list[str]:
@@ -314,10 +315,10 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
   state = jax.device_put(ts.state, compiled.state_shardings)
   constants, rng, last_good = ts.constants, jax.random.key(cfg.seed), None
   if plan.meta is not None:
-    state, meta, last_good, lines = restore(mngr, workdir, plan, state, compiled, constants,
-                                            data.checkpoint_item)
-    warnings += [ln for ln in lines if ln.startswith("skipping ")]
-    report += [ln for ln in lines if not ln.startswith("skipping ")]
+    state, meta, last_good, skipped, lines = restore(mngr, workdir, plan, state, compiled,
+                                                     constants, data.checkpoint_item)
+    warnings += skipped
+    report += lines
     rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
   start = int(jax.device_get(state.step))
   constants = jax.device_put(constants, compiled.constants_shardings)

@@ -16,6 +16,7 @@ from flax import nnx
 
 from cdeit_jax import checkpoint, config_lib, convert, device_memory, evaluate, metrics, outputs
 from cdeit_jax import sampling, stats
+from cdeit_jax.eit.phantom import disk_mask
 from cdeit_jax.model import CDEIT
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -63,7 +64,7 @@ def test_ssim_matches_scikit_image(pair):
 def test_baseline_scaling_and_disk_mask():
   b = np.array([[0.5, -2.0], [1.0, 0.0]])
   np.testing.assert_allclose(metrics.scale_baseline(b), b / 2.0)
-  m = evaluate.disk_mask(128)
+  m = disk_mask(128)
   assert m[64, 64] and m[0, 64] and not m[0, 0] and m.mean() == pytest.approx(np.pi / 4, abs=0.01)
 
 

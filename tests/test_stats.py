@@ -108,3 +108,23 @@ def test_transposed_stats_are_refused():
     stats.check_stats(mean, np.ones((1, 16, 13), np.float32))
   m, s = stats.check_stats(np.zeros(208), np.ones((16, 13)))
   assert m.shape == s.shape == stats.STATS_SHAPE
+
+
+def test_running_statistics_of_any_cut_equal_numpy():
+  """One pass over batches of any sizes (single examples, batches, one batch) gives numpy's
+  two-pass float64 mean and std (N-1)."""
+  from cdeit_jax import measurement
+  rng = np.random.default_rng(0)
+  ys = 3e-4 + 1e-5 * rng.standard_normal((37, 208))   # tank-like: a large mean, a small spread
+  want_mean, want_std = ys.mean(0), ys.std(0, ddof=1)
+  for cuts in ([37], [1] * 37, [5, 1, 1, 20, 10], [2, 35]):
+    running, lo = measurement.RunningStats(), 0
+    for n in cuts:
+      running.add(ys[lo:lo + n] * 2.0, voltage_ratio=2.0)
+      lo += n
+    mean, std = running.result()
+    assert mean.shape == std.shape == (1, 16, 13) and mean.dtype == np.float32
+    np.testing.assert_allclose(mean.ravel(), want_mean, rtol=1e-6)
+    np.testing.assert_allclose(std.ravel(), want_std, rtol=1e-5)
+  with pytest.raises(ValueError, match="a std .N-1. needs at least 2"):
+    measurement.RunningStats().result()

@@ -88,6 +88,18 @@ def test_grad_norm_warning_sees_every_step_of_the_window():
   assert out == ["gradient norm outside [1e-07, 1000] at 3 step(s) (1, 3, 4); 1e-09 at step 1"]
 
 
+def test_schedule_decides_every_periodic_action():
+  """log_every 5, eval_every 10, 23 steps: a log window ends at 5, 10, 15, 20 and 23;
+  validation and a checkpoint at 10, 20 and the last step; a preemption stop saves at once."""
+  from cdeit_jax.train_loop import Schedule
+  s = Schedule(cfg_(log_every=5, eval_every=10, steps=23))
+  steps = range(1, 24)
+  assert [k for k in steps if s.log(k, False)] == [5, 10, 15, 20, 23]
+  assert [k for k in steps if s.validate(k)] == [10, 20, 23]
+  assert [k for k in steps if s.save(k, False)] == [10, 20, 23]
+  assert s.save(7, True) and s.log(7, True) and not s.validate(7)
+
+
 def test_ema_matches_ema_pytorch_semantics():
   ws = np.random.default_rng(0).normal(size=3200)
   want = ema_pytorch_reference(list(ws))
@@ -257,7 +269,7 @@ def test_compile_out_of_memory_gives_advice_not_a_traceback(tmp_path, monkeypatc
         "temporaries (25.07G) exceeds available HBM (15.75G).")
 
   monkeypatch.setattr(training, "compile_train_step", refuse)
-  cfg = cfg_(batch_size=32)
+  cfg = cfg_(batch_size=16)  # 2 per device: the accumulation tip applies
   cfg.model.attention_impl = "xla"
   with pytest.raises(MemoryError) as e:
     train_loop.train(cfg, str(tmp_path))
