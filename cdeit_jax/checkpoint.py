@@ -141,6 +141,8 @@ def save_inference(workdir: str, model: nnx.Module, cfg: ml_collections.ConfigDi
   """Save one weight set (`ema` or `raw`) with its metadata; returns the step's directory."""
   if weights not in WEIGHT_ITEMS:
     raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
+  if not (isinstance(step, int) and step >= 0):
+    raise InputError(f"step {step!r}: must be an integer >= 0 (--step)")
   meta = make_meta(cfg, step=step, mean=mean, std=std, weights=[weights], source=source,
                    calibration=calibration_of(model))
   with manager(workdir) as mngr:

@@ -140,6 +140,9 @@ def check_training_config(cfg: ml_collections.ConfigDict, num_devices: int,
        f"steps; use a multiple of {num_devices * cfg.accum_steps}")
   need(cfg.batch_size % num_processes == 0, "batch_size",
        f"does not divide over {num_processes} processes")
+  need(cfg.eval_batch_size is None or (isinstance(cfg.eval_batch_size, int)
+                                       and cfg.eval_batch_size > 0), "eval_batch_size",
+       "must be a positive integer (or None: batch_size)")
   eb = cfg.eval_batch_size or cfg.batch_size
   need(eb % num_devices == 0, "eval_batch_size", f"must be a multiple of {num_devices} devices")
   need(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")

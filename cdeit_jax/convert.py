@@ -135,7 +135,7 @@ def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
   missing = sorted(set(table) - set(arrays))
   unexpected = sorted(set(arrays) - set(table) - set(buffers))
   missing += sorted(set(buffers) - set(arrays))
-  shapes, bad_buffers, updates = [], [], {}
+  shapes, bad_buffers, dtypes, nonfinite, updates = [], [], [], [], {}
   for name, entry in table.items():
     if name not in arrays:
       continue
@@ -145,6 +145,13 @@ def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
     if got != want:
       shapes.append(f"{name}: checkpoint {got}, model expects {want}")
       continue
+    if arrays[name].dtype.kind != "f":  # ints, bools, complex, strings: not weights
+      dtypes.append(f"{name}: {arrays[name].dtype}")
+      continue
+    if not np.all(np.isfinite(arrays[name])):
+      nonfinite.append(f"{name}: {int(np.size(arrays[name]) - np.isfinite(arrays[name]).sum())} "
+                       "NaN or infinite values")
+      continue
     updates[entry.path] = entry.to_nnx(arrays[name]).astype(var.dtype)
   for name, want in buffers.items():
     if name in arrays and (arrays[name].shape != want.shape or
@@ -153,7 +160,9 @@ def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
               "the Swin index of this window size")
       bad_buffers.append(f"{name}: differs from {what}")
   errors = (_problems(missing, "missing keys") + _problems(unexpected, "unexpected keys") +
-            _problems(shapes, "shape mismatches") + _problems(bad_buffers, "bad fixed tables"))
+            _problems(shapes, "shape mismatches") + _problems(bad_buffers, "bad fixed tables") +
+            _problems(dtypes, "tensors that are not floating point") +
+            _problems(nonfinite, "tensors with non-finite values"))
   if errors:
     raise StateDictMismatch(
         f"{source} does not match the CDEIT model (hidden_size={model.hidden_size}, "
@@ -244,7 +253,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("workdir", None, "output directory, loadable by eval.py --workdir")
   flags.DEFINE_string("stats", None, "folder with mean/std (.npy or .pth) the model was trained "
                       "with; default: the CDEIT authors' statistics shipped with cdeit-jax")
-  flags.DEFINE_integer("step", 0, "step number to record")
+  flags.DEFINE_integer("step", 0, "step number to record", lower_bound=0)
   flags.DEFINE_enum("weights", "ema", ["ema", "raw"], "which weight set the file holds "
                     "(the authors' best.pt holds EMA weights)")
   flags.mark_flags_as_required(["config", "checkpoint", "workdir"])

@@ -66,6 +66,8 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
 
   need(s.steps >= 1, "sampling.steps", "must be >= 1")
   need(s.num_samples >= 1, "sampling.num_samples", "must be >= 1")
+  need(0 <= s.eta <= 1, "sampling.eta", "must be in [0, 1] (0: deterministic DDIM, 1: the "
+       "published sampler)")
   need(s.data_consistency >= 0, "sampling.data_consistency", "must be >= 0 (0 = off)")
   need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
   need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
@@ -96,7 +98,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   overrides = dict(overrides or {})
   settings({"model": {}}, overrides)  # bad keys and values fail before any work
   if jax.process_index() == 0:
-    outputs.check_out(out)
+    outputs.check_out(out, data_path)
     logs.debug_log(out)
 
   # --- the checkpoint: the first candidate whose metadata and weights load

@@ -11,10 +11,13 @@ rewritten whole, in the background (`AppendLog`).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import errno
 import io
 import logging
 import os
 import pathlib
+import shutil
 import tempfile
 import threading
 from typing import Callable
@@ -22,6 +25,8 @@ from typing import Callable
 import fsspec.config
 import fsspec.core
 from etils import epath
+
+from cdeit_jax.errors import CdeitError
 
 PathLike = str | os.PathLike
 
@@ -83,6 +88,17 @@ def move(src: PathLike, dst: PathLike) -> None:
   fs.rm(src, recursive=True)
 
 
+def remove_tree(p: PathLike) -> None:
+  """Remove a folder and everything in it, if it exists (local or object store)."""
+  p = resolve(p)
+  if not is_remote(p):
+    shutil.rmtree(p, ignore_errors=True)
+    return
+  fs, _ = fsspec.core.url_to_fs(p)
+  if fs.exists(p):
+    fs.rm(p, recursive=True)
+
+
 def open_binary(p: PathLike) -> io.BufferedIOBase:
   """A seekable binary reader: a local file, or the whole object read in one request."""
   if not is_remote(p):
@@ -90,14 +106,34 @@ def open_binary(p: PathLike) -> io.BufferedIOBase:
   return io.BytesIO(path(p).read_bytes())
 
 
+class DiskFull(CdeitError, OSError):
+  """No space left where an output goes (one line naming the folder)."""
+
+
+def no_space(where: str) -> DiskFull:
+  """The one-line error for a full disk under `where`."""
+  err = DiskFull(f"no space left on the device of {where}: free some space or write somewhere "
+                 "else (nothing was half-written there)")
+  err.errno = errno.ENOSPC
+  return err
+
+
 def atomic_write(p: PathLike, write: Callable[[str], object]) -> None:
   """Call write(tmp) with a local temporary file name, then publish that file as `p`: renamed in
-  the same folder (local), or uploaded in one request (object store)."""
+  the same folder (local), or uploaded in one request (object store). The temporary file is
+  removed on any failure; a full disk is a `DiskFull` naming the folder."""
   p = resolve(p)
   if not is_remote(p):
     tmp = os.path.join(os.path.dirname(p), f".{os.path.basename(p)}.tmp")
-    write(tmp)
-    os.replace(tmp, p)
+    try:
+      write(tmp)
+      os.replace(tmp, p)
+    except BaseException as e:
+      with contextlib.suppress(OSError):
+        os.unlink(tmp)
+      if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        raise no_space(os.path.dirname(p)) from None
+      raise
     return
   with tempfile.TemporaryDirectory(prefix="cdeit-upload-") as d:
     tmp = os.path.join(d, os.path.basename(p))

@@ -1,9 +1,12 @@
 """What an evaluation writes: metrics.json (last: it marks a complete evaluation), metrics.csv,
-predictions.npz and .mat, and the figure of reconstructions; each written atomically."""
+predictions.npz and .mat, and the figure of reconstructions. All are written beside the folder's
+earlier outputs first (a hidden staging folder) and replace them only once every one is complete,
+so a failed evaluation (a full disk, a kill) leaves the previous one whole."""
 
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import json
 import os
@@ -15,15 +18,18 @@ from cdeit_jax.eit.phantom import disk_mask
 from cdeit_jax.errors import InputError
 
 
-# Everything an evaluation writes into its output folder (metrics.json last: it marks a complete
-# evaluation). Each is written atomically, and all of them are removed first, so an output
-# folder never holds one evaluation's figure beside another's metrics.
+# Everything an evaluation writes into its output folder, metrics.json last: it marks a complete
+# evaluation (an output folder never holds one evaluation's figure beside another's metrics).
 OUTPUTS = ("reconstructions.png", "predictions.mat", "predictions.npz", "metrics.csv",
            "metrics.json")
 
 
-def check_out(out: str) -> None:
-  """Fail before any work when `out` cannot take the outputs (a file, read-only, ...)."""
+def check_out(out: str, data_path: str | None = None) -> None:
+  """Fail before any work when `out` cannot take the outputs (a file, read-only, the data folder
+  itself, ...)."""
+  if data_path is not None and fileio.resolve(out) == fileio.resolve(data_path):
+    raise InputError(f"--out {out} is the data folder: the outputs (predictions.npz) would be read "
+                     "as a test case by the next evaluation of it; give another folder")
   folder = fileio.path(out)
   if folder.exists() and not folder.is_dir():
     raise InputError(f"--out {out}: exists and is not a folder; give a folder path")
@@ -53,11 +59,29 @@ def _json_clean(tree):
 def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pred: np.ndarray,
                   target: np.ndarray, std: np.ndarray | None, samples: np.ndarray,
                   baselines: dict[str, np.ndarray], mat_scale: float, figure: bool) -> None:
-  import scipy.io
-
-  fileio.makedirs(out)
-  for name in reversed(OUTPUTS):  # an earlier evaluation's outputs go, metrics.json first
+  staging = fileio.join(out, f".staging-{os.getpid()}")
+  fileio.makedirs(staging)
+  try:
+    written = _write_all(staging, result, rows, names, pred, target, std, samples, baselines,
+                         mat_scale, figure)
+  except BaseException as e:
+    fileio.remove_tree(staging)  # the previous evaluation stays as it was
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+      raise fileio.no_space(out) from None
+    raise
+  # publish: the old metrics.json goes first (the folder is incomplete until the new one lands)
+  for name in ("metrics.json", *[n for n in OUTPUTS if n not in written]):
     fileio.path(fileio.join(out, name)).unlink(missing_ok=True)
+  for name in sorted(written, key=lambda n: n == "metrics.json"):
+    fileio.move(fileio.join(staging, name), fileio.join(out, name))
+  fileio.remove_tree(staging)
+
+
+def _write_all(out: str, result: dict, rows: list[dict], names: list[str], pred: np.ndarray,
+               target: np.ndarray, std: np.ndarray | None, samples: np.ndarray,
+               baselines: dict[str, np.ndarray], mat_scale: float, figure: bool) -> list[str]:
+  """Write every output into `out` (a fresh folder); returns their names."""
+  import scipy.io
 
   def write_csv(p):
     with open(p, "w", newline="") as fh:
@@ -88,6 +112,7 @@ def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pr
                         lambda p: save_figure(p, names, target, pred, std, baselines))
   fileio.write_text(fileio.join(out, "metrics.json"),
                     json.dumps(_json_clean(result), indent=2, allow_nan=False))
+  return [n for n in OUTPUTS if figure or n != "reconstructions.png"]
 
 
 def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 32) -> None:

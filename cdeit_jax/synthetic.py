@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
@@ -32,6 +33,10 @@ def phantom_spec(sim: ml_collections.ConfigDict):
   if unknown:
     raise InputError(f"config.simulator.phantom: unknown fields {sorted(unknown)}; known: "
                      f"{sorted(fields)}")
+  if sim.snr_db is not None and not (isinstance(sim.snr_db, (int, float))
+                                     and math.isfinite(sim.snr_db)):
+    raise InputError(f"config.simulator.snr_db={sim.snr_db!r}: give a finite number of dB, or "
+                     "None for noise-free voltages")
   spec = PhantomSpec(**dict(sim.phantom))
   try:
     spec.validate()

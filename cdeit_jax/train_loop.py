@@ -142,6 +142,11 @@ def plan_resume(mngr, cfg: ml_collections.ConfigDict, workdir: str) -> ResumePla
   if not steps:
     return ResumePlan(None, [], skipped)
   _, meta = checkpoint.first_readable(workdir, steps, skipped)
+  if cfg.steps < int(meta["step"]):
+    raise checkpoint.CheckpointError(
+        f"config.steps={cfg.steps} is below the step of {mngr.directory}/{meta['step']}: "
+        f"nothing to train; give --config.steps above {meta['step']} to train on, or a new "
+        "--workdir")
   if meta.get("format") == checkpoint.FORMAT_V1:
     raise checkpoint.CheckpointError(
         f"{mngr.directory} was written by cdeit-jax 0.1 ({checkpoint.FORMAT_V1}); training "

@@ -9,7 +9,7 @@ import pytest
 from conftest import FIXTURES
 from flax import nnx
 
-from cdeit_jax import models, checkpoint, config_lib, convert, stats
+from cdeit_jax import checkpoint, config_lib, convert, models, stats
 from cdeit_jax.convert import StateDictMismatch, export_torch_state_dict, load_torch_state_dict
 from cdeit_jax.model import CDEIT, count_params, relative_position_index, sincos_pos_embed_2d
 
@@ -53,6 +53,25 @@ def test_mismatches_are_all_listed(small_state_dict):
   assert "missing keys (1)" in msg and "blocks.mid.attn.qkv.bias" in msg
   assert "unexpected keys (1)" in msg and "blocks.mid.extra.weight" in msg
   assert "shape mismatches (1)" in msg and "final_layer.linear.weight: checkpoint (4, 65)" in msg
+
+
+def test_tensors_that_are_not_weights_are_refused(small_state_dict):
+  """A NaN weight, an integer, a boolean or a string tensor: each named, nothing cast."""
+  sd = dict(small_state_dict)
+  sd["blocks.mid.attn.qkv.bias"] = np.where(np.arange(sd["blocks.mid.attn.qkv.bias"].size) == 3,
+                                            np.nan, sd["blocks.mid.attn.qkv.bias"])
+  sd["final_layer.linear.bias"] = sd["final_layer.linear.bias"].astype(np.int64)
+  sd["t_embedder.mlp.0.bias"] = sd["t_embedder.mlp.0.bias"] > 0
+  with pytest.raises(StateDictMismatch) as e:
+    load_torch_state_dict(CDEIT(hidden_size=64, rngs=nnx.Rngs(0)), sd)
+  msg = str(e.value)
+  assert "not floating point (2)" in msg and "final_layer.linear.bias: int64" in msg
+  assert "t_embedder.mlp.0.bias: bool" in msg
+  assert "non-finite values (1)" in msg and "blocks.mid.attn.qkv.bias: 1 NaN" in msg
+  with pytest.raises(ValueError, match="step -1: must be an integer >= 0"):
+    checkpoint.save_inference("/nonexistent", CDEIT(hidden_size=64, rngs=nnx.Rngs(0)),
+                              config_lib.default_config(), mean=np.zeros(208),
+                              std=np.ones(208), step=-1)
 
 
 def test_wrong_width_is_reported(small_state_dict):

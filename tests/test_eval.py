@@ -1,5 +1,6 @@
 """eval.py: metrics against independent implementations, outputs, determinism, bad inputs."""
 
+import errno
 import json
 import logging
 import os
@@ -147,6 +148,33 @@ def test_a_new_evaluation_replaces_every_old_output(tiny_run, tmp_path):
   assert json.loads((out / "metrics.json").read_text())["settings"]["examples"] == 2
   r["metrics"]["cdeit"]["psnr"] = float("nan")
   assert outputs._json_clean(r)["metrics"]["cdeit"]["psnr"] is None
+
+
+def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypatch):
+  """The disk fills while a new evaluation writes its outputs: the earlier evaluation stays byte
+  for byte, no temporary file or staging folder is left, and the error names the output folder;
+  the data folder itself is refused as --out."""
+  out = tmp_path / "out"
+  evaluate.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 2})
+  before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+  assert sorted(before) == sorted(outputs.OUTPUTS)
+
+  def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(np, "savez", full)
+  with pytest.raises(OSError, match=f"no space left on the device of {out}: ") as e:
+    evaluate.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 3})
+  assert e.value.errno == errno.ENOSPC and "\n" not in str(e.value)
+  assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+  with pytest.raises(ValueError, match="is the data folder"):
+    evaluate.evaluate(tiny_run, "uef2017", UEF, UEF, {"eval.max_examples": 2})
+
+
+@pytest.mark.parametrize("key, value", [("sampling.eta", float("nan")), ("sampling.eta", 1.5)])
+def test_sampler_settings_out_of_range_are_named(key, value):
+  with pytest.raises(ValueError, match=f"--config.{key}={value!r}: must be in \\[0, 1\\]"):
+    evaluate.settings({"model": {}}, {key: value})
 
 
 def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):

@@ -138,6 +138,18 @@ def test_extension_replaces_statistics_even_after_a_kill(tmp_path):
   assert not np.array_equal(std, old)
 
 
+@pytest.mark.parametrize("key, value, match", [
+    ("snr_db", float("nan"), "snr_db=nan: give a finite number of dB"),
+    ("phantom.min_aspect", -1.0, "need 0 < min_aspect <= 1"),
+    ("phantom.annulus_inner", 1.5, "need 0 < annulus_inner < 1"),
+])
+def test_nonsense_settings_are_named(key, value, match):
+  cfg = config_lib.default_config()
+  config_lib.override(cfg, {f"simulator.{key}": value})
+  with pytest.raises(ValueError, match=match):
+    synthetic.settings_json(cfg.simulator)
+
+
 def test_cli_errors_name_the_flag(tmp_path):
   run = lambda *a: subprocess.run([sys.executable, "-m", "cdeit_jax.simulate", "--out",
                                    str(tmp_path / "x"), *a], capture_output=True, text=True,

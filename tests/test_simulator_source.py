@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import sigterm_after_first_log
 
-from cdeit_jax import models, checkpoint, config_lib, data, simulator_source, synthetic
+from cdeit_jax import checkpoint, config_lib, data, models, simulator_source, synthetic
 from cdeit_jax import sharding as shd
 
 REPO = pathlib.Path(__file__).parent.parent

@@ -15,7 +15,7 @@ import pytest
 from conftest import (RESUME_STEPS, TEST_CONFIG, final_state, finish, run_train, two_processes,
                       wait_for_first_log)
 
-from cdeit_jax import models, checkpoint, config_lib, data, training
+from cdeit_jax import checkpoint, config_lib, data, models, training
 from cdeit_jax import sharding as shd
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -86,6 +86,15 @@ def test_grad_norm_warning_sees_every_step_of_the_window():
       "gradient norm outside [1e-07, 1000] at 1 step(s) (12); 5e+03 at step 12"]
   out = unusual_grad_norms(1, [1e-9, 1.0, 2e4, 1e-8])
   assert out == ["gradient norm outside [1e-07, 1000] at 3 step(s) (1, 3, 4); 1e-09 at step 1"]
+
+
+def test_resume_below_the_checkpoints_step_is_refused(tmp_path, straight_run):
+  """--config.steps under the step a workdir holds trains nothing: one line says so (exit 1)."""
+  import shutil
+  wd = tmp_path / "run"
+  shutil.copytree(straight_run, wd, ignore=shutil.ignore_patterns("lock"))
+  rc, _, err = run_train(wd, "--config.steps=10", *RESUME_STEPS[1:])
+  assert rc == 1 and "config.steps=10 is below the step of" in err and "Traceback" not in err
 
 
 def test_schedule_decides_every_periodic_action():
@@ -226,6 +235,7 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
     ({"model.dtype": "float8"}, r"config.model.dtype: 'float8'"),
     ({"data.preset": "tank"}, r"config.data.preset='tank': unknown preset"),
     ({"steps": 0}, r"config.steps=0: must be a positive integer"),
+    ({"eval_batch_size": -8}, r"config.eval_batch_size=-8: must be a positive integer"),
 ])
 def test_bad_config_values_are_named(over, match):
   with pytest.raises(ValueError, match=match):
@@ -447,6 +457,25 @@ def test_none_on_the_command_line_is_none():
   cfg.data.stats = "None"
   config_lib.none_strings(cfg)
   assert cfg.data.stats is None and cfg.data.preset == "uef2017"
+
+
+def test_a_workdir_named_by_digits_is_a_workdir_not_a_step(tmp_path, straight_run):
+  """`runs/2024` evaluates its best validated step, as `runs/r2024` does; only
+  `.../checkpoints/<digits>` is one step."""
+  import shutil
+
+  from cdeit_jax import evaluate
+  ranked = checkpoint.ranked_steps(str(straight_run))
+  latest = max(checkpoint.all_steps(str(straight_run)))
+  for name in ("2024", "r2024"):
+    wd = tmp_path / "runs" / name
+    shutil.copytree(straight_run, wd, ignore=shutil.ignore_patterns("lock"))
+    assert checkpoint.step_folder(str(wd)) is None
+    order = evaluate._candidates(str(wd), str(wd), None)
+    assert order[:len(ranked)] == ranked and sorted(order) == checkpoint.all_steps(str(wd))
+    step_dir = wd / "checkpoints" / str(latest)
+    assert checkpoint.step_folder(str(step_dir)) == latest
+    assert evaluate._candidates(str(wd), str(step_dir), None) == [latest]
 
 
 def test_eval_uses_the_best_intact_step(tmp_path, straight_run, caplog):

@@ -31,3 +31,9 @@ class PhantomSpec:
       raise InputError("need 0 < min_size <= max_size < max_radius <= 1")
     if not 0 < self.v_min <= self.v_max:
       raise InputError("need 0 < v_min <= v_max")
+    if not 0 < self.min_aspect <= 1:
+      raise InputError("need 0 < min_aspect <= 1 (an ellipse's minor / major axis)")
+    if not 0 < self.annulus_inner < 1:
+      raise InputError("need 0 < annulus_inner < 1 (an annulus's inner / outer radius)")
+    if not self.separation >= 0:
+      raise InputError("need separation >= 0")
