@@ -209,13 +209,14 @@ def first_intact(steps: list[int], load: Callable[[int], T], skipped: dict[int, 
                  where: str) -> tuple[int, T]:
   """(step, load(step)) of the first of `steps` that loads completely (newest first for a
   resume, best first for an evaluation): one rule for training and evaluation. Each step passed
-  over is recorded in `skipped` ({step: reason}, the first reason found); TensorStore's noise
-  of a failed read goes to the debug log. CheckpointError listing every reason when none loads."""
+  over is recorded in `skipped` ({step: reason}, the first reason found), a step deleted since
+  it was listed (a training's retention) included; TensorStore's noise of a failed read goes to
+  the debug log. CheckpointError listing every reason when none loads."""
   with logs.StderrCapture() as capture:
     for step in steps:
       try:
         return step, load(step)
-      except CheckpointError as e:
+      except (CheckpointError, MissingFile) as e:
         capture.failed = True
         skipped.setdefault(step, str(e))
   reasons = "\n  ".join(f"step {st}: {r}" for st, r in skipped.items())

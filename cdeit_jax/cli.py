@@ -93,5 +93,9 @@ def run(main: Callable[[list[str]], None]) -> None:
     except CdeitError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(1)
+    except KeyboardInterrupt:
+      print("interrupted: every output is written whole or not at all; rerun the same command "
+            "to resume (train.py) or redo the rest", file=sys.stderr)
+      sys.exit(130)
 
   app.run(wrapped, flags_parser=parse_flags)

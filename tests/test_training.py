@@ -88,6 +88,23 @@ def test_grad_norm_warning_sees_every_step_of_the_window():
   assert out == ["gradient norm outside [1e-07, 1000] at 3 step(s) (1, 3, 4); 1e-09 at step 1"]
 
 
+def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
+  """Ctrl-C (SIGINT) during training: exit 130 with one line, no traceback; the rerun resumes
+  from a saved step."""
+  wd = tmp_path / "run"
+  p = run_train(wd, "--config.steps=400", "--config.log_every=2", "--config.eval_every=4",
+                wait=False)
+  deadline = time.time() + 300
+  while not list((wd / "checkpoints").glob("*/commit_success.txt")) and time.time() < deadline:
+    time.sleep(0.1)
+  p.send_signal(signal.SIGINT)
+  _, err = p.communicate(timeout=300)
+  assert p.returncode == 130, err[-3000:]
+  assert "interrupted: every output is written whole" in err and "Traceback" not in err
+  rc, _, err = run_train(wd, "--config.steps=8", "--config.log_every=2", "--config.eval_every=4")
+  assert rc == 0 and "resumed from" in err, err[-3000:]
+
+
 def test_resume_below_the_checkpoints_step_is_refused(tmp_path, straight_run):
   """--config.steps under the step a workdir holds trains nothing: one line says so (exit 1)."""
   import shutil
