@@ -15,6 +15,7 @@ import numpy as np
 from cdeit_jax import fileio, measurement
 from cdeit_jax import files as npz_files
 from cdeit_jax import stats as stats_lib
+from cdeit_jax.errors import InputError
 from cdeit_jax.files import BASELINE_KEYS, DatasetError
 from cdeit_jax.measurement import IMAGE_SIZE
 
@@ -130,13 +131,14 @@ def main(argv: Sequence[str] | None = None) -> None:
   s.add_argument("--skip-bad-files", action="store_true", help="skip unreadable or invalid "
                  "files with a warning (default: stop and list them)")
   a = p.parse_args(argv)
+  out = a.out or fileio.dirname(a.split)
   try:
+    fileio.writable_folder(out, "--out")
     mean, std = stats_lib.compute_stats(a.split, a.preset, voltage_ratio=a.voltage_ratio,
                                         skip_bad=a.skip_bad_files)
-  except DatasetError as e:
+  except InputError as e:  # DatasetError too
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
-  out = a.out or fileio.dirname(a.split)
   stats_lib.write_stats(out, mean, std)
   print(f"wrote {out}/mean.npy, {out}/std.npy from {a.split}: std median {np.median(std):.3e}")
 

@@ -26,7 +26,7 @@ import fsspec.config
 import fsspec.core
 from etils import epath
 
-from cdeit_jax.errors import CdeitError
+from cdeit_jax.errors import CdeitError, InputError
 
 PathLike = str | os.PathLike
 
@@ -71,6 +71,22 @@ def makedirs(p: PathLike) -> None:
   """Create a local folder and its parents (object stores have no folders: nothing to do)."""
   if not is_remote(p):
     os.makedirs(resolve(p), exist_ok=True)
+
+
+def writable_folder(p: PathLike, flag: str) -> None:
+  """Create folder `p` if needed and check that files can be written there; an InputError
+  naming `flag` (e.g. "--workdir") when `p` is a file, read-only or cannot be created."""
+  folder = path(p)
+  if folder.exists() and not folder.is_dir():
+    raise InputError(f"{flag} {p}: exists and is not a folder; give a folder path")
+  try:
+    makedirs(p)
+    probe = folder / f".write-test-{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
+  except OSError as e:
+    raise InputError(f"{flag} {p}: cannot write there ({e.strerror or e}); give a writable "
+                     "folder") from (e if is_remote(p) else None)
 
 
 def move(src: PathLike, dst: PathLike) -> None:

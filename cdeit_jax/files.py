@@ -52,6 +52,10 @@ def check_file(path: str) -> str | None:
 def _read_checked(path: str) -> tuple[str | None, dict[str, np.ndarray] | None]:
   """(problem or None, the file's arrays or None)."""
   try:
+    with fileio.open_binary(path) as fh:
+      head = fh.read(4)
+    if head[:2] != b"PK":  # npz files are zip archives
+      return f"not a readable npz: not a zip of .npy arrays (it starts with {head!r})", None
     z = read_npz(path)
   except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
     return f"not a readable npz ({type(e).__name__}: {e})", None

@@ -30,17 +30,7 @@ def check_out(out: str, data_path: str | None = None) -> None:
   if data_path is not None and fileio.resolve(out) == fileio.resolve(data_path):
     raise InputError(f"--out {out} is the data folder: the outputs (predictions.npz) would be read "
                      "as a test case by the next evaluation of it; give another folder")
-  folder = fileio.path(out)
-  if folder.exists() and not folder.is_dir():
-    raise InputError(f"--out {out}: exists and is not a folder; give a folder path")
-  try:
-    fileio.makedirs(out)
-    probe = folder / f".write-test-{os.getpid()}"
-    probe.write_text("")
-    probe.unlink()
-  except OSError as e:
-    raise InputError(f"--out {out}: cannot write there ({e.strerror or e}); give a writable "
-                     "folder") from (None if not fileio.is_remote(out) else e)
+  fileio.writable_folder(out, "--out")
 
 
 def _json_clean(tree):

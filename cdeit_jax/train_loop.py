@@ -67,7 +67,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Train (or resume) in `workdir`; returns the last logged metrics."""
   config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
   workdir = fileio.resolve(workdir)
-  fileio.makedirs(workdir)
+  fileio.writable_folder(workdir, "--workdir")
   lock = workdir_lock.WorkdirLock(workdir)
   if jax.process_index() == 0:  # one run per workdir (the other processes belong to this run)
     lock.acquire()

@@ -31,7 +31,7 @@ import time
 import uuid
 
 from cdeit_jax import fileio
-from cdeit_jax.errors import CdeitError
+from cdeit_jax.errors import CdeitError, InputError
 
 LOCK_NAME = "lock"
 LEASE_S = 120.0  # an object-store lock not renewed for this long belongs to a dead run
@@ -55,7 +55,11 @@ class WorkdirLock:
     if fileio.is_remote(self.path):
       self._lease = _Lease(self.path, self.workdir, self.lease_s)
       return self
-    fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise InputError(f"{self.path}: cannot open the workdir's lock file ({e.strerror}); "
+                       "remove what is there or give another --workdir") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

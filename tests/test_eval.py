@@ -191,6 +191,10 @@ def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):
   r = run("--skip-bad-files", "--out", str(tmp_path / "stats"))
   assert r.returncode == 0, r.stderr
   np.testing.assert_allclose(np.load(tmp_path / "stats" / "mean.npy"), 1.5)
+  (tmp_path / "a_file").write_text("")
+  r = run("--skip-bad-files", "--out", str(tmp_path / "a_file" / "stats"))
+  assert r.returncode == 1 and "Traceback" not in r.stderr
+  assert f"--out {tmp_path / 'a_file' / 'stats'}: cannot write there" in r.stderr
 
 
 def _eval_cli(*args, devices=None):

@@ -105,6 +105,18 @@ def test_ctrl_c_is_one_line_and_the_run_resumes(tmp_path):
   assert rc == 0 and "resumed from" in err, err[-3000:]
 
 
+def test_unusable_workdirs_are_one_line(tmp_path):
+  """A workdir that is a file, and one whose lock path is a folder: one line each, exit 1."""
+  (tmp_path / "file").write_text("")
+  rc, _, err = run_train(tmp_path / "file")
+  assert rc == 1 and "--workdir" in err and "exists and is not a folder" in err, err[-2000:]
+  assert "Traceback" not in err
+  (tmp_path / "wd" / "lock").mkdir(parents=True)
+  rc, _, err = run_train(tmp_path / "wd")
+  assert rc == 1 and "cannot open the workdir's lock file (Is a directory)" in err, err[-2000:]
+  assert "Traceback" not in err
+
+
 def test_resume_below_the_checkpoints_step_is_refused(tmp_path, straight_run):
   """--config.steps under the step a workdir holds trains nothing: one line says so (exit 1)."""
   import shutil
