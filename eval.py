@@ -36,6 +36,7 @@ flags.DEFINE_string("data", None, "preset of the test set: simulated, uef2017, k
 flags.DEFINE_string("data_path", None, "folder of CDEIT npz files")
 flags.DEFINE_string("out", None, "output folder")
 cli.define_cluster_flags()
+cli.define_cache_flag()
 flags.mark_flags_as_required(["workdir", "data", "data_path", "out"])
 FLAGS = flags.FLAGS
 

@@ -26,6 +26,7 @@ flags.DEFINE_string("compile_topology", None, "compile only, for a TPU topology 
                     "(any machine with libtpu: pip install -e '.[tpu]'); writes "
                     "WORKDIR/compile.json and exits 0 when the step fits, 1 when not")
 cli.define_cluster_flags()
+cli.define_cache_flag()
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 

@@ -22,6 +22,12 @@ def define_cluster_flags() -> None:
   flags.DEFINE_integer("process_id", None, "this process's id (explicit clusters)")
 
 
+def define_cache_flag() -> None:
+  flags.DEFINE_string("compilation_cache", None, "folder of JAX's persistent compilation cache "
+                      "(local or gs://; default: $JAX_COMPILATION_CACHE_DIR, else "
+                      "~/.cache/cdeit-jax/jax); none: off")
+
+
 def _auto_cluster() -> bool:
   """Multi-host environments where jax.distributed.initialize() needs no arguments."""
   env = os.environ
@@ -88,6 +94,9 @@ def run(main: Callable[[list[str]], None]) -> None:
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
     for name in ("gcsfs", "fsspec"):  # and every file they open
       logging.getLogger(name).setLevel(logging.WARNING)
+    if "compilation_cache" in FLAGS:
+      from cdeit_jax import compile_cache
+      compile_cache.enable(FLAGS.compilation_cache)
     try:
       main(argv)
     except CdeitError as e:

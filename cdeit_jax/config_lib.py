@@ -113,6 +113,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.eval_batch_size = config_dict.placeholder(int)  # default: batch_size
   c.eval_max_batches = config_dict.placeholder(int)  # default: the whole valid split
   c.eval_seed = 1234
+  # A profiler trace (XProf / TensorBoard's profile plugin, Perfetto) of the steps start_step ..
+  # start_step + num_steps - 1 (numbered by the state's step before each) in WORKDIR/profile;
+  # python: also every Python function call (large traces).
+  c.profile = ml_collections.ConfigDict(dict(start_step=config_dict.placeholder(int),
+                                             num_steps=3, python=False))
   c.keep_checkpoints = 3  # the latest few; the best (lowest validation loss) is kept as well
   c.async_checkpoints = True
   return c
@@ -145,6 +150,11 @@ def check_training_config(cfg: ml_collections.ConfigDict, num_devices: int,
        "must be a positive integer (or None: batch_size)")
   eb = cfg.eval_batch_size or cfg.batch_size
   need(eb % num_devices == 0, "eval_batch_size", f"must be a multiple of {num_devices} devices")
+  need(cfg.profile.start_step is None or (isinstance(cfg.profile.start_step, int) and
+                                          cfg.profile.start_step >= 0), "profile.start_step",
+       "must be a step number >= 0 (or None: no profile)")
+  need(isinstance(cfg.profile.num_steps, int) and cfg.profile.num_steps > 0, "profile.num_steps",
+       "must be a positive integer")
   need(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
   need(cfg.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 disables clipping)")
   need(cfg.optimizer.schedule in ("constant", "warmup_cosine"), "optimizer.schedule",

@@ -18,7 +18,8 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from cdeit_jax import checkpoint, config_lib, data, fileio, logs, measurement, metrics, models
+from cdeit_jax import checkpoint, compile_cache, config_lib, data, fileio, logs, measurement
+from cdeit_jax import metrics, models
 from cdeit_jax import outputs, pipeline, sampling
 from cdeit_jax import files as npz_files
 from cdeit_jax import sharding as shd
@@ -148,9 +149,13 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   sampler = sampling.make_sampler(graphdef, diffusion, s.steps, s.eta, shape, mesh,
                                   correction_graphdef)
   t0 = time.perf_counter()
-  sampler, global_batch = sampling.compile_sampler(sampler, weights, mesh, n_total,
-                                                   s.batch_size, cond_size=model.cond_size)
+  with compile_cache.Watch() as cache:
+    sampler, global_batch = sampling.compile_sampler(sampler, weights, mesh, n_total,
+                                                     s.batch_size, cond_size=model.cond_size)
   compile_s = time.perf_counter() - t0
+  log.info(f"sampler (global batch {global_batch}, {s.steps} steps) "
+           f"{'loaded from the persistent compilation cache' if cache.hit else 'compiled'} in "
+           f"{compile_s:.1f} s")
 
   # --- K samples of every example
   batches = list(pipeline.eval_batches(src, global_batch, keys=("cond",), limit=n_total))
@@ -172,7 +177,8 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   sample_s = time.perf_counter() - t0
   bar.close()
   result = {"images_per_s": done / sample_s, "ms_per_image": 1000 * sample_s / done,
-            "compile_s": compile_s, "devices": jax.device_count(),
+            "compile_s": compile_s, "compile_cache_hit": cache.hit,
+            "devices": jax.device_count(),
             "processes": jax.process_count(), "global_batch": global_batch}
   if jax.process_index() != 0:
     return result

@@ -198,6 +198,7 @@ if __name__ == "__main__":
                        "of the devices)", lower_bound=1)
   flags.DEFINE_string("tr_splits", ",".join(SPLITS), "splits whose files get the Tikhonov "
                       "reconstruction TR (comma-separated)")
+  cli.define_cache_flag()
   flags.mark_flags_as_required(["out"])
   FLAGS = flags.FLAGS
   cli.run(main)

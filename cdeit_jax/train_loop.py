@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from cdeit_jax import checkpoint, config_lib, fileio, hardware, logs, models, pipeline
-from cdeit_jax import device_memory, sources, training, workdir_lock
+from cdeit_jax import checkpoint, compile_cache, config_lib, fileio, goodput, hardware, logs
+from cdeit_jax import device_memory, models, pipeline, sources, training, workdir_lock
 from cdeit_jax import sharding as shd
 from cdeit_jax.errors import CdeitError
 
@@ -65,6 +65,7 @@ class _Preemption:
 
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Train (or resume) in `workdir`; returns the last logged metrics."""
+  t0 = time.perf_counter()
   config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
   workdir = fileio.resolve(workdir)
   fileio.writable_folder(workdir, "--workdir")
@@ -75,7 +76,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   mesh = shd.make_mesh()
   try:
     with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
-      return _train(cfg, workdir, mesh)
+      return _train(cfg, workdir, mesh, goodput.Clock(t0))
   finally:
     lock.release()
 
@@ -155,10 +156,13 @@ def plan_resume(mngr, cfg: ml_collections.ConfigDict, workdir: str) -> ResumePla
 
 
 def compile_step(ts: training.Setup, cfg: ml_collections.ConfigDict, mesh
-                 ) -> training.CompiledStep:
-  """The train step compiled for `mesh`; DoesNotFit, with advice, when memory refuses it."""
+                 ) -> tuple[training.CompiledStep, bool]:
+  """(the train step compiled for `mesh`, whether it came from the persistent compilation
+  cache); DoesNotFit, with advice, when memory refuses it."""
   try:
-    return training.compile_train_step(ts, cfg.batch_size, mesh, cfg.shard_params)
+    with compile_cache.Watch() as cache:
+      compiled = training.compile_train_step(ts, cfg.batch_size, mesh, cfg.shard_params)
+    return compiled, cache.hit
   except jax.errors.JaxRuntimeError as e:
     if not device_memory.is_out_of_memory(e):
       raise
@@ -298,7 +302,8 @@ def make_validation(graphdef, diffusion, compiled: training.CompiledStep, consta
 # ----------------------------------------------------------------------------- the loop
 
 
-def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]:
+def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Clock
+           ) -> dict[str, Any]:
   primary = jax.process_index() == 0
   mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
                                   async_save=cfg.async_checkpoints)
@@ -308,11 +313,12 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
 
   # --- model, optimizer, compiled step
   ts = training.setup(cfg, mesh, calibration_source=data.calibration)
-  compiled = compile_step(ts, cfg, mesh)
+  compiled, cached = compile_step(ts, cfg, mesh)
+  how = "loaded from the persistent compilation cache" if cached else "compiled"
   report = [f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
             f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
             f"({cfg.accum_steps} micro-batches); params {ts.num_params:,}",
-            f"train step compiled in {compiled.compile_s:.1f} s; "
+            f"train step {how} in {compiled.compile_s:.1f} s; "
             f"{device_memory.train_step_report(compiled.memory, cfg)}", data.description]
   warnings = list(plan.warnings)
 
@@ -345,32 +351,51 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh) -> dict[str, Any]
     log.info(f"metrics.jsonl: dropped {logger.dropped} record(s) after step {start} (steps "
              "an earlier attempt logged but did not commit)")
 
-  # --- steps, and the periodic actions
+  # --- steps, and the periodic actions (each timed by phase, see goodput)
   schedule, window, preempt = Schedule(cfg), Window(start, cfg, compiled.flops_per_step), \
       _Preemption()
+  profiler = goodput.Profiler(cfg, workdir, clock)
   last: dict[str, Any] = {}
   step = start
+  clock.steps_begin(compiled.compile_s)
   try:
     while step < cfg.steps:
-      state, metrics = compiled.fn(state, data.batch(state.step), rng, constants)
+      profiler.before_step(step)
+      with clock.phase("data"):
+        batch = data.batch(state.step)
+      with clock.phase("step", step=step):
+        state, metrics = compiled.fn(state, batch, rng, constants)
       window.add(metrics)
       step += 1
+      profiler.after_step(step, state)
       stop = preempt.agreed(step)
       if not schedule.log(step, stop):
         continue
-      last = window.close(step, last_good, workdir)
+      with clock.phase("step"):  # the one host sync of the window: waits for its steps
+        last = window.close(step, last_good, workdir)
       if schedule.validate(step):
-        last["val_loss"] = validation_loss(state.ema)
+        with clock.phase("validation"):
+          last["val_loss"] = validation_loss(state.ema)
+      end = step == cfg.steps or stop
       if schedule.save(step, stop):
-        checkpoint.save_train(mngr, state, data.checkpoint_item, meta_now(step),
-                              last.get("val_loss"))
+        with clock.phase("checkpoint"):
+          checkpoint.save_train(mngr, state, data.checkpoint_item, meta_now(step),
+                                last.get("val_loss"))
+          if end:  # the last save is part of the run
+            mngr.wait_until_finished()
         last_good = step
-      logger.write(step, last, advance=window.steps)
+      last.update(clock.window_split())
+      if end:
+        last["run"] = clock.totals()
+        log.info(goodput.describe(last["run"]))
+      with clock.phase("logging"):
+        logger.write(step, last, advance=window.steps)
       window.reset(step)
       if stop and step < cfg.steps:
         log.info(f"SIGTERM: saved step {step}; rerun the same command to resume")
         break
   finally:
+    profiler.stop()
     mngr.wait_until_finished()
     mngr.close()
     preempt.restore()
