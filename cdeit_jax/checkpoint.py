@@ -147,8 +147,8 @@ def save_inference(workdir: str, model: nnx.Module, cfg: ml_collections.ConfigDi
                    calibration=calibration_of(model))
   with manager(workdir) as mngr:
     if step in mngr.all_steps():
-      raise FileExistsError(f"{mngr.directory}/{step} exists already: choose another --workdir "
-                            "or --step")
+      raise InputError(f"{mngr.directory}/{step} exists already: choose another --workdir or "
+                       "--step")
     mngr.save(step, args=ocp.args.Composite(**{
         WEIGHT_ITEMS[weights]: ocp.args.StandardSave(weights_of(model)),
         "meta": ocp.args.JsonSave(meta)}))
@@ -202,7 +202,31 @@ def read_meta(path: str, step: int | None = None) -> dict[str, Any]:
       raise failure(f"{where}/meta/metadata", e) from None
   if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, FORMAT_V1):
     raise CheckpointError(f"{where}: not a {FORMAT!r} checkpoint")
+  problem = _meta_problem(meta, step)
+  if problem:
+    raise CheckpointError(f"{where}/meta/metadata: {problem} (edited or damaged)")
   return meta
+
+
+def _meta_problem(meta: dict[str, Any], step: int) -> str | None:
+  """What is wrong with a checkpoint's metadata fields, or None."""
+  if meta.get("step") != step or isinstance(meta.get("step"), bool):
+    return f"step is {meta.get('step')!r}, the folder says {step}"
+  for key in ("model", "config"):
+    if not isinstance(meta.get(key, {}), dict):
+      return f"{key} is a {type(meta[key]).__name__}, not a mapping"
+  if meta["format"] == FORMAT_V1:
+    return None
+  st = meta.get("stats")
+  if not (isinstance(st, dict) and all(
+      isinstance(st.get(k), list) and all(isinstance(v, (int, float)) and
+                                          not isinstance(v, bool) for v in st[k])
+      for k in ("mean", "std"))):
+    return "stats must hold the lists mean and std of numbers"
+  if not (isinstance(meta.get("weights"), list) and meta["weights"] and
+          set(meta["weights"]) <= set(WEIGHT_ITEMS)):
+    return f"weights is {meta.get('weights')!r}, not a list of {sorted(WEIGHT_ITEMS)}"
+  return None
 
 
 def first_intact(steps: list[int], load: Callable[[int], T], skipped: dict[int, str],

@@ -5,7 +5,8 @@ On by default in `~/.cache/cdeit-jax/jax` (local disk: the lookup is fast), or w
 `JAX_COMPILATION_CACHE_DIR` or `--compilation_cache DIR` says (a `gs://` folder works too, as JAX
 reads and writes the cache through etils.epath: useful on pods, whose hosts then share one
 cache); `--compilation_cache=none` turns it off. `hits()` counts the programs loaded from it,
-so a command can say whether its step came from the cache.
+so a command can say whether its step came from the cache. Arrays that take seconds to derive
+(the simulator's Jacobian) are kept beside the programs (`folder()/derived`).
 """
 
 from __future__ import annotations
@@ -37,15 +38,28 @@ def hits() -> int:
   return _hits
 
 
+_folder: str | None = None
+
+
+def folder() -> str | None:
+  """The cache folder in use (None: off, or never enabled in this process)."""
+  return _folder
+
+
 def enable(path: str | None = None) -> str | None:
   """Use the cache at `path` (default: JAX_COMPILATION_CACHE_DIR, else `DEFAULT`); a value of
   `OFF` disables it. Returns the folder in use (None: off). Call before the first compilation."""
+  global _folder
   if path is not None and path.strip() in OFF:
     jax.config.update("jax_enable_compilation_cache", False)
+    _folder = None
     return None
-  folder = path or os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT
+  _folder = folder = path or os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", folder)
+  # every program, not only those that took a second to compile: start-up runs dozens of small
+  # ones (the Jacobian, the calibration, the optimizer's initialisation)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   return folder
 
 

@@ -55,8 +55,7 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
       raise InputError(f"--config.{key}: evaluation takes the model, data and training settings "
                        "from the checkpoint; only config.sampling.*, config.eval.* and "
                        f"config.model.{{{','.join(models.RUNTIME_MODEL_KEYS)}}} can be set")
-  cfg = config_lib.from_json(meta.get("config", {}))
-  cfg.model.update(meta["model"])
+  cfg = models.model_config(meta)
   config_lib.override(cfg, overrides)
   s, e = cfg.sampling, cfg.eval
 
@@ -96,6 +95,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
 
   `overrides` (dotted keys, as `--config.sampling.steps=2` gives them) change the sampling and
   evaluation settings and the model's runtime keys of the checkpoint's config."""
+  t_start = time.perf_counter()
   overrides = dict(overrides or {})
   settings({"model": {}}, overrides)  # bad keys and values fail before any work
   if jax.process_index() == 0:
@@ -155,7 +155,8 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   compile_s = time.perf_counter() - t0
   log.info(f"sampler (global batch {global_batch}, {s.steps} steps) "
            f"{'loaded from the persistent compilation cache' if cache.hit else 'compiled'} in "
-           f"{compile_s:.1f} s")
+           f"{compile_s:.1f} s; sampling starts {time.perf_counter() - t_start:.1f} s after the "
+           "start")
 
   # --- K samples of every example
   batches = list(pipeline.eval_batches(src, global_batch, keys=("cond",), limit=n_total))

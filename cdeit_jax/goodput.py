@@ -55,6 +55,8 @@ class Clock:
     self.add("compile", compile_s)
     self.add("startup", now - self.t0 - compile_s)
     self.window_t0 = now
+    log.info(f"first step after {now - self.t0:.1f} s (start-up {self.run['startup']:.1f} s, "
+             f"compilation {compile_s:.1f} s)")
 
   def window_split(self) -> dict[str, float]:
     """The window's wall time by phase (`time_<phase>_s`, `time_other_s` the rest) and

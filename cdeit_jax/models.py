@@ -36,9 +36,15 @@ def fixed_variables(cfg: ml_collections.ConfigDict, sharding) -> nnx.State:
 
 
 def model_config(meta: dict[str, Any]) -> ml_collections.ConfigDict:
-  """The checkpoint's config (its measuring system included) with its `model` section."""
-  cfg = config_lib.from_json(meta.get("config", {}))
-  cfg.model.update(meta["model"])
+  """The checkpoint's config (its measuring system included) with its `model` section; a value
+  of the wrong type (an edited file) is a CheckpointError naming it."""
+  try:
+    cfg = config_lib.from_json(meta.get("config", {}))
+    cfg.model.update(meta["model"])
+  except (TypeError, ValueError, KeyError, AttributeError) as e:
+    raise checkpoint.CheckpointError(
+        f"checkpoint metadata of step {meta.get('step')!r}: its config does not fit this "
+        f"version's ({' '.join(str(e).split())[:200]}); the file was edited or damaged") from None
   return cfg
 
 

@@ -74,10 +74,12 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     lock.acquire()
   logs.debug_log(workdir, enabled=jax.process_index() == 0)
   mesh = shd.make_mesh()
+  preempt = _Preemption()  # from the start: a SIGTERM while compiling stops the run cleanly too
   try:
     with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
-      return _train(cfg, workdir, mesh, goodput.Clock(t0))
+      return _train(cfg, workdir, mesh, goodput.Clock(t0), preempt)
   finally:
+    preempt.restore()
     lock.release()
 
 
@@ -302,8 +304,8 @@ def make_validation(graphdef, diffusion, compiled: training.CompiledStep, consta
 # ----------------------------------------------------------------------------- the loop
 
 
-def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Clock
-           ) -> dict[str, Any]:
+def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Clock,
+           preempt: _Preemption) -> dict[str, Any]:
   primary = jax.process_index() == 0
   mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
                                   async_save=cfg.async_checkpoints)
@@ -352,13 +354,15 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
              "an earlier attempt logged but did not commit)")
 
   # --- steps, and the periodic actions (each timed by phase, see goodput)
-  schedule, window, preempt = Schedule(cfg), Window(start, cfg, compiled.flops_per_step), \
-      _Preemption()
+  schedule, window = Schedule(cfg), Window(start, cfg, compiled.flops_per_step)
   profiler = goodput.Profiler(cfg, workdir, clock)
   last: dict[str, Any] = {}
   step = start
   clock.steps_begin(compiled.compile_s)
   try:
+    if step < cfg.steps and preempt.agreed(step):
+      log.info(f"SIGTERM before step {step}: stopping; rerun the same command to resume")
+      return dict(last, step=step)
     while step < cfg.steps:
       profiler.before_step(step)
       with clock.phase("data"):
@@ -398,6 +402,5 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
     profiler.stop()
     mngr.wait_until_finished()
     mngr.close()
-    preempt.restore()
     logger.close()
   return dict(last, step=step)

@@ -11,19 +11,28 @@ to any measurement as one matrix product. Outputs are in label units, zero outsi
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import logging
+import pathlib
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cdeit_jax import fileio
+from cdeit_jax.eit import fem, mesh, simulator
 from cdeit_jax.eit import phantom as ph
+from cdeit_jax.eit.mesh import MeshSpec
 from cdeit_jax.eit.simulator import Simulator, default_simulator
 from cdeit_jax.errors import InputError
 from cdeit_jax.measurement import CONTACT_IMPEDANCE
 
 DEFAULT_ALPHA = 0.1    # with noser_exponent 0.5: best RMSE on 128 simulated validation phantoms
 NOSER_EXPONENT = 0.5
+log = logging.getLogger("cdeit_jax.eit")
 
 
 def jacobian(sim: Simulator) -> np.ndarray:
@@ -33,12 +42,46 @@ def jacobian(sim: Simulator) -> np.ndarray:
   return np.asarray(jax.jit(jax.jacrev(fn))(jnp.zeros((size, size), sim.dtype)))
 
 
-@functools.lru_cache(maxsize=4)
 def default_jacobian(contact_impedance: float = CONTACT_IMPEDANCE) -> np.ndarray:
-  """`jacobian` of the default simulator, computed once per process (~4 s on a CPU) and shared by
-  the Tikhonov baseline and the physics-informed conditioning."""
+  """`jacobian` of the default simulator, computed once per process (~4-7 s on a CPU) and shared
+  by the Tikhonov baseline and the physics-informed conditioning; kept on disk beside the
+  compilation cache when a command enabled one (`compile_cache.folder()`), under a name that
+  hashes the simulator's settings and source, so no other code's Jacobian is ever read."""
+  return _default_jacobian(float(contact_impedance))
+
+
+@functools.lru_cache(maxsize=4)
+def _default_jacobian(contact_impedance: float) -> np.ndarray:
+  path = _jacobian_file(contact_impedance)
+  if path is not None:
+    try:
+      with fileio.open_binary(path) as fh:
+        return np.load(fh, allow_pickle=False)
+    except (OSError, ValueError):  # absent or unreadable: computed (and written) again
+      pass
   with jax.ensure_compile_time_eval():  # concrete also when first asked under a trace
-    return jacobian(default_simulator(contact_impedance=contact_impedance))
+    jac = jacobian(default_simulator(contact_impedance=contact_impedance))
+  if path is not None:
+    def save(p):
+      with open(p, "wb") as fh:  # a handle: np.save would append ".npy" to the temporary name
+        np.save(fh, jac)
+    try:
+      fileio.makedirs(fileio.dirname(path))
+      fileio.atomic_write(path, save)
+    except OSError as e:  # a cache that cannot be written costs time, nothing else
+      log.warning("could not keep the Jacobian in %s (%s)", path, e)
+  return jac
+
+
+def _jacobian_file(contact_impedance: float) -> str | None:
+  from cdeit_jax import compile_cache
+  folder = compile_cache.folder()
+  if folder is None:
+    return None
+  h = hashlib.sha256(repr((contact_impedance, dataclasses.astuple(MeshSpec()))).encode())
+  for module in (fem, mesh, simulator, ph, sys.modules[__name__]):  # the code that computes it
+    h.update(pathlib.Path(module.__file__).read_bytes())
+  return fileio.join(folder, "derived", f"jacobian-{h.hexdigest()[:20]}.npy")
 
 
 def weighted_system(jac: np.ndarray, noser_exponent: float = NOSER_EXPONENT):
