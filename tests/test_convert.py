@@ -120,8 +120,28 @@ def test_convert_writes_loadable_checkpoint(tmp_path):
   assert meta["weights"] == ["ema"] and meta["model"]["hidden_size"] == 64
   with pytest.raises(ValueError, match="--config.eval.weights=ema"):
     models.load(str(tmp_path / "run"), weights="raw")
-  with pytest.raises(FileExistsError):
+  with pytest.raises(ValueError, match="0 exists already: choose another --workdir or --step"):
     convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda m: m["stats"].update(mean="oops"), "stats must hold the lists mean and std"),
+    (lambda m: m["model"].update(hidden_size="64"), "its config does not fit this version's"),
+    (lambda m: m.update(step="7"), "step is '7', the folder says 0"),
+    (lambda m: m.update(config=[1]), "config is a list, not a mapping"),
+])
+def test_edited_metadata_is_one_line(tmp_path, edit, match):
+  """Metadata edited to wrong types is refused when read, before any sampling."""
+  import json
+  cfg = config_lib.default_config()
+  cfg.model.hidden_size = 64
+  convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
+  path = tmp_path / "run" / "checkpoints" / "0" / "meta" / "metadata"
+  meta = json.loads(path.read_text())
+  edit(meta)
+  path.write_text(json.dumps(meta))
+  with pytest.raises(checkpoint.CheckpointError, match=match):
+    models.load(str(tmp_path / "run"))
 
 
 def test_convert_command_line(tmp_path):
