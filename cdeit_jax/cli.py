@@ -99,12 +99,17 @@ def run(main: Callable[[list[str]], None]) -> None:
       compile_cache.enable(FLAGS.compilation_cache)
     try:
       main(argv)
+    except KeyboardInterrupt as e:  # our Interrupted (a run that saved and stopped) or Ctrl-C
+      print(f"{e}" if isinstance(e, CdeitError) else "interrupted: every output is written "
+            "whole or not at all; rerun the same command to resume (train.py) or redo the rest",
+            file=sys.stderr)
+      sys.stdout.flush()
+      sys.stderr.flush()
+      # Not sys.exit: a library's worker threads (an orbax save cut short) may wait forever
+      # for the interrupted main thread, and the interpreter would wait for them.
+      os._exit(130)
     except CdeitError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(1)
-    except KeyboardInterrupt:
-      print("interrupted: every output is written whole or not at all; rerun the same command "
-            "to resume (train.py) or redo the rest", file=sys.stderr)
-      sys.exit(130)
 
   app.run(wrapped, flags_parser=parse_flags)

@@ -33,10 +33,16 @@ class NonFiniteLoss(CdeitError, RuntimeError):
   pass
 
 
+class Interrupted(CdeitError, KeyboardInterrupt):
+  """Ctrl-C: the run saved its step and stopped (the commands exit 130)."""
+
+
 class _Preemption:
   """Stop at a step every process agrees on after a SIGTERM to any of them.
 
-  One process: a Python SIGTERM handler sets a flag, checked after every step. Several: JAX's
+  One process: a Python handler of SIGTERM and of a first Ctrl-C (SIGINT; a second one
+  interrupts at once) sets a flag, checked after every step, so an interrupted run saves its
+  step like a preempted one instead of stopping inside a save. Several: JAX's
   preemption service (started by `jax.distributed.initialize`) catches SIGTERM itself, tells
   every process through the coordination service and agrees on the next safe step;
   `reached_preemption_sync_point(step)`, called after every step, is a local check (no
@@ -45,12 +51,15 @@ class _Preemption:
   """
 
   def __init__(self):
-    self.requested = False
+    self.requested, self.signal = False, None
     self._multi = jax.process_count() > 1
-    self._previous = None if self._multi else signal.signal(signal.SIGTERM, self._handle)
+    self._previous = {} if self._multi else {
+        s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
 
   def _handle(self, signum, frame):
-    self.requested = True
+    if signum == signal.SIGINT and self.signal == signal.SIGINT:
+      raise KeyboardInterrupt  # a second Ctrl-C: at once
+    self.requested, self.signal = True, signum
 
   def agreed(self, step: int) -> bool:
     """Whether to save and stop after `step` (call after every step, on every process)."""
@@ -59,8 +68,8 @@ class _Preemption:
     return multihost_utils.reached_preemption_sync_point(step)
 
   def restore(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
 
 
 def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -77,7 +86,11 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   preempt = _Preemption()  # from the start: a SIGTERM while compiling stops the run cleanly too
   try:
     with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
-      return _train(cfg, workdir, mesh, goodput.Clock(t0), preempt)
+      result = _train(cfg, workdir, mesh, goodput.Clock(t0), preempt)
+    if preempt.signal == signal.SIGINT:
+      raise Interrupted(f"interrupted (Ctrl-C) after step {result['step']}, which is saved; "
+                        "rerun the same command to resume")
+    return result
   finally:
     preempt.restore()
     lock.release()
@@ -361,7 +374,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
   clock.steps_begin(compiled.compile_s)
   try:
     if step < cfg.steps and preempt.agreed(step):
-      log.info(f"SIGTERM before step {step}: stopping; rerun the same command to resume")
+      log.info(f"stopping before step {step} (a signal during start-up); rerun the same command "
+               "to resume")
       return dict(last, step=step)
     while step < cfg.steps:
       profiler.before_step(step)
@@ -396,7 +410,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
         logger.write(step, last, advance=window.steps)
       window.reset(step)
       if stop and step < cfg.steps:
-        log.info(f"SIGTERM: saved step {step}; rerun the same command to resume")
+        if preempt.signal != signal.SIGINT:  # Ctrl-C: said once the run has stopped
+          log.info(f"SIGTERM: saved step {step}; rerun the same command to resume")
         break
   finally:
     profiler.stop()
