@@ -79,10 +79,9 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
 def _candidates(workdir: str, path: str, step: int | None) -> list[int]:
   """The steps to try, in order: the one asked for (a step folder or --config.eval.step), else
   the validated steps best first, then the others newest first."""
-  if step is not None:
-    return [step]
-  if checkpoint.step_folder(path) is not None:
-    return [checkpoint.step_folder(path)]
+  asked = step if step is not None else checkpoint.step_folder(path)
+  if asked is not None:
+    return [asked]
   ranked = checkpoint.ranked_steps(workdir)
   return ranked + [st for st in checkpoint.all_steps(workdir)[::-1] if st not in ranked]
 
