@@ -51,12 +51,12 @@ class Clock:
   def steps_begin(self, compile_s: float) -> None:
     """The steps start now: what came before is start-up (restore, statistics, calibration)
     and compilation."""
-    now = time.perf_counter()
+    log.info(f"first step after {time.perf_counter() - self.t0:.1f} s (start-up "
+             f"{time.perf_counter() - self.t0 - compile_s:.1f} s, compilation {compile_s:.1f} s)")
+    now = time.perf_counter()  # the line above is start-up too, not the first window's
     self.add("compile", compile_s)
     self.add("startup", now - self.t0 - compile_s)
     self.window_t0 = now
-    log.info(f"first step after {now - self.t0:.1f} s (start-up {self.run['startup']:.1f} s, "
-             f"compilation {compile_s:.1f} s)")
 
   def window_split(self) -> dict[str, float]:
     """The window's wall time by phase (`time_<phase>_s`, `time_other_s` the rest) and
