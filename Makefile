@@ -17,23 +17,34 @@ $(BIN)/.installed: pyproject.toml
 test: install
 	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q
 
-# The embedded default: simulate a training set once (cached), train the small physics-informed
-# CDEIT of configs/demo.py on 2 CPU cores, evaluate it (mean of 8 samples) on held-out simulations
-# and on the real UEF2017 tank cases beside Tikhonov and the empty image, print the table and time.
-DEMO_DATA ?= $(HOME)/.cache/cdeit-jax/demo-sim-v2
+# The embedded default: simulate a training set once (cached), whose measuring system is drawn per
+# example (config.simulator.system), and a foreign system's test set (configs/foreign.py); train
+# the small physics-informed CDEIT of configs/demo.py on 2 CPU cores; fit the uncertainty scale
+# on the validation split; evaluate it (mean of 8 samples) on held-out simulations, the foreign
+# system and the real UEF2017 tank cases beside Tikhonov and the empty image; print the table.
+DEMO_DATA ?= $(HOME)/.cache/cdeit-jax/demo-sim-v3
+DEMO_FOREIGN ?= $(HOME)/.cache/cdeit-jax/demo-foreign-v1
 DEMO_RUN ?= runs/demo
 DEMO_EVAL = --config.eval.tikhonov=True --config.sampling.num_samples=8
 demo: install
 	@start=$$(date +%s) && \
 	$(BIN)/python -m cdeit_jax.simulate --out $(DEMO_DATA) --num_train 3000 --num_valid 64 \
 	  --num_test 64 --tr_splits valid,test && \
+	$(BIN)/python -m cdeit_jax.simulate --config configs/foreign.py --out $(DEMO_FOREIGN) \
+	  --num_test 64 && \
 	$(BIN)/python train.py --config configs/demo.py --workdir $(DEMO_RUN) \
 	  --config.data.path=$(DEMO_DATA) && \
+	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data simulated --data_path $(DEMO_DATA)/valid \
+	  --out $(DEMO_RUN)/eval_valid $(DEMO_EVAL) --config.eval.fit_uncertainty=True \
+	  --config.eval.figure=False && \
 	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data simulated --data_path $(DEMO_DATA)/test \
 	  --out $(DEMO_RUN)/eval_simulated $(DEMO_EVAL) && \
+	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data simulated --data_path $(DEMO_FOREIGN)/test \
+	  --out $(DEMO_RUN)/eval_foreign $(DEMO_EVAL) && \
 	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data uef2017 --data_path data/uef2017 \
 	  --out $(DEMO_RUN)/eval_uef2017 $(DEMO_EVAL) && \
-	$(BIN)/python -m cdeit_jax.report $(DEMO_RUN)/eval_simulated $(DEMO_RUN)/eval_uef2017 && \
+	$(BIN)/python -m cdeit_jax.report $(DEMO_RUN)/eval_simulated $(DEMO_RUN)/eval_foreign \
+	  $(DEMO_RUN)/eval_uef2017 && \
 	echo "make demo: $$(( $$(date +%s) - start )) s (figures: $(DEMO_RUN)/eval_*/reconstructions.png)"
 
 train-test: install

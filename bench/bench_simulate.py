@@ -9,14 +9,17 @@ examples/s of its batches (global and per device) against the train step's consu
 that makes its batch first (both timed after compilation, each waited for).
 
 Times (1) generation of training examples as `python -m cdeit_jax.simulate` does it (random
-phantoms, CEM solve on the condensed system, 40 dB noise, 128 x 128 target; no disk I/O, no TR),
-(2) `eit.simulate_voltages` on label images (full system), (3) the Tikhonov matrix (autodiff
-Jacobian + 208 x 208 solve). Uses one device (see simulate.Generator on CPU).
+phantoms, 40 dB noise, 128 x 128 target; no disk I/O, no TR), measured by the one nominal system
+(the condensed fast path) and by a system drawn per example (`config.simulator.system`: the
+boundary stays in the solve and each example solves its homogeneous voltages too), (2)
+`eit.simulate_voltages` on label images (full system), (3) the Tikhonov matrix (autodiff
+Jacobian + 208 x 208 solve). Uses one device (see synthetic.per_example on CPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -24,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cdeit_jax import eit, simulate
+from cdeit_jax import eit
 
 
 def timed(fn, repeats):
@@ -52,20 +55,23 @@ def main():
   common = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "jax": jax.__version__, "dtype": a.dtype, "mesh_nodes": sim.mesh.num_nodes,
             "mesh_elements": sim.mesh.num_elements}
-  spec = eit.PhantomSpec()
-  cem = sim.support_cem(spec.max_radius)
+  from cdeit_jax import config_lib, synthetic
+  from cdeit_jax import sharding as shd
+  from cdeit_jax.eit.spec import SystemSpec
+  mesh = shd.make_mesh(jax.devices()[:1])
+  nominal = config_lib.default_config().simulator
+  nominal.system.update(dataclasses.asdict(SystemSpec.nominal()))
   for b in a.batch:
-    gen = simulate.Generator(simulate.SimSettings(seed=0), batch_size=b)
-    idx = np.arange(b)
-    s = timed(lambda: gen("train", idx, with_tr=False)["ys"], a.repeats)
-    params = np.stack([eit.random_params(np.random.default_rng(i), spec) for i in idx])
-    keys = jax.random.split(jax.random.key(0), b)
-    solve = timed(lambda: sim.phantom_voltages(params.astype(sim.dtype), 40.0, keys,
-                                               spec.max_radius), a.repeats)
-    print(json.dumps({"bench": "generate", **common, "batch": b,
-                      "unknowns": cem.num_unknowns, "examples_per_s": round(b / s, 1),
-                      "device_examples_per_s": round(b / solve, 1),
-                      "ms_per_batch": round(1000 * s, 1)}), flush=True)
+    for name, settings in (("nominal", nominal), ("per_example", config_lib.default_config(
+        ).simulator)):
+      gen = synthetic.generator(settings)
+      idx = np.arange(b)
+      s = timed(lambda: synthetic.example_arrays(settings, "train", idx, mesh), a.repeats)
+      cem = (sim.support_cem(gen.spec.max_radius) if gen.nominal else
+             sim.variable_cem(True, gen.spec.max_radius))
+      print(json.dumps({"bench": "generate", **common, "system": name, "batch": b,
+                        "unknowns": cem.num_unknowns, "examples_per_s": round(b / s, 1),
+                        "ms_per_example": round(1000 * s / b, 2)}), flush=True)
     xs = jnp.zeros((b, 128, 128), sim.dtype)
     s = timed(lambda: sim.image_voltages(xs), a.repeats)
     print(json.dumps({"bench": "simulate_voltages", **common, "batch": b,

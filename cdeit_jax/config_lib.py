@@ -22,7 +22,7 @@ from ml_collections import config_dict
 
 from cdeit_jax import attention, measurement
 from cdeit_jax.diffusion import Diffusion
-from cdeit_jax.eit.spec import PhantomSpec
+from cdeit_jax.eit.spec import KINDS, PhantomSpec, SystemSpec
 from cdeit_jax.errors import InputError, MissingFile
 from cdeit_jax.model import CDEIT, COND_MODES, SYSTEM_ARGS
 
@@ -72,7 +72,11 @@ def default_config() -> ml_collections.ConfigDict:
       max_examples=config_dict.placeholder(int),  # only the first N files
       skip_bad_files=False,
       tikhonov=False,  # also the built-in one-step Tikhonov/NOSER baseline
-      figure=True))
+      figure=True,
+      # K > 1 on simulations (the validation split): fit the factor that calibrates the std
+      # (metrics.fit_uncertainty_scale) and keep it in the checkpoint's step folder, where
+      # every later evaluation of that step applies it
+      fit_uncertainty=False))
   c.data = ml_collections.ConfigDict(dict(
       # files: npz folders under `path`; simulator: fresh examples made on the devices every step
       # from `config.simulator` (no files, no epochs; cdeit_jax.simulator_source)
@@ -92,6 +96,9 @@ def default_config() -> ml_collections.ConfigDict:
       snr_db=config_dict.FieldReference(40.0, field_type=float),  # noise on vh and vi; None: none
       contact_impedance=measurement.CONTACT_IMPEDANCE,
       phantom=ml_collections.ConfigDict(dataclasses.asdict(PhantomSpec())),
+      # the measuring system, drawn per example (eit.spec.SystemSpec: gain, contact impedances,
+      # electrode layout, radius, background, SNR spread); SystemSpec.nominal() switches it off
+      system=ml_collections.ConfigDict(dataclasses.asdict(SystemSpec())),
       tikhonov_alpha=config_dict.placeholder(float),  # TR in files; None: reconstruct's default
       # simulator source: normalisation statistics (and the physics-informed calibration) from
       # the first `stats_examples` training examples; validation on valid examples 0..N-1
@@ -190,6 +197,12 @@ def from_json(stored: dict[str, Any]) -> ml_collections.ConfigDict:
       else:
         node[k] = tuple(v) if isinstance(v, list) and isinstance(node[k], tuple) else v
 
+  sim = stored.get("simulator")
+  if isinstance(sim, dict):  # written before these keys existed: what that version simulated
+    sim.setdefault("system", dataclasses.asdict(SystemSpec.nominal()))
+    if isinstance(sim.get("phantom"), dict):
+      sim["phantom"].setdefault("near_wall", 0.0)
+      sim["phantom"].setdefault("kinds", ",".join(KINDS[:4]))
   update(cfg, stored)
   return cfg
 

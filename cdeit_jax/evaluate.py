@@ -8,6 +8,7 @@ reconstructions do not depend on the batch size or the number of devices or host
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
@@ -76,6 +77,25 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
   return cfg
 
 
+UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
+
+
+def uncertainty_scale(path: str) -> float:
+  """The calibration factor kept at `path` (a step folder's UNCERTAINTY_FILE); 1 if none."""
+  try:
+    record = json.loads(fileio.path(path).read_text())
+  except FileNotFoundError:
+    return 1.0
+  except (OSError, ValueError) as e:
+    raise InputError(f"{path}: unreadable ({e}); delete it (the std is then uncalibrated) or "
+                     "fit it again with --config.eval.fit_uncertainty=True") from None
+  scale = record.get("scale") if isinstance(record, dict) else None
+  if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
+    raise InputError(f"{path}: 'scale' must be a positive number, got {scale!r}; delete the "
+                     "file or fit it again with --config.eval.fit_uncertainty=True")
+  return float(scale)
+
+
 def _candidates(workdir: str, path: str, step: int | None) -> list[int]:
   """The steps to try, in order: the one asked for (a step folder or --config.eval.step), else
   the validated steps best first, then the others newest first."""
@@ -108,6 +128,10 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   step, meta = checkpoint.first_readable(workdir, candidates, skipped)
   cfg = settings(meta, overrides)
   s, e = cfg.sampling, cfg.eval
+  if e.fit_uncertainty and (data_name != "simulated" or s.num_samples < 2):
+    raise InputError("--config.eval.fit_uncertainty=True fits the uncertainty scale on "
+                     "simulations with several samples: use --data simulated (a validation "
+                     "split) and --config.sampling.num_samples=8")
   # --- the data, conditioned as in training
   voltage_ratio, current_ratio = measurement.resolve_ratios(data_name, e.voltage_ratio,
                                                             e.current_ratio)
@@ -186,8 +210,17 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   # --- scores beside the baselines, and the outputs
   pred = samples.mean(0)
   std = samples.std(0) if s.num_samples > 1 else None
+  target = np.stack([src[i]["target"] for i in range(n_total)])
+  calibration = fileio.join(workdir, "checkpoints", str(int(meta["step"])), UNCERTAINTY_FILE)
+  if e.fit_uncertainty:
+    scale = metrics.fit_uncertainty_scale(pred[..., 0], std[..., 0], target[..., 0])
+    fileio.write_text(calibration, json.dumps(
+        {"scale": scale, "fitted_on": fileio.resolve(data_path), "examples": n_total,
+         "num_samples": s.num_samples, "sampling_steps": s.steps, "eta": s.eta}, indent=1))
+    log.info(f"uncertainty scale {scale:.3f} fitted on {n_total} examples, kept in "
+             f"{calibration}")
+  scale = uncertainty_scale(calibration)
   examples = [src[i] for i in range(n_total)]  # cached: each file was read once
-  target = np.stack([ex["target"] for ex in examples])
   names = [src.files[i] for i in range(n_total)]
   stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in npz_files.BASELINE_KEYS}
   if e.tikhonov:
@@ -196,6 +229,9 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
     tikhonov = eit.default_tikhonov(contact_impedance=float(cfg.simulator.contact_impedance))
     stored = {"tikhonov": tikhonov(ys), **stored}
   report, rows, baselines = metrics.score(pred[..., 0], target[..., 0], stored)
+  if std is not None:
+    report["uncertainty"] = metrics.uncertainty(pred[..., 0], std[..., 0], target[..., 0], scale)
+    std = std * scale  # the uncertainty offered: calibrated
   result.update({
       "metrics": report, "definitions": metrics.DEFINITIONS,
       "settings": {"checkpoint": workdir, "checkpoint_step": int(meta["step"]),

@@ -24,6 +24,13 @@ DEFINITIONS = {
     "empty": "the empty image (all zeros, no change): the floor every method must beat",
     "tikhonov": "eval.py --config.eval.tikhonov=True: the built-in one-step Tikhonov/NOSER "
                 "reconstruction (cdeit_jax.eit.reconstruct) of ys / voltage_ratio",
+    "uncertainty": "K > 1 samples: std over the samples, times the checkpoint's uncertainty "
+                   "scale (fitted on simulations, eval.py --config.eval.fit_uncertainty=True; 1 "
+                   "when none was fitted). coverage_1std / coverage_2std: the fraction of the "
+                   "pixels inside the disk whose |pred - gt| <= 1 / 2 scaled stds (a calibrated "
+                   "Gaussian: 0.683 / 0.954); raw_*: the same with the unscaled std; "
+                   "std_error_cc: Pearson correlation over images between an image's mean std "
+                   "in the disk and its RMSE",
     "baseline_scaling": "classical reconstructions (tikhonov, TR, xs_gn) are divided by their maximum "
                         "absolute value per image (to [-1, 1], not using the ground truth) "
                         "before the same metrics",
@@ -120,3 +127,35 @@ def score(pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
       for r, br in zip(rows, b_rows):
         r.update({f"{name}_{m}": v for m, v in br.items()})
   return report, rows, scaled_all
+
+
+ONE_SIGMA = 0.6826894921370859  # P(|N(0, 1)| <= 1)
+
+
+def uncertainty(pred: np.ndarray, std: np.ndarray, gt: np.ndarray, scale: float = 1.0
+                ) -> dict[str, float]:
+  """How honest the per-pixel std is (`DEFINITIONS["uncertainty"]`), images (N, H, W)."""
+  from cdeit_jax.eit.phantom import disk_mask
+  disk = disk_mask(np.shape(gt)[-1])
+  err = np.abs(np.asarray(pred, np.float64) - gt)[:, disk]
+  sd = np.asarray(std, np.float64)[:, disk]
+  cover = lambda k, c: float(np.mean(err <= k * c * sd))
+  per_image_std = sd.mean(1)
+  per_image_rmse = np.sqrt((err * err).mean(1))
+  return {"scale": float(scale),
+          "coverage_1std": cover(1, scale), "coverage_2std": cover(2, scale),
+          "raw_coverage_1std": cover(1, 1.0), "raw_coverage_2std": cover(2, 1.0),
+          "std_error_cc": pearson(per_image_std, per_image_rmse) if len(err) > 1 else
+          float("nan"),
+          "mean_std": float(scale * sd.mean())}
+
+
+def fit_uncertainty_scale(pred: np.ndarray, std: np.ndarray, gt: np.ndarray) -> float:
+  """The one factor c that makes c * std cover 68.3 % of the disk's pixel errors (the 1-sigma
+  coverage of a Gaussian): the 68.3 % quantile of |pred - gt| / std."""
+  from cdeit_jax.eit.phantom import disk_mask
+  disk = disk_mask(np.shape(gt)[-1])
+  err = np.abs(np.asarray(pred, np.float64) - gt)[:, disk]
+  sd = np.asarray(std, np.float64)[:, disk]
+  ratio = np.where(sd > 0, err / np.maximum(sd, 1e-12), np.where(err > 0, np.inf, 0.0))
+  return float(np.quantile(ratio, ONE_SIGMA))

@@ -60,8 +60,11 @@ def _check_settings(out: str, sim: ml_collections.ConfigDict, tr_splits=SPLITS) 
             if have.get(k) != v and (k in have or k != "tr_splits")}
     if diff:
       listing = ", ".join(f"{k}: folder has {a!r}, asked {b!r}" for k, (a, b) in diff.items())
-      hint = (" (format 1: made by cdeit-jax 0.1, whose phantoms were drawn with numpy; this "
-              "version cannot extend it)" if have.get("format") == 1 else "")
+      hint = {1: " (format 1: made by cdeit-jax 0.1, whose phantoms were drawn with numpy; this "
+                 "version cannot extend it)",
+              2: " (format 2: four phantom kinds and one fixed measuring system; this version "
+                 "draws other phantoms and a system per example, so it cannot extend it: its "
+                 "files still load for training and evaluation)"}.get(have.get("format"), "")
       raise InputError(f"{path}: the folder was generated with other settings ({listing})"
                        f"{hint}. Pass the folder's settings (--config.simulator.*) to extend "
                        "it, or choose a new --out.")

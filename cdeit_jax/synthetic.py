@@ -4,8 +4,9 @@ the devices every step, `cdeit_jax.simulator_source`), so that both give the sam
 
 Example i of split s is a function of (seed, s, i) alone: its key is
 fold_in(fold_in(key(seed), s), i); the phantom is drawn from fold_in(key, 0)
-(`eit.phantom.draw_params`) and the noise on the homogeneous and inhomogeneous voltages from
-fold_in(key, 1). The output does not depend on the batch, the devices or the hosts that compute it.
+(`eit.phantom.draw_params`), the noise on the homogeneous and inhomogeneous voltages from
+fold_in(key, 1), and the measuring system (`eit.system.draw`, unless `config.simulator.system` is
+the nominal one) from fold_in(key, 2), or from key(device_seed) for every example. The output does not depend on the batch, the devices or the hosts that compute it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import numpy as np
 from cdeit_jax.errors import InputError
 
 SPLITS = ("train", "valid", "test")
-FORMAT_VERSION = 2  # 1: phantoms drawn with numpy (cdeit-jax 0.1); 2: drawn in JAX (draw_params)
+# 1: phantoms drawn with numpy (cdeit-jax 0.1); 2: drawn in JAX (draw_params); 3: seven kinds,
+# up to 6 inclusions, the measuring system drawn per example (`config.simulator.system`)
+FORMAT_VERSION = 3
 
 
 def phantom_spec(sim: ml_collections.ConfigDict):
@@ -45,6 +48,23 @@ def phantom_spec(sim: ml_collections.ConfigDict):
   return spec
 
 
+def system_spec(sim: ml_collections.ConfigDict):
+  """The `SystemSpec` of `config.simulator.system`, checked."""
+  from cdeit_jax.eit.spec import SystemSpec
+  fields = {f.name for f in dataclasses.fields(SystemSpec)}
+  unknown = set(sim.system) - fields
+  if unknown:
+    raise InputError(f"config.simulator.system: unknown fields {sorted(unknown)}; known: "
+                     f"{sorted(fields)}")
+  values = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in sim.system.items()}
+  spec = SystemSpec(**values)
+  try:
+    spec.validate()
+  except InputError as e:
+    raise InputError(f"config.simulator.system.{e}") from None
+  return spec
+
+
 def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
   """What determines the examples, every default spelled out (simulate.json), so that a folder
   never extends with other defaults (of a later version) than it was made with."""
@@ -53,6 +73,8 @@ def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
           "snr_db": None if sim.snr_db is None else float(sim.snr_db),
           "contact_impedance": float(sim.contact_impedance),
           "phantom": dataclasses.asdict(phantom_spec(sim)),
+          "system": {k: list(v) if isinstance(v, tuple) else v
+                     for k, v in dataclasses.asdict(system_spec(sim)).items()},
           "tikhonov_alpha": float(sim.tikhonov_alpha or reconstruct.DEFAULT_ALPHA)}
 
 
@@ -71,17 +93,41 @@ class Generator:
     self.seed = int(sim.seed)
     self.snr_db = None if sim.snr_db is None else float(sim.snr_db)
     self.spec = phantom_spec(sim)
-    self.sim = eit.default_simulator(contact_impedance=float(sim.contact_impedance))
+    self.system = system_spec(sim)
+    self.contact_impedance = float(sim.contact_impedance)
+    self.sim = eit.default_simulator(contact_impedance=self.contact_impedance)
     # Built now, outside any trace: built first inside shard_map they would carry its mesh.
     jax.block_until_ready(self.sim.vh)
-    self.sim.support_cem(self.spec.max_radius)
+    if self.nominal:
+      self.sim.support_cem(self.spec.max_radius)
+    else:
+      from cdeit_jax.eit import system
+      self.sim.variable_cem(system.num_electrodes(self.system) > 16, self.spec.max_radius)
+
+  @property
+  def nominal(self) -> bool:
+    """Whether every example is measured by the one fixed system (the condensed fast path)."""
+    from cdeit_jax.eit import MeshSpec
+    return self.system.is_nominal(MeshSpec().width_deg)
+
+  def systems(self, keys: jax.Array) -> dict[str, jax.Array]:
+    """The measuring systems (`eit.system.draw`) of the examples with these keys: each its own,
+    or with `device_seed` >= 0 the one system of that seed."""
+    from cdeit_jax.eit import system
+    seed = self.system.device_seed
+    key = (lambda k: jax.random.key(seed)) if seed >= 0 else (lambda k: jax.random.fold_in(k, 2))
+    return jax.vmap(lambda k: system.draw(key(k), self.system, self.contact_impedance))(keys)
 
   def _batch(self, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
     from cdeit_jax.eit import phantom as ph
     params = jax.vmap(lambda k: ph.draw_params(jax.random.fold_in(k, 0), self.spec))(keys)
     noise = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
-    ys = self.sim.phantom_voltages(params, self.snr_db, noise if self.snr_db is not None else None,
-                                   self.spec.max_radius)
+    noise = noise if self.snr_db is not None else None
+    if self.nominal:
+      ys = self.sim.phantom_voltages(params, self.snr_db, noise, self.spec.max_radius)
+    else:
+      ys = self.sim.system_difference(self.sim.phantom_conductivity(params), self.systems(keys),
+                                      self.snr_db, noise, self.spec.max_radius)
     return ys, jax.vmap(ph.render_image)(params)
 
   def examples(self, split: str | jax.Array, indices: jax.Array, *, batched: bool = True

@@ -62,6 +62,30 @@ def test_ssim_matches_scikit_image(pair):
   assert metrics.ssim(pred, gt) == pytest.approx(want, abs=1e-10)
 
 
+def test_uncertainty_coverage_and_scale_by_hand():
+  """Errors drawn from N(0, (2 s)^2) with a stated std s: 1 s covers P(|N| <= 1/2) = 38.3 %,
+  2 s covers 68.3 %; the fitted scale is 2 and with it the coverage is a Gaussian's."""
+  rng = np.random.default_rng(0)
+  gt = np.zeros((40, 128, 128))
+  std = rng.uniform(0.05, 0.2, gt.shape)
+  pred = gt + 2 * std * rng.standard_normal(gt.shape)
+  u = metrics.uncertainty(pred, std, gt)
+  assert u["coverage_1std"] == pytest.approx(0.383, abs=0.005)
+  assert u["coverage_2std"] == pytest.approx(0.683, abs=0.005)
+  scale = metrics.fit_uncertainty_scale(pred, std, gt)
+  assert scale == pytest.approx(2.0, rel=0.01)
+  c = metrics.uncertainty(pred, std, gt, scale)
+  assert c["coverage_1std"] == pytest.approx(0.683, abs=0.002)
+  assert c["coverage_2std"] == pytest.approx(0.954, abs=0.005)
+  assert c["raw_coverage_1std"] == u["coverage_1std"]
+  # an image's mean std that tracks its error: correlation near 1; unrelated: near 0
+  per = rng.uniform(0.05, 0.3, (40, 1, 1))
+  tracks = metrics.uncertainty(gt + per * rng.standard_normal(gt.shape), np.broadcast_to(
+      per, gt.shape), gt)
+  assert tracks["std_error_cc"] > 0.99
+  assert abs(metrics.uncertainty(pred, np.broadcast_to(per, gt.shape), gt)["std_error_cc"]) < 0.4
+
+
 def test_baseline_scaling_and_disk_mask():
   b = np.array([[0.5, -2.0], [1.0, 0.0]])
   np.testing.assert_allclose(metrics.scale_baseline(b), b / 2.0)
@@ -169,6 +193,39 @@ def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypa
   assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
   with pytest.raises(ValueError, match="is the data folder"):
     evaluate.evaluate(tiny_run, "uef2017", UEF, UEF, {"eval.max_examples": 2})
+
+
+def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_path):
+  """fit_uncertainty on simulations writes the step's uncertainty.json; a later evaluation of
+  that step scales its std by it and reports the scaled coverage; real data cannot fit it."""
+  sims = tmp_path / "sims"
+  from cdeit_jax import simulate
+  cfg = config_lib.default_config()
+  simulate.generate(str(sims), {"test": 6}, cfg.simulator, batch_size=8, progress=False)
+  common = {"sampling.num_samples": 3, "eval.figure": False, "sampling.steps": 3}
+  first = evaluate.evaluate(tiny_run, "simulated", str(sims / "test"), str(tmp_path / "a"),
+                            {**common, "eval.fit_uncertainty": True})
+  kept = json.loads((pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json")
+                    .read_text())
+  z = np.load(tmp_path / "a" / "predictions.npz")
+  raw_std = z["samples"].std(0)[..., 0]
+  assert kept["scale"] == pytest.approx(metrics.fit_uncertainty_scale(
+      z["pred"][..., 0], raw_std, z["target"][..., 0]), rel=1e-6)
+  u = first["metrics"]["uncertainty"]
+  assert u["scale"] == kept["scale"] and u["coverage_1std"] == pytest.approx(0.683, abs=0.01)
+  np.testing.assert_allclose(z["std"][..., 0], raw_std * kept["scale"], rtol=1e-5)
+  again = evaluate.evaluate(tiny_run, "uef2017", UEF, str(tmp_path / "b"),
+                            {**common, "eval.max_examples": 2})
+  assert again["metrics"]["uncertainty"]["scale"] == kept["scale"]
+  with pytest.raises(ValueError, match="fit_uncertainty=True fits the uncertainty scale on "
+                     "simulations"):
+    evaluate.evaluate(tiny_run, "uef2017", UEF, str(tmp_path / "c"),
+                      {**common, "eval.fit_uncertainty": True})
+  (pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json").write_text("{}")
+  with pytest.raises(ValueError, match="uncertainty.json: 'scale' must be a positive number"):
+    evaluate.evaluate(tiny_run, "uef2017", UEF, str(tmp_path / "d"),
+                      {**common, "eval.max_examples": 2})
+  (pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json").unlink()
 
 
 @pytest.mark.parametrize("key, value", [("sampling.eta", float("nan")), ("sampling.eta", 1.5)])

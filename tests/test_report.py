@@ -24,7 +24,8 @@ def test_table_and_verdict(tmp_path, capsys):
   good = _write(tmp_path / "good", _m(0.15, 21.0, 0.80), _m(0.17, 20.0, 0.74), _m(0.26, 16.7))
   text, ok = report.table([good])
   assert ok
-  assert "| uef2017 (22) | CDEIT | 0.1500 | 21.00 | 0.800 | 0.700 | 0.800 |" in text
+  assert "| good: uef2017 (22) | CDEIT | 0.1500 | 21.00 | 0.800 | 0.700 | 0.800 |" in text
+  assert "- good: CDEIT's RMSE 11.8 % under Tikhonov's" in text      # 1 - 0.15 / 0.17
   assert "|  | empty image | 0.2600 | 16.70 | 0.800 | 0.700 | - |" in text
   # worse than Tikhonov in CC alone is a failure
   worse_cc = _write(tmp_path / "cc", _m(0.15, 21.0, 0.73), _m(0.17, 20.0, 0.74), _m(0.26, 16.7))

@@ -178,3 +178,49 @@ def test_training_statistics_have_the_authors_magnitudes(tmp_path):
   assert 0.5 < np.median(std) / np.median(authors) < 2.0
   assert 0.25 < std.max() / authors.max() < 4.0
   assert "TR" not in np.load(tmp_path / "s" / "train" / "0000000.npz").files
+
+
+def _config(name):
+  return config_lib.load(os.path.join(REPO, "configs", name))
+
+
+def test_foreign_config_is_one_system_the_default_draws_one_per_example():
+  """configs/foreign.py: every example is measured by the same device (32 electrodes, 16 of
+  them passive, off the training distribution's centre); the default draws a system per
+  example; the nominal spec takes the fixed system's fast path."""
+  import jax
+  keys = jax.random.split(jax.random.key(0), 4)
+  foreign = synthetic.generator(_config("foreign.py").simulator)
+  f = {k: np.asarray(v) for k, v in foreign.systems(keys).items()}
+  for v in f.values():
+    np.testing.assert_array_equal(v, np.broadcast_to(v[:1], v.shape))
+  assert f["centres"].shape == (4, 32) and np.all(f["weights"][0] > 0)   # passive present
+  assert f["gain"][0] == pytest.approx(1.3 / 0.9, rel=1e-6)
+  default = synthetic.generator(config_lib.default_config().simulator)
+  d = {k: np.asarray(v) for k, v in default.systems(keys).items()}
+  assert not foreign.nominal and not default.nominal
+  assert len({tuple(row) for row in d["centres"]}) == 4 and len(set(d["gain"])) == 4
+  nominal = config_lib.default_config().simulator
+  import dataclasses
+  from cdeit_jax.eit.spec import SystemSpec
+  nominal.system.update(dataclasses.asdict(SystemSpec.nominal()))
+  assert synthetic.Generator(nominal).nominal
+
+
+def test_configs_and_folders_from_before_the_system_distribution():
+  """A stored config without `simulator.system` (a checkpoint of an earlier version) reads as the
+  fixed system it was made with; a format-2 folder is refused with what to do."""
+  stored = {"simulator": {"seed": 3, "phantom": {"max_inclusions": 2}}}
+  cfg = config_lib.from_json(stored)
+  spec = synthetic.system_spec(cfg.simulator)
+  assert spec.is_nominal() and cfg.simulator.seed == 3
+  assert cfg.simulator.phantom.near_wall == 0 and cfg.simulator.phantom.kinds == \
+      "disc,ellipse,half_disc,annulus"
+
+
+def test_format_2_folders_are_refused_with_a_reason(tmp_path):
+  out = tmp_path / "old"
+  out.mkdir()
+  (out / "simulate.json").write_text(json.dumps({"format": 2, "seed": 0}))
+  with pytest.raises(ValueError, match="format 2: four phantom kinds .* its files still load"):
+    simulate.generate(str(out), {"train": 2}, sim(0), progress=False)

@@ -6,7 +6,8 @@
   rec = eit.default_tikhonov()(ys)                  # (B, 128, 128) one-step baseline
 
 Modules: spec (what is simulated: plain dataclasses, no JAX), mesh (unit-disk mesh, electrodes),
-fem (CEM forward model), phantom (random inclusions on mesh and grid), simulator (images/phantoms
+fem (CEM forward model: a fixed system, or one per example), system (the measuring system drawn
+per example), phantom (random inclusions on mesh and grid), simulator (images/phantoms
 -> voltages, noise), reconstruct (Tikhonov/NOSER). The names below load their module on first use
 (PEP 562), so that `cdeit_jax.eit.spec` is read without JAX (configs import it).
 """
@@ -14,7 +15,8 @@ fem (CEM forward model), phantom (random inclusions on mesh and grid), simulator
 import importlib
 
 _WHERE = {
-    "CEM": "fem", "DiskMesh": "mesh", "MeshSpec": "mesh", "electrode_angles": "mesh",
+    "CEM": "fem", "VariableCEM": "fem", "nominal_centres": "fem", "SystemSpec": "spec",
+    "DiskMesh": "mesh", "MeshSpec": "mesh", "electrode_angles": "mesh",
     "make_mesh": "mesh", "PhantomSpec": "spec", "random_params": "phantom",
     "render_image": "phantom", "Tikhonov": "reconstruct", "default_tikhonov": "reconstruct",
     "jacobian": "reconstruct", "Simulator": "simulator", "add_noise": "simulator",
@@ -24,6 +26,8 @@ __all__ = sorted(_WHERE)
 
 
 def __getattr__(name: str):
+  if name == "system":
+    return importlib.import_module(f"{__name__}.system")
   if name not in _WHERE:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
   return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -27,6 +27,53 @@ from cdeit_jax.errors import InputError
 from cdeit_jax.measurement import CONTACT_IMPEDANCE, CURRENT, DEFAULT as PROTOCOL
 
 
+def boundary_geometry(mesh: DiskMesh) -> dict[str, np.ndarray]:
+  """The boundary ring's edges (i, i+1): their node indices, start angle, angular span and
+  length (float64)."""
+  i = np.asarray(mesh.boundary)
+  j = np.roll(i, -1)
+  theta = np.arctan2(mesh.nodes[:, 1], mesh.nodes[:, 0])
+  span = np.mod(theta[j] - theta[i], 2 * np.pi)
+  h = np.linalg.norm(mesh.nodes[j] - mesh.nodes[i], axis=1)
+  return {"i": i, "j": j, "theta": theta[i], "span": span, "h": h}
+
+
+def electrode_terms(theta, span, h, centres, half_widths, weights, xp=np):
+  """The CEM's electrode blocks for electrodes (L,) at polar angles `centres` (radians),
+  `half_widths` wide on each side, each with weight 1 / z_l (0: absent), over boundary edges
+  (Eb,) starting at angle `theta`, `span` radians long, `h` long:
+
+    zz (Eb, 3): A_Z entries (i, i), (i, j), (j, j) of each edge;
+    w (Eb, 2, L): -A_W, the coupling of the edge's nodes i and j to each electrode;
+    d (L,): A_D's diagonal.
+
+  An electrode may cover part of an edge: the integrals of the linear hat functions run over the
+  covered part [t0, t1] of the edge (t along it, the angle taken linear in t), so that electrodes
+  can sit anywhere on a fixed mesh; on edges an electrode covers whole, they are the usual
+  h / (6 z) [[2, 1], [1, 2]], h / (2 z) and h / z. Written for numpy and jax.numpy alike (xp), so
+  the fixed system (numpy, once) and a system drawn per example (on the devices) share it."""
+  rel = xp.mod(theta[:, None] - centres[None, :] + np.pi, 2 * np.pi) - np.pi   # (Eb, L)
+  t0 = xp.clip((-half_widths[None, :] - rel) / span[:, None], 0.0, 1.0)
+  t1 = xp.clip((half_widths[None, :] - rel) / span[:, None], 0.0, 1.0)
+  t1 = xp.maximum(t1, t0)
+  d1, d2, d3 = t1 - t0, (t1 ** 2 - t0 ** 2) / 2, (t1 ** 3 - t0 ** 3) / 3
+  wt = h[:, None] * weights[None, :]                                           # (Eb, L)
+  ii = ((1 - t0) ** 3 - (1 - t1) ** 3) / 3
+  zz = xp.stack([(wt * ii).sum(1), (wt * (d2 - d3)).sum(1), (wt * d3).sum(1)], 1)
+  w = xp.stack([wt * (d1 - d2), wt * d2], 1)
+  return zz, w, (wt * d1).sum(0)
+
+
+def nominal_centres(num: int = NUM_ELECTRODES) -> np.ndarray:
+  """Polar angles of `num` evenly spaced electrodes, electrode 0 at (0, 1), numbered clockwise
+  (16: the CDEIT layout; 32: the 16 and one in the middle of each gap, at 16 + l after l)."""
+  l = np.arange(num)
+  if num == NUM_ELECTRODES:
+    return np.pi / 2 - 2 * np.pi * l / NUM_ELECTRODES
+  return np.concatenate([nominal_centres(), np.pi / 2 - 2 * np.pi * (l[:num - NUM_ELECTRODES]
+                                                                     + 0.5) / NUM_ELECTRODES])
+
+
 class CEM:
   """Forward model of one mesh: element conductivities (..., E) -> 208 voltages (..., 208).
 
@@ -57,16 +104,16 @@ class CEM:
     ke = (b[:, :, None] * b[:, None, :] + c[:, :, None] * c[:, None, :]) / (
         4 * mesh.areas()[:, None, None])
     full = np.zeros((n + ne, n + ne))
-    for l, edges in enumerate(mesh.electrode_edges):
-      length = 0.0
-      for i, j in edges:
-        h = np.linalg.norm(mesh.nodes[i] - mesh.nodes[j])
-        length += h
-        full[np.ix_([i, j], [i, j])] += h / (6 * z[l]) * np.array([[2, 1], [1, 2]])
-        for k in (i, j):
-          full[k, n + l] -= h / (2 * z[l])
-          full[n + l, k] -= h / (2 * z[l])
-      full[n + l, n + l] += length / z[l]
+    g = boundary_geometry(mesh)
+    zz, w, d = electrode_terms(g["theta"], g["span"], g["h"], nominal_centres(),
+                               np.full(ne, np.deg2rad(mesh.spec.width_deg) / 2), 1 / z)
+    for (a, b), col in (((g["i"], g["i"]), 0), ((g["i"], g["j"]), 1), ((g["j"], g["i"]), 1),
+                        ((g["j"], g["j"]), 2)):
+      np.add.at(full, (a, b), zz[:, col])
+    for k, nodes in ((0, g["i"]), (1, g["j"])):
+      np.add.at(full, (nodes[:, None], n + np.arange(ne)[None, :]), -w[:, k])
+      np.add.at(full, (n + np.arange(ne)[None, :], nodes[:, None]), -w[:, k])
+    full[n + np.arange(ne), n + np.arange(ne)] += d
     full = full[:size, :size]
     var = np.ones(mesh.num_elements, bool) if support is None else np.asarray(support, bool)
     if var.shape != (mesh.num_elements,) or not var.any():
@@ -127,4 +174,100 @@ class CEM:
       flat = sigma.reshape(-1, sigma.shape[-1])
       return jax.vmap(self.voltages)(flat).reshape(*sigma.shape[:-1], -1)
     u = self.electrode_potentials(sigma)
+    return u[self._m, self._k] - u[self._m2, self._k]
+
+
+class VariableCEM:
+  """Forward model whose measuring system is an argument of every call: electrode positions,
+  widths and contact impedances (`electrode_terms`), optionally with a passive (floating, no
+  current) electrode in each gap. `voltages(sigma, system)` with `system` from
+  `cdeit_jax.eit.system.draw`; vmap it over a batch of examples, each with its own system.
+
+  The electrode blocks change per call, so the boundary nodes stay unknowns; every other node
+  outside the elements whose conductivity may vary (`support`) is condensed away once, as in
+  `CEM`. Electrode 15 is the ground; electrodes 16..31 (with `passive`) are the passive ones.
+  """
+
+  def __init__(self, mesh: DiskMesh | None = None, passive: bool = False,
+               current: float = CURRENT, dtype=jnp.float32, support: np.ndarray | None = None,
+               sigma_bg: float = 1.0):
+    self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
+    self.dtype = jnp.dtype(dtype)
+    if self.dtype == jnp.float64 and not jax.config.jax_enable_x64:
+      raise InputError("dtype float64 needs 64-bit JAX: run under `with jax.enable_x64(True):` "
+                       "or set JAX_ENABLE_X64=1")
+    self.num_electrodes = ne = 2 * NUM_ELECTRODES if passive else NUM_ELECTRODES
+    n, tri = mesh.num_nodes, mesh.triangles
+    p = mesh.nodes[tri]
+    b = np.stack([p[:, 1, 1] - p[:, 2, 1], p[:, 2, 1] - p[:, 0, 1], p[:, 0, 1] - p[:, 1, 1]], 1)
+    c = np.stack([p[:, 2, 0] - p[:, 1, 0], p[:, 0, 0] - p[:, 2, 0], p[:, 1, 0] - p[:, 0, 0]], 1)
+    ke = (b[:, :, None] * b[:, None, :] + c[:, :, None] * c[:, None, :]) / (
+        4 * mesh.areas()[:, None, None])
+    var = np.ones(mesh.num_elements, bool) if support is None else np.asarray(support, bool)
+    if var.shape != (mesh.num_elements,) or not var.any():
+      raise InputError(f"support must be a non-empty boolean mask of the {mesh.num_elements} "
+                       "elements")
+    g = boundary_geometry(mesh)
+    keep = np.union1d(np.unique(tri[var]), g["i"])
+    drop = np.setdiff1d(np.arange(n), keep)
+    a = np.zeros((n, n))
+    fixed = np.flatnonzero(~var)
+    np.add.at(a, (tri[fixed][:, :, None], tri[fixed][:, None, :]), sigma_bg * ke[fixed])
+    schur = a[np.ix_(keep, keep)]
+    if len(drop):
+      schur = schur - a[np.ix_(keep, drop)] @ np.linalg.solve(a[np.ix_(drop, drop)],
+                                                              a[np.ix_(drop, keep)])
+    nv = len(keep)
+    size = nv + ne - 1
+    const = np.zeros((size, size))
+    const[:nv, :nv] = schur
+    local = np.full(n, -1)
+    local[keep] = np.arange(nv)
+    vt = local[tri[var]]
+    # electrode l's row; the ground (15) gets `size`, out of bounds: scatters drop it
+    erow = np.array([nv + l if l < NUM_ELECTRODES - 1 else
+                     (size if l == NUM_ELECTRODES - 1 else nv + l - 1) for l in range(ne)])
+    rhs = np.zeros((size, NUM_ELECTRODES))
+    rhs[erow[:NUM_ELECTRODES - 1]] = PROTOCOL.currents(current).T[:NUM_ELECTRODES - 1]
+    f = lambda x: jnp.asarray(x, self.dtype)
+    i32 = lambda x: jnp.asarray(x, jnp.int32)
+    self._const, self._rhs, self._ke = f(const), f(rhs), f(ke[var])
+    self._var = i32(np.flatnonzero(var))
+    self._rows = i32(np.repeat(vt, 3, axis=1).reshape(-1))
+    self._cols = i32(np.tile(vt, (1, 3)).reshape(-1))
+    self._theta, self._span, self._h = f(g["theta"]), f(g["span"]), f(g["h"])
+    self._bi, self._bj, self._erow = i32(local[g["i"]]), i32(local[g["j"]]), i32(erow)
+    self._m = i32(PROTOCOL.pairs.reshape(-1))
+    self._m2 = i32(PROTOCOL.second_electrodes().reshape(-1))
+    self._k = i32(np.repeat(np.arange(NUM_ELECTRODES), PROTOCOL.per_injection))
+    self.num_unknowns = size
+
+  def system_matrix(self, sigma: jax.Array, system: dict[str, jax.Array]) -> jax.Array:
+    """The SPD matrix (unknowns, unknowns) for element conductivities sigma (E,) and one
+    system (`centres`, `half_widths`, `weights` (electrodes,))."""
+    zz, w, d = electrode_terms(self._theta, self._span, self._h, system["centres"],
+                               system["half_widths"], system["weights"], jnp)
+    bi, bj, er = self._bi, self._bj, self._erow
+    m = self._const.at[self._rows, self._cols].add(
+        (sigma[self._var, None, None] * self._ke).reshape(-1))
+    m = m.at[jnp.concatenate([bi, bi, bj, bj]), jnp.concatenate([bi, bj, bi, bj])].add(
+        jnp.concatenate([zz[:, 0], zz[:, 1], zz[:, 1], zz[:, 2]]))
+    for k, nodes in ((0, bi), (1, bj)):
+      rows = jnp.broadcast_to(nodes[:, None], w[:, k].shape)
+      cols = jnp.broadcast_to(er[None, :], w[:, k].shape)
+      m = m.at[rows, cols].add(-w[:, k], mode="drop").at[cols, rows].add(-w[:, k], mode="drop")
+    # an absent electrode (weight 0) gets a 1 on its diagonal: U = 0, coupled to nothing
+    return m.at[er, er].add(d + (system["weights"] == 0), mode="drop")
+
+  def voltages(self, sigma: jax.Array, system: dict[str, jax.Array]) -> jax.Array:
+    """The 208 measurements (CDEIT order and sign) for element conductivities sigma (E,) seen by
+    one system; apply the system's gain yourself (`cdeit_jax.eit.system`)."""
+    sigma = jnp.asarray(sigma, self.dtype)
+    system = {k: jnp.asarray(v, self.dtype) for k, v in system.items()}
+    mat = lambda v: self.system_matrix(sigma, system) @ v
+    factor = jax.lax.stop_gradient(jnp.linalg.cholesky(self.system_matrix(sigma, system)))
+    solve = lambda _, rhs: jax.scipy.linalg.cho_solve((factor, True), rhs)
+    x = jax.lax.custom_linear_solve(mat, self._rhs, solve=solve, symmetric=True)
+    u = jnp.concatenate([x[self._erow[:NUM_ELECTRODES - 1]],
+                         jnp.zeros((1, NUM_ELECTRODES), x.dtype)], 0)
     return u[self._m, self._k] - u[self._m2, self._k]

@@ -1,10 +1,15 @@
 """Random inclusion phantoms: parameters drawn on the host, rendered in JAX on mesh and grid.
 
-A phantom is up to `MAX_INCLUSIONS` rows of `[active, kind, cx, cy, a, b, angle, v]`:
-  disc      |p - c| <= a
-  ellipse   semi-axes a, b, rotated by angle
-  half-disc |p - c| <= a on the side (cos angle, sin angle) of the line through c
-  annulus   b a <= |p - c| <= a   (b: inner radius ratio)
+A phantom is up to `MAX_INCLUSIONS` rows of `[active, kind, cx, cy, a, b, angle, v, p]`; every
+shape lies inside the bounding circle |q - c| <= a and is turned by `angle`:
+  disc      |q - c| <= a
+  ellipse   semi-axes a, b
+  half-disc |q - c| <= a on the side (cos angle, sin angle) of the line through c
+  annulus   b a <= |q - c| <= a   (b: inner radius ratio)
+  rectangle sides in the ratio b (short / long), corners on the circle, rounded by a quarter of
+            the short half-side
+  polygon   regular, p sides, corners on the circle
+  star      r(phi) <= a (1 - b (1 - cos(p phi)) / 2): p lobes, depth b
 with label v in [-1, 1] (|v| >= v_min) and conductivity sigma_bg * 10^v inside. Later rows win
 where inclusions overlap (the generator draws them disjoint). The label at a point is what the
 128 x 128 target shows (averaged over each pixel: area fraction times label); the conductivity
@@ -18,35 +23,52 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cdeit_jax.eit.spec import KINDS, MAX_INCLUSIONS, PhantomSpec
+from cdeit_jax.eit.spec import KINDS, MAX_INCLUSIONS, MAX_SIDES, ROW, PhantomSpec
 from cdeit_jax.measurement import IMAGE_SIZE
 
 TRIES = 100  # candidate placements per inclusion before the phantom stops growing
+STAR_DEPTH = (0.2, 0.5)
+
+
+def _shape_b(kind, a, aspect, depth, spec: PhantomSpec, xp=jnp):
+  """The row's `b` for each kind (0 where the kind has none)."""
+  return xp.select([kind == KINDS.index("ellipse"), kind == KINDS.index("annulus"),
+                    kind == KINDS.index("rectangle"), kind == KINDS.index("star")],
+                   [aspect * a, xp.full_like(a, spec.annulus_inner), aspect, depth], 0.0)
+
+
+def _shape_p(kind, sides, xp=jnp):
+  return xp.select([kind == KINDS.index("polygon"), kind == KINDS.index("star")],
+                   [sides, xp.minimum(sides, MAX_SIDES - 1)], 0).astype(xp.float32)
 
 
 def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
-  """(MAX_INCLUSIONS, 8) float32 parameters of one random phantom with disjoint inclusions, a
+  """(MAX_INCLUSIONS, ROW) float32 parameters of one random phantom with disjoint inclusions, a
   function of `key` alone (jit/vmap-able: the simulator data source draws them on the devices).
 
   The number of inclusions is uniform in [min_inclusions, max_inclusions]; each inclusion is the
-  first of `TRIES` candidate placements (kind uniform, size uniform in [min_size, max_size],
-  centre uniform over the disk of radius max_radius - size) that keeps `separation` from the
-  inclusions placed before it; when none does, the phantom stops there (fewer inclusions). The
-  angle is uniform and the label is +-uniform(v_min, v_max). `random_params` draws the same
-  distribution with numpy, sequentially.
+  first of `TRIES` candidate placements (kind uniform over `spec.kinds`, bounding radius uniform
+  in [min_size, max_size], centre uniform over the disk of radius max_radius - size, or on its
+  edge with probability `near_wall`) that keeps `separation` from the inclusions placed before
+  it; when none does, the phantom stops there (fewer inclusions). The angle is uniform and the
+  label is +-uniform(v_min, v_max). `random_params` draws the same distribution with numpy,
+  sequentially.
   """
+  kinds = jnp.asarray(spec.kind_ids(), jnp.int32)
   k_n, k_rest = jax.random.split(key)
   n = jax.random.randint(k_n, (), spec.min_inclusions, spec.max_inclusions + 1)
   rows, placed = [], []                               # placed: (cx, cy, a, active) so far
   growing = jnp.bool_(True)
   for i in range(MAX_INCLUSIONS):
-    ks = jax.random.split(jax.random.fold_in(k_rest, i), 8)
-    kind = jax.random.randint(ks[0], (TRIES,), 0, len(KINDS))
+    ks = jax.random.split(jax.random.fold_in(k_rest, i), 11)
+    kind = kinds[jax.random.randint(ks[0], (TRIES,), 0, len(kinds))]
     a = jax.random.uniform(ks[1], (TRIES,), minval=spec.min_size, maxval=spec.max_size)
     aspect = jax.random.uniform(ks[2], (TRIES,), minval=spec.min_aspect, maxval=1.0)
-    b = jnp.where(kind == KINDS.index("ellipse"), aspect * a,
-                  jnp.where(kind == KINDS.index("annulus"), spec.annulus_inner, 0.0))
-    rho = (spec.max_radius - a) * jnp.sqrt(jax.random.uniform(ks[3], (TRIES,)))
+    depth = jax.random.uniform(ks[8], (TRIES,), minval=STAR_DEPTH[0], maxval=STAR_DEPTH[1])
+    sides = jax.random.randint(ks[9], (TRIES,), 3, MAX_SIDES + 1)
+    b = _shape_b(kind, a, aspect, depth, spec)
+    wall = jax.random.bernoulli(ks[10], spec.near_wall, (TRIES,))
+    rho = (spec.max_radius - a) * jnp.where(wall, 1.0, jnp.sqrt(jax.random.uniform(ks[3], (TRIES,))))
     phi = jax.random.uniform(ks[4], (TRIES,), maxval=2 * np.pi)
     cx, cy = rho * jnp.cos(phi), rho * jnp.sin(phi)
     ok = jnp.ones((TRIES,), bool)
@@ -58,25 +80,30 @@ def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
     angle = jax.random.uniform(ks[5], (), maxval=2 * np.pi)
     sign = jnp.where(jax.random.bernoulli(ks[6]), 1.0, -1.0)
     v = sign * jax.random.uniform(ks[7], (), minval=spec.v_min, maxval=spec.v_max)
-    row = jnp.stack([1.0, kind[j].astype(jnp.float32), cx[j], cy[j], a[j], b[j], angle, v])
+    row = jnp.stack([1.0, kind[j].astype(jnp.float32), cx[j], cy[j], a[j], b[j], angle, v,
+                     _shape_p(kind[j], sides[j])])
     rows.append(jnp.where(active, row, 0.0))
     placed.append((cx[j], cy[j], a[j], active))
   return jnp.stack(rows).astype(jnp.float32)
 
 
 def random_params(rng: np.random.Generator, spec: PhantomSpec = PhantomSpec()) -> np.ndarray:
-  """(MAX_INCLUSIONS, 8) parameters of one random phantom with disjoint inclusions (numpy; the
+  """(MAX_INCLUSIONS, ROW) parameters of one random phantom with disjoint inclusions (numpy; the
   distribution of `draw_params`, which the simulator and the data source use)."""
-  out = np.zeros((MAX_INCLUSIONS, 8))
+  kinds = spec.kind_ids()
+  out = np.zeros((MAX_INCLUSIONS, ROW))
   n = rng.integers(spec.min_inclusions, spec.max_inclusions + 1)
   placed = []                                       # (cx, cy, bounding radius)
   for i in range(n):
-    for _ in range(100):
-      kind = rng.integers(len(KINDS))
+    for _ in range(TRIES):
+      kind = kinds[rng.integers(len(kinds))]
       a = rng.uniform(spec.min_size, spec.max_size)
-      b = rng.uniform(spec.min_aspect, 1.0) * a if KINDS[kind] == "ellipse" else (
-          spec.annulus_inner if KINDS[kind] == "annulus" else 0.0)
-      rho = (spec.max_radius - a) * np.sqrt(rng.uniform())
+      aspect = rng.uniform(spec.min_aspect, 1.0)
+      depth = rng.uniform(*STAR_DEPTH)
+      sides = rng.integers(3, MAX_SIDES + 1)
+      b = float(_shape_b(np.asarray(kind), a, aspect, depth, spec, np))
+      wall = rng.uniform() < spec.near_wall
+      rho = (spec.max_radius - a) * (1.0 if wall else np.sqrt(rng.uniform()))
       phi = rng.uniform(0, 2 * np.pi)
       cx, cy = rho * np.cos(phi), rho * np.sin(phi)
       if all(np.hypot(cx - x, cy - y) >= a + r + spec.separation for x, y, r in placed):
@@ -86,16 +113,16 @@ def random_params(rng: np.random.Generator, spec: PhantomSpec = PhantomSpec()) -
     angle = rng.uniform(0, 2 * np.pi)
     v = rng.choice([-1.0, 1.0]) * rng.uniform(spec.v_min, spec.v_max)
     placed.append((cx, cy, a))
-    out[i] = [1, kind, cx, cy, a, b, angle, v]
+    out[i] = [1, kind, cx, cy, a, b, angle, v, float(_shape_p(np.asarray(kind), sides, np))]
   return out
 
 
 def label_at(params: jax.Array, points: jax.Array) -> jax.Array:
-  """Label (...) at points (..., 2) for one phantom's params (MAX_INCLUSIONS, 8); 0 outside."""
+  """Label (...) at points (..., 2) for one phantom's params (MAX_INCLUSIONS, ROW); 0 outside."""
   x, y = points[..., 0], points[..., 1]
   out = jnp.zeros(x.shape, params.dtype)
   for i in range(params.shape[0]):
-    active, kind, cx, cy, a, b, ang, v = (params[i, j] for j in range(8))
+    active, kind, cx, cy, a, b, ang, v, p = (params[i, j] for j in range(ROW))
     dx, dy = x - cx, y - cy
     r = jnp.hypot(dx, dy)
     ca, sa = jnp.cos(ang), jnp.sin(ang)
@@ -104,8 +131,25 @@ def label_at(params: jax.Array, points: jax.Array) -> jax.Array:
     ellipse = (u / a) ** 2 + (w / jnp.maximum(b, 1e-6)) ** 2 <= 1
     half = disc & (u >= 0)
     annulus = disc & (r >= b * a)
-    inside = jnp.select([kind == 0, kind == 1, kind == 2, kind == 3],
-                        [disc, ellipse, half, annulus], False)
+    hx = a / jnp.sqrt(1 + b * b)                             # rectangle half-sides, corners at a
+    hy = b * hx
+    rc = 0.25 * hy
+    qx, qy = jnp.maximum(jnp.abs(u) - (hx - rc), 0), jnp.maximum(jnp.abs(w) - (hy - rc), 0)
+    rect = (jnp.abs(u) <= hx) & (jnp.abs(w) <= hy) & (qx * qx + qy * qy <= rc * rc)
+    # polygon: inside every edge, whose normals point at angles (2k + 1) pi / n (no arctan:
+    # this runs on ~10^5 points per inclusion and example)
+    n = jnp.clip(p, 3.0, MAX_SIDES)
+    polygon = jnp.ones(x.shape, bool)
+    for k in range(MAX_SIDES):
+      t = (2 * k + 1) * np.pi / n
+      polygon &= (k >= n) | (u * jnp.cos(t) + w * jnp.sin(t) <= a * jnp.cos(np.pi / n))
+    # star: cos(n phi) as the Chebyshev polynomial T_n of cos(phi) = u / r
+    c = u / jnp.maximum(r, 1e-12)
+    cheb = jnp.select([n == 3, n == 4], [4 * c ** 3 - 3 * c, 8 * c ** 4 - 8 * c ** 2 + 1],
+                      16 * c ** 5 - 20 * c ** 3 + 5 * c)
+    star = r <= a * (1 - b * (1 - cheb) / 2)
+    inside = jnp.select([kind == k for k in range(len(KINDS))],
+                        [disc, ellipse, half, annulus, rect, polygon, star], False)
     out = jnp.where(inside & (active > 0), v, out)
   return jnp.where(x * x + y * y <= 1, out, 0.0)
 

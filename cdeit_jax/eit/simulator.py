@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.eit import phantom as ph
-from cdeit_jax.eit.fem import CEM
+from cdeit_jax.eit.fem import CEM, VariableCEM
 from cdeit_jax.eit.mesh import MeshSpec, make_mesh
+from cdeit_jax.eit.spec import ROW
 from cdeit_jax.errors import InputError
-from cdeit_jax.measurement import CONTACT_IMPEDANCE
+from cdeit_jax.measurement import CONTACT_IMPEDANCE, NUM_ELECTRODES
 
 
 def add_noise(v: jax.Array, snr_db: float, key: jax.Array) -> jax.Array:
@@ -59,7 +60,10 @@ class Simulator:
     return self.sigma_bg * jnp.mean(10.0 ** flat[..., self.pixel_index], axis=-1)
 
   def phantom_conductivity(self, params: jax.Array) -> jax.Array:
-    """(..., E) element conductivities of phantoms (..., MAX_INCLUSIONS, 8)."""
+    """(..., E) element conductivities of phantoms (..., MAX_INCLUSIONS, ROW)."""
+    if params.shape[-1] != ROW:
+      raise InputError(f"phantom parameters must have {ROW} columns (eit.phantom), got "
+                       f"{params.shape}")
     fn = lambda p: ph.element_conductivity(p, self.sample_points, self.sigma_bg)
     p = jnp.asarray(params, self.dtype)
     return jax.vmap(fn)(p.reshape(-1, *p.shape[-2:])).reshape(*p.shape[:-2], -1)
@@ -92,6 +96,40 @@ class Simulator:
                              - add_noise(b, snr_db, jax.random.fold_in(k, 1)))
     flat = lambda a: a.reshape(-1, a.shape[-1])
     return jax.vmap(noisy)(flat(vi), flat(vh), key.reshape(-1)).reshape(vi.shape)
+
+  @functools.lru_cache(maxsize=4)
+  def variable_cem(self, passive: bool, max_radius: float = 1.0) -> VariableCEM:
+    """A CEM whose measuring system is drawn per example (`system_difference`); with
+    max_radius < 1 it condenses the elements outside |p| <= max_radius as `support_cem`."""
+    r = np.hypot(*np.moveaxis(np.asarray(self.sample_points, np.float64), -1, 0)).min(-1)
+    support = None if max_radius >= 1 else r <= max_radius
+    with jax.ensure_compile_time_eval():
+      return VariableCEM(self.mesh, passive=passive, dtype=self.dtype, support=support,
+                         sigma_bg=self.sigma_bg)
+
+  def system_difference(self, sigma: jax.Array, systems: dict[str, jax.Array],
+                        snr_db: float | None = None, keys: jax.Array | None = None,
+                        max_radius: float = 1.0) -> jax.Array:
+    """ys (B, 208) for element conductivities (B, E), each example measured by its own system
+    (`eit.system.draw`, leading axis B): the gain on both vectors, then (with snr_db) noise at
+    snr_db + the system's offset on each, from the example's key (one per example)."""
+    passive = systems["centres"].shape[-1] > NUM_ELECTRODES
+    cem = self.variable_cem(bool(passive), float(max_radius))
+    homogeneous = jnp.full((self.mesh.num_elements,), self.sigma_bg, self.dtype)
+    if snr_db is not None and keys is None:
+      raise InputError("snr_db needs one PRNG key per example")
+
+    def one(s, system, key):
+      vi = cem.voltages(s, system) * system["gain"]
+      vh = cem.voltages(homogeneous, system) * system["gain"]
+      if snr_db is None:
+        return vi - vh
+      snr = snr_db + system["snr_offset_db"]
+      return (add_noise(vi, snr, jax.random.fold_in(key, 0))
+              - add_noise(vh, snr, jax.random.fold_in(key, 1)))
+    if keys is None:
+      keys = jnp.zeros(sigma.shape[:1], jnp.uint32)
+    return jax.vmap(one)(jnp.asarray(sigma, self.dtype), systems, keys)
 
   @functools.partial(jax.jit, static_argnames=("self", "snr_db"))
   def image_voltages(self, xs: jax.Array, snr_db: float | None = None,
