@@ -49,6 +49,10 @@ def main(argv):
   r = evaluate.evaluate(FLAGS.workdir, FLAGS.data, FLAGS.data_path, FLAGS.out, overrides)
   if "metrics" in r:
     for name, m in r["metrics"].items():
+      if name == "uncertainty":
+        from cdeit_jax import report
+        print("uncertainty" + report.uncertainty_note(m).replace(";", ":", 1))
+        continue
       print(f"{name:8s} RMSE {m['rmse']:.4f}  PSNR {m['psnr']:.2f}  SSIM {m['ssim']:.4f}  "
             f"SSIM(disk) {m['ssim_disk']:.4f}  CC {m.get('cc', float('nan')):.4f}")
     print(f"sampling: {r['images_per_s']:.2f} images/s, {r['ms_per_image']:.1f} ms/image on "

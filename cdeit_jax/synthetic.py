@@ -6,7 +6,8 @@ Example i of split s is a function of (seed, s, i) alone: its key is
 fold_in(fold_in(key(seed), s), i); the phantom is drawn from fold_in(key, 0)
 (`eit.phantom.draw_params`), the noise on the homogeneous and inhomogeneous voltages from
 fold_in(key, 1), and the measuring system (`eit.system.draw`, unless `config.simulator.system` is
-the nominal one) from fold_in(key, 2), or from key(device_seed) for every example. The output does not depend on the batch, the devices or the hosts that compute it.
+the nominal one) from fold_in(key, 2), or from key(device_seed) for every example. The output
+does not depend on the batch, the devices or the hosts that compute it.
 """
 
 from __future__ import annotations

@@ -199,8 +199,12 @@ def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_
   """fit_uncertainty on simulations writes the step's uncertainty.json; a later evaluation of
   that step scales its std by it and reports the scaled coverage; real data cannot fit it."""
   sims = tmp_path / "sims"
+  import dataclasses
+
   from cdeit_jax import simulate
+  from cdeit_jax.eit.spec import SystemSpec
   cfg = config_lib.default_config()
+  cfg.simulator.system.update(dataclasses.asdict(SystemSpec.nominal()))  # the faster solve
   simulate.generate(str(sims), {"test": 6}, cfg.simulator, batch_size=8, progress=False)
   common = {"sampling.num_samples": 3, "eval.figure": False, "sampling.steps": 3}
   first = evaluate.evaluate(tiny_run, "simulated", str(sims / "test"), str(tmp_path / "a"),

@@ -68,7 +68,8 @@ def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
     sides = jax.random.randint(ks[9], (TRIES,), 3, MAX_SIDES + 1)
     b = _shape_b(kind, a, aspect, depth, spec)
     wall = jax.random.bernoulli(ks[10], spec.near_wall, (TRIES,))
-    rho = (spec.max_radius - a) * jnp.where(wall, 1.0, jnp.sqrt(jax.random.uniform(ks[3], (TRIES,))))
+    rho = (spec.max_radius - a) * jnp.where(wall, 1.0,
+                                            jnp.sqrt(jax.random.uniform(ks[3], (TRIES,))))
     phi = jax.random.uniform(ks[4], (TRIES,), maxval=2 * np.pi)
     cx, cy = rho * jnp.cos(phi), rho * jnp.sin(phi)
     ok = jnp.ones((TRIES,), bool)
