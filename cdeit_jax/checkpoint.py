@@ -300,9 +300,13 @@ def train_manager(workdir: str, *, keep: int = 3, async_save: bool = True) -> oc
       pp.LatestN(n=keep),
       pp.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
                keep_checkpoints_without_metrics=False)])
+  # On an object store an unfinished step is a step folder without its commit marker, and it may
+  # be a live writer's that lost its lease a moment ago: a run taking the workdir over leaves it
+  # (it is never listed as a step, and is replaced when this run saves that step).
   return manager(workdir, options=ocp.CheckpointManagerOptions(
       preservation_policy=policy, best_fn=_val_loss, best_mode="min",
-      enable_async_checkpointing=async_save, cleanup_tmp_directories=True))
+      enable_async_checkpointing=async_save,
+      cleanup_tmp_directories=not fileio.is_remote(workdir)))
 
 
 def save_train(mngr: ocp.CheckpointManager, state, data_iter, meta: dict[str, Any],

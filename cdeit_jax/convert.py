@@ -197,12 +197,17 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
         return {k: z[k] for k in z.files}
     except (OSError, ValueError, zipfile.BadZipFile) as e:
       raise InputError(f"{path}: not a readable .npz of arrays ({e})") from e
+  with fileio.open_binary(path) as fh:
+    head = fh.read(2)
+  if head != b"PK" and head[:1] != b"\x80":  # torch.save: a zip archive, or (torch < 1.6) a pickle
+    raise InputError(f"{path}: not a PyTorch checkpoint (neither a zip archive nor a pickle); "
+                     "give the checkpoint that torch.save wrote, or an .npz of its arrays")
   try:
     import torch
-  except ImportError as e:
-    raise ImportError(
+  except ImportError:
+    raise InputError(
         f"reading {path} needs PyTorch: pip install 'cdeit-jax[torch]' "
-        "(or convert it to .npz of arrays elsewhere and pass that)") from e
+        "(or convert it to .npz of arrays elsewhere and pass that)") from None
   try:
     with fileio.open_binary(path) as fh:  # weights_only: no arbitrary unpickling
       obj = torch.load(fh, map_location="cpu", weights_only=True)

@@ -113,6 +113,20 @@ class Generator:
     return out
 
 
+def _missing(n: int, have: set[int], size: int):
+  """The indices below n not in `have`, in ascending chunks of `size` (lazily: a count of 10^8
+  starts at once and takes no memory)."""
+  chunk = []
+  for i in range(n):
+    if i not in have:
+      chunk.append(i)
+      if len(chunk) == size:
+        yield np.asarray(chunk, np.int64)
+        chunk = []
+  if chunk:
+    yield np.asarray(chunk, np.int64)
+
+
 def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
              batch_size: int = 64, tr_splits=SPLITS, progress: bool = True) -> dict:
   """Fill OUT with `counts[split]` examples per split of the distribution `sim`
@@ -129,10 +143,12 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
   for split, n in counts.items():
     d = fileio.join(out, split)
     fileio.makedirs(d)
-    have = {f.name for f in fileio.path(d).iterdir()} if fileio.path(d).is_dir() else set()
-    todo[split] = np.array([i for i in range(n) if file_name(i) not in have], np.int64)
-  total = sum(len(v) for v in todo.values())
-  if len(todo.get("train", ())):
+    names = [f.name for f in fileio.path(d).iterdir()] if fileio.path(d).is_dir() else []
+    have = {int(f[:-4]) for f in names if f.endswith(".npz") and f[:-4].isdigit()
+            and f == file_name(int(f[:-4])) and int(f[:-4]) < n}
+    todo[split] = (n, have)
+  total = sum(n - len(have) for n, have in todo.values())
+  if "train" in todo and todo["train"][0] > len(todo["train"][1]):  # new training files
     # New training files make the statistics stale: remove them first, so that a run killed
     # before they are recomputed leaves no statistics (recomputed by the next run) rather than
     # old ones beside new files.
@@ -142,9 +158,8 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
   with concurrent.futures.ThreadPoolExecutor(2) as pool, tqdm(
       total=total, desc=f"simulating into {out}", unit="example", disable=not progress) as bar:
     pending = []
-    for split, idx in todo.items():
-      for start in range(0, len(idx), gen.batch_size):
-        chunk = idx[start:start + gen.batch_size]
+    for split, (n, have) in todo.items():
+      for chunk in _missing(n, have, gen.batch_size):
         arrays = gen(split, chunk, with_tr=split in tr_splits)
         for k, i in enumerate(chunk):  # writes overlap the next batch's computation
           path = fileio.join(out, split, file_name(int(i)))
@@ -160,7 +175,8 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
     for f in pending:
       f.result()
   elapsed = time.perf_counter() - t0
-  if counts.get("train", 0) >= 2 and (len(todo["train"]) or not fileio.path(
+  new_train = "train" in todo and todo["train"][0] > len(todo["train"][1])
+  if counts.get("train", 0) >= 2 and (new_train or not fileio.path(
       fileio.join(out, "std.npy")).exists()):
     from cdeit_jax import stats as stats_lib
     mean, std = stats_lib.compute_stats(fileio.join(out, "train"), progress=False)

@@ -45,6 +45,22 @@ def fixed_examples(cfg: ml_collections.ConfigDict, split: str, n: int, mesh: jax
   return np.concatenate(ys), np.concatenate(xs)
 
 
+def statistics_examples(cfg: ml_collections.ConfigDict, n: int, mesh: jax.sharding.Mesh):
+  """Training examples 0..n-1 as chunks (ys, xs), xs only for the first
+  `conditioning.CALIBRATION_EXAMPLES` (None after them): the statistics stream over any n in
+  constant memory, with a progress bar when they take more than a few chunks."""
+  from tqdm import tqdm
+
+  from cdeit_jax.conditioning import CALIBRATION_EXAMPLES
+  with tqdm(total=n, desc="simulator source: statistics", unit="example",
+            disable=n <= 8 * _CHUNK or jax.process_index() != 0, mininterval=2.0) as bar:
+    for lo in range(0, n, _CHUNK):
+      idx = np.arange(lo, min(n, lo + _CHUNK))
+      y, x = synthetic.example_arrays(cfg.simulator, "train", idx, mesh, pad_to=min(n, _CHUNK))
+      bar.update(len(idx))
+      yield y, (x[:max(0, CALIBRATION_EXAMPLES - lo)] if lo < CALIBRATION_EXAMPLES else None)
+
+
 class SimulatorData:
   """The training data of `config.simulator` (the `sources.TrainingData` interface): statistics
   (and the physics-informed calibration) from the first `stats_examples` training examples, or
@@ -67,10 +83,14 @@ class SimulatorData:
       if int(s.stats_examples) < 2:
         raise InputError("config.simulator.stats_examples must be >= 2 (a std needs two "
                          "examples)")
-      ys, xs = fixed_examples(cfg, "train", int(s.stats_examples), mesh)
-      running = measurement.RunningStats()
-      running.add(ys)
+      running, ys, xs = measurement.RunningStats(), [], []
+      for y, x in statistics_examples(cfg, int(s.stats_examples), mesh):
+        running.add(y)
+        if x is not None:
+          ys.append(y[:len(x)])
+          xs.append(x)
       self.mean, self.std = running.result("config.simulator.stats_examples")
+      ys, xs = np.concatenate(ys), np.concatenate(xs)
       self.calibration = ArraySource(ys, xs, self.mean, self.std,
                                      name=f"simulator train examples 0..{len(ys) - 1}")
     else:
@@ -78,7 +98,7 @@ class SimulatorData:
     ys, xs = fixed_examples(cfg, "valid", int(s.valid_examples), mesh)
     self.valid = ArraySource(ys, xs, self.mean, self.std,
                              name=f"simulator valid examples 0..{len(ys) - 1}")
-    made = (f"{len(self.calibration)} statistics and" if self.calibration is not None else
+    made = (f"{int(s.stats_examples)} statistics and" if self.calibration is not None else
             "statistics from the checkpoint,")
     self.description = (f"simulator source: {made} {len(self.valid)} validation examples made "
                         f"in {time.perf_counter() - t0:.1f} s")

@@ -78,7 +78,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
   workdir = fileio.resolve(workdir)
   fileio.writable_folder(workdir, "--workdir")
-  lock = workdir_lock.WorkdirLock(workdir)
+  lock = workdir_lock.WorkdirLock(workdir, lease_s=cfg.lock_lease_s)
   if jax.process_index() == 0:  # one run per workdir (the other processes belong to this run)
     lock.acquire()
   logs.debug_log(workdir, enabled=jax.process_index() == 0)
@@ -86,7 +86,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   preempt = _Preemption()  # from the start: a SIGTERM while compiling stops the run cleanly too
   try:
     with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
-      result = _train(cfg, workdir, mesh, goodput.Clock(t0), preempt)
+      result = _train(cfg, workdir, mesh, goodput.Clock(t0), preempt, lock)
     if preempt.signal == signal.SIGINT:
       raise Interrupted(f"interrupted (Ctrl-C) after step {result['step']}, which is saved; "
                         "rerun the same command to resume")
@@ -318,7 +318,7 @@ def make_validation(graphdef, diffusion, compiled: training.CompiledStep, consta
 
 
 def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Clock,
-           preempt: _Preemption) -> dict[str, Any]:
+           preempt: _Preemption, lock: workdir_lock.WorkdirLock) -> dict[str, Any]:
   primary = jax.process_index() == 0
   mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
                                   async_save=cfg.async_checkpoints)
@@ -391,12 +391,16 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
         continue
       with clock.phase("step"):  # the one host sync of the window: waits for its steps
         last = window.close(step, last_good, workdir)
+      if primary:
+        lock.check()  # a gs:// lease this run can no longer prove: stop before any write
       if schedule.validate(step):
         with clock.phase("validation"):
           last["val_loss"] = validation_loss(state.ema)
       end = step == cfg.steps or stop
       if schedule.save(step, stop):
         with clock.phase("checkpoint"):
+          if primary:
+            lock.check(read=True)  # the commit and the retention deletes are the lease's
           checkpoint.save_train(mngr, state, data.checkpoint_item, meta_now(step),
                                 last.get("val_loss"))
           if end:  # the last save is part of the run

@@ -12,8 +12,15 @@ Object stores (gs://) have no locks and no rename, so there the lock is a lease:
 object names its holder and the time it was last renewed, rewritten every `lease_s / 4` by a
 thread of the holder. A newcomer takes a lock not renewed for `lease_s` (its holder died without
 releasing it, e.g. a lost VM); a younger one it watches, and refuses as soon as it is renewed, or
-takes it once it has lapsed. The holder checks at each renewal
-that the object still names it, and releasing deletes the object only if it does. Two newcomers
+takes it once it has lapsed. Releasing deletes the object only if it still names the holder.
+
+Fencing: a holder that cannot prove it still holds the lease stops writing at once. Its renewal
+thread gives up the run (one line, exit 3, `os._exit`: no checkpoint commit, retention delete or
+metrics upload can follow, not even an in-flight async save's) when the object names another
+holder, or when its last confirmed renewal is older than `SAFETY` lease lengths (it was paused,
+or the store was unreachable: a newcomer may take the lease at 1.0); and the training loop checks
+the object before every checkpoint save (`check`). Clocks may differ between hosts by less than
+(1 - SAFETY) lease lengths (30 s at the default). Two newcomers
 starting within the same second could both see the lock free (the read-then-write is not one
 request); on GCS a generation precondition would close that, which the fsspec layer used here does
 not offer.
@@ -26,15 +33,18 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
+from typing import Callable
 
 from cdeit_jax import fileio
 from cdeit_jax.errors import CdeitError, InputError
 
 LOCK_NAME = "lock"
 LEASE_S = 120.0  # an object-store lock not renewed for this long belongs to a dead run
+SAFETY = 0.75    # a holder whose renewal is older than this many leases stops (fencing)
 
 log = logging.getLogger("cdeit_jax.lock")
 
@@ -43,17 +53,38 @@ class WorkdirBusy(CdeitError, RuntimeError):
   """Another live process trains in this workdir."""
 
 
+class LeaseLost(CdeitError, RuntimeError):
+  """This run can no longer prove that it holds its workdir's lease."""
+
+
+def stop_now(message: str) -> None:
+  """The fenced run's end: one line, exit 3, at once (no thread may write another byte)."""
+  sys.stderr.write(f"\nerror: {message}\n")  # on a line of its own (after a progress bar)
+  sys.stderr.flush()
+  os._exit(3)
+
+
 class WorkdirLock:
-  def __init__(self, workdir: str, lease_s: float = LEASE_S):
+  def __init__(self, workdir: str, lease_s: float = LEASE_S,
+               on_lost: Callable[[str], None] = stop_now):
     self.workdir = fileio.resolve(workdir)
     self.path = fileio.join(self.workdir, LOCK_NAME)
+    if not (isinstance(lease_s, (int, float)) and lease_s > 0):
+      raise InputError(f"config.lock_lease_s={lease_s!r}: give a number of seconds > 0")
     self.lease_s = lease_s
+    self.on_lost = on_lost
     self._fd: int | None = None
     self._lease: _Lease | None = None
 
+  def check(self, read: bool = False) -> None:
+    """Raise LeaseLost unless this run provably holds its lease (a gs:// workdir; with `read`,
+    the lock object is read too). A local lock (flock) cannot be lost while the process lives."""
+    if self._lease is not None:
+      self._lease.check(read)
+
   def acquire(self) -> "WorkdirLock":
     if fileio.is_remote(self.path):
-      self._lease = _Lease(self.path, self.workdir, self.lease_s)
+      self._lease = _Lease(self.path, self.workdir, self.lease_s, self.on_lost)
       return self
     try:
       fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -116,10 +147,13 @@ class _Lease:
   """The object-store lock (module docstring): taken on construction, renewed by a daemon thread
   until release()."""
 
-  def __init__(self, path: str, workdir: str, lease_s: float):
-    self.path, self.lease_s = path, lease_s
+  def __init__(self, path: str, workdir: str, lease_s: float,
+               on_lost: Callable[[str], None] = stop_now):
+    self.path, self.workdir, self.lease_s, self.on_lost = path, workdir, lease_s, on_lost
+    self.lost: str | None = None
     self._wait_for_lapse(workdir)
     self.me = _holder()
+    self.confirmed = time.time()  # before the write: the lease runs from no earlier than this
     self._write()
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._renew, name="cdeit-workdir-lease", daemon=True)
@@ -160,18 +194,49 @@ class _Lease:
   def _write(self) -> None:
     fileio.write_text(self.path, json.dumps({**self.me, "renewed": time.time()}))
 
+  def _late(self) -> str | None:
+    age = time.time() - self.confirmed
+    if age > SAFETY * self.lease_s:
+      return (f"the lease on {self.workdir} was last confirmed {age:.0f} s ago (lease "
+              f"{self.lease_s:.0f} s: this process was paused or the store unreachable), so "
+              "another training may own the workdir now; this run stopped writing. Rerun to "
+              "resume if no other run uses it")
+    return None
+
+  def _taken(self, h: dict | None) -> str | None:
+    if h is not None and h.get("token") != self.me["token"]:
+      return (f"the lock of {self.workdir} was taken over by {_describe(h)} (this run's lease "
+              "lapsed); this run stopped writing and leaves the workdir to it")
+    return None
+
+  def _lose(self, why: str) -> None:
+    if self.lost is None:
+      self.lost = why
+      self.on_lost(why)
+
+  def check(self, read: bool = False) -> None:
+    why = self.lost or self._late() or (self._taken(self._read()) if read else None)
+    if why:
+      self._lose(why)
+      raise LeaseLost(why)
+
   def _renew(self) -> None:
     while not self._stop.wait(self.lease_s / 4):
+      if self.lost:
+        return
+      t = time.time()
+      why = self._late()   # a renewal this late could overlap a newcomer's: never write it
       try:
-        h = self._read()
-        if h is not None and h.get("token") != self.me["token"]:
-          log.error("the lock of this workdir was taken over by %s (this run's lease lapsed); "
-                    "two trainings now write the same workdir: stop one", _describe(h))
-          return
-        self._write()
+        why = why or self._taken(self._read())
+        if why is None:
+          self._write()
+          self.confirmed = t
       except Exception as e:  # a transient store error: the lease survives a missed renewal
         log.warning("could not renew the workdir lock %s (%s: %s)", self.path,
                     type(e).__name__, e)
+      if why:
+        self._lose(why)
+        return
 
   def release(self) -> None:
     self._stop.set()

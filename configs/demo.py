@@ -7,9 +7,11 @@ simulations, CPU-sized.
 Patch 8, width 64, two scales (1.1 M parameters; a 16 x 16 token grid), and the physics-informed
 condition: beside the EIM, the NOSER-weighted Tikhonov images of the voltages at two
 regularisation levels (`cdeit_jax.conditioning`). About 7 steps of 16 per second on 2 CPU cores,
-so 4,000 steps take ~10 minutes. Measured here at 1,600 steps (mean of 8 samples on UEF2017):
-levels (0.03, 0.3) RMSE 0.1493 / CC 0.811, (0.01, 0.1, 1.0) 0.1494 / 0.812, (0.1,) see the README;
-the EIM alone does not reconstruct in this budget (CC about 0.02).
+so 4,000 steps take ~10 minutes. The data: the default `config.simulator`, whose measuring
+system is drawn per example (the README's table; docs/history.md for each randomisation's
+effect). Measured on the fixed system's data at 1,600 steps (mean of 8 samples on UEF2017):
+levels (0.03, 0.3) RMSE 0.1493 / CC 0.811, (0.01, 0.1, 1.0) 0.1494 / 0.812; the EIM alone does
+not reconstruct in this budget (CC about 0.02).
 """
 
 from cdeit_jax import config_lib

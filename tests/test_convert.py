@@ -171,10 +171,17 @@ def test_missing_checkpoint_paths_are_named(tmp_path):
 
 
 def test_pt_without_torch_says_how_to_install(tmp_path, monkeypatch):
-  (tmp_path / "best.pt").write_bytes(b"x")
+  """Without torch: a zip (what torch.save writes) needs it, said in one line; a file that is no
+  checkpoint at all is named as such first."""
+  import zipfile
+  with zipfile.ZipFile(tmp_path / "best.pt", "w") as z:
+    z.writestr("archive/data.pkl", b"")
+  (tmp_path / "notes.pt").write_text("not a checkpoint")
   monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
-  with pytest.raises(ImportError, match=r"cdeit-jax\[torch\]"):
+  with pytest.raises(ValueError, match=r"best.pt needs PyTorch: pip install 'cdeit-jax\[torch\]'"):
     convert.read_state_dict(str(tmp_path / "best.pt"))
+  with pytest.raises(ValueError, match=r"notes.pt: not a PyTorch checkpoint \(neither a zip"):
+    convert.read_state_dict(str(tmp_path / "notes.pt"))
 
 
 def test_pt_files_as_the_authors_save_them(tmp_path, small_state_dict):

@@ -162,6 +162,80 @@ def test_workdir_lease_in_a_bucket(gcs):
     assert waited < 0.5 * lease if age > lease else 0.4 * lease < waited < 2 * lease, waited
 
 
+def test_a_lease_that_cannot_be_proven_stops_its_holder(gcs):
+  """Fencing: a holder whose renewals stopped (a paused process) fails `check` once its last
+  confirmed renewal is older than SAFETY leases, and its renewal thread gives the run up instead
+  of writing a late renewal; a holder whose lock names another run fails `check(read=True)`."""
+  wd, lease = f"{gcs}/runs/fence", 2.0
+  lost = []
+  held = workdir_lock.WorkdirLock(wd, lease_s=lease, on_lost=lost.append).acquire()
+  held.check(read=True)                                   # holds it
+  held._lease.confirmed -= workdir_lock.SAFETY * lease    # as if paused that long
+  with pytest.raises(workdir_lock.LeaseLost, match=r"last confirmed \d+ s ago .* stopped "
+                     "writing"):
+    held.check()
+  assert len(lost) == 1
+  renewed = json.loads(fileio.read_text(f"{wd}/lock"))["renewed"]
+  time.sleep(0.5 * lease)                                 # the renewal thread wrote nothing
+  assert json.loads(fileio.read_text(f"{wd}/lock"))["renewed"] == renewed
+  held.release()
+  other = workdir_lock.WorkdirLock(wd, lease_s=lease, on_lost=lost.append).acquire()
+  fileio.write_text(f"{wd}/lock", json.dumps({"host": "b", "pid": 2, "since": "now",
+                                             "token": "b", "renewed": time.time()}))
+  with pytest.raises(workdir_lock.LeaseLost, match=r"taken over by pid 2 on b"):
+    other.check(read=True)
+  other.release()
+  assert json.loads(fileio.read_text(f"{wd}/lock"))["token"] == "b"  # not released: not its
+
+
+def test_a_paused_training_that_lost_its_lease_stops_and_the_other_finishes(
+    gcs, bucket_data, straight_run):
+  """The issue's two orders of events, with train.py processes and a 3 s lease: A pauses (kill
+  -STOP) after its first log, holding an unfinished step of its own; B takes the lapsed lease,
+  leaves that step alone, and trains; A resumes and stops at once with one line (exit 3), writing
+  nothing; B ends equal to an uninterrupted run, every kept step loadable."""
+  import signal
+
+  from conftest import wait_for_first_log
+  wd = f"{gcs}/runs/fenced"
+  flags = [*RESUME_STEPS, f"--config.data.path={bucket_data}", "--config.lock_lease_s=3"]
+  a = run_train(wd, *flags, wait=False)
+  wait_for_first_log(wd, timeout=180)
+  a.send_signal(signal.SIGSTOP)
+  unfinished = f"{wd}/checkpoints/16/params/in-progress"  # A's save cut short by the pause
+  fileio.path(unfinished).write_text("A")
+  first = fileio.read_text(f"{wd}/metrics.jsonl")
+  b = run_train(wd, *flags, wait=False)
+  deadline = time.time() + 180
+  while fileio.read_text(f"{wd}/metrics.jsonl") == first and time.time() < deadline:
+    time.sleep(0.25)
+  assert json.loads(fileio.read_text(f"{wd}/lock"))["pid"] == b.pid
+  assert fileio.path(unfinished).exists()                   # B's start deleted nothing of A's
+  a.send_signal(signal.SIGCONT)
+  _, a_err = a.communicate(timeout=60)
+  assert a.returncode == 3, a_err[-3000:]
+  last = a_err.strip().splitlines()[-1]
+  assert last.startswith("error: the lease on ") and "stopped writing" in last, a_err[-2000:]
+  assert a_err.count("error:") == 1, a_err[-2000:]
+  _, b_err = b.communicate(timeout=300)
+  assert b.returncode == 0, b_err[-3000:]
+  cfg = config_lib.load(TEST_CONFIG)
+  cfg.steps = 24
+  s_step, s_leaves, s_next = final_state(straight_run, cfg)
+  k_step, k_leaves, k_next = final_state(wd, cfg)
+  assert s_step == k_step == 24 and s_next == k_next
+  for x, y in zip(s_leaves, k_leaves):
+    np.testing.assert_array_equal(x, y)
+  from cdeit_jax import checkpoint
+  mngr = checkpoint.train_manager(wd)
+  assert mngr.all_steps()[-2:] == [16, 24]                  # 16: A's unfinished step, B's now
+  for step in mngr.all_steps():                             # each loads (B saved 16 anew)
+    assert checkpoint.read_meta(wd, step)["step"] == step
+  mngr.close()
+  assert not fileio.path(unfinished).exists()
+  assert "lock" not in _objects(wd)
+
+
 def test_damaged_step_set_aside_and_debug_log_in_a_bucket(gcs):
   """A damaged step's objects move to WORKDIR/damaged/STEP-TIME (object stores have no folder
   rename), and the debug log appends to an object."""

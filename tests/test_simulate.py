@@ -224,3 +224,11 @@ def test_format_2_folders_are_refused_with_a_reason(tmp_path):
   (out / "simulate.json").write_text(json.dumps({"format": 2, "seed": 0}))
   with pytest.raises(ValueError, match="format 2: four phantom kinds .* its files still load"):
     simulate.generate(str(out), {"train": 2}, sim(0), progress=False)
+
+
+def test_huge_counts_start_at_once():
+  """`--num_train 100000000`: the work list is lazy (its first chunk comes without listing 10^8
+  indices), skipping the files that exist."""
+  chunks = simulate._missing(10 ** 8, {0, 2, 5}, 3)
+  assert next(chunks).tolist() == [1, 3, 4] and next(chunks).tolist() == [6, 7, 8]
+  assert [c.tolist() for c in simulate._missing(7, {0, 2, 5}, 3)] == [[1, 3, 4], [6]]
