@@ -282,7 +282,8 @@ def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
       "eval.tikhonov": True})
   assert r8["devices"] == 8
   # the built-in Tikhonov baseline beside the authors' stored ones; measured cc 0.744 on these
-  assert list(r8["metrics"]) == ["cdeit", "empty", "tikhonov", "TR", "xs_gn"]
+  assert list(r8["metrics"]) == ["cdeit", "empty", "tikhonov", "TR", "xs_gn", "uncertainty"]
+  assert r8["metrics"]["uncertainty"]["scale"] == 1.0  # none fitted for this step
   assert r8["metrics"]["tikhonov"]["cc"] > 0.6
   one, eight = np.load(tmp_path / "one" / "predictions.npz"), np.load(tmp_path / "eight" /
                                                                        "predictions.npz")

@@ -20,15 +20,32 @@ TEST_CONFIG = str(REPO / "configs" / "test.py")
 # The test config's tiny model trained on fresh simulations. (The physics-informed model, whose
 # operator and calibration are the step's constants, is stepped in-process below: its operator
 # costs each train.py process ~20 s here.)
+# The train.py runs use the one fixed measuring system (its condensed solve is ~5x cheaper on
+# CPU); test_batches_... checks the source with a system drawn per example.
+NOMINAL = ["--config.simulator.system.gain=(1.0,1.0)",
+           "--config.simulator.system.contact_impedance=(0.0,0.0)",
+           "--config.simulator.system.rotation_deg=0", "--config.simulator.system.jitter_deg=0",
+           "--config.simulator.system.width_deg=(4.0,4.0)",
+           "--config.simulator.system.width_jitter=0", "--config.simulator.system.passive=0",
+           "--config.simulator.system.radius=(1.0,1.0)",
+           "--config.simulator.system.background=(1.0,1.0)",
+           "--config.simulator.system.snr_spread_db=0"]
 SIM = ["--config.data.source=simulator", "--config.data.preset=simulated",
        "--config.data.stats=None", "--config.simulator.stats_examples=8",
-       "--config.simulator.valid_examples=8", "--config.log_every=2", "--config.eval_every=4"]
+       "--config.simulator.valid_examples=8", "--config.log_every=2", "--config.eval_every=4",
+       *NOMINAL]
 
 
-def _cfg(batch_size=8):
+def _cfg(batch_size=8, nominal=False):
+  """The test config on the simulator source; `nominal`: with the fixed system, as SIM's runs."""
   cfg = config_lib.load(TEST_CONFIG)
   cfg.data.update(source="simulator", preset="simulated", stats=None)
   cfg.batch_size = batch_size
+  if nominal:
+    import dataclasses
+
+    from cdeit_jax.eit.spec import SystemSpec
+    cfg.simulator.system.update(dataclasses.asdict(SystemSpec.nominal()))
   return cfg
 
 
@@ -107,7 +124,7 @@ def test_trains_on_8_devices_and_stores_the_statistics(straight):
   assert sorted(val) == [4, 8, 12, 16] and val[16] < 0.95 * val[4], val
   meta = checkpoint.read_meta(str(straight), 16)
   mean, std = checkpoint.meta_stats(meta)
-  cfg = _cfg()
+  cfg = _cfg(nominal=True)
   ys, _ = simulator_source.fixed_examples(cfg, "train", 8, shd.make_mesh())
   want_mean, want_std = _stats(ys)
   np.testing.assert_array_equal(mean, want_mean)
@@ -134,7 +151,7 @@ def test_sigterm_and_resume_equal_the_straight_run(straight, tmp_path):
 def test_one_device_gives_the_losses_of_eight():
   """Three steps of the physics-informed model on simulator batches, on 1 and on 8 devices."""
   from cdeit_jax import training
-  cfg = _cfg()
+  cfg = _cfg(nominal=True)
   cfg.model.cond = "eim+linear"
   ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(16), shd.make_mesh())
   mean, std = _stats(ys)
