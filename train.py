@@ -36,7 +36,10 @@ def main(argv):
   from cdeit_jax import config_lib
   config_lib.none_strings(FLAGS.config)
   if FLAGS.compile_topology:  # exit 0: fits, 1: does not fit, 2: bad input
-    from cdeit_jax import aot
+    from cdeit_jax import aot, compile_cache
+    # compile-only executables cannot be loaded back from the persistent cache (jax warns on
+    # every read), and keeping them would only fill it
+    compile_cache.enable("none")
     from cdeit_jax.errors import CdeitError
     try:
       report = aot.compile_check(FLAGS.config, FLAGS.compile_topology, FLAGS.workdir)
