@@ -369,3 +369,26 @@ def test_system_draws_stay_in_their_ranges_and_apart():
   assert gain_lo - 1e-6 <= d["gain"].min() and d["gain"].max() <= gain_hi + 1e-6
   z = 1 / d["weights"][present]                               # z background / radius
   assert z.min() >= 0.003 * 0.7 / 1.1 - 1e-9 and z.max() <= 0.1 * 1.4 / 0.9 + 1e-9
+
+
+@pytest.mark.parametrize("kind, b, p", [("polygon", 0.0, 3), ("polygon", 0.0, 6),
+                                        ("rectangle", 0.5, 0), ("star", 0.3, 5)])
+def test_new_shapes_render_their_areas(kind, b, p):
+  """Area of the rendered label image against the shape's area by hand (bounding radius a):
+  regular n-gon n/2 a^2 sin(2 pi/n); rectangle with corners on the circle, sides in ratio b,
+  corners rounded by r = hy/4: 4 hx hy - (4 - pi) r^2; star r(phi) = a (1 - b (1 - cos 5 phi)/2):
+  1/2 integral r^2 dphi = pi a^2 ((1 - b/2)^2 + b^2/8)."""
+  a = 0.4
+  params = np.zeros((ph.MAX_INCLUSIONS, ph.ROW))
+  params[0] = [1, eit.spec.KINDS.index(kind), 0.1, -0.2, a, b, 0.3, 1.0, p]
+  img = np.asarray(ph.render_image(jnp.asarray(params, jnp.float32)))
+  area = img.sum() * (2 / ph.IMAGE_SIZE) ** 2
+  if kind == "polygon":
+    want = p / 2 * a * a * np.sin(2 * np.pi / p)
+  elif kind == "rectangle":
+    hx = a / np.sqrt(1 + b * b)
+    hy, r = b * hx, b * hx / 4
+    want = 4 * hx * hy - (4 - np.pi) * r * r
+  else:
+    want = np.pi * a * a * ((1 - b / 2) ** 2 + b * b / 8)
+  assert area == pytest.approx(want, rel=2e-3)
