@@ -190,7 +190,7 @@ def test_a_lease_that_cannot_be_proven_stops_its_holder(gcs):
 
 def test_a_paused_training_that_lost_its_lease_stops_and_the_other_finishes(
     gcs, bucket_data, straight_run):
-  """The issue's two orders of events, with train.py processes and a 3 s lease: A pauses (kill
+  """The issue's two orders of events, with train.py processes and a 6 s lease: A pauses (kill
   -STOP) after its first log, holding an unfinished step of its own; B takes the lapsed lease,
   leaves that step alone, and trains; A resumes and stops at once with one line (exit 3), writing
   nothing; B ends equal to an uninterrupted run, every kept step loadable."""
@@ -198,7 +198,7 @@ def test_a_paused_training_that_lost_its_lease_stops_and_the_other_finishes(
 
   from conftest import wait_for_first_log
   wd = f"{gcs}/runs/fenced"
-  flags = [*RESUME_STEPS, f"--config.data.path={bucket_data}", "--config.lock_lease_s=3"]
+  flags = [*RESUME_STEPS, f"--config.data.path={bucket_data}", "--config.lock_lease_s=6"]
   a = run_train(wd, *flags, wait=False)
   wait_for_first_log(wd, timeout=180)
   a.send_signal(signal.SIGSTOP)
