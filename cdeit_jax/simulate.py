@@ -148,7 +148,8 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
             and f == file_name(int(f[:-4])) and int(f[:-4]) < n}
     todo[split] = (n, have)
   total = sum(n - len(have) for n, have in todo.values())
-  if "train" in todo and todo["train"][0] > len(todo["train"][1]):  # new training files
+  new_train = "train" in todo and todo["train"][0] > len(todo["train"][1])
+  if new_train:
     # New training files make the statistics stale: remove them first, so that a run killed
     # before they are recomputed leaves no statistics (recomputed by the next run) rather than
     # old ones beside new files.
@@ -175,7 +176,6 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
     for f in pending:
       f.result()
   elapsed = time.perf_counter() - t0
-  new_train = "train" in todo and todo["train"][0] > len(todo["train"][1])
   if counts.get("train", 0) >= 2 and (new_train or not fileio.path(
       fileio.join(out, "std.npy")).exists()):
     from cdeit_jax import stats as stats_lib

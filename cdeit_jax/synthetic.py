@@ -29,19 +29,26 @@ SPLITS = ("train", "valid", "test")
 FORMAT_VERSION = 3
 
 
+def _fields(cls, node: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
+  """`config.simulator.<name>` as keyword arguments of the dataclass `cls` (lists as tuples);
+  an unknown field is an InputError naming it."""
+  fields = {f.name for f in dataclasses.fields(cls)}
+  unknown = set(node) - fields
+  if unknown:
+    raise InputError(f"config.simulator.{name}: unknown fields {sorted(unknown)}; known: "
+                     f"{sorted(fields)}")
+  return {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in node.items()}
+
+
 def phantom_spec(sim: ml_collections.ConfigDict):
   """The `PhantomSpec` of `config.simulator.phantom`, checked."""
   from cdeit_jax.eit import PhantomSpec
-  fields = {f.name for f in dataclasses.fields(PhantomSpec)}
-  unknown = set(sim.phantom) - fields
-  if unknown:
-    raise InputError(f"config.simulator.phantom: unknown fields {sorted(unknown)}; known: "
-                     f"{sorted(fields)}")
+  values = _fields(PhantomSpec, sim.phantom, "phantom")
   if sim.snr_db is not None and not (isinstance(sim.snr_db, (int, float))
                                      and math.isfinite(sim.snr_db)):
     raise InputError(f"config.simulator.snr_db={sim.snr_db!r}: give a finite number of dB, or "
                      "None for noise-free voltages")
-  spec = PhantomSpec(**dict(sim.phantom))
+  spec = PhantomSpec(**values)
   try:
     spec.validate()
   except InputError as e:
@@ -52,13 +59,7 @@ def phantom_spec(sim: ml_collections.ConfigDict):
 def system_spec(sim: ml_collections.ConfigDict):
   """The `SystemSpec` of `config.simulator.system`, checked."""
   from cdeit_jax.eit.spec import SystemSpec
-  fields = {f.name for f in dataclasses.fields(SystemSpec)}
-  unknown = set(sim.system) - fields
-  if unknown:
-    raise InputError(f"config.simulator.system: unknown fields {sorted(unknown)}; known: "
-                     f"{sorted(fields)}")
-  values = {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in sim.system.items()}
-  spec = SystemSpec(**values)
+  spec = SystemSpec(**_fields(SystemSpec, sim.system, "system"))
   try:
     spec.validate()
   except InputError as e:

@@ -18,6 +18,8 @@ on accelerators and acceptable on CPU.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,6 +76,53 @@ def nominal_centres(num: int = NUM_ELECTRODES) -> np.ndarray:
                                                                      + 0.5) / NUM_ELECTRODES])
 
 
+def _checked_dtype(dtype) -> jnp.dtype:
+  dtype = jnp.dtype(dtype)
+  if dtype == jnp.float64 and not jax.config.jax_enable_x64:
+    raise InputError("dtype float64 needs 64-bit JAX: run under `with jax.enable_x64(True):` "
+                     "or set JAX_ENABLE_X64=1")
+  return dtype
+
+
+def element_stiffness(mesh: DiskMesh) -> np.ndarray:
+  """(E, 3, 3) element stiffness matrices for sigma = 1: (b b^T + c c^T) / (4 |T|)."""
+  p = mesh.nodes[mesh.triangles]
+  b = np.stack([p[:, 1, 1] - p[:, 2, 1], p[:, 2, 1] - p[:, 0, 1], p[:, 0, 1] - p[:, 1, 1]], 1)
+  c = np.stack([p[:, 2, 0] - p[:, 1, 0], p[:, 0, 0] - p[:, 2, 0], p[:, 1, 0] - p[:, 0, 0]], 1)
+  return (b[:, :, None] * b[:, None, :] + c[:, :, None] * c[:, None, :]) / (
+      4 * mesh.areas()[:, None, None])
+
+
+def _support_mask(mesh: DiskMesh, support: np.ndarray | None) -> np.ndarray:
+  var = np.ones(mesh.num_elements, bool) if support is None else np.asarray(support, bool)
+  if var.shape != (mesh.num_elements,) or not var.any():
+    raise InputError(f"support must be a non-empty boolean mask of the {mesh.num_elements} "
+                     "elements")
+  return var
+
+
+def _spd_solve(matrix: Callable[[], jax.Array], rhs: jax.Array) -> jax.Array:
+  """matrix()^-1 rhs by one Cholesky factorisation, as a `custom_linear_solve`: gradients with
+  respect to what `matrix` depends on reuse the factorisation."""
+  factor = jax.lax.stop_gradient(jnp.linalg.cholesky(matrix()))
+  solve = lambda _, b: jax.scipy.linalg.cho_solve((factor, True), b)
+  return jax.lax.custom_linear_solve(lambda v: matrix() @ v, rhs, solve=solve, symmetric=True)
+
+
+class _Measurements:
+  """The 208 measurements of the CDEIT protocol from electrode potentials (16 electrodes, 16
+  injections), in CDEIT order and sign."""
+
+  def __init__(self):
+    self._m = jnp.asarray(PROTOCOL.pairs.reshape(-1), jnp.int32)
+    self._m2 = jnp.asarray(PROTOCOL.second_electrodes().reshape(-1), jnp.int32)
+    self._k = jnp.asarray(np.repeat(np.arange(NUM_ELECTRODES), PROTOCOL.per_injection),
+                          jnp.int32)
+
+  def __call__(self, u: jax.Array) -> jax.Array:
+    return u[self._m, self._k] - u[self._m2, self._k]
+
+
 class CEM:
   """Forward model of one mesh: element conductivities (..., E) -> 208 voltages (..., 208).
 
@@ -88,21 +137,13 @@ class CEM:
                contact_impedance: float = CONTACT_IMPEDANCE, current: float = CURRENT, dtype=jnp.float32, support: np.ndarray | None = None,
                sigma_bg: float = 1.0):
     self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
-    self.dtype = jnp.dtype(dtype)
-    if self.dtype == jnp.float64 and not jax.config.jax_enable_x64:
-      raise InputError("dtype float64 needs 64-bit JAX: run under `with jax.enable_x64(True):` "
-                       "or set JAX_ENABLE_X64=1")
+    self.dtype = _checked_dtype(dtype)
     z = np.broadcast_to(np.asarray(contact_impedance, np.float64), (NUM_ELECTRODES,))
     if np.any(z <= 0):
       raise InputError(f"contact_impedance must be > 0, got {contact_impedance}")
     n, ne = mesh.num_nodes, NUM_ELECTRODES
     size = n + ne - 1                                   # grounded: U_15 = 0 is dropped
-    # element stiffness (E, 3, 3) for sigma = 1: (b b^T + c c^T) / (4 |T|)
-    p = mesh.nodes[mesh.triangles]
-    b = np.stack([p[:, 1, 1] - p[:, 2, 1], p[:, 2, 1] - p[:, 0, 1], p[:, 0, 1] - p[:, 1, 1]], 1)
-    c = np.stack([p[:, 2, 0] - p[:, 1, 0], p[:, 0, 0] - p[:, 2, 0], p[:, 1, 0] - p[:, 0, 0]], 1)
-    ke = (b[:, :, None] * b[:, None, :] + c[:, :, None] * c[:, None, :]) / (
-        4 * mesh.areas()[:, None, None])
+    ke = element_stiffness(mesh)
     full = np.zeros((n + ne, n + ne))
     g = boundary_geometry(mesh)
     zz, w, d = electrode_terms(g["theta"], g["span"], g["h"], nominal_centres(),
@@ -115,10 +156,7 @@ class CEM:
       np.add.at(full, (n + np.arange(ne)[None, :], nodes[:, None]), -w[:, k])
     full[n + np.arange(ne), n + np.arange(ne)] += d
     full = full[:size, :size]
-    var = np.ones(mesh.num_elements, bool) if support is None else np.asarray(support, bool)
-    if var.shape != (mesh.num_elements,) or not var.any():
-      raise InputError(f"support must be a non-empty boolean mask of the {mesh.num_elements} "
-                       "elements")
+    var = _support_mask(mesh, support)
     tri = mesh.triangles
     fixed = np.flatnonzero(~var)
     np.add.at(full, (tri[fixed][:, :, None], tri[fixed][:, None, :]), sigma_bg * ke[fixed])
@@ -143,9 +181,7 @@ class CEM:
     self._ke = jnp.asarray(ke[var], self.dtype)
     self._rows = jnp.asarray(np.repeat(vt, 3, axis=1).reshape(-1), jnp.int32)
     self._cols = jnp.asarray(np.tile(vt, (1, 3)).reshape(-1), jnp.int32)
-    self._m = jnp.asarray(PROTOCOL.pairs.reshape(-1), jnp.int32)
-    self._m2 = jnp.asarray(PROTOCOL.second_electrodes().reshape(-1), jnp.int32)
-    self._k = jnp.asarray(np.repeat(np.arange(ne), PROTOCOL.per_injection), jnp.int32)
+    self._measure = _Measurements()
     self.num_unknowns = len(v_nodes)
 
   @property
@@ -160,10 +196,7 @@ class CEM:
   def electrode_potentials(self, sigma: jax.Array) -> jax.Array:
     """(16 electrodes, 16 injections) potentials for sigma (E,), electrode 15 grounded."""
     sigma = jnp.asarray(sigma, self.dtype)
-    factor = jax.lax.stop_gradient(jnp.linalg.cholesky(self.system_matrix(sigma)))
-    solve = lambda _, rhs: jax.scipy.linalg.cho_solve((factor, True), rhs)
-    x = jax.lax.custom_linear_solve(lambda v: self.system_matrix(sigma) @ v, self._rhs,
-                                    solve=solve, symmetric=True)
+    x = _spd_solve(lambda: self.system_matrix(sigma), self._rhs)
     u = self._elec_c - self._elec_t @ x
     return jnp.concatenate([u, jnp.zeros((1, NUM_ELECTRODES), u.dtype)], 0)
 
@@ -173,8 +206,7 @@ class CEM:
     if sigma.ndim > 1:
       flat = sigma.reshape(-1, sigma.shape[-1])
       return jax.vmap(self.voltages)(flat).reshape(*sigma.shape[:-1], -1)
-    u = self.electrode_potentials(sigma)
-    return u[self._m, self._k] - u[self._m2, self._k]
+    return self._measure(self.electrode_potentials(sigma))
 
 
 class VariableCEM:
@@ -192,21 +224,11 @@ class VariableCEM:
                current: float = CURRENT, dtype=jnp.float32, support: np.ndarray | None = None,
                sigma_bg: float = 1.0):
     self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
-    self.dtype = jnp.dtype(dtype)
-    if self.dtype == jnp.float64 and not jax.config.jax_enable_x64:
-      raise InputError("dtype float64 needs 64-bit JAX: run under `with jax.enable_x64(True):` "
-                       "or set JAX_ENABLE_X64=1")
+    self.dtype = _checked_dtype(dtype)
     self.num_electrodes = ne = 2 * NUM_ELECTRODES if passive else NUM_ELECTRODES
     n, tri = mesh.num_nodes, mesh.triangles
-    p = mesh.nodes[tri]
-    b = np.stack([p[:, 1, 1] - p[:, 2, 1], p[:, 2, 1] - p[:, 0, 1], p[:, 0, 1] - p[:, 1, 1]], 1)
-    c = np.stack([p[:, 2, 0] - p[:, 1, 0], p[:, 0, 0] - p[:, 2, 0], p[:, 1, 0] - p[:, 0, 0]], 1)
-    ke = (b[:, :, None] * b[:, None, :] + c[:, :, None] * c[:, None, :]) / (
-        4 * mesh.areas()[:, None, None])
-    var = np.ones(mesh.num_elements, bool) if support is None else np.asarray(support, bool)
-    if var.shape != (mesh.num_elements,) or not var.any():
-      raise InputError(f"support must be a non-empty boolean mask of the {mesh.num_elements} "
-                       "elements")
+    ke = element_stiffness(mesh)
+    var = _support_mask(mesh, support)
     g = boundary_geometry(mesh)
     keep = np.union1d(np.unique(tri[var]), g["i"])
     drop = np.setdiff1d(np.arange(n), keep)
@@ -237,9 +259,7 @@ class VariableCEM:
     self._cols = i32(np.tile(vt, (1, 3)).reshape(-1))
     self._theta, self._span, self._h = f(g["theta"]), f(g["span"]), f(g["h"])
     self._bi, self._bj, self._erow = i32(local[g["i"]]), i32(local[g["j"]]), i32(erow)
-    self._m = i32(PROTOCOL.pairs.reshape(-1))
-    self._m2 = i32(PROTOCOL.second_electrodes().reshape(-1))
-    self._k = i32(np.repeat(np.arange(NUM_ELECTRODES), PROTOCOL.per_injection))
+    self._measure = _Measurements()
     self.num_unknowns = size
 
   def system_matrix(self, sigma: jax.Array, system: dict[str, jax.Array]) -> jax.Array:
@@ -264,10 +284,7 @@ class VariableCEM:
     one system; apply the system's gain yourself (`cdeit_jax.eit.system`)."""
     sigma = jnp.asarray(sigma, self.dtype)
     system = {k: jnp.asarray(v, self.dtype) for k, v in system.items()}
-    mat = lambda v: self.system_matrix(sigma, system) @ v
-    factor = jax.lax.stop_gradient(jnp.linalg.cholesky(self.system_matrix(sigma, system)))
-    solve = lambda _, rhs: jax.scipy.linalg.cho_solve((factor, True), rhs)
-    x = jax.lax.custom_linear_solve(mat, self._rhs, solve=solve, symmetric=True)
+    x = _spd_solve(lambda: self.system_matrix(sigma, system), self._rhs)
     u = jnp.concatenate([x[self._erow[:NUM_ELECTRODES - 1]],
                          jnp.zeros((1, NUM_ELECTRODES), x.dtype)], 0)
-    return u[self._m, self._k] - u[self._m2, self._k]
+    return self._measure(u)
