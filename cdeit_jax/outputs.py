@@ -49,22 +49,32 @@ def _json_clean(tree):
 def write_outputs(out: str, result: dict, rows: list[dict], names: list[str], pred: np.ndarray,
                   target: np.ndarray, std: np.ndarray | None, samples: np.ndarray,
                   baselines: dict[str, np.ndarray], mat_scale: float, figure: bool) -> None:
+  publish(out, lambda staging: _write_all(staging, result, rows, names, pred, target, std,
+                                          samples, baselines, mat_scale, figure), OUTPUTS)
+
+
+def publish(out: str, write_all, known: tuple[str, ...]) -> list[str]:
+  """Call write_all(staging) (a fresh hidden folder in `out`; it returns the names it wrote, the
+  one that marks a complete set last in `known`), then replace `out`'s earlier outputs (every
+  name in `known`) with them: a failure before that leaves the earlier outputs whole and no
+  temporary file; a full disk is one line naming `out`. Returns the names written."""
   staging = fileio.join(out, f".staging-{os.getpid()}")
   fileio.makedirs(staging)
   try:
-    written = _write_all(staging, result, rows, names, pred, target, std, samples, baselines,
-                         mat_scale, figure)
+    written = write_all(staging)
   except BaseException as e:
-    fileio.remove_tree(staging)  # the previous evaluation stays as it was
+    fileio.remove_tree(staging)  # the previous outputs stay as they were
     if isinstance(e, OSError) and e.errno == errno.ENOSPC:
       raise fileio.no_space(out) from None
     raise
-  # publish: the old metrics.json goes first (the folder is incomplete until the new one lands)
-  for name in ("metrics.json", *[n for n in OUTPUTS if n not in written]):
+  # the old marker goes first (the folder is incomplete until the new one lands)
+  marker = known[-1]
+  for name in (marker, *[n for n in known if n not in written]):
     fileio.path(fileio.join(out, name)).unlink(missing_ok=True)
-  for name in sorted(written, key=lambda n: n == "metrics.json"):
+  for name in sorted(written, key=lambda n: n == marker):
     fileio.move(fileio.join(staging, name), fileio.join(out, name))
   fileio.remove_tree(staging)
+  return written
 
 
 def _write_all(out: str, result: dict, rows: list[dict], names: list[str], pred: np.ndarray,

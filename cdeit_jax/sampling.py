@@ -1,8 +1,10 @@
-"""The compiled sampler of eval.py (and of the ahead-of-time check): one jitted, batch-sharded
-function of (weights, cond, example indices, key), compiled for the largest batch that fits.
+"""The compiled sampler of `Reconstructor` (so of eval.py and the reconstruct command) and of the
+ahead-of-time check: one jitted, batch-sharded function of (weights, cond, example indices,
+sample indices, key), compiled per batch size.
 
-Each example's noise comes from fold_in(key, example index), so the reconstructions do not depend
-on the batch size or the number of devices or hosts.
+Row r's noise comes from fold_in(fold_in(key, sample[r]), index[r]), so a reconstruction does not
+depend on the batch it is in, the batch size, or the number of devices or hosts, and the K
+samples of an example may share a batch or not.
 """
 
 from __future__ import annotations
@@ -23,23 +25,24 @@ log = logs.log.getChild("eval")
 
 def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, mesh,
                  correction_graphdef=None):
-  """One compiled sampler: (weights, cond, example indices, key) -> images, batch-sharded.
+  """One jitted sampler: (weights, cond, example indices, sample indices, key) -> images,
+  batch-sharded.
 
   With `correction_graphdef` (of a `conditioning.DataConsistency`), `weights` is the pair
   (model state, correction state) and every step's x0 is made consistent with the data."""
 
-  def sample(weights, cond, index, key):
+  def sample(weights, cond, index, sample, key):
     correct = None
     if correction_graphdef is not None:
       weights, correction = weights
       correct = nnx.merge(correction_graphdef, correction)
     model = nnx.merge(graphdef, weights)
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
+    keys = jax.vmap(lambda k, i: jax.random.fold_in(jax.random.fold_in(key, k), i))(sample, index)
     return diffusion.sample_fn(model, cond, steps=steps, eta=eta, key=keys, shape=shape,
                                correct=correct)
 
   b = shd.batch_sharded(mesh)
-  return jax.jit(sample, in_shardings=(shd.replicated(mesh), b, b, shd.replicated(mesh)),
+  return jax.jit(sample, in_shardings=(shd.replicated(mesh), b, b, b, shd.replicated(mesh)),
                  out_shardings=b)
 
 
@@ -60,15 +63,11 @@ def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int |
     most = max(1, -(-num_examples // n))
     candidates = sorted({min(b, most) for b in (8, 4, 2, 1)}, reverse=True)
   budget, sharing = dm.budget(jax.local_devices()[0])
-  key = jax.eval_shape(lambda: jax.random.key(0))
   compiled = None
   for per_device in candidates:
     g = per_device * n
-    cond = jax.ShapeDtypeStruct((g, cond_size, cond_size, 1), jnp.float32)
-    index = jax.ShapeDtypeStruct((g,), jnp.int32)
     try:
-      with jax.set_mesh(mesh):
-        compiled = sampler.lower(weights, cond, index, key).compile()
+      compiled = compile_batch(sampler, weights, mesh, g, cond_size)
     except jax.errors.JaxRuntimeError as e:  # the compiler itself refuses what cannot fit (TPU)
       if batch_size is not None or per_device == 1 or not dm.is_out_of_memory(e):
         raise
@@ -82,6 +81,15 @@ def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int |
              f"{budget / 2 ** 30:.1f} GiB available; trying a smaller batch")
   log.warning(f"sampler: even batch {n} may not fit the available memory; trying it anyway")
   return compiled, n
+
+
+def compile_batch(sampler, weights, mesh, global_batch: int, cond_size: int = 16):
+  """`sampler` compiled for one global batch size."""
+  cond = jax.ShapeDtypeStruct((global_batch, cond_size, cond_size, 1), jnp.float32)
+  index = jax.ShapeDtypeStruct((global_batch,), jnp.int32)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  with jax.set_mesh(mesh):
+    return sampler.lower(weights, cond, index, index, key).compile()
 
 
 def gather(x: jax.Array) -> np.ndarray:

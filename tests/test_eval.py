@@ -16,7 +16,7 @@ from conftest import FIXTURES, finish, two_processes
 from flax import nnx
 
 from cdeit_jax import checkpoint, config_lib, convert, device_memory, evaluate, metrics, outputs
-from cdeit_jax import sampling, stats
+from cdeit_jax import reconstructor, sampling, stats
 from cdeit_jax.eit.phantom import disk_mask
 from cdeit_jax.model import CDEIT
 
@@ -235,7 +235,7 @@ def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_
 @pytest.mark.parametrize("key, value", [("sampling.eta", float("nan")), ("sampling.eta", 1.5)])
 def test_sampler_settings_out_of_range_are_named(key, value):
   with pytest.raises(ValueError, match=f"--config.{key}={value!r}: must be in \\[0, 1\\]"):
-    evaluate.settings({"model": {}}, {key: value})
+    reconstructor.settings({"model": {}}, {key: value})
 
 
 def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):

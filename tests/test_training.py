@@ -493,18 +493,18 @@ def test_a_workdir_named_by_digits_is_a_workdir_not_a_step(tmp_path, straight_ru
   `.../checkpoints/<digits>` is one step."""
   import shutil
 
-  from cdeit_jax import evaluate
+  from cdeit_jax import reconstructor
   ranked = checkpoint.ranked_steps(str(straight_run))
   latest = max(checkpoint.all_steps(str(straight_run)))
   for name in ("2024", "r2024"):
     wd = tmp_path / "runs" / name
     shutil.copytree(straight_run, wd, ignore=shutil.ignore_patterns("lock"))
     assert checkpoint.step_folder(str(wd)) is None
-    order = evaluate._candidates(str(wd), str(wd), None)
+    order = reconstructor.candidates(str(wd), str(wd), None)
     assert order[:len(ranked)] == ranked and sorted(order) == checkpoint.all_steps(str(wd))
     step_dir = wd / "checkpoints" / str(latest)
     assert checkpoint.step_folder(str(step_dir)) == latest
-    assert evaluate._candidates(str(wd), str(step_dir), None) == [latest]
+    assert reconstructor.candidates(str(wd), str(step_dir), None) == [latest]
 
 
 def test_eval_uses_the_best_intact_step(tmp_path, straight_run, caplog):

@@ -1,0 +1,160 @@
+"""Reconstruct a device's voltage frames into images.
+
+  python -m cdeit_jax.reconstruct --workdir RUN --frames F --out O --preset uef2017
+  python -m cdeit_jax.reconstruct --workdir RUN --frames F --out O --reference_row 0 \\
+      --voltage_ratio 1040.856 --current_ratio 2 --config.sampling.num_samples=8
+
+F: `.npy`, `.npz`, `.mat` or `.csv`, frames as rows (N, 208) in the protocol's order
+(`cdeit_jax.frames`). They are difference voltages, or frames with a reference frame (the
+file's `reference`, --reference FILE or --reference_row K): dv = v - v_ref. Writes
+O/frames.npz (`images`, `std` for K > 1), O/frames.mat, O/montage.png and O/frames.gif.
+Row i is sampled as eval.py samples example i: the same voltages, seed and settings give
+eval.py's `pred`. The sampling settings are eval.py's (--config.sampling.*, --config.eval.weights,
+--config.model.dtype, ...).
+"""
+
+import sys
+
+if __name__ == "__main__":
+  from cdeit_jax import cpu_tuning
+  cpu_tuning.apply()  # before jax starts (may re-execute this command once)
+
+from absl import flags
+from ml_collections import config_flags
+
+from cdeit_jax import cli, config_lib
+
+try:
+  config_flags.DEFINE_config_dict(
+      "config", config_lib.default_config(), "settings: the checkpoint's config, changed with "
+      "--config.sampling.num_samples=8, --config.sampling.steps=3, ...", lock_config=True)
+except (KeyError, AttributeError) as e:  # an unknown --config.KEY on the command line
+  cli.unknown_config_key(sys.argv, e)
+flags.DEFINE_string("workdir", None, "a run directory (local or gs://): its best validated "
+                    "checkpoint, else the latest; or one RUN/checkpoints/STEP")
+flags.DEFINE_string("frames", None, "frames file: .npy, .npz, .mat or .csv, rows of 208 voltages")
+flags.DEFINE_string("out", None, "output folder")
+flags.DEFINE_string("preset", "simulated", "the device's units: simulated, uef2017, ktc2023 "
+                    "(or give --voltage_ratio and --current_ratio)")
+flags.DEFINE_float("voltage_ratio", None, "measured / simulated voltage units (overrides the "
+                   "preset's)")
+flags.DEFINE_float("current_ratio", None, "measured / simulated current units (overrides the "
+                   "preset's)")
+flags.DEFINE_string("reference", None, "a file with the reference frame (one row of 208): the "
+                    "images are of frames minus it")
+flags.DEFINE_integer("reference_row", None, "the frames file's row that is the reference frame")
+flags.DEFINE_boolean("skip_bad_frames", False, "image the other frames when some hold NaN or "
+                     "infinite voltages (they are listed, their images NaN); default: refuse")
+flags.DEFINE_integer("chunk", 256, "frames reconstructed per call (memory stays flat)")
+flags.DEFINE_float("fps", 10.0, "frames per second of the GIF")
+flags.DEFINE_boolean("figures", True, "write montage.png and frames.gif")
+cli.define_cluster_flags()
+cli.define_cache_flag()
+flags.mark_flags_as_required(["workdir", "frames", "out"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  cli.init_distributed()
+  import time
+
+  import numpy as np
+  from tqdm import tqdm
+
+  from cdeit_jax import compile_cache, fileio, frames, logs
+  from cdeit_jax.errors import InputError
+  from cdeit_jax.reconstructor import Reconstructor
+
+  t_start = time.perf_counter()
+  overrides = dict(config_flags.get_override_values(FLAGS["config"]))
+  if FLAGS.chunk < 1:
+    raise InputError(f"--chunk={FLAGS.chunk}: must be >= 1")
+  if not FLAGS.fps > 0:
+    raise InputError(f"--fps={FLAGS.fps}: must be > 0")
+  fileio.writable_folder(FLAGS.out, "--out")
+  v, reference, targets = frames.read(FLAGS.frames)
+  where = FLAGS.frames
+  if FLAGS.reference is not None:
+    if reference is not None:
+      raise InputError(f"--reference {FLAGS.reference}: {FLAGS.frames} holds a reference frame "
+                       "already; give one of them")
+    ref = frames.read(FLAGS.reference)[0]
+    if len(ref) != 1:
+      raise InputError(f"--reference {FLAGS.reference}: holds {len(ref)} frames; give one")
+    reference = ref[0]
+  if FLAGS.reference_row is not None:
+    if reference is not None:
+      raise InputError("--reference_row: a reference frame is given already (the file's "
+                       "`reference` or --reference); give one")
+    if not 0 <= FLAGS.reference_row < len(v):
+      raise InputError(f"--reference_row={FLAGS.reference_row}: {FLAGS.frames} has rows 0 to "
+                       f"{len(v) - 1}")
+    reference = v[FLAGS.reference_row]
+
+  t0 = time.perf_counter()
+  with compile_cache.Watch() as cache:
+    rec = Reconstructor.from_workdir(FLAGS.workdir, preset=FLAGS.preset,
+                                     voltage_ratio=FLAGS.voltage_ratio,
+                                     current_ratio=FLAGS.current_ratio, overrides=overrides)
+  dv = rec.difference(frames=v, reference=reference, where=where)
+  ok = rec.check_frames(dv, where, skip_bad=FLAGS.skip_bad_frames)
+  # Calls of at most --chunk consecutive rows; each row's example index is its row number (its
+  # noise is its own, whatever the chunking)
+  calls = [run for lo in range(0, len(ok), FLAGS.chunk) for run in _runs(ok[lo:lo + FLAGS.chunk])]
+  for size in {len(run) for run in calls}:
+    rec.prepare(size * rec.num_samples)  # timing starts after compilation
+  setup_s = time.perf_counter() - t0
+  skipped = np.setdiff1d(np.arange(len(dv)), ok)
+  if len(skipped):
+    logs.log.warning(f"{where}: skipping {len(skipped)} rows with NaN or infinite voltages "
+                     f"(their images are NaN): {', '.join(map(str, skipped[:20]))}"
+                     f"{' ...' if len(skipped) > 20 else ''}")
+  k = rec.num_samples
+  n = len(dv)
+  images = np.full((n, *rec.shape[:2]), np.nan, np.float32)
+  std = np.full_like(images, np.nan) if k > 1 else None
+  logs.log.info(f"{rec!r} from {rec.checkpoint}: ready in {setup_s:.1f} s "
+                f"({'compilation cache' if cache.hit else 'compiled'}); {len(ok)} frames")
+  bar = tqdm(total=len(ok), desc="reconstructing", unit="frame", file=sys.stderr,
+             mininterval=0.5, disable=None)
+  t0 = time.perf_counter()
+  for run in calls:
+    r = rec.reconstruct(dv[run], first_index=int(run[0]), progress=lambda m: bar.update(m / k))
+    images[run] = r.images
+    if std is not None:
+      std[run] = r.std
+  sample_s = time.perf_counter() - t0
+  bar.close()
+  info = {"checkpoint": rec.checkpoint, "frames": fileio.resolve(FLAGS.frames),
+          "preset": rec.preset, "voltage_ratio": rec.voltage_ratio,
+          "current_ratio": rec.current_ratio, "reference": "given" if reference is not None
+          else "none (difference voltages)", "sampling_steps": rec.steps, "eta": rec.eta,
+          "num_samples": k, "seed": rec.seed, "uncertainty_scale": rec.uncertainty_scale}
+  if jax_primary():
+    written = frames.write(FLAGS.out, images, std, np.arange(n), skipped,
+                           rec.current_ratio / rec.voltage_ratio, info, fps=FLAGS.fps,
+                           figures=FLAGS.figures, targets=targets)
+  else:
+    written = []
+  rate = len(ok) / sample_s
+  print(f"reconstructed {len(ok)} frames ({k} sample{'s' if k > 1 else ''} each, {rec.steps} "
+        f"steps) in {sample_s:.2f} s: {rate:.1f} frames/s after {setup_s:.1f} s of loading and "
+        f"compilation ({time.perf_counter() - t_start:.1f} s in all); "
+        f"{', '.join(written) or 'nothing'} in {FLAGS.out}")
+
+
+def jax_primary() -> bool:
+  import jax
+  return jax.process_index() == 0
+
+
+def _runs(rows):
+  """`rows` (sorted) cut into runs of consecutive numbers."""
+  import numpy as np
+  cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+  return np.split(rows, cuts)
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,103 @@
+"""A simulated time series of voltage frames, as a device would record it (`make moving-demo`).
+
+  python -m cdeit_jax.sequence --out runs/moving.npz [--num_frames 90] [--snr_db 40]
+
+Two lung-like regions (resistive ellipses left and right) fill and empty, and a conductive disc
+travels once around the tank along the wall, then across the centre. Each frame is the absolute
+voltage vector of the nominal simulated system (`eit.default_simulator`, simulation units:
+preset `simulated`) with white noise at `snr_db`; the reference frame is the empty tank's, with
+its own noise. Writes an npz with `frames` (N, 208), `reference` (208,) and `targets`
+(N, 128, 128), the true label images, which `python -m cdeit_jax.reconstruct` reads as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from cdeit_jax.eit.spec import KINDS, MAX_INCLUSIONS, ROW
+
+LUNG = -0.6      # label (log10 conductivity ratio) of a full lung region
+OBJECT = 0.8     # label of the travelling conductive disc
+BREATH = 30      # frames per breath
+
+
+def phantoms(num_frames: int) -> np.ndarray:
+  """(num_frames, MAX_INCLUSIONS, ROW) phantom parameters of the sequence
+  ([active, kind, cx, cy, a, b, angle, label, p] per inclusion, `eit.phantom`)."""
+  out = np.zeros((num_frames, MAX_INCLUSIONS, ROW))
+  t = np.arange(num_frames)
+  fill = LUNG * (1 - np.cos(2 * np.pi * t / BREATH)) / 2
+  ellipse, disc = KINDS.index("ellipse"), KINDS.index("disc")
+  for i, cx in enumerate((-0.38, 0.38)):   # semi-axes 0.2 across, 0.34 along y
+    out[:, i] = np.stack([np.ones_like(fill), np.full_like(fill, ellipse), np.full_like(fill, cx),
+                          np.full_like(fill, 0.05), np.full_like(fill, 0.2),
+                          np.full_like(fill, 0.34), np.zeros_like(fill), fill,
+                          np.zeros_like(fill)], -1)
+  around = int(round(num_frames * 2 / 3))  # once around the wall, then across the centre
+  phi = -np.pi / 2 + 2 * np.pi * np.arange(around) / max(around, 1)
+  path = np.concatenate([np.stack([0.78 * np.cos(phi), 0.78 * np.sin(phi)], -1),
+                         np.stack([np.zeros(num_frames - around),
+                                   np.linspace(-0.78, 0.78, num_frames - around)], -1)])
+  out[:, 2, :2] = (1, disc)
+  out[:, 2, 2:4] = path
+  out[:, 2, 4] = 0.12
+  out[:, 2, 7] = OBJECT
+  return out
+
+
+def simulate(num_frames: int = 90, snr_db: float | None = 40.0, seed: int = 0
+             ) -> dict[str, np.ndarray]:
+  """{'frames' (N, 208), 'reference' (208,), 'targets' (N, 128, 128)} of the sequence."""
+  import jax
+
+  from cdeit_jax import eit
+  from cdeit_jax.eit import phantom as ph
+  sim = eit.default_simulator("float64" if jax.config.jax_enable_x64 else "float32")
+  params = phantoms(num_frames)
+  frames = np.asarray(jax.jit(lambda p: sim.cem.voltages(sim.phantom_conductivity(p)))(params))
+  reference = np.asarray(sim.vh)
+  if snr_db is not None:
+    key = jax.random.key(seed)
+    frames = np.asarray(eit.add_noise(frames, snr_db, jax.random.fold_in(key, 0)))
+    reference = np.asarray(eit.add_noise(reference, snr_db, jax.random.fold_in(key, 1)))
+  targets = np.asarray(jax.jit(jax.vmap(ph.render_image))(params))
+  return {"frames": frames.astype(np.float64), "reference": reference.astype(np.float64),
+          "targets": targets.astype(np.float32)}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  p = argparse.ArgumentParser(prog="python -m cdeit_jax.sequence", description=__doc__.split(
+      "\n\n")[0])
+  p.add_argument("--out", required=True, help="the npz file to write")
+  p.add_argument("--num_frames", type=int, default=90)
+  p.add_argument("--snr_db", type=float, default=40.0, help="noise (dB); inf: none")
+  p.add_argument("--seed", type=int, default=0)
+  a = p.parse_args(argv)
+  if a.num_frames < 3:
+    p.error(f"--num_frames={a.num_frames}: must be >= 3")
+  if np.isnan(a.snr_db):
+    p.error("--snr_db=nan: give a number of dB (inf: no noise)")
+  from cdeit_jax import fileio
+  from cdeit_jax.errors import InputError
+  try:
+    fileio.writable_folder(fileio.dirname(fileio.resolve(a.out)), "--out")
+  except InputError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+  seq = simulate(a.num_frames, None if np.isinf(a.snr_db) else a.snr_db, a.seed)
+
+  def write(path):
+    with open(path, "wb") as fh:
+      np.savez(fh, **seq)
+
+  fileio.atomic_write(a.out, write)
+  print(f"wrote {a.out}: {a.num_frames} frames of {seq['frames'].shape[1]} voltages, a "
+        "reference frame (the empty tank) and the true images")
+
+
+if __name__ == "__main__":
+  main()
