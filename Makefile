@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo train-test bench clean
+.PHONY: install test demo demo-model moving-demo train-test bench clean
 
 install: $(BIN)/.installed
 
@@ -26,14 +26,8 @@ DEMO_DATA ?= $(HOME)/.cache/cdeit-jax/demo-sim-v3
 DEMO_FOREIGN ?= $(HOME)/.cache/cdeit-jax/demo-foreign-v1
 DEMO_RUN ?= runs/demo
 DEMO_EVAL = --config.eval.tikhonov=True --config.sampling.num_samples=8
-demo: install
+demo: demo-model
 	@start=$$(date +%s) && \
-	$(BIN)/python -m cdeit_jax.simulate --out $(DEMO_DATA) --num_train 3000 --num_valid 64 \
-	  --num_test 64 --tr_splits valid,test && \
-	$(BIN)/python -m cdeit_jax.simulate --config configs/foreign.py --out $(DEMO_FOREIGN) \
-	  --num_test 64 && \
-	$(BIN)/python train.py --config configs/demo.py --workdir $(DEMO_RUN) \
-	  --config.data.path=$(DEMO_DATA) && \
 	$(BIN)/python eval.py --workdir $(DEMO_RUN) --data simulated --data_path $(DEMO_DATA)/valid \
 	  --out $(DEMO_RUN)/eval_valid $(DEMO_EVAL) --config.eval.fit_uncertainty=True \
 	  --config.eval.figure=False && \
@@ -45,13 +39,39 @@ demo: install
 	  --out $(DEMO_RUN)/eval_uef2017 $(DEMO_EVAL) && \
 	$(BIN)/python -m cdeit_jax.report $(DEMO_RUN)/eval_simulated $(DEMO_RUN)/eval_foreign \
 	  $(DEMO_RUN)/eval_uef2017 && \
-	echo "make demo: $$(( $$(date +%s) - start )) s (figures: $(DEMO_RUN)/eval_*/reconstructions.png)"
+	echo "make demo: evaluations $$(( $$(date +%s) - start )) s (figures: $(DEMO_RUN)/eval_*/reconstructions.png)"
+
+# The demo model: its training set (cached), the foreign system's test set, the training run
+# (rerunning resumes, or finds it finished).
+demo-model: install
+	@start=$$(date +%s) && \
+	$(BIN)/python -m cdeit_jax.simulate --out $(DEMO_DATA) --num_train 3000 --num_valid 64 \
+	  --num_test 64 --tr_splits valid,test && \
+	$(BIN)/python -m cdeit_jax.simulate --config configs/foreign.py --out $(DEMO_FOREIGN) \
+	  --num_test 64 && \
+	$(BIN)/python train.py --config configs/demo.py --workdir $(DEMO_RUN) \
+	  --config.data.path=$(DEMO_DATA) && \
+	echo "make demo-model: $$(( $$(date +%s) - start )) s"
+
+# A moving sequence as a device records it (a reference frame, then 90 frames: two lung-like
+# regions filling and emptying, a conductive disc going round the wall and across the centre),
+# reconstructed by the demo model (trained first if there is none) into frames.npz/.mat, a
+# montage and the GIF shown in the README (docs/moving_demo.gif).
+MOVING ?= $(DEMO_RUN)/moving
+moving-demo: install
+	@test -d $(DEMO_RUN)/checkpoints || $(MAKE) demo-model
+	$(BIN)/python -m cdeit_jax.sequence --out $(MOVING)/sequence.npz
+	$(BIN)/python -m cdeit_jax.reconstruct --workdir $(DEMO_RUN) --frames $(MOVING)/sequence.npz \
+	  --out $(MOVING) --config.sampling.num_samples=4
+	@echo "make moving-demo: $(MOVING)/frames.gif, $(MOVING)/montage.png"
 
 train-test: install
 	$(BIN)/python train.py --config configs/test.py --workdir runs/test
 
 bench: install
 	$(BIN)/python bench/bench_model.py
+	@test -d $(DEMO_RUN)/checkpoints && $(BIN)/python bench/bench_reconstruct.py \
+	  --workdir $(DEMO_RUN) --skip-published || echo "bench_reconstruct: make demo-model first"
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -325,8 +325,9 @@ class Reconstructor:
         if bad.any():
           raise InputError(f"{where}: the reference frame holds NaN or infinite voltages (at "
                            f"measurements {_listed(np.flatnonzero(bad))}); give a finite one")
-        dv = (np.asarray(frames, np.float64).reshape(dv.shape) - ref.astype(np.float64)
-              ).astype(np.float32)
+        # in float64: frames and reference are large beside their difference
+        dv = (np.asarray(frames, np.float64).reshape(dv.shape) -
+              np.asarray(reference, np.float64).reshape(1, -1)).astype(np.float32)
     return dv
 
   def check_frames(self, dv: np.ndarray, where: str = "voltages", skip_bad: bool = False

@@ -163,6 +163,26 @@ def straight_run(tmp_path_factory):
   return wd
 
 
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+  """The test config's model with random non-zero weights (a fresh model predicts exactly 0),
+  saved as an inference checkpoint (step 7) with the authors' statistics."""
+  import jax
+  from flax import nnx
+
+  from cdeit_jax import checkpoint, config_lib, stats
+  from cdeit_jax.model import CDEIT
+  wd = tmp_path_factory.mktemp("tiny_run")
+  cfg = config_lib.load(str(REPO / "configs" / "test.py"))
+  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  rng = np.random.default_rng(3)
+  state = jax.tree.map(lambda a: a + 0.05 * rng.standard_normal(a.shape).astype(np.float32), state)
+  mean, std = stats.authors_stats()
+  checkpoint.save_inference(str(wd), nnx.merge(graphdef, state), cfg, mean=mean, std=std, step=7)
+  return str(wd)
+
+
 def final_state(workdir, cfg, devices=None):
   """(step, state leaves, data iterator position) of the latest checkpoint of `workdir` (a
   folder or gs:// URL), restored onto `devices`."""

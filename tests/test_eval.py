@@ -15,8 +15,8 @@ import scipy.io
 from conftest import FIXTURES, finish, two_processes
 from flax import nnx
 
-from cdeit_jax import checkpoint, config_lib, convert, device_memory, evaluate, metrics, outputs
-from cdeit_jax import reconstructor, sampling, stats
+from cdeit_jax import config_lib, convert, device_memory, evaluate, metrics, outputs
+from cdeit_jax import reconstructor, sampling
 from cdeit_jax.eit.phantom import disk_mask
 from cdeit_jax.model import CDEIT
 
@@ -103,20 +103,6 @@ def fixture_run(tmp_path_factory):
   cfg = config_lib.default_config()
   cfg.model.hidden_size = 64
   convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(wd))
-  return str(wd)
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-  """The test config's model with random non-zero weights (a fresh model predicts exactly 0)."""
-  wd = tmp_path_factory.mktemp("tiny_run")
-  cfg = config_lib.load(str(REPO / "configs" / "test.py"))
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
-  graphdef, state = nnx.split(model)
-  rng = np.random.default_rng(3)
-  state = jax.tree.map(lambda a: a + 0.05 * rng.standard_normal(a.shape).astype(np.float32), state)
-  mean, std = stats.authors_stats()
-  checkpoint.save_inference(str(wd), nnx.merge(graphdef, state), cfg, mean=mean, std=std, step=7)
   return str(wd)
 
 

@@ -1,0 +1,204 @@
+"""The Reconstructor API and `python -m cdeit_jax.reconstruct`: eval.py's predictions for the same
+voltages, frames files in every format with and without a reference frame, bucketed compilation,
+bad frames files named by file and row."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.io
+
+from cdeit_jax import evaluate, files, frames, measurement, sampling, sequence
+from cdeit_jax.errors import InputError
+from cdeit_jax.reconstructor import Reconstructor
+
+REPO = pathlib.Path(__file__).parent.parent
+UEF = REPO / "data" / "uef2017"
+SETTINGS = {"sampling.seed": 3, "sampling.num_samples": 2}
+
+
+@pytest.fixture(scope="module")
+def uef_ys():
+  """The first 6 UEF2017 cases' voltages (device units), in eval.py's file order."""
+  names = files.list_files(str(UEF))[:6]
+  return np.stack([np.load(UEF / n)["ys"].reshape(-1) for n in names])
+
+
+@pytest.fixture(scope="module")
+def evaluated(tiny_run, uef_ys, tmp_path_factory):
+  """eval.py's predictions of those 6 cases (8 devices, 2 samples)."""
+  out = tmp_path_factory.mktemp("eval")
+  evaluate.evaluate(tiny_run, "uef2017", str(UEF), str(out), {
+      **SETTINGS, "eval.figure": False, "eval.max_examples": 6})
+  z = np.load(out / "predictions.npz")
+  return z["pred"][..., 0], z["std"][..., 0]
+
+
+@pytest.fixture(scope="module")
+def rec(tiny_run):
+  return Reconstructor.from_workdir(tiny_run, preset="uef2017", overrides=SETTINGS)
+
+
+def test_api_gives_eval_predictions_with_and_without_a_reference(rec, uef_ys, evaluated):
+  pred, std = evaluated
+  r = rec.reconstruct(uef_ys)
+  assert r.images.shape == (6, 128, 128) and r.std.shape == (6, 128, 128)
+  np.testing.assert_allclose(r.images, pred, atol=1e-6, rtol=0)
+  np.testing.assert_allclose(r.std, std, atol=1e-6, rtol=0)
+  assert r.images.std() > 1e-3  # not a trivially equal pair of zeros
+  # time-difference: absolute frames and a reference frame in the device's units
+  reference = np.random.default_rng(0).uniform(0.5, 2.0, 208)
+  r = rec.reconstruct(frames=uef_ys + reference, reference=reference)
+  np.testing.assert_allclose(r.images, pred, atol=1e-6, rtol=0)
+  # a frame's reconstruction does not depend on the batch it is in (row i is example i)
+  one = rec.reconstruct(uef_ys[4], first_index=4, num_samples=2)
+  np.testing.assert_allclose(one.images[0], pred[4], atol=1e-6, rtol=0)
+
+
+def test_a_stream_of_varying_batches_compiles_each_bucket_once(tiny_run, uef_ys, monkeypatch):
+  """8 devices: buckets 8, 16, 32, 64 (the largest, compiled when the API is built); batches of
+  1, 3, 8, 5, 17, 2, 30 frames pad to 8 or 32, each compiled once."""
+  compiled = []
+  real = sampling.compile_batch
+  monkeypatch.setattr(sampling, "compile_batch",
+                      lambda *a, **k: compiled.append(a[3]) or real(*a, **k))
+  r = Reconstructor.from_workdir(tiny_run, preset="uef2017",
+                                 overrides={"sampling.num_samples": 1})
+  assert r.buckets == [8, 16, 32, 64] and compiled == [64]
+  dv = np.concatenate([uef_ys] * 6)
+  at = 0
+  out = []
+  for n in (1, 3, 8, 5, 17, 2):
+    out.append(r.reconstruct(dv[at:at + n], first_index=at).images)
+    at += n
+  assert sorted(compiled) == [8, 32, 64] and r.compiled_buckets == [8, 32, 64]
+  whole = r.reconstruct(dv[:at]).images  # one batch of 36 -> 64: same images
+  np.testing.assert_allclose(np.concatenate(out), whole, atol=1e-6, rtol=0)
+  assert sorted(compiled) == [8, 32, 64]
+
+
+def _write(path: pathlib.Path, frames_: np.ndarray, reference=None) -> str:
+  if path.suffix == ".npy":
+    np.save(path, frames_)
+  elif path.suffix == ".mat":  # EIDORS keeps frames as columns
+    scipy.io.savemat(path, {"vv": frames_.T} if reference is None else
+                     {"frames": frames_.T, "reference": reference})
+  elif path.suffix == ".csv":
+    header = ",".join(f"m{i}" for i in range(frames_.shape[1]))
+    np.savetxt(path, frames_, delimiter=",", header=header, comments="")
+  return str(path)
+
+
+def test_frames_files_read_alike(tmp_path, uef_ys):
+  """.npy, .npz, .mat (columns) and .csv (with a header) give the same frames; the reference
+  frame is read from the file."""
+  ref = np.linspace(1, 2, 208)
+  for suffix in (".npy", ".mat", ".csv"):
+    v, r, t = frames.read(_write(tmp_path / f"f{suffix}", uef_ys))
+    np.testing.assert_allclose(v, uef_ys, rtol=1e-15 if suffix != ".csv" else 1e-9)
+    assert r is None and t is None
+  v, r, _ = frames.read(_write(tmp_path / "g.mat", uef_ys, ref))
+  np.testing.assert_allclose(r, ref)
+  np.savez(tmp_path / "h.npz", frames=uef_ys, reference=ref)
+  v, r, _ = frames.read(str(tmp_path / "h.npz"))
+  np.testing.assert_array_equal(v, uef_ys)
+  np.testing.assert_array_equal(r, ref)
+
+
+def _cli(*args):
+  return subprocess.run([sys.executable, "-m", "cdeit_jax.reconstruct", *args],
+                        capture_output=True, text=True, cwd=REPO, env=dict(os.environ))
+
+
+def test_command_gives_eval_predictions_from_mat_and_csv(tiny_run, uef_ys, evaluated, tmp_path):
+  """A .mat of frames with the file's reference frame, and a .csv of difference voltages (K = 2,
+  the seed of eval.py): frames.npz `images` and `std` are eval.py's `pred` and `std`; the
+  outputs are all written, the .mat in the device's conductivity units."""
+  pred, std = evaluated
+  reference = np.random.default_rng(1).uniform(0.5, 2.0, 208)
+  mat = _write(tmp_path / "f.mat", uef_ys + reference, reference)
+  csv = _write(tmp_path / "f.csv", uef_ys)
+  flags = ["--workdir", tiny_run, "--preset", "uef2017", "--config.sampling.seed=3",
+           "--config.sampling.num_samples=2"]
+  for name, path in (("mat", mat), ("csv", csv)):
+    r = _cli(*flags, "--frames", path, "--out", str(tmp_path / name))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "reconstructed 6 frames (2 samples each" in r.stdout and "frames/s" in r.stdout
+    z = np.load(tmp_path / name / "frames.npz")
+    np.testing.assert_allclose(z["images"], pred, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(z["std"], std, atol=1e-6, rtol=0)
+    assert sorted(os.listdir(tmp_path / name)) == sorted(frames.OUTPUTS)
+  m = scipy.io.loadmat(tmp_path / "mat" / "frames.mat")
+  np.testing.assert_allclose(m["images"], pred * 2 / 1040.856, rtol=1e-5, atol=1e-9)
+
+
+def test_bad_frames_are_named_by_file_and_row(rec, uef_ys, tmp_path):
+  bad = tmp_path / "bad.csv"
+  np.savetxt(bad, uef_ys[:, :207], delimiter=",")
+  with pytest.raises(InputError, match=r"bad.csv: frames must be rows of 208 voltages .* got "
+                     r"shape \(6, 207\)"):
+    frames.read(str(bad))
+  np.save(tmp_path / "empty.npy", np.zeros((0, 208)))
+  with pytest.raises(InputError, match="empty.npy: no frames"):
+    frames.read(str(tmp_path / "empty.npy"))
+  (tmp_path / "text.npz").write_text("not a zip")
+  with pytest.raises(InputError, match="text.npz: not a readable .npz"):
+    frames.read(str(tmp_path / "text.npz"))
+  (tmp_path / "words.csv").write_text("a,b\n1,x\n")
+  with pytest.raises(InputError, match="words.csv: not a table of numbers"):
+    frames.read(str(tmp_path / "words.csv"))
+  with pytest.raises(InputError, match="f.dat: frames files are"):
+    frames.read(str(tmp_path / "f.dat"))
+  nan = uef_ys.copy()
+  nan[[1, 4], 7] = np.nan
+  nan[4, 9] = np.inf
+  with pytest.raises(InputError, match=r"F: rows 1, 4 hold NaN or infinite voltages"):
+    rec.check_frames(nan, "F")
+  np.testing.assert_array_equal(rec.check_frames(nan, "F", skip_bad=True), [0, 2, 3, 5])
+  # absolute voltages (no reference frame), or simulation units under the tank's preset
+  with pytest.raises(InputError, match=r"F: rows 0, 1, 2, 3, 4, 5 are ~.* standard deviations"):
+    rec.check_frames(uef_ys / 1040.856 + 5.0, "F")
+  with pytest.raises(InputError, match="reference frame holds NaN"):
+    rec.difference(frames=uef_ys, reference=np.full(208, np.nan))
+
+
+def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef_ys, tmp_path):
+  nan = uef_ys.copy()
+  nan[2, 0] = np.nan
+  path = _write(tmp_path / "nan.npy", nan)
+  flags = ["--workdir", tiny_run, "--preset", "uef2017", "--frames", path, "--figures=false"]
+  r = _cli(*flags, "--out", str(tmp_path / "o"))
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert f"error: {path}: rows 2 hold NaN or infinite voltages" in r.stderr
+  r = _cli(*flags, "--out", str(tmp_path / "o"), "--skip_bad_frames")
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "skipping 1 rows with NaN or infinite voltages (their images are NaN): 2" in r.stderr
+  z = np.load(tmp_path / "o" / "frames.npz")
+  assert np.isnan(z["images"][2]).all() and np.isfinite(z["images"][[0, 1, 3, 4, 5]]).all()
+  assert z["skipped"].tolist() == [2]
+
+
+def test_moving_sequence_is_the_simulators_voltages_of_its_phantoms():
+  """The demo sequence: frames minus the reference are the simulator's difference voltages of
+  the same phantoms (noise-free), the true images are those phantoms rendered."""
+  import jax
+
+  from cdeit_jax import eit
+  from cdeit_jax.eit import phantom as ph
+  seq = sequence.simulate(16, snr_db=None)
+  params = sequence.phantoms(16)
+  sim = eit.default_simulator()
+  dv = np.asarray(sim.phantom_voltages(params))
+  np.testing.assert_allclose(seq["frames"] - seq["reference"], dv, atol=1e-6 * np.abs(dv).max())
+  assert np.abs(dv).max() > 1e-5
+  np.testing.assert_allclose(seq["targets"], np.asarray(jax.vmap(ph.render_image)(params)))
+  # the lungs are empty at frame 0 and full half a breath later; the disc moves along the wall
+  assert seq["targets"][0].min() == 0 and seq["targets"][0].max() > 0.7
+  assert np.isclose(params[0, 0, 7], 0) and np.isclose(params[sequence.BREATH // 2, 0, 7],
+                                                       sequence.LUNG)
+  radius = np.hypot(params[:8, 2, 2], params[:8, 2, 3])
+  np.testing.assert_allclose(radius, 0.78)
+  assert measurement.NUM_MEASUREMENTS == seq["frames"].shape[1]
