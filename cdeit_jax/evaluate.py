@@ -8,6 +8,7 @@ reconstructions do not depend on the batch size or the number of devices or host
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -24,6 +25,8 @@ from cdeit_jax import sharding as shd
 from cdeit_jax.errors import InputError
 
 log = logs.log.getChild("eval")
+CHUNK = 64  # examples sampled, scored and written at a time (about 32 MB at K = 8)
+assert CHUNK >= outputs.SHOWN
 
 
 def check_scale(src, preset: str, limit: int = 8) -> None:
@@ -65,7 +68,7 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
   src = data.NpzSource(data_path, data_name, e.stats, voltage_ratio=voltage_ratio,
                        current_ratio=current_ratio,
                        checkpoint_stats=checkpoint.meta_stats(choice.meta),
-                       baselines=True, skip_bad=e.skip_bad_files, cache=True)
+                       baselines=True, skip_bad=e.skip_bad_files)
   n_total = len(src) if e.max_examples is None else min(len(src), e.max_examples)
   check_scale(src, data_name)
   mesh = shd.make_mesh()
@@ -94,68 +97,97 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
            f"{compile_s:.1f} s; sampling starts {time.perf_counter() - t_start:.1f} s after the "
            "start")
 
-  # --- K samples of every example; global batch b holds examples b*G .. b*G+G-1
-  batches = list(pipeline.eval_batches(src, global_batch, keys=("cond",), limit=n_total))
-  samples = np.zeros((s.num_samples, n_total, *shape), np.float32)
-  t0 = time.perf_counter()
-  done = 0
-  bar = tqdm(total=n_total * s.num_samples, desc="sampling", unit="image", file=sys.stderr,
-             disable=jax.process_index() != 0, mininterval=1.0)
-  for k in range(s.num_samples):
-    for bi, b in enumerate(batches):
-      imgs = rec.sample_local(b["cond"], b["index"], k)
-      idx = bi * global_batch + np.arange(global_batch)
-      mask = idx < n_total
-      samples[k, idx[mask]] = imgs[mask]
-      done += int(mask.sum())
-      bar.update(int(mask.sum()))
-  sample_s = time.perf_counter() - t0
-  bar.close()
-  result = {"images_per_s": done / sample_s, "ms_per_image": 1000 * sample_s / done,
-            "compile_s": compile_s, "compile_cache_hit": cache.hit,
-            "devices": jax.device_count(),
-            "processes": jax.process_count(), "global_batch": global_batch}
-  if jax.process_index() != 0:
-    return result
-
-  # --- scores beside the baselines, and the outputs
-  pred, std = reconstructor.summarise(samples)
-  target = np.stack([src[i]["target"] for i in range(n_total)])
+  # --- K samples of every example, a chunk of examples at a time, scored and written as they
+  # come (memory flat); global batch b holds examples b*G .. b*G+G-1
+  primary = jax.process_index() == 0
+  chunk = global_batch * max(1, CHUNK // global_batch)
+  batches = pipeline.eval_batches(src, global_batch, keys=("cond",), limit=n_total)
   calibration = choice.calibration_file
-  if e.fit_uncertainty:
-    scale = metrics.fit_uncertainty_scale(pred[..., 0], std[..., 0], target[..., 0])
-    fileio.write_text(calibration, json.dumps(
-        {"scale": scale, "fitted_on": fileio.resolve(data_path), "examples": n_total,
-         "num_samples": s.num_samples, "sampling_steps": s.steps, "eta": s.eta}, indent=1))
-    log.info(f"uncertainty scale {scale:.3f} fitted on {n_total} examples, kept in "
-             f"{calibration}")
-  scale = reconstructor.uncertainty_scale(calibration)
-  examples = [src[i] for i in range(n_total)]  # cached: each file was read once
-  names = [src.files[i] for i in range(n_total)]
-  stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in npz_files.BASELINE_KEYS}
-  if e.tikhonov:
-    from cdeit_jax import eit
-    ys = np.stack([ex["ys"] for ex in examples])  # ys / voltage_ratio
-    tikhonov = eit.default_tikhonov(contact_impedance=float(cfg.simulator.contact_impedance))
-    stored = {"tikhonov": tikhonov(ys), **stored}
-  report, rows, baselines = metrics.score(pred[..., 0], target[..., 0], stored)
-  if std is not None:
-    report["uncertainty"] = metrics.uncertainty(pred[..., 0], std[..., 0], target[..., 0], scale)
-    std = std * scale  # the uncertainty offered: calibrated
-  result.update({
-      "metrics": report, "definitions": metrics.DEFINITIONS,
-      "settings": {"checkpoint": workdir, "checkpoint_step": int(meta["step"]),
-                   "weights": e.weights, "data": data_name,
-                   "data_path": fileio.resolve(data_path),
-                   "voltage_ratio": voltage_ratio, "current_ratio": current_ratio,
-                   "sampling_steps": s.steps, "eta": s.eta,
-                   "data_consistency": s.data_consistency,
-                   "data_consistency_alpha": s.data_consistency_alpha,
-                   "num_samples": s.num_samples, "seed": s.seed, "examples": n_total,
-                   "model": meta["model"], "dtype": cfg.model.dtype,
-                   "config": {"sampling": s.to_dict(), "eval": e.to_dict(),
-                              "overrides": overrides}},
-  })
-  outputs.write_outputs(out, result, rows, names, pred, target, std, samples, baselines,
-                        current_ratio / voltage_ratio, e.figure)
+  fitted = e.fit_uncertainty
+  scale = None if fitted else reconstructor.uncertainty_scale(calibration)
+  staged = outputs.Staged(out) if primary else None
+  with outputs.failing(staged) if primary else contextlib.nullcontext():
+    if primary:
+      predictions = outputs.Predictions(staged.work, n_total, shape, s.num_samples,
+                                        current_ratio / voltage_ratio)
+      baseline_names = (("tikhonov",) if e.tikhonov else ()) + tuple(npz_files.BASELINE_KEYS)
+      scores = metrics.Scores(baseline_names)
+      coverage = metrics.Coverage(scale) if s.num_samples > 1 else None
+      if e.tikhonov:
+        from cdeit_jax import eit
+        tikhonov = eit.default_tikhonov(contact_impedance=float(cfg.simulator.contact_impedance))
+    sample_s = 0.0
+    bar = tqdm(total=n_total * s.num_samples, desc="sampling", unit="image", file=sys.stderr,
+               disable=not primary, mininterval=1.0)
+    for lo in range(0, n_total, chunk):
+      hi = min(n_total, lo + chunk)
+      mine = [next(batches) for _ in range(-(-(hi - lo) // global_batch))]
+      samples = np.zeros((s.num_samples, hi - lo, *shape), np.float32)
+      t0 = time.perf_counter()
+      for k in range(s.num_samples):
+        for j, b in enumerate(mine):
+          imgs = rec.sample_local(b["cond"], b["index"], k)
+          at = j * global_batch
+          take = min(global_batch, hi - lo - at)
+          samples[k, at:at + take] = imgs[:take]
+          bar.update(take)
+      sample_s += time.perf_counter() - t0
+      if not primary:
+        continue
+      pred, std = reconstructor.summarise(samples)
+      examples = [src[i] for i in range(lo, hi)]
+      target = np.stack([ex["target"] for ex in examples])
+      stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in npz_files.BASELINE_KEYS}
+      if e.tikhonov:
+        stored = {"tikhonov": tikhonov(np.stack([ex["ys"] for ex in examples])), **stored}
+      scaled = scores.add(pred[..., 0], target[..., 0], stored)
+      if coverage is not None:
+        coverage.add(pred[..., 0], std[..., 0], target[..., 0])
+      predictions.add(lo, pred, target, std, samples)
+      if lo == 0 and e.figure:  # the figure's examples: the first chunk's (CHUNK >= SHOWN)
+        n = outputs.SHOWN
+        shown = {"target": target[:n], "pred": pred[:n], "std": None if std is None else std[:n],
+                 "baselines": {k: v[:n] for k, v in scaled.items()}}
+    bar.close()
+    done = n_total * s.num_samples
+    result = {"images_per_s": done / sample_s, "ms_per_image": 1000 * sample_s / done,
+              "compile_s": compile_s, "compile_cache_hit": cache.hit,
+              "devices": jax.device_count(),
+              "processes": jax.process_count(), "global_batch": global_batch}
+    if not primary:
+      return result
+
+    # --- the scores beside the baselines, the uncertainty's calibration, the outputs
+    report, rows = scores.result()
+    if coverage is not None:
+      if fitted:
+        scale = coverage.fit()
+        fileio.write_text(calibration, json.dumps(
+            {"scale": scale, "fitted_on": fileio.resolve(data_path), "examples": n_total,
+             "num_samples": s.num_samples, "sampling_steps": s.steps, "eta": s.eta}, indent=1))
+        log.info(f"uncertainty scale {scale:.3f} fitted on {n_total} examples, kept in "
+                 f"{calibration}")
+      report["uncertainty"] = coverage.result(scale)
+      predictions.scale_std(scale)  # the uncertainty offered: calibrated
+    result.update({
+        "metrics": report, "definitions": metrics.DEFINITIONS,
+        "settings": {"checkpoint": workdir, "checkpoint_step": int(meta["step"]),
+                     "weights": e.weights, "data": data_name,
+                     "data_path": fileio.resolve(data_path),
+                     "voltage_ratio": voltage_ratio, "current_ratio": current_ratio,
+                     "sampling_steps": s.steps, "eta": s.eta,
+                     "data_consistency": s.data_consistency,
+                     "data_consistency_alpha": s.data_consistency_alpha,
+                     "num_samples": s.num_samples, "seed": s.seed, "examples": n_total,
+                     "model": meta["model"], "dtype": cfg.model.dtype,
+                     "config": {"sampling": s.to_dict(), "eval": e.to_dict(),
+                                "overrides": overrides}},
+    })
+    figure = None
+    if e.figure:
+      figure = {**shown, "baselines": {k: v for k, v in shown["baselines"].items() if k in report}}
+      if shown["std"] is not None:
+        figure["std"] = shown["std"] * np.float32(scale)
+    names = [src.files[i] for i in range(n_total)]
+    outputs.write_outputs(staged, result, rows, names, predictions, figure)
   return result

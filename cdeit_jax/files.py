@@ -92,8 +92,10 @@ def check_folder(directory: str, files: Sequence[str], *, skip_bad: bool = False
   """Check every file; raise listing all bad ones, or (skip_bad) warn and drop them. Returns the
   good file names, and with `keep` also their arrays ({name: arrays}: each file is read once)."""
   paths = [fileio.join(directory, f) for f in files]
+  # Without `keep` only the verdicts are held (the arrays of a big folder would not fit)
+  read = _read_checked if keep else (lambda path: (_read_checked(path)[0], None))
   with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
-    checked = list(pool.map(_read_checked, paths))
+    checked = list(pool.map(read, paths))
   problems = [p for p, _ in checked]
   arrays = ({f: z for f, (p, z) in zip(files, checked) if p is None} if keep else None)
   del checked

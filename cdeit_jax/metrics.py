@@ -101,12 +101,73 @@ def _nanmean(values) -> float:
 def summary(preds: np.ndarray, gts: np.ndarray) -> tuple[dict[str, float], list[dict[str, float]]]:
   """(overall, per-image rows) for stacks of images (N, H, W[, 1])."""
   rows = [per_image(p, g) for p, g in zip(preds, gts)]
-  overall = {"rmse": rmse(preds, gts),
-             "psnr": float(np.mean([r["psnr"] for r in rows])),
-             "ssim": float(np.mean([r["ssim"] for r in rows])),
-             "ssim_disk": float(np.mean([r["ssim_disk"] for r in rows])),
-             "cc": _nanmean([r["cc"] for r in rows])}
-  return overall, rows
+  return _overall(rows, [_mse(p, g) for p, g in zip(preds, gts)]), rows
+
+
+def _mse(pred: np.ndarray, gt: np.ndarray) -> float:
+  d = np.asarray(pred, np.float64) - np.asarray(gt, np.float64)
+  return float(np.mean(d * d))
+
+
+def _overall(rows: list[dict[str, float]], mse: list[float]) -> dict[str, float]:
+  """The overall figures of per-image rows: RMSE over all pixels (every image has as many) from
+  the images' mean squared errors, the others averaged over images."""
+  return {"rmse": float(np.sqrt(np.mean(mse))),
+          "psnr": float(np.mean([r["psnr"] for r in rows])),
+          "ssim": float(np.mean([r["ssim"] for r in rows])),
+          "ssim_disk": float(np.mean([r["ssim_disk"] for r in rows])),
+          "cc": _nanmean([r["cc"] for r in rows])}
+
+
+class Scores:
+  """An evaluation's scores, images given a chunk at a time (memory stays flat as the test set
+  grows): per-image rows of CDEIT and of each baseline, the empty image's, and the overall
+  figures at the end. A baseline that is not finite everywhere is left out (its columns too).
+  `score` is this over one chunk."""
+
+  def __init__(self, baselines=()):
+    self.rows: list[dict[str, float]] = []
+    self._mse: dict[str, list[float]] = {"cdeit": [], "empty": []}
+    self._rows: dict[str, list[dict[str, float]]] = {"empty": []}
+    self._finite = {name: True for name in baselines}
+    for name in baselines:
+      self._mse[name], self._rows[name] = [], []
+
+  def add(self, pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
+          ) -> dict[str, np.ndarray]:
+    """Score images (n, H, W) and the baselines' {name: (n, H, W)}; returns the baselines
+    scaled (`scale_baseline`) as scored."""
+    scaled_all = {}
+    for p, g in zip(pred, target):
+      self.rows.append(per_image(p, g))
+      self._mse["cdeit"].append(_mse(p, g))
+      empty = np.zeros_like(p)
+      self._rows["empty"].append(per_image(empty, g))
+      self._mse["empty"].append(_mse(empty, g))
+    for name, imgs in baselines.items():
+      self._finite[name] = self._finite[name] and bool(np.all(np.isfinite(imgs)))
+      if not self._finite[name]:
+        continue
+      scaled = np.stack([scale_baseline(b) for b in imgs])
+      scaled_all[name] = scaled
+      for b, g in zip(scaled, target):
+        self._rows[name].append(per_image(b, g))
+        self._mse[name].append(_mse(b, g))
+    return scaled_all
+
+  def result(self) -> tuple[dict[str, dict], list[dict[str, float]]]:
+    """(overall metrics of CDEIT, the empty image and each baseline finite everywhere; per-image
+    rows with those baselines' columns)."""
+    report = {"cdeit": _overall(self.rows, self._mse["cdeit"]),
+              "empty": {k: v for k, v in _overall(self._rows["empty"], self._mse["empty"]).items()
+                        if k != "cc"}}  # CC: undefined
+    rows = [dict(r) for r in self.rows]
+    for name, ok in self._finite.items():
+      if ok:
+        report[name] = _overall(self._rows[name], self._mse[name])
+        for r, br in zip(rows, self._rows[name]):
+          r.update({f"{name}_{m}": v for m, v in br.items()})
+    return report, rows
 
 
 def score(pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
@@ -114,48 +175,83 @@ def score(pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
   """An evaluation's scores: (overall metrics of CDEIT, the empty image and each baseline that is
   finite everywhere (scaled, `scale_baseline`); per-image rows with the baselines' columns; the
   scaled baselines). `pred`, `target` (n, H, W); `baselines` {name: (n, H, W)}."""
-  overall, rows = summary(pred, target)
-  empty = summary(np.zeros_like(pred), target)[0]
-  report = {"cdeit": overall, "empty": {k: v for k, v in empty.items() if k != "cc"}}  # CC: undefined
-  scaled_all = {}
-  for name, imgs in baselines.items():
-    if np.all(np.isfinite(imgs)):
-      scaled = np.stack([scale_baseline(b) for b in imgs])
-      scaled_all[name] = scaled
-      b_overall, b_rows = summary(scaled, target)
-      report[name] = b_overall
-      for r, br in zip(rows, b_rows):
-        r.update({f"{name}_{m}": v for m, v in br.items()})
-  return report, rows, scaled_all
+  s = Scores(baselines)
+  scaled = s.add(pred, target, baselines)
+  report, rows = s.result()
+  return report, rows, {k: v for k, v in scaled.items() if k in report}
 
 
 ONE_SIGMA = 0.6826894921370859  # P(|N(0, 1)| <= 1)
 
 
+class Coverage:
+  """How honest a per-pixel std is (`DEFINITIONS["uncertainty"]`), images given a chunk at a
+  time: the pixels inside the disk whose |pred - gt| lies within 1 and 2 stds (times `scale`, and
+  unscaled), and the correlation over images of an image's mean std and its RMSE. With
+  `scale=None` it keeps every pixel's |pred - gt| / std (8 bytes a pixel) to fit the scale
+  (`fit`) before `result`."""
+
+  def __init__(self, scale: float | None = 1.0):
+    self.scale = scale
+    self._factors = () if scale is None else (scale, 2 * scale, 1.0, 2.0)
+    self._within = np.zeros(len(self._factors))
+    self._pixels = 0
+    self._ratios: list[np.ndarray] = []
+    self._image_std: list[float] = []
+    self._image_rmse: list[float] = []
+    self._std_sum = 0.0
+
+  def add(self, pred: np.ndarray, std: np.ndarray, gt: np.ndarray) -> None:
+    """Images (n, H, W) each."""
+    from cdeit_jax.eit.phantom import disk_mask
+    disk = disk_mask(np.shape(gt)[-1])
+    err = np.abs(np.asarray(pred, np.float64) - gt)[:, disk]
+    sd = np.asarray(std, np.float64)[:, disk]
+    if self.scale is None:
+      self._ratios.append(np.where(sd > 0, err / np.maximum(sd, 1e-12),
+                                   np.where(err > 0, np.inf, 0.0)).ravel())
+    for i, c in enumerate(self._factors):
+      self._within[i] += np.count_nonzero(err <= c * sd)
+    self._pixels += err.size
+    self._image_std += sd.mean(1).tolist()
+    self._image_rmse += np.sqrt((err * err).mean(1)).tolist()
+    self._std_sum += float(sd.sum())
+
+  def fit(self) -> float:
+    """The one factor c that makes c * std cover 68.3 % of the disk's pixel errors (the 1-sigma
+    coverage of a Gaussian): the 68.3 % quantile of |pred - gt| / std."""
+    if self.scale is not None:
+      raise ValueError("Coverage.fit needs Coverage(scale=None)")
+    return float(np.quantile(np.concatenate(self._ratios), ONE_SIGMA))
+
+  def result(self, scale: float | None = None) -> dict[str, float]:
+    """The coverage at the `scale` given when built (or, built with None, at `scale`)."""
+    if self.scale is None:
+      ratios = np.concatenate(self._ratios)
+      scale = 1.0 if scale is None else scale
+      within = [np.count_nonzero(ratios <= c) for c in (scale, 2 * scale, 1.0, 2.0)]
+    else:
+      scale, within = self.scale, self._within
+    cover = [float(w / self._pixels) for w in within]
+    n = len(self._image_std)
+    return {"scale": float(scale),
+            "coverage_1std": cover[0], "coverage_2std": cover[1],
+            "raw_coverage_1std": cover[2], "raw_coverage_2std": cover[3],
+            "std_error_cc": pearson(np.asarray(self._image_std), np.asarray(self._image_rmse))
+            if n > 1 else float("nan"),
+            "mean_std": float(scale * self._std_sum / self._pixels)}
+
+
 def uncertainty(pred: np.ndarray, std: np.ndarray, gt: np.ndarray, scale: float = 1.0
                 ) -> dict[str, float]:
   """How honest the per-pixel std is (`DEFINITIONS["uncertainty"]`), images (N, H, W)."""
-  from cdeit_jax.eit.phantom import disk_mask
-  disk = disk_mask(np.shape(gt)[-1])
-  err = np.abs(np.asarray(pred, np.float64) - gt)[:, disk]
-  sd = np.asarray(std, np.float64)[:, disk]
-  cover = lambda k, c: float(np.mean(err <= k * c * sd))
-  per_image_std = sd.mean(1)
-  per_image_rmse = np.sqrt((err * err).mean(1))
-  return {"scale": float(scale),
-          "coverage_1std": cover(1, scale), "coverage_2std": cover(2, scale),
-          "raw_coverage_1std": cover(1, 1.0), "raw_coverage_2std": cover(2, 1.0),
-          "std_error_cc": pearson(per_image_std, per_image_rmse) if len(err) > 1 else
-          float("nan"),
-          "mean_std": float(scale * sd.mean())}
+  c = Coverage(scale)
+  c.add(pred, std, gt)
+  return c.result()
 
 
 def fit_uncertainty_scale(pred: np.ndarray, std: np.ndarray, gt: np.ndarray) -> float:
-  """The one factor c that makes c * std cover 68.3 % of the disk's pixel errors (the 1-sigma
-  coverage of a Gaussian): the 68.3 % quantile of |pred - gt| / std."""
-  from cdeit_jax.eit.phantom import disk_mask
-  disk = disk_mask(np.shape(gt)[-1])
-  err = np.abs(np.asarray(pred, np.float64) - gt)[:, disk]
-  sd = np.asarray(std, np.float64)[:, disk]
-  ratio = np.where(sd > 0, err / np.maximum(sd, 1e-12), np.where(err > 0, np.inf, 0.0))
-  return float(np.quantile(ratio, ONE_SIGMA))
+  """`Coverage.fit` of images (N, H, W)."""
+  c = Coverage(None)
+  c.add(pred, std, gt)
+  return c.fit()

@@ -172,7 +172,8 @@ def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypa
   def full(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")
 
-  monkeypatch.setattr(np, "savez", full)
+  import zipfile
+  monkeypatch.setattr(zipfile.ZipFile, "write", full)  # predictions.npz, after every array
   with pytest.raises(OSError, match=f"no space left on the device of {out}: ") as e:
     evaluate.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 3})
   assert e.value.errno == errno.ENOSPC and "\n" not in str(e.value)
@@ -193,6 +194,8 @@ def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_
   cfg.simulator.system.update(dataclasses.asdict(SystemSpec.nominal()))  # the faster solve
   simulate.generate(str(sims), {"test": 6}, cfg.simulator, batch_size=8, progress=False)
   common = {"sampling.num_samples": 3, "eval.figure": False, "sampling.steps": 3}
+  import shutil
+  tiny_run = str(shutil.copytree(tiny_run, tmp_path / "run"))  # its own step folder to write
   first = evaluate.evaluate(tiny_run, "simulated", str(sims / "test"), str(tmp_path / "a"),
                             {**common, "eval.fit_uncertainty": True})
   kept = json.loads((pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json")
@@ -392,3 +395,42 @@ def test_memory_budget_on_cpu_is_the_hosts_available_memory():
   free, total = os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
   assert sharing == 8
   assert 0.9 * free <= budget <= total
+
+
+def test_memory_stays_flat_as_the_test_set_grows(tiny_run, tmp_path):
+  """Examples are sampled, scored and written a chunk at a time: numpy's peak allocation
+  (tracemalloc) for 256 examples is that of 64 (holding every sample, as before, took 4 times as
+  much); the metrics equal `metrics.score` over the whole saved arrays at once; the first 64
+  reconstructions are the 64-example run's; the .mat holds the npz's arrays."""
+  import tracemalloc
+
+  from cdeit_jax import files
+  big = tmp_path / "big"
+  big.mkdir()
+  names = files.list_files(UEF)
+  for i in range(256):
+    os.link(os.path.join(UEF, names[i % len(names)]), big / f"{i:04d}_{names[i % len(names)]}")
+  settings = {"sampling.num_samples": 2, "sampling.steps": 1, "eval.figure": False,
+              "sampling.batch_size": 16}
+  peaks = {}
+  for n in (64, 256):
+    tracemalloc.start()
+    r = evaluate.evaluate(tiny_run, "uef2017", str(big), str(tmp_path / str(n)),
+                          {**settings, "eval.max_examples": n})
+    peaks[n] = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+  assert peaks[256] < 1.25 * peaks[64], peaks
+  z = np.load(tmp_path / "256" / "predictions.npz")
+  report, _, _ = metrics.score(z["pred"][..., 0], z["target"][..., 0], {})
+  for k in ("rmse", "psnr", "ssim", "ssim_disk", "cc"):
+    assert r["metrics"]["cdeit"][k] == pytest.approx(report["cdeit"][k], rel=1e-9), k
+  u = metrics.uncertainty(z["pred"][..., 0], z["samples"].std(0)[..., 0], z["target"][..., 0])
+  assert r["metrics"]["uncertainty"] == pytest.approx(u, rel=1e-9)
+  z64 = np.load(tmp_path / "64" / "predictions.npz")
+  np.testing.assert_array_equal(z["pred"][:64], z64["pred"])
+  assert z["names"].tolist() == sorted(os.listdir(big))
+  mat = scipy.io.loadmat(tmp_path / "256" / "predictions.mat")
+  np.testing.assert_allclose(mat["pred"], z["pred"][..., 0] * 2 / 1040.856, rtol=1e-6)
+  np.testing.assert_allclose(mat["std"], z["std"][..., 0] * 2 / 1040.856, rtol=1e-6)
+  np.testing.assert_array_equal(mat["target"], z["target"][..., 0])
+  assert [str(v[0]) for v in mat["names"][0]] == z["names"].tolist()

@@ -162,6 +162,24 @@ def test_workdir_lease_in_a_bucket(gcs):
     assert waited < 0.5 * lease if age > lease else 0.4 * lease < waited < 2 * lease, waited
 
 
+def test_sigterm_while_compiling_releases_the_lease(gcs, bucket_data):
+  """train.py on a bucket workdir, SIGTERM as soon as its lease object exists (it is still
+  starting: nothing is logged yet): it stops in one line with exit 0 and deletes its lock, so the
+  next run need not wait out a lease."""
+  import signal
+  wd = f"{gcs}/runs/sigterm-start"
+  p = run_train(wd, *RESUME_STEPS, f"--config.data.path={bucket_data}", wait=False)
+  deadline = time.time() + 120
+  while time.time() < deadline and not fileio.path(f"{wd}/lock").exists():
+    time.sleep(0.1)
+  assert not (fileio.read_text(f"{wd}/metrics.jsonl") or "").strip()
+  p.send_signal(signal.SIGTERM)
+  _, err = p.communicate(timeout=180)
+  assert p.returncode == 0, err[-3000:]
+  assert "Traceback" not in err and "rerun the same command" in err, err[-2000:]
+  assert "lock" not in _objects(wd)
+
+
 def test_a_lease_that_cannot_be_proven_stops_its_holder(gcs):
   """Fencing: a holder whose renewals stopped (a paused process) fails `check` once its last
   confirmed renewal is older than SAFETY leases, and its renewal thread gives the run up instead

@@ -113,18 +113,21 @@ def _cli(*args):
                         capture_output=True, text=True, cwd=REPO, env=dict(os.environ))
 
 
-def test_command_gives_eval_predictions_from_mat_and_csv(tiny_run, uef_ys, evaluated, tmp_path):
-  """A .mat of frames with the file's reference frame, and a .csv of difference voltages (K = 2,
-  the seed of eval.py): frames.npz `images` and `std` are eval.py's `pred` and `std`; the
-  outputs are all written, the .mat in the device's conductivity units."""
+def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, evaluated, tmp_path):
+  """A .mat of frames with the file's reference frame, a .csv of difference voltages and a .npy
+  of frames with --reference (K = 2, the seed of eval.py): frames.npz `images` and `std` are
+  eval.py's `pred` and `std`; the outputs are all written, the .mat in the device's
+  conductivity units."""
   pred, std = evaluated
   reference = np.random.default_rng(1).uniform(0.5, 2.0, 208)
   mat = _write(tmp_path / "f.mat", uef_ys + reference, reference)
   csv = _write(tmp_path / "f.csv", uef_ys)
+  npy = _write(tmp_path / "f.npy", uef_ys + reference)
+  ref = _write(tmp_path / "ref.npy", reference)
   flags = ["--workdir", tiny_run, "--preset", "uef2017", "--config.sampling.seed=3",
            "--config.sampling.num_samples=2"]
-  for name, path in (("mat", mat), ("csv", csv)):
-    r = _cli(*flags, "--frames", path, "--out", str(tmp_path / name))
+  for name, args in (("mat", [mat]), ("csv", [csv]), ("npy", [npy, "--reference", ref])):
+    r = _cli(*flags, "--frames", *args, "--out", str(tmp_path / name))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "reconstructed 6 frames (2 samples each" in r.stdout and "frames/s" in r.stdout
     z = np.load(tmp_path / name / "frames.npz")
