@@ -8,6 +8,7 @@ reconstructions do not depend on the batch size or the number of devices or host
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import sys
@@ -116,24 +117,12 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
       if e.tikhonov:
         from cdeit_jax import eit
         tikhonov = eit.default_tikhonov(contact_impedance=float(cfg.simulator.contact_impedance))
-    sample_s = 0.0
-    bar = tqdm(total=n_total * s.num_samples, desc="sampling", unit="image", file=sys.stderr,
-               disable=not primary, mininterval=1.0)
-    for lo in range(0, n_total, chunk):
-      hi = min(n_total, lo + chunk)
-      mine = [next(batches) for _ in range(-(-(hi - lo) // global_batch))]
-      samples = np.zeros((s.num_samples, hi - lo, *shape), np.float32)
-      t0 = time.perf_counter()
-      for k in range(s.num_samples):
-        for j, b in enumerate(mine):
-          imgs = rec.sample_local(b["cond"], b["index"], k)
-          at = j * global_batch
-          take = min(global_batch, hi - lo - at)
-          samples[k, at:at + take] = imgs[:take]
-          bar.update(take)
-      sample_s += time.perf_counter() - t0
-      if not primary:
-        continue
+    shown: dict[str, Any] = {}
+
+    def take_in(lo: int, samples: np.ndarray) -> None:
+      """Score and write examples lo .. lo + len: in a worker thread, while the devices sample
+      the next chunk (host work off the hot path)."""
+      hi = lo + samples.shape[1]
       pred, std = reconstructor.summarise(samples)
       examples = [src[i] for i in range(lo, hi)]
       target = np.stack([ex["target"] for ex in examples])
@@ -146,8 +135,33 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
       predictions.add(lo, pred, target, std, samples)
       if lo == 0 and e.figure:  # the figure's examples: the first chunk's (CHUNK >= SHOWN)
         n = outputs.SHOWN
-        shown = {"target": target[:n], "pred": pred[:n], "std": None if std is None else std[:n],
-                 "baselines": {k: v[:n] for k, v in scaled.items()}}
+        shown.update(target=target[:n], pred=pred[:n], std=None if std is None else std[:n],
+                     baselines={k: v[:n] for k, v in scaled.items()})
+
+    sample_s = 0.0
+    bar = tqdm(total=n_total * s.num_samples, desc="sampling", unit="image", file=sys.stderr,
+               disable=not primary, mininterval=1.0)
+    with concurrent.futures.ThreadPoolExecutor(1) as worker:
+      pending = None  # one chunk in the worker, one being sampled: memory stays two chunks
+      for lo in range(0, n_total, chunk):
+        hi = min(n_total, lo + chunk)
+        mine = [next(batches) for _ in range(-(-(hi - lo) // global_batch))]
+        samples = np.zeros((s.num_samples, hi - lo, *shape), np.float32)
+        t0 = time.perf_counter()
+        for k in range(s.num_samples):
+          for j, b in enumerate(mine):
+            imgs = rec.sample_local(b["cond"], b["index"], k)
+            at = j * global_batch
+            take = min(global_batch, hi - lo - at)
+            samples[k, at:at + take] = imgs[:take]
+            bar.update(take)
+        sample_s += time.perf_counter() - t0
+        if primary:
+          if pending is not None:
+            pending.result()  # its errors are raised here
+          pending = worker.submit(take_in, lo, samples)
+      if pending is not None:
+        pending.result()
     bar.close()
     done = n_total * s.num_samples
     result = {"images_per_s": done / sample_s, "ms_per_image": 1000 * sample_s / done,
