@@ -126,12 +126,30 @@ class DiskFull(CdeitError, OSError):
   """No space left where an output goes (one line naming the folder)."""
 
 
-def no_space(where: str) -> DiskFull:
+def no_space(where: str, what: str = "nothing was half-written there") -> DiskFull:
   """The one-line error for a full disk under `where`."""
   err = DiskFull(f"no space left on the device of {where}: free some space or write somewhere "
-                 "else (nothing was half-written there)")
+                 f"else ({what})")
   err.errno = errno.ENOSPC
   return err
+
+
+def is_disk_full(e: BaseException) -> bool:
+  """Whether `e`, or an error it was raised from or during, is a full disk: an OSError with
+  ENOSPC, or a library's error that carries the system's text (TensorStore, under orbax's
+  asynchronous saves, reports it as text)."""
+  seen = set()
+  stack = [e]
+  while stack:
+    x = stack.pop()
+    if x is None or id(x) in seen:
+      continue
+    seen.add(id(x))
+    if (isinstance(x, OSError) and x.errno == errno.ENOSPC) or \
+        "No space left on device" in str(x):
+      return True
+    stack += [x.__cause__, x.__context__, *getattr(x, "exceptions", ())]
+  return False
 
 
 def atomic_write(p: PathLike, write: Callable[[str], object]) -> None:

@@ -91,6 +91,12 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       raise Interrupted(f"interrupted (Ctrl-C) after step {result['step']}, which is saved; "
                         "rerun the same command to resume")
     return result
+  except Exception as e:
+    if isinstance(e, fileio.DiskFull) or not fileio.is_disk_full(e):
+      raise
+    logs.debug.error("the full error behind 'no space left'", exc_info=e)
+    raise fileio.no_space(workdir, "the steps saved before are whole; rerun the same command "
+                          "to resume from the latest") from None
   finally:
     preempt.restore()
     lock.release()

@@ -1,0 +1,82 @@
+"""The path layer's guarantees: atomic writes leave nothing half-written, a full disk is recognised
+under the errors libraries wrap it in; MAT-files written in place read back with scipy."""
+
+import errno
+import os
+
+import numpy as np
+import pytest
+import scipy.io
+
+from cdeit_jax import fileio, matfile
+
+
+def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
+  target = tmp_path / "out.bin"
+  target.write_bytes(b"old")
+
+  def half_then_full(tmp):
+    with open(tmp, "wb") as fh:
+      fh.write(b"half")
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  with pytest.raises(fileio.DiskFull, match=f"no space left on the device of {tmp_path}: "):
+    fileio.atomic_write(str(target), half_then_full)
+  assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["out.bin"]
+
+  def broken(tmp):
+    with open(tmp, "wb") as fh:
+      fh.write(b"half")
+    raise RuntimeError("a bug")
+
+  with pytest.raises(RuntimeError, match="a bug"):  # not ours: the error as it was
+    fileio.atomic_write(str(target), broken)
+  assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["out.bin"]
+
+
+def _raised(make):
+  try:
+    make()
+  except BaseException as e:  # noqa: BLE001
+    return e
+
+
+def test_a_full_disk_is_found_inside_wrapped_errors():
+  def wrapped():
+    try:
+      raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError as e:
+      raise RuntimeError("saving failed") from e
+
+  def during():
+    try:
+      raise ValueError("INTERNAL: Error writing local file \"/x/ocdbt.process_0/d/1\": "
+                       "No space left on device [os_error='No space left on device']")
+    except ValueError:
+      raise RuntimeError("while handling it, this")  # noqa: B904
+
+  grouped = lambda: (_ for _ in ()).throw(ExceptionGroup("saves", [KeyError("k"), _raised(
+      wrapped)]))
+  for make in (wrapped, during, grouped):
+    assert fileio.is_disk_full(_raised(make)), make
+  assert not fileio.is_disk_full(_raised(lambda: (_ for _ in ()).throw(OSError(errno.EACCES,
+                                                                             "denied"))))
+  assert not fileio.is_disk_full(ValueError("no space for this argument"))
+
+
+def test_mat_arrays_written_in_place_read_back(tmp_path):
+  """Rows in any order, two matrices, small variables beside: scipy.io.loadmat reads them."""
+  rng = np.random.default_rng(0)
+  a, b = rng.standard_normal((7, 5, 3)), rng.standard_normal((7, 4))
+  path = str(tmp_path / "m.mat")
+  w = matfile.Writer(path, {"a": a.shape, "b": b.shape}, {"scale": 0.5})
+  for lo, hi in ((3, 7), (0, 3)):
+    w.write("a", lo, a[lo:hi])
+  w.write("b", 0, b)
+  w.close()
+  with open(path, "ab") as fh:
+    fh.write(matfile.small_variables({"names": np.asarray(["x", "yy"], dtype=object)}))
+  m = scipy.io.loadmat(path)
+  np.testing.assert_array_equal(m["a"], a)
+  np.testing.assert_array_equal(m["b"], b)
+  assert m["scale"][0, 0] == 0.5 and [str(v[0]) for v in m["names"][0]] == ["x", "yy"]
