@@ -143,6 +143,10 @@ def save_inference(workdir: str, model: nnx.Module, cfg: ml_collections.ConfigDi
     raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
   if not (isinstance(step, int) and step >= 0):
     raise InputError(f"step {step!r}: must be an integer >= 0 (--step)")
+  if fileio.path(fileio.join(workdir, "metrics.jsonl")).exists():
+    raise InputError(f"--workdir {workdir} is a training run's (it holds metrics.jsonl): give a "
+                     "new --workdir (an imported step among its steps would be taken for one of "
+                     "them, and its retention could delete it)")
   meta = make_meta(cfg, step=step, mean=mean, std=std, weights=[weights], source=source,
                    calibration=calibration_of(model))
   with manager(workdir) as mngr:

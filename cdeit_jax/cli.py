@@ -87,11 +87,27 @@ def unknown_config_key(argv: list[str], e: Exception) -> None:
   sys.exit(2)
 
 
+class _DiskFullToDebugLog(logging.Filter):
+  """A library's log records of a full disk (orbax logs each failed asynchronous write with its
+  traceback, several per save) go to the debug log only: the command reports the full disk once,
+  in one line (`fileio.no_space`)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    from cdeit_jax import fileio, logs
+    exc = record.exc_info[1] if record.exc_info else None
+    if (exc is not None and fileio.is_disk_full(exc)) or \
+        "No space left on device" in record.getMessage():
+      logs.debug.handle(record)
+      return False
+    return True
+
+
 def run(main: Callable[[list[str]], None]) -> None:
   """`app.run(main)` with one-line flag errors and one-line reports of our own errors."""
 
   def wrapped(argv):
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
+    logging.getLogger("absl").addFilter(_DiskFullToDebugLog())
     for name in ("gcsfs", "fsspec"):  # and every file they open
       logging.getLogger(name).setLevel(logging.WARNING)
     if "compilation_cache" in FLAGS:

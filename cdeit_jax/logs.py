@@ -31,8 +31,9 @@ class _Console(logging.Handler):
       if record.levelno >= logging.WARNING:
         text = f"{record.levelname.lower()}: {text}"
       tqdm.write(text, file=sys.stderr)
-    except Exception:  # logging's convention: report, never raise
-      self.handleError(record)
+    except Exception as e:  # logging's convention: report, never raise
+      if not fileio.is_disk_full(e):  # a full disk is reported once, by the command
+        self.handleError(record)
 
 
 def console(primary: bool = True) -> None:
@@ -60,8 +61,9 @@ class _AppendHandler(logging.Handler):
       if self._log is None:
         self._log = fileio.AppendLog(self.path)
       self._log.write(self.format(record) + "\n")
-    except Exception:  # logging's convention: report, never raise
-      self.handleError(record)
+    except Exception as e:  # logging's convention: report, never raise
+      if not fileio.is_disk_full(e):  # a full disk is reported once, by the command
+        self.handleError(record)
 
   def close(self) -> None:
     if self._log is not None:

@@ -122,6 +122,10 @@ def test_convert_writes_loadable_checkpoint(tmp_path):
     models.load(str(tmp_path / "run"), weights="raw")
   with pytest.raises(ValueError, match="0 exists already: choose another --workdir or --step"):
     convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
+  (tmp_path / "run" / "metrics.jsonl").write_text("")  # as train.py's workdirs hold
+  with pytest.raises(ValueError, match="is a training run's .* give a new --workdir"):
+    convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"),
+                    step=5)
 
 
 @pytest.mark.parametrize("edit, match", [
