@@ -87,19 +87,33 @@ def unknown_config_key(argv: list[str], e: Exception) -> None:
   sys.exit(2)
 
 
-class _DiskFullToDebugLog(logging.Filter):
-  """A library's log records of a full disk (orbax logs each failed asynchronous write with its
-  traceback, several per save) go to the debug log only: the command reports the full disk once,
-  in one line (`fileio.no_space`)."""
+class _QuietDiskFull(logging.Filter):
+  """Drop a library's log records of a full disk: orbax logs each failed asynchronous write with
+  its traceback, and asyncio each of its writes' unretrieved errors, hundreds of lines per failed
+  save. The command reports the full disk once, in one line (`fileio.no_space`), and keeps the
+  error it caught in the debug log."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    from cdeit_jax import fileio, logs
+    from cdeit_jax import fileio
     exc = record.exc_info[1] if record.exc_info else None
-    if (exc is not None and fileio.is_disk_full(exc)) or \
-        "No space left on device" in record.getMessage():
-      logs.debug.handle(record)
-      return False
-    return True
+    text = record.getMessage()
+    return not ((exc is not None and fileio.is_disk_full(exc)) or
+                "No space left on device" in text or "RESOURCE_EXHAUSTED" in text)
+
+
+def _quiet_closed_loop_callbacks() -> None:
+  """When an asynchronous checkpoint save fails (a full disk), orbax closes its event loop while
+  TensorStore still holds callbacks into it; each then reports `RuntimeError: Event loop is
+  closed` as an unraisable error with its traceback. Those are dropped: the command reports the
+  failure itself, once."""
+  default = sys.unraisablehook
+
+  def hook(unraisable):
+    value = unraisable.exc_value
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+      default(unraisable)
+
+  sys.unraisablehook = hook
 
 
 def run(main: Callable[[list[str]], None]) -> None:
@@ -107,7 +121,9 @@ def run(main: Callable[[list[str]], None]) -> None:
 
   def wrapped(argv):
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
-    logging.getLogger("absl").addFilter(_DiskFullToDebugLog())
+    for name in ("absl", "asyncio"):  # orbax's logs; its failed writes' unretrieved tasks
+      logging.getLogger(name).addFilter(_QuietDiskFull())
+    _quiet_closed_loop_callbacks()
     for name in ("gcsfs", "fsspec"):  # and every file they open
       logging.getLogger(name).setLevel(logging.WARNING)
     if "compilation_cache" in FLAGS:
