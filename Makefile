@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test demo demo-model moving-demo train-test bench clean
+.PHONY: install test test-all demo demo-model moving-demo train-test bench clean
 
 install: $(BIN)/.installed
 
@@ -16,6 +16,10 @@ $(BIN)/.installed: pyproject.toml
 # Huge-page-backed malloc: XLA:CPU's large temporaries fault in far faster (cdeit_jax/cpu_tuning.py).
 test: install
 	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q
+
+# Every test, the slow ones too (about 5 minutes more).
+test-all: install
+	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q -m "slow or not slow"
 
 # The embedded default: simulate a training set once (cached), whose measuring system is drawn per
 # example (config.simulator.system), and a foreign system's test set (configs/foreign.py); train

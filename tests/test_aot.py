@@ -40,6 +40,7 @@ def _traced_forward_flops(cfg) -> float:
   return flops.jaxpr_matmul_flops(jaxpr)
 
 
+@pytest.mark.slow  # 1.5 min on 2 cores; `make test-all`
 def test_small_model_compiles_for_v5e8(tmp_path):
   report = aot.compile_check(_small_cfg(64), "v5e-8", str(tmp_path), print_fn=lambda *a: None)
   saved = json.loads((tmp_path / "compile.json").read_text())

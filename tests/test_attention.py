@@ -102,6 +102,7 @@ def test_resolve_rejects_unknown():
     attention.resolve("flash3", "cpu", jnp.float32)
 
 
+@pytest.mark.slow  # the backend itself is checked by default on its own (above)
 def test_model_with_blocked_attention_matches_xla():
   """A model whose top global blocks attend over 1,024 tokens: same output and gradients."""
   kw = dict(image_size=128, patch_size=4, hidden_size=32, num_heads=4, num_scales=2)

@@ -79,6 +79,7 @@ def test_fresh_model_is_adaln_zero():
   assert np.abs(kernel).max() <= bound and np.abs(kernel).max() > 0.9 * bound
 
 
+@pytest.mark.slow
 def test_remat_gives_same_output_and_gradients(tiny_model):
   x = jax.random.normal(jax.random.key(0), (2, 32, 32, 1))
   t, y = jnp.array([3, 800]), jax.random.normal(jax.random.key(1), (2, 16, 16, 1))

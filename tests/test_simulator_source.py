@@ -148,6 +148,7 @@ def test_sigterm_and_resume_equal_the_straight_run(straight, tmp_path):
   assert after and [s[step] for step in after] == [k[step] for step in after]
 
 
+@pytest.mark.slow  # the file source's 1-against-8 check runs by default (test_training)
 def test_one_device_gives_the_losses_of_eight():
   """Three steps of the physics-informed model on simulator batches, on 1 and on 8 devices."""
   from cdeit_jax import training

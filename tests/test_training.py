@@ -358,7 +358,9 @@ def _assert_equals_straight(workdir, straight):
   assert checkpoint.best_step(str(workdir)) == checkpoint.best_step(str(straight))
 
 
-@pytest.mark.parametrize("when", ["compile", "between_checkpoints", "save_started"])
+@pytest.mark.parametrize("when", [pytest.param("compile", marks=pytest.mark.slow),
+                                  pytest.param("between_checkpoints", marks=pytest.mark.slow),
+                                  "save_started"])
 def test_kill_9_then_resume_equals_straight_run(tmp_path, straight_run, when):
   """kill -9 while compiling, between two checkpoints, and as an asynchronous save starts (its
   metrics line is written right after the save is handed to orbax); the rerun loses nothing."""
