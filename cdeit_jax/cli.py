@@ -98,7 +98,7 @@ class _QuietDiskFull(logging.Filter):
     exc = record.exc_info[1] if record.exc_info else None
     text = record.getMessage()
     return not ((exc is not None and fileio.is_disk_full(exc)) or
-                "No space left on device" in text or "RESOURCE_EXHAUSTED" in text)
+                "No space left on device" in text)
 
 
 def _quiet_closed_loop_callbacks() -> None:
