@@ -17,7 +17,7 @@ $(BIN)/.installed: pyproject.toml
 test: install
 	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q
 
-# Every test, the slow ones too (about 5 minutes more).
+# Every test, the slow ones too (about 3 minutes more on 2 cores).
 test-all: install
 	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q -m "slow or not slow"
 
