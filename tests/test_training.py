@@ -319,6 +319,38 @@ def test_compile_out_of_memory_gives_advice_not_a_traceback(tmp_path, monkeypatc
     assert tip in text
 
 
+def test_a_full_disk_while_saving_is_one_line_and_the_saved_steps_stay(tmp_path, monkeypatch):
+  """The disk fills at the second checkpoint (the error as orbax's asynchronous save raises it:
+  TensorStore's text inside a ValueError): one DiskFull naming the workdir; the first step is
+  whole and a rerun resumes from it."""
+  from cdeit_jax import fileio, train_loop
+  real = checkpoint.save_train
+  saves = []
+
+  def fills(mngr, state, data_iter, meta, val_loss=None):
+    saves.append(meta["step"])
+    if len(saves) == 2:
+      try:
+        raise ValueError("RESOURCE_EXHAUSTED: Error writing local file \"ocdbt.process_0/d/1\": "
+                         "Failed to write 35471 bytes to file 11: No space left on device "
+                         "[os_error_code='28']")
+      except ValueError as e:
+        raise RuntimeError("commit failed") from e
+    return real(mngr, state, data_iter, meta, val_loss)
+
+  monkeypatch.setattr(checkpoint, "save_train", fills)
+  cfg = cfg_(batch_size=8)
+  cfg.steps, cfg.eval_every, cfg.log_every = 8, 4, 4
+  with pytest.raises(fileio.DiskFull, match=f"no space left on the device of {tmp_path}: .* "
+                     "rerun the same command to resume") as e:
+    train_loop.train(cfg, str(tmp_path))
+  assert "\n" not in str(e.value)
+  assert checkpoint.all_steps(str(tmp_path)) == [saves[0]]
+  monkeypatch.setattr(checkpoint, "save_train", real)
+  assert train_loop.train(cfg, str(tmp_path))["step"] == 8
+  assert checkpoint.all_steps(str(tmp_path))[-1] == 8
+
+
 # ----------------------------------------------------------------------------- faults
 
 
