@@ -11,7 +11,6 @@ cdeit_jax/config_lib.py), changed with --config.KEY=VALUE; the model's runtime k
 Writes OUT/metrics.json, metrics.csv, predictions.npz, predictions.mat, reconstructions.png.
 """
 
-import sys
 
 if __name__ == "__main__":
   from cdeit_jax import cpu_tuning
@@ -20,14 +19,9 @@ if __name__ == "__main__":
 from absl import flags
 from ml_collections import config_flags
 
-from cdeit_jax import cli, config_lib
+from cdeit_jax import cli
 
-try:
-  config_flags.DEFINE_config_dict(
-      "config", config_lib.default_config(), "settings: the checkpoint's config, changed with "
-      "--config.sampling.steps=10, --config.eval.tikhonov=True, ...", lock_config=True)
-except (KeyError, AttributeError) as e:  # an unknown --config.KEY on the command line
-  cli.unknown_config_key(sys.argv, e)
+cli.define_checkpoint_config("--config.sampling.steps=10, --config.eval.tikhonov=True")
 flags.DEFINE_string("workdir", None, "a run directory (train.py or python -m cdeit_jax.convert): "
                     "its best validated checkpoint that loads, else the latest; or one "
                     "RUN/checkpoints/STEP")

@@ -75,6 +75,20 @@ def parse_flags(argv: list[str]) -> list[str]:
   sys.exit(2)
 
 
+def define_checkpoint_config(examples: str) -> None:
+  """--config of the commands that read a checkpoint (eval.py, reconstruct): the checkpoint's
+  config, changed key by key (`examples` shows some); an unknown --config.KEY is one line."""
+  from ml_collections import config_flags
+
+  from cdeit_jax import config_lib
+  try:
+    config_flags.DEFINE_config_dict(
+        "config", config_lib.default_config(), "settings: the checkpoint's config, changed with "
+        f"{examples}, ...", lock_config=True)
+  except (KeyError, AttributeError) as e:  # an unknown --config.KEY on the command line
+    unknown_config_key(sys.argv, e)
+
+
 def unknown_config_key(argv: list[str], e: Exception) -> None:
   """Report an unknown `--config.KEY` in one line and exit 2 (`DEFINE_config_dict` meets it when
   the flag is defined, `DEFINE_config_file` when the flags are parsed)."""

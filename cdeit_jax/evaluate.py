@@ -36,7 +36,7 @@ def check_scale(src, preset: str, limit: int = 8) -> None:
   n = min(len(src), limit)
   v = np.concatenate([np.ravel(src[i]["voltages"]) for i in range(n)])
   typical = float(np.median(np.abs(v)))
-  if not typical < 100:
+  if not typical < reconstructor.FAR_OFF:
     raise InputError(
         f"{src.path}: its voltages, standardised for preset {preset!r}, are ~{typical:.3g} "
         "standard deviations from the training mean (expected a few): the files are in other "

@@ -41,12 +41,17 @@ def _matrix_tags(name: str, shape: tuple[int, ...]) -> tuple[bytes, int]:
   return struct.pack("<II", _MI_MATRIX, len(body) + data) + body, data
 
 
-def small_variables(variables: dict) -> bytes:
-  """`variables` as savemat encodes them, without the file header: to append to a MAT-file."""
+def _encoded(variables: dict) -> bytes:
+  """A whole MAT-file of `variables` as savemat writes it (its 128-byte header first)."""
   import scipy.io
   buf = io.BytesIO()
   scipy.io.savemat(buf, variables, do_compression=False)
-  return buf.getvalue()[128:]
+  return buf.getvalue()
+
+
+def small_variables(variables: dict) -> bytes:
+  """`variables` as savemat encodes them, without the file header: to append to a MAT-file."""
+  return _encoded(variables)[128:]
 
 
 class Writer:
@@ -55,14 +60,11 @@ class Writer:
   until then the file is incomplete."""
 
   def __init__(self, path: str, arrays: dict[str, tuple[int, ...]], small: dict):
-    import scipy.io
-    buf = io.BytesIO()
-    scipy.io.savemat(buf, small, do_compression=False)
     self.shapes = dict(arrays)
     self._offsets = {}
     end = 0
     with open(path, "wb") as fh:
-      fh.write(buf.getvalue())  # the 128-byte file header, then the small variables
+      fh.write(_encoded(small))  # the 128-byte file header, then the small variables
       for name, shape in arrays.items():
         tags, size = _matrix_tags(name, shape)
         fh.write(tags)

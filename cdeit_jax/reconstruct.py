@@ -22,14 +22,9 @@ if __name__ == "__main__":
 from absl import flags
 from ml_collections import config_flags
 
-from cdeit_jax import cli, config_lib
+from cdeit_jax import cli
 
-try:
-  config_flags.DEFINE_config_dict(
-      "config", config_lib.default_config(), "settings: the checkpoint's config, changed with "
-      "--config.sampling.num_samples=8, --config.sampling.steps=3, ...", lock_config=True)
-except (KeyError, AttributeError) as e:  # an unknown --config.KEY on the command line
-  cli.unknown_config_key(sys.argv, e)
+cli.define_checkpoint_config("--config.sampling.num_samples=8, --config.sampling.steps=3")
 flags.DEFINE_string("workdir", None, "a run directory (local or gs://): its best validated "
                     "checkpoint, else the latest; or one RUN/checkpoints/STEP")
 flags.DEFINE_string("frames", None, "frames file: .npy, .npz, .mat or .csv, rows of 208 voltages")

@@ -246,8 +246,12 @@ class Reconstructor:
   def compiled_buckets(self) -> list[int]:
     return sorted(self._compiled)
 
+  def _bucket(self, rows: int) -> int:
+    """The global batch `rows` rows (at most `max_batch`) are padded to."""
+    return next(b for b in self.buckets if b >= rows)
+
   def _executable(self, rows: int) -> tuple[int, Callable]:
-    bucket = next(b for b in self.buckets if b >= rows)
+    bucket = self._bucket(rows)
     if bucket not in self._compiled:
       self._compiled[bucket] = sampling.compile_batch(self._sampler, self._weights, self.mesh,
                                                       bucket, self.cond_size)
@@ -287,8 +291,7 @@ class Reconstructor:
     p, procs = jax.process_index(), jax.process_count()
     for lo in range(0, len(cond), self.max_batch):
       hi = min(len(cond), lo + self.max_batch)
-      bucket = next(b for b in self.buckets if b >= hi - lo)
-      rows = np.arange(lo, lo + bucket)
+      rows = np.arange(lo, lo + self._bucket(hi - lo))
       rows = np.minimum(rows, hi - 1)  # padding repeats the last row
       mine = rows.reshape(procs, -1)[p]
       imgs = self.sample_local(cond[mine], index[mine], sample[mine])
@@ -307,28 +310,26 @@ class Reconstructor:
   def difference(self, voltages: np.ndarray | None = None, *, frames: np.ndarray | None = None,
                  reference: np.ndarray | None = None, where: str = "voltages") -> np.ndarray:
     """(N, 208) float32 difference voltages: `voltages` as given, or `frames - reference`
-    (time-difference imaging), checked (`check_frames`)."""
+    (time-difference imaging); `check_frames` checks them."""
     if (voltages is None) == (frames is None):
       raise InputError("give the difference voltages, or frames (and a reference frame)")
     if voltages is not None:
       if reference is not None:
         raise InputError("a reference frame goes with `frames`, not with difference voltages")
-      dv = _rows(voltages, where)
-    else:
-      dv = _rows(frames, where)
-      if reference is not None:
-        ref = _rows(reference, f"{where}: the reference frame")
-        if len(ref) != 1:
-          raise InputError(f"{where}: the reference frame must be one frame of "
-                           f"{measurement.NUM_MEASUREMENTS} voltages, got {len(ref)} frames")
-        bad = ~np.isfinite(ref[0])
-        if bad.any():
-          raise InputError(f"{where}: the reference frame holds NaN or infinite voltages (at "
-                           f"measurements {_listed(np.flatnonzero(bad))}); give a finite one")
-        # in float64: frames and reference are large beside their difference
-        dv = (np.asarray(frames, np.float64).reshape(dv.shape) -
-              np.asarray(reference, np.float64).reshape(1, -1)).astype(np.float32)
-    return dv
+      return _rows(voltages, where).astype(np.float32)
+    dv = _rows(frames, where)
+    if reference is not None:
+      # in float64: frames and reference are large beside their difference
+      ref = _rows(reference, f"{where}: the reference frame")
+      if len(ref) != 1:
+        raise InputError(f"{where}: the reference frame must be one frame of "
+                         f"{measurement.NUM_MEASUREMENTS} voltages, got {len(ref)} frames")
+      bad = ~np.isfinite(ref[0])
+      if bad.any():
+        raise InputError(f"{where}: the reference frame holds NaN or infinite voltages (at "
+                         f"measurements {_listed(np.flatnonzero(bad))}); give a finite one")
+      dv = dv - ref
+    return dv.astype(np.float32)
 
   def check_frames(self, dv: np.ndarray, where: str = "voltages", skip_bad: bool = False
                    ) -> np.ndarray:
@@ -389,7 +390,7 @@ class Reconstructor:
 
 
 def _rows(a: Any, where: str) -> np.ndarray:
-  """`a` as float32 rows (N, 208): one frame (208,) or (208, 1) is one row."""
+  """`a` as float64 rows (N, 208): one frame (208,) or (208, 1) is one row."""
   try:
     a = np.asarray(a)
   except (ValueError, TypeError) as e:
@@ -402,7 +403,7 @@ def _rows(a: Any, where: str) -> np.ndarray:
   if a.ndim != 2 or a.shape[1] != m:
     raise InputError(f"{where}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
                      f"order, got shape {a.shape}")
-  return a.astype(np.float32)
+  return a.astype(np.float64)
 
 
 def _listed(rows, most: int = 10) -> str:
