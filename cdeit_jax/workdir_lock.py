@@ -228,6 +228,10 @@ class _Lease:
       why = self._late()   # a renewal this late could overlap a newcomer's: never write it
       try:
         why = why or self._taken(self._read())
+        # paused between the check above and here, the read is stale and the write could cover
+        # a newcomer's lock: check the time again (the window left is the write's own request;
+        # closing it needs a conditional write, which the store layer does not offer)
+        why = why or self._late()
         if why is None:
           self._write()
           self.confirmed = t
