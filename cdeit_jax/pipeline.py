@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from cdeit_jax import sharding as shd
+from cdeit_jax import symmetry
 from cdeit_jax.data import NpzSource
 from cdeit_jax.files import DatasetError
 from cdeit_jax.errors import InputError
@@ -57,7 +58,8 @@ def train_dataset(source: NpzSource, global_batch: int, opts: Any) -> grain.Iter
   """Shuffled (seeded, reshuffled each epoch), repeated, batched host share of the global batch.
 
   `opts` is `config.data`: `seed`, `num_threads` (reader threads per process), `prefetch`
-  (batches per process), `num_workers` (grain worker processes; 0 = in-process).
+  (batches per process), `num_workers` (grain worker processes; 0 = in-process), `augment`
+  (each example turned and mirrored by one of the tank's eight symmetries, `cdeit_jax.symmetry`).
 
   The example order depends only on the seed, not on the number of hosts: each host reads only
   the examples of its rows of each global batch.
@@ -66,7 +68,10 @@ def train_dataset(source: NpzSource, global_batch: int, opts: Any) -> grain.Iter
   if len(source) < global_batch:
     raise DatasetError(f"{source.path}: {len(source)} examples, fewer than one global batch of "
                        f"{global_batch}")
-  ds = grain.MapDataset.source(source).shuffle(seed=opts.seed).repeat().map(_drop_name)
+  ds = grain.MapDataset.source(source).shuffle(seed=opts.seed).repeat()
+  if opts.augment:  # a fresh symmetry each epoch: grain seeds it by stream index
+    ds = ds.random_map(symmetry.Augment(source), seed=opts.seed)
+  ds = ds.map(_drop_name)
   ds = _HostRows(ds, global_batch, per_host, jax.process_index())
   ds = ds.batch(per_host, drop_remainder=True)
   it = ds.to_iter_dataset(grain.ReadOptions(

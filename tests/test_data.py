@@ -179,6 +179,39 @@ def test_iterator_state_restores_exactly(folder):
   assert [next(fresh)["index"].tolist() for _ in range(5)] == want
 
 
+def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
+  """With `augment`, each row is its example under one of the 8 symmetries: the target turned
+  and the conditioning recomputed from the permuted voltages (checked against the source's own
+  conditioning of those voltages); over the epochs every symmetry occurs, and a restored
+  iterator draws the same ones."""
+  from cdeit_jax import symmetry
+  src = data.NpzSource(str(folder), stats=(np.full((1, 16, 13), 1e-5), np.full((1, 16, 13), 2e-5)))
+  it = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True)))
+  used = set()
+  for step in range(12):   # two epochs
+    if step == 7:
+      state = it.get_state()
+    b = next(it)
+    for r, i in enumerate(b["index"]):
+      ex = src[int(i)]
+      raw = np.load(folder / src.files[int(i)])["ys"][:, 0]
+      hits = [g for g in symmetry.GROUP
+              if np.array_equal(b["target"][r], symmetry.image(ex["target"], *g))]
+      assert len(hits) == 1
+      used.add(hits[0])
+      np.testing.assert_allclose(b["cond"][r], src.condition(raw[symmetry.permutation(*hits[0])])[0],
+                                 rtol=1e-5, atol=1e-6)
+  assert len(used) == 8
+  fresh = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True)))
+  fresh.set_state(json.loads(json.dumps(state)))
+  a = [next(fresh) for _ in range(5)]
+  it = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True)))
+  want = [next(it) for _ in range(12)][7:]
+  for x, y in zip(a, want):
+    np.testing.assert_array_equal(x["cond"], y["cond"])
+    np.testing.assert_array_equal(x["target"], y["target"])
+
+
 def test_worker_processes_give_the_same_batches(folder):
   src = data.NpzSource(str(folder))
   a = iter(pipeline.train_dataset(src, 4, _loader(seed=1)))
