@@ -14,8 +14,9 @@ import time
 from typing import Any
 
 import ml_collections
+import numpy as np
 
-from cdeit_jax import config_lib, fileio, flops, sampling, training
+from cdeit_jax import config_lib, fileio, flops, measurement, sampling, training
 from cdeit_jax import device_memory as dm
 from cdeit_jax import sharding as shd
 from cdeit_jax.errors import InputError
@@ -81,8 +82,11 @@ def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dic
   m = setup.model_kwargs
   shape = (m["image_size"], m["image_size"], m["in_channels"])
   graphdef, weights = nnx.split(nnx.eval_shape(lambda: CDEIT(**m, rngs=nnx.Rngs(0))))
+  stats = (np.zeros(measurement.STATS_SHAPE, np.float32), np.ones(measurement.STATS_SHAPE,
+                                                                  np.float32))
   sampler = sampling.make_sampler(graphdef, setup.diffusion, cfg.sampling.steps,
-                                  cfg.sampling.eta, shape, mesh)
+                                  cfg.sampling.eta, shape, mesh,
+                                  symmetric_stats=stats if cfg.sampling.symmetric else None)
   t0 = time.perf_counter()
   try:
     compiled, _ = sampling.compile_sampler(sampler, weights, mesh, global_batch, global_batch,

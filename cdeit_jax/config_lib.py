@@ -63,7 +63,10 @@ def default_config() -> ml_collections.ConfigDict:
       seed=0,
       batch_size=config_dict.placeholder(int),  # global; default: the largest that fits
       # > 0: move each x0 estimate towards the measurements, x0 + S M_alpha (y - J x0)
-      data_consistency=0.0, data_consistency_alpha=0.1))
+      data_consistency=0.0, data_consistency_alpha=0.1,
+      # sample k of a frame sees the tank turned or mirrored by the k-th of its 8 symmetries and
+      # is turned back (cdeit_jax.symmetry): with K = 8 the mean is symmetric; K = 1 is unchanged
+      symmetric=False))
   c.eval = ml_collections.ConfigDict(dict(
       step=config_dict.placeholder(int),  # default: the best validated step, else the latest
       weights="ema",  # ema | raw
@@ -88,6 +91,9 @@ def default_config() -> ml_collections.ConfigDict:
       skip_bad_files=False,  # True: skip unreadable/invalid files with a warning
       cache=True,  # keep decoded arrays in memory (CDEIT datasets are small)
       num_workers=0, num_threads=4, prefetch=8, seed=0,
+      # files: turn and mirror each training example by one of the tank's 8 symmetries, drawn
+      # afresh each epoch (cdeit_jax.symmetry; exact for evenly spaced electrodes)
+      augment=False,
       train_split="train", valid_split="valid"))
   # The simulated distribution (cdeit_jax.synthetic): read by `python -m cdeit_jax.simulate`
   # (files) and by the simulator data source (config.data.source="simulator") alike.

@@ -65,6 +65,7 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
        "published sampler)")
   need(s.data_consistency >= 0, "sampling.data_consistency", "must be >= 0 (0 = off)")
   need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
+  need(isinstance(s.symmetric, bool), "sampling.symmetric", "must be True or False")
   need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
   need(e.weights in checkpoint.WEIGHT_ITEMS, "eval.weights",
        f"must be one of {sorted(checkpoint.WEIGHT_ITEMS)}")
@@ -201,8 +202,10 @@ class Reconstructor:
       correction_graphdef, dc_state = nnx.split(dc)
       weights = (weights, jax.device_put(dc_state, shd.replicated(self.mesh)))
     self._weights = weights
-    self._sampler = sampling.make_sampler(graphdef, Diffusion(**config.diffusion), self.steps,
-                                          self.eta, self.shape, self.mesh, correction_graphdef)
+    self.symmetric = bool(s.symmetric)
+    self._sampler = sampling.make_sampler(
+        graphdef, Diffusion(**config.diffusion), self.steps, self.eta, self.shape, self.mesh,
+        correction_graphdef, (self.mean, self.std) if self.symmetric else None)
     # The largest batch: the one that fits (or config.sampling.batch_size); smaller buckets are
     # compiled when a batch first needs them.
     compiled, self.max_batch = sampling.compile_sampler(

@@ -17,6 +17,7 @@ from flax import nnx
 from cdeit_jax import device_memory as dm
 from cdeit_jax import logs
 from cdeit_jax import sharding as shd
+from cdeit_jax import symmetry
 from cdeit_jax.diffusion import Diffusion
 from cdeit_jax.errors import InputError
 
@@ -24,12 +25,15 @@ log = logs.log.getChild("eval")
 
 
 def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, mesh,
-                 correction_graphdef=None):
+                 correction_graphdef=None, symmetric_stats: tuple | None = None):
   """One jitted sampler: (weights, cond, example indices, sample indices, key) -> images,
   batch-sharded.
 
   With `correction_graphdef` (of a `conditioning.DataConsistency`), `weights` is the pair
-  (model state, correction state) and every step's x0 is made consistent with the data."""
+  (model state, correction state) and every step's x0 is made consistent with the data. With
+  `symmetric_stats` (the condition's mean and std), sample k of a frame is drawn for the tank
+  turned or mirrored by the k-th of its 8 symmetries (`symmetry.GROUP`) and turned back, so
+  that the mean of 8 samples is symmetric (`config.sampling.symmetric`)."""
 
   def sample(weights, cond, index, sample, key):
     correct = None
@@ -38,8 +42,12 @@ def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, 
       correct = nnx.merge(correction_graphdef, correction)
     model = nnx.merge(graphdef, weights)
     keys = jax.vmap(lambda k, i: jax.random.fold_in(jax.random.fold_in(key, k), i))(sample, index)
-    return diffusion.sample_fn(model, cond, steps=steps, eta=eta, key=keys, shape=shape,
-                               correct=correct)
+    if symmetric_stats is not None:
+      element = sample % len(symmetry.GROUP)
+      cond = symmetry.turn_conditions(cond, element, *symmetric_stats)
+    images = diffusion.sample_fn(model, cond, steps=steps, eta=eta, key=keys, shape=shape,
+                                 correct=correct)
+    return images if symmetric_stats is None else symmetry.turn_back(images, element)
 
   b = shd.batch_sharded(mesh)
   return jax.jit(sample, in_shardings=(shd.replicated(mesh), b, b, b, shd.replicated(mesh)),

@@ -58,6 +58,24 @@ def test_api_gives_eval_predictions_with_and_without_a_reference(rec, uef_ys, ev
   np.testing.assert_allclose(one.images[0], pred[4], atol=1e-6, rtol=0)
 
 
+def test_symmetric_samples_are_the_turned_tanks_samples_turned_back(tiny_run, rec, uef_ys):
+  """`sampling.symmetric`: sample k (of 8) of a frame is, computed a second way on the host, the
+  plain sampler's sample k of the frame's voltages permuted for the k-th symmetry (conditioned
+  afresh) with its image turned back; sample 0 (the identity) is the plain sample."""
+  from cdeit_jax import symmetry
+  sym = Reconstructor.from_workdir(tiny_run, preset="uef2017",
+                                   overrides={**SETTINGS, "sampling.symmetric": True})
+  got = sym.reconstruct(uef_ys[:2], num_samples=8, keep_samples=True).samples
+  index = np.arange(2, dtype=np.int32)
+  for k, g in enumerate(symmetry.GROUP):
+    cond = rec.condition(uef_ys[:2][:, symmetry.permutation(*g)])
+    want = symmetry.image_back(rec.sample_rows(cond, index, np.full(2, k, np.int32)), *g)
+    np.testing.assert_allclose(got[k], want[..., 0], atol=2e-5, rtol=0)
+    if k:  # a turned tank's sample is not the plain one
+      plain = rec.sample_rows(rec.condition(uef_ys[:2]), index, np.full(2, k, np.int32))
+      assert np.abs(plain[..., 0] - got[k]).max() > 1e-2
+
+
 def test_a_stream_of_varying_batches_compiles_each_bucket_once(tiny_run, uef_ys, monkeypatch):
   """8 devices: buckets 8, 16, 32, 64 (the largest, compiled when the API is built); batches of
   1, 3, 8, 5, 17, 2, 30 frames pad to 8 or 32, each compiled once."""
