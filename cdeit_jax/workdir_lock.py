@@ -230,7 +230,8 @@ class _Lease:
         why = why or self._taken(self._read())
         # paused between the check above and here, the read is stale and the write could cover
         # a newcomer's lock: check the time again (the window left is the write's own request;
-        # closing it needs a conditional write, which the store layer does not offer)
+        # closing it would need a conditional write, an object generation precondition, which
+        # fileio does not make)
         why = why or self._late()
         if why is None:
           self._write()
