@@ -199,8 +199,8 @@ def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
               if np.array_equal(b["target"][r], symmetry.image(ex["target"], *g))]
       assert len(hits) == 1
       used.add(hits[0])
-      np.testing.assert_allclose(b["cond"][r], src.condition(raw[symmetry.permutation(*hits[0])])[0],
-                                 rtol=1e-5, atol=1e-6)
+      turned = src.condition(raw[symmetry.permutation(*hits[0])])[0]
+      np.testing.assert_allclose(b["cond"][r], turned, rtol=1e-5, atol=1e-6)
   assert len(used) == 8
   fresh = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True)))
   fresh.set_state(json.loads(json.dumps(state)))
