@@ -11,13 +11,11 @@ cdeit_jax/config_lib.py), changed with --config.KEY=VALUE; the model's runtime k
 Writes OUT/metrics.json, metrics.csv, predictions.npz, predictions.mat, reconstructions.png.
 """
 
-
 if __name__ == "__main__":
   from cdeit_jax import cpu_tuning
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
 from absl import flags
-from ml_collections import config_flags
 
 from cdeit_jax import cli
 
@@ -39,7 +37,7 @@ def main(argv):
   del argv
   cli.init_distributed()
   from cdeit_jax import evaluate
-  overrides = dict(config_flags.get_override_values(FLAGS["config"]))
+  overrides = cli.checkpoint_overrides()
   r = evaluate.evaluate(FLAGS.workdir, FLAGS.data, FLAGS.data_path, FLAGS.out, overrides)
   if "metrics" in r:
     for name, m in r["metrics"].items():

@@ -89,6 +89,12 @@ def define_checkpoint_config(examples: str) -> None:
     unknown_config_key(sys.argv, e)
 
 
+def checkpoint_overrides() -> dict:
+  """The `--config.KEY=VALUE` pairs given to a command of `define_checkpoint_config`."""
+  from ml_collections import config_flags
+  return dict(config_flags.get_override_values(FLAGS["config"]))
+
+
 def unknown_config_key(argv: list[str], e: Exception) -> None:
   """Report an unknown `--config.KEY` in one line and exit 2 (`DEFINE_config_dict` meets it when
   the flag is defined, `DEFINE_config_file` when the flags are parsed)."""
@@ -111,8 +117,7 @@ class _QuietDiskFull(logging.Filter):
     from cdeit_jax import fileio
     exc = record.exc_info[1] if record.exc_info else None
     text = record.getMessage()
-    return not ((exc is not None and fileio.is_disk_full(exc)) or
-                "No space left on device" in text)
+    return not ((exc is not None and fileio.is_disk_full(exc)) or fileio.NO_SPACE in text)
 
 
 def _quiet_closed_loop_callbacks() -> None:

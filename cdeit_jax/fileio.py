@@ -134,6 +134,9 @@ def no_space(where: str, what: str = "nothing was half-written there") -> DiskFu
   return err
 
 
+NO_SPACE = "No space left on device"  # strerror(ENOSPC), which libraries pass on as text
+
+
 def is_disk_full(e: BaseException) -> bool:
   """Whether `e`, or an error it was raised from or during, is a full disk: an OSError with
   ENOSPC, or a library's error that carries the system's text (TensorStore, under orbax's
@@ -146,7 +149,7 @@ def is_disk_full(e: BaseException) -> bool:
       continue
     seen.add(id(x))
     if (isinstance(x, OSError) and x.errno == errno.ENOSPC) or \
-        "No space left on device" in str(x):
+        NO_SPACE in str(x):
       return True
     stack += [x.__cause__, x.__context__, *getattr(x, "exceptions", ())]
   return False

@@ -20,7 +20,6 @@ if __name__ == "__main__":
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
 from absl import flags
-from ml_collections import config_flags
 
 from cdeit_jax import cli
 
@@ -62,7 +61,7 @@ def main(argv):
   from cdeit_jax.reconstructor import Reconstructor
 
   t_start = time.perf_counter()
-  overrides = dict(config_flags.get_override_values(FLAGS["config"]))
+  overrides = cli.checkpoint_overrides()
   if FLAGS.chunk < 1:
     raise InputError(f"--chunk={FLAGS.chunk}: must be >= 1")
   if not FLAGS.fps > 0:
