@@ -13,7 +13,7 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
-# Huge-page-backed malloc: XLA:CPU's large temporaries fault in far faster (cdeit_jax/cpu_tuning.py).
+# Huge-page-backed malloc: XLA:CPU's large temporaries fault in far faster (cdeit_jax/common/cpu_tuning.py).
 test: install
 	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q
 

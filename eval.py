@@ -12,7 +12,7 @@ Writes OUT/metrics.json, metrics.csv, predictions.npz, predictions.mat, reconstr
 """
 
 if __name__ == "__main__":
-  from cdeit_jax import cpu_tuning
+  from cdeit_jax.common import cpu_tuning
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
 from absl import flags
@@ -36,7 +36,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   cli.init_distributed()
-  from cdeit_jax import evaluate
+  from cdeit_jax.infer import evaluate
   overrides = cli.checkpoint_overrides()
   r = evaluate.evaluate(FLAGS.workdir, FLAGS.data, FLAGS.data_path, FLAGS.out, overrides)
   if "metrics" in r:

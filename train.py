@@ -12,7 +12,7 @@ On Cloud TPU pods and SLURM jobs jax.distributed.initialize() finds the cluster 
 import sys
 
 if __name__ == "__main__":
-  from cdeit_jax import cpu_tuning
+  from cdeit_jax.common import cpu_tuning
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
 from absl import flags
@@ -36,11 +36,12 @@ def main(argv):
   from cdeit_jax import config_lib
   config_lib.none_strings(FLAGS.config)
   if FLAGS.compile_topology:  # exit 0: fits, 1: does not fit, 2: bad input
-    from cdeit_jax import aot, compile_cache
+    from cdeit_jax.common import compile_cache
+    from cdeit_jax.train import aot
     # compile-only executables cannot be loaded back from the persistent cache (jax warns on
     # every read), and keeping them would only fill it
     compile_cache.enable("none")
-    from cdeit_jax.errors import CdeitError
+    from cdeit_jax.common.errors import CdeitError
     try:
       report = aot.compile_check(FLAGS.config, FLAGS.compile_topology, FLAGS.workdir)
     except CdeitError as e:
@@ -48,7 +49,7 @@ def main(argv):
       sys.exit(2)
     sys.exit(0 if report["fits"] else 1)
   cli.init_distributed()
-  from cdeit_jax import train_loop
+  from cdeit_jax.train import train_loop
   train_loop.train(FLAGS.config, FLAGS.workdir)
 
 

@@ -4,7 +4,7 @@
   python bench/bench_compile.py --configs configs/v5e8.py --topologies v5e-8 v5e-16
 
 Needs libtpu (pip install -e '.[tpu]'), not a TPU: each pair is compiled as
-`train.py --config C --compile_topology T` does (`cdeit_jax.aot`); one JSON line per pair (its
+`train.py --config C --compile_topology T` does (`cdeit_jax.train.aot`); one JSON line per pair (its
 compile.json), then the table.
 """
 
@@ -19,7 +19,8 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from cdeit_jax import aot, config_lib  # noqa: E402
+from cdeit_jax import config_lib  # noqa: E402
+from cdeit_jax.train import aot
 
 
 def main():

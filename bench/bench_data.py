@@ -14,7 +14,8 @@ import time
 
 import numpy as np
 
-from cdeit_jax import config_lib, data, pipeline
+from cdeit_jax import config_lib
+from cdeit_jax.data import pipeline, sources
 
 
 def make_folder(root: str, n: int) -> str:
@@ -48,7 +49,7 @@ def main():
     print(json.dumps({"bench": "generate", "files": a.files, "s": round(time.perf_counter() - t, 2)}))
   for cache in (False, True):
     t = time.perf_counter()
-    src = data.NpzSource(split, cache=cache)
+    src = sources.NpzSource(split, cache=cache)
     open_s = time.perf_counter() - t
     for workers in a.workers:
       opts = config_lib.default_config().data

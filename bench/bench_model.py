@@ -10,7 +10,7 @@ import argparse
 import json
 import time
 
-from cdeit_jax import cpu_tuning
+from cdeit_jax.common import cpu_tuning
 
 if __name__ == "__main__":
   cpu_tuning.apply()  # as train.py and eval.py run (may re-execute this command once)
@@ -20,9 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import attention, config_lib, flops, hardware
-from cdeit_jax.diffusion import Diffusion
-from cdeit_jax.model import CDEIT, count_params
+from cdeit_jax import config_lib
+from cdeit_jax.common import hardware
+from cdeit_jax.model import attention, flops
+from cdeit_jax.model.diffusion import Diffusion
+from cdeit_jax.model.network import CDEIT, count_params
 
 
 def timed(fn, *args, repeats):

@@ -25,7 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from cdeit_jax import cpu_tuning  # noqa: E402
+from cdeit_jax.common import cpu_tuning  # noqa: E402
 
 if __name__ == "__main__":
   cpu_tuning.apply()  # as the commands run (may re-execute this command once)
@@ -52,7 +52,7 @@ def _timed(fn) -> float:
 
 def sampler_flops(rec) -> float:
   """Matmul FLOPs of one row (one image) of the Reconstructor's sampler, every step counted."""
-  from cdeit_jax import flops
+  from cdeit_jax.model import flops
   cond = jax.ShapeDtypeStruct((1, rec.cond_size, rec.cond_size, 1), jnp.float32)
   idx = jax.ShapeDtypeStruct((1,), jnp.int32)
   key = jax.eval_shape(lambda: jax.random.key(0))
@@ -103,10 +103,12 @@ def bench_api(rec, dv: np.ndarray, batch: int, k: int, seconds: float, roof: flo
 
 def bench_published(batch: int, repeats: int) -> dict:
   """The published model (random weights, float32) through the same API at `batch` frames."""
-  from cdeit_jax import config_lib, models, stats
-  from cdeit_jax.reconstructor import Reconstructor
+  from cdeit_jax import config_lib
+  from cdeit_jax.checkpoints import loading
+  from cdeit_jax.data import stats
+  from cdeit_jax.infer.reconstructor import Reconstructor
   cfg = config_lib.default_config()
-  model = models.build(cfg)
+  model = loading.build(cfg)
   mean, std = stats.authors_stats()
   rec = Reconstructor(model, cfg, mean, std, num_examples=batch)
   dv = np.random.default_rng(0).standard_normal((batch, 208)).astype(np.float32) * std.ravel()
@@ -141,7 +143,7 @@ def main():
   a = p.parse_args()
 
   from cdeit_jax import sequence
-  from cdeit_jax.reconstructor import Reconstructor
+  from cdeit_jax.infer.reconstructor import Reconstructor
   roof = matmul_gflops()
   seq = sequence.simulate(90)
   dv = (seq["frames"] - seq["reference"]).astype(np.float32)

@@ -55,8 +55,9 @@ def main():
   common = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
             "jax": jax.__version__, "dtype": a.dtype, "mesh_nodes": sim.mesh.num_nodes,
             "mesh_elements": sim.mesh.num_elements}
-  from cdeit_jax import config_lib, synthetic
-  from cdeit_jax import sharding as shd
+  from cdeit_jax import config_lib
+  from cdeit_jax.common import sharding as shd
+  from cdeit_jax.data import synthetic
   from cdeit_jax.eit.spec import SystemSpec
   mesh = shd.make_mesh(jax.devices()[:1])
   nominal = config_lib.default_config().simulator
@@ -84,9 +85,12 @@ def main():
 
 
 def bench_source(a) -> None:
-  from cdeit_jax import config_lib, measurement, simulator_source, synthetic, training
-  from cdeit_jax import sharding as shd
-  from cdeit_jax.data import ArraySource
+  from cdeit_jax import config_lib
+  from cdeit_jax.common import sharding as shd
+  from cdeit_jax.data import simulator_source, synthetic
+  from cdeit_jax.data.sources import ArraySource
+  from cdeit_jax.eit import measurement
+  from cdeit_jax.train import training
   cfg = config_lib.load(a.config) if a.config else config_lib.default_config()
   mesh = shd.make_mesh()
   n = mesh.size

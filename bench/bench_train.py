@@ -3,7 +3,7 @@
   python bench/bench_train.py                                   # published size, float32
   python bench/bench_train.py --config configs/v5e8.py --per-device-batch 8
 Reports samples/s, achieved TFLOP/s per device (model FLOPs counted analytically with every loop
-iteration, `cdeit_jax.flops`) and the fraction of the device's bf16 peak where known.
+iteration, `cdeit_jax.model.flops`) and the fraction of the device's bf16 peak where known.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 import json
 import time
 
-from cdeit_jax import cpu_tuning
+from cdeit_jax.common import cpu_tuning
 
 if __name__ == "__main__":
   cpu_tuning.apply()  # as train.py and eval.py run (may re-execute this command once)
@@ -20,8 +20,11 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 import numpy as np
 
-from cdeit_jax import attention, config_lib, hardware, training
-from cdeit_jax import sharding as shd
+from cdeit_jax import config_lib
+from cdeit_jax.common import hardware
+from cdeit_jax.common import sharding as shd
+from cdeit_jax.model import attention
+from cdeit_jax.train import training
 
 
 def main():
@@ -82,7 +85,7 @@ def main():
     jax.block_until_ready(m)
     step_s = step_s_min = (time.perf_counter() - t) / a.steps
   peak = hardware.peak_tflops()
-  tflops = c.flops_per_step / n / step_s / 1e12  # model FLOPs, loops counted (cdeit_jax.flops)
+  tflops = c.flops_per_step / n / step_s / 1e12  # model FLOPs, loops counted (cdeit_jax.model.flops)
   print(json.dumps({
       "bench": "train_step", "device": jax.devices()[0].device_kind, "devices": n,
       "backend": jax.default_backend(), "jax": jax.__version__, "params": params,

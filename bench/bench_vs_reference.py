@@ -3,7 +3,7 @@
   python bench/bench_vs_reference.py --reference REF_CHECKOUT [--batch 2 --threads 2]
 
 Same machine, same batch, float32, published model, one run: ours (attention "auto", i.e. the
-blocked backend on CPU; `cdeit_jax.cpu_tuning` applied as the commands do), then the reference
+blocked backend on CPU; `cdeit_jax.common.cpu_tuning` applied as the commands do), then the reference
 (`bench/reference/ref_bench.py`, once as is and once with the same malloc setting; it needs torch
 and a checkout of the public shuaikaishi/CDEIT repository; `bench/reference/ref_shim` stands in
 for the few timm/ema_pytorch names its model file imports). Prints one JSON line with both and the ratios.
@@ -20,7 +20,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from cdeit_jax import cpu_tuning  # noqa: E402
+from cdeit_jax.common import cpu_tuning  # noqa: E402
 
 
 def run(cmd: list[str], env: dict) -> dict:
@@ -46,7 +46,7 @@ def main():
                                                   a.reference]))
   ref_cmd = [py, os.path.join(HERE, "reference", "ref_bench.py"), str(a.batch), str(a.threads)]
   ref = run(ref_cmd, ref_env)
-  # the same malloc setting as ours (cdeit_jax.cpu_tuning), so that neither side is favoured
+  # the same malloc setting as ours (cdeit_jax.common.cpu_tuning), so that neither side is favoured
   ref_tuned = run(ref_cmd, cpu_tuning.tuned_environment(ref_env))
   out = {
       "bench": "cpu_vs_reference", "batch": a.batch, "dtype": "float32",

@@ -1,17 +1,17 @@
 """Command-line plumbing shared by train.py and eval.py: one spelling of the multi-host flags, one
 cluster set-up, flag parsing whose mistakes are one line, and one-line reports of the project's
-own errors (`cdeit_jax.errors`); any other exception keeps its traceback."""
+own errors (`cdeit_jax.common.errors`); any other exception keeps its traceback."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from absl import app, flags
 
-from cdeit_jax.errors import CdeitError
+from cdeit_jax.common.errors import CdeitError
 
 FLAGS = flags.FLAGS
 
@@ -49,7 +49,7 @@ def init_distributed() -> None:
     jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
   elif _auto_cluster():
     jax.distributed.initialize()
-  from cdeit_jax import logs
+  from cdeit_jax.common import logs
   logs.console(primary=jax.process_index() == 0)
 
 
@@ -114,7 +114,7 @@ class _QuietDiskFull(logging.Filter):
   error it caught in the debug log."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    from cdeit_jax import fileio
+    from cdeit_jax.common import fileio
     exc = record.exc_info[1] if record.exc_info else None
     text = record.getMessage()
     return not ((exc is not None and fileio.is_disk_full(exc)) or fileio.NO_SPACE in text)
@@ -146,7 +146,7 @@ def run(main: Callable[[list[str]], None]) -> None:
     for name in ("gcsfs", "fsspec"):  # and every file they open
       logging.getLogger(name).setLevel(logging.WARNING)
     if "compilation_cache" in FLAGS:
-      from cdeit_jax import compile_cache
+      from cdeit_jax.common import compile_cache
       compile_cache.enable(FLAGS.compilation_cache)
     try:
       main(argv)

@@ -3,7 +3,7 @@
 Config files in `configs/` are small ml_collections files with `get_config()` that start from
 `default_config()` here and change what differs. Each default lives once: `model` is `CDEIT`'s
 keyword arguments and `diffusion` `Diffusion`'s, read from their signatures; the phantoms'
-from `PhantomSpec`; the measuring system's from `cdeit_jax.measurement`. Reading a config
+from `PhantomSpec`; the measuring system's from `cdeit_jax.eit.measurement`. Reading a config
 imports no physics (no simulator, no conditioning).
 """
 
@@ -20,11 +20,12 @@ import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
 
-from cdeit_jax import attention, measurement
-from cdeit_jax.diffusion import Diffusion
+from cdeit_jax.common.errors import InputError, MissingFile
+from cdeit_jax.eit import measurement
 from cdeit_jax.eit.spec import KINDS, PhantomSpec, SystemSpec
-from cdeit_jax.errors import InputError, MissingFile
-from cdeit_jax.model import CDEIT, COND_MODES, SYSTEM_ARGS
+from cdeit_jax.model import attention
+from cdeit_jax.model.diffusion import Diffusion
+from cdeit_jax.model.network import CDEIT, COND_MODES, SYSTEM_ARGS
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 SOURCES = ("files", "simulator")
@@ -65,7 +66,7 @@ def default_config() -> ml_collections.ConfigDict:
       # > 0: move each x0 estimate towards the measurements, x0 + S M_alpha (y - J x0)
       data_consistency=0.0, data_consistency_alpha=0.1,
       # sample k of a frame sees the tank turned or mirrored by the k-th of its 8 symmetries and
-      # is turned back (cdeit_jax.symmetry): with K = 8 the mean is symmetric; K = 1 is unchanged
+      # is turned back (cdeit_jax.eit.symmetry): with K = 8 the mean is symmetric; K = 1 is unchanged
       symmetric=False))
   c.eval = ml_collections.ConfigDict(dict(
       step=config_dict.placeholder(int),  # default: the best validated step, else the latest
@@ -82,7 +83,7 @@ def default_config() -> ml_collections.ConfigDict:
       fit_uncertainty=False))
   c.data = ml_collections.ConfigDict(dict(
       # files: npz folders under `path`; simulator: fresh examples made on the devices every step
-      # from `config.simulator` (no files, no epochs; cdeit_jax.simulator_source)
+      # from `config.simulator` (no files, no epochs; cdeit_jax.data.simulator_source)
       source=SOURCES[0],
       path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
       preset="simulated",  # a name of measurement.PRESETS (sets the two ratios)
@@ -92,10 +93,10 @@ def default_config() -> ml_collections.ConfigDict:
       cache=True,  # keep decoded arrays in memory (CDEIT datasets are small)
       num_workers=0, num_threads=4, prefetch=8, seed=0,
       # files: turn and mirror each training example by one of the tank's 8 symmetries, drawn
-      # afresh each epoch (cdeit_jax.symmetry; exact for evenly spaced electrodes)
+      # afresh each epoch (cdeit_jax.eit.symmetry; exact for evenly spaced electrodes)
       augment=False,
       train_split="train", valid_split="valid"))
-  # The simulated distribution (cdeit_jax.synthetic): read by `python -m cdeit_jax.simulate`
+  # The simulated distribution (cdeit_jax.data.synthetic): read by `python -m cdeit_jax.simulate`
   # (files) and by the simulator data source (config.data.source="simulator") alike.
   c.simulator = ml_collections.ConfigDict(dict(
       seed=0,  # example i of a split is a function of (seed, split, i)

@@ -18,9 +18,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import fileio
-from cdeit_jax.model import CDEIT, relative_position_index, sincos_pos_embed_2d
-from cdeit_jax.errors import InputError, MissingFile
+from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError, MissingFile
+from cdeit_jax.model.network import CDEIT, relative_position_index, sincos_pos_embed_2d
 
 WINDOW_BLOCKS = ("swinIn1", "swinIn2", "swinOut1", "swinOut2")
 
@@ -229,9 +229,10 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
 def convert(checkpoint_path: str, cfg, workdir: str, *, stats_dir: str | None = None,
             step: int = 0, weights: str = "ema") -> str:
   """Read a reference checkpoint, load it strictly into the config's model, save a workdir."""
-  from cdeit_jax import checkpoint, models, stats
+  from cdeit_jax.checkpoints import checkpoint, loading
+  from cdeit_jax.data import stats
 
-  model = models.build(cfg)
+  model = loading.build(cfg)
   load_torch_state_dict(model, read_state_dict(checkpoint_path), source=checkpoint_path)
   mean, std = stats.load_stats(stats_dir) if stats_dir else stats.authors_stats()
   return checkpoint.save_inference(workdir, model, cfg, mean=mean, std=std, step=step,

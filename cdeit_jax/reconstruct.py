@@ -5,7 +5,7 @@
       --voltage_ratio 1040.856 --current_ratio 2 --config.sampling.num_samples=8
 
 F: `.npy`, `.npz`, `.mat` or `.csv`, frames as rows (N, 208) in the protocol's order
-(`cdeit_jax.frames`). They are difference voltages, or frames with a reference frame (the
+(`cdeit_jax.infer.frames`). They are difference voltages, or frames with a reference frame (the
 file's `reference`, --reference FILE or --reference_row K): dv = v - v_ref. Writes
 O/frames.npz (`images`, `std` for K > 1), O/frames.mat, O/montage.png and O/frames.gif.
 Row i is sampled as eval.py samples example i: the same voltages, seed and settings give
@@ -16,7 +16,7 @@ eval.py's `pred`. The sampling settings are eval.py's (--config.sampling.*, --co
 import sys
 
 if __name__ == "__main__":
-  from cdeit_jax import cpu_tuning
+  from cdeit_jax.common import cpu_tuning
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
 from absl import flags
@@ -56,9 +56,10 @@ def main(argv):
   import numpy as np
   from tqdm import tqdm
 
-  from cdeit_jax import compile_cache, fileio, frames, logs
-  from cdeit_jax.errors import InputError
-  from cdeit_jax.reconstructor import Reconstructor
+  from cdeit_jax.common import compile_cache, fileio, logs
+  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.infer import frames
+  from cdeit_jax.infer.reconstructor import Reconstructor
 
   t_start = time.perf_counter()
   overrides = cli.checkpoint_overrides()

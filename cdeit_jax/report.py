@@ -15,8 +15,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from cdeit_jax import fileio
-from cdeit_jax.errors import InputError
+from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError
 
 METHODS = (("cdeit", "CDEIT"), ("tikhonov", "Tikhonov (ours)"), ("empty", "empty image"))
 COLUMNS = (("rmse", "RMSE", "{:.4f}"), ("psnr", "PSNR", "{:.2f}"), ("ssim", "SSIM", "{:.3f}"),
@@ -72,8 +72,9 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
   several samples) | the built-in Tikhonov of the same voltages (scaled as in the metrics)."""
   import numpy as np
 
-  from cdeit_jax import eit, metrics, outputs
-  from cdeit_jax import files as npz_files
+  from cdeit_jax import eit
+  from cdeit_jax.data import npz_files
+  from cdeit_jax.infer import metrics, outputs
   s = json.loads(fileio.path(fileio.join(folder, "metrics.json")).read_text())["settings"]
   with fileio.open_binary(fileio.join(folder, "predictions.npz")) as fh:
     z = dict(np.load(fh, allow_pickle=False))

@@ -81,8 +81,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.error(f"--num_frames={a.num_frames}: must be >= 3")
   if np.isnan(a.snr_db):
     p.error("--snr_db=nan: give a number of dB (inf: no noise)")
-  from cdeit_jax import fileio
-  from cdeit_jax.errors import InputError
+  from cdeit_jax.common import fileio
+  from cdeit_jax.common.errors import InputError
   try:
     fileio.writable_folder(fileio.dirname(fileio.resolve(a.out)), "--out")
   except InputError as e:

@@ -4,7 +4,7 @@
   python -m cdeit_jax.simulate --config configs/demo.py --out DATA --num_train 3000 \
       --config.simulator.seed=1 --config.simulator.phantom.max_inclusions=2
 
-The examples follow `config.simulator` (`cdeit_jax.synthetic`: the distribution that the
+The examples follow `config.simulator` (`cdeit_jax.data.synthetic`: the distribution that the
 simulator data source, `config.data.source="simulator"`, draws from too; the default config's
 unless --config names another). Writes DATA/{train,valid,test}/NNNNNNN.npz (`ys` (208, 1)
 difference voltages in volts, `xs` (128, 128) label image, `TR` (128, 128) the one-step
@@ -18,7 +18,7 @@ the folder, computing only the missing files. Every file is written atomically.
 from __future__ import annotations
 
 if __name__ == "__main__":
-  from cdeit_jax import cpu_tuning
+  from cdeit_jax.common import cpu_tuning
   cpu_tuning.apply(simulate=True)  # before jax starts: one host device per core
 
 import concurrent.futures
@@ -30,9 +30,9 @@ import time
 import ml_collections
 import numpy as np
 
-from cdeit_jax import fileio
-from cdeit_jax.errors import InputError
-from cdeit_jax.synthetic import SPLITS
+from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.data.synthetic import SPLITS
 
 
 def file_name(index: int) -> str:
@@ -47,7 +47,7 @@ def _savez(p: str, arrays: dict) -> None:
 def _check_settings(out: str, sim: ml_collections.ConfigDict, tr_splits=SPLITS) -> None:
   """Refuse to extend a folder generated with other settings, or with unknown ones (it would mix
   two datasets); record the settings of a new folder."""
-  from cdeit_jax import synthetic
+  from cdeit_jax.data import synthetic
   path = fileio.join(out, "simulate.json")
   want = {**synthetic.settings_json(sim), "tr_splits": sorted(tr_splits)}
   if fileio.path(path).exists():
@@ -87,7 +87,8 @@ class Generator:
   def __init__(self, sim: ml_collections.ConfigDict, batch_size: int = 64):
     import jax
 
-    from cdeit_jax import sharding as shd, synthetic
+    from cdeit_jax.common import sharding as shd
+    from cdeit_jax.data import synthetic
     self.sim = sim
     synthetic.generator(sim)  # checks the settings now
     self.mesh = shd.make_mesh(jax.local_devices())
@@ -97,14 +98,14 @@ class Generator:
 
   def reconstruct(self, ys: np.ndarray) -> np.ndarray:
     if self.tikhonov is None:
-      from cdeit_jax.eit import reconstruct
-      alpha = self.sim.tikhonov_alpha or reconstruct.DEFAULT_ALPHA
-      self.tikhonov = reconstruct.default_tikhonov(alpha, self.sim.contact_impedance)
+      from cdeit_jax.eit import tikhonov
+      alpha = self.sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA
+      self.tikhonov = tikhonov.default_tikhonov(alpha, self.sim.contact_impedance)
     return self.tikhonov(ys)
 
   def __call__(self, split: str, indices: np.ndarray, with_tr: bool = True) -> dict:
     """Arrays of the examples `indices` (at most batch_size) of `split`."""
-    from cdeit_jax import synthetic
+    from cdeit_jax.data import synthetic
     ys, xs = synthetic.example_arrays(self.sim, split, np.asarray(indices), self.mesh,
                                       pad_to=self.batch_size)
     out = {"ys": ys[..., None].astype(np.float32), "xs": xs.astype(np.float32)}
@@ -178,7 +179,7 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
   elapsed = time.perf_counter() - t0
   if counts.get("train", 0) >= 2 and (new_train or not fileio.path(
       fileio.join(out, "std.npy")).exists()):
-    from cdeit_jax import stats as stats_lib
+    from cdeit_jax.data import stats as stats_lib
     mean, std = stats_lib.compute_stats(fileio.join(out, "train"), progress=False)
     stats_lib.write_stats(out, mean, std)
   return {"generated": total, "seconds": elapsed,

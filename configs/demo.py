@@ -6,7 +6,7 @@ simulations, CPU-sized.
 
 Patch 8, width 64, two scales (1.1 M parameters; a 16 x 16 token grid), and the physics-informed
 condition: beside the EIM, the NOSER-weighted Tikhonov images of the voltages at two
-regularisation levels (`cdeit_jax.conditioning`). About 6.7 steps of 16 per second on 2 CPU cores,
+regularisation levels (`cdeit_jax.eit.conditioning`). About 6.7 steps of 16 per second on 2 CPU cores,
 so 5,000 steps take ~12 minutes (4,000 steps, the earlier budget: 0.1437 / 0.1706 / 0.1452 RMSE
 on held-out simulations / the foreign system / UEF2017 with symmetric samples; 5,000: 0.1422 /
 0.1699 / 0.1436; the validation loss still falls). The data: the default `config.simulator`, whose measuring

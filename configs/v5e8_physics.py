@@ -1,6 +1,6 @@
 """TPU v5e-8, the published-size model with the physics-informed condition: beside the EIM, one
 NOSER-weighted Tikhonov reconstruction of the voltages per level in `model.cond_alphas`
-(`cdeit_jax.conditioning`). Everything else as `configs/v5e8.py` (global batch 64, bfloat16,
+(`cdeit_jax.eit.conditioning`). Everything else as `configs/v5e8.py` (global batch 64, bfloat16,
 splash attention). Compiled ahead of time (`--compile_topology v5e-8`): 9.71 GiB of 15.75 GiB
 per chip (62 %; configs/v5e8.py: 9.68 GiB), sampler 2.02 GiB at batch 64.
 For GPUs: `--config configs/gpu.py --config.model.cond=eim+linear`.

@@ -1,7 +1,7 @@
 """TPU v5e-8, the published-size physics-informed model (`configs/v5e8_physics.py`) trained on
 fresh simulations: every step's 64 examples (random phantoms, complete-electrode-model voltages
 with 40 dB noise on both vectors, target image, EIM) are made on the 8 chips next to the step
-from `config.simulator` (`cdeit_jax.simulator_source`); no dataset, no epochs. The statistics
+from `config.simulator` (`cdeit_jax.data.simulator_source`); no dataset, no epochs. The statistics
 come from the first 4,096 simulated examples and are stored in the checkpoint; validation uses
 512 fixed simulated examples. Compiled ahead of time (`--compile_topology v5e-8`): the train
 step 9.71 GiB of 15.75 GiB per chip (as configs/v5e8_physics.py), 55.1 TFLOP per step; the

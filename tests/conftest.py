@@ -46,7 +46,7 @@ def small_model(small_state_dict):
   from flax import nnx
 
   from cdeit_jax.convert import load_torch_state_dict
-  from cdeit_jax.model import CDEIT
+  from cdeit_jax.model.network import CDEIT
   model = CDEIT(hidden_size=64, attention_query_chunk=1024, rngs=nnx.Rngs(0))
   return load_torch_state_dict(model, small_state_dict)
 
@@ -62,7 +62,7 @@ def tiny_model():
   import jax
   from flax import nnx
 
-  from cdeit_jax.model import CDEIT
+  from cdeit_jax.model.network import CDEIT
   model = CDEIT(**TINY, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   leaves, treedef = jax.tree.flatten(state)
@@ -76,7 +76,7 @@ def wait_for_first_log(workdir, timeout: float = 300) -> None:
   metrics line."""
   import time
 
-  from cdeit_jax import fileio
+  from cdeit_jax.common import fileio
   metrics = fileio.join(workdir, "metrics.jsonl")
   pause = 0.25 if fileio.is_remote(metrics) else 0.05  # the emulator serves one request at a time
   deadline = time.time() + timeout
@@ -89,7 +89,7 @@ def sigterm_after_first_log(p, workdir, timeout: float = 300) -> int:
   latest checkpointed step after it exited cleanly."""
   import signal
 
-  from cdeit_jax import checkpoint
+  from cdeit_jax.checkpoints import checkpoint
   wait_for_first_log(workdir, timeout)
   p.send_signal(signal.SIGTERM)
   _, err = p.communicate(timeout=timeout)
@@ -170,8 +170,10 @@ def tiny_run(tmp_path_factory):
   import jax
   from flax import nnx
 
-  from cdeit_jax import checkpoint, config_lib, stats
-  from cdeit_jax.model import CDEIT
+  from cdeit_jax import config_lib
+  from cdeit_jax.checkpoints import checkpoint
+  from cdeit_jax.data import stats
+  from cdeit_jax.model.network import CDEIT
   wd = tmp_path_factory.mktemp("tiny_run")
   cfg = config_lib.load(str(REPO / "configs" / "test.py"))
   model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
@@ -188,13 +190,16 @@ def final_state(workdir, cfg, devices=None):
   folder or gs:// URL), restored onto `devices`."""
   import jax
 
-  from cdeit_jax import checkpoint, data, fileio, pipeline, training
-  from cdeit_jax import sharding as shd
+  from cdeit_jax.checkpoints import checkpoint
+  from cdeit_jax.common import fileio
+  from cdeit_jax.common import sharding as shd
+  from cdeit_jax.data import pipeline, sources
+  from cdeit_jax.train import training
   mesh = shd.make_mesh(devices)
   state = training.setup(cfg, mesh).state
   abstract = jax.eval_shape(lambda: state)
   sh = shd.state_shardings(abstract, mesh)
-  src = data.NpzSource(fileio.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
+  src = sources.NpzSource(fileio.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
   it = iter(pipeline.train_dataset(src, cfg.batch_size, cfg.data))
   mngr = checkpoint.train_manager(str(workdir))
   step = mngr.latest_step()

@@ -10,7 +10,9 @@ import pytest
 pytest.importorskip("libtpu", reason="libtpu is not installed (pip install -e '.[tpu]'); "
                     ".ci/run installs it")
 
-from cdeit_jax import aot, config_lib, flops  # noqa: E402
+from cdeit_jax import config_lib
+from cdeit_jax.model import flops  # noqa: E402
+from cdeit_jax.train import aot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--config.model.patch_size=4", "--config.model.hidden_size=32",
@@ -30,7 +32,7 @@ def _traced_forward_flops(cfg) -> float:
   import jax.numpy as jnp
   from flax import nnx
 
-  from cdeit_jax.model import CDEIT
+  from cdeit_jax.model.network import CDEIT
   kw = dict(config_lib.model_kwargs(cfg, "cpu"), attention_impl="xla")
   graphdef, state = nnx.split(nnx.eval_shape(lambda: CDEIT(**kw, rngs=nnx.Rngs(0))))
   size = kw["image_size"]

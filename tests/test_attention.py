@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cdeit_jax import attention
-from cdeit_jax import sharding as shd
-from cdeit_jax.model import CDEIT
+from cdeit_jax.common import sharding as shd
+from cdeit_jax.model import attention
+from cdeit_jax.model.network import CDEIT
 
 
 def _qkv(shape, dtype=jnp.float32, seed=0):

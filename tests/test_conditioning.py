@@ -11,14 +11,17 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from cdeit_jax import checkpoint, conditioning, config_lib, convert, data, eit, evaluate, measurement
-from cdeit_jax import metrics, models
-from cdeit_jax import sharding as shd
-from cdeit_jax import stats as stats_lib
-from cdeit_jax import training
-from cdeit_jax.diffusion import Diffusion
+from cdeit_jax import config_lib, convert, eit
+from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.common import sharding as shd
+from cdeit_jax.data import sources
+from cdeit_jax.data import stats as stats_lib
+from cdeit_jax.eit import conditioning, measurement
 from cdeit_jax.eit import phantom as ph
-from cdeit_jax.model import CDEIT
+from cdeit_jax.infer import evaluate, metrics
+from cdeit_jax.model.diffusion import Diffusion
+from cdeit_jax.model.network import CDEIT
+from cdeit_jax.train import training
 
 REPO = pathlib.Path(__file__).parent.parent
 UEF = str(REPO / "data" / "uef2017")
@@ -29,7 +32,7 @@ ALPHAS = (0.03, 0.3)
 @pytest.fixture(scope="module")
 def uef():
   """The 22 tank cases standardised with the authors' statistics (as a real evaluation)."""
-  return data.NpzSource(UEF, "uef2017", "authors")
+  return sources.NpzSource(UEF, "uef2017", "authors")
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +70,16 @@ def test_conditioner_follows_the_simulators_contact_impedance(conditioner, cond_
   """The model built from a config computes its channels with the Jacobian of
   config.simulator's system: at contact impedance 0.05 they are the Tikhonov images of that
   system's Jacobian (a second implementation), and differ from those at the default 0.01."""
-  from cdeit_jax.eit import reconstruct
+  from cdeit_jax.eit import tikhonov
   cond, ys = cond_and_ys
   cfg = _pi_config()
   cfg.simulator.contact_impedance = 0.05
-  model = models.build(cfg)
+  model = loading.build(cfg)
   model.conditioner.voltage_mean[...] = jnp.asarray(uef.mean.ravel())
   model.conditioner.voltage_std[...] = jnp.asarray(uef.std.ravel())
   got = np.asarray(model.conditioner.channels(cond, scaled=False))
   default = np.asarray(conditioner.channels(cond, scaled=False))
-  jac = reconstruct.default_jacobian(0.05)
+  jac = tikhonov.default_jacobian(0.05)
   for k, alpha in enumerate(ALPHAS):
     want = eit.Tikhonov(alpha=alpha, jac=jac)(ys)
     assert np.abs(got[..., k] - want).max() <= 1e-5 * np.abs(want).max()
@@ -170,7 +173,7 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path, caplog
   noisy = jax.tree.map(lambda a: a + 0.05 * rng.standard_normal(a.shape).astype(np.float32), params)
   nnx.update(model, noisy)
   checkpoint.save_inference(str(tmp_path / "run"), model, cfg, mean=uef.mean, std=uef.std)
-  loaded, meta = models.load(str(tmp_path / "run"))
+  loaded, meta = loading.load(str(tmp_path / "run"))
   assert meta["model"]["cond"] == "eim+linear" and meta["model"]["cond_alphas"] == list(ALPHAS)
   x = jnp.asarray(rng.normal(size=(2, 128, 128, 1)), jnp.float32)
   cond = jnp.asarray(np.stack([uef[i]["cond"] for i in range(2)]))

@@ -9,9 +9,16 @@ import pytest
 from conftest import FIXTURES
 from flax import nnx
 
-from cdeit_jax import checkpoint, config_lib, convert, models, stats
+from cdeit_jax import config_lib, convert
+from cdeit_jax.checkpoints import checkpoint, loading
 from cdeit_jax.convert import StateDictMismatch, export_torch_state_dict, load_torch_state_dict
-from cdeit_jax.model import CDEIT, count_params, relative_position_index, sincos_pos_embed_2d
+from cdeit_jax.data import stats
+from cdeit_jax.model.network import (
+  CDEIT,
+  count_params,
+  relative_position_index,
+  sincos_pos_embed_2d,
+)
 
 
 def test_export_round_trips_reference_state_dict(small_model, small_state_dict):
@@ -108,7 +115,7 @@ def test_convert_writes_loadable_checkpoint(tmp_path):
   cfg = config_lib.default_config()
   cfg.model.hidden_size = 64  # the fixture's model
   convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
-  model, meta = models.load(str(tmp_path / "run"))
+  model, meta = loading.load(str(tmp_path / "run"))
   # The weights come back bit for bit (the forward of these weights is checked in test_model).
   reference = dict(np.load(FIXTURES / "dit_small_state_dict.npz"))
   for k, v in export_torch_state_dict(model).items():
@@ -119,7 +126,7 @@ def test_convert_writes_loadable_checkpoint(tmp_path):
   np.testing.assert_array_equal(std, a_std)
   assert meta["weights"] == ["ema"] and meta["model"]["hidden_size"] == 64
   with pytest.raises(ValueError, match="--config.eval.weights=ema"):
-    models.load(str(tmp_path / "run"), weights="raw")
+    loading.load(str(tmp_path / "run"), weights="raw")
   with pytest.raises(ValueError, match="0 exists already: choose another --workdir or --step"):
     convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
   (tmp_path / "run" / "metrics.jsonl").write_text("")  # as train.py's workdirs hold
@@ -145,7 +152,7 @@ def test_edited_metadata_is_one_line(tmp_path, edit, match):
   edit(meta)
   path.write_text(json.dumps(meta))
   with pytest.raises(checkpoint.CheckpointError, match=match):
-    models.load(str(tmp_path / "run"))
+    loading.load(str(tmp_path / "run"))
 
 
 def test_convert_command_line(tmp_path):
@@ -171,7 +178,7 @@ def test_missing_checkpoint_paths_are_named(tmp_path):
   with pytest.raises(ValueError, match="bad.npz"):
     convert.read_state_dict(str(tmp_path / "bad.npz"))
   with pytest.raises(FileNotFoundError, match="checkpoints/"):
-    models.load(str(tmp_path))
+    loading.load(str(tmp_path))
 
 
 def test_pt_without_torch_says_how_to_install(tmp_path, monkeypatch):
@@ -207,9 +214,9 @@ def test_checkpoints_of_format_v1_still_evaluate_and_refuse_to_resume(tmp_path):
 
   import jax.numpy as jnp
 
-  from cdeit_jax import train_loop
+  from cdeit_jax.train import train_loop
   fixture = pathlib.Path(__file__).parent / "fixtures" / "checkpoint_v1"
-  model, meta = models.load(str(fixture / "run"))
+  model, meta = loading.load(str(fixture / "run"))
   assert meta["format"] == checkpoint.FORMAT_V1 and meta["step"] == 3
   io = np.load(fixture / "io.npz")
   y = model(jnp.asarray(io["x"]), jnp.asarray(io["t"]), jnp.asarray(io["cond"]))

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from cdeit_jax import cpu_tuning
+from cdeit_jax.common import cpu_tuning
 
 linux_glibc = pytest.mark.skipif(not cpu_tuning._glibc(), reason="glibc tunables need glibc")
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from cdeit_jax import config_lib, data, measurement, pipeline, stats
-from cdeit_jax import files as npz_files
+from cdeit_jax import config_lib
+from cdeit_jax.data import npz_files, pipeline, sources, stats
+from cdeit_jax.eit import measurement
 
 UEF = pathlib.Path(__file__).parent.parent / "data" / "uef2017"
 
@@ -46,7 +47,7 @@ def _loader(**over):
 
 def test_uef2017_conditioning_matches_reference():
   ref = np.load(FIXTURES / "uef2017_conditioning.npz")
-  src = data.NpzSource(str(UEF), preset="uef2017", stats=stats.authors_stats())
+  src = sources.NpzSource(str(UEF), preset="uef2017", stats=stats.authors_stats())
   assert len(src) == 22 and src.files == list(ref["files"])
   assert (src.voltage_ratio, src.current_ratio) == (float(ref["voltage_scale"]),
                                                     float(ref["current_scale"]))
@@ -71,25 +72,25 @@ def test_eim_layout_by_hand():
 
 
 def test_presets_and_custom_ratios(folder):
-  assert data.NpzSource(str(folder), "ktc2023").voltage_ratio == 1978.0
-  src = data.NpzSource(str(folder), "mine", voltage_ratio=10.0, current_ratio=3.0)
+  assert sources.NpzSource(str(folder), "ktc2023").voltage_ratio == 1978.0
+  src = sources.NpzSource(str(folder), "mine", voltage_ratio=10.0, current_ratio=3.0)
   raw = np.load(folder / "00000.npz")["ys"].reshape(16, 13)
   np.testing.assert_allclose(src[0]["voltages"], raw / 10.0, rtol=1e-6)
   with pytest.raises(ValueError, match="unknown data preset 'mine'"):
-    data.NpzSource(str(folder), "mine")
+    sources.NpzSource(str(folder), "mine")
 
 
 def test_stats_lookup_order(folder, tmp_path, caplog):
-  src = data.NpzSource(str(folder))  # the dataset root's mean/std
+  src = sources.NpzSource(str(folder))  # the dataset root's mean/std
   np.testing.assert_array_equal(src.std, np.ones((1, 16, 13)))
   lone = make_folder(tmp_path / "x" / "test", 2)
   ck = (np.full((1, 16, 13), 2.0), np.full((1, 16, 13), 3.0))
-  src = data.NpzSource(str(lone), checkpoint_stats=ck)  # no root stats: the checkpoint's
+  src = sources.NpzSource(str(lone), checkpoint_stats=ck)  # no root stats: the checkpoint's
   np.testing.assert_array_equal(src.mean, ck[0])
   with pytest.raises(FileNotFoundError, match="no normalisation statistics"):
-    data.NpzSource(str(lone))
+    sources.NpzSource(str(lone))
   with caplog.at_level(logging.WARNING):
-    data.NpzSource(str(lone), stats=str(folder.parent), checkpoint_stats=ck)
+    sources.NpzSource(str(lone), stats=str(folder.parent), checkpoint_stats=ck)
   assert "differ from those stored in the checkpoint" in caplog.text
 
 
@@ -99,7 +100,7 @@ def test_compute_stats_matches_numpy(folder, tmp_path):
                  for f in sorted(os.listdir(folder))])
   np.testing.assert_allclose(mean.ravel(), ys.mean(0), rtol=1e-5)
   np.testing.assert_allclose(std.ravel(), ys.std(0, ddof=1), rtol=1e-5)
-  data.main(["stats", str(folder), "--out", str(tmp_path)])
+  sources.main(["stats", str(folder), "--out", str(tmp_path)])
   np.testing.assert_array_equal(np.load(tmp_path / "std.npy"), std)
 
 
@@ -111,7 +112,7 @@ def test_bad_files_are_named_and_skippable(tmp_path, caplog):
   np.savez(d / "nan.npz", ys=np.full((208, 1), np.nan), xs=np.zeros((128, 128)))
   ok_stats = (np.zeros((1, 16, 13)), np.ones((1, 16, 13)))
   with pytest.raises(npz_files.DatasetError) as e:
-    data.NpzSource(str(d), stats=ok_stats)
+    sources.NpzSource(str(d), stats=ok_stats)
   msg = str(e.value)
   assert "4 of 7 files are bad" in msg
   assert "junk.npz: not a readable npz" in msg
@@ -120,18 +121,18 @@ def test_bad_files_are_named_and_skippable(tmp_path, caplog):
   assert "nan.npz: ys holds 208 non-finite values" in msg
   assert "skip_bad_files" in msg
   with caplog.at_level(logging.WARNING):
-    src = data.NpzSource(str(d), stats=ok_stats, skip_bad=True)
+    src = sources.NpzSource(str(d), stats=ok_stats, skip_bad=True)
   assert len(src) == 3 and "skipping 4 of 7 bad files" in caplog.text
   with pytest.raises(npz_files.DatasetError, match="does not exist"):
-    data.NpzSource(str(tmp_path / "nope"), stats=ok_stats)
+    sources.NpzSource(str(tmp_path / "nope"), stats=ok_stats)
   (tmp_path / "empty").mkdir()
   with pytest.raises(npz_files.DatasetError, match="holds no .npz files"):
-    data.NpzSource(str(tmp_path / "empty"), stats=ok_stats)
+    sources.NpzSource(str(tmp_path / "empty"), stats=ok_stats)
 
 
 def test_epoch_lands_once_across_8_devices(folder):
   assert jax.device_count() == 8
-  src = data.NpzSource(str(folder), cache=True)
+  src = sources.NpzSource(str(folder), cache=True)
   mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
   it = iter(pipeline.train_dataset(src, global_batch=8, opts=_loader()))
   seen = []
@@ -160,7 +161,7 @@ def test_eval_covers_every_example_once_with_padding():
 
 
 def test_eval_batches(folder):
-  src = data.NpzSource(str(folder))
+  src = sources.NpzSource(str(folder))
   batches = list(pipeline.eval_batches(src, 10))
   assert len(batches) == 3 and batches[-1]["mask"].tolist() == [1] * 4 + [0] * 6
   got = np.concatenate([b["index"][b["mask"] > 0] for b in batches])
@@ -168,7 +169,7 @@ def test_eval_batches(folder):
 
 
 def test_iterator_state_restores_exactly(folder):
-  src = data.NpzSource(str(folder))
+  src = sources.NpzSource(str(folder))
   it = iter(pipeline.train_dataset(src, global_batch=4, opts=_loader(seed=3)))
   for _ in range(7):  # into the second epoch
     next(it)
@@ -184,8 +185,8 @@ def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
   and the conditioning recomputed from the permuted voltages (checked against the source's own
   conditioning of those voltages); over the epochs every symmetry occurs, and a restored
   iterator draws the same ones."""
-  from cdeit_jax import symmetry
-  src = data.NpzSource(str(folder), stats=(np.full((1, 16, 13), 1e-5), np.full((1, 16, 13), 2e-5)))
+  from cdeit_jax.eit import symmetry
+  src = sources.NpzSource(str(folder), stats=(np.full((1, 16, 13), 1e-5), np.full((1, 16, 13), 2e-5)))
   it = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True)))
   used = set()
   for step in range(12):   # two epochs
@@ -213,7 +214,7 @@ def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
 
 
 def test_worker_processes_give_the_same_batches(folder):
-  src = data.NpzSource(str(folder))
+  src = sources.NpzSource(str(folder))
   a = iter(pipeline.train_dataset(src, 4, _loader(seed=1)))
   b = iter(pipeline.train_dataset(src, 4, _loader(seed=1, num_workers=2)))
   for _ in range(4):
@@ -240,7 +241,7 @@ def test_two_processes_read_disjoint_shards(folder, tmp_path):
   assert len(r[0]["seen"]) == len(a) == 12 and len(b) == 12
   assert not a & b and a | b == set(range(24))  # disjoint shares covering the epoch
   # the same global batches as one process reading everything (order independent of hosts)
-  src = data.NpzSource(str(folder), stats=(np.zeros((1, 16, 13)), np.ones((1, 16, 13))))
+  src = sources.NpzSource(str(folder), stats=(np.zeros((1, 16, 13)), np.ones((1, 16, 13))))
   one = iter(pipeline.train_dataset(src, global_batch=8, opts=_loader()))
   for k in range(3):
     assert next(one)["index"].tolist() == r[0]["seen"][4 * k:4 * k + 4] + r[1]["seen"][4 * k:4 * k + 4]

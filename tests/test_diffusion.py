@@ -7,7 +7,7 @@ import pytest
 from conftest import FIXTURES, nhwc
 from flax import nnx
 
-from cdeit_jax.diffusion import Diffusion, sampling_pairs
+from cdeit_jax.model.diffusion import Diffusion, sampling_pairs
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from conftest import FIXTURES
 
-from cdeit_jax import eit, measurement
-from cdeit_jax.eit import phantom as ph, reconstruct
+from cdeit_jax import eit
+from cdeit_jax.eit import measurement, tikhonov
+from cdeit_jax.eit import phantom as ph
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -224,7 +225,7 @@ def test_turned_and_mirrored_tanks_permute_the_voltages():
   """The simulator is the truth: for each of the square's 8 symmetries, the voltages of the turned
   or mirrored image are the original's permuted by `symmetry.permutation` (up to the mesh's
   discretisation, which is not symmetric), and every other element of the group is far off."""
-  from cdeit_jax import symmetry
+  from cdeit_jax.eit import symmetry
   c = (np.arange(128) - 63.5) / 64
   x, y = np.meshgrid(c, c)
   xs = np.zeros((128, 128), np.float32)   # no symmetry of its own: three unequal inclusions
@@ -264,7 +265,7 @@ def test_tikhonov_dual_form_equals_primal():
   small = rng.standard_normal((208, 300))
   jac = np.zeros((208, 128 * 128))
   jac[:, np.flatnonzero(disk)[:300]] = small          # the other pixels see nothing
-  t = reconstruct.Tikhonov(jac=jac.reshape(208, 128, 128), alpha=0.1, noser_exponent=1.0)
+  t = tikhonov.Tikhonov(jac=jac.reshape(208, 128, 128), alpha=0.1, noser_exponent=1.0)
   w = (small * small).sum(0)
   lam = 0.1 * np.trace((small / w) @ small.T) / 208
   primal = np.linalg.solve(small.T @ small + lam * np.diag(w), small.T)

@@ -15,10 +15,11 @@ import scipy.io
 from conftest import FIXTURES, finish, two_processes
 from flax import nnx
 
-from cdeit_jax import config_lib, convert, device_memory, evaluate, metrics, outputs
-from cdeit_jax import reconstructor, sampling
+from cdeit_jax import config_lib, convert
+from cdeit_jax.common import device_memory
 from cdeit_jax.eit.phantom import disk_mask
-from cdeit_jax.model import CDEIT
+from cdeit_jax.infer import evaluate, metrics, outputs, reconstructor, sampling
+from cdeit_jax.model.network import CDEIT
 
 REPO = pathlib.Path(__file__).parent.parent
 UEF = str(REPO / "data" / "uef2017")
@@ -233,7 +234,7 @@ def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):
   (d / "junk.npz").write_bytes(b"not a zip")
   np.savez(d / "a.npz", ys=np.ones((208, 1)), xs=np.zeros((128, 128)))
   np.savez(d / "b.npz", ys=np.full((208, 1), 2.0), xs=np.zeros((128, 128)))
-  run = lambda *a: subprocess.run([sys.executable, "-m", "cdeit_jax.data", "stats", str(d), *a],
+  run = lambda *a: subprocess.run([sys.executable, "-m", "cdeit_jax.data.sources", "stats", str(d), *a],
                                   capture_output=True, text=True, cwd=REPO)
   r = run()
   assert r.returncode == 1 and "Traceback" not in r.stderr
@@ -358,8 +359,8 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
 def test_sampler_batch_is_the_largest_that_fits(monkeypatch, caplog):
   """Per-device batches 8, 4, 2, 1 are compiled in turn until the compiler's memory analysis
   fits the budget; never more than the examples need; an explicit batch is taken as given."""
-  from cdeit_jax import sharding as shd
-  from cdeit_jax.diffusion import Diffusion
+  from cdeit_jax.common import sharding as shd
+  from cdeit_jax.model.diffusion import Diffusion
   mesh = shd.make_mesh()
   # big enough that activations, not code and weights, set the memory (1,024-token grid)
   model = CDEIT(image_size=128, patch_size=4, hidden_size=32, num_heads=4, num_scales=2,
@@ -404,10 +405,10 @@ def test_memory_stays_flat_as_the_test_set_grows(tiny_run, tmp_path, monkeypatch
   reconstructions are the 64-example run's; the .mat holds the npz's arrays."""
   import tracemalloc
 
-  from cdeit_jax import files
+  from cdeit_jax.data import npz_files
   big = tmp_path / "big"
   big.mkdir()
-  names = files.list_files(UEF)
+  names = npz_files.list_files(UEF)
   for i in range(128):
     os.link(os.path.join(UEF, names[i % len(names)]), big / f"{i:04d}_{names[i % len(names)]}")
   settings = {"sampling.num_samples": 2, "sampling.steps": 1, "eval.figure": False,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.io
 
-from cdeit_jax import fileio, matfile
+from cdeit_jax.common import fileio, matfile
 
 
 def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):

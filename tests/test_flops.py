@@ -3,12 +3,12 @@
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import TINY
 from flax import nnx
 
-from cdeit_jax import config_lib, flops
-from cdeit_jax.model import CDEIT
-
-from conftest import TINY
+from cdeit_jax import config_lib
+from cdeit_jax.model import flops
+from cdeit_jax.model.network import CDEIT
 
 
 def test_published_forward_by_hand():

@@ -11,10 +11,20 @@ import time
 
 import numpy as np
 import pytest
-from conftest import (REPO, RESUME_STEPS, TEST_CONFIG, final_state, run_train,
-                      sigterm_after_first_log)
+from conftest import (
+  REPO,
+  RESUME_STEPS,
+  TEST_CONFIG,
+  final_state,
+  run_train,
+  sigterm_after_first_log,
+)
 
-from cdeit_jax import config_lib, fileio, outputs, stats, workdir_lock
+from cdeit_jax import config_lib
+from cdeit_jax.common import fileio
+from cdeit_jax.data import stats
+from cdeit_jax.infer import outputs
+from cdeit_jax.train import workdir_lock
 
 pytestmark = pytest.mark.gcs
 UEF = REPO / "data" / "uef2017"
@@ -248,7 +258,7 @@ def test_a_paused_training_that_lost_its_lease_stops_and_the_other_finishes(
   assert s_step == k_step == 24 and s_next == k_next
   for x, y in zip(s_leaves, k_leaves):
     np.testing.assert_array_equal(x, y)
-  from cdeit_jax import checkpoint
+  from cdeit_jax.checkpoints import checkpoint
   mngr = checkpoint.train_manager(wd)
   assert mngr.all_steps()[-2:] == [16, 24]                  # 16: A's unfinished step, B's now
   for step in mngr.all_steps():                             # each loads (B saved 16 anew)
@@ -261,7 +271,8 @@ def test_a_paused_training_that_lost_its_lease_stops_and_the_other_finishes(
 def test_damaged_step_set_aside_and_debug_log_in_a_bucket(gcs):
   """A damaged step's objects move to WORKDIR/damaged/STEP-TIME (object stores have no folder
   rename), and the debug log appends to an object."""
-  from cdeit_jax import logs, train_loop
+  from cdeit_jax.common import logs
+  from cdeit_jax.train import train_loop
   wd = f"{gcs}/runs/damaged"
   names = ["meta/metadata", "params/d/0a1b", "params/manifest.ocdbt"]
   for n in names:

@@ -7,8 +7,13 @@ import pytest
 from conftest import FIXTURES, TINY, nhwc
 from flax import nnx
 
-from cdeit_jax.model import (CDEIT, count_params, relative_position_index, sincos_pos_embed_2d,
-                             timestep_embedding)
+from cdeit_jax.model.network import (
+  CDEIT,
+  count_params,
+  relative_position_index,
+  sincos_pos_embed_2d,
+  timestep_embedding,
+)
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 import scipy.io
 
-from cdeit_jax import evaluate, files, frames, measurement, sampling, sequence
-from cdeit_jax.errors import InputError
-from cdeit_jax.reconstructor import Reconstructor
+from cdeit_jax import sequence
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.data import npz_files
+from cdeit_jax.eit import measurement
+from cdeit_jax.infer import evaluate, frames, sampling
+from cdeit_jax.infer.reconstructor import Reconstructor
 
 REPO = pathlib.Path(__file__).parent.parent
 UEF = REPO / "data" / "uef2017"
@@ -23,7 +26,7 @@ SETTINGS = {"sampling.seed": 3, "sampling.num_samples": 2}
 @pytest.fixture(scope="module")
 def uef_ys():
   """The first 6 UEF2017 cases' voltages (device units), in eval.py's file order."""
-  names = files.list_files(str(UEF))[:6]
+  names = npz_files.list_files(str(UEF))[:6]
   return np.stack([np.load(UEF / n)["ys"].reshape(-1) for n in names])
 
 
@@ -62,7 +65,7 @@ def test_symmetric_samples_are_the_turned_tanks_samples_turned_back(tiny_run, re
   """`sampling.symmetric`: sample k (of 8) of a frame is, computed a second way on the host, the
   plain sampler's sample k of the frame's voltages permuted for the k-th symmetry (conditioned
   afresh) with its image turned back; sample 0 (the identity) is the plain sample."""
-  from cdeit_jax import symmetry
+  from cdeit_jax.eit import symmetry
   sym = Reconstructor.from_workdir(tiny_run, preset="uef2017",
                                    overrides={**SETTINGS, "sampling.symmetric": True})
   got = sym.reconstruct(uef_ys[:2], num_samples=8, keep_samples=True).samples

@@ -9,9 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from cdeit_jax import config_lib, data, simulate, synthetic
-from cdeit_jax import stats as stats_lib
-from cdeit_jax.eit import reconstruct
+from cdeit_jax import config_lib, simulate
+from cdeit_jax.data import sources, synthetic
+from cdeit_jax.data import stats as stats_lib
+from cdeit_jax.eit import tikhonov
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -44,13 +45,13 @@ def test_layout_and_loader(small_set):
   assert ex[0]["xs"].shape == (128, 128) and ex[0]["TR"].shape == (128, 128)
   assert all(np.abs(e["xs"]).max() > 0 for e in ex)
   # TR is the default Tikhonov applied to ys
-  np.testing.assert_allclose(ex[3]["TR"], reconstruct.default_tikhonov()(ex[3]["ys"]), atol=1e-5)
+  np.testing.assert_allclose(ex[3]["TR"], tikhonov.default_tikhonov()(ex[3]["ys"]), atol=1e-5)
   # the stats are the training split's, and the project's loader reads the folder
   mean, std = stats_lib.compute_stats(os.path.join(small_set, "train"), progress=False)
   np.testing.assert_array_equal(np.load(os.path.join(small_set, "std.npy")), std)
   ys = np.stack([e["ys"][:, 0] for e in ex]).astype(np.float64)
   np.testing.assert_allclose(std.ravel(), ys.std(0, ddof=1), rtol=1e-5)
-  src = data.NpzSource(os.path.join(small_set, "valid"), "simulated", baselines=True)
+  src = sources.NpzSource(os.path.join(small_set, "valid"), "simulated", baselines=True)
   assert len(src) == 4 and np.isfinite(src[0]["TR"]).all()
 
 
@@ -84,7 +85,7 @@ def test_files_are_the_simulator_sources_examples(small_set):
   devices (8 here, the command used 1), bit for bit."""
   import jax
 
-  from cdeit_jax import sharding as shd
+  from cdeit_jax.common import sharding as shd
   _, ex = read_split(os.path.join(small_set, "valid"))
   ys, xs = synthetic.example_arrays(sim(5), "valid", np.arange(4), shd.make_mesh(jax.devices()))
   for i in range(4):
@@ -202,6 +203,7 @@ def test_foreign_config_is_one_system_the_default_draws_one_per_example():
   assert len({tuple(row) for row in d["centres"]}) == 4 and len(set(d["gain"])) == 4
   nominal = config_lib.default_config().simulator
   import dataclasses
+
   from cdeit_jax.eit.spec import SystemSpec
   nominal.system.update(dataclasses.asdict(SystemSpec.nominal()))
   assert synthetic.Generator(nominal).nominal

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 from conftest import sigterm_after_first_log
 
-from cdeit_jax import checkpoint, config_lib, data, models, simulator_source, synthetic
-from cdeit_jax import sharding as shd
+from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.common import sharding as shd
+from cdeit_jax.data import simulator_source, sources, synthetic
 
 REPO = pathlib.Path(__file__).parent.parent
 TEST_CONFIG = str(REPO / "configs" / "test.py")
@@ -73,7 +75,7 @@ def test_batches_are_the_streams_examples_on_any_devices():
   np.testing.assert_array_equal(out[0]["cond"], out[1]["cond"])
   np.testing.assert_array_equal(out[0]["target"], out[1]["target"])
   ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(24, 32), shd.make_mesh())
-  ref = data.ArraySource(ys, xs, mean, std, name="reference")
+  ref = sources.ArraySource(ys, xs, mean, std, name="reference")
   for i in range(8):
     np.testing.assert_array_equal(out[1]["target"][i], ref[i]["target"])
     np.testing.assert_allclose(out[1]["cond"][i], ref[i]["cond"], rtol=0, atol=1e-5)
@@ -100,7 +102,7 @@ def _losses(workdir):
 
 def _weights(workdir):
   meta = checkpoint.read_meta(str(workdir), 16)
-  model, _ = models.load(str(workdir), step=16, weights="raw")
+  model, _ = loading.load(str(workdir), step=16, weights="raw")
   from flax import nnx
   return meta, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
@@ -151,12 +153,12 @@ def test_sigterm_and_resume_equal_the_straight_run(straight, tmp_path):
 @pytest.mark.slow  # the file source's 1-against-8 check runs by default (test_training)
 def test_one_device_gives_the_losses_of_eight():
   """Three steps of the physics-informed model on simulator batches, on 1 and on 8 devices."""
-  from cdeit_jax import training
+  from cdeit_jax.train import training
   cfg = _cfg(nominal=True)
   cfg.model.cond = "eim+linear"
   ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(16), shd.make_mesh())
   mean, std = _stats(ys)
-  calib = data.ArraySource(ys, xs, mean, std, name="calibration")
+  calib = sources.ArraySource(ys, xs, mean, std, name="calibration")
   losses = []
   for devices in (jax.devices()[:1], jax.devices()):
     mesh = shd.make_mesh(devices)

@@ -6,7 +6,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from cdeit_jax import stats
+from cdeit_jax.data import stats
 
 ASSETS = "cdeit_jax/assets"
 
@@ -113,7 +113,7 @@ def test_transposed_stats_are_refused():
 def test_running_statistics_of_any_cut_equal_numpy():
   """One pass over batches of any sizes (single examples, batches, one batch) gives numpy's
   two-pass float64 mean and std (N-1)."""
-  from cdeit_jax import measurement
+  from cdeit_jax.eit import measurement
   rng = np.random.default_rng(0)
   ys = 3e-4 + 1e-5 * rng.standard_normal((37, 208))   # tank-like: a large mean, a small spread
   want_mean, want_std = ys.mean(0), ys.std(0, ddof=1)

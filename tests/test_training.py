@@ -12,11 +12,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import (RESUME_STEPS, TEST_CONFIG, final_state, finish, run_train, two_processes,
-                      wait_for_first_log)
+from conftest import (
+  RESUME_STEPS,
+  TEST_CONFIG,
+  final_state,
+  finish,
+  run_train,
+  two_processes,
+  wait_for_first_log,
+)
 
-from cdeit_jax import checkpoint, config_lib, data, models, training
-from cdeit_jax import sharding as shd
+from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.common import sharding as shd
+from cdeit_jax.data import sources
+from cdeit_jax.train import training
 
 REPO = pathlib.Path(__file__).parent.parent
 
@@ -34,7 +44,7 @@ def cfg_(**over):
 
 @pytest.fixture(scope="module")
 def uef_batch():
-  src = data.NpzSource(str(REPO / "data" / "uef2017"), "uef2017", "authors")
+  src = sources.NpzSource(str(REPO / "data" / "uef2017"), "uef2017", "authors")
   exs = [src[i] for i in range(16)]
   return {k: np.stack([e[k] for e in exs]) for k in ("cond", "target")}
 
@@ -79,7 +89,7 @@ def ema_pytorch_reference(ws, beta=0.995, update_every=10, after=100, power=2 / 
 
 
 def test_grad_norm_warning_sees_every_step_of_the_window():
-  from cdeit_jax.train_loop import unusual_grad_norms
+  from cdeit_jax.train.train_loop import unusual_grad_norms
   assert unusual_grad_norms(11, [0.5, 2.0, 3.0]) == []
   # a spike in the middle of the window (the last step is normal)
   assert unusual_grad_norms(11, [0.5, 5e3, 2.0]) == [
@@ -129,7 +139,7 @@ def test_resume_below_the_checkpoints_step_is_refused(tmp_path, straight_run):
 def test_schedule_decides_every_periodic_action():
   """log_every 5, eval_every 10, 23 steps: a log window ends at 5, 10, 15, 20 and 23;
   validation and a checkpoint at 10, 20 and the last step; a preemption stop saves at once."""
-  from cdeit_jax.train_loop import Schedule
+  from cdeit_jax.train.train_loop import Schedule
   s = Schedule(cfg_(log_every=5, eval_every=10, steps=23))
   steps = range(1, 24)
   assert [k for k in steps if s.log(k, False)] == [5, 10, 15, 20, 23]
@@ -250,7 +260,7 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
                              rtol=1e-5)
   np.testing.assert_allclose(two[-1]["val_loss"], one[24]["val_loss"], rtol=1e-5)
   from flax import nnx
-  weights = lambda w: jax.tree.leaves(nnx.state(models.load(
+  weights = lambda w: jax.tree.leaves(nnx.state(loading.load(
       str(w), step=24, weights="raw")[0], nnx.Param))
   for a, b in zip(weights(straight_run), weights(wd)):  # 2 x 4 against 1 x 8 devices
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
@@ -262,7 +272,7 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
     ({"optimizer.lr": -1.0}, r"config.optimizer.lr=-1.0: must be > 0"),
     ({"optimizer.schedule": "linear"}, r"config.optimizer.schedule='linear'"),
     ({"model.dtype": "float8"}, r"config.model.dtype: 'float8'"),
-    ({"data.preset": "tank"}, r"config.data.preset='tank': unknown preset"),
+    ({"sources.preset": "tank"}, r"config.data.preset='tank': unknown preset"),
     ({"steps": 0}, r"config.steps=0: must be a positive integer"),
     ({"eval_batch_size": -8}, r"config.eval_batch_size=-8: must be a positive integer"),
 ])
@@ -300,7 +310,7 @@ def test_checkpoints_keep_latest_and_best(tmp_path):
 def test_compile_out_of_memory_gives_advice_not_a_traceback(tmp_path, monkeypatch):
   """A step the devices cannot hold (as the TPU compiler reports it) ends in one MemoryError
   that says what to change; train.py prints it as one line."""
-  from cdeit_jax import train_loop
+  from cdeit_jax.train import train_loop
 
   def refuse(*args, **kwargs):
     raise jax.errors.JaxRuntimeError(
@@ -323,7 +333,8 @@ def test_a_full_disk_while_saving_is_one_line_and_the_saved_steps_stay(tmp_path,
   """The disk fills at the second checkpoint (the error as orbax's asynchronous save raises it:
   TensorStore's text inside a ValueError): one DiskFull naming the workdir; the first step is
   whole and a rerun resumes from it."""
-  from cdeit_jax import fileio, train_loop
+  from cdeit_jax.common import fileio
+  from cdeit_jax.train import train_loop
   real = checkpoint.save_train
   saves = []
 
@@ -460,7 +471,7 @@ def test_retention_keeps_the_best_across_restarts(tmp_path):
 
 
 def test_second_training_in_a_workdir_is_refused_and_a_dead_ones_lock_taken(tmp_path):
-  from cdeit_jax import workdir_lock
+  from cdeit_jax.train import workdir_lock
   holder = subprocess.Popen(
       [sys.executable, "-c", "import sys, time; from cdeit_jax import workdir_lock; "
        f"workdir_lock.WorkdirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); "
@@ -478,7 +489,7 @@ def test_second_training_in_a_workdir_is_refused_and_a_dead_ones_lock_taken(tmp_
 
 def test_resume_refuses_a_changed_batch_size_and_warns_on_changed_optimizer(tmp_path,
                                                                            straight_run):
-  from cdeit_jax import train_loop
+  from cdeit_jax.train import train_loop
   meta = checkpoint.read_meta(str(straight_run))
   with pytest.raises(checkpoint.CheckpointError,
                      match=r"config.batch_size: checkpoint 8, now 16.*new --workdir"):
@@ -492,7 +503,7 @@ def test_resume_refuses_a_changed_batch_size_and_warns_on_changed_optimizer(tmp_
 
 
 def test_metrics_jsonl_is_cut_to_the_resumed_step(tmp_path):
-  from cdeit_jax import logs
+  from cdeit_jax.common import logs
   path = tmp_path / "metrics.jsonl"
   lines = [{"step": s, "loss": s / 10} for s in (2, 4, 6, 4, 6, 8, 10)]
   path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 12, "lo')
@@ -527,7 +538,7 @@ def test_a_workdir_named_by_digits_is_a_workdir_not_a_step(tmp_path, straight_ru
   `.../checkpoints/<digits>` is one step."""
   import shutil
 
-  from cdeit_jax import reconstructor
+  from cdeit_jax.infer import reconstructor
   ranked = checkpoint.ranked_steps(str(straight_run))
   latest = max(checkpoint.all_steps(str(straight_run)))
   for name in ("2024", "r2024"):
@@ -546,7 +557,7 @@ def test_eval_uses_the_best_intact_step(tmp_path, straight_run, caplog):
   in one line and uses the next best step that loads."""
   import shutil
 
-  from cdeit_jax import evaluate
+  from cdeit_jax.infer import evaluate
   wd = tmp_path / "run"
   shutil.copytree(straight_run, wd, ignore=shutil.ignore_patterns("lock"))
   ranked = checkpoint.ranked_steps(str(wd))

@@ -1,10 +1,14 @@
 """Times the published PyTorch CDEIT on this CPU (float32): train step (Adam, clip 1) and 5-step sampling
 (argv: batch, threads, and "sample" to time the sampler only).
 Run with PYTHONPATH=<ref_shim>:<reference checkout>. Prints one JSON line."""
-import json, sys, time
-import numpy as np, torch
-from models import DiT
+import json
+import sys
+import time
+
+import torch
 from diffusion import create_diffusion
+from models import DiT
+
 torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
 B = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 torch.manual_seed(0)
@@ -25,4 +29,5 @@ with torch.no_grad():
     d.ddim_sampleEIT(m, (B, 1, 128, 128), 5, dict(y=y, y_st=y))
     t0 = time.perf_counter(); d.ddim_sampleEIT(m, (B, 1, 128, 128), 5, dict(y=y, y_st=y)); ss = time.perf_counter() - t0
 import resource
+
 print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "batch": B, "train_step_s": min(ts), "train_samples_per_s": B / min(ts), "sample_s": ss, "sample_images_per_s": B / ss}))

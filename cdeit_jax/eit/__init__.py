@@ -8,7 +8,7 @@
 Modules: spec (what is simulated: plain dataclasses, no JAX), mesh (unit-disk mesh, electrodes),
 fem (CEM forward model: a fixed system, or one per example), system (the measuring system drawn
 per example), phantom (random inclusions on mesh and grid), simulator (images/phantoms
--> voltages, noise), reconstruct (Tikhonov/NOSER). The names below load their module on first use
+-> voltages, noise), tikhonov (Tikhonov/NOSER). The names below load their module on first use
 (PEP 562), so that `cdeit_jax.eit.spec` is read without JAX (configs import it).
 """
 
@@ -18,8 +18,8 @@ _WHERE = {
     "CEM": "fem", "VariableCEM": "fem", "nominal_centres": "fem", "SystemSpec": "spec",
     "DiskMesh": "mesh", "MeshSpec": "mesh", "electrode_angles": "mesh",
     "make_mesh": "mesh", "PhantomSpec": "spec", "random_params": "phantom",
-    "render_image": "phantom", "Tikhonov": "reconstruct", "default_tikhonov": "reconstruct",
-    "jacobian": "reconstruct", "Simulator": "simulator", "add_noise": "simulator",
+    "render_image": "phantom", "Tikhonov": "tikhonov", "default_tikhonov": "tikhonov",
+    "jacobian": "tikhonov", "Simulator": "simulator", "add_noise": "simulator",
     "default_simulator": "simulator", "simulate_voltages": "simulator",
 }
 __all__ = sorted(_WHERE)

@@ -18,15 +18,16 @@ on accelerators and acceptable on CPU.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE, CURRENT
+from cdeit_jax.eit.measurement import DEFAULT as PROTOCOL
 from cdeit_jax.eit.mesh import NUM_ELECTRODES, DiskMesh, MeshSpec, make_mesh
-from cdeit_jax.errors import InputError
-from cdeit_jax.measurement import CONTACT_IMPEDANCE, CURRENT, DEFAULT as PROTOCOL
 
 
 def boundary_geometry(mesh: DiskMesh) -> dict[str, np.ndarray]:

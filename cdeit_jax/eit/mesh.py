@@ -16,7 +16,7 @@ import functools
 import numpy as np
 from scipy.spatial import Delaunay
 
-from cdeit_jax.measurement import NUM_ELECTRODES
+from cdeit_jax.eit.measurement import NUM_ELECTRODES
 
 
 @dataclasses.dataclass(frozen=True)

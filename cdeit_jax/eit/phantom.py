@@ -18,13 +18,12 @@ averaged over a triangle's sample points is the partial-volume conductivity the 
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cdeit_jax.eit.measurement import IMAGE_SIZE
 from cdeit_jax.eit.spec import KINDS, MAX_INCLUSIONS, MAX_SIDES, ROW, PhantomSpec
-from cdeit_jax.measurement import IMAGE_SIZE
 
 TRIES = 100  # candidate placements per inclusion before the phantom stops growing
 STAR_DEPTH = (0.2, 0.5)

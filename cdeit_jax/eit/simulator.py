@@ -14,12 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit.fem import CEM, VariableCEM
+from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE, NUM_ELECTRODES
 from cdeit_jax.eit.mesh import MeshSpec, make_mesh
 from cdeit_jax.eit.spec import ROW
-from cdeit_jax.errors import InputError
-from cdeit_jax.measurement import CONTACT_IMPEDANCE, NUM_ELECTRODES
 
 
 def add_noise(v: jax.Array, snr_db: float, key: jax.Array) -> jax.Array:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from cdeit_jax.errors import InputError
+from cdeit_jax.common.errors import InputError
 
 MAX_INCLUSIONS = 6
 ROW = 9  # a phantom row: [active, kind, cx, cy, a, b, angle, v, p]
@@ -95,7 +95,7 @@ class SystemSpec:
                                               # system drawn from this seed (one device)
 
   @classmethod
-  def nominal(cls, width_deg: float = 4.0) -> "SystemSpec":
+  def nominal(cls, width_deg: float = 4.0) -> SystemSpec:
     return cls(gain=(1.0, 1.0), contact_impedance=(0.0, 0.0), rotation_deg=0.0, jitter_deg=0.0,
                width_deg=(width_deg, width_deg), width_jitter=0.0, passive=0.0,
                radius=(1.0, 1.0), background=(1.0, 1.0), snr_spread_db=0.0, device_seed=-1)

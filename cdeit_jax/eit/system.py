@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.eit.fem import nominal_centres
+from cdeit_jax.eit.measurement import NUM_ELECTRODES
 from cdeit_jax.eit.spec import SystemSpec
-from cdeit_jax.measurement import NUM_ELECTRODES
 
 MIN_GAP = 0.1  # each electrode keeps at most this fraction of the distance to its neighbours free
 

@@ -1,0 +1,385 @@
+"""The cdeit-jax checkpoint format (orbax), shared by convert, train and eval.
+
+Reading a model back is `cdeit_jax.checkpoints.loading.load`. A workdir holds `checkpoints/<step>/`, each written by an orbax `CheckpointManager` under a
+temporary name and renamed when complete, with items shaped like the training state:
+  params     the trained weights (nnx.Param), as `nnx.state(model, nnx.Param)`
+  ema        their EMA (what the authors' `best.pt` holds)
+  opt_state  the optimizer state (training only)
+  data       the grain iterator's position (training only)
+  meta       JSON: format, step, the full config, normalisation statistics, the physics-informed
+             calibration, which weight sets are present, where the weights came from
+  metrics    orbax's own record of the validation loss; the retention policy and `best_step`
+             read it, so the best step survives any number of restarts
+Variables recomputed from the config (the sin-cos position table, the linear operator of the
+physics-informed condition) are not stored. An inference checkpoint (convert, `save_inference`)
+holds one weight set and `meta`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from cdeit_jax.common import fileio, logs
+from cdeit_jax.common.errors import InputError, MissingFile
+from cdeit_jax.common.variables import Calibration
+from cdeit_jax.data import stats
+
+FORMAT = "cdeit-jax checkpoint v2"
+FORMAT_V1 = "cdeit-jax checkpoint v1"   # 0.1: weights with fixed tables, `ema_params`; read-only
+CHECKPOINTS = "checkpoints"
+T = TypeVar("T")
+WEIGHT_ITEMS = {"raw": "params", "ema": "ema"}
+
+
+class CheckpointError(InputError):
+  """A checkpoint that cannot be read (damaged, incomplete, or not ours); one line, with the
+  underlying error in the debug log."""
+
+
+def failure(where: str, e: BaseException) -> CheckpointError:
+  """One line naming `where` (a step folder and item), the array and file that TensorStore names,
+  and the innermost reason; the whole error goes to the debug log."""
+  logs.debug.debug("%s", where, exc_info=e)
+  text = " ".join(str(e).split(" [tensorstore_spec")[0].split())
+  files = (re.findall(r'local file "([^"]+)"', text) or
+           re.findall(r"((?:[a-z][a-z0-9+.-]*://|/)[^\s\"']+)", text))  # a path or a URL
+  array = re.search(r'Error reading "([^"]+?)/\.z', text)
+  reason = text.rsplit(": ", 1)[-1] if "Error opening" in text else text
+  if len(reason) > 200:
+    reason = reason[:200] + "..."
+  named = [f"array {array.group(1)}"] if array else []
+  named += [f"file {files[-1]}"] if files else []
+  detail = f" ({', '.join(named)})" if named else ""
+  return CheckpointError(f"{where}: unreadable{detail}: {type(e).__name__}: {reason}")
+
+
+def weights_of(model: nnx.Module) -> nnx.State:
+  """The model's trained weights (what a weight item holds)."""
+  return nnx.state(model, nnx.Param)
+
+
+def _calibration_vars(tree) -> list[tuple[str, nnx.Variable]]:
+  state = tree if isinstance(tree, nnx.State) else nnx.state(tree, Calibration)
+  return [("/".join(map(str, path)), v) for path, v in nnx.to_flat_state(state)
+          if isinstance(v, Calibration)]
+
+
+def calibration_of(tree: nnx.Module | nnx.State) -> dict[str, list[float]]:
+  """The physics-informed condition's training-set calibration as JSON ({path: values}) of a
+  model or a state holding its Calibration variables."""
+  return {k: np.asarray(v.get_value()).ravel().tolist() for k, v in _calibration_vars(tree)}
+
+
+def set_calibration(tree: nnx.Module | nnx.State, calibration: dict[str, list[float]]) -> None:
+  """Set the Calibration variables of a model or state from `calibration_of`'s record, in place,
+  each value keeping its placement."""
+  for key, v in _calibration_vars(tree):
+    if key not in calibration:
+      raise CheckpointError(f"checkpoint metadata has no calibration for {key!r}")
+    old = v.get_value()
+    value = np.asarray(calibration[key], np.float32)
+    if value.size != old.size:
+      raise CheckpointError(f"checkpoint calibration {key!r} has {value.size} values, the model "
+                            f"{old.size}")
+    v.set_value(jax.device_put(value.reshape(old.shape), old.sharding))
+
+
+def _restore_target(tree, shardings):
+  """ShapeDtypeStructs of `tree` placed on `shardings` (one sharding, or a matching tree)."""
+  if isinstance(shardings, jax.sharding.Sharding):
+    return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shardings), tree)
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree,
+                      shardings)
+
+
+def _val_loss(metrics: dict) -> float:
+  return metrics["val_loss"]
+
+
+def manager(workdir: str, *, options: ocp.CheckpointManagerOptions | None = None,
+            read_only: bool = False) -> ocp.CheckpointManager:
+  """The workdir's CheckpointManager; it tracks `val_loss` so `best_step()` works.
+
+  `read_only` only means "do not create the folder" (orbax's own read_only mode logs warnings).
+  """
+  directory = fileio.join(fileio.resolve(workdir), CHECKPOINTS)
+  if options is None:
+    options = ocp.CheckpointManagerOptions(create=not read_only, enable_async_checkpointing=False,
+                                           best_fn=_val_loss, best_mode="min")
+  return ocp.CheckpointManager(directory, options=options)
+
+
+def make_meta(cfg: ml_collections.ConfigDict, *, step: int, mean: np.ndarray, std: np.ndarray,
+              weights: list[str], calibration: dict[str, list[float]] | None = None,
+              source: str = "", **extra: Any) -> dict[str, Any]:
+  mean, std = stats.check_stats(mean, std, source="statistics to save")
+  return {
+      "format": FORMAT,
+      "step": int(step),
+      "model": cfg.model.to_dict(),
+      "config": json.loads(cfg.to_json_best_effort()),
+      # float32 -> Python float -> JSON -> float32 round-trips exactly.
+      "stats": {"mean": mean.ravel().tolist(), "std": std.ravel().tolist()},
+      "calibration": calibration or {},
+      "weights": sorted(weights),
+      "source": source,
+      **extra,
+  }
+
+
+def save_inference(workdir: str, model: nnx.Module, cfg: ml_collections.ConfigDict, *,
+                   mean: np.ndarray, std: np.ndarray, step: int = 0, source: str = "",
+                   weights: str = "ema") -> str:
+  """Save one weight set (`ema` or `raw`) with its metadata; returns the step's directory."""
+  if weights not in WEIGHT_ITEMS:
+    raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
+  if not (isinstance(step, int) and step >= 0):
+    raise InputError(f"step {step!r}: must be an integer >= 0 (--step)")
+  if fileio.path(fileio.join(workdir, "metrics.jsonl")).exists():
+    raise InputError(f"--workdir {workdir} is a training run's (it holds metrics.jsonl): give a "
+                     "new --workdir (an imported step among its steps would be taken for one of "
+                     "them, and its retention could delete it)")
+  meta = make_meta(cfg, step=step, mean=mean, std=std, weights=[weights], source=source,
+                   calibration=calibration_of(model))
+  with manager(workdir) as mngr:
+    if step in mngr.all_steps():
+      raise InputError(f"{mngr.directory}/{step} exists already: choose another --workdir or "
+                       "--step")
+    mngr.save(step, args=ocp.args.Composite(**{
+        WEIGHT_ITEMS[weights]: ocp.args.StandardSave(weights_of(model)),
+        "meta": ocp.args.JsonSave(meta)}))
+    mngr.wait_until_finished()
+    return str(mngr.directory / str(step))
+
+
+def step_folder(path: str) -> int | None:
+  """The step of a step folder (`.../checkpoints/<digits>`), recognised by its place, not by its
+  name alone (a workdir may be called `runs/2024`); None for anything else."""
+  p = fileio.path(path)
+  return int(p.name) if p.name.isdigit() and p.parent.name == CHECKPOINTS else None
+
+
+def resolve(path: str, step: int | None = None) -> tuple[str, int]:
+  """(workdir, step) for a workdir, its `checkpoints/` folder, or one `checkpoints/<step>`."""
+  p = fileio.path(path)
+  path = str(p)
+  if not p.exists():
+    raise MissingFile(f"checkpoint {path}: no such file or directory")
+  if step_folder(path) is not None:
+    return str(p.parent.parent), step_folder(path)
+  if p.name == CHECKPOINTS:
+    p = p.parent
+    path = str(p)
+  if not (p / CHECKPOINTS).is_dir():
+    raise MissingFile(f"checkpoint {path}: no {CHECKPOINTS}/ folder here (give a workdir "
+                            "written by train.py or `python -m cdeit_jax.convert`)")
+  steps = all_steps(path)
+  if not steps:
+    raise MissingFile(f"checkpoint {path}: {CHECKPOINTS}/ holds no finished checkpoint")
+  if step is None:
+    return path, max(steps)
+  if step not in steps:
+    raise MissingFile(f"checkpoint {path}: no step {step} (have {sorted(steps)})")
+  return path, step
+
+
+def all_steps(workdir: str) -> list[int]:
+  with manager(workdir, read_only=True) as mngr:
+    return sorted(mngr.all_steps())
+
+
+def read_meta(path: str, step: int | None = None) -> dict[str, Any]:
+  workdir, step = resolve(path, step)
+  where = f"checkpoint {workdir}/{CHECKPOINTS}/{step}"
+  with manager(workdir, read_only=True) as mngr:
+    try:
+      meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    except Exception as e:  # orbax raises several types for unreadable items
+      raise failure(f"{where}/meta/metadata", e) from None
+  if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, FORMAT_V1):
+    raise CheckpointError(f"{where}: not a {FORMAT!r} checkpoint")
+  problem = _meta_problem(meta, step)
+  if problem:
+    raise CheckpointError(f"{where}/meta/metadata: {problem} (edited or damaged)")
+  return meta
+
+
+def _meta_problem(meta: dict[str, Any], step: int) -> str | None:
+  """What is wrong with a checkpoint's metadata fields, or None."""
+  if meta.get("step") != step or isinstance(meta.get("step"), bool):
+    return f"step is {meta.get('step')!r}, the folder says {step}"
+  for key in ("model", "config"):
+    if not isinstance(meta.get(key, {}), dict):
+      return f"{key} is a {type(meta[key]).__name__}, not a mapping"
+  if meta["format"] == FORMAT_V1:
+    return None
+  st = meta.get("stats")
+  if not (isinstance(st, dict) and all(
+      isinstance(st.get(k), list) and all(isinstance(v, (int, float)) and
+                                          not isinstance(v, bool) for v in st[k])
+      for k in ("mean", "std"))):
+    return "stats must hold the lists mean and std of numbers"
+  if not (isinstance(meta.get("weights"), list) and meta["weights"] and
+          set(meta["weights"]) <= set(WEIGHT_ITEMS)):
+    return f"weights is {meta.get('weights')!r}, not a list of {sorted(WEIGHT_ITEMS)}"
+  return None
+
+
+def first_intact(steps: list[int], load: Callable[[int], T], skipped: dict[int, str],
+                 where: str) -> tuple[int, T]:
+  """(step, load(step)) of the first of `steps` that loads completely (newest first for a
+  resume, best first for an evaluation): one rule for training and evaluation. Each step passed
+  over is recorded in `skipped` ({step: reason}, the first reason found), a step deleted since
+  it was listed (a training's retention) included; TensorStore's noise of a failed read goes to
+  the debug log. CheckpointError listing every reason when none loads."""
+  with logs.StderrCapture() as capture:
+    for step in steps:
+      try:
+        return step, load(step)
+      except (CheckpointError, MissingFile) as e:
+        capture.failed = True
+        skipped.setdefault(step, str(e))
+  reasons = "\n  ".join(f"step {st}: {r}" for st, r in skipped.items())
+  raise CheckpointError(f"no checkpoint in {where} can be read:\n  {reasons}\nThe whole errors "
+                        f"are in {logs.DEBUG_LOG}; move the steps away to start afresh")
+
+
+def first_readable(workdir: str, steps: list[int], skipped: dict[int, str]
+                   ) -> tuple[int, dict[str, Any]]:
+  """(step, meta) of the first of `steps` whose metadata reads (`first_intact`)."""
+  return first_intact(steps, lambda st: read_meta(workdir, st), skipped,
+                      fileio.join(workdir, CHECKPOINTS))
+
+
+def meta_stats(meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+  return stats.check_stats(np.asarray(meta["stats"]["mean"]), np.asarray(meta["stats"]["std"]),
+                           source="checkpoint metadata")
+
+
+def restore_item(workdir: str, step: int, item: str, like, sharding):
+  """One item of a step restored into the structure of `like` on `sharding` (CheckpointError,
+  one line naming the step and item, when it cannot be read)."""
+  with manager(workdir, read_only=True) as mngr:
+    try:
+      return mngr.restore(step, args=ocp.args.Composite(
+          **{item: ocp.args.StandardRestore(_restore_target(like, sharding))}))[item]
+    except Exception as e:  # orbax and TensorStore raise many types for unreadable items
+      raise failure(f"checkpoint {workdir}/{CHECKPOINTS}/{step}/{item}", e) from None
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@functools.cache
+def _single_host_array_writes() -> None:
+  """Write replicated arrays from one replica when there is one host.
+
+  orbax's replica-parallel writes split each replicated array over its replicas with many small
+  eager slices (19 of 22 s of a 40-step CPU run over 8 devices); they only pay off when the
+  replicas sit on different hosts. Registered once per process (cached).
+  """
+  if jax.process_count() == 1:
+    ocp.type_handlers.register_type_handler(
+        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+
+
+def train_manager(workdir: str, *, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
+  """Manager for training: keeps the latest `keep` steps plus the one with the lowest
+  validation loss (saved with `metrics={"val_loss": ...}`).
+
+  `best_fn` makes orbax write each step's metrics into the step (its preservation policy alone
+  would keep them in memory only, so a restarted run forgot which step was best).
+  """
+  from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+  _single_host_array_writes()
+  policy = pp.AnyPreservationPolicy([
+      pp.LatestN(n=keep),
+      pp.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
+               keep_checkpoints_without_metrics=False)])
+  # On an object store an unfinished step is a step folder without its commit marker, and it may
+  # be a live writer's that lost its lease a moment ago: a run taking the workdir over leaves it
+  # (it is never listed as a step, and is replaced when this run saves that step).
+  return manager(workdir, options=ocp.CheckpointManagerOptions(
+      preservation_policy=policy, best_fn=_val_loss, best_mode="min",
+      enable_async_checkpointing=async_save,
+      cleanup_tmp_directories=not fileio.is_remote(workdir)))
+
+
+def save_train(mngr: ocp.CheckpointManager, state, data_iter, meta: dict[str, Any],
+               val_loss: float | None = None) -> None:
+  """Save a training state (every process calls this; orbax coordinates the writes)."""
+  import grain
+  items = {
+      "params": ocp.args.StandardSave(state.params),
+      "ema": ocp.args.StandardSave(state.ema),
+      "opt_state": ocp.args.StandardSave(state.opt_state),
+      "meta": ocp.args.JsonSave(meta),
+  }
+  if data_iter is not None:
+    items["data"] = grain.checkpoint.CheckpointSave(data_iter)
+  mngr.save(int(meta["step"]), args=ocp.args.Composite(**items),
+            metrics=None if val_loss is None else {"val_loss": float(val_loss)})
+
+
+def restore_train(mngr: ocp.CheckpointManager, step: int, state, shardings, data_iter):
+  """Restore (state, meta) at `step` onto `shardings` (any device count), and the data iterator.
+
+  `state` is a fresh training state on `shardings` (its structure and placement are the
+  target). The model's constants are not part of it: the caller sets their calibration from
+  `meta` (`set_calibration`). Raises CheckpointError, one line naming the step and item, when an
+  item cannot be read."""
+  import grain
+  where = f"checkpoint {mngr.directory}/{step}"
+  meta = read_meta(fileio.dirname(str(mngr.directory)), step)
+  if meta["format"] != FORMAT:
+    raise CheckpointError(f"{where}: a {meta['format']!r} checkpoint; training resumes only "
+                          f"from {FORMAT!r} (start a new --workdir)")
+  items = {name: ocp.args.StandardRestore(_restore_target(getattr(state, name),
+                                                         getattr(shardings, name)))
+           for name in ("params", "ema", "opt_state")}
+  if data_iter is not None:
+    items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
+  restored = {}
+  for name, args in items.items():  # one item at a time, so a failure names its item
+    try:
+      restored[name] = mngr.restore(step, args=ocp.args.Composite(**{name: args}))[name]
+    except Exception as e:
+      raise failure(f"{where}/{name}", e) from None
+  restored.pop("data", None)  # restored into `data_iter` in place
+  step_array = jax.device_put(jax.numpy.int32(meta["step"]), shardings.step)
+  return state.replace(step=step_array, **restored), meta
+
+
+def best_step(workdir: str) -> int | None:
+  """The kept step with the lowest validation loss (None if none was validated)."""
+  return (ranked_steps(workdir) or [None])[0]
+
+
+def ranked_steps(workdir: str) -> list[int]:
+  """Validated steps, best (lowest validation loss) first, from orbax's per-step metrics; steps of
+  format v1 (whose loss is in `meta`) are read from there."""
+  workdir, _ = resolve(workdir)
+  scored = []
+  with manager(workdir, read_only=True) as mngr:
+    for s in mngr.all_steps():
+      try:
+        m = mngr.metrics(s)
+        if m is None:  # format v1 kept its validation loss in meta
+          meta = read_meta(workdir, s)
+          m = {"val_loss": meta.get("val_loss")} if meta.get("format") == FORMAT_V1 else None
+      except Exception as e:  # a damaged step is skipped here; loading it reports it
+        logs.debug.debug("metrics of step %s unreadable", s, exc_info=e)
+        continue
+      if m and m.get("val_loss") is not None and np.isfinite(m["val_loss"]):
+        scored.append((float(m["val_loss"]), s))
+  return [s for _, s in sorted(scored)]

@@ -1,0 +1,103 @@
+"""Building CDEIT models: from a config (training, compile-only checks, conversion) or from a
+checkpoint (evaluation), with the fixed variables recomputed from the config and the
+calibration taken from the checkpoint's metadata."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import checkpoint
+from cdeit_jax.checkpoints.checkpoint import CHECKPOINTS, FORMAT_V1, WEIGHT_ITEMS
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.common.variables import Fixed
+from cdeit_jax.model.network import CDEIT
+
+_WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
+
+
+def build(cfg: ml_collections.ConfigDict, *, seed: int = 0, platform: str | None = None
+          ) -> CDEIT:
+  """`CDEIT(**config.model)` with the measuring system of `config.simulator`, the attention
+  backend resolved for `platform`."""
+  return CDEIT(**config_lib.model_kwargs(cfg, platform), rngs=nnx.Rngs(seed))
+
+
+def fixed_variables(cfg: ml_collections.ConfigDict, sharding) -> nnx.State:
+  """The model's Fixed variables (the physics-informed model's linear operator, uncalibrated;
+  empty for the published model) computed from the config alone; jit drops the unused weight
+  initialisation."""
+  make = lambda: nnx.state(build(cfg), Fixed)
+  return jax.jit(make, out_shardings=sharding)()
+
+
+def model_config(meta: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The checkpoint's config (its measuring system included) with its `model` section; a value
+  of the wrong type (an edited file) is a CheckpointError naming it."""
+  try:
+    cfg = config_lib.from_json(meta.get("config", {}))
+    cfg.model.update(meta["model"])
+  except (TypeError, ValueError, KeyError, AttributeError) as e:
+    raise checkpoint.CheckpointError(
+        f"checkpoint metadata of step {meta.get('step')!r}: its config does not fit this "
+        f"version's ({' '.join(str(e).split())[:200]}); the file was edited or damaged") from None
+  return cfg
+
+
+RUNTIME_MODEL_KEYS = ("dtype", "attention_impl", "attention_query_chunk", "remat")
+
+
+def load(path: str, *, weights: str = "ema", step: int | None = None, dtype: str | None = None,
+         sharding: jax.sharding.Sharding | None = None, **runtime: Any
+         ) -> tuple[CDEIT, dict[str, Any]]:
+  """Build the checkpoint's model and load one weight set; returns (model, meta).
+
+  `dtype` and `runtime` (attention_impl, attention_query_chunk, remat) override how the model
+  computes, not what it is; `sharding` places the weights (default: the first local device;
+  data-parallel callers pass a replicated mesh sharding).
+  """
+  if weights not in WEIGHT_ITEMS:
+    raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
+  workdir, step = checkpoint.resolve(path, step)
+  meta = checkpoint.read_meta(workdir, step)
+  where = f"checkpoint {workdir}/{CHECKPOINTS}/{step}"
+  if weights not in meta["weights"]:
+    raise InputError(f"{where} has no {weights!r} weights (it has {meta['weights']}); pass "
+                     f"--config.eval.weights={meta['weights'][0]}")
+  cfg = model_config(meta)
+  if dtype is not None:
+    cfg.model.dtype = dtype
+  for k, v in runtime.items():
+    if k not in RUNTIME_MODEL_KEYS:
+      raise TypeError(f"models.load: {k!r} is not one of {RUNTIME_MODEL_KEYS}")
+    if v is not None:
+      cfg.model[k] = v
+  if sharding is None:
+    sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  model = nnx.eval_shape(lambda: build(cfg))
+  if meta["format"] == FORMAT_V1:
+    return _load_v1(model, workdir, step, meta, weights, sharding), meta
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  restored = checkpoint.restore_item(workdir, step, WEIGHT_ITEMS[weights], params, sharding)
+  model = nnx.merge(graphdef, restored, fixed_variables(cfg, sharding))
+  checkpoint.set_calibration(model, meta.get("calibration", {}))
+  return model, meta
+
+
+def _load_v1(abstract: CDEIT, workdir: str, step: int, meta: dict, weights: str, sharding):
+  """A format-v1 weight set (trained and fixed variables in one str-keyed tree)."""
+  like = nnx.to_pure_dict(nnx.state(abstract, nnx.Any(nnx.Param, Fixed)))
+  str_keys = lambda t: ({str(k): str_keys(v) for k, v in t.items()} if isinstance(t, dict) else t)
+  like = str_keys(like)
+  # v1 stored the sin-cos table, which the model now builds itself: read and dropped.
+  like["pos_embed"] = jax.ShapeDtypeStruct((abstract.grid ** 2, abstract.hidden_size), np.float32)
+  restored = checkpoint.restore_item(workdir, step, _WEIGHT_ITEMS_V1[weights], like, sharding)
+  restored.pop("pos_embed")
+  graphdef, state, rest = nnx.split(abstract, nnx.Any(nnx.Param, Fixed), ...)
+  nnx.replace_by_pure_dict(state, restored)
+  return nnx.merge(graphdef, state, rest)

@@ -1,0 +1,250 @@
+"""One path layer for every file the commands read or write: local paths and object-store URLs
+(`gs://bucket/...`) alike, through etils.epath (the layer orbax uses; gs:// goes through gcsfs).
+
+Outputs are never half-written on either: a local file is written under a temporary name and
+renamed; an object is uploaded in one request, and an object store shows an object only once its
+upload has finished (a killed upload leaves nothing), so nothing half-written ever appears under
+its final name. Objects cannot be appended to, so an append-only log on an object store is
+rewritten whole, in the background (`AppendLog`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import errno
+import io
+import logging
+import os
+import pathlib
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+
+import fsspec.config
+import fsspec.core
+from etils import epath
+
+from cdeit_jax.common.errors import CdeitError, InputError
+
+PathLike = str | os.PathLike
+
+log = logging.getLogger("cdeit_jax.common.fileio")
+
+# gcsfs caches directory listings forever by default, so objects written by another process (the
+# other hosts, the run before a resume) stay unseen and deleted ones stay listed: checkpoint steps
+# would be missed or "found". Listings here are few (folders, checkpoint steps): never cache them.
+for _protocol in ("gs", "gcs"):
+  fsspec.config.conf.setdefault(_protocol, {}).setdefault("use_listings_cache", False)
+
+
+def is_remote(p: PathLike) -> bool:
+  """Whether `p` is a URL (gs://..., any fsspec scheme) rather than a local path."""
+  return "://" in os.fspath(p)
+
+
+def resolve(p: PathLike) -> str:
+  """An absolute local path (`~` expanded), or the URL as given without a trailing slash."""
+  s = os.fspath(p)
+  return s.rstrip("/") if is_remote(s) else os.path.abspath(os.path.expanduser(s))
+
+
+def path(p: PathLike) -> epath.Path:
+  """`p` (resolved) as an epath.Path: exists(), is_dir(), iterdir(), read_bytes(), mkdir()..."""
+  return epath.Path(resolve(p))
+
+
+def join(base: PathLike, *parts: str) -> str:
+  return os.fspath(epath.Path(os.fspath(base)).joinpath(*parts))
+
+
+def dirname(p: PathLike) -> str:
+  return os.fspath(path(p).parent)
+
+
+def basename(p: PathLike) -> str:
+  return path(p).name
+
+
+def makedirs(p: PathLike) -> None:
+  """Create a local folder and its parents (object stores have no folders: nothing to do)."""
+  if not is_remote(p):
+    os.makedirs(resolve(p), exist_ok=True)
+
+
+def writable_folder(p: PathLike, flag: str) -> None:
+  """Create folder `p` if needed and check that files can be written there; an InputError
+  naming `flag` (e.g. "--workdir") when `p` is a file, read-only or cannot be created."""
+  folder = path(p)
+  if folder.exists() and not folder.is_dir():
+    raise InputError(f"{flag} {p}: exists and is not a folder; give a folder path")
+  try:
+    makedirs(p)
+    probe = folder / f".write-test-{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
+  except OSError as e:
+    raise InputError(f"{flag} {p}: cannot write there ({e.strerror or e}); give a writable "
+                     "folder") from (e if is_remote(p) else None)
+
+
+def move(src: PathLike, dst: PathLike) -> None:
+  """Move a file or folder to `dst` (whose parent is created): a rename when local; on an object
+  store a copy, then a delete, of every object (epath's rename refuses there, as a destination
+  "folder" exists only once something is in it; gcsfs's own mv tries GCS's moveTo first, which
+  local GCS servers lack, and retries it for seconds per object before copying anyway)."""
+  src, dst = resolve(src), resolve(dst)
+  if not is_remote(src):
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    os.rename(src, dst)
+    return
+  fs, _ = fsspec.core.url_to_fs(src)
+  fs.copy(src, dst, recursive=True)
+  fs.rm(src, recursive=True)
+
+
+def remove_tree(p: PathLike) -> None:
+  """Remove a folder and everything in it, if it exists (local or object store)."""
+  p = resolve(p)
+  if not is_remote(p):
+    shutil.rmtree(p, ignore_errors=True)
+    return
+  fs, _ = fsspec.core.url_to_fs(p)
+  if fs.exists(p):
+    fs.rm(p, recursive=True)
+
+
+def open_binary(p: PathLike) -> io.BufferedIOBase:
+  """A seekable binary reader: a local file, or the whole object read in one request."""
+  if not is_remote(p):
+    return open(resolve(p), "rb")
+  return io.BytesIO(path(p).read_bytes())
+
+
+class DiskFull(CdeitError, OSError):
+  """No space left where an output goes (one line naming the folder)."""
+
+
+def no_space(where: str, what: str = "nothing was half-written there") -> DiskFull:
+  """The one-line error for a full disk under `where`."""
+  err = DiskFull(f"no space left on the device of {where}: free some space or write somewhere "
+                 f"else ({what})")
+  err.errno = errno.ENOSPC
+  return err
+
+
+NO_SPACE = "No space left on device"  # strerror(ENOSPC), which libraries pass on as text
+
+
+def is_disk_full(e: BaseException) -> bool:
+  """Whether `e`, or an error it was raised from or during, is a full disk: an OSError with
+  ENOSPC, or a library's error that carries the system's text (TensorStore, under orbax's
+  asynchronous saves, reports it as text)."""
+  seen = set()
+  stack = [e]
+  while stack:
+    x = stack.pop()
+    if x is None or id(x) in seen:
+      continue
+    seen.add(id(x))
+    if (isinstance(x, OSError) and x.errno == errno.ENOSPC) or \
+        NO_SPACE in str(x):
+      return True
+    stack += [x.__cause__, x.__context__, *getattr(x, "exceptions", ())]
+  return False
+
+
+def atomic_write(p: PathLike, write: Callable[[str], object]) -> None:
+  """Call write(tmp) with a local temporary file name, then publish that file as `p`: renamed in
+  the same folder (local), or uploaded in one request (object store). The temporary file is
+  removed on any failure; a full disk is a `DiskFull` naming the folder."""
+  p = resolve(p)
+  if not is_remote(p):
+    tmp = os.path.join(os.path.dirname(p), f".{os.path.basename(p)}.tmp")
+    try:
+      write(tmp)
+      os.replace(tmp, p)
+    except BaseException as e:
+      with contextlib.suppress(OSError):
+        os.unlink(tmp)
+      if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        raise no_space(os.path.dirname(p)) from None
+      raise
+    return
+  with tempfile.TemporaryDirectory(prefix="cdeit-upload-") as d:
+    tmp = os.path.join(d, os.path.basename(p))
+    write(tmp)
+    epath.Path(p).write_bytes(pathlib.Path(tmp).read_bytes())
+
+
+def write_text(p: PathLike, text: str) -> None:
+  """Write `text` to `p` atomically."""
+  atomic_write(p, lambda t: pathlib.Path(t).write_text(text))
+
+
+def read_text(p: PathLike) -> str | None:
+  """The text of `p`, or None if there is no such file (one request on an object store)."""
+  try:
+    return path(p).read_text()
+  except FileNotFoundError:
+    return None
+
+
+class AppendLog:
+  """A text log written in appends: a line-buffered local file, or an object store's object
+  rewritten whole after each append by one background thread (so the caller never waits on the
+  network; appends made during an upload go out in the next). `initial` is the text the log
+  starts from, replacing what the file holds; None continues the file. close() waits for the
+  last upload; a failed upload is logged as a warning and retried with the next append or
+  close."""
+
+  def __init__(self, p: PathLike, initial: str | None = None):
+    self.path = resolve(p)
+    self._remote = is_remote(self.path)
+    if not self._remote:
+      if initial is not None:
+        write_text(self.path, initial)
+      self._fh = open(self.path, "a", buffering=1)
+      return
+    self._parts = [initial if initial is not None else read_text(self.path) or ""]
+    self._lock = threading.Lock()
+    self._dirty = self._busy = False
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="cdeit-upload")
+
+  def write(self, text: str) -> None:
+    if not self._remote:
+      self._fh.write(text)
+      return
+    with self._lock:
+      self._parts.append(text)
+      self._dirty = True
+      if self._busy:
+        return
+      self._busy = True
+    self._pool.submit(self._drain)
+
+  def _drain(self) -> None:
+    while True:
+      with self._lock:
+        if not self._dirty:
+          self._busy = False
+          return
+        text, self._dirty = "".join(self._parts), False
+      try:
+        write_text(self.path, text)
+      except Exception as e:  # keep training; the next append or close() tries again
+        log.warning("could not write %s (%s: %s); will retry", self.path, type(e).__name__, e)
+        with self._lock:
+          self._dirty, self._busy = True, False
+        return
+
+  def close(self) -> None:
+    if not self._remote:
+      self._fh.close()
+      return
+    self._pool.shutdown(wait=True)
+    with self._lock:
+      dirty = self._dirty
+    if dirty:  # the last upload failed: one more try, and its error is the caller's
+      write_text(self.path, "".join(self._parts))

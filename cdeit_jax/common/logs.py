@@ -1,0 +1,180 @@
+"""Logging: one logger (`cdeit_jax` and its children) for every message, shown on stderr through
+tqdm so progress bars stay intact; the debug log of full errors behind one-line reports; and the
+training metrics of process 0: progress bar with ETA, `metrics.jsonl`, TensorBoard event files
+(tensorboardX, no TensorFlow)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+from cdeit_jax.common import fileio
+
+log = logging.getLogger("cdeit_jax")
+DEBUG_LOG = "debug.log"
+
+
+class _Console(logging.Handler):
+  """stderr through `tqdm.write` (a running progress bar is redrawn below the message); warnings
+  and errors are prefixed with their level."""
+
+  def emit(self, record: logging.LogRecord) -> None:
+    try:
+      from tqdm import tqdm
+      text = record.getMessage()
+      if record.levelno >= logging.WARNING:
+        text = f"{record.levelname.lower()}: {text}"
+      tqdm.write(text, file=sys.stderr)
+    except Exception as e:  # logging's convention: report, never raise
+      if not fileio.is_disk_full(e):  # a full disk is reported once, by the command
+        self.handleError(record)
+
+
+def console(primary: bool = True) -> None:
+  """Show the `cdeit_jax` loggers on stderr (commands call this once jax knows the process):
+  information from process 0, warnings and errors from every process."""
+  for h in [h for h in log.handlers if isinstance(h, _Console)]:
+    log.removeHandler(h)
+  log.addHandler(_Console())
+  log.setLevel(logging.INFO if primary else logging.WARNING)
+  log.propagate = False
+debug = logging.getLogger("cdeit_jax.debug")  # full errors behind one-line reports
+debug.propagate = False
+
+
+class _AppendHandler(logging.Handler):
+  """Records appended to a `fileio.AppendLog` (a local file or an object), opened on the first
+  record and continuing what the file already holds."""
+
+  def __init__(self, path: str):
+    super().__init__()
+    self.path, self._log = path, None
+
+  def emit(self, record: logging.LogRecord) -> None:
+    try:
+      if self._log is None:
+        self._log = fileio.AppendLog(self.path)
+      self._log.write(self.format(record) + "\n")
+    except Exception as e:  # logging's convention: report, never raise
+      if not fileio.is_disk_full(e):  # a full disk is reported once, by the command
+        self.handleError(record)
+
+  def close(self) -> None:
+    if self._log is not None:
+      self._log.close()
+      self._log = None
+    super().close()
+
+
+def debug_log(directory: str, enabled: bool = True) -> None:
+  """Send the full errors behind one-line reports (damaged checkpoints) to
+  `<directory>/debug.log` (created on the first record; local or gs://)."""
+  debug.setLevel(logging.DEBUG)
+  for h in list(debug.handlers):
+    debug.removeHandler(h)
+    h.close()
+  if enabled:
+    handler = _AppendHandler(fileio.join(directory, DEBUG_LOG))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    debug.addHandler(handler)
+
+
+def cut_jsonl(text: str | None, last_step: int) -> tuple[str, int]:
+  """(the records of steps <= `last_step` (the step training resumes from), each step once (its
+  last record), in step order; how many lines were dropped)."""
+  records, total = {}, 0
+  for line in (text or "").splitlines(keepends=True):
+    total += 1
+    try:
+      r = json.loads(line)
+      step = int(r["step"])
+    except (ValueError, KeyError, TypeError):
+      continue  # a line cut by a kill
+    if step <= last_step:
+      records[step] = line if line.endswith("\n") else line + "\n"
+  return "".join(records[s] for s in sorted(records)), total - len(records)
+
+
+class StderrCapture:
+  """While active, the process's stderr (fd 2) goes to a temporary file.
+
+  A failed orbax restore leaves TensorStore reads in flight whose callbacks, from TensorStore's
+  own threads, print "Event loop is closed" tracebacks straight to fd 2 (hundreds of lines for one
+  truncated file). Restore attempts run under this: set `failed` when one fails; the captured
+  text then goes to the debug log after a short wait for the late callbacks, and otherwise (only
+  warnings) back to stderr.
+  """
+
+  def __init__(self, grace_s: float = 0.5):
+    self.failed = False
+    self.grace_s = grace_s
+
+  def __enter__(self) -> StderrCapture:
+    sys.stderr.flush()
+    self._saved = os.dup(2)
+    self._tmp = tempfile.TemporaryFile()
+    os.dup2(self._tmp.fileno(), 2)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self.failed or exc[0] is not None:
+      time.sleep(self.grace_s)
+    sys.stderr.flush()
+    os.dup2(self._saved, 2)
+    os.close(self._saved)
+    self._tmp.seek(0)
+    text = self._tmp.read().decode(errors="replace")
+    self._tmp.close()
+    if self.failed or exc[0] is not None:
+      if text:
+        debug.debug("stderr during the failed checkpoint restore:\n%s", text)
+    elif text:
+      sys.stderr.write(text)
+
+
+class MetricLogger:
+  """`start_step` is the step the run resumes from (0 for a new run): records of later steps,
+  written by an earlier attempt whose checkpoints did not all commit, are dropped from
+  metrics.jsonl and hidden from TensorBoard (`purge_step`), so each step appears once."""
+
+  def __init__(self, workdir: str, total_steps: int, start_step: int, enabled: bool = True):
+    self.enabled = enabled
+    if not enabled:
+      return
+    from tensorboardX import SummaryWriter
+    from tqdm import tqdm
+    fileio.makedirs(workdir)
+    path = fileio.join(workdir, "metrics.jsonl")
+    kept, self.dropped = cut_jsonl(fileio.read_text(path), start_step)
+    self.jsonl = fileio.AppendLog(path, kept)  # rewritten atomically first
+    # tensorboardX writes gs:// itself (google-cloud-storage; the whole event file per flush).
+    self.tb = SummaryWriter(fileio.join(workdir, "tensorboard"), purge_step=start_step + 1)
+    self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
+                    mininterval=2.0)
+
+  def write(self, step: int, metrics: dict[str, Any], advance: int = 0) -> None:
+    if not self.enabled:
+      return
+    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+             for k, v in metrics.items()}
+    self.jsonl.write(json.dumps({"step": step, **clean}) + "\n")
+    for k, v in metrics.items():
+      if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
+        self.tb.add_scalar(k, v, step)
+    if advance:
+      self.bar.update(advance)
+    shown = {k: f"{v:.4g}" for k, v in metrics.items() if k in ("loss", "val_loss",
+                                                                  "samples_per_sec")}
+    self.bar.set_postfix(shown, refresh=False)
+
+  def close(self) -> None:
+    if self.enabled:
+      self.bar.close()
+      self.tb.close()
+      self.jsonl.close()

@@ -1,0 +1,1 @@
+"""Training and test data: the npz format, sources, grain pipelines, statistics, the simulated distribution."""

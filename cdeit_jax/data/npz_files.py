@@ -1,0 +1,118 @@
+"""The CDEIT npz file format: one example per file, `ys` (208, 1) difference voltages in the
+measuring system's units (`measurement.PRESETS`) and `xs` (128, 128) the conductivity-change
+target, optionally `TR` and `xs_gn` (classical reconstructions, kept for evaluation); reading and
+validating a folder of them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import sys
+import threading
+import zipfile
+from collections.abc import Sequence
+
+import numpy as np
+
+from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit.measurement import IMAGE_SIZE, NUM_MEASUREMENTS
+
+log = logging.getLogger(__name__)
+
+BASELINE_KEYS = ("TR", "xs_gn")
+
+
+# numpy parses .npy headers with ast.literal_eval, which is not thread-safe on CPython 3.11
+# ("SystemError: AST constructor recursion depth mismatch", seen here on 3.11.7 with grain's
+# reader threads). Decoding is serialised there; worker processes (num_workers) are unaffected.
+_NPZ_LOCK = threading.Lock() if sys.version_info < (3, 13) else contextlib.nullcontext()
+
+
+def read_npz(path: str, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+  """The arrays of an npz (all, or `keys` where present), decoded under the lock."""
+  with fileio.open_binary(path) as fh, _NPZ_LOCK, np.load(fh, allow_pickle=False) as z:
+    return {k: z[k] for k in (z.files if keys is None else [k for k in keys if k in z.files])}
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+class DatasetError(InputError):
+  """A dataset folder or file is unusable; the message names every bad file."""
+
+
+def check_file(path: str) -> str | None:
+  """None if `path` is a usable CDEIT npz, else what is wrong with it."""
+  return _read_checked(path)[0]
+
+
+def _read_checked(path: str) -> tuple[str | None, dict[str, np.ndarray] | None]:
+  """(problem or None, the file's arrays or None)."""
+  try:
+    with fileio.open_binary(path) as fh:
+      head = fh.read(4)
+    if head[:2] != b"PK":  # npz files are zip archives
+      return f"not a readable npz: not a zip of .npy arrays (it starts with {head!r})", None
+    z = read_npz(path)
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+    return f"not a readable npz ({type(e).__name__}: {e})", None
+  return _problem(z), z
+
+
+def _problem(z: dict[str, np.ndarray]) -> str | None:
+  for key, shape in (("ys", (NUM_MEASUREMENTS, 1)), ("xs", (IMAGE_SIZE, IMAGE_SIZE))):
+    if key not in z:
+      return f"missing key {key!r} (has {sorted(z)})"
+    a = z[key]
+    if a.size != int(np.prod(shape)) or a.shape not in (shape, (shape[0],)):
+      return f"{key} has shape {a.shape}, expected {shape}"
+    if not np.issubdtype(a.dtype, np.number):
+      return f"{key} has dtype {a.dtype}, expected a float array"
+    if not np.all(np.isfinite(a)):
+      return f"{key} holds {int(np.size(a) - np.isfinite(a).sum())} non-finite values"
+  return None
+
+
+def list_files(directory: str) -> list[str]:
+  d = fileio.path(directory)
+  if not d.is_dir():
+    raise DatasetError(f"data folder {directory}: does not exist (expected a folder of .npz "
+                       "files, e.g. DATA/train, or gs://BUCKET/DATA/train)")
+  files = sorted(f.name for f in d.iterdir() if f.name.endswith(".npz"))
+  if not files:
+    raise DatasetError(f"data folder {directory}: holds no .npz files")
+  return files
+
+
+def check_folder(directory: str, files: Sequence[str], *, skip_bad: bool = False,
+             num_threads: int = 8, keep: bool = False):
+  """Check every file; raise listing all bad ones, or (skip_bad) warn and drop them. Returns the
+  good file names, and with `keep` also their arrays ({name: arrays}: each file is read once)."""
+  paths = [fileio.join(directory, f) for f in files]
+  # Without `keep` only the verdicts are held (the arrays of a big folder would not fit)
+  read = _read_checked if keep else (lambda path: (_read_checked(path)[0], None))
+  with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
+    checked = list(pool.map(read, paths))
+  problems = [p for p, _ in checked]
+  arrays = ({f: z for f, (p, z) in zip(files, checked) if p is None} if keep else None)
+  del checked
+  bad = [(f, p) for f, p in zip(files, problems) if p is not None]
+  if not bad:
+    return (list(files), arrays) if keep else list(files)
+  listing = "\n".join(f"  {fileio.join(directory, f)}: {p}" for f, p in bad[:50])
+  more = f"\n  ... and {len(bad) - 50} more" if len(bad) > 50 else ""
+  if not skip_bad:
+    raise DatasetError(f"data folder {directory}: {len(bad)} of {len(files)} files are bad:\n"
+                       f"{listing}{more}\nFix or remove them, or skip them: "
+                       "--config.data.skip_bad_files=True (train.py), "
+                       "--config.eval.skip_bad_files=True (eval.py), --skip-bad-files "
+                       "(python -m cdeit_jax.data.sources stats).")
+  log.warning("data folder %s: skipping %d of %d bad files:\n%s%s", directory, len(bad),
+              len(files), listing, more)
+  good = [f for f, p in zip(files, problems) if p is None]
+  if not good:
+    raise DatasetError(f"data folder {directory}: every file is bad")
+  return (good, arrays) if keep else good

@@ -1,0 +1,148 @@
+"""CDEIT examples: a folder of npz files (`cdeit_jax.data.npz_files`), or arrays in memory, as a
+random-access source of conditioned examples (`measurement.condition`: scaled and standardised
+voltages, their EIM) and targets; and `python -m cdeit_jax.data.sources stats`.
+"""
+
+from __future__ import annotations
+
+import sys
+import zipfile
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.data import npz_files
+from cdeit_jax.data import stats as stats_lib
+from cdeit_jax.data.npz_files import BASELINE_KEYS, DatasetError
+from cdeit_jax.eit import measurement
+from cdeit_jax.eit.measurement import IMAGE_SIZE
+
+# ----------------------------------------------------------------------------- the sources
+
+
+class NpzSource:
+  """Random-access source (grain protocol: `len`, `[i]`) over a folder of CDEIT npz files.
+
+  Returns float32 `cond` (16, 16, 1) the EIM of the scaled, standardised voltages, `voltages`
+  (16, 13) those standardised voltages, `ys` (208,) the scaled ones (ys / voltage_ratio, what
+  the simulator and the linear reconstructions take), `target` (128, 128, 1), `index` and `name`;
+  with `baselines=True` also the stored classical reconstructions (`TR`, `xs_gn`, NaN where a
+  file lacks them). With `cache` every file is read once, when the source opens.
+  """
+
+  def __init__(self, path: str, preset: str = "simulated", stats: Any = None, *,
+               voltage_ratio: float | None = None, current_ratio: float | None = None,
+               checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
+               skip_bad: bool = False, validate_files: bool = True, cache: bool = False,
+               baselines: bool = False):
+    self.path = fileio.resolve(path)
+    self.preset = preset
+    self.voltage_ratio, self.current_ratio = measurement.resolve_ratios(preset, voltage_ratio,
+                                                                        current_ratio)
+    names = npz_files.list_files(self.path)
+    arrays = None
+    if validate_files and cache:  # validation reads each file; keep what it read
+      self.files, arrays = npz_files.check_folder(self.path, names, skip_bad=skip_bad, keep=True)
+    elif validate_files:
+      self.files = npz_files.check_folder(self.path, names, skip_bad=skip_bad)
+    else:
+      self.files = names
+    self.mean, self.std = stats_lib.resolve_stats(self.path, stats, checkpoint_stats)
+    self.baselines = baselines
+    self._cache: list[dict] | None = None
+    if cache:
+      self._cache = [self._load(i, None if arrays is None else arrays[name])
+                     for i, name in enumerate(self.files)]
+
+  def __len__(self) -> int:
+    return len(self.files)
+
+  def __repr__(self) -> str:
+    return f"NpzSource({self.path!r}, preset={self.preset!r}, n={len(self)})"
+
+  def condition(self, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(cond (16,16,1), standardised voltages (16,13), scaled voltages (208,)) from raw `ys`
+    (208,) in measured units."""
+    return measurement.condition(np.asarray(ys, np.float32), self.voltage_ratio, self.mean,
+                                 self.std)
+
+  def _load(self, i: int, z: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+    path = fileio.join(self.path, self.files[i])
+    try:
+      if z is None:
+        z = npz_files.read_npz(path, ("ys", "xs") + (BASELINE_KEYS if self.baselines else ()))
+      cond, v, scaled = self.condition(z["ys"])
+      ex = {"cond": cond, "voltages": v, "ys": scaled,
+            "target": np.asarray(z["xs"], np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 1),
+            "index": np.int32(i), "name": self.files[i]}
+      if self.baselines:
+        for k in BASELINE_KEYS:
+          ex[k] = (np.asarray(z[k], np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 1) if k in z
+                   else np.full((IMAGE_SIZE, IMAGE_SIZE, 1), np.nan, np.float32))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+      raise DatasetError(f"{path}: {e}") from e
+    return ex
+
+  def __getitem__(self, i: int) -> dict[str, Any]:
+    if self._cache is not None:
+      return self._cache[i]
+    return self._load(i)
+
+
+class ArraySource:
+  """In-memory examples with `NpzSource`'s items: voltages `ys` (n, 208) in simulation units (the
+  "simulated" preset) and label images `xs` (n, 128, 128), standardised with (mean, std). The
+  simulator source's fixed sets (statistics, validation) are ArraySources."""
+
+  preset, voltage_ratio = "simulated", 1.0
+
+  def __init__(self, ys: np.ndarray, xs: np.ndarray, mean: np.ndarray, std: np.ndarray, *,
+               name: str):
+    self.path = name  # what messages call it
+    self._ys, self._xs = np.asarray(ys, np.float32), np.asarray(xs, np.float32)
+    self.mean, self.std = stats_lib.check_stats(mean, std, source=name)
+
+  def __len__(self) -> int:
+    return len(self._ys)
+
+  def __repr__(self) -> str:
+    return f"ArraySource({self.path!r}, n={len(self)})"
+
+  def __getitem__(self, i: int) -> dict[str, Any]:
+    cond, v, scaled = measurement.condition(self._ys[i], self.voltage_ratio, self.mean, self.std)
+    return {"cond": cond, "voltages": v, "ys": scaled,
+            "target": self._xs[i].reshape(IMAGE_SIZE, IMAGE_SIZE, 1), "index": np.int32(i),
+            "name": f"{i:07d}"}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+  """`python -m cdeit_jax.data.sources stats DATA/train [--preset P] [--out DIR]`."""
+  import argparse
+  p = argparse.ArgumentParser(prog="python -m cdeit_jax.data.sources")
+  sub = p.add_subparsers(dest="cmd", required=True)
+  s = sub.add_parser("stats", help="compute mean.npy/std.npy (1,16,13) of a training split")
+  s.add_argument("split", help="folder of npz files, e.g. DATA/train")
+  s.add_argument("--preset", default="simulated", choices=sorted(measurement.PRESETS))
+  s.add_argument("--voltage-ratio", type=float, default=None)
+  s.add_argument("--out", default=None, help="where to write mean.npy/std.npy (default: the "
+                 "split's parent, where the loaders look first)")
+  s.add_argument("--skip-bad-files", action="store_true", help="skip unreadable or invalid "
+                 "files with a warning (default: stop and list them)")
+  a = p.parse_args(argv)
+  out = a.out or fileio.dirname(a.split)
+  try:
+    fileio.writable_folder(out, "--out")
+    mean, std = stats_lib.compute_stats(a.split, a.preset, voltage_ratio=a.voltage_ratio,
+                                        skip_bad=a.skip_bad_files)
+  except InputError as e:  # DatasetError too
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(1)
+  stats_lib.write_stats(out, mean, std)
+  print(f"wrote {out}/mean.npy, {out}/std.npy from {a.split}: std median {np.median(std):.3e}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,126 @@
+"""One-step regularised difference reconstruction (Tikhonov / NOSER) on the 128 x 128 grid.
+
+    x = (J^T J + lambda W)^(-1) J^T ys = W^-1 J^T (J W^-1 J^T + lambda I)^(-1) ys
+
+J (208, pixels in the disk) is the autodiff Jacobian of the simulator at the homogeneous
+background with respect to the label image xs (sigma = 10^xs); W = diag(J^T J)^p (p = 1: NOSER,
+Cheney et al. 1990; p = 0: plain Tikhonov) and lambda = alpha * trace(J W^-1 J^T) / 208. The right
+side is the 208 x 208 form, so the reconstruction matrix (pixels x 208) is built once and applied
+to any measurement as one matrix product. Outputs are in label units, zero outside the disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import logging
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import fem, mesh, simulator
+from cdeit_jax.eit import phantom as ph
+from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE
+from cdeit_jax.eit.mesh import MeshSpec
+from cdeit_jax.eit.simulator import Simulator, default_simulator
+
+DEFAULT_ALPHA = 0.1    # with noser_exponent 0.5: best RMSE on 128 simulated validation phantoms
+NOSER_EXPONENT = 0.5
+log = logging.getLogger("cdeit_jax.eit")
+
+
+def jacobian(sim: Simulator) -> np.ndarray:
+  """(208, 128, 128) d ys / d xs at xs = 0, by reverse-mode autodiff through the CEM."""
+  size = ph.IMAGE_SIZE
+  fn = lambda x: sim.difference(sim.image_conductivity(x))
+  return np.asarray(jax.jit(jax.jacrev(fn))(jnp.zeros((size, size), sim.dtype)))
+
+
+def default_jacobian(contact_impedance: float = CONTACT_IMPEDANCE) -> np.ndarray:
+  """`jacobian` of the default simulator, computed once per process (~4-7 s on a CPU) and shared
+  by the Tikhonov baseline and the physics-informed conditioning; kept on disk beside the
+  compilation cache when a command enabled one (`compile_cache.folder()`), under a name that
+  hashes the simulator's settings and source, so no other code's Jacobian is ever read."""
+  return _default_jacobian(float(contact_impedance))
+
+
+@functools.lru_cache(maxsize=4)
+def _default_jacobian(contact_impedance: float) -> np.ndarray:
+  path = _jacobian_file(contact_impedance)
+  if path is not None:
+    try:
+      with fileio.open_binary(path) as fh:
+        return np.load(fh, allow_pickle=False)
+    except (OSError, ValueError):  # absent or unreadable: computed (and written) again
+      pass
+  with jax.ensure_compile_time_eval():  # concrete also when first asked under a trace
+    jac = jacobian(default_simulator(contact_impedance=contact_impedance))
+  if path is not None:
+    def save(p):
+      with open(p, "wb") as fh:  # a handle: np.save would append ".npy" to the temporary name
+        np.save(fh, jac)
+    try:
+      fileio.makedirs(fileio.dirname(path))
+      fileio.atomic_write(path, save)
+    except OSError as e:  # a cache that cannot be written costs time, nothing else
+      log.warning("could not keep the Jacobian in %s (%s)", path, e)
+  return jac
+
+
+def _jacobian_file(contact_impedance: float) -> str | None:
+  from cdeit_jax.common import compile_cache
+  folder = compile_cache.folder()
+  if folder is None:
+    return None
+  h = hashlib.sha256(repr((contact_impedance, dataclasses.astuple(MeshSpec()))).encode())
+  for module in (fem, mesh, simulator, ph, sys.modules[__name__]):  # the code that computes it
+    h.update(pathlib.Path(module.__file__).read_bytes())
+  return fileio.join(folder, "derived", f"jacobian-{h.hexdigest()[:20]}.npy")
+
+
+def weighted_system(jac: np.ndarray, noser_exponent: float = NOSER_EXPONENT):
+  """(disk, J restricted to the disk (208, pixels), W^-1 (pixels,), J W^-1 J^T (208, 208)) in
+  float64 for a Jacobian (208, 128, 128), W = diag(J^T J)^noser_exponent."""
+  j = np.asarray(jac).reshape(208, -1).astype(np.float64)
+  disk = ph.disk_mask(ph.IMAGE_SIZE).reshape(-1)
+  jd = j[:, disk]
+  w_inv = 1.0 / np.maximum((jd * jd).sum(0), 1e-300) ** noser_exponent
+  return disk, jd, w_inv, (jd * w_inv) @ jd.T
+
+
+class Tikhonov:
+  """Reconstruction matrix of one simulator; call it on ys (..., 208) in simulation units."""
+
+  def __init__(self, sim: Simulator | None = None, alpha: float = DEFAULT_ALPHA,
+               noser_exponent: float = NOSER_EXPONENT, jac: np.ndarray | None = None):
+    if alpha <= 0:
+      raise InputError(f"alpha must be > 0, got {alpha}")
+    if jac is None:
+      jac = default_jacobian() if sim is None else jacobian(sim)
+    self.disk, jd, w_inv, gram = weighted_system(jac, noser_exponent)
+    lam = alpha * np.trace(gram) / len(gram)
+    self.matrix = (w_inv[:, None] * jd.T) @ np.linalg.inv(gram + lam * np.eye(len(gram)))
+    self.alpha, self.noser_exponent = alpha, noser_exponent
+
+  def __call__(self, ys) -> np.ndarray:
+    """Images (..., 128, 128) from difference voltages (..., 208) or (..., 208, 1)."""
+    ys = np.asarray(ys, np.float64)
+    if ys.shape[-1] == 1 and ys.ndim >= 2 and ys.shape[-2] == 208:
+      ys = ys[..., 0]
+    if ys.shape[-1] != 208:
+      raise InputError(f"expected 208 voltages in the last axis, got shape {ys.shape}")
+    out = np.zeros(ys.shape[:-1] + (self.disk.size,), np.float32)
+    out[..., self.disk] = ys @ self.matrix.T
+    return out.reshape(ys.shape[:-1] + (ph.IMAGE_SIZE, ph.IMAGE_SIZE))
+
+
+@functools.lru_cache(maxsize=4)
+def default_tikhonov(alpha: float = DEFAULT_ALPHA,
+                     contact_impedance: float = CONTACT_IMPEDANCE) -> Tikhonov:
+  return Tikhonov(alpha=alpha, jac=default_jacobian(contact_impedance))

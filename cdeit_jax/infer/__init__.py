@@ -1,0 +1,1 @@
+"""Inference: the sampler, the Reconstructor, evaluation, metrics and outputs."""

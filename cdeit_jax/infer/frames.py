@@ -1,0 +1,282 @@
+"""Voltage frames files in, image sequences out (`python -m cdeit_jax.reconstruct`).
+
+In: `.npy`, `.npz`, `.mat` (MATLAB up to v7; v7.3 is HDF5) or `.csv`/`.txt`, frames as rows
+(N, 208) in the protocol's order (columns (208, N), as EIDORS keeps them, are turned). An `.npz`
+or `.mat` holds them under `frames` (or `voltages`, or as its only array) and may hold a
+reference frame under `reference`. A `.csv` may start with one header line.
+
+Out: `frames.npz` (`images` (N, 128, 128) in label units, `std` for K > 1, `rows`, `skipped`),
+`frames.mat` (the same in the device's conductivity units, `scale`), a PNG montage and an
+animated GIF with one fixed colour scale and a colourbar. All are written into a hidden staging
+folder and moved into place once complete (`outputs.publish`).
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit.measurement import NUM_MEASUREMENTS
+from cdeit_jax.eit.phantom import disk_mask
+from cdeit_jax.infer import outputs
+
+FRAME_KEYS = ("frames", "voltages", "dv", "ys")
+REFERENCE_KEYS = ("reference", "v_ref", "ref")
+SUFFIXES = (".npy", ".npz", ".mat", ".csv", ".txt")
+OUTPUTS = ("montage.png", "frames.gif", "frames.mat", "frames.npz")  # frames.npz last: complete
+
+
+def read(path: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+  """(frames (N, 208) float64, reference frame (208,) or None, true images (N, 128, 128) or
+  None) of a frames file (the true images: an npz's `targets`, as simulated sequences carry);
+  a bad file is an InputError naming it (and the row, where one is at fault)."""
+  suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in fileio.basename(path) else ""
+  if suffix not in SUFFIXES:
+    raise InputError(f"{path}: frames files are {', '.join(SUFFIXES)}; got {suffix or 'no'} "
+                     "suffix")
+  try:
+    raw = fileio.path(path).read_bytes()
+  except FileNotFoundError:
+    raise InputError(f"{path}: no such file") from None
+  except IsADirectoryError:
+    raise InputError(f"{path}: a folder; give one frames file") from None
+  if suffix in (".csv", ".txt"):
+    arrays = {"frames": _read_text(path, raw)}
+  elif suffix == ".npy":
+    arrays = {"frames": _read_npy(path, raw)}
+  elif suffix == ".npz":
+    try:
+      with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+      raise InputError(f"{path}: not a readable .npz of numeric arrays ({_short(e)})") from None
+  else:
+    arrays = _read_mat(path, raw)
+  frames = _pick(path, arrays, FRAME_KEYS, required=True)
+  reference = _pick(path, arrays, REFERENCE_KEYS, required=False)
+  frames = _as_rows(path, frames)
+  if reference is not None:
+    reference = np.asarray(reference)
+    if reference.size != NUM_MEASUREMENTS:
+      raise InputError(f"{path}: the reference frame must hold {NUM_MEASUREMENTS} voltages, got "
+                       f"shape {reference.shape}")
+    reference = _numeric(path, reference, "the reference frame").reshape(NUM_MEASUREMENTS)
+  targets = arrays.get("targets")
+  if targets is not None:
+    targets = np.asarray(targets)
+    if targets.shape[:1] != frames.shape[:1] or targets.ndim != 3 or \
+        targets.shape[1] != targets.shape[2]:
+      raise InputError(f"{path}: 'targets' (the true images) must be (N, size, size) for its "
+                       f"{len(frames)} frames, got shape {targets.shape}")
+    targets = _numeric(path, targets, "'targets'").astype(np.float32)
+  return frames, reference, targets
+
+
+def _short(e: BaseException) -> str:
+  return " ".join(str(e).split())[:200]
+
+
+def _read_text(path: str, raw: bytes) -> np.ndarray:
+  text = raw.decode("utf-8", errors="replace")
+  lines = text.splitlines()
+  first = next((ln for ln in lines if ln.strip()), "")
+  delimiter = "," if "," in first else None
+  try:
+    float((first.split(delimiter) if delimiter else first.split())[0])
+    skip = 0
+  except (ValueError, IndexError):
+    skip = 1  # a header line
+  try:
+    a = np.loadtxt(io.StringIO(text), delimiter=delimiter, skiprows=skip, ndmin=2,
+                   dtype=np.float64)
+  except ValueError as e:  # numpy names the row and column
+    raise InputError(f"{path}: not a table of numbers ({_short(e)}); frames are rows of "
+                     f"{NUM_MEASUREMENTS} voltages, optionally after one header line") from None
+  return a
+
+
+def _read_npy(path: str, raw: bytes) -> np.ndarray:
+  try:
+    return np.load(io.BytesIO(raw), allow_pickle=False)
+  except ValueError as e:
+    raise InputError(f"{path}: not a .npy of numbers ({_short(e)})") from None
+  except (OSError, EOFError) as e:
+    raise InputError(f"{path}: not a readable .npy file ({_short(e)})") from None
+
+
+def _read_mat(path: str, raw: bytes) -> dict[str, np.ndarray]:
+  import scipy.io
+  try:
+    m = scipy.io.loadmat(io.BytesIO(raw))
+  except NotImplementedError:  # scipy: "Please use HDF reader for matlab v7.3 files"
+    raise InputError(f"{path}: a MATLAB v7.3 (HDF5) file; save it with save(..., '-v7') or as "
+                     ".csv") from None
+  except (ValueError, TypeError, OSError) as e:
+    raise InputError(f"{path}: not a readable .mat file ({_short(e)})") from None
+  return {k: v for k, v in m.items() if not k.startswith("__")}
+
+
+def _pick(path: str, arrays: dict[str, Any], keys, required: bool) -> np.ndarray | None:
+  for k in keys:
+    if k in arrays:
+      return arrays[k]
+  if not required:
+    return None
+  others = [k for k in arrays if k not in REFERENCE_KEYS and k != "targets"]
+  if len(others) == 1:
+    return arrays[others[0]]
+  raise InputError(f"{path}: no frames: it holds {sorted(arrays) or 'nothing'}; name the frames "
+                   f"array {FRAME_KEYS[0]!r} (and a reference frame {REFERENCE_KEYS[0]!r})")
+
+
+def _numeric(path: str, a: np.ndarray, what: str) -> np.ndarray:
+  if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
+    raise InputError(f"{path}: {what} must be real numbers, got dtype {a.dtype}")
+  return a.astype(np.float64)
+
+
+def _as_rows(path: str, a: np.ndarray) -> np.ndarray:
+  a = _numeric(path, np.asarray(a), "the frames")
+  m = NUM_MEASUREMENTS
+  if a.ndim == 1 and a.size == m:
+    a = a[None]
+  elif a.ndim == 2 and a.shape[1] != m and a.shape[0] == m:
+    a = a.T  # columns are frames (EIDORS)
+  if a.ndim != 2 or a.shape[1] != m:
+    raise InputError(f"{path}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
+                     f"order, got shape {a.shape}")
+  if len(a) == 0:
+    raise InputError(f"{path}: no frames (0 rows of {m} voltages)")
+  return a
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def colour_limit(images: np.ndarray) -> float:
+  """One symmetric colour limit for a whole sequence: the 99.5th percentile of |image| over the
+  disk (a few extreme pixels do not wash the rest out)."""
+  mask = disk_mask(images.shape[-1])
+  vals = np.abs(images[:, mask])
+  vals = vals[np.isfinite(vals)]
+  return float(max(np.percentile(vals, 99.5), 1e-6)) if vals.size else 1.0
+
+
+def write(out: str, images: np.ndarray, std: np.ndarray | None, rows: np.ndarray,
+          skipped: np.ndarray, mat_scale: float, info: dict[str, Any], *, fps: float = 10.0,
+          max_gif_frames: int = 300, figures: bool = True,
+          targets: np.ndarray | None = None) -> list[str]:
+  """Write the outputs into `out` (staged, then moved into place); returns their names. With
+  the true images `targets` the figures show them beside the reconstructions."""
+  import json
+
+  import scipy.io
+
+  def write_all(staging: str) -> list[str]:
+    arrays = {"images": images, "rows": rows, "skipped": skipped,
+              "info": np.asarray(json.dumps(info))}
+    if std is not None:
+      arrays["std"] = std
+
+    def npz(p):
+      with open(p, "wb") as fh:
+        np.savez(fh, **arrays)
+
+    fileio.atomic_write(fileio.join(staging, "frames.npz"), npz)
+    mat = {"images": (images * mat_scale).astype(np.float64), "rows": rows.astype(np.float64),
+           "skipped": skipped.astype(np.float64), "scale": mat_scale}
+    if std is not None:
+      mat["std"] = (std * abs(mat_scale)).astype(np.float64)
+    fileio.atomic_write(fileio.join(staging, "frames.mat"),
+                        lambda p: scipy.io.savemat(p, mat, do_compression=True))
+    if not figures:
+      return ["frames.npz", "frames.mat"]
+    limit = colour_limit(images if targets is None else np.concatenate([images, targets]))
+    fileio.atomic_write(fileio.join(staging, "montage.png"),
+                        lambda p: save_montage(p, images, rows, limit, targets))
+    fileio.atomic_write(fileio.join(staging, "frames.gif"),
+                        lambda p: save_gif(p, images, rows, limit, fps, max_gif_frames, targets))
+    return list(OUTPUTS)
+
+  return outputs.publish(out, write_all, OUTPUTS)
+
+
+def _shown(img: np.ndarray) -> np.ndarray:
+  return np.ma.masked_where(~disk_mask(img.shape[-1]), img)
+
+
+def _evenly(n: int, most: int) -> np.ndarray:
+  return np.unique(np.linspace(0, n - 1, min(n, most)).round().astype(int))
+
+
+def save_montage(path: str, images: np.ndarray, rows: np.ndarray, limit: float,
+                 targets: np.ndarray | None = None, most: int = 32) -> None:
+  """Up to `most` frames, evenly spaced, on one colour scale (with `targets`: each true image
+  above its reconstruction); electrode 0 on top."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  pick = _evenly(len(images), most // (1 if targets is None else 2))
+  cols = min(8, len(pick))
+  lines = -(-len(pick) // cols)
+  per = 1 if targets is None else 2
+  fig, axes = plt.subplots(lines * per, cols, figsize=(1.6 * cols + 1.2, 1.6 * lines * per + 0.3),
+                           squeeze=False)
+  for ax in axes.ravel():
+    ax.set_axis_off()
+  im = None
+  for j, i in enumerate(pick):
+    line, col = divmod(j, cols)
+    shown = [(images[i], f"frame {int(rows[i])}")] if targets is None else \
+        [(targets[i], f"true {int(rows[i])}"), (images[i], "CDEIT")]
+    for r, (img, title) in enumerate(shown):
+      ax = axes[line * per + r, col]
+      im = ax.imshow(_shown(img), origin="lower", cmap="RdBu_r", vmin=-limit, vmax=limit)
+      ax.set_title(title, fontsize=8)
+  fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02, label="conductivity change")
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=80)
+  plt.close(fig)
+  with open(path, "wb") as fh:
+    fh.write(buf.getvalue())
+
+
+def save_gif(path: str, images: np.ndarray, rows: np.ndarray, limit: float, fps: float,
+             most: int, targets: np.ndarray | None = None) -> None:
+  """The sequence as an animated GIF (at most `most` frames, evenly spaced; with `targets` the
+  true image beside each), fixed colour scale and colourbar: each frame drawn by matplotlib,
+  the GIF assembled by Pillow (matplotlib's own dependency; its animation writer names the
+  format by the file's suffix, and this file is a temporary one)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from PIL import Image
+
+  pick = _evenly(len(images), most)
+  panels = 1 if targets is None else 2
+  fig, axes = plt.subplots(1, panels, figsize=(0.3 + 2.9 * panels, 2.9), dpi=70, squeeze=False)
+  axes = axes[0]
+  shows = []
+  for ax, name in zip(axes, ["CDEIT"] if targets is None else ["true", "CDEIT"]):
+    ax.set_axis_off()
+    shows.append((ax.imshow(_shown(images[pick[0]]), origin="lower", cmap="RdBu_r",
+                            vmin=-limit, vmax=limit), ax.set_title("", fontsize=9), name))
+  fig.colorbar(shows[-1][0], ax=axes.tolist(), fraction=0.046, pad=0.04)
+  shots = []
+  for i in pick:
+    imgs = [images[i]] if targets is None else [targets[i], images[i]]
+    for (im, title, name), img in zip(shows, imgs):
+      im.set_data(_shown(img))
+      title.set_text(f"{name}, frame {int(rows[i])}")
+    fig.canvas.draw()
+    rgb = np.asarray(fig.canvas.buffer_rgba())[..., :3]
+    shots.append(Image.fromarray(rgb).convert("P", palette=Image.Palette.ADAPTIVE))
+  plt.close(fig)
+  shots[0].save(path, format="GIF", save_all=True, append_images=shots[1:],
+                duration=int(round(1000 / fps)), loop=0)

@@ -1,0 +1,257 @@
+"""Image metrics of CDEIT evaluation (numpy, on the host).
+
+RMSE and PSNR exactly as the CDEIT authors compute them; SSIM as Wang et al. (2004) with the
+standard Gaussian window; Pearson's correlation coefficient. Images are on the [-1, 1] scale.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import ndimage
+
+DEFINITIONS = {
+    "rmse": "sqrt(mean((pred - gt)^2)) over all pixels of all images, on the [-1, 1] scale "
+            "(the authors' RMSE); per image the same over its pixels",
+    "psnr": "per image, both mapped to [0, 1] by v/2 + 0.5: 10 log10(max(gt)^2 / (mean((gt - "
+            "pred)^2) + 1e-12)), averaged over images (the authors' PSNR)",
+    "ssim": "Wang et al. 2004 on the [0, 1]-mapped images: Gaussian window sigma 1.5 (11 x 11, "
+            "truncate 3.5), K1 0.01, K2 0.03, data range 1, population covariances, mean over the "
+            "image without the 5-pixel border (scikit-image's gaussian_weights=True convention)",
+    "ssim_disk": "the same SSIM map averaged over the pixels inside the disk (the imaged domain) "
+                 "only: the empty background outside it does not count",
+    "cc": "Pearson correlation coefficient between pred and gt pixels, per image (NaN if either "
+          "is constant), averaged over images",
+    "empty": "the empty image (all zeros, no change): the floor every method must beat",
+    "tikhonov": "eval.py --config.eval.tikhonov=True: the built-in one-step Tikhonov/NOSER "
+                "reconstruction (cdeit_jax.eit.tikhonov) of ys / voltage_ratio",
+    "uncertainty": "K > 1 samples: std over the samples, times the checkpoint's uncertainty "
+                   "scale (fitted on simulations, eval.py --config.eval.fit_uncertainty=True; 1 "
+                   "when none was fitted). coverage_1std / coverage_2std: the fraction of the "
+                   "pixels inside the disk whose |pred - gt| <= 1 / 2 scaled stds (a calibrated "
+                   "Gaussian: 0.683 / 0.954); raw_*: the same with the unscaled std; "
+                   "std_error_cc: Pearson correlation over images between an image's mean std "
+                   "in the disk and its RMSE",
+    "baseline_scaling": "classical reconstructions (tikhonov, TR, xs_gn) are divided by their maximum "
+                        "absolute value per image (to [-1, 1], not using the ground truth) "
+                        "before the same metrics",
+}
+
+
+def to_unit(v: np.ndarray) -> np.ndarray:
+  return np.asarray(v, np.float64) / 2 + 0.5
+
+
+def rmse(pred: np.ndarray, gt: np.ndarray) -> float:
+  d = np.asarray(pred, np.float64) - np.asarray(gt, np.float64)
+  return float(np.sqrt(np.mean(d * d)))
+
+
+def psnr(pred: np.ndarray, gt: np.ndarray) -> float:
+  p, g = to_unit(pred), to_unit(gt)
+  return float(10 * np.log10(g.max() ** 2 / (np.mean((g - p) ** 2) + 1e-12)))
+
+
+def ssim_map(pred: np.ndarray, gt: np.ndarray, sigma: float = 1.5, k1: float = 0.01,
+             k2: float = 0.03, data_range: float = 1.0) -> np.ndarray:
+  """Per-pixel Gaussian-window SSIM of two 2-D images given on [-1, 1] (compared on [0, 1])."""
+  x, y = to_unit(np.squeeze(pred)), to_unit(np.squeeze(gt))
+  filt = lambda a: ndimage.gaussian_filter(a, sigma, mode="reflect", truncate=3.5)
+  mx, my = filt(x), filt(y)
+  vx, vy, cxy = filt(x * x) - mx * mx, filt(y * y) - my * my, filt(x * y) - mx * my
+  c1, c2 = (k1 * data_range) ** 2, (k2 * data_range) ** 2
+  return ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
+
+
+def ssim(pred: np.ndarray, gt: np.ndarray, sigma: float = 1.5, **kw) -> float:
+  """SSIM over the square without the window's border (the standard figure)."""
+  pad = int(3.5 * sigma + 0.5)  # the window's radius
+  return float(ssim_map(pred, gt, sigma, **kw)[pad:-pad, pad:-pad].mean())
+
+
+def ssim_disk(pred: np.ndarray, gt: np.ndarray, **kw) -> float:
+  """SSIM averaged over the pixels inside the disk."""
+  from cdeit_jax.eit.phantom import disk_mask
+  m = ssim_map(pred, gt, **kw)
+  return float(m[disk_mask(m.shape[0])].mean())
+
+
+def pearson(pred: np.ndarray, gt: np.ndarray) -> float:
+  p, g = np.ravel(pred).astype(np.float64), np.ravel(gt).astype(np.float64)
+  p, g = p - p.mean(), g - g.mean()
+  denom = np.sqrt((p * p).sum() * (g * g).sum())
+  return float((p * g).sum() / denom) if denom > 0 else float("nan")
+
+
+def scale_baseline(b: np.ndarray) -> np.ndarray:
+  """A classical reconstruction divided by its max |value| (documented in DEFINITIONS)."""
+  m = np.nanmax(np.abs(b))
+  return b / m if m > 0 else b
+
+
+def per_image(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
+  return {"rmse": rmse(pred, gt), "psnr": psnr(pred, gt), "ssim": ssim(pred, gt),
+          "ssim_disk": ssim_disk(pred, gt), "cc": pearson(pred, gt)}
+
+
+def _nanmean(values) -> float:
+  values = np.asarray(values, np.float64)
+  return float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
+
+
+def summary(preds: np.ndarray, gts: np.ndarray) -> tuple[dict[str, float], list[dict[str, float]]]:
+  """(overall, per-image rows) for stacks of images (N, H, W[, 1])."""
+  rows = [per_image(p, g) for p, g in zip(preds, gts)]
+  return _overall(rows, [_mse(p, g) for p, g in zip(preds, gts)]), rows
+
+
+def _mse(pred: np.ndarray, gt: np.ndarray) -> float:
+  d = np.asarray(pred, np.float64) - np.asarray(gt, np.float64)
+  return float(np.mean(d * d))
+
+
+def _overall(rows: list[dict[str, float]], mse: list[float]) -> dict[str, float]:
+  """The overall figures of per-image rows: RMSE over all pixels (every image has as many) from
+  the images' mean squared errors, the others averaged over images."""
+  return {"rmse": float(np.sqrt(np.mean(mse))),
+          "psnr": float(np.mean([r["psnr"] for r in rows])),
+          "ssim": float(np.mean([r["ssim"] for r in rows])),
+          "ssim_disk": float(np.mean([r["ssim_disk"] for r in rows])),
+          "cc": _nanmean([r["cc"] for r in rows])}
+
+
+class Scores:
+  """An evaluation's scores, images given a chunk at a time (memory stays flat as the test set
+  grows): per-image rows of CDEIT and of each baseline, the empty image's, and the overall
+  figures at the end. A baseline that is not finite everywhere is left out (its columns too).
+  `score` is this over one chunk."""
+
+  def __init__(self, baselines=()):
+    self.rows: list[dict[str, float]] = []
+    self._mse: dict[str, list[float]] = {"cdeit": [], "empty": []}
+    self._rows: dict[str, list[dict[str, float]]] = {"empty": []}
+    self._finite = {name: True for name in baselines}
+    for name in baselines:
+      self._mse[name], self._rows[name] = [], []
+
+  def add(self, pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
+          ) -> dict[str, np.ndarray]:
+    """Score images (n, H, W) and the baselines' {name: (n, H, W)}; returns the baselines
+    scaled (`scale_baseline`) as scored."""
+    scaled_all = {}
+    for p, g in zip(pred, target):
+      self.rows.append(per_image(p, g))
+      self._mse["cdeit"].append(_mse(p, g))
+      empty = np.zeros_like(p)
+      self._rows["empty"].append(per_image(empty, g))
+      self._mse["empty"].append(_mse(empty, g))
+    for name, imgs in baselines.items():
+      self._finite[name] = self._finite[name] and bool(np.all(np.isfinite(imgs)))
+      if not self._finite[name]:
+        continue
+      scaled = np.stack([scale_baseline(b) for b in imgs])
+      scaled_all[name] = scaled
+      for b, g in zip(scaled, target):
+        self._rows[name].append(per_image(b, g))
+        self._mse[name].append(_mse(b, g))
+    return scaled_all
+
+  def result(self) -> tuple[dict[str, dict], list[dict[str, float]]]:
+    """(overall metrics of CDEIT, the empty image and each baseline finite everywhere; per-image
+    rows with those baselines' columns)."""
+    report = {"cdeit": _overall(self.rows, self._mse["cdeit"]),
+              "empty": {k: v for k, v in _overall(self._rows["empty"], self._mse["empty"]).items()
+                        if k != "cc"}}  # CC: undefined
+    rows = [dict(r) for r in self.rows]
+    for name, ok in self._finite.items():
+      if ok:
+        report[name] = _overall(self._rows[name], self._mse[name])
+        for r, br in zip(rows, self._rows[name]):
+          r.update({f"{name}_{m}": v for m, v in br.items()})
+    return report, rows
+
+
+def score(pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
+          ) -> tuple[dict[str, dict], list[dict[str, float]], dict[str, np.ndarray]]:
+  """An evaluation's scores: (overall metrics of CDEIT, the empty image and each baseline that is
+  finite everywhere (scaled, `scale_baseline`); per-image rows with the baselines' columns; the
+  scaled baselines). `pred`, `target` (n, H, W); `baselines` {name: (n, H, W)}."""
+  s = Scores(baselines)
+  scaled = s.add(pred, target, baselines)
+  report, rows = s.result()
+  return report, rows, {k: v for k, v in scaled.items() if k in report}
+
+
+ONE_SIGMA = 0.6826894921370859  # P(|N(0, 1)| <= 1)
+
+
+class Coverage:
+  """How honest a per-pixel std is (`DEFINITIONS["uncertainty"]`), images given a chunk at a
+  time: the pixels inside the disk whose |pred - gt| lies within 1 and 2 stds (times `scale`, and
+  unscaled), and the correlation over images of an image's mean std and its RMSE. With
+  `scale=None` it keeps every pixel's |pred - gt| / std (8 bytes a pixel) to fit the scale
+  (`fit`) before `result`."""
+
+  def __init__(self, scale: float | None = 1.0):
+    self.scale = scale
+    self._factors = () if scale is None else (scale, 2 * scale, 1.0, 2.0)
+    self._within = np.zeros(len(self._factors))
+    self._pixels = 0
+    self._ratios: list[np.ndarray] = []
+    self._image_std: list[float] = []
+    self._image_rmse: list[float] = []
+    self._std_sum = 0.0
+
+  def add(self, pred: np.ndarray, std: np.ndarray, gt: np.ndarray) -> None:
+    """Images (n, H, W) each."""
+    from cdeit_jax.eit.phantom import disk_mask
+    disk = disk_mask(np.shape(gt)[-1])
+    err = np.abs(np.asarray(pred, np.float64) - gt)[:, disk]
+    sd = np.asarray(std, np.float64)[:, disk]
+    if self.scale is None:
+      self._ratios.append(np.where(sd > 0, err / np.maximum(sd, 1e-12),
+                                   np.where(err > 0, np.inf, 0.0)).ravel())
+    for i, c in enumerate(self._factors):
+      self._within[i] += np.count_nonzero(err <= c * sd)
+    self._pixels += err.size
+    self._image_std += sd.mean(1).tolist()
+    self._image_rmse += np.sqrt((err * err).mean(1)).tolist()
+    self._std_sum += float(sd.sum())
+
+  def fit(self) -> float:
+    """The one factor c that makes c * std cover 68.3 % of the disk's pixel errors (the 1-sigma
+    coverage of a Gaussian): the 68.3 % quantile of |pred - gt| / std."""
+    if self.scale is not None:
+      raise ValueError("Coverage.fit needs Coverage(scale=None)")
+    return float(np.quantile(np.concatenate(self._ratios), ONE_SIGMA))
+
+  def result(self, scale: float | None = None) -> dict[str, float]:
+    """The coverage at the `scale` given when built (or, built with None, at `scale`)."""
+    if self.scale is None:
+      ratios = np.concatenate(self._ratios)
+      scale = 1.0 if scale is None else scale
+      within = [np.count_nonzero(ratios <= c) for c in (scale, 2 * scale, 1.0, 2.0)]
+    else:
+      scale, within = self.scale, self._within
+    cover = [float(w / self._pixels) for w in within]
+    n = len(self._image_std)
+    return {"scale": float(scale),
+            "coverage_1std": cover[0], "coverage_2std": cover[1],
+            "raw_coverage_1std": cover[2], "raw_coverage_2std": cover[3],
+            "std_error_cc": pearson(np.asarray(self._image_std), np.asarray(self._image_rmse))
+            if n > 1 else float("nan"),
+            "mean_std": float(scale * self._std_sum / self._pixels)}
+
+
+def uncertainty(pred: np.ndarray, std: np.ndarray, gt: np.ndarray, scale: float = 1.0
+                ) -> dict[str, float]:
+  """How honest the per-pixel std is (`DEFINITIONS["uncertainty"]`), images (N, H, W)."""
+  c = Coverage(scale)
+  c.add(pred, std, gt)
+  return c.result()
+
+
+def fit_uncertainty_scale(pred: np.ndarray, std: np.ndarray, gt: np.ndarray) -> float:
+  """`Coverage.fit` of images (N, H, W)."""
+  c = Coverage(None)
+  c.add(pred, std, gt)
+  return c.fit()

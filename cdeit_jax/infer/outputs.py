@@ -1,0 +1,253 @@
+"""What an evaluation writes: metrics.json (last: it marks a complete evaluation), metrics.csv,
+predictions.npz and .mat, and the figure of reconstructions. All are written beside the folder's
+earlier outputs first (a hidden staging folder, `Staged`) and replace them only once every one is
+complete, so a failed evaluation (a full disk, a kill) leaves the previous one whole.
+
+The arrays are written as the examples come (`Predictions`: memory-mapped files filled a chunk at
+a time), so an evaluation's memory does not grow with its test set."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import io
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+
+import numpy as np
+
+from cdeit_jax.common import fileio, matfile
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit.phantom import disk_mask
+
+# Everything an evaluation writes into its output folder, metrics.json last: it marks a complete
+# evaluation (an output folder never holds one evaluation's figure beside another's metrics).
+OUTPUTS = ("reconstructions.png", "predictions.mat", "predictions.npz", "metrics.csv",
+           "metrics.json")
+SHOWN = 32  # examples in the figure
+
+
+def check_out(out: str, data_path: str | None = None) -> None:
+  """Fail before any work when `out` cannot take the outputs (a file, read-only, the data folder
+  itself, ...)."""
+  if data_path is not None and fileio.resolve(out) == fileio.resolve(data_path):
+    raise InputError(f"--out {out} is the data folder: the outputs (predictions.npz) would be read "
+                     "as a test case by the next evaluation of it; give another folder")
+  fileio.writable_folder(out, "--out")
+
+
+def _json_clean(tree):
+  """NaN and infinities as null: metrics.json stays valid JSON."""
+  if isinstance(tree, dict):
+    return {k: _json_clean(v) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [_json_clean(v) for v in tree]
+  if isinstance(tree, (float, np.floating)):
+    return float(tree) if np.isfinite(tree) else None
+  if isinstance(tree, np.integer):
+    return int(tree)
+  return tree
+
+
+class Staged:
+  """A hidden staging folder in `out` whose files replace `out`'s earlier outputs at `commit`;
+  `work` is where the files are made (the staging folder itself, or a local temporary folder
+  when `out` is in a bucket: memory-mapped files need a local disk)."""
+
+  def __init__(self, out: str):
+    self.out = out
+    self.dir = fileio.join(out, f".staging-{os.getpid()}")
+    fileio.makedirs(self.dir)
+    self.work = tempfile.mkdtemp(prefix="cdeit-eval-") if fileio.is_remote(out) else self.dir
+
+  def commit(self, written: list[str], known: tuple[str, ...]) -> None:
+    """Replace every name of `known` in `out` with the staged `written` (the old marker, the last
+    of `known`, goes first: the folder is incomplete until the new one lands)."""
+    if self.work != self.dir:  # made locally: upload into the bucket's staging folder
+      for name in written:
+        src = os.path.join(self.work, name)
+        fileio.atomic_write(fileio.join(self.dir, name), lambda tmp: shutil.copyfile(src, tmp))
+    marker = known[-1]
+    for name in (marker, *[n for n in known if n not in written]):
+      fileio.path(fileio.join(self.out, name)).unlink(missing_ok=True)
+    for name in sorted(written, key=lambda n: n == marker):
+      fileio.move(fileio.join(self.dir, name), fileio.join(self.out, name))
+    self.abort()
+
+  def abort(self) -> None:
+    """Remove what was staged (the previous outputs stay as they were)."""
+    fileio.remove_tree(self.dir)
+    if self.work != self.dir:
+      shutil.rmtree(self.work, ignore_errors=True)
+
+
+def publish(out: str, write_all, known: tuple[str, ...]) -> list[str]:
+  """Call write_all(folder) (a fresh local folder; it returns the names it wrote, the one that
+  marks a complete set last in `known`), then replace `out`'s earlier outputs (every name in
+  `known`) with them: a failure before that leaves the earlier outputs whole and no temporary
+  file; a full disk is one line naming `out`. Returns the names written."""
+  staged = Staged(out)
+  with failing(staged):
+    written = write_all(staged.work)
+    staged.commit(written, known)
+  return written
+
+
+class failing:
+  """Context: on any failure, `staged.abort()`; a full disk becomes one line naming the folder."""
+
+  def __init__(self, staged: Staged):
+    self.staged = staged
+
+  def __enter__(self):
+    return self.staged
+
+  def __exit__(self, kind, e, tb):
+    if e is None:
+      return False
+    self.staged.abort()
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC and not isinstance(e, fileio.DiskFull):
+      raise fileio.no_space(self.staged.out) from None
+    return False
+
+
+class Predictions:
+  """predictions.npz and predictions.mat of `n` images (H, W, C), filled a chunk of examples at a
+  time (`add`): each array a .npy file in `folder` written in place (os.pwrite: neither the
+  arrays nor a memory map's pages are held); `finish` makes the npz (np.savez's layout: a zip of
+  .npy files, uncompressed) and completes the .mat (`matfile`)."""
+
+  def __init__(self, folder: str, n: int, image: tuple[int, ...], num_samples: int,
+               mat_scale: float):
+    self.folder, self.n, self.k, self.image = folder, n, num_samples, tuple(image)
+    self.mat_scale = float(mat_scale)
+    self.shapes = {"pred": (n, *image), "target": (n, *image)}
+    if num_samples > 1:
+      self.shapes.update(std=(n, *image), samples=(num_samples, n, *image))
+    self._fd, self._data = {}, {}
+    for name, shape in self.shapes.items():
+      with open(self._npy(name), "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False,
+                                                  "shape": shape})
+        self._data[name] = fh.tell()
+        fh.truncate(self._data[name] + 4 * int(np.prod(shape)))
+      self._fd[name] = os.open(self._npy(name), os.O_RDWR)
+    self.mat = matfile.Writer(os.path.join(folder, "predictions.mat"),
+                              {name: (n, *image[:2]) for name in self.shapes if name != "samples"},
+                              {"scale": self.mat_scale})
+
+  def _npy(self, name: str) -> str:
+    return os.path.join(self.folder, f".{name}.npy")
+
+  def _offset(self, name: str, lo: int, k: int = 0) -> int:
+    return self._data[name] + 4 * int(np.prod(self.image)) * (k * self.n + lo)
+
+  def _write(self, name: str, lo: int, rows: np.ndarray, k: int = 0) -> None:
+    os.pwrite(self._fd[name], np.ascontiguousarray(rows, "<f4").data, self._offset(name, lo, k))
+
+  def _read(self, name: str, lo: int, count: int) -> np.ndarray:
+    raw = os.pread(self._fd[name], 4 * int(np.prod(self.image)) * count, self._offset(name, lo))
+    return np.frombuffer(raw, "<f4").reshape(count, *self.image)
+
+  def add(self, lo: int, pred: np.ndarray, target: np.ndarray, std: np.ndarray | None,
+          samples: np.ndarray) -> None:
+    """Examples lo .. lo + b: pred, target, std (b, H, W, C); samples (K, b, H, W, C)."""
+    self._write("pred", lo, pred)
+    self._write("target", lo, target)
+    self.mat.write("pred", lo, pred[..., 0].astype(np.float64) * self.mat_scale)
+    self.mat.write("target", lo, target[..., 0])
+    if self.k > 1:
+      self._write("std", lo, std)
+      for k in range(self.k):
+        self._write("samples", lo, samples[k], k)
+
+  def scale_std(self, scale: float, chunk: int = 64) -> None:
+    """Multiply the stored std by the uncertainty scale (known once every example is in, when it
+    is fitted on them) and write the .mat's, a chunk at a time."""
+    for lo in range(0, self.n, chunk):
+      std = self._read("std", lo, min(chunk, self.n - lo)) * scale
+      self._write("std", lo, std)
+      self.mat.write("std", lo, std[..., 0].astype(np.float64) * abs(self.mat_scale))
+
+  def finish(self, names: list[str]) -> list[str]:
+    """Complete both files (the .mat gets `names`); returns their names."""
+    for fd in self._fd.values():
+      os.close(fd)
+    self.mat.close()
+    with open(os.path.join(self.folder, "predictions.mat"), "ab") as fh:
+      fh.write(matfile.small_variables({"names": np.asarray(names, dtype=object)}))
+    path = os.path.join(self.folder, "predictions.npz")
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+      for name in self.shapes:  # streamed from the files
+        z.write(self._npy(name), f"{name}.npy")
+      with z.open("names.npy", "w", force_zip64=True) as fh:
+        np.lib.format.write_array(fh, np.asarray(names), allow_pickle=False)
+    for name in self.shapes:
+      os.unlink(self._npy(name))
+    return ["predictions.mat", "predictions.npz"]
+
+
+def write_outputs(staged: Staged, result: dict, rows: list[dict], names: list[str],
+                  predictions: Predictions, shown: dict[str, np.ndarray] | None) -> None:
+  """Finish an evaluation's outputs in `staged` and put them in place: metrics.csv, the
+  predictions, the figure of the first examples (`shown`: their target, pred, std and scaled
+  baselines; None: no figure), metrics.json last."""
+  folder = staged.work
+
+  def write_csv(p):
+    with open(p, "w", newline="") as fh:
+      w = csv.DictWriter(fh, fieldnames=["name", *rows[0].keys()])
+      w.writeheader()
+      for name, r in zip(names, rows):
+        w.writerow({"name": name, **r})
+
+  fileio.atomic_write(os.path.join(folder, "metrics.csv"), write_csv)
+  written = ["metrics.csv", *predictions.finish(names)]
+  if shown is not None:
+    fileio.atomic_write(os.path.join(folder, "reconstructions.png"), lambda p: save_figure(
+        p, names, shown["target"], shown["pred"], shown.get("std"), shown["baselines"]))
+    written.append("reconstructions.png")
+  fileio.write_text(os.path.join(folder, "metrics.json"),
+                    json.dumps(_json_clean(result), indent=2, allow_nan=False))
+  staged.commit([*written, "metrics.json"], OUTPUTS)
+
+
+def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 32) -> None:
+  """Ground truth | reconstruction | uncertainty | baselines per image, electrode 0 on top."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  cols = ["ground truth", "CDEIT", "std (uncertainty)" if std is not None else None,
+          *[f"{k} (scaled)" for k in baselines]]
+  cols = [c for c in cols if c]
+  n = min(len(names), max_rows)
+  mask = disk_mask(target.shape[1])
+  fig, axes = plt.subplots(n, len(cols), figsize=(2.2 * len(cols) + 0.8, 2.1 * n), squeeze=False)
+  for r in range(n):
+    panels = [target[r, ..., 0], pred[r, ..., 0]]
+    if std is not None:
+      panels.append(std[r, ..., 0])
+    panels += [b[r] for b in baselines.values()]
+    for c, (img, title) in enumerate(zip(panels, cols)):
+      ax = axes[r, c]
+      shown = np.ma.masked_where(~mask, img)
+      is_std = title.startswith("std")
+      im = ax.imshow(shown, origin="lower", cmap="viridis" if is_std else "RdBu_r",
+                     vmin=0 if is_std else -1, vmax=None if is_std else 1)
+      ax.set_xticks([])
+      ax.set_yticks([])
+      if r == 0:
+        ax.set_title(title, fontsize=9)
+      if c == 0:
+        ax.set_ylabel(names[r], fontsize=8)
+      fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+  fig.tight_layout()
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=80)
+  plt.close(fig)
+  with open(path, "wb") as fh:
+    fh.write(buf.getvalue())

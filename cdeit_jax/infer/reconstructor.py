@@ -1,0 +1,420 @@
+"""The public inference API: difference voltages (or a reference frame and frames) in a device's
+units -> images, with a trained or imported CDEIT.
+
+  from cdeit_jax import Reconstructor
+  rec = Reconstructor.from_workdir("runs/demo", preset="uef2017")
+  out = rec.reconstruct(frames=v, reference=v_ref, num_samples=8)  # dv = v - v_ref
+  out.images, out.std                                              # (N, 128, 128) each
+
+eval.py and `python -m cdeit_jax.reconstruct` sample through this object, so a test set's
+predictions and a stream's frames come from one conditioning (`measurement.condition` with the
+checkpoint's statistics and the preset's ratios), one compiled sampler (`sampling`) and one
+noise rule (row r: fold_in(fold_in(key(seed), sample k), example index)).
+
+Batches are padded to a bucket (the devices times 1, 2, 4, ... up to the largest batch that
+fits), each compiled once, so a stream of batches of any size never recompiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.common import fileio, logs
+from cdeit_jax.common import sharding as shd
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.data import pipeline
+from cdeit_jax.data import stats as stats_lib
+from cdeit_jax.eit import measurement
+from cdeit_jax.infer import sampling
+from cdeit_jax.model.diffusion import Diffusion
+
+log = logs.log.getChild("eval")
+
+# What eval.py and the reconstruct command may set; everything else (model, data, diffusion) is
+# the checkpoint's.
+SETTABLE = ("sampling.", "eval.", *(f"model.{k}" for k in loading.RUNTIME_MODEL_KEYS))
+UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
+FAR_OFF = 100.0  # a frame whose median |standardised voltage| exceeds this is in other units
+
+
+def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The checkpoint's config with `overrides` (dotted keys) applied and the sampling settings
+  checked; errors name `--config.<key>`."""
+  for key in overrides:
+    if not key.startswith(SETTABLE):
+      raise InputError(f"--config.{key}: evaluation takes the model, data and training settings "
+                       "from the checkpoint; only config.sampling.*, config.eval.* and "
+                       f"config.model.{{{','.join(loading.RUNTIME_MODEL_KEYS)}}} can be set")
+  cfg = loading.model_config(meta)
+  config_lib.override(cfg, overrides)
+  s, e = cfg.sampling, cfg.eval
+
+  def need(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+      section, leaf = key.split(".")
+      raise InputError(f"--config.{key}={cfg[section][leaf]!r}: {msg}")
+
+  need(s.steps >= 1, "sampling.steps", "must be >= 1")
+  need(s.num_samples >= 1, "sampling.num_samples", "must be >= 1")
+  need(0 <= s.eta <= 1, "sampling.eta", "must be in [0, 1] (0: deterministic DDIM, 1: the "
+       "published sampler)")
+  need(s.data_consistency >= 0, "sampling.data_consistency", "must be >= 0 (0 = off)")
+  need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
+  need(isinstance(s.symmetric, bool), "sampling.symmetric", "must be True or False")
+  need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
+  need(e.weights in checkpoint.WEIGHT_ITEMS, "eval.weights",
+       f"must be one of {sorted(checkpoint.WEIGHT_ITEMS)}")
+  return cfg
+
+
+def uncertainty_scale(path: str) -> float:
+  """The calibration factor kept at `path` (a step folder's UNCERTAINTY_FILE); 1 if none."""
+  try:
+    record = json.loads(fileio.path(path).read_text())
+  except FileNotFoundError:
+    return 1.0
+  except (OSError, ValueError) as e:
+    raise InputError(f"{path}: unreadable ({e}); delete it (the std is then uncalibrated) or "
+                     "fit it again with --config.eval.fit_uncertainty=True") from None
+  scale = record.get("scale") if isinstance(record, dict) else None
+  if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
+    raise InputError(f"{path}: 'scale' must be a positive number, got {scale!r}; delete the "
+                     "file or fit it again with --config.eval.fit_uncertainty=True")
+  return float(scale)
+
+
+def candidates(workdir: str, path: str, step: int | None) -> list[int]:
+  """The steps to try, in order: the one asked for (a step folder or --config.eval.step), else
+  the validated steps best first, then the others newest first."""
+  asked = step if step is not None else checkpoint.step_folder(path)
+  if asked is not None:
+    return [asked]
+  ranked = checkpoint.ranked_steps(workdir)
+  return ranked + [st for st in checkpoint.all_steps(workdir)[::-1] if st not in ranked]
+
+
+@dataclasses.dataclass
+class Choice:
+  """A checkpoint chosen for inference: its workdir, the steps in the order they are tried, the
+  first whose metadata reads, that metadata, the config with the overrides, and the steps passed
+  over ({step: reason})."""
+  workdir: str
+  steps: list[int]
+  step: int
+  meta: dict[str, Any]
+  cfg: ml_collections.ConfigDict
+  overrides: dict[str, Any]
+  skipped: dict[int, str]
+
+  @property
+  def calibration_file(self) -> str:
+    return fileio.join(self.workdir, checkpoint.CHECKPOINTS, str(int(self.meta["step"])),
+                       UNCERTAINTY_FILE)
+
+
+def choose(path: str, overrides: dict[str, Any] | None = None) -> Choice:
+  """The checkpoint at `path` (a run: its best validated step whose metadata reads, else the
+  latest; or one `RUN/checkpoints/STEP`), with `overrides` (dotted keys, as
+  `--config.sampling.steps=2` gives them) checked and applied to its config."""
+  overrides = dict(overrides or {})
+  settings({"model": {}}, overrides)  # bad keys and values fail before any work
+  workdir, _ = checkpoint.resolve(path, overrides.get("eval.step"))
+  steps = candidates(workdir, path, overrides.get("eval.step"))
+  skipped: dict[int, str] = {}
+  step, meta = checkpoint.first_readable(workdir, steps, skipped)
+  return Choice(workdir, steps, step, meta, settings(meta, overrides), overrides, skipped)
+
+
+def load_model(choice: Choice, mesh: jax.sharding.Mesh):
+  """(model, meta) of the first of the choice's steps from its chosen one on whose weights load,
+  replicated over `mesh`; updates the choice (step, meta, skipped) and logs the steps passed
+  over."""
+  runtime = {k.split(".", 1)[1]: v for k, v in choice.overrides.items()
+             if k.startswith("model.")}
+  load = lambda st: loading.load(choice.workdir, weights=choice.cfg.eval.weights, step=st,
+                                sharding=shd.replicated(mesh), **runtime)
+  rest = choice.steps[choice.steps.index(choice.step):]
+  choice.step, (model, choice.meta) = checkpoint.first_intact(
+      rest, load, choice.skipped, fileio.join(choice.workdir, checkpoint.CHECKPOINTS))
+  for bad, reason in choice.skipped.items():
+    log.warning(f"skipping checkpoint step {bad}: {reason}")
+  return model, choice.meta
+
+
+@dataclasses.dataclass(frozen=True)
+class Reconstruction:
+  """What `Reconstructor.reconstruct` returns (label units; the mean over K samples).
+
+  `images` (N, 128, 128); `std` (N, 128, 128) the calibrated per-pixel std over the samples,
+  None for K = 1; `samples` (K, N, 128, 128) when asked for."""
+  images: np.ndarray
+  std: np.ndarray | None = None
+  samples: np.ndarray | None = None
+
+
+def summarise(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+  """(mean, std) over the samples' first axis (K): the one rule for eval.py and the API (float32
+  as numpy computes it, so both give the same bits); std None for K = 1."""
+  return samples.mean(0), (samples.std(0) if len(samples) > 1 else None)
+
+
+class Reconstructor:
+  """A CDEIT with its conditioning and compiled sampler: voltages -> images.
+
+  `config` is the model's config (`loading.model_config(meta)`, or the checkpoint's with
+  overrides): `config.sampling` (steps, eta, num_samples, seed, batch_size, data consistency),
+  `config.diffusion`, `config.simulator.contact_impedance`. `mean`, `std` (1, 16, 13) are the
+  statistics the model's condition is standardised with (the checkpoint's). `preset` or the
+  ratios say in which units the voltages are (`measurement.PRESETS`). `uncertainty_scale`
+  multiplies the std (`eval.py --config.eval.fit_uncertainty=True` fits it)."""
+
+  checkpoint: str | None = None  # where the weights came from (from_workdir)
+
+  def __init__(self, model: nnx.Module, config: ml_collections.ConfigDict, mean: np.ndarray,
+               std: np.ndarray, *, preset: str = "simulated", voltage_ratio: float | None = None,
+               current_ratio: float | None = None, mesh: jax.sharding.Mesh | None = None,
+               uncertainty_scale: float = 1.0, num_examples: int | None = None):
+    self.config = config
+    s = config.sampling
+    self.steps, self.eta = int(s.steps), float(s.eta)
+    self.num_samples, self.seed = int(s.num_samples), int(s.seed)
+    self.preset = preset
+    self.voltage_ratio, self.current_ratio = measurement.resolve_ratios(
+        preset, voltage_ratio, current_ratio)
+    self.mean, self.std = stats_lib.check_stats(np.asarray(mean), np.asarray(std),
+                                                source="the statistics")
+    self.uncertainty_scale = float(uncertainty_scale)
+    self.mesh = mesh if mesh is not None else shd.make_mesh()
+    self.shape = (model.image_size, model.image_size, model.in_channels)
+    self.cond_size = model.cond_size
+    graphdef, weights = nnx.split(model)
+    correction_graphdef = None
+    if s.data_consistency:
+      from cdeit_jax.eit import conditioning
+      dc = conditioning.DataConsistency(self.mean, self.std, strength=s.data_consistency,
+                                        alpha=s.data_consistency_alpha,
+                                        contact_impedance=config.simulator.contact_impedance)
+      correction_graphdef, dc_state = nnx.split(dc)
+      weights = (weights, jax.device_put(dc_state, shd.replicated(self.mesh)))
+    self._weights = weights
+    self.symmetric = bool(s.symmetric)
+    self._sampler = sampling.make_sampler(
+        graphdef, Diffusion(**config.diffusion), self.steps, self.eta, self.shape, self.mesh,
+        correction_graphdef, (self.mean, self.std) if self.symmetric else None)
+    # The largest batch: the one that fits (or config.sampling.batch_size); smaller buckets are
+    # compiled when a batch first needs them.
+    compiled, self.max_batch = sampling.compile_sampler(
+        self._sampler, self._weights, self.mesh, num_examples or 8 * self.mesh.devices.size,
+        s.batch_size, cond_size=self.cond_size)
+    self._compiled: dict[int, Callable] = {self.max_batch: compiled}
+    self._key = jax.random.key(self.seed)
+
+  @classmethod
+  def from_workdir(cls, path: str, *, preset: str = "simulated",
+                   voltage_ratio: float | None = None, current_ratio: float | None = None,
+                   overrides: dict[str, Any] | None = None,
+                   mesh: jax.sharding.Mesh | None = None) -> Reconstructor:
+    """The checkpoint at `path` (local or gs://; a run: its best validated step, else the
+    latest; or one `RUN/checkpoints/STEP`), with eval.py's overrides (dotted keys:
+    `{"sampling.num_samples": 8, "model.dtype": "bfloat16"}`)."""
+    mesh = mesh if mesh is not None else shd.make_mesh()
+    choice = choose(path, overrides)
+    model, meta = load_model(choice, mesh)
+    mean, std = checkpoint.meta_stats(meta)
+    rec = cls(model, choice.cfg, mean, std, preset=preset, voltage_ratio=voltage_ratio,
+              current_ratio=current_ratio, mesh=mesh,
+              uncertainty_scale=uncertainty_scale(choice.calibration_file))
+    rec.checkpoint = fileio.join(choice.workdir, checkpoint.CHECKPOINTS, str(choice.step))
+    return rec
+
+  # --------------------------------------------------------------------------- the sampler
+
+  @property
+  def buckets(self) -> list[int]:
+    """The global batch sizes a call is padded to: the devices times 1, 2, 4, ... and the
+    largest batch."""
+    n = self.mesh.devices.size
+    out, g = [], n
+    while g < self.max_batch:
+      out.append(g)
+      g *= 2
+    return out + [self.max_batch]
+
+  @property
+  def compiled_buckets(self) -> list[int]:
+    return sorted(self._compiled)
+
+  def _bucket(self, rows: int) -> int:
+    """The global batch `rows` rows (at most `max_batch`) are padded to."""
+    return next(b for b in self.buckets if b >= rows)
+
+  def _executable(self, rows: int) -> tuple[int, Callable]:
+    bucket = self._bucket(rows)
+    if bucket not in self._compiled:
+      self._compiled[bucket] = sampling.compile_batch(self._sampler, self._weights, self.mesh,
+                                                      bucket, self.cond_size)
+      log.debug(f"sampler compiled for a batch of {bucket}")
+    return bucket, self._compiled[bucket]
+
+  def prepare(self, rows: int) -> list[int]:
+    """Compile now every bucket that `rows` rows (frames times samples) in calls of at most
+    `max_batch` will use, so that timing starts after compilation; returns those buckets."""
+    sizes = {min(self.max_batch, rows - lo) for lo in range(0, rows, self.max_batch)}
+    return sorted({self._executable(r)[0] for r in sizes})
+
+  def sample_local(self, cond: np.ndarray, index: np.ndarray, sample: np.ndarray | int
+                   ) -> np.ndarray:
+    """One sampler call on this host's rows (every host its equal share, in process order, of
+    a global batch of at most `max_batch` rows): conditions (b, 16, 16, 1), example indices
+    (b,), sample indices (b,) or one for all; returns the global batch's images, (B, H, W, C),
+    on every host (padding rows included)."""
+    b = len(cond)
+    sample = np.broadcast_to(np.asarray(sample, np.int32), (b,))
+    bucket, run = self._executable(b * jax.process_count())
+    per_host = bucket // jax.process_count()
+    if b < per_host:  # pad this host's share to the bucket's (the padding rows are dropped)
+      pad = per_host - b
+      cond = np.concatenate([cond, np.repeat(cond[:1], pad, 0)])
+      index, sample = (np.concatenate([a, np.repeat(a[:1], pad)]) for a in (index, sample))
+    g = pipeline.to_global({"cond": np.asarray(cond, np.float32),
+                            "index": np.asarray(index, np.int32),
+                            "sample": np.asarray(sample, np.int32)}, self.mesh)
+    return sampling.gather(run(self._weights, g["cond"], g["index"], g["sample"], self._key))
+
+  def sample_rows(self, cond: np.ndarray, index: np.ndarray, sample: np.ndarray,
+                  progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """Images (R, H, W, C) of R rows given whole on every host (conditions, example indices,
+    sample indices), in calls of at most `max_batch` rows, each host sampling its share."""
+    out = np.empty((len(cond), *self.shape), np.float32)
+    p, procs = jax.process_index(), jax.process_count()
+    for lo in range(0, len(cond), self.max_batch):
+      hi = min(len(cond), lo + self.max_batch)
+      rows = np.arange(lo, lo + self._bucket(hi - lo))
+      rows = np.minimum(rows, hi - 1)  # padding repeats the last row
+      mine = rows.reshape(procs, -1)[p]
+      imgs = self.sample_local(cond[mine], index[mine], sample[mine])
+      out[lo:hi] = imgs[:hi - lo]
+      if progress is not None:
+        progress(hi - lo)
+    return out
+
+  # --------------------------------------------------------------------------- the API
+
+  def condition(self, dv: np.ndarray) -> np.ndarray:
+    """EIM conditions (N, 16, 16, 1) of difference voltages (N, 208) in the device's units."""
+    return measurement.condition(np.asarray(dv, np.float32), self.voltage_ratio, self.mean,
+                                 self.std)[0]
+
+  def difference(self, voltages: np.ndarray | None = None, *, frames: np.ndarray | None = None,
+                 reference: np.ndarray | None = None, where: str = "voltages") -> np.ndarray:
+    """(N, 208) float32 difference voltages: `voltages` as given, or `frames - reference`
+    (time-difference imaging); `check_frames` checks them."""
+    if (voltages is None) == (frames is None):
+      raise InputError("give the difference voltages, or frames (and a reference frame)")
+    if voltages is not None:
+      if reference is not None:
+        raise InputError("a reference frame goes with `frames`, not with difference voltages")
+      return _rows(voltages, where).astype(np.float32)
+    dv = _rows(frames, where)
+    if reference is not None:
+      # in float64: frames and reference are large beside their difference
+      ref = _rows(reference, f"{where}: the reference frame")
+      if len(ref) != 1:
+        raise InputError(f"{where}: the reference frame must be one frame of "
+                         f"{measurement.NUM_MEASUREMENTS} voltages, got {len(ref)} frames")
+      bad = ~np.isfinite(ref[0])
+      if bad.any():
+        raise InputError(f"{where}: the reference frame holds NaN or infinite voltages (at "
+                         f"measurements {_listed(np.flatnonzero(bad))}); give a finite one")
+      dv = dv - ref
+    return dv.astype(np.float32)
+
+  def check_frames(self, dv: np.ndarray, where: str = "voltages", skip_bad: bool = False
+                   ) -> np.ndarray:
+    """The rows of `dv` (N, 208) that can be imaged (indices). NaN or infinite rows are refused
+    (listed in the error), or with `skip_bad` left out; rows far off the statistics' scale (other
+    units than the preset's) are refused."""
+    if len(dv) == 0:
+      raise InputError(f"{where}: no frames (0 rows of {measurement.NUM_MEASUREMENTS} voltages)")
+    finite = np.isfinite(dv).all(1)
+    if not finite.all() and not skip_bad:
+      raise InputError(f"{where}: rows {_listed(np.flatnonzero(~finite))} hold NaN or infinite "
+                       "voltages; remove them, or skip them (--skip_bad_frames: they are listed "
+                       "and their images are NaN)")
+    ok = np.flatnonzero(finite)
+    if len(ok) == 0:
+      raise InputError(f"{where}: every row holds NaN or infinite voltages")
+    v = measurement.standardise(dv[ok], self.voltage_ratio, self.mean, self.std)[0]
+    typical = np.median(np.abs(v.reshape(len(ok), -1)), axis=1)
+    far = ok[~(typical < FAR_OFF)]
+    if len(far):
+      raise InputError(
+          f"{where}: rows {_listed(far)} are ~{float(np.max(typical)):.3g} standard deviations "
+          f"from the training data's voltages (expected a few): they are in other units than "
+          f"preset {self.preset!r} (voltage ratio {self.voltage_ratio:g}) says; give the "
+          "device's preset (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
+          "difference voltages (frames minus a reference frame) if these are absolute")
+    return ok
+
+  def reconstruct(self, voltages: np.ndarray | None = None, *, frames: np.ndarray | None = None,
+                  reference: np.ndarray | None = None, num_samples: int | None = None,
+                  first_index: int = 0, keep_samples: bool = False,
+                  progress: Callable[[int], None] | None = None) -> Reconstruction:
+    """Images of difference voltages `voltages` (N, 208) or (208,), or of `frames` (N, 208)
+    minus a `reference` frame (208,), in the device's units, measurements in the protocol's
+    order. Frame i's noise is that of example `first_index + i` (eval.py's example index), so
+    the same voltages and seed give eval.py's predictions. `num_samples` (default
+    config.sampling.num_samples) samples per frame, all in the same batches."""
+    dv = self.difference(voltages, frames=frames, reference=reference)
+    self.check_frames(dv)
+    k = int(num_samples or self.num_samples)
+    if k < 1:
+      raise InputError(f"num_samples={num_samples}: must be >= 1")
+    cond = self.condition(dv)
+    n = len(dv)
+    rows_frame = np.repeat(np.arange(n), k)  # frame-major: a frame's K samples share a batch
+    rows_sample = np.tile(np.arange(k, dtype=np.int32), n)
+    imgs = self.sample_rows(cond[rows_frame], (first_index + rows_frame).astype(np.int32),
+                            rows_sample, progress=progress)
+    samples = imgs[..., 0].reshape(n, k, *self.shape[:2]).swapaxes(0, 1)
+    images, std = summarise(samples)
+    if std is not None:
+      std = std * np.float32(self.uncertainty_scale)
+    return Reconstruction(images, std, samples if keep_samples else None)
+
+  def __repr__(self) -> str:
+    return (f"Reconstructor({self.checkpoint or 'model'}, preset={self.preset!r}, "
+            f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.buckets})")
+
+
+def _rows(a: Any, where: str) -> np.ndarray:
+  """`a` as float64 rows (N, 208): one frame (208,) or (208, 1) is one row."""
+  try:
+    a = np.asarray(a)
+  except (ValueError, TypeError) as e:
+    raise InputError(f"{where}: not an array of voltages ({e})") from None
+  if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
+    raise InputError(f"{where}: voltages must be real numbers, got dtype {a.dtype}")
+  m = measurement.NUM_MEASUREMENTS
+  if a.shape in ((m,), (m, 1)):
+    a = a.reshape(1, m)
+  if a.ndim != 2 or a.shape[1] != m:
+    raise InputError(f"{where}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
+                     f"order, got shape {a.shape}")
+  return a.astype(np.float64)
+
+
+def _listed(rows, most: int = 10) -> str:
+  rows = [int(r) for r in rows]
+  text = ", ".join(map(str, rows[:most]))
+  return text + (f" and {len(rows) - most} more" if len(rows) > most else "")

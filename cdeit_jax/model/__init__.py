@@ -1,0 +1,1 @@
+"""The network: the CDEIT transformer, its attention backends, the diffusion and FLOP counts."""

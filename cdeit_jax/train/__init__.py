@@ -1,0 +1,1 @@
+"""Training: state and step, the loop, goodput, the workdir lock, ahead-of-time compile checks."""

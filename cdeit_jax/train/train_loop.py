@@ -1,0 +1,434 @@
+"""The training loop, in phases: the resume plan (which checkpoint, if any, and whether the
+config may resume from it), the data (`sources`), the compiled step (`training`), the restore
+(the newest intact step), then the steps, with every periodic action (log window, validation,
+checkpoint, preemption stop) decided by one small predicate (`Schedule`).
+
+Host work stays off the device's path: metrics are fetched once per log window, checkpoints
+are written asynchronously by orbax, and grain prefetches batches in threads or processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+
+from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.common import compile_cache, device_memory, fileio, hardware, logs
+from cdeit_jax.common import sharding as shd
+from cdeit_jax.common.errors import CdeitError
+from cdeit_jax.data import pipeline, training_data
+from cdeit_jax.train import goodput, memory_fit, training, workdir_lock
+
+log = logs.log.getChild("train")
+
+
+class NonFiniteLoss(CdeitError, RuntimeError):
+  pass
+
+
+class Interrupted(CdeitError, KeyboardInterrupt):
+  """Ctrl-C: the run saved its step and stopped (the commands exit 130)."""
+
+
+class _Preemption:
+  """Stop at a step every process agrees on after a SIGTERM to any of them.
+
+  One process: a Python handler of SIGTERM and of a first Ctrl-C (SIGINT; a second one
+  interrupts at once) sets a flag, checked after every step, so an interrupted run saves its
+  step like a preempted one instead of stopping inside a save. Several: JAX's
+  preemption service (started by `jax.distributed.initialize`) catches SIGTERM itself, tells
+  every process through the coordination service and agrees on the next safe step;
+  `reached_preemption_sync_point(step)`, called after every step, is a local check (no
+  collective, no device sync) that turns true at that same step everywhere. No Python handler
+  is installed then: it would replace JAX's and hide the signal from it.
+  """
+
+  def __init__(self):
+    self.requested, self.signal = False, None
+    self._multi = jax.process_count() > 1
+    self._previous = {} if self._multi else {
+        s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+
+  def _handle(self, signum, frame):
+    if signum == signal.SIGINT and self.signal == signal.SIGINT:
+      raise KeyboardInterrupt  # a second Ctrl-C: at once
+    self.requested, self.signal = True, signum
+
+  def agreed(self, step: int) -> bool:
+    """Whether to save and stop after `step` (call after every step, on every process)."""
+    if not self._multi:
+      return self.requested
+    return multihost_utils.reached_preemption_sync_point(step)
+
+  def restore(self):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+
+
+def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Train (or resume) in `workdir`; returns the last logged metrics."""
+  t0 = time.perf_counter()
+  config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
+  workdir = fileio.resolve(workdir)
+  fileio.writable_folder(workdir, "--workdir")
+  lock = workdir_lock.WorkdirLock(workdir, lease_s=cfg.lock_lease_s)
+  if jax.process_index() == 0:  # one run per workdir (the other processes belong to this run)
+    lock.acquire()
+  logs.debug_log(workdir, enabled=jax.process_index() == 0)
+  mesh = shd.make_mesh()
+  preempt = _Preemption()  # from the start: a SIGTERM while compiling stops the run cleanly too
+  try:
+    with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
+      result = _train(cfg, workdir, mesh, goodput.Clock(t0), preempt, lock)
+    if preempt.signal == signal.SIGINT:
+      raise Interrupted(f"interrupted (Ctrl-C) after step {result['step']}, which is saved; "
+                        "rerun the same command to resume")
+    return result
+  except Exception as e:
+    if isinstance(e, fileio.DiskFull) or not fileio.is_disk_full(e):
+      raise
+    logs.debug.error("the full error behind 'no space left'", exc_info=e)
+    raise fileio.no_space(workdir, "the steps saved before are whole; rerun the same command "
+                          "to resume from the latest") from None
+  finally:
+    preempt.restore()
+    lock.release()
+
+
+# Settings a run cannot resume under: they change the state's shapes or the data order.
+_RESUME_FIXED = ("batch_size",)
+# Settings that may change on resume, but then the run no longer matches an uninterrupted one.
+_RESUME_WARN = ("seed", "steps", "accum_steps", "optimizer", "ema", "diffusion", "data.seed",
+                "data.path", "data.train_split", "data.source")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list[str]:
+  """Refuse a config the checkpoint cannot resume under; returns warnings for changed settings
+  that resume but break equality with an uninterrupted run."""
+  now = _flat(json.loads(cfg.to_json_best_effort()))
+  was = _flat(meta.get("config", {}))
+  changed = lambda keys: [k for k in sorted(set(now) | set(was))
+                          if any(k == p or k.startswith(p + ".") for p in keys)
+                          and now.get(k) != was.get(k)]
+  model = [k for k in changed(("model",))
+           if k.split(".", 1)[1] not in loading.RUNTIME_MODEL_KEYS]
+  fixed = model + changed(_RESUME_FIXED)
+  if fixed:
+    diff = "; ".join(f"config.{k}: checkpoint {was.get(k)!r}, now {now.get(k)!r}" for k in fixed)
+    raise checkpoint.CheckpointError(
+        f"cannot resume from {where} with a changed config ({diff}); rerun with the "
+        "checkpoint's settings or give a new --workdir")
+  warn = changed(_RESUME_WARN + (("simulator",) if cfg.data.source == "simulator" else ()))
+  if cfg.optimizer.schedule == "constant":  # then more steps only extend the same run
+    warn = [k for k in warn if k != "steps"]
+  return [f"warning: resuming {where} with changed config.{k}: {was.get(k)!r} -> "
+          f"{now.get(k)!r} (the run no longer equals an uninterrupted one)" for k in warn]
+
+
+# ----------------------------------------------------------------------------- phases
+
+
+@dataclasses.dataclass
+class ResumePlan:
+  """Where the state comes from: None (a new run) or the newest step whose metadata reads."""
+  meta: dict | None
+  warnings: list[str]
+  skipped: dict[int, str]      # unreadable steps passed over: {step: reason}
+
+  @property
+  def checkpoint_stats(self):
+    return None if self.meta is None else checkpoint.meta_stats(self.meta)
+
+
+def plan_resume(mngr, cfg: ml_collections.ConfigDict, workdir: str) -> ResumePlan:
+  """Read the newest readable step's metadata and check that `cfg` may resume from it."""
+  skipped: dict[int, str] = {}
+  steps = sorted(mngr.all_steps(), reverse=True)
+  if not steps:
+    return ResumePlan(None, [], skipped)
+  _, meta = checkpoint.first_readable(workdir, steps, skipped)
+  if cfg.steps < int(meta["step"]):
+    raise checkpoint.CheckpointError(
+        f"config.steps={cfg.steps} is below the step of {mngr.directory}/{meta['step']}: "
+        f"nothing to train; give --config.steps above {meta['step']} to train on, or a new "
+        "--workdir")
+  if meta.get("format") == checkpoint.FORMAT_V1:
+    raise checkpoint.CheckpointError(
+        f"{mngr.directory} was written by cdeit-jax 0.1 ({checkpoint.FORMAT_V1}); training "
+        "cannot resume from it: start a new --workdir (eval.py still reads it)")
+  return ResumePlan(meta, check_resume(cfg, meta, f"{mngr.directory}/{meta['step']}"), skipped)
+
+
+def compile_step(ts: training.Setup, cfg: ml_collections.ConfigDict, mesh
+                 ) -> tuple[training.CompiledStep, bool]:
+  """(the train step compiled for `mesh`, whether it came from the persistent compilation
+  cache); DoesNotFit, with advice, when memory refuses it."""
+  try:
+    with compile_cache.Watch() as cache:
+      compiled = training.compile_train_step(ts, cfg.batch_size, mesh, cfg.shard_params)
+    return compiled, cache.hit
+  except jax.errors.JaxRuntimeError as e:
+    if not device_memory.is_out_of_memory(e):
+      raise
+    raise memory_fit.does_not_fit(e, cfg) from None
+
+
+def restore(mngr, workdir: str, plan: ResumePlan, state, compiled: training.CompiledStep,
+            constants, data_item) -> tuple[Any, dict, int, list[str], list[str]]:
+  """(state, meta, step, warnings, report lines) from the newest step that restores completely,
+  the calibration set in `constants`; damaged steps are moved aside (kept for inspection)."""
+  load = lambda st: checkpoint.restore_train(mngr, st, state, compiled.state_shardings,
+                                             data_item)
+  steps = sorted(mngr.all_steps(), reverse=True)
+  step, (state, meta) = checkpoint.first_intact(steps, load, plan.skipped, str(mngr.directory))
+  checkpoint.set_calibration(constants, meta.get("calibration", {}))
+  warnings = [f"skipping checkpoint step {st}: {reason}" for st, reason in plan.skipped.items()]
+  report = []
+  damaged = [st for st in steps if st > step]  # each failed to restore
+  if damaged:
+    report += [f"moved damaged checkpoint to {path}" for path in _set_aside(workdir, damaged)]
+    mngr.reload()  # the manager forgets the steps moved away
+  report.append(f"resumed from {mngr.directory}/{step}")
+  return state, meta, step, warnings, report
+
+
+def _set_aside(workdir: str, steps: list[int]) -> list[str]:
+  """Move damaged step folders to `<workdir>/damaged/` (kept for inspection, out of orbax's way
+  so that the step can be written again)."""
+  moved = []
+  if jax.process_index() == 0:
+    for step in steps:
+      target = fileio.join(workdir, "damaged", f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
+      fileio.move(fileio.join(workdir, checkpoint.CHECKPOINTS, str(step)), target)
+      moved.append(target)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices("cdeit_jax damaged checkpoints moved")
+  return moved
+
+
+class Schedule:
+  """Which periodic actions happen after a step: one predicate, so each is found here."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict):
+    self.log_every, self.eval_every, self.last = cfg.log_every, cfg.eval_every, cfg.steps
+
+  def validate(self, step: int) -> bool:
+    return step % self.eval_every == 0 or step == self.last
+
+  def save(self, step: int, stop: bool) -> bool:
+    return self.validate(step) or stop
+
+  def log(self, step: int, stop: bool) -> bool:
+    """The end of a log window (metrics fetched): any action ends one."""
+    return step % self.log_every == 0 or self.save(step, stop)
+
+
+GRAD_NORM_RANGE = (1e-7, 1e3)  # outside it, a step's gradient norm is reported
+
+
+def unusual_grad_norms(first_step: int, norms: list[float]) -> list[str]:
+  """Warnings for the steps of a log window (steps first_step, first_step + 1, ...) whose
+  gradient norm lies outside GRAD_NORM_RANGE: every step is checked, so a spike inside the window
+  is seen; one line per window, naming the steps (the first few) and the extreme value."""
+  lo, hi = GRAD_NORM_RANGE
+  bad = [(first_step + i, g) for i, g in enumerate(norms) if not lo <= g <= hi]
+  if not bad:
+    return []
+  steps = ", ".join(str(s) for s, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
+  worst = max(bad, key=lambda sg: abs(np.log10(max(sg[1], 1e-30))))
+  return [f"gradient norm outside [{lo:g}, {hi:g}] at {len(bad)} step(s) ({steps}); "
+          f"{worst[1]:.3g} at step {worst[0]}"]
+
+
+class Window:
+  """The device metrics of the steps since the last log, fetched once at the window's end."""
+
+  def __init__(self, start: int, cfg: ml_collections.ConfigDict, flops_per_step: float):
+    self.cfg, self.flops_per_step = cfg, flops_per_step
+    self.peak = hardware.peak_tflops()
+    self.start, self.t0, self.pending = start, time.perf_counter(), []
+
+  def add(self, metrics: dict) -> None:
+    self.pending.append(metrics)
+
+  def close(self, step: int, last_good: int | None, workdir: str) -> dict[str, Any]:
+    """The window's statistics (one host sync); NonFiniteLoss at a non-finite step."""
+    host = jax.device_get(self.pending)
+    now = time.perf_counter()
+    if not all(bool(m["finite"]) for m in host):
+      bad = self.start + 1 + next(i for i, m in enumerate(host) if not bool(m["finite"]))
+      raise NonFiniteLoss(
+          f"the loss or gradient became non-finite at step {bad}; stopping without saving. "
+          f"The last good checkpoint is step {last_good} in {workdir}/checkpoints "
+          "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data).")
+    n, batch, devices = step - self.start, self.cfg.batch_size, jax.device_count()
+    sps = n / (now - self.t0)
+    norms = [float(m["grad_norm"]) for m in host]
+    out = {"loss": float(np.mean([m["loss"] for m in host])), "grad_norm": norms[-1],
+           "grad_norm_max": max(norms), "lr": float(host[-1]["lr"]),
+           "steps_per_sec": sps, "samples_per_sec": sps * batch,
+           "samples_per_sec_per_device": sps * batch / devices,
+           "tflops_per_device": self.flops_per_step / devices * sps / 1e12}
+    if self.peak:
+      out["fraction_of_peak"] = out["tflops_per_device"] / self.peak
+    for line in unusual_grad_norms(self.start + 1, norms):
+      log.warning(line)
+    self.steps = n
+    return out
+
+  def reset(self, step: int) -> None:
+    self.start, self.t0, self.pending = step, time.perf_counter(), []
+
+
+def make_validation(graphdef, diffusion, compiled: training.CompiledStep, constants, valid,
+                    cfg: ml_collections.ConfigDict, mesh):
+  """`params -> validation loss` (mean L1 of x0 over the validation examples, fixed seed)."""
+  eval_step = jax.jit(training.make_eval_step(graphdef, diffusion),
+                      in_shardings=(compiled.state_shardings.ema, compiled.constants_shardings,
+                                    shd.batch_sharded(mesh), shd.replicated(mesh)),
+                      out_shardings=shd.replicated(mesh))
+  eval_batch = cfg.eval_batch_size or cfg.batch_size
+
+  def validation_loss(params) -> float:
+    total, count = [], []
+    base = jax.random.key(cfg.eval_seed)
+    for i, b in enumerate(pipeline.eval_batches(valid, eval_batch)):
+      if cfg.eval_max_batches and i >= cfg.eval_max_batches:
+        break
+      s, c = eval_step(params, constants, pipeline.to_global(b, mesh), jax.random.fold_in(base, i))
+      total.append(s)
+      count.append(c)
+    return float(sum(jax.device_get(total))) / max(float(sum(jax.device_get(count))), 1.0)
+
+  return validation_loss
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Clock,
+           preempt: _Preemption, lock: workdir_lock.WorkdirLock) -> dict[str, Any]:
+  primary = jax.process_index() == 0
+  mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
+                                  async_save=cfg.async_checkpoints)
+  # --- resume plan, data
+  plan = plan_resume(mngr, cfg, workdir)
+  data = training_data.open_training_data(cfg, mesh, plan.checkpoint_stats)
+
+  # --- model, optimizer, compiled step
+  ts = training.setup(cfg, mesh, calibration_source=data.calibration)
+  compiled, cached = compile_step(ts, cfg, mesh)
+  how = "loaded from the persistent compilation cache" if cached else "compiled"
+  report = [f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
+            f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
+            f"({cfg.accum_steps} micro-batches); params {ts.num_params:,}",
+            f"train step {how} in {compiled.compile_s:.1f} s; "
+            f"{memory_fit.train_step_report(compiled.memory, cfg)}", data.description]
+  warnings = list(plan.warnings)
+
+  # --- the state: fresh, or the newest intact step
+  state = jax.device_put(ts.state, compiled.state_shardings)
+  constants, rng, last_good = ts.constants, jax.random.key(cfg.seed), None
+  if plan.meta is not None:
+    state, meta, last_good, skipped, lines = restore(mngr, workdir, plan, state, compiled,
+                                                     constants, data.checkpoint_item)
+    warnings += skipped
+    report += lines
+    rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
+  start = int(jax.device_get(state.step))
+  constants = jax.device_put(constants, compiled.constants_shardings)
+  validation_loss = make_validation(ts.graphdef, ts.diffusion, compiled, constants, data.valid,
+                                    cfg, mesh)
+  calibration = checkpoint.calibration_of(constants)
+
+  def meta_now(step: int) -> dict:
+    return checkpoint.make_meta(cfg, step=step, mean=data.mean, std=data.std,
+                                weights=["ema", "raw"], source="train.py", calibration=calibration,
+                                rng=np.asarray(jax.random.key_data(rng)).tolist())
+
+  logger = logs.MetricLogger(workdir, cfg.steps, start, enabled=primary)
+  for line in report:
+    log.info(line)
+  for line in warnings:
+    log.warning(line.removeprefix("warning: "))
+  if primary and logger.dropped:
+    log.info(f"metrics.jsonl: dropped {logger.dropped} record(s) after step {start} (steps "
+             "an earlier attempt logged but did not commit)")
+
+  # --- steps, and the periodic actions (each timed by phase, see goodput)
+  schedule, window = Schedule(cfg), Window(start, cfg, compiled.flops_per_step)
+  profiler = goodput.Profiler(cfg, workdir, clock)
+  last: dict[str, Any] = {}
+  step = start
+  clock.steps_begin(compiled.compile_s)
+  try:
+    if step < cfg.steps and preempt.agreed(step):
+      log.info(f"stopping before step {step} (a signal during start-up); rerun the same command "
+               "to resume")
+      return dict(last, step=step)
+    while step < cfg.steps:
+      profiler.before_step(step)
+      with clock.phase("data"):
+        batch = data.batch(state.step)
+      with clock.phase("step", step=step):
+        state, metrics = compiled.fn(state, batch, rng, constants)
+      window.add(metrics)
+      step += 1
+      profiler.after_step(step, state)
+      stop = preempt.agreed(step)
+      if not schedule.log(step, stop):
+        continue
+      with clock.phase("step"):  # the one host sync of the window: waits for its steps
+        last = window.close(step, last_good, workdir)
+      if primary:
+        lock.check()  # a gs:// lease this run can no longer prove: stop before any write
+      if schedule.validate(step):
+        with clock.phase("validation"):
+          last["val_loss"] = validation_loss(state.ema)
+      end = step == cfg.steps or stop
+      if schedule.save(step, stop):
+        with clock.phase("checkpoint"):
+          if primary:
+            lock.check(read=True)  # the commit and the retention deletes are the lease's
+          checkpoint.save_train(mngr, state, data.checkpoint_item, meta_now(step),
+                                last.get("val_loss"))
+          if end:  # the last save is part of the run
+            mngr.wait_until_finished()
+        last_good = step
+      last.update(clock.window_split())
+      if end:
+        last["run"] = clock.totals()
+        log.info(goodput.describe(last["run"]))
+      with clock.phase("logging"):
+        logger.write(step, last, advance=window.steps)
+      window.reset(step)
+      if stop and step < cfg.steps:
+        if preempt.signal != signal.SIGINT:  # Ctrl-C: said once the run has stopped
+          log.info(f"SIGTERM: saved step {step}; rerun the same command to resume")
+        break
+  finally:
+    profiler.stop()
+    mngr.wait_until_finished()
+    mngr.close()
+    logger.close()
+  return dict(last, step=step)
