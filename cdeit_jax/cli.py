@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from absl import app, flags
 
+from cdeit_jax.common import compat
 from cdeit_jax.common.errors import CdeitError
 
 FLAGS = flags.FLAGS
@@ -114,10 +115,9 @@ class _QuietDiskFull(logging.Filter):
   error it caught in the debug log."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    from cdeit_jax.common import fileio
     exc = record.exc_info[1] if record.exc_info else None
     text = record.getMessage()
-    return not ((exc is not None and fileio.is_disk_full(exc)) or fileio.NO_SPACE in text)
+    return not ((exc is not None and compat.is_disk_full(exc)) or compat.NO_SPACE in text)
 
 
 def _quiet_closed_loop_callbacks() -> None:
@@ -129,7 +129,7 @@ def _quiet_closed_loop_callbacks() -> None:
 
   def hook(unraisable):
     value = unraisable.exc_value
-    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+    if not compat.is_closed_loop(value):
       default(unraisable)
 
   sys.unraisablehook = hook

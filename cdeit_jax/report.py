@@ -10,15 +10,17 @@ RMSE, PSNR and CC and the empty image in RMSE and PSNR (lower RMSE, higher PSNR 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
+
+from absl import app, flags
 
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 
 METHODS = (("cdeit", "CDEIT"), ("tikhonov", "Tikhonov (ours)"), ("empty", "empty image"))
+FLAGS = flags.FLAGS
 COLUMNS = (("rmse", "RMSE", "{:.4f}"), ("psnr", "PSNR", "{:.2f}"), ("ssim", "SSIM", "{:.3f}"),
            ("ssim_disk", "SSIM disk", "{:.3f}"), ("cc", "CC", "{:.3f}"))
 
@@ -87,28 +89,27 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
       p, names, z["target"][:rows], z["pred"][:rows], std, {"tikhonov": tik}))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  p = argparse.ArgumentParser(prog="python -m cdeit_jax.report", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("folders", nargs="+", help="eval.py --out folders")
-  p.add_argument("--figure", default=None, help="also write a figure of the first folder's first "
-                 "--rows images (ground truth, CDEIT, std, Tikhonov) to this .png")
-  p.add_argument("--rows", type=int, default=6)
-  a = p.parse_args(argv)
+def main(argv: list[str]) -> None:
+  folders = argv[1:]
+  if not folders:
+    raise app.UsageError("give one or more eval.py --out folders")
   try:
-    text, ok = table(a.folders)
+    text, ok = table(folders)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
-    return 2
+    sys.exit(2)
   print(text)
-  if a.figure:
-    fileio.makedirs(fileio.dirname(a.figure))
-    figure(a.folders[0], a.figure, a.rows)
-    print(f"wrote {a.figure}")
+  if FLAGS.figure:
+    fileio.makedirs(fileio.dirname(FLAGS.figure))
+    figure(folders[0], FLAGS.figure, FLAGS.rows)
+    print(f"wrote {FLAGS.figure}")
   print("CDEIT beats Tikhonov (RMSE, PSNR, CC) and the empty image (RMSE, PSNR) on every set"
         if ok else "CDEIT does NOT beat both floors on every set")
-  return 0
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  from cdeit_jax import cli
+  flags.DEFINE_string("figure", None, "also write a figure of the first folder's first --rows "
+                      "images (ground truth, CDEIT, std, Tikhonov) to this .png")
+  flags.DEFINE_integer("rows", 6, "rows of the figure", lower_bound=1)
+  cli.run(main)

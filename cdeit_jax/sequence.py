@@ -12,14 +12,12 @@ its own noise. Writes an npz with `frames` (N, 208), `reference` (208,) and `tar
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Sequence
-
 import numpy as np
+from absl import app, flags
 
 from cdeit_jax.eit.spec import KINDS, MAX_INCLUSIONS, ROW
 
+FLAGS = flags.FLAGS
 LUNG = -0.6      # label (log10 conductivity ratio) of a full lung region
 OBJECT = 0.8     # label of the travelling conductive disc
 BREATH = 30      # frames per breath
@@ -69,35 +67,29 @@ def simulate(num_frames: int = 90, snr_db: float | None = 40.0, seed: int = 0
           "targets": targets.astype(np.float32)}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-  p = argparse.ArgumentParser(prog="python -m cdeit_jax.sequence", description=__doc__.split(
-      "\n\n")[0])
-  p.add_argument("--out", required=True, help="the npz file to write")
-  p.add_argument("--num_frames", type=int, default=90)
-  p.add_argument("--snr_db", type=float, default=40.0, help="noise (dB); inf: none")
-  p.add_argument("--seed", type=int, default=0)
-  a = p.parse_args(argv)
-  if a.num_frames < 3:
-    p.error(f"--num_frames={a.num_frames}: must be >= 3")
-  if np.isnan(a.snr_db):
-    p.error("--snr_db=nan: give a number of dB (inf: no noise)")
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}: every setting is a flag")
   from cdeit_jax.common import fileio
-  from cdeit_jax.common.errors import InputError
-  try:
-    fileio.writable_folder(fileio.dirname(fileio.resolve(a.out)), "--out")
-  except InputError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
-  seq = simulate(a.num_frames, None if np.isinf(a.snr_db) else a.snr_db, a.seed)
+  f = FLAGS
+  fileio.writable_folder(fileio.dirname(fileio.resolve(f.out)), "--out")
+  seq = simulate(f.num_frames, None if np.isinf(f.snr_db) else f.snr_db, f.seed)
 
   def write(path):
     with open(path, "wb") as fh:
       np.savez(fh, **seq)
 
-  fileio.atomic_write(a.out, write)
-  print(f"wrote {a.out}: {a.num_frames} frames of {seq['frames'].shape[1]} voltages, a "
+  fileio.atomic_write(f.out, write)
+  print(f"wrote {f.out}: {f.num_frames} frames of {seq['frames'].shape[1]} voltages, a "
         "reference frame (the empty tank) and the true images")
 
 
 if __name__ == "__main__":
-  main()
+  from cdeit_jax import cli
+  flags.DEFINE_string("out", None, "the npz file to write", required=True)
+  flags.DEFINE_integer("num_frames", 90, "frames after the reference frame", lower_bound=3)
+  flags.DEFINE_float("snr_db", 40.0, "noise (dB); inf: none")
+  flags.register_validator("snr_db", lambda v: not np.isnan(v),
+                           "--snr_db=nan: give a number of dB (inf: no noise)")
+  flags.DEFINE_integer("seed", 0, "seed of the noise")
+  cli.run(main)

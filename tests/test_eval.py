@@ -234,16 +234,16 @@ def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):
   (d / "junk.npz").write_bytes(b"not a zip")
   np.savez(d / "a.npz", ys=np.ones((208, 1)), xs=np.zeros((128, 128)))
   np.savez(d / "b.npz", ys=np.full((208, 1), 2.0), xs=np.zeros((128, 128)))
-  run = lambda *a: subprocess.run([sys.executable, "-m", "cdeit_jax.data.sources", "stats", str(d), *a],
+  run = lambda *a: subprocess.run([sys.executable, "-m", "cdeit_jax.stats", str(d), *a],
                                   capture_output=True, text=True, cwd=REPO)
   r = run()
   assert r.returncode == 1 and "Traceback" not in r.stderr
-  assert "junk.npz: not a readable npz" in r.stderr and "--skip-bad-files" in r.stderr
-  r = run("--skip-bad-files", "--out", str(tmp_path / "stats"))
+  assert "junk.npz: not a readable npz" in r.stderr and "--skip_bad_files" in r.stderr
+  r = run("--skip_bad_files", "--out", str(tmp_path / "stats"))
   assert r.returncode == 0, r.stderr
   np.testing.assert_allclose(np.load(tmp_path / "stats" / "mean.npy"), 1.5)
   (tmp_path / "a_file").write_text("")
-  r = run("--skip-bad-files", "--out", str(tmp_path / "a_file" / "stats"))
+  r = run("--skip_bad_files", "--out", str(tmp_path / "a_file" / "stats"))
   assert r.returncode == 1 and "Traceback" not in r.stderr
   assert f"--out {tmp_path / 'a_file' / 'stats'}: cannot write there" in r.stderr
 

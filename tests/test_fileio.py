@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.io
 
-from cdeit_jax.common import fileio, matfile
+from cdeit_jax.common import compat, fileio, matfile
 
 
 def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -58,10 +58,10 @@ def test_a_full_disk_is_found_inside_wrapped_errors():
   grouped = lambda: (_ for _ in ()).throw(ExceptionGroup("saves", [KeyError("k"), _raised(
       wrapped)]))
   for make in (wrapped, during, grouped):
-    assert fileio.is_disk_full(_raised(make)), make
-  assert not fileio.is_disk_full(_raised(lambda: (_ for _ in ()).throw(OSError(errno.EACCES,
+    assert compat.is_disk_full(_raised(make)), make
+  assert not compat.is_disk_full(_raised(lambda: (_ for _ in ()).throw(OSError(errno.EACCES,
                                                                              "denied"))))
-  assert not fileio.is_disk_full(ValueError("no space for this argument"))
+  assert not compat.is_disk_full(ValueError("no space for this argument"))
 
 
 def test_mat_arrays_written_in_place_read_back(tmp_path):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,7 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from cdeit_jax.common import fileio, logs
+from cdeit_jax.common import compat, fileio, logs
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.common.variables import Calibration
 from cdeit_jax.data import stats
@@ -50,15 +49,9 @@ def failure(where: str, e: BaseException) -> CheckpointError:
   """One line naming `where` (a step folder and item), the array and file that TensorStore names,
   and the innermost reason; the whole error goes to the debug log."""
   logs.debug.debug("%s", where, exc_info=e)
-  text = " ".join(str(e).split(" [tensorstore_spec")[0].split())
-  files = (re.findall(r'local file "([^"]+)"', text) or
-           re.findall(r"((?:[a-z][a-z0-9+.-]*://|/)[^\s\"']+)", text))  # a path or a URL
-  array = re.search(r'Error reading "([^"]+?)/\.z', text)
-  reason = text.rsplit(": ", 1)[-1] if "Error opening" in text else text
-  if len(reason) > 200:
-    reason = reason[:200] + "..."
-  named = [f"array {array.group(1)}"] if array else []
-  named += [f"file {files[-1]}"] if files else []
+  array, file, reason = compat.tensorstore_failure(e)
+  named = [f"array {array}"] if array else []
+  named += [f"file {file}"] if file else []
   detail = f" ({', '.join(named)})" if named else ""
   return CheckpointError(f"{where}: unreadable{detail}: {type(e).__name__}: {reason}")
 
@@ -198,14 +191,20 @@ def all_steps(workdir: str) -> list[int]:
     return sorted(mngr.all_steps())
 
 
-def read_meta(path: str, step: int | None = None) -> dict[str, Any]:
-  workdir, step = resolve(path, step)
-  where = f"checkpoint {workdir}/{CHECKPOINTS}/{step}"
-  with manager(workdir, read_only=True) as mngr:
-    try:
-      meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    except Exception as e:  # orbax raises several types for unreadable items
-      raise failure(f"{where}/meta/metadata", e) from None
+def read_meta(path: str, step: int | None = None, *, mngr: ocp.CheckpointManager | None = None
+              ) -> dict[str, Any]:
+  """A step's metadata, checked (CheckpointError when damaged or not ours). With `mngr` (the
+  workdir's open manager) `path` must be the workdir and `step` a listed step: nothing is
+  listed or opened again."""
+  if mngr is None:
+    workdir, step = resolve(path, step)
+    with manager(workdir, read_only=True) as opened:
+      return read_meta(workdir, step, mngr=opened)
+  where = f"checkpoint {path}/{CHECKPOINTS}/{step}"
+  try:
+    meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+  except Exception as e:  # orbax raises several types for unreadable items
+    raise failure(f"{where}/meta/metadata", e) from None
   if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, FORMAT_V1):
     raise CheckpointError(f"{where}: not a {FORMAT!r} checkpoint")
   problem = _meta_problem(meta, step)
@@ -235,17 +234,19 @@ def _meta_problem(meta: dict[str, Any], step: int) -> str | None:
   return None
 
 
-def first_intact(steps: list[int], load: Callable[[int], T], skipped: dict[int, str],
-                 where: str) -> tuple[int, T]:
-  """(step, load(step)) of the first of `steps` that loads completely (newest first for a
-  resume, best first for an evaluation): one rule for training and evaluation. Each step passed
-  over is recorded in `skipped` ({step: reason}, the first reason found), a step deleted since
-  it was listed (a training's retention) included; TensorStore's noise of a failed read goes to
-  the debug log. CheckpointError listing every reason when none loads."""
+def first_intact(steps: list[int], load: Callable[[int], T], where: str,
+                 passed: dict[int, str] | None = None) -> tuple[int, T, dict[str, str]]:
+  """(step, load(step), skipped) of the first of `steps` that loads completely (newest first for
+  a resume, best first for an evaluation): one rule for training and evaluation. `skipped`
+  ({step: reason}, the first reason found) holds `passed` (steps passed over before) and each
+  step passed over here, a step deleted since it was listed (a training's retention) included;
+  TensorStore's noise of a failed read goes to the debug log. CheckpointError listing every
+  reason when none loads."""
+  skipped = dict(passed or {})
   with logs.StderrCapture() as capture:
     for step in steps:
       try:
-        return step, load(step)
+        return step, load(step), skipped
       except (CheckpointError, MissingFile) as e:
         capture.failed = True
         skipped.setdefault(step, str(e))
@@ -254,11 +255,9 @@ def first_intact(steps: list[int], load: Callable[[int], T], skipped: dict[int, 
                         f"are in {logs.DEBUG_LOG}; move the steps away to start afresh")
 
 
-def first_readable(workdir: str, steps: list[int], skipped: dict[int, str]
-                   ) -> tuple[int, dict[str, Any]]:
-  """(step, meta) of the first of `steps` whose metadata reads (`first_intact`)."""
-  return first_intact(steps, lambda st: read_meta(workdir, st), skipped,
-                      fileio.join(workdir, CHECKPOINTS))
+def first_readable(workdir: str, steps: list[int]) -> tuple[int, dict[str, Any], dict[int, str]]:
+  """(step, meta, skipped) of the first of `steps` whose metadata reads (`first_intact`)."""
+  return first_intact(steps, lambda st: read_meta(workdir, st), fileio.join(workdir, CHECKPOINTS))
 
 
 def meta_stats(meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -266,15 +265,19 @@ def meta_stats(meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
                            source="checkpoint metadata")
 
 
-def restore_item(workdir: str, step: int, item: str, like, sharding):
+def restore_item(workdir: str, step: int, item: str, like, sharding, *,
+                 mngr: ocp.CheckpointManager | None = None):
   """One item of a step restored into the structure of `like` on `sharding` (CheckpointError,
-  one line naming the step and item, when it cannot be read)."""
-  with manager(workdir, read_only=True) as mngr:
-    try:
-      return mngr.restore(step, args=ocp.args.Composite(
-          **{item: ocp.args.StandardRestore(_restore_target(like, sharding))}))[item]
-    except Exception as e:  # orbax and TensorStore raise many types for unreadable items
-      raise failure(f"checkpoint {workdir}/{CHECKPOINTS}/{step}/{item}", e) from None
+  one line naming the step and item, when it cannot be read); `mngr`: the workdir's open
+  manager, if the caller holds one."""
+  if mngr is None:
+    with manager(workdir, read_only=True) as opened:
+      return restore_item(workdir, step, item, like, sharding, mngr=opened)
+  try:
+    return mngr.restore(step, args=ocp.args.Composite(
+        **{item: ocp.args.StandardRestore(_restore_target(like, sharding))}))[item]
+  except Exception as e:  # orbax and TensorStore raise many types for unreadable items
+    raise failure(f"checkpoint {workdir}/{CHECKPOINTS}/{step}/{item}", e) from None
 
 
 # ----------------------------------------------------------------------------- training
@@ -365,21 +368,29 @@ def best_step(workdir: str) -> int | None:
   return (ranked_steps(workdir) or [None])[0]
 
 
-def ranked_steps(workdir: str) -> list[int]:
+def ranked_steps(workdir: str, mngr: ocp.CheckpointManager | None = None) -> list[int]:
   """Validated steps, best (lowest validation loss) first, from orbax's per-step metrics; steps of
-  format v1 (whose loss is in `meta`) are read from there."""
-  workdir, _ = resolve(workdir)
+  format v1 (whose loss is in `meta`) are read from there. `mngr`: the workdir's open manager."""
+  return [s for _, s in scored_steps(workdir, mngr)]
+
+
+def scored_steps(workdir: str, mngr: ocp.CheckpointManager | None = None
+                 ) -> list[tuple[float, int]]:
+  """(validation loss, step) of the validated steps, best first (`ranked_steps`)."""
+  if mngr is None:
+    workdir, _ = resolve(workdir)
+    with manager(workdir, read_only=True) as opened:
+      return scored_steps(workdir, opened)
   scored = []
-  with manager(workdir, read_only=True) as mngr:
-    for s in mngr.all_steps():
-      try:
-        m = mngr.metrics(s)
-        if m is None:  # format v1 kept its validation loss in meta
-          meta = read_meta(workdir, s)
-          m = {"val_loss": meta.get("val_loss")} if meta.get("format") == FORMAT_V1 else None
-      except Exception as e:  # a damaged step is skipped here; loading it reports it
-        logs.debug.debug("metrics of step %s unreadable", s, exc_info=e)
-        continue
-      if m and m.get("val_loss") is not None and np.isfinite(m["val_loss"]):
-        scored.append((float(m["val_loss"]), s))
-  return [s for _, s in sorted(scored)]
+  for s in mngr.all_steps():
+    try:
+      m = mngr.metrics(s)
+      if m is None:  # format v1 kept its validation loss in meta
+        meta = read_meta(workdir, s, mngr=mngr)
+        m = {"val_loss": meta.get("val_loss")} if meta.get("format") == FORMAT_V1 else None
+    except Exception as e:  # a damaged step is skipped here; loading it reports it
+      logs.debug.debug("metrics of step %s unreadable", s, exc_info=e)
+      continue
+    if m and m.get("val_loss") is not None and np.isfinite(m["val_loss"]):
+      scored.append((float(m["val_loss"]), s))
+  return sorted(scored)

@@ -61,10 +61,22 @@ def load(path: str, *, weights: str = "ema", step: int | None = None, dtype: str
   computes, not what it is; `sharding` places the weights (default: the first local device;
   data-parallel callers pass a replicated mesh sharding).
   """
+  workdir, step = checkpoint.resolve(path, step)
+  with checkpoint.manager(workdir, read_only=True) as mngr:
+    meta = checkpoint.read_meta(workdir, step, mngr=mngr)
+    model = load_weights(workdir, meta, weights=weights, sharding=sharding, mngr=mngr,
+                         dtype=dtype, **runtime)
+  return model, meta
+
+
+def load_weights(workdir: str, meta: dict[str, Any], *, weights: str = "ema",
+                 sharding: jax.sharding.Sharding | None = None, mngr=None,
+                 dtype: str | None = None, **runtime: Any) -> CDEIT:
+  """The model of a step whose metadata `meta` is read already, with one weight set loaded
+  (`load`); `mngr`: the workdir's open CheckpointManager, if the caller holds one."""
   if weights not in WEIGHT_ITEMS:
     raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
-  workdir, step = checkpoint.resolve(path, step)
-  meta = checkpoint.read_meta(workdir, step)
+  step = int(meta["step"])
   where = f"checkpoint {workdir}/{CHECKPOINTS}/{step}"
   if weights not in meta["weights"]:
     raise InputError(f"{where} has no {weights!r} weights (it has {meta['weights']}); pass "
@@ -74,29 +86,31 @@ def load(path: str, *, weights: str = "ema", step: int | None = None, dtype: str
     cfg.model.dtype = dtype
   for k, v in runtime.items():
     if k not in RUNTIME_MODEL_KEYS:
-      raise TypeError(f"models.load: {k!r} is not one of {RUNTIME_MODEL_KEYS}")
+      raise TypeError(f"loading.load: {k!r} is not one of {RUNTIME_MODEL_KEYS}")
     if v is not None:
       cfg.model[k] = v
   if sharding is None:
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   model = nnx.eval_shape(lambda: build(cfg))
   if meta["format"] == FORMAT_V1:
-    return _load_v1(model, workdir, step, meta, weights, sharding), meta
+    return _load_v1(model, workdir, step, weights, sharding, mngr)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  restored = checkpoint.restore_item(workdir, step, WEIGHT_ITEMS[weights], params, sharding)
+  restored = checkpoint.restore_item(workdir, step, WEIGHT_ITEMS[weights], params, sharding,
+                                     mngr=mngr)
   model = nnx.merge(graphdef, restored, fixed_variables(cfg, sharding))
   checkpoint.set_calibration(model, meta.get("calibration", {}))
-  return model, meta
+  return model
 
 
-def _load_v1(abstract: CDEIT, workdir: str, step: int, meta: dict, weights: str, sharding):
+def _load_v1(abstract: CDEIT, workdir: str, step: int, weights: str, sharding, mngr):
   """A format-v1 weight set (trained and fixed variables in one str-keyed tree)."""
   like = nnx.to_pure_dict(nnx.state(abstract, nnx.Any(nnx.Param, Fixed)))
   str_keys = lambda t: ({str(k): str_keys(v) for k, v in t.items()} if isinstance(t, dict) else t)
   like = str_keys(like)
   # v1 stored the sin-cos table, which the model now builds itself: read and dropped.
   like["pos_embed"] = jax.ShapeDtypeStruct((abstract.grid ** 2, abstract.hidden_size), np.float32)
-  restored = checkpoint.restore_item(workdir, step, _WEIGHT_ITEMS_V1[weights], like, sharding)
+  restored = checkpoint.restore_item(workdir, step, _WEIGHT_ITEMS_V1[weights], like, sharding,
+                                     mngr=mngr)
   restored.pop("pos_embed")
   graphdef, state, rest = nnx.split(abstract, nnx.Any(nnx.Param, Fixed), ...)
   nnx.replace_by_pure_dict(state, restored)

@@ -5,24 +5,9 @@ change when a train step does not fit is training's (`cdeit_jax.train.memory_fit
 
 from __future__ import annotations
 
-import re
-
 import jax
 
 GIB = 2 ** 30
-
-
-def is_out_of_memory(e: BaseException) -> bool:
-  text = str(e)
-  return "RESOURCE_EXHAUSTED" in text or "Ran out of memory" in text or "out of memory" in text
-
-
-def required_bytes(e: BaseException) -> int | None:
-  """The compiler's 'memory required (25.07G)' figure of an out-of-memory error, if it has one."""
-  m = re.search(r"required[^(]*\(([\d.]+)([KMGT])\)", str(e))
-  if not m:
-    return None
-  return int(float(m.group(1)) * 1024 ** "KMGT".index(m.group(2)) * 1024)
 
 
 def memory_of(compiled) -> dict[str, int]:

@@ -134,27 +134,6 @@ def no_space(where: str, what: str = "nothing was half-written there") -> DiskFu
   return err
 
 
-NO_SPACE = "No space left on device"  # strerror(ENOSPC), which libraries pass on as text
-
-
-def is_disk_full(e: BaseException) -> bool:
-  """Whether `e`, or an error it was raised from or during, is a full disk: an OSError with
-  ENOSPC, or a library's error that carries the system's text (TensorStore, under orbax's
-  asynchronous saves, reports it as text)."""
-  seen = set()
-  stack = [e]
-  while stack:
-    x = stack.pop()
-    if x is None or id(x) in seen:
-      continue
-    seen.add(id(x))
-    if (isinstance(x, OSError) and x.errno == errno.ENOSPC) or \
-        NO_SPACE in str(x):
-      return True
-    stack += [x.__cause__, x.__context__, *getattr(x, "exceptions", ())]
-  return False
-
-
 def atomic_write(p: PathLike, write: Callable[[str], object]) -> None:
   """Call write(tmp) with a local temporary file name, then publish that file as `p`: renamed in
   the same folder (local), or uploaded in one request (object store). The temporary file is

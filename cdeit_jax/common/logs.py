@@ -14,7 +14,7 @@ import tempfile
 import time
 from typing import Any
 
-from cdeit_jax.common import fileio
+from cdeit_jax.common import compat, fileio
 
 log = logging.getLogger("cdeit_jax")
 DEBUG_LOG = "debug.log"
@@ -32,7 +32,7 @@ class _Console(logging.Handler):
         text = f"{record.levelname.lower()}: {text}"
       tqdm.write(text, file=sys.stderr)
     except Exception as e:  # logging's convention: report, never raise
-      if not fileio.is_disk_full(e):  # a full disk is reported once, by the command
+      if not compat.is_disk_full(e):  # a full disk is reported once, by the command
         self.handleError(record)
 
 
@@ -62,7 +62,7 @@ class _AppendHandler(logging.Handler):
         self._log = fileio.AppendLog(self.path)
       self._log.write(self.format(record) + "\n")
     except Exception as e:  # logging's convention: report, never raise
-      if not fileio.is_disk_full(e):  # a full disk is reported once, by the command
+      if not compat.is_disk_full(e):  # a full disk is reported once, by the command
         self.handleError(record)
 
   def close(self) -> None:

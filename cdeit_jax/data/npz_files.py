@@ -108,8 +108,8 @@ def check_folder(directory: str, files: Sequence[str], *, skip_bad: bool = False
     raise DatasetError(f"data folder {directory}: {len(bad)} of {len(files)} files are bad:\n"
                        f"{listing}{more}\nFix or remove them, or skip them: "
                        "--config.data.skip_bad_files=True (train.py), "
-                       "--config.eval.skip_bad_files=True (eval.py), --skip-bad-files "
-                       "(python -m cdeit_jax.data.sources stats).")
+                       "--config.eval.skip_bad_files=True (eval.py), --skip_bad_files "
+                       "(python -m cdeit_jax.stats).")
   log.warning("data folder %s: skipping %d of %d bad files:\n%s%s", directory, len(bad),
               len(files), listing, more)
   good = [f for f, p in zip(files, problems) if p is None]

@@ -1,19 +1,16 @@
 """CDEIT examples: a folder of npz files (`cdeit_jax.data.npz_files`), or arrays in memory, as a
 random-access source of conditioned examples (`measurement.condition`: scaled and standardised
-voltages, their EIM) and targets; and `python -m cdeit_jax.data.sources stats`.
+voltages, their EIM) and targets.
 """
 
 from __future__ import annotations
 
-import sys
 import zipfile
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from cdeit_jax.common import fileio
-from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.data.npz_files import BASELINE_KEYS, DatasetError
@@ -33,15 +30,15 @@ class NpzSource:
   file lacks them). With `cache` every file is read once, when the source opens.
   """
 
-  def __init__(self, path: str, preset: str = "simulated", stats: Any = None, *,
+  def __init__(self, path: str, preset: str | measurement.Units = "simulated", stats: Any = None, *,
                voltage_ratio: float | None = None, current_ratio: float | None = None,
                checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
                skip_bad: bool = False, validate_files: bool = True, cache: bool = False,
                baselines: bool = False):
     self.path = fileio.resolve(path)
-    self.preset = preset
-    self.voltage_ratio, self.current_ratio = measurement.resolve_ratios(preset, voltage_ratio,
-                                                                        current_ratio)
+    self.units = measurement.units(preset, voltage_ratio, current_ratio)
+    self.preset = self.units.name
+    self.voltage_ratio, self.current_ratio = self.units.voltage_ratio, self.units.current_ratio
     names = npz_files.list_files(self.path)
     arrays = None
     if validate_files and cache:  # validation reads each file; keep what it read
@@ -116,33 +113,3 @@ class ArraySource:
     return {"cond": cond, "voltages": v, "ys": scaled,
             "target": self._xs[i].reshape(IMAGE_SIZE, IMAGE_SIZE, 1), "index": np.int32(i),
             "name": f"{i:07d}"}
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-  """`python -m cdeit_jax.data.sources stats DATA/train [--preset P] [--out DIR]`."""
-  import argparse
-  p = argparse.ArgumentParser(prog="python -m cdeit_jax.data.sources")
-  sub = p.add_subparsers(dest="cmd", required=True)
-  s = sub.add_parser("stats", help="compute mean.npy/std.npy (1,16,13) of a training split")
-  s.add_argument("split", help="folder of npz files, e.g. DATA/train")
-  s.add_argument("--preset", default="simulated", choices=sorted(measurement.PRESETS))
-  s.add_argument("--voltage-ratio", type=float, default=None)
-  s.add_argument("--out", default=None, help="where to write mean.npy/std.npy (default: the "
-                 "split's parent, where the loaders look first)")
-  s.add_argument("--skip-bad-files", action="store_true", help="skip unreadable or invalid "
-                 "files with a warning (default: stop and list them)")
-  a = p.parse_args(argv)
-  out = a.out or fileio.dirname(a.split)
-  try:
-    fileio.writable_folder(out, "--out")
-    mean, std = stats_lib.compute_stats(a.split, a.preset, voltage_ratio=a.voltage_ratio,
-                                        skip_bad=a.skip_bad_files)
-  except InputError as e:  # DatasetError too
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
-  stats_lib.write_stats(out, mean, std)
-  print(f"wrote {out}/mean.npy, {out}/std.npy from {a.split}: std median {np.median(std):.3e}")
-
-
-if __name__ == "__main__":
-  main()

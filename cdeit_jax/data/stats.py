@@ -216,7 +216,7 @@ def resolve_stats(split_dir: str, stats: Any = None,
     return check_stats(*checkpoint_stats, source="checkpoint")
   raise MissingFile(
       f"no normalisation statistics for {split_dir}: put mean/std (.npy or .pth) in {root}, "
-      "pass stats=, or compute them with `python -m cdeit_jax.data.sources stats DATA/train`")
+      "pass stats=, or compute them with `python -m cdeit_jax.stats DATA/train`")
 
 
 def compute_stats(split_dir: str, preset: str = "simulated", *, voltage_ratio: float | None = None,

@@ -2,8 +2,8 @@
 
 - `Protocol`: electrodes, the current injection and voltage measurement patterns (which
   measurements exist and in which order); 16 electrodes, adjacent-adjacent, is the CDEIT default.
-- Units: a data set's voltages are in its measuring system's units; `voltage_ratio` (measured /
-  simulated) brings them to the simulator's (the presets, `resolve_ratios`).
+- `Units`: a data set's voltages are in its measuring system's units; `voltage_ratio` (measured /
+  simulated) brings them to the simulator's (the presets); `units` resolves them once.
 - Standardisation with the training set's statistics (`mean`, `std`, shaped (1, 16, 13) as the
   authors'), and the electrode interaction matrix (EIM, (16, 16)) built from the standardised
   voltages (`condition`), and read back (`voltages_from_eim`).
@@ -129,6 +129,30 @@ def resolve_ratios(preset: str, voltage_ratio: float | None = None,
   v, c = PRESETS.get(preset, (None, None))
   return float(voltage_ratio if voltage_ratio is not None else v), \
       float(current_ratio if current_ratio is not None else c)
+
+
+@dataclasses.dataclass(frozen=True)
+class Units:
+  """A data set's units against the simulator's: the preset's name (or the user's own name with
+  both ratios), its voltage ratio and current ratio (measured / simulated)."""
+  name: str
+  voltage_ratio: float
+  current_ratio: float
+
+  @property
+  def conductivity_factor(self) -> float:
+    """Label units -> the device's conductivity units (current ratio / voltage ratio)."""
+    return self.current_ratio / self.voltage_ratio
+
+
+def units(preset: str | Units = "simulated", voltage_ratio: float | None = None,
+          current_ratio: float | None = None) -> Units:
+  """The `Units` of a preset (`PRESETS`), each ratio overridden where given; a `Units` as it is."""
+  if isinstance(preset, Units):
+    if voltage_ratio is not None or current_ratio is not None:
+      raise InputError(f"units {preset.name!r} are resolved already: give ratios or Units")
+    return preset
+  return Units(preset, *resolve_ratios(preset, voltage_ratio, current_ratio))
 
 
 def standardise(ys, voltage_ratio: float, mean, std, protocol: Protocol = DEFAULT):

@@ -1,6 +1,12 @@
-"""Reconstruct a test set with a trained or imported CDEIT (eval.py): choose the checkpoint,
-condition the data as training did, sample (`sampling`), score (`metrics.score`), write the
-outputs (`outputs`).
+"""Reconstruct a test set with a trained or imported CDEIT (eval.py), in three phases of one
+object, `Evaluator`:
+
+  prepare  choose and load the checkpoint (`checkpoints.reader`), open the data in the units it
+           was made in and check them, compile the sampler (the Reconstructor's);
+  run      sample K images of every example, a chunk at a time, while a worker thread scores
+           (`metrics`) and writes (`outputs`) the chunk before (memory stays flat);
+  finish   the scores beside the baselines, the uncertainty's calibration, the outputs, published
+           whole (`outputs.Staged`).
 
 Each example's noise comes from fold_in(fold_in(key(seed), sample), example index), so the
 reconstructions do not depend on the batch size or the number of devices or hosts.
@@ -19,7 +25,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from cdeit_jax.checkpoints import checkpoint
+from cdeit_jax import eit
+from cdeit_jax.checkpoints import reader
 from cdeit_jax.common import compile_cache, fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
@@ -43,7 +50,7 @@ def check_scale(src, preset: str, limit: int = 8) -> None:
         f"{src.path}: its voltages, standardised for preset {preset!r}, are ~{typical:.3g} "
         "standard deviations from the training mean (expected a few): the files are in other "
         "units than this preset; give the preset they were made with (--data uef2017, ktc2023, "
-        "simulated) or --voltage-ratio/--current-ratio")
+        "simulated) or --config.eval.voltage_ratio and --config.eval.current_ratio")
 
 
 def evaluate(path: str, data_name: str, data_path: str, out: str,
@@ -54,156 +61,220 @@ def evaluate(path: str, data_name: str, data_path: str, out: str,
 
   `overrides` (dotted keys, as `--config.sampling.steps=2` gives them) change the sampling and
   evaluation settings and the model's runtime keys of the checkpoint's config."""
-  t_start = time.perf_counter()
-  choice = reconstructor.choose(path, overrides)  # bad keys and values fail before any work
-  if jax.process_index() == 0:
-    outputs.check_out(out, data_path)
-    logs.debug_log(out)
-  cfg = choice.cfg
-  s, e = cfg.sampling, cfg.eval
-  if e.fit_uncertainty and (data_name != "simulated" or s.num_samples < 2):
-    raise InputError("--config.eval.fit_uncertainty=True fits the uncertainty scale on "
-                     "simulations with several samples: use --data simulated (a validation "
-                     "split) and --config.sampling.num_samples=8")
-  # --- the data, conditioned as in training
-  voltage_ratio, current_ratio = measurement.resolve_ratios(data_name, e.voltage_ratio,
-                                                            e.current_ratio)
-  src = sources.NpzSource(data_path, data_name, e.stats, voltage_ratio=voltage_ratio,
-                       current_ratio=current_ratio,
-                       checkpoint_stats=checkpoint.meta_stats(choice.meta),
-                       baselines=True, skip_bad=e.skip_bad_files)
-  n_total = len(src) if e.max_examples is None else min(len(src), e.max_examples)
-  check_scale(src, data_name)
-  mesh = shd.make_mesh()
-  model, meta = reconstructor.load_model(choice, mesh)
-  workdir = choice.workdir
+  ev = Evaluator(path, data_name, data_path, out, overrides).prepare()
+  with ev.staging():
+    ev.run()
+    return ev.finish()
 
-  if model.conditioner is not None and not (
-      np.allclose(model.conditioner.voltage_mean[...], src.mean.ravel(), rtol=1e-6, atol=0) and
-      np.allclose(model.conditioner.voltage_std[...], src.std.ravel(), rtol=1e-6, atol=0)):
-    log.warning(f"{data_path} is standardised with other statistics than this physics-"
-                "informed model was trained with, so its linear input channels are computed "
-                "from wrong voltages; use the checkpoint's statistics (no --config.eval.stats, "
-                "and no mean/std in the data folder's parent)")
 
-  # --- the sampler (the API's), compiled for the largest batch that fits
-  shape = (model.image_size, model.image_size, model.in_channels)
-  t0 = time.perf_counter()
-  with compile_cache.Watch() as cache:
-    rec = reconstructor.Reconstructor(
-        model, cfg, src.mean, src.std, preset=data_name, voltage_ratio=voltage_ratio,
-        current_ratio=current_ratio, mesh=mesh, num_examples=n_total)
-  global_batch = rec.max_batch
-  compile_s = time.perf_counter() - t0
-  log.info(f"sampler (global batch {global_batch}, {s.steps} steps) "
-           f"{'loaded from the persistent compilation cache' if cache.hit else 'compiled'} in "
-           f"{compile_s:.1f} s; sampling starts {time.perf_counter() - t_start:.1f} s after the "
-           "start")
+class Evaluator:
+  """One evaluation of a test set (module docstring): `prepare()`, then inside `staging()`
+  `run()` and `finish()`. Only process 0 scores and writes; every process samples."""
 
-  # --- K samples of every example, a chunk of examples at a time, scored and written as they
-  # come (memory flat); global batch b holds examples b*G .. b*G+G-1
-  primary = jax.process_index() == 0
-  chunk = global_batch * max(1, CHUNK // global_batch)
-  batches = pipeline.eval_batches(src, global_batch, keys=("cond",), limit=n_total)
-  calibration = choice.calibration_file
-  fitted = e.fit_uncertainty
-  scale = None if fitted else reconstructor.uncertainty_scale(calibration)
-  staged = outputs.Staged(out) if primary else None
-  with outputs.failing(staged) if primary else contextlib.nullcontext():
-    if primary:
-      predictions = outputs.Predictions(staged.work, n_total, shape, s.num_samples,
-                                        current_ratio / voltage_ratio)
-      baseline_names = (("tikhonov",) if e.tikhonov else ()) + tuple(npz_files.BASELINE_KEYS)
-      scores = metrics.Scores(baseline_names)
-      coverage = metrics.Coverage(scale) if s.num_samples > 1 else None
-      if e.tikhonov:
-        from cdeit_jax import eit
-        tikhonov = eit.default_tikhonov(contact_impedance=float(cfg.simulator.contact_impedance))
-    shown: dict[str, Any] = {}
+  def __init__(self, path: str, data_name: str, data_path: str, out: str,
+               overrides: dict[str, Any] | None = None):
+    self.path, self.data_name, self.data_path, self.out = path, data_name, data_path, out
+    self.overrides, self.given_overrides = dict(overrides or {}), overrides
+    self.primary = jax.process_index() == 0
+    self.t_start = time.perf_counter()
 
-    def take_in(lo: int, samples: np.ndarray) -> None:
-      """Score and write examples lo .. lo + len: in a worker thread, while the devices sample
-      the next chunk (host work off the hot path)."""
-      hi = lo + samples.shape[1]
-      pred, std = reconstructor.summarise(samples)
-      examples = [src[i] for i in range(lo, hi)]
-      target = np.stack([ex["target"] for ex in examples])
-      stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in npz_files.BASELINE_KEYS}
-      if e.tikhonov:
-        stored = {"tikhonov": tikhonov(np.stack([ex["ys"] for ex in examples])), **stored}
-      scaled = scores.add(pred[..., 0], target[..., 0], stored)
-      if coverage is not None:
-        coverage.add(pred[..., 0], std[..., 0], target[..., 0])
-      predictions.add(lo, pred, target, std, samples)
-      if lo == 0 and e.figure:  # the figure's examples: the first chunk's (CHUNK >= SHOWN)
-        n = outputs.SHOWN
-        shown.update(target=target[:n], pred=pred[:n], std=None if std is None else std[:n],
-                     baselines={k: v[:n] for k, v in scaled.items()})
+  # --------------------------------------------------------------------------- prepare
 
-    sample_s = 0.0
-    bar = tqdm(total=n_total * s.num_samples, desc="sampling", unit="image", file=sys.stderr,
-               disable=not primary, mininterval=1.0)
+  def prepare(self) -> Evaluator:
+    """Choose and load the model, open and check the data, compile the sampler."""
+    reconstructor.check_overrides(self.overrides)  # bad keys and values fail before any work
+    with reader.open_run(self.path, self.overrides.get("eval.step")) as run:
+      meta, skipped, self.cfg = reconstructor.choose(run, self.overrides)
+      self._check_request()
+      self._open_data(meta)
+      self.mesh = shd.make_mesh()
+      loaded = reconstructor.load(run, meta, skipped, self.cfg, self.overrides, self.mesh)
+    self.meta, self.workdir = loaded.meta, run.workdir
+    self.calibration = reconstructor.calibration_file(run, loaded.meta.step)
+    self._check_statistics(loaded.model)
+    self._compile(loaded.model)
+    return self
+
+  def _check_request(self) -> None:
+    if self.primary:
+      outputs.check_out(self.out, self.data_path)
+      logs.debug_log(self.out)
+    s, e = self.cfg.sampling, self.cfg.eval
+    if e.fit_uncertainty and (self.data_name != "simulated" or s.num_samples < 2):
+      raise InputError("--config.eval.fit_uncertainty=True fits the uncertainty scale on "
+                       "simulations with several samples: use --data simulated (a validation "
+                       "split) and --config.sampling.num_samples=8")
+
+  def _open_data(self, meta: reader.Meta) -> None:
+    """The data, conditioned as in training, in the units resolved once."""
+    e = self.cfg.eval
+    self.units = measurement.units(self.data_name, e.voltage_ratio, e.current_ratio)
+    self.src = sources.NpzSource(self.data_path, self.units, e.stats,
+                                 checkpoint_stats=(meta.mean, meta.std), baselines=True,
+                                 skip_bad=e.skip_bad_files)
+    self.n = len(self.src) if e.max_examples is None else min(len(self.src), e.max_examples)
+    check_scale(self.src, self.data_name)
+
+  def _check_statistics(self, model) -> None:
+    c = model.conditioner
+    if c is not None and not (
+        np.allclose(c.voltage_mean[...], self.src.mean.ravel(), rtol=1e-6, atol=0) and
+        np.allclose(c.voltage_std[...], self.src.std.ravel(), rtol=1e-6, atol=0)):
+      log.warning(f"{self.data_path} is standardised with other statistics than this physics-"
+                  "informed model was trained with, so its linear input channels are computed "
+                  "from wrong voltages; use the checkpoint's statistics (no --config.eval.stats, "
+                  "and no mean/std in the data folder's parent)")
+
+  def _compile(self, model) -> None:
+    """The sampler (the API's), compiled for the largest batch that fits."""
+    self.shape = (model.image_size, model.image_size, model.in_channels)
+    t0 = time.perf_counter()
+    with compile_cache.Watch() as cache:
+      self.rec = reconstructor.Reconstructor(model, self.cfg, self.src.mean, self.src.std,
+                                             preset=self.units, mesh=self.mesh,
+                                             num_examples=self.n)
+    self.compile_s, self.cache_hit = time.perf_counter() - t0, cache.hit
+    log.info(f"sampler (global batch {self.rec.max_batch}, {self.cfg.sampling.steps} steps) "
+             f"{'loaded from the persistent compilation cache' if cache.hit else 'compiled'} in "
+             f"{self.compile_s:.1f} s; sampling starts {time.perf_counter() - self.t_start:.1f} s "
+             "after the start")
+
+  # --------------------------------------------------------------------------- run
+
+  def staging(self):
+    """The outputs' staging folder for `run` and `finish`: published whole by `finish`, removed
+    when either fails (process 0; nothing elsewhere)."""
+    if not self.primary:
+      return contextlib.nullcontext()
+    self.staged = outputs.Staged(self.out)
+    return outputs.failing(self.staged)
+
+  def run(self) -> None:
+    """K samples of every example, a chunk of examples at a time, scored and written as they
+    come in a worker thread (memory flat); global batch b holds examples b*G .. b*G+G-1."""
+    s, g = self.cfg.sampling, self.rec.max_batch
+    if self.primary:
+      self._open_outputs()
+    chunk = g * max(1, CHUNK // g)
+    batches = pipeline.eval_batches(self.src, g, keys=("cond",), limit=self.n)
+    self.sample_s = 0.0
+    bar = tqdm(total=self.n * s.num_samples, desc="sampling", unit="image", file=sys.stderr,
+               disable=not self.primary, mininterval=1.0)
     with concurrent.futures.ThreadPoolExecutor(1) as worker:
       pending = None  # one chunk in the worker, one being sampled: memory stays two chunks
-      for lo in range(0, n_total, chunk):
-        hi = min(n_total, lo + chunk)
-        mine = [next(batches) for _ in range(-(-(hi - lo) // global_batch))]
-        samples = np.zeros((s.num_samples, hi - lo, *shape), np.float32)
-        t0 = time.perf_counter()
-        for k in range(s.num_samples):
-          for j, b in enumerate(mine):
-            imgs = rec.sample_local(b["cond"], b["index"], k)
-            at = j * global_batch
-            take = min(global_batch, hi - lo - at)
-            samples[k, at:at + take] = imgs[:take]
-            bar.update(take)
-        sample_s += time.perf_counter() - t0
-        if primary:
+      for lo in range(0, self.n, chunk):
+        samples = self._sample_chunk(lo, min(self.n, lo + chunk), batches, bar)
+        if self.primary:
           if pending is not None:
             pending.result()  # its errors are raised here
-          pending = worker.submit(take_in, lo, samples)
+          pending = worker.submit(self._take_in, lo, samples)
       if pending is not None:
         pending.result()
     bar.close()
-    done = n_total * s.num_samples
-    result = {"images_per_s": done / sample_s, "ms_per_image": 1000 * sample_s / done,
-              "compile_s": compile_s, "compile_cache_hit": cache.hit,
-              "devices": jax.device_count(),
-              "processes": jax.process_count(), "global_batch": global_batch}
-    if not primary:
-      return result
 
-    # --- the scores beside the baselines, the uncertainty's calibration, the outputs
-    report, rows = scores.result()
-    if coverage is not None:
-      if fitted:
-        scale = coverage.fit()
-        fileio.write_text(calibration, json.dumps(
-            {"scale": scale, "fitted_on": fileio.resolve(data_path), "examples": n_total,
-             "num_samples": s.num_samples, "sampling_steps": s.steps, "eta": s.eta}, indent=1))
-        log.info(f"uncertainty scale {scale:.3f} fitted on {n_total} examples, kept in "
-                 f"{calibration}")
-      report["uncertainty"] = coverage.result(scale)
-      predictions.scale_std(scale)  # the uncertainty offered: calibrated
-    result.update({
-        "metrics": report, "definitions": metrics.DEFINITIONS,
-        "settings": {"checkpoint": workdir, "checkpoint_step": int(meta["step"]),
-                     "weights": e.weights, "data": data_name,
-                     "data_path": fileio.resolve(data_path),
-                     "voltage_ratio": voltage_ratio, "current_ratio": current_ratio,
-                     "sampling_steps": s.steps, "eta": s.eta,
-                     "data_consistency": s.data_consistency,
-                     "data_consistency_alpha": s.data_consistency_alpha,
-                     "num_samples": s.num_samples, "seed": s.seed, "examples": n_total,
-                     "model": meta["model"], "dtype": cfg.model.dtype,
-                     "config": {"sampling": s.to_dict(), "eval": e.to_dict(),
-                                "overrides": overrides}},
-    })
-    figure = None
-    if e.figure:
-      figure = {**shown, "baselines": {k: v for k, v in shown["baselines"].items() if k in report}}
-      if shown["std"] is not None:
-        figure["std"] = shown["std"] * np.float32(scale)
-    names = [src.files[i] for i in range(n_total)]
-    outputs.write_outputs(staged, result, rows, names, predictions, figure)
-  return result
+  def _open_outputs(self) -> None:
+    s, e = self.cfg.sampling, self.cfg.eval
+    self.predictions = outputs.Predictions(self.staged.work, self.n, self.shape, s.num_samples,
+                                           self.units.conductivity_factor)
+    self.scores = metrics.Scores((("tikhonov",) if e.tikhonov else ()) +
+                                 tuple(npz_files.BASELINE_KEYS))
+    self.scale = None if e.fit_uncertainty else reconstructor.uncertainty_scale(self.calibration)
+    self.coverage = metrics.Coverage(self.scale) if s.num_samples > 1 else None
+    self.tikhonov = None
+    if e.tikhonov:
+      self.tikhonov = eit.default_tikhonov(
+          contact_impedance=float(self.cfg.simulator.contact_impedance))
+    self.shown: dict[str, Any] = {}
+
+  def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:
+    """(K, hi - lo, H, W, C) samples of examples lo .. hi (this host's batches of the chunk)."""
+    g, k_all = self.rec.max_batch, self.cfg.sampling.num_samples
+    mine = [next(batches) for _ in range(-(-(hi - lo) // g))]
+    samples = np.zeros((k_all, hi - lo, *self.shape), np.float32)
+    t0 = time.perf_counter()
+    for k in range(k_all):
+      for j, b in enumerate(mine):
+        imgs = self.rec.sample_local(b["cond"], b["index"], k)
+        at = j * g
+        take = min(g, hi - lo - at)
+        samples[k, at:at + take] = imgs[:take]
+        bar.update(take)
+    self.sample_s += time.perf_counter() - t0
+    return samples
+
+  def _take_in(self, lo: int, samples: np.ndarray) -> None:
+    """Score and write examples lo .. lo + len: in a worker thread, while the devices sample
+    the next chunk (host work off the hot path)."""
+    hi = lo + samples.shape[1]
+    pred, std = reconstructor.summarise(samples)
+    examples = [self.src[i] for i in range(lo, hi)]
+    target = np.stack([ex["target"] for ex in examples])
+    stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in npz_files.BASELINE_KEYS}
+    if self.tikhonov is not None:
+      stored = {"tikhonov": self.tikhonov(np.stack([ex["ys"] for ex in examples])), **stored}
+    scaled = self.scores.add(pred[..., 0], target[..., 0], stored)
+    if self.coverage is not None:
+      self.coverage.add(pred[..., 0], std[..., 0], target[..., 0])
+    self.predictions.add(lo, pred, target, std, samples)
+    if lo == 0 and self.cfg.eval.figure:  # the figure's examples: the first chunk's
+      n = outputs.SHOWN
+      self.shown.update(target=target[:n], pred=pred[:n], std=None if std is None else std[:n],
+                        baselines={k: v[:n] for k, v in scaled.items()})
+
+  # --------------------------------------------------------------------------- finish
+
+  def finish(self) -> dict[str, Any]:
+    """metrics.json's content; process 0 also writes every output and publishes them."""
+    done = self.n * self.cfg.sampling.num_samples
+    result = {"images_per_s": done / self.sample_s, "ms_per_image": 1000 * self.sample_s / done,
+              "compile_s": self.compile_s, "compile_cache_hit": self.cache_hit,
+              "devices": jax.device_count(), "processes": jax.process_count(),
+              "global_batch": self.rec.max_batch}
+    if not self.primary:
+      return result
+    report, rows = self.scores.result()
+    if self.coverage is not None:
+      report["uncertainty"] = self._calibrate()
+    result.update({"metrics": report, "definitions": metrics.DEFINITIONS,
+                   "settings": self._settings()})
+    names = [self.src.files[i] for i in range(self.n)]
+    outputs.write_outputs(self.staged, result, rows, names, self.predictions,
+                          self._figure(report))
+    return result
+
+  def _calibrate(self) -> dict[str, float]:
+    """The uncertainty's coverage at the kept scale, or at the scale fitted here (then kept in
+    the step folder); the predictions' std scaled by it (the uncertainty offered: calibrated)."""
+    s = self.cfg.sampling
+    if self.cfg.eval.fit_uncertainty:
+      self.scale = self.coverage.fit()
+      fileio.write_text(self.calibration, json.dumps(
+          {"scale": self.scale, "fitted_on": fileio.resolve(self.data_path), "examples": self.n,
+           "num_samples": s.num_samples, "sampling_steps": s.steps, "eta": s.eta}, indent=1))
+      log.info(f"uncertainty scale {self.scale:.3f} fitted on {self.n} examples, kept in "
+               f"{self.calibration}")
+    self.predictions.scale_std(self.scale)
+    return self.coverage.result(self.scale)
+
+  def _settings(self) -> dict[str, Any]:
+    s, e = self.cfg.sampling, self.cfg.eval
+    return {"checkpoint": self.workdir, "checkpoint_step": self.meta.step,
+            "weights": e.weights, "data": self.data_name,
+            "data_path": fileio.resolve(self.data_path),
+            "voltage_ratio": self.units.voltage_ratio,
+            "current_ratio": self.units.current_ratio,
+            "sampling_steps": s.steps, "eta": s.eta, "data_consistency": s.data_consistency,
+            "data_consistency_alpha": s.data_consistency_alpha,
+            "num_samples": s.num_samples, "seed": s.seed, "examples": self.n,
+            "model": self.meta.record["model"], "dtype": self.cfg.model.dtype,
+            "config": {"sampling": s.to_dict(), "eval": e.to_dict(),
+                       "overrides": self.given_overrides}}
+
+  def _figure(self, report: dict[str, Any]) -> dict[str, Any] | None:
+    if not self.cfg.eval.figure:
+      return None
+    shown = self.shown
+    figure = {**shown, "baselines": {k: v for k, v in shown["baselines"].items() if k in report}}
+    if shown["std"] is not None:
+      figure["std"] = shown["std"] * np.float32(self.scale)
+    return figure

@@ -28,7 +28,7 @@ import numpy as np
 from flax import nnx
 
 from cdeit_jax import config_lib
-from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.checkpoints import checkpoint, loading, reader
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
@@ -93,62 +93,36 @@ def uncertainty_scale(path: str) -> float:
   return float(scale)
 
 
-def candidates(workdir: str, path: str, step: int | None) -> list[int]:
-  """The steps to try, in order: the one asked for (a step folder or --config.eval.step), else
-  the validated steps best first, then the others newest first."""
-  asked = step if step is not None else checkpoint.step_folder(path)
-  if asked is not None:
-    return [asked]
-  ranked = checkpoint.ranked_steps(workdir)
-  return ranked + [st for st in checkpoint.all_steps(workdir)[::-1] if st not in ranked]
+def check_overrides(overrides: dict[str, Any]) -> None:
+  """Bad keys and values fail before any work (against the default config)."""
+  settings({"model": {}}, overrides)
 
 
-@dataclasses.dataclass
-class Choice:
-  """A checkpoint chosen for inference: its workdir, the steps in the order they are tried, the
-  first whose metadata reads, that metadata, the config with the overrides, and the steps passed
-  over ({step: reason})."""
-  workdir: str
-  steps: list[int]
-  step: int
-  meta: dict[str, Any]
-  cfg: ml_collections.ConfigDict
-  overrides: dict[str, Any]
-  skipped: dict[int, str]
-
-  @property
-  def calibration_file(self) -> str:
-    return fileio.join(self.workdir, checkpoint.CHECKPOINTS, str(int(self.meta["step"])),
-                       UNCERTAINTY_FILE)
+def choose(run: reader.Run, overrides: dict[str, Any]
+           ) -> tuple[reader.Meta, dict[int, str], ml_collections.ConfigDict]:
+  """(meta, skipped, config) of the run's first candidate whose metadata reads, its config with
+  `overrides` applied and checked."""
+  meta, skipped = run.first_readable()
+  return meta, skipped, settings(meta.record, overrides)
 
 
-def choose(path: str, overrides: dict[str, Any] | None = None) -> Choice:
-  """The checkpoint at `path` (a run: its best validated step whose metadata reads, else the
-  latest; or one `RUN/checkpoints/STEP`), with `overrides` (dotted keys, as
-  `--config.sampling.steps=2` gives them) checked and applied to its config."""
-  overrides = dict(overrides or {})
-  settings({"model": {}}, overrides)  # bad keys and values fail before any work
-  workdir, _ = checkpoint.resolve(path, overrides.get("eval.step"))
-  steps = candidates(workdir, path, overrides.get("eval.step"))
-  skipped: dict[int, str] = {}
-  step, meta = checkpoint.first_readable(workdir, steps, skipped)
-  return Choice(workdir, steps, step, meta, settings(meta, overrides), overrides, skipped)
-
-
-def load_model(choice: Choice, mesh: jax.sharding.Mesh):
-  """(model, meta) of the first of the choice's steps from its chosen one on whose weights load,
-  replicated over `mesh`; updates the choice (step, meta, skipped) and logs the steps passed
-  over."""
-  runtime = {k.split(".", 1)[1]: v for k, v in choice.overrides.items()
-             if k.startswith("model.")}
-  load = lambda st: loading.load(choice.workdir, weights=choice.cfg.eval.weights, step=st,
-                                sharding=shd.replicated(mesh), **runtime)
-  rest = choice.steps[choice.steps.index(choice.step):]
-  choice.step, (model, choice.meta) = checkpoint.first_intact(
-      rest, load, choice.skipped, fileio.join(choice.workdir, checkpoint.CHECKPOINTS))
-  for bad, reason in choice.skipped.items():
+def load(run: reader.Run, meta: reader.Meta, skipped: dict[int, str],
+         cfg: ml_collections.ConfigDict, overrides: dict[str, Any], mesh: jax.sharding.Mesh
+         ) -> reader.Loaded:
+  """The model of the first candidate from `meta`'s step on whose weights load, replicated over
+  `mesh`, with the model's runtime overrides; logs the steps passed over."""
+  runtime = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
+  loaded = run.load(weights=cfg.eval.weights, sharding=shd.replicated(mesh), start=meta.step,
+                    passed=skipped, **runtime)
+  for bad, reason in loaded.skipped.items():
     log.warning(f"skipping checkpoint step {bad}: {reason}")
-  return model, choice.meta
+  log.info(f"checkpoint {run.step_dir(loaded.meta.step)}: {loaded.reason}")
+  return loaded
+
+
+def calibration_file(run: reader.Run, step: int) -> str:
+  """Where a step keeps its uncertainty scale (UNCERTAINTY_FILE)."""
+  return fileio.join(run.step_dir(step), UNCERTAINTY_FILE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,16 +155,17 @@ class Reconstructor:
   checkpoint: str | None = None  # where the weights came from (from_workdir)
 
   def __init__(self, model: nnx.Module, config: ml_collections.ConfigDict, mean: np.ndarray,
-               std: np.ndarray, *, preset: str = "simulated", voltage_ratio: float | None = None,
+               std: np.ndarray, *, preset: str | measurement.Units = "simulated",
+               voltage_ratio: float | None = None,
                current_ratio: float | None = None, mesh: jax.sharding.Mesh | None = None,
                uncertainty_scale: float = 1.0, num_examples: int | None = None):
     self.config = config
     s = config.sampling
     self.steps, self.eta = int(s.steps), float(s.eta)
     self.num_samples, self.seed = int(s.num_samples), int(s.seed)
-    self.preset = preset
-    self.voltage_ratio, self.current_ratio = measurement.resolve_ratios(
-        preset, voltage_ratio, current_ratio)
+    self.units = measurement.units(preset, voltage_ratio, current_ratio)
+    self.preset = self.units.name
+    self.voltage_ratio, self.current_ratio = self.units.voltage_ratio, self.units.current_ratio
     self.mean, self.std = stats_lib.check_stats(np.asarray(mean), np.asarray(std),
                                                 source="the statistics")
     self.uncertainty_scale = float(uncertainty_scale)
@@ -220,7 +195,7 @@ class Reconstructor:
     self._key = jax.random.key(self.seed)
 
   @classmethod
-  def from_workdir(cls, path: str, *, preset: str = "simulated",
+  def from_workdir(cls, path: str, *, preset: str | measurement.Units = "simulated",
                    voltage_ratio: float | None = None, current_ratio: float | None = None,
                    overrides: dict[str, Any] | None = None,
                    mesh: jax.sharding.Mesh | None = None) -> Reconstructor:
@@ -228,13 +203,15 @@ class Reconstructor:
     latest; or one `RUN/checkpoints/STEP`), with eval.py's overrides (dotted keys:
     `{"sampling.num_samples": 8, "model.dtype": "bfloat16"}`)."""
     mesh = mesh if mesh is not None else shd.make_mesh()
-    choice = choose(path, overrides)
-    model, meta = load_model(choice, mesh)
-    mean, std = checkpoint.meta_stats(meta)
-    rec = cls(model, choice.cfg, mean, std, preset=preset, voltage_ratio=voltage_ratio,
-              current_ratio=current_ratio, mesh=mesh,
-              uncertainty_scale=uncertainty_scale(choice.calibration_file))
-    rec.checkpoint = fileio.join(choice.workdir, checkpoint.CHECKPOINTS, str(choice.step))
+    overrides = dict(overrides or {})
+    check_overrides(overrides)
+    with reader.open_run(path, overrides.get("eval.step")) as run:
+      meta, skipped, cfg = choose(run, overrides)
+      loaded = load(run, meta, skipped, cfg, overrides, mesh)
+    rec = cls(loaded.model, cfg, loaded.meta.mean, loaded.meta.std, preset=preset,
+              voltage_ratio=voltage_ratio, current_ratio=current_ratio, mesh=mesh,
+              uncertainty_scale=uncertainty_scale(calibration_file(run, loaded.meta.step)))
+    rec.checkpoint = run.step_dir(loaded.meta.step)
     return rec
 
   # --------------------------------------------------------------------------- the sampler

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from cdeit_jax.common import compat, logs
 from cdeit_jax.common import device_memory as dm
-from cdeit_jax.common import logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import symmetry
@@ -77,7 +77,7 @@ def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int |
     try:
       compiled = compile_batch(sampler, weights, mesh, g, cond_size)
     except jax.errors.JaxRuntimeError as e:  # the compiler itself refuses what cannot fit (TPU)
-      if batch_size is not None or per_device == 1 or not dm.is_out_of_memory(e):
+      if batch_size is not None or per_device == 1 or not compat.is_out_of_memory(e):
         raise
       log.info(f"sampler: batch {g} does not fit ({str(e).splitlines()[0][:120]}); trying smaller")
       continue

@@ -17,8 +17,8 @@ import ml_collections
 import numpy as np
 
 from cdeit_jax import config_lib
+from cdeit_jax.common import compat, fileio
 from cdeit_jax.common import device_memory as dm
-from cdeit_jax.common import fileio
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import measurement
@@ -97,10 +97,10 @@ def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dic
     compiled, _ = sampling.compile_sampler(sampler, weights, mesh, global_batch, global_batch,
                                            cond_size=m["cond_size"])
   except Exception as e:
-    if not dm.is_out_of_memory(e):
+    if not compat.is_out_of_memory(e):
       raise
     return {"global_batch": global_batch, "fits": False, "peak_bytes_per_device":
-            dm.required_bytes(e), "error": str(e).splitlines()[0][:300]}
+            compat.required_bytes(e), "error": str(e).splitlines()[0][:300]}
   mem = dm.memory_of(compiled)
   return {"global_batch": global_batch, "fits": True, "steps": cfg.sampling.steps,
           "peak_bytes_per_device": mem.get("peak_bytes"), "memory": mem,
@@ -166,9 +166,9 @@ def compile_check(cfg: ml_collections.ConfigDict, topology: str, workdir: str,
     report.update(fits=mem["peak_bytes"] <= hbm, peak_bytes_per_device=mem["peak_bytes"],
                   memory=mem)
   except Exception as e:
-    if not dm.is_out_of_memory(e):
+    if not compat.is_out_of_memory(e):
       raise
-    report.update(fits=False, peak_bytes_per_device=dm.required_bytes(e),
+    report.update(fits=False, peak_bytes_per_device=compat.required_bytes(e),
                   error=str(e).splitlines()[0][:300])
   report["compile_s"] = round(time.perf_counter() - t0, 1)
   report["within_margin"] = bool(report["fits"] and report["peak_bytes_per_device"] is not None

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -23,7 +24,7 @@ from jax.experimental import multihost_utils
 
 from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint, loading
-from cdeit_jax.common import compile_cache, device_memory, fileio, hardware, logs
+from cdeit_jax.common import compat, compile_cache, fileio, hardware, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import CdeitError
 from cdeit_jax.data import pipeline, training_data
@@ -95,7 +96,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
                         "rerun the same command to resume")
     return result
   except Exception as e:
-    if isinstance(e, fileio.DiskFull) or not fileio.is_disk_full(e):
+    if isinstance(e, fileio.DiskFull) or not compat.is_disk_full(e):
       raise
     logs.debug.error("the full error behind 'no space left'", exc_info=e)
     raise fileio.no_space(workdir, "the steps saved before are whole; rerun the same command "
@@ -162,11 +163,10 @@ class ResumePlan:
 
 def plan_resume(mngr, cfg: ml_collections.ConfigDict, workdir: str) -> ResumePlan:
   """Read the newest readable step's metadata and check that `cfg` may resume from it."""
-  skipped: dict[int, str] = {}
   steps = sorted(mngr.all_steps(), reverse=True)
   if not steps:
-    return ResumePlan(None, [], skipped)
-  _, meta = checkpoint.first_readable(workdir, steps, skipped)
+    return ResumePlan(None, [], {})
+  _, meta, skipped = checkpoint.first_readable(workdir, steps)
   if cfg.steps < int(meta["step"]):
     raise checkpoint.CheckpointError(
         f"config.steps={cfg.steps} is below the step of {mngr.directory}/{meta['step']}: "
@@ -188,7 +188,7 @@ def compile_step(ts: training.Setup, cfg: ml_collections.ConfigDict, mesh
       compiled = training.compile_train_step(ts, cfg.batch_size, mesh, cfg.shard_params)
     return compiled, cache.hit
   except jax.errors.JaxRuntimeError as e:
-    if not device_memory.is_out_of_memory(e):
+    if not compat.is_out_of_memory(e):
       raise
     raise memory_fit.does_not_fit(e, cfg) from None
 
@@ -200,9 +200,10 @@ def restore(mngr, workdir: str, plan: ResumePlan, state, compiled: training.Comp
   load = lambda st: checkpoint.restore_train(mngr, st, state, compiled.state_shardings,
                                              data_item)
   steps = sorted(mngr.all_steps(), reverse=True)
-  step, (state, meta) = checkpoint.first_intact(steps, load, plan.skipped, str(mngr.directory))
+  step, (state, meta), skipped = checkpoint.first_intact(steps, load, str(mngr.directory),
+                                                         plan.skipped)
   checkpoint.set_calibration(constants, meta.get("calibration", {}))
-  warnings = [f"skipping checkpoint step {st}: {reason}" for st, reason in plan.skipped.items()]
+  warnings = [f"skipping checkpoint step {st}: {reason}" for st, reason in skipped.items()]
   report = []
   damaged = [st for st in steps if st > step]  # each failed to restore
   if damaged:
@@ -326,16 +327,28 @@ def make_validation(graphdef, diffusion, compiled: training.CompiledStep, consta
 # ----------------------------------------------------------------------------- the loop
 
 
-def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Clock,
-           preempt: _Preemption, lock: workdir_lock.WorkdirLock) -> dict[str, Any]:
-  primary = jax.process_index() == 0
-  mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
-                                  async_save=cfg.async_checkpoints)
-  # --- resume plan, data
+@dataclasses.dataclass
+class _Prepared:
+  """What the steps start from: the data, the compiled step, the state (fresh or restored) and
+  what start-up has to say."""
+  data: Any
+  compiled: training.CompiledStep
+  state: Any
+  constants: Any
+  rng: Any
+  start: int
+  last_good: int | None
+  validation_loss: Callable
+  meta_now: Callable[[int], dict]
+  report: list[str]
+  warnings: list[str]
+
+
+def _prepare(cfg: ml_collections.ConfigDict, workdir: str, mesh, mngr) -> _Prepared:
+  """The resume plan, the data, the model and its compiled step, and the state: fresh, or the
+  newest intact step."""
   plan = plan_resume(mngr, cfg, workdir)
   data = training_data.open_training_data(cfg, mesh, plan.checkpoint_stats)
-
-  # --- model, optimizer, compiled step
   ts = training.setup(cfg, mesh, calibration_source=data.calibration)
   compiled, cached = compile_step(ts, cfg, mesh)
   how = "loaded from the persistent compilation cache" if cached else "compiled"
@@ -345,8 +358,6 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
             f"train step {how} in {compiled.compile_s:.1f} s; "
             f"{memory_fit.train_step_report(compiled.memory, cfg)}", data.description]
   warnings = list(plan.warnings)
-
-  # --- the state: fresh, or the newest intact step
   state = jax.device_put(ts.state, compiled.state_shardings)
   constants, rng, last_good = ts.constants, jax.random.key(cfg.seed), None
   if plan.meta is not None:
@@ -366,21 +377,31 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
                                 weights=["ema", "raw"], source="train.py", calibration=calibration,
                                 rng=np.asarray(jax.random.key_data(rng)).tolist())
 
-  logger = logs.MetricLogger(workdir, cfg.steps, start, enabled=primary)
-  for line in report:
+  return _Prepared(data, compiled, state, constants, rng, start, last_good, validation_loss,
+                   meta_now, report, warnings)
+
+
+def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Clock,
+           preempt: _Preemption, lock: workdir_lock.WorkdirLock) -> dict[str, Any]:
+  primary = jax.process_index() == 0
+  mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
+                                  async_save=cfg.async_checkpoints)
+  p = _prepare(cfg, workdir, mesh, mngr)
+  logger = logs.MetricLogger(workdir, cfg.steps, p.start, enabled=primary)
+  for line in p.report:
     log.info(line)
-  for line in warnings:
+  for line in p.warnings:
     log.warning(line.removeprefix("warning: "))
   if primary and logger.dropped:
-    log.info(f"metrics.jsonl: dropped {logger.dropped} record(s) after step {start} (steps "
+    log.info(f"metrics.jsonl: dropped {logger.dropped} record(s) after step {p.start} (steps "
              "an earlier attempt logged but did not commit)")
 
   # --- steps, and the periodic actions (each timed by phase, see goodput)
-  schedule, window = Schedule(cfg), Window(start, cfg, compiled.flops_per_step)
+  schedule, window = Schedule(cfg), Window(p.start, cfg, p.compiled.flops_per_step)
   profiler = goodput.Profiler(cfg, workdir, clock)
   last: dict[str, Any] = {}
-  step = start
-  clock.steps_begin(compiled.compile_s)
+  step, state, last_good = p.start, p.state, p.last_good
+  clock.steps_begin(p.compiled.compile_s)
   try:
     if step < cfg.steps and preempt.agreed(step):
       log.info(f"stopping before step {step} (a signal during start-up); rerun the same command "
@@ -389,9 +410,9 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
     while step < cfg.steps:
       profiler.before_step(step)
       with clock.phase("data"):
-        batch = data.batch(state.step)
+        batch = p.data.batch(state.step)
       with clock.phase("step", step=step):
-        state, metrics = compiled.fn(state, batch, rng, constants)
+        state, metrics = p.compiled.fn(state, batch, p.rng, p.constants)
       window.add(metrics)
       step += 1
       profiler.after_step(step, state)
@@ -400,25 +421,8 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
         continue
       with clock.phase("step"):  # the one host sync of the window: waits for its steps
         last = window.close(step, last_good, workdir)
-      if primary:
-        lock.check()  # a gs:// lease this run can no longer prove: stop before any write
-      if schedule.validate(step):
-        with clock.phase("validation"):
-          last["val_loss"] = validation_loss(state.ema)
-      end = step == cfg.steps or stop
-      if schedule.save(step, stop):
-        with clock.phase("checkpoint"):
-          if primary:
-            lock.check(read=True)  # the commit and the retention deletes are the lease's
-          checkpoint.save_train(mngr, state, data.checkpoint_item, meta_now(step),
-                                last.get("val_loss"))
-          if end:  # the last save is part of the run
-            mngr.wait_until_finished()
-        last_good = step
-      last.update(clock.window_split())
-      if end:
-        last["run"] = clock.totals()
-        log.info(goodput.describe(last["run"]))
+      last_good = _close_window(cfg, step, stop, state, last, last_good, p, schedule, mngr, clock,
+                                lock, primary)
       with clock.phase("logging"):
         logger.write(step, last, advance=window.steps)
       window.reset(step)
@@ -432,3 +436,30 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
     mngr.close()
     logger.close()
   return dict(last, step=step)
+
+
+def _close_window(cfg, step: int, stop: bool, state, last: dict[str, Any], last_good: int | None,
+                  p: _Prepared, schedule: Schedule, mngr, clock: goodput.Clock,
+                  lock: workdir_lock.WorkdirLock, primary: bool) -> int | None:
+  """The periodic work at a logging step, into `last`: the lease check, validation, the
+  checkpoint, the goodput split; returns the newest saved step."""
+  if primary:
+    lock.check()  # a gs:// lease this run can no longer prove: stop before any write
+  if schedule.validate(step):
+    with clock.phase("validation"):
+      last["val_loss"] = p.validation_loss(state.ema)
+  end = step == cfg.steps or stop
+  if schedule.save(step, stop):
+    with clock.phase("checkpoint"):
+      if primary:
+        lock.check(read=True)  # the commit and the retention deletes are the lease's
+      checkpoint.save_train(mngr, state, p.data.checkpoint_item, p.meta_now(step),
+                            last.get("val_loss"))
+      if end:  # the last save is part of the run
+        mngr.wait_until_finished()
+    last_good = step
+  last.update(clock.window_split())
+  if end:
+    last["run"] = clock.totals()
+    log.info(goodput.describe(last["run"]))
+  return last_good
