@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from cdeit_jax.common import fileio
+from cdeit_jax.common import fileio, matfile
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.measurement import NUM_MEASUREMENTS
 from cdeit_jax.eit.phantom import disk_mask
@@ -175,8 +175,6 @@ def write(out: str, images: np.ndarray, std: np.ndarray | None, rows: np.ndarray
   the true images `targets` the figures show them beside the reconstructions."""
   import json
 
-  import scipy.io
-
   def write_all(staging: str) -> list[str]:
     arrays = {"images": images, "rows": rows, "skipped": skipped,
               "info": np.asarray(json.dumps(info))}
@@ -188,12 +186,8 @@ def write(out: str, images: np.ndarray, std: np.ndarray | None, rows: np.ndarray
         np.savez(fh, **arrays)
 
     fileio.atomic_write(fileio.join(staging, "frames.npz"), npz)
-    mat = {"images": (images * mat_scale).astype(np.float64), "rows": rows.astype(np.float64),
-           "skipped": skipped.astype(np.float64), "scale": mat_scale}
-    if std is not None:
-      mat["std"] = (std * abs(mat_scale)).astype(np.float64)
     fileio.atomic_write(fileio.join(staging, "frames.mat"),
-                        lambda p: scipy.io.savemat(p, mat, do_compression=True))
+                        lambda p: _write_mat(p, images, std, rows, skipped, mat_scale))
     if not figures:
       return ["frames.npz", "frames.mat"]
     limit = colour_limit(images if targets is None else np.concatenate([images, targets]))
@@ -204,6 +198,21 @@ def write(out: str, images: np.ndarray, std: np.ndarray | None, rows: np.ndarray
     return list(OUTPUTS)
 
   return outputs.publish(out, write_all, OUTPUTS)
+
+
+def _write_mat(path: str, images: np.ndarray, std: np.ndarray | None, rows: np.ndarray,
+               skipped: np.ndarray, mat_scale: float) -> None:
+  """frames.mat (the project's one MAT writer, `matfile`): `images` (and `std`) in the device's
+  conductivity units as double matrices, `rows`, `skipped` and `scale` as small variables."""
+  arrays = {"images": images.shape} | ({} if std is None else {"std": std.shape})
+  mat = matfile.Writer(path, arrays, {"rows": rows.astype(np.float64),
+                                      "skipped": skipped.astype(np.float64), "scale": mat_scale})
+  try:
+    mat.write("images", 0, images * mat_scale)  # float32 products, as before, widened
+    if std is not None:
+      mat.write("std", 0, std * abs(mat_scale))
+  finally:
+    mat.close()
 
 
 def _shown(img: np.ndarray) -> np.ndarray:
