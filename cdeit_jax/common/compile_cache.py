@@ -73,6 +73,3 @@ class Watch:
 
   def __exit__(self, *exc) -> None:
     self.hit = hits() > self._before
-
-  def describe(self) -> str:
-    return "from the persistent compilation cache" if self.hit else "compiled"

@@ -44,11 +44,6 @@ class DatasetError(InputError):
   """A dataset folder or file is unusable; the message names every bad file."""
 
 
-def check_file(path: str) -> str | None:
-  """None if `path` is a usable CDEIT npz, else what is wrong with it."""
-  return _read_checked(path)[0]
-
-
 def _read_checked(path: str) -> tuple[str | None, dict[str, np.ndarray] | None]:
   """(problem or None, the file's arrays or None)."""
   try:

@@ -1,7 +1,7 @@
 """Complete electrode model (CEM) on the disk mesh, in JAX: jit-able, vmap-able, differentiable.
 
 Unknowns are the nodal potentials u (N) and the electrode potentials U (16), with U_15 = 0 as the
-ground (electrode differences do not depend on it). The system (reference: eit-conventions.md)
+ground (electrode differences do not depend on it). The system (docs/reference/eit-conventions.md)
 
     [ A_M(sigma) + A_Z   A_W ] [u]   [0]
     [ A_W^T              A_D ] [U] = [I]

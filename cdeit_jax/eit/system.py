@@ -2,7 +2,7 @@
 
 A draw holds what `fem.VariableCEM` needs (electrode centres, half-widths and weights 1 / z, 0 for
 an absent passive electrode) and what acts on its output (gain, SNR offset). The tank radius R
-and background conductivity s enter through the 2-D scalings (reference: eit-conventions.md, the
+and background conductivity s enter through the 2-D scalings (docs/reference/eit-conventions.md, the
 voltages do not depend on the radius): the electrode terms scale with R (edge lengths) and the
 stiffness with s, so the system (R, s, z) measures the voltages of (1, 1, z s / R) divided by s:
 weights R / (s z), gain g / s. Nothing here needs a new mesh or Jacobian, so a draw costs the

@@ -3,8 +3,8 @@ predictions.npz and .mat, and the figure of reconstructions. All are written bes
 earlier outputs first (a hidden staging folder, `Staged`) and replace them only once every one is
 complete, so a failed evaluation (a full disk, a kill) leaves the previous one whole.
 
-The arrays are written as the examples come (`Predictions`: memory-mapped files filled a chunk at
-a time), so an evaluation's memory does not grow with its test set."""
+The arrays are written as the examples come (`Predictions`: files filled in place a chunk at a
+time, os.pwrite), so an evaluation's memory does not grow with its test set."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def _json_clean(tree):
 class Staged:
   """A hidden staging folder in `out` whose files replace `out`'s earlier outputs at `commit`;
   `work` is where the files are made (the staging folder itself, or a local temporary folder
-  when `out` is in a bucket: memory-mapped files need a local disk)."""
+  when `out` is in a bucket: files written in place need a local disk)."""
 
   def __init__(self, out: str):
     self.out = out

@@ -1,6 +1,6 @@
 """The CDEIT network (a DiT-style U-net of adaLN-Zero transformer blocks) in Flax NNX.
 
-Follows the published PyTorch `DiT` of CDEIT exactly (see docs/model.md and
+Follows the published PyTorch `DiT` of CDEIT exactly (see docs/reference/cdeit-model.md and
 `tests/fixtures/`); layouts are NHWC inside, parameters float32, compute in
 `dtype` (bfloat16 on accelerators), with norms, softmax and the timestep
 embedding kept in float32.
