@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from cdeit_jax import config_lib  # noqa: E402
-from cdeit_jax.train import aot
+from cdeit_jax.train import aot  # noqa: E402
 
 
 def main():

@@ -46,7 +46,8 @@ def main():
   if not os.path.isdir(split) or len(os.listdir(split)) < a.files:
     t = time.perf_counter()
     make_folder(root, a.files)
-    print(json.dumps({"bench": "generate", "files": a.files, "s": round(time.perf_counter() - t, 2)}))
+    print(json.dumps({"bench": "generate", "files": a.files,
+                      "s": round(time.perf_counter() - t, 2)}))
   for cache in (False, True):
     t = time.perf_counter()
     src = sources.NpzSource(split, cache=cache)

@@ -85,13 +85,15 @@ def main():
     jax.block_until_ready(m)
     step_s = step_s_min = (time.perf_counter() - t) / a.steps
   peak = hardware.peak_tflops()
-  tflops = c.flops_per_step / n / step_s / 1e12  # model FLOPs, loops counted (cdeit_jax.model.flops)
+  # model FLOPs with every loop iteration counted (cdeit_jax.model.flops)
+  tflops = c.flops_per_step / n / step_s / 1e12
   print(json.dumps({
       "bench": "train_step", "device": jax.devices()[0].device_kind, "devices": n,
       "backend": jax.default_backend(), "jax": jax.__version__, "params": params,
       "dtype": cfg.model.dtype, "remat": cfg.model.remat,
       "attention_impl": ts.model_kwargs["attention_impl"],
-      "attention_query_chunk": cfg.model.attention_query_chunk, "per_device_batch": a.per_device_batch,
+      "attention_query_chunk": cfg.model.attention_query_chunk,
+      "per_device_batch": a.per_device_batch,
       "accum_steps": a.accum_steps, "global_batch": global_batch,
       "compile_s": round(c.compile_s, 1), "step_s": round(step_s, 4),
       "step_s_min": round(step_s_min, 4), "samples_per_s_best": round(global_batch / step_s_min, 3),

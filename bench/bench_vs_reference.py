@@ -3,10 +3,12 @@
   python bench/bench_vs_reference.py --reference REF_CHECKOUT [--batch 2 --threads 2]
 
 Same machine, same batch, float32, published model, one run: ours (attention "auto", i.e. the
-blocked backend on CPU; `cdeit_jax.common.cpu_tuning` applied as the commands do), then the reference
-(`bench/reference/ref_bench.py`, once as is and once with the same malloc setting; it needs torch
+blocked backend on CPU; `cdeit_jax.common.cpu_tuning` applied as the commands do), then the
+reference (`bench/reference/ref_bench.py`, once as is and once with the same malloc setting; it
+needs torch
 and a checkout of the public shuaikaishi/CDEIT repository; `bench/reference/ref_shim` stands in
-for the few timm/ema_pytorch names its model file imports). Prints one JSON line with both and the ratios.
+for the few timm/ema_pytorch names its model file imports). Prints one JSON line with both and the
+ratios.
 """
 
 from __future__ import annotations

@@ -66,7 +66,8 @@ def default_config() -> ml_collections.ConfigDict:
       # > 0: move each x0 estimate towards the measurements, x0 + S M_alpha (y - J x0)
       data_consistency=0.0, data_consistency_alpha=0.1,
       # sample k of a frame sees the tank turned or mirrored by the k-th of its 8 symmetries and
-      # is turned back (cdeit_jax.eit.symmetry): with K = 8 the mean is symmetric; K = 1 is unchanged
+      # is turned back (cdeit_jax.eit.symmetry): with K = 8 the mean is symmetric; K = 1 is
+      # unchanged
       symmetric=False))
   c.eval = ml_collections.ConfigDict(dict(
       step=config_dict.placeholder(int),  # default: the best validated step, else the latest

@@ -39,7 +39,8 @@ flags.DEFINE_string("reference", None, "a file with the reference frame (one row
 flags.DEFINE_integer("reference_row", None, "the frames file's row that is the reference frame")
 flags.DEFINE_boolean("skip_bad_frames", False, "image the other frames when some hold NaN or "
                      "infinite voltages (they are listed, their images NaN); default: refuse")
-flags.DEFINE_integer("chunk", 256, "frames per sampler call (the sampler's memory; the images of every frame are kept until they are written)")
+flags.DEFINE_integer("chunk", 256, "frames per sampler call (bounds the sampler's memory; the "
+                     "images of every frame are kept until they are written)")
 flags.DEFINE_float("fps", 10.0, "frames per second of the GIF")
 flags.DEFINE_boolean("figures", True, "write montage.png and frames.gif")
 cli.define_cluster_flags()

@@ -5,7 +5,8 @@ splash attention). Compiled ahead of time (`--compile_topology v5e-8`): 9.71 GiB
 per chip (62 %; configs/v5e8.py: 9.68 GiB), sampler 2.02 GiB at batch 64.
 For GPUs: `--config configs/gpu.py --config.model.cond=eim+linear`.
 
-  python train.py --config configs/v5e8_physics.py --workdir runs/v5e8_physics --config.data.path=DATA
+  python train.py --config configs/v5e8_physics.py --workdir runs/v5e8_physics \\
+      --config.data.path=DATA
   python train.py --config configs/v5e8_physics.py --compile_topology v5e-8 --workdir /tmp/aot
 """
 

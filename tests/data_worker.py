@@ -14,7 +14,7 @@ port, pid, folder, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.ar
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
 
-from cdeit_jax import config_lib
+from cdeit_jax import config_lib  # noqa: E402
 from cdeit_jax.data import pipeline, sources  # noqa: E402
 
 mean, std = np.zeros((1, 16, 13)), np.ones((1, 16, 13))

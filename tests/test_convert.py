@@ -165,7 +165,8 @@ def test_convert_command_line(tmp_path):
   assert checkpoint.read_meta(str(tmp_path / "run"))["model"]["hidden_size"] == 64
   r = subprocess.run(
       [sys.executable, "-m", "cdeit_jax.convert", "--config", "configs/default.py",
-       "--checkpoint", str(FIXTURES / "dit_small_state_dict.npz"), "--workdir", str(tmp_path / "b")],
+       "--checkpoint", str(FIXTURES / "dit_small_state_dict.npz"),
+       "--workdir", str(tmp_path / "b")],
       capture_output=True, text=True)
   assert r.returncode == 1 and "missing keys" not in r.stderr and "shape mismatches" in r.stderr
   assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr  # our error: a report

@@ -186,7 +186,8 @@ def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
   conditioning of those voltages); over the epochs every symmetry occurs, and a restored
   iterator draws the same ones."""
   from cdeit_jax.eit import symmetry
-  src = sources.NpzSource(str(folder), stats=(np.full((1, 16, 13), 1e-5), np.full((1, 16, 13), 2e-5)))
+  src = sources.NpzSource(str(folder),
+                          stats=(np.full((1, 16, 13), 1e-5), np.full((1, 16, 13), 2e-5)))
   it = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True)))
   used = set()
   for step in range(12):   # two epochs
@@ -244,7 +245,8 @@ def test_two_processes_read_disjoint_shards(folder, tmp_path):
   src = sources.NpzSource(str(folder), stats=(np.zeros((1, 16, 13)), np.ones((1, 16, 13))))
   one = iter(pipeline.train_dataset(src, global_batch=8, opts=_loader()))
   for k in range(3):
-    assert next(one)["index"].tolist() == r[0]["seen"][4 * k:4 * k + 4] + r[1]["seen"][4 * k:4 * k + 4]
+    seen = r[0]["seen"][4 * k:4 * k + 4] + r[1]["seen"][4 * k:4 * k + 4]
+    assert next(one)["index"].tolist() == seen
   for shape, n_local, spec_ok, _ in r[0]["shapes"]:
     assert shape == [8, 16, 16, 1] and n_local == 4 and spec_ok
   # the collective sum over the global batch equals the sum of both hosts' local indices

@@ -95,7 +95,8 @@ def test_sampler_matches_python_loop(tiny_model, steps, eta):
 
 def test_sample_from_key_uses_documented_draws(tiny_model):
   """With a key, draw i is normal(fold_in(key, i)): equal to passing those noises explicitly."""
-  cond, key, d = jax.random.normal(jax.random.key(2), (2, 16, 16, 1)), jax.random.key(7), Diffusion()
+  cond = jax.random.normal(jax.random.key(2), (2, 16, 16, 1))
+  key, d = jax.random.key(7), Diffusion()
   noises = jnp.stack([jax.random.normal(jax.random.fold_in(key, i), (2, 32, 32, 1))
                       for i in range(5)])
   a = d.sample(tiny_model, cond, key=key)

@@ -290,8 +290,9 @@ def test_tikhonov_finds_a_disc():
 
 def gap_model(centres, half_widths, terms=4000):
   """The gap model's 208 voltages (sigma = 1, I = 1 mA) for electrodes anywhere: uniform current
-  density on electrode j, potential averaged over electrode l (docs/reference/eit-conventions.md, generalised to
-  one angle and half-width per electrode): U_l = sum_j I_j / pi sum_n sinc(n a_l) sinc(n a_j)
+  density on electrode j, potential averaged over electrode l (docs/reference/eit-conventions.md,
+  generalised to one angle and half-width per electrode): U_l = sum_j I_j / pi sum_n sinc(n a_l)
+  sinc(n a_j)
   cos(n (t_l - t_j)) / n."""
   n = np.arange(1, terms + 1)[:, None, None]
   sinc = lambda a: np.sin(n * a) / (n * a)

@@ -401,8 +401,8 @@ def test_memory_budget_on_cpu_is_the_hosts_available_memory():
 def test_memory_stays_flat_as_the_test_set_grows(tiny_run, tmp_path, monkeypatch):
   """Examples are sampled, scored and written a chunk at a time: numpy's peak allocation
   (tracemalloc) for 128 examples is that of 64 (holding every sample and example, as before, took
-  1.2 times as much); the metrics equal `metrics.score` over the whole saved arrays at once; the first 64
-  reconstructions are the 64-example run's; the .mat holds the npz's arrays."""
+  1.2 times as much); the metrics equal `metrics.score` over the whole saved arrays at once; the
+  first 64 reconstructions are the 64-example run's; the .mat holds the npz's arrays."""
   import tracemalloc
 
   from cdeit_jax.data import npz_files

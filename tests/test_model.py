@@ -42,7 +42,8 @@ def test_forward_matches_reference(small_state_dict, forward_fixture, chunk):
 def test_fixed_tables_match_reference_buffers(small_state_dict):
   np.testing.assert_array_equal(sincos_pos_embed_2d(64, 64), small_state_dict["pos_embed"][0])
   np.testing.assert_array_equal(
-      relative_position_index(16), small_state_dict["blocks.swinIn1.attn.attn.relative_position_index"])
+      relative_position_index(16),
+      small_state_dict["blocks.swinIn1.attn.attn.relative_position_index"])
 
 
 def test_timestep_embedding_hand_computed():

@@ -185,7 +185,8 @@ def test_one_step_on_8_devices_equals_1_device(uef_batch, step8):
   (s1, m1), (s8, m8), (sf, mf) = out
   for s, m in ((s8, m8), (sf, mf)):  # replicated and FSDP-sharded params on 8 devices
     assert abs(float(m1["loss"]) - float(m["loss"])) < 1e-6
-    for a, b in zip(leaves((s1.params, s1.ema, s1.opt_state)), leaves((s.params, s.ema, s.opt_state))):
+    for a, b in zip(leaves((s1.params, s1.ema, s1.opt_state)),
+                    leaves((s.params, s.ema, s.opt_state))):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
   assert int(s8.step) == 2
   fc1 = sf.params["mid"]["mlp"]["fc1"]["kernel"].get_value()  # (32, 128): split over 8 devices

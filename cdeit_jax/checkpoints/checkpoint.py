@@ -1,7 +1,8 @@
 """The cdeit-jax checkpoint format (orbax), shared by convert, train and eval.
 
-Reading a model back is `cdeit_jax.checkpoints.loading.load`. A workdir holds `checkpoints/<step>/`, each written by an orbax `CheckpointManager` under a
-temporary name and renamed when complete, with items shaped like the training state:
+Reading a model back is `cdeit_jax.checkpoints.loading.load`. A workdir holds `checkpoints/<step>/`,
+each written by an orbax `CheckpointManager` under a temporary name and renamed when complete, with
+items shaped like the training state:
   params     the trained weights (nnx.Param), as `nnx.state(model, nnx.Param)`
   ema        their EMA (what the authors' `best.pt` holds)
   opt_state  the optimizer state (training only)

@@ -1,1 +1,2 @@
-"""The platform layer: errors, paths and object stores, logs, compile cache, device memory, sharding, CPU tuning."""
+"""The platform layer: errors, paths and object stores, logs, compile cache, device memory,
+sharding, CPU tuning."""

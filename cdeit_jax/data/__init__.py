@@ -1,1 +1,2 @@
-"""Training and test data: the npz format, sources, grain pipelines, statistics, the simulated distribution."""
+"""Training and test data: the npz format, sources, grain pipelines, statistics, the simulated
+distribution."""

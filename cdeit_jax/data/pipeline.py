@@ -59,7 +59,8 @@ def train_dataset(source: NpzSource, global_batch: int, opts: Any) -> grain.Iter
 
   `opts` is `config.data`: `seed`, `num_threads` (reader threads per process), `prefetch`
   (batches per process), `num_workers` (grain worker processes; 0 = in-process), `augment`
-  (each example turned and mirrored by one of the tank's eight symmetries, `cdeit_jax.eit.symmetry`).
+  (each example turned and mirrored by one of the tank's eight symmetries,
+  `cdeit_jax.eit.symmetry`).
 
   The example order depends only on the seed, not on the number of hosts: each host reads only
   the examples of its rows of each global batch.

@@ -1,8 +1,9 @@
 """The simulator as a data source (`config.data.source = "simulator"`): every train step gets
 fresh examples of `config.simulator`, made on the devices next to the step, no files, no epochs.
 
-Global batch k holds training examples k*G .. k*G+G-1 of the distribution (`cdeit_jax.data.synthetic`:
-example i is a function of (seed, "train", i), the same as file i of `python -m cdeit_jax.simulate
+Global batch k holds training examples k*G .. k*G+G-1 of the distribution
+(`cdeit_jax.data.synthetic`: example i is a function of (seed, "train", i), the same as file i of
+`python -m cdeit_jax.simulate
 --num_train`); each device makes its own rows (shard_map over the batch axis), so there is no
 host round trip, and the batch depends only on the step, not on the number of devices or hosts,
 so a resumed run continues bit for bit (the stream's position is the step: nothing else to save).

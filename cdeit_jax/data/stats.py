@@ -193,8 +193,9 @@ def authors_stats() -> tuple[np.ndarray, np.ndarray]:
 def resolve_stats(split_dir: str, stats: Any = None,
                   checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None
                   ) -> tuple[np.ndarray, np.ndarray]:
-  """Statistics to standardise with: explicit (arrays, a folder, or "authors"), else the dataset root's
-  (the split folder's parent), else the checkpoint's. An explicit choice that differs from the
+  """Statistics to standardise with: explicit (arrays, a folder, or "authors"), else the dataset
+  root's (the split folder's parent), else the checkpoint's. An explicit choice that differs from
+  the
   checkpoint's is reported."""
   if isinstance(stats, str) and stats == "authors":
     stats = authors_stats()  # the CDEIT authors' statistics, shipped with the package

@@ -135,7 +135,8 @@ class CEM:
   """
 
   def __init__(self, mesh: DiskMesh | None = None,
-               contact_impedance: float = CONTACT_IMPEDANCE, current: float = CURRENT, dtype=jnp.float32, support: np.ndarray | None = None,
+               contact_impedance: float = CONTACT_IMPEDANCE, current: float = CURRENT,
+               dtype=jnp.float32, support: np.ndarray | None = None,
                sigma_bg: float = 1.0):
     self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
     self.dtype = _checked_dtype(dtype)

@@ -34,8 +34,9 @@ PRESETS = {"simulated": (1.0, 1.0), "uef2017": (1040.856, 2.0), "ktc2023": (1978
 
 @dataclasses.dataclass(frozen=True)
 class Protocol:
-  """Electrode count and patterns. Injection k drives current from electrode k to k+1+injection_skip;
-  the voltages measured are U_m - U_{m+1+measurement_skip} for every m whose pair touches no
+  """Electrode count and patterns. Injection k drives current from electrode k to
+  k+1+injection_skip; the voltages measured are U_m - U_{m+1+measurement_skip} for every m whose
+  pair touches no
   injecting electrode (EIDORS's convention; skip 0 is "adjacent"). Measurements are ordered by
   injection, then m: the CDEIT `ys` order."""
   num_electrodes: int = 16

@@ -2,8 +2,9 @@
 
 Electrode l (0-based) is centred at polar angle pi/2 - 2 pi l / 16 (electrode 0 at (0, 1), numbered
 clockwise), `width_deg` wide; its ends are mesh nodes, so an electrode is a run of boundary edges.
-Nodes lie on concentric rings: the boundary ring is graded (fine at electrode ends, where the current
-density is singular), interior rings coarsen with depth; scipy's Delaunay triangulates them. A ring
+Nodes lie on concentric rings: the boundary ring is graded (fine at electrode ends, where the
+current density is singular), interior rings coarsen with depth; scipy's Delaunay triangulates them.
+A ring
 mesher rather than a general one (gmsh, meshpy) keeps the package free of compiled mesh tools and
 makes the mesh deterministic and identical everywhere.
 """
@@ -26,7 +27,8 @@ class MeshSpec:
   electrode_edges: int = 4        # boundary edges per electrode
   gap_edges: int = 12             # boundary edges between two electrodes (graded)
   h_interior: float = 0.075       # edge length deep inside
-  refine_depth: float = 0.35      # depth over which the size grows from the boundary's to h_interior
+  refine_depth: float = 0.35      # depth over which the size grows from the boundary's to
+                                  # h_interior
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +61,7 @@ class DiskMesh:
         bary.append(((i + 1 / 3) / n, (j + 1 / 3) / n))           # upward sub-triangle
         if i + j < n - 1:
           bary.append(((i + 2 / 3) / n, (j + 2 / 3) / n))         # downward one
-    b = np.array(bary)                                            # (n*n, 2): weights of vertices 1, 2
+    b = np.array(bary)                                      # (n*n, 2): weights of vertices 1, 2
     w = np.concatenate([1 - b.sum(1, keepdims=True), b], 1)       # (n*n, 3)
     return np.einsum("sk,ekd->esd", w, self.nodes[self.triangles])
 

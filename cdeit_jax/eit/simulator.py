@@ -68,7 +68,7 @@ class Simulator:
     p = jnp.asarray(params, self.dtype)
     return jax.vmap(fn)(p.reshape(-1, *p.shape[-2:])).reshape(*p.shape[:-2], -1)
 
-  @functools.lru_cache(maxsize=4)
+  @functools.lru_cache(maxsize=4)  # noqa: B019 (few long-lived simulators; bounded)
   def support_cem(self, max_radius: float) -> CEM:
     """A CEM that condenses away every element lying outside |p| <= max_radius (those keep
     sigma_bg): phantoms inside that radius solve a ~2-10x smaller system."""
@@ -97,7 +97,7 @@ class Simulator:
     flat = lambda a: a.reshape(-1, a.shape[-1])
     return jax.vmap(noisy)(flat(vi), flat(vh), key.reshape(-1)).reshape(vi.shape)
 
-  @functools.lru_cache(maxsize=4)
+  @functools.lru_cache(maxsize=4)  # noqa: B019 (few long-lived simulators; bounded)
   def variable_cem(self, passive: bool, max_radius: float = 1.0) -> VariableCEM:
     """A CEM whose measuring system is drawn per example (`system_difference`); with
     max_radius < 1 it condenses the elements outside |p| <= max_radius as `support_cem`."""
@@ -155,8 +155,9 @@ def default_simulator(dtype: str = "float32",
 def simulate_voltages(xs_images, snr_db: float | None = None, key: jax.Array | None = None,
                       dtype: str = "float32") -> jax.Array:
   """Difference voltages (B, 208) of label images (B, 128, 128) (sigma = 10^xs pixel-wise,
-  I = 1 mA, sigma_bg = 1, 4-degree electrodes, contact impedance `CONTACT_IMPEDANCE`); noise-free when snr_db is None, else
-  white noise at snr_db on the homogeneous and the inhomogeneous vectors independently."""
+  I = 1 mA, sigma_bg = 1, 4-degree electrodes, contact impedance `CONTACT_IMPEDANCE`); noise-free
+  when snr_db is None, else white noise at snr_db on the homogeneous and the inhomogeneous vectors
+  independently."""
   xs = jnp.asarray(xs_images)
   if xs.ndim != 3 or xs.shape[1:] != (ph.IMAGE_SIZE, ph.IMAGE_SIZE):
     raise InputError(f"xs_images must be (B, {ph.IMAGE_SIZE}, {ph.IMAGE_SIZE}), got {xs.shape}")

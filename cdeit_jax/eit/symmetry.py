@@ -7,8 +7,8 @@ on the disk, maps onto itself under both. An example (voltages, image) turned or
 exact example of the turned or mirrored tank, so the eight elements of the square's group make
 eight examples of one simulation. The voltages are permuted (the signs cancel: a mirrored pair
 reverses both the injection and the measurement), the image is turned with `np.rot90` (rows grow
-with +y, docs/reference/eit-conventions.md, so a quarter turn of the array is a clockwise quarter turn of the
-tank, the direction electrodes are numbered).
+with +y, docs/reference/eit-conventions.md, so a quarter turn of the array is a clockwise quarter
+turn of the tank, the direction electrodes are numbered).
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ DEFINITIONS = {
                    "Gaussian: 0.683 / 0.954); raw_*: the same with the unscaled std; "
                    "std_error_cc: Pearson correlation over images between an image's mean std "
                    "in the disk and its RMSE",
-    "baseline_scaling": "classical reconstructions (tikhonov, TR, xs_gn) are divided by their maximum "
-                        "absolute value per image (to [-1, 1], not using the ground truth) "
+    "baseline_scaling": "classical reconstructions (tikhonov, TR, xs_gn) are divided by their "
+                        "maximum absolute value per image (to [-1, 1], not using the ground truth) "
                         "before the same metrics",
 }
 

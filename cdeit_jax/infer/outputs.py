@@ -69,7 +69,8 @@ class Staged:
     if self.work != self.dir:  # made locally: upload into the bucket's staging folder
       for name in written:
         src = os.path.join(self.work, name)
-        fileio.atomic_write(fileio.join(self.dir, name), lambda tmp: shutil.copyfile(src, tmp))
+        fileio.atomic_write(fileio.join(self.dir, name),
+                            lambda tmp, src=src: shutil.copyfile(src, tmp))
     marker = known[-1]
     for name in (marker, *[n for n in known if n not in written]):
       fileio.path(fileio.join(self.out, name)).unlink(missing_ok=True)

@@ -262,8 +262,8 @@ class CDEIT(nnx.Module):
   reconstruction of the same voltages per level in `cond_alphas` as input channels
   (`cdeit_jax.eit.conditioning`), with the Jacobian of a system of this `contact_impedance`.
   `dtype` is the compute dtype (a name or a dtype); parameters stay float32.
-  `attention_impl` picks the attention backend (see `cdeit_jax.model.attention`; default: the best for
-  the platform). `attention_query_chunk` computes global attention over query chunks of that
+  `attention_impl` picks the attention backend (see `cdeit_jax.model.attention`; default: the best
+  for the platform). `attention_query_chunk` computes global attention over query chunks of that
   many tokens in turn (lower peak memory with the `xla` backend).
   Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM -> (B, H, W, 1) float32
   (the physics-informed channels are computed from the EIM inside the model).

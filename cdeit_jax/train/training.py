@@ -57,12 +57,14 @@ def learning_rate_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
         decay_steps=max(cfg.steps, o.warmup_steps + 1), end_value=o.lr * o.end_lr_factor)
-  raise InputError(f"config.optimizer.schedule: {o.schedule!r} is not 'constant' or 'warmup_cosine'")
+  raise InputError(f"config.optimizer.schedule: {o.schedule!r} is not 'constant' or "
+                   "'warmup_cosine'")
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
                                                              optax.Schedule]:
-  """Adam (PyTorch defaults: eps 1e-8 outside the sqrt, no weight decay) after global-norm clipping."""
+  """Adam (PyTorch defaults: eps 1e-8 outside the sqrt, no weight decay) after global-norm
+  clipping."""
   o = cfg.optimizer
   schedule = learning_rate_schedule(cfg)
   # identity() keeps the state's structure when clipping is off, so checkpoints still restore.
@@ -74,7 +76,8 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransf
 
 
 def ema_decay(n: jax.Array, beta: float, update_after_step: int, power: float) -> jax.Array:
-  """ema_pytorch 0.5.2's decay at counter n (> update_after_step): min(beta, 1 - (n - after)^-power)."""
+  """ema_pytorch 0.5.2's decay at counter n (> update_after_step):
+  min(beta, 1 - (n - after)^-power)."""
   epoch = jnp.maximum(n.astype(jnp.float32) - update_after_step, 1.0)
   return jnp.clip(1.0 - epoch ** (-power), 0.0, beta)
 
