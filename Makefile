@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install test test-all demo demo-model moving-demo train-test bench clean
+.PHONY: install lint test test-all demo demo-model moving-demo train-test bench clean
 
 install: $(BIN)/.installed
 
@@ -13,9 +13,14 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
-# Huge-page-backed malloc: XLA:CPU's large temporaries fault in far faster (cdeit_jax/common/cpu_tuning.py).
-test: install
+# The linter and formatter first (pyproject.toml's settings), then the suite. Huge-page-backed
+# malloc: XLA:CPU's large temporaries fault in far faster (cdeit_jax/common/cpu_tuning.py).
+test: install lint
 	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Every test, the slow ones too (about 3 minutes more on 2 cores).
 test-all: install

@@ -13,6 +13,7 @@ Writes OUT/metrics.json, metrics.csv, predictions.npz, predictions.mat, reconstr
 
 if __name__ == "__main__":
   from cdeit_jax.common import cpu_tuning
+
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
 from absl import flags
@@ -20,11 +21,19 @@ from absl import flags
 from cdeit_jax import cli
 
 cli.define_checkpoint_config("--config.sampling.steps=10, --config.eval.tikhonov=True")
-flags.DEFINE_string("workdir", None, "a run directory (train.py or python -m cdeit_jax.convert): "
-                    "its best validated checkpoint that loads, else the latest; or one "
-                    "RUN/checkpoints/STEP")
-flags.DEFINE_string("data", None, "preset of the test set: simulated, uef2017, ktc2023 (or any "
-                    "name with --config.eval.voltage_ratio and --config.eval.current_ratio)")
+flags.DEFINE_string(
+  "workdir",
+  None,
+  "a run directory (train.py or python -m cdeit_jax.convert): "
+  "its best validated checkpoint that loads, else the latest; or one "
+  "RUN/checkpoints/STEP",
+)
+flags.DEFINE_string(
+  "data",
+  None,
+  "preset of the test set: simulated, uef2017, ktc2023 (or any "
+  "name with --config.eval.voltage_ratio and --config.eval.current_ratio)",
+)
 flags.DEFINE_string("data_path", None, "folder of CDEIT npz files")
 flags.DEFINE_string("out", None, "output folder")
 cli.define_cluster_flags()
@@ -37,18 +46,24 @@ def main(argv):
   del argv
   cli.init_distributed()
   from cdeit_jax.infer import evaluate
+
   overrides = cli.checkpoint_overrides()
   r = evaluate.evaluate(FLAGS.workdir, FLAGS.data, FLAGS.data_path, FLAGS.out, overrides)
   if "metrics" in r:
     for name, m in r["metrics"].items():
       if name == "uncertainty":
         from cdeit_jax import report
+
         print("uncertainty" + report.uncertainty_note(m).replace(";", ":", 1))
         continue
-      print(f"{name:8s} RMSE {m['rmse']:.4f}  PSNR {m['psnr']:.2f}  SSIM {m['ssim']:.4f}  "
-            f"SSIM(disk) {m['ssim_disk']:.4f}  CC {m.get('cc', float('nan')):.4f}")
-    print(f"sampling: {r['images_per_s']:.2f} images/s, {r['ms_per_image']:.1f} ms/image on "
-          f"{r['devices']} device(s); outputs in {FLAGS.out}")
+      print(
+        f"{name:8s} RMSE {m['rmse']:.4f}  PSNR {m['psnr']:.2f}  SSIM {m['ssim']:.4f}  "
+        f"SSIM(disk) {m['ssim_disk']:.4f}  CC {m.get('cc', float('nan')):.4f}"
+      )
+    print(
+      f"sampling: {r['images_per_s']:.2f} images/s, {r['ms_per_image']:.1f} ms/image on "
+      f"{r['devices']} device(s); outputs in {FLAGS.out}"
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import sys
 
 if __name__ == "__main__":
   from cdeit_jax.common import cpu_tuning
+
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
 from absl import flags
@@ -22,9 +23,13 @@ from cdeit_jax import cli
 
 config_flags.DEFINE_config_file("config", None, "config file (configs/*.py)", lock_config=True)
 flags.DEFINE_string("workdir", None, "checkpoints, metrics.jsonl and TensorBoard logs go here")
-flags.DEFINE_string("compile_topology", None, "compile only, for a TPU topology such as v5e-8 "
-                    "(any machine with libtpu: pip install -e '.[tpu]'); writes "
-                    "WORKDIR/compile.json and exits 0 when the step fits, 1 when not")
+flags.DEFINE_string(
+  "compile_topology",
+  None,
+  "compile only, for a TPU topology such as v5e-8 "
+  "(any machine with libtpu: pip install -e '.[tpu]'); writes "
+  "WORKDIR/compile.json and exits 0 when the step fits, 1 when not",
+)
 cli.define_cluster_flags()
 cli.define_cache_flag()
 flags.mark_flags_as_required(["config", "workdir"])
@@ -34,14 +39,17 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   from cdeit_jax import config_lib
+
   config_lib.none_strings(FLAGS.config)
   if FLAGS.compile_topology:  # exit 0: fits, 1: does not fit, 2: bad input
     from cdeit_jax.common import compile_cache
     from cdeit_jax.train import aot
+
     # compile-only executables cannot be loaded back from the persistent cache (jax warns on
     # every read), and keeping them would only fill it
     compile_cache.enable("none")
     from cdeit_jax.common.errors import CdeitError
+
     try:
       report = aot.compile_check(FLAGS.config, FLAGS.compile_topology, FLAGS.workdir)
     except CdeitError as e:
@@ -50,6 +58,7 @@ def main(argv):
     sys.exit(0 if report["fits"] else 1)
   cli.init_distributed()
   from cdeit_jax.train import train_loop
+
   train_loop.train(FLAGS.config, FLAGS.workdir)
 
 

@@ -27,8 +27,9 @@ def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   root = os.path.dirname(HERE)
   shipped = ("v5e8", "v5e8_physics", "v5e8_simulator", "gpu", "default")
-  p.add_argument("--configs", nargs="+",
-                 default=[os.path.join(root, "configs", f"{c}.py") for c in shipped])
+  p.add_argument(
+    "--configs", nargs="+", default=[os.path.join(root, "configs", f"{c}.py") for c in shipped]
+  )
   p.add_argument("--topologies", nargs="+", default=["v5e-8", "v5p-8", "v6e-8"])
   a = p.parse_args()
   reports = []

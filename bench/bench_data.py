@@ -23,10 +23,12 @@ def make_folder(root: str, n: int) -> str:
   os.makedirs(split, exist_ok=True)
   rng = np.random.default_rng(0)
   for i in range(n):
-    np.savez(os.path.join(split, f"{i:06d}.npz"),
-             ys=rng.normal(0, 1e-5, (208, 1)).astype(np.float32),
-             xs=rng.uniform(-1, 1, (128, 128)).astype(np.float32),
-             TR=rng.uniform(-1, 1, (128, 128)).astype(np.float32))
+    np.savez(
+      os.path.join(split, f"{i:06d}.npz"),
+      ys=rng.normal(0, 1e-5, (208, 1)).astype(np.float32),
+      xs=rng.uniform(-1, 1, (128, 128)).astype(np.float32),
+      TR=rng.uniform(-1, 1, (128, 128)).astype(np.float32),
+    )
   np.save(os.path.join(root, "mean.npy"), np.zeros((1, 16, 13), np.float32))
   np.save(os.path.join(root, "std.npy"), np.full((1, 16, 13), 1e-5, np.float32))
   return split
@@ -46,8 +48,9 @@ def main():
   if not os.path.isdir(split) or len(os.listdir(split)) < a.files:
     t = time.perf_counter()
     make_folder(root, a.files)
-    print(json.dumps({"bench": "generate", "files": a.files,
-                      "s": round(time.perf_counter() - t, 2)}))
+    print(
+      json.dumps({"bench": "generate", "files": a.files, "s": round(time.perf_counter() - t, 2)})
+    )
   for cache in (False, True):
     t = time.perf_counter()
     src = sources.NpzSource(split, cache=cache)
@@ -62,12 +65,23 @@ def main():
       for _ in range(a.batches):
         next(it)
       dt = time.perf_counter() - t
-      print(json.dumps({"bench": "pipeline", "files": len(src), "cache": cache,
-                        "workers": workers, "threads": a.threads, "batch": a.batch,
-                        "open_and_validate_s": round(open_s, 2),
-                        "samples_per_s": round(a.batches * a.batch / dt, 1),
-                        "batches_per_s": round(a.batches / dt, 2), "cpus": os.cpu_count()}),
-            flush=True)
+      print(
+        json.dumps(
+          {
+            "bench": "pipeline",
+            "files": len(src),
+            "cache": cache,
+            "workers": workers,
+            "threads": a.threads,
+            "batch": a.batch,
+            "open_and_validate_s": round(open_s, 2),
+            "samples_per_s": round(a.batches * a.batch / dt, 1),
+            "batches_per_s": round(a.batches / dt, 2),
+            "cpus": os.cpu_count(),
+          }
+        ),
+        flush=True,
+      )
 
 
 if __name__ == "__main__":

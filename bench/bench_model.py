@@ -1,7 +1,7 @@
 """Forward (and sampler) throughput of the CDEIT network after compilation; prints JSON.
 
-  python bench/bench_model.py                      # published size, batch 2, float32
-  python bench/bench_model.py --dtype bfloat16 --batch 32 --sample
+python bench/bench_model.py                      # published size, batch 2, float32
+python bench/bench_model.py --dtype bfloat16 --batch 32 --sample
 """
 
 from __future__ import annotations
@@ -48,8 +48,12 @@ def main():
   p.add_argument("--sample", action="store_true", help="also time the 5-step sampler")
   a = p.parse_args()
 
-  kw = dict(hidden_size=a.hidden_size, dtype=config_lib.DTYPES[a.dtype],
-            attention_impl=a.attention_impl, attention_query_chunk=a.attention_query_chunk)
+  kw = dict(
+    hidden_size=a.hidden_size,
+    dtype=config_lib.DTYPES[a.dtype],
+    attention_impl=a.attention_impl,
+    attention_query_chunk=a.attention_query_chunk,
+  )
   model = CDEIT(**kw, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   rng = np.random.default_rng(0)
@@ -66,13 +70,22 @@ def main():
   peak = hardware.peak_tflops()
   tflops = fwd_flops / step_s / 1e12
   out = {
-      "bench": "forward", "device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-      "jax": jax.__version__, "params": count_params(model), "batch": a.batch, "dtype": a.dtype,
-      "attention_impl": model.attention_impl, "attention_query_chunk": a.attention_query_chunk,
-      "compile_s": round(compile_s, 2), "forward_s": round(step_s, 4),
-      "images_per_s": round(a.batch / step_s, 3), "flops_per_forward": fwd_flops,
-      "achieved_tflops": tflops, "peak_tflops": peak,
-      "fraction_of_peak": (tflops / peak) if (tflops and peak) else None,
+    "bench": "forward",
+    "device": jax.devices()[0].device_kind,
+    "backend": jax.default_backend(),
+    "jax": jax.__version__,
+    "params": count_params(model),
+    "batch": a.batch,
+    "dtype": a.dtype,
+    "attention_impl": model.attention_impl,
+    "attention_query_chunk": a.attention_query_chunk,
+    "compile_s": round(compile_s, 2),
+    "forward_s": round(step_s, 4),
+    "images_per_s": round(a.batch / step_s, 3),
+    "flops_per_forward": fwd_flops,
+    "achieved_tflops": tflops,
+    "peak_tflops": peak,
+    "fraction_of_peak": (tflops / peak) if (tflops and peak) else None,
   }
   if a.sample:
     d = Diffusion()
@@ -81,10 +94,14 @@ def main():
     d.sample(model, cond, key=key).block_until_ready()
     out["sampler_first_call_s"] = round(time.perf_counter() - t0, 2)
     s = timed(lambda c: d.sample(model, c, key=key), cond, repeats=a.repeats)
-    out.update(sampler_s=round(s, 4), sampler_images_per_s=round(a.batch / s, 3),
-               sampler_ms_per_image=round(1000 * s / a.batch, 2),
-               sampler_tflops=5 * fwd_flops / s / 1e12)
+    out.update(
+      sampler_s=round(s, 4),
+      sampler_images_per_s=round(a.batch / s, 3),
+      sampler_ms_per_image=round(1000 * s / a.batch, 2),
+      sampler_tflops=5 * fwd_flops / s / 1e12,
+    )
   import resource
+
   out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   print(json.dumps(out))
 

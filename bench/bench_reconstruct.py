@@ -41,7 +41,7 @@ def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
   f = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
   f(a, a).block_until_ready()
   best = min(_timed(lambda: f(a, a).block_until_ready()) for _ in range(repeats))
-  return 2 * n ** 3 / best / 1e9
+  return 2 * n**3 / best / 1e9
 
 
 def _timed(fn) -> float:
@@ -53,6 +53,7 @@ def _timed(fn) -> float:
 def sampler_flops(rec) -> float:
   """Matmul FLOPs of one row (one image) of the Reconstructor's sampler, every step counted."""
   from cdeit_jax.model import flops
+
   cond = jax.ShapeDtypeStruct((1, rec.cond_size, rec.cond_size, 1), jnp.float32)
   idx = jax.ShapeDtypeStruct((1,), jnp.int32)
   key = jax.eval_shape(lambda: jax.random.key(0))
@@ -61,8 +62,9 @@ def sampler_flops(rec) -> float:
   return flops.jaxpr_matmul_flops(jaxpr)
 
 
-def bench_api(rec, dv: np.ndarray, batch: int, k: int, seconds: float, roof: float,
-              row_flops: float) -> dict:
+def bench_api(
+  rec, dv: np.ndarray, batch: int, k: int, seconds: float, roof: float, row_flops: float
+) -> dict:
   rows = batch * k
   rec.prepare(rows)
   n = len(dv)
@@ -71,7 +73,7 @@ def bench_api(rec, dv: np.ndarray, batch: int, k: int, seconds: float, roof: flo
   t_end = time.perf_counter() + seconds
   while time.perf_counter() < t_end or len(lat) < 5:
     lo = at % (n - batch + 1)
-    lat.append(_timed(lambda: rec.reconstruct(dv[lo:lo + batch], num_samples=k, first_index=lo)))
+    lat.append(_timed(lambda: rec.reconstruct(dv[lo : lo + batch], num_samples=k, first_index=lo)))
     at += batch
   lat = np.asarray(lat)
   # the compiled sampler alone on the same calls (the rows cut into calls of at most max_batch,
@@ -84,21 +86,33 @@ def bench_api(rec, dv: np.ndarray, batch: int, k: int, seconds: float, roof: flo
     cond = jnp.asarray(np.repeat(rec.condition(dv[:1]), bucket, 0))
     idx = jnp.arange(bucket, dtype=jnp.int32)
     run(rec._weights, cond, idx, idx, key).block_until_ready()
-    alone_by_bucket[bucket] = float(np.median([
-        _timed(lambda: run(rec._weights, cond, idx, idx, key).block_until_ready())
-        for _ in range(max(5, min(len(lat), 30)))]))
+    alone_by_bucket[bucket] = float(
+      np.median(
+        [
+          _timed(lambda: run(rec._weights, cond, idx, idx, key).block_until_ready())
+          for _ in range(max(5, min(len(lat), 30)))
+        ]
+      )
+    )
   buckets = [rec._executable(r)[0] for r in sizes]
   alone = sum(alone_by_bucket[b] for b in buckets)
   gflops = row_flops * sum(buckets) / alone / 1e9
-  return {"frames": batch, "num_samples": k, "rows": rows, "sampler_calls": len(buckets),
-          "padded_rows": sum(buckets), "timed_calls": len(lat),
-          "frames_per_s": round(batch / float(np.median(lat)), 2),
-          "images_per_s": round(rows / float(np.median(lat)), 2),
-          "latency_ms_p50": round(1000 * float(np.median(lat)), 2),
-          "latency_ms_p99": round(1000 * float(np.percentile(lat, 99)), 2),
-          "sampler_only_ms": round(1000 * alone, 2),
-          "host_share": round(1 - alone / float(np.median(lat)), 3),
-          "sampler_gflops": round(gflops, 1), "fraction_of_matmul_rate": round(gflops / roof, 3)}
+  return {
+    "frames": batch,
+    "num_samples": k,
+    "rows": rows,
+    "sampler_calls": len(buckets),
+    "padded_rows": sum(buckets),
+    "timed_calls": len(lat),
+    "frames_per_s": round(batch / float(np.median(lat)), 2),
+    "images_per_s": round(rows / float(np.median(lat)), 2),
+    "latency_ms_p50": round(1000 * float(np.median(lat)), 2),
+    "latency_ms_p99": round(1000 * float(np.percentile(lat, 99)), 2),
+    "sampler_only_ms": round(1000 * alone, 2),
+    "host_share": round(1 - alone / float(np.median(lat)), 3),
+    "sampler_gflops": round(gflops, 1),
+    "fraction_of_matmul_rate": round(gflops / roof, 3),
+  }
 
 
 def bench_published(batch: int, repeats: int) -> dict:
@@ -107,6 +121,7 @@ def bench_published(batch: int, repeats: int) -> dict:
   from cdeit_jax.checkpoints import loading
   from cdeit_jax.data import stats
   from cdeit_jax.infer.reconstructor import Reconstructor
+
   cfg = config_lib.default_config()
   model = loading.build(cfg)
   mean, std = stats.authors_stats()
@@ -115,22 +130,41 @@ def bench_published(batch: int, repeats: int) -> dict:
   rec.prepare(batch)
   rec.reconstruct(dv)
   times = [_timed(lambda: rec.reconstruct(dv)) for _ in range(repeats)]
-  return {"batch": batch, "images_per_s": round(batch / float(np.median(times)), 4),
-          "s_per_call": round(float(np.median(times)), 2),
-          "attention_impl": model.attention_impl}
+  return {
+    "batch": batch,
+    "images_per_s": round(batch / float(np.median(times)), 4),
+    "s_per_call": round(float(np.median(times)), 2),
+    "attention_impl": model.attention_impl,
+  }
 
 
 def bench_reference(reference: str, batch: int, threads: int) -> dict:
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join([os.path.join(HERE, "reference", "ref_shim"), reference]))
-  r = subprocess.run([sys.executable, os.path.join(HERE, "reference", "ref_bench.py"),
-                      str(batch), str(threads), "sample"], env=cpu_tuning.tuned_environment(env),
-                     capture_output=True, text=True)
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    PYTHONPATH=os.pathsep.join([os.path.join(HERE, "reference", "ref_shim"), reference]),
+  )
+  r = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(HERE, "reference", "ref_bench.py"),
+      str(batch),
+      str(threads),
+      "sample",
+    ],
+    env=cpu_tuning.tuned_environment(env),
+    capture_output=True,
+    text=True,
+  )
   if r.returncode:
     return {"error": r.stderr.strip().splitlines()[-1][:300] if r.stderr.strip() else "failed"}
   out = json.loads(r.stdout.strip().splitlines()[-1])
-  return {"batch": batch, "threads": threads, "images_per_s": round(out["sample_images_per_s"], 4),
-          "s_per_call": round(out["sample_s"], 2)}
+  return {
+    "batch": batch,
+    "threads": threads,
+    "images_per_s": round(out["sample_images_per_s"], 4),
+    "s_per_call": round(out["sample_s"], 2),
+  }
 
 
 def main():
@@ -144,26 +178,37 @@ def main():
 
   from cdeit_jax import sequence
   from cdeit_jax.infer.reconstructor import Reconstructor
+
   roof = matmul_gflops()
   seq = sequence.simulate(90)
   dv = (seq["frames"] - seq["reference"]).astype(np.float32)
   rec = Reconstructor.from_workdir(a.workdir)
   row_flops = sampler_flops(rec)
-  cases = [bench_api(rec, dv, b, k, a.seconds, roof, row_flops)
-           for k in (1, 8) for b in (1, 8, 64)]
-  out = {"bench": "reconstruct", "device": jax.devices()[0].device_kind,
-         "backend": jax.default_backend(), "devices": jax.device_count(), "jax": jax.__version__,
-         "cores": len(os.sched_getaffinity(0)), "matmul_gflops_f32": round(roof, 1),
-         "model": rec.checkpoint, "sampling_steps": rec.steps, "buckets": rec.buckets,
-         "sampler_gflop_per_image": round(row_flops / 1e9, 4), "cases": cases}
+  cases = [bench_api(rec, dv, b, k, a.seconds, roof, row_flops) for k in (1, 8) for b in (1, 8, 64)]
+  out = {
+    "bench": "reconstruct",
+    "device": jax.devices()[0].device_kind,
+    "backend": jax.default_backend(),
+    "devices": jax.device_count(),
+    "jax": jax.__version__,
+    "cores": len(os.sched_getaffinity(0)),
+    "matmul_gflops_f32": round(roof, 1),
+    "model": rec.checkpoint,
+    "sampling_steps": rec.steps,
+    "buckets": rec.buckets,
+    "sampler_gflop_per_image": round(row_flops / 1e9, 4),
+    "cases": cases,
+  }
   if not a.skip_published:
     out["published"] = bench_published(a.published_batch, 2)
     if a.reference:
-      out["published_pytorch"] = bench_reference(a.reference, a.published_batch,
-                                                 len(os.sched_getaffinity(0)))
+      out["published_pytorch"] = bench_reference(
+        a.reference, a.published_batch, len(os.sched_getaffinity(0))
+      )
       if "images_per_s" in out["published_pytorch"]:
-        out["published_speedup"] = round(out["published"]["images_per_s"] /
-                                         out["published_pytorch"]["images_per_s"], 3)
+        out["published_speedup"] = round(
+          out["published"]["images_per_s"] / out["published_pytorch"]["images_per_s"], 3
+        )
   print(json.dumps(out))
 
 

@@ -52,36 +52,68 @@ def main():
   if a.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
   sim = eit.default_simulator(a.dtype)
-  common = {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-            "jax": jax.__version__, "dtype": a.dtype, "mesh_nodes": sim.mesh.num_nodes,
-            "mesh_elements": sim.mesh.num_elements}
+  common = {
+    "device": jax.devices()[0].device_kind,
+    "backend": jax.default_backend(),
+    "jax": jax.__version__,
+    "dtype": a.dtype,
+    "mesh_nodes": sim.mesh.num_nodes,
+    "mesh_elements": sim.mesh.num_elements,
+  }
   from cdeit_jax import config_lib
   from cdeit_jax.common import sharding as shd
   from cdeit_jax.data import synthetic
   from cdeit_jax.eit.spec import SystemSpec
+
   mesh = shd.make_mesh(jax.devices()[:1])
   nominal = config_lib.default_config().simulator
   nominal.system.update(dataclasses.asdict(SystemSpec.nominal()))
   for b in a.batch:
-    for name, settings in (("nominal", nominal), ("per_example", config_lib.default_config(
-        ).simulator)):
+    for name, settings in (
+      ("nominal", nominal),
+      ("per_example", config_lib.default_config().simulator),
+    ):
       gen = synthetic.generator(settings)
       idx = np.arange(b)
       s = timed(lambda: synthetic.example_arrays(settings, "train", idx, mesh), a.repeats)
-      cem = (sim.support_cem(gen.spec.max_radius) if gen.nominal else
-             sim.variable_cem(True, gen.spec.max_radius))
-      print(json.dumps({"bench": "generate", **common, "system": name, "batch": b,
-                        "unknowns": cem.num_unknowns, "examples_per_s": round(b / s, 1),
-                        "ms_per_example": round(1000 * s / b, 2)}), flush=True)
+      cem = (
+        sim.support_cem(gen.spec.max_radius)
+        if gen.nominal
+        else sim.variable_cem(True, gen.spec.max_radius)
+      )
+      print(
+        json.dumps(
+          {
+            "bench": "generate",
+            **common,
+            "system": name,
+            "batch": b,
+            "unknowns": cem.num_unknowns,
+            "examples_per_s": round(b / s, 1),
+            "ms_per_example": round(1000 * s / b, 2),
+          }
+        ),
+        flush=True,
+      )
     xs = jnp.zeros((b, 128, 128), sim.dtype)
     s = timed(lambda: sim.image_voltages(xs), a.repeats)
-    print(json.dumps({"bench": "simulate_voltages", **common, "batch": b,
-                      "unknowns": sim.cem.num_unknowns, "images_per_s": round(b / s, 1)}),
-          flush=True)
+    print(
+      json.dumps(
+        {
+          "bench": "simulate_voltages",
+          **common,
+          "batch": b,
+          "unknowns": sim.cem.num_unknowns,
+          "images_per_s": round(b / s, 1),
+        }
+      ),
+      flush=True,
+    )
   t = time.perf_counter()
   eit.Tikhonov(sim)
-  print(json.dumps({"bench": "tikhonov_matrix", **common,
-                    "seconds": round(time.perf_counter() - t, 2)}))
+  print(
+    json.dumps({"bench": "tikhonov_matrix", **common, "seconds": round(time.perf_counter() - t, 2)})
+  )
 
 
 def bench_source(a) -> None:
@@ -91,6 +123,7 @@ def bench_source(a) -> None:
   from cdeit_jax.data.sources import ArraySource
   from cdeit_jax.eit import measurement
   from cdeit_jax.train import training
+
   cfg = config_lib.load(a.config) if a.config else config_lib.default_config()
   mesh = shd.make_mesh()
   n = mesh.size
@@ -104,8 +137,7 @@ def bench_source(a) -> None:
     make = simulator_source.batch_fn(cfg, mesh, mean, std)
     step0 = jax.device_put(jnp.int32(0), shd.replicated(mesh))
     sim_s = timed(lambda: make(step0), a.repeats)
-    ts = training.setup(cfg, mesh, calibration_source=ArraySource(ys, xs, mean, std,
-                                                                  name="bench"))
+    ts = training.setup(cfg, mesh, calibration_source=ArraySource(ys, xs, mean, std, name="bench"))
     c = training.compile_train_step(ts, g, mesh)
     state = jax.device_put(ts.state, c.state_shardings)
     constants = jax.device_put(ts.constants, c.constants_shardings)
@@ -116,18 +148,30 @@ def bench_source(a) -> None:
     def step():
       box[0], m = c.fn(box[0], batch, key, constants)
       return m
+
     step_s = timed(step, a.repeats)
-    print(json.dumps({
-        "bench": "simulator_source", "device": jax.devices()[0].device_kind,
-        "backend": jax.default_backend(), "devices": n, "jax": jax.__version__,
-        "config": a.config or "default", "global_batch": g,
-        "per_example_solves": synthetic.per_example(jax.default_backend()),
-        "sim_examples_per_s": round(g / sim_s, 1),
-        "sim_examples_per_s_per_device": round(g / sim_s / n, 1),
-        "step_samples_per_s": round(g / step_s, 1), "sim_ms": round(1000 * sim_s, 1),
-        "step_ms": round(1000 * step_s, 1),
-        "sim_over_consumption": round(step_s / sim_s, 2),
-        "sim_share_of_step_time": round(sim_s / (sim_s + step_s), 3)}), flush=True)
+    print(
+      json.dumps(
+        {
+          "bench": "simulator_source",
+          "device": jax.devices()[0].device_kind,
+          "backend": jax.default_backend(),
+          "devices": n,
+          "jax": jax.__version__,
+          "config": a.config or "default",
+          "global_batch": g,
+          "per_example_solves": synthetic.per_example(jax.default_backend()),
+          "sim_examples_per_s": round(g / sim_s, 1),
+          "sim_examples_per_s_per_device": round(g / sim_s / n, 1),
+          "step_samples_per_s": round(g / step_s, 1),
+          "sim_ms": round(1000 * sim_s, 1),
+          "step_ms": round(1000 * step_s, 1),
+          "sim_over_consumption": round(step_s / sim_s, 2),
+          "sim_share_of_step_time": round(sim_s / (sim_s + step_s), 3),
+        }
+      ),
+      flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,11 @@ def main():
   p.add_argument("--attention-impl", default=None, choices=attention.IMPLS)
   p.add_argument("--attention-query-chunk", type=int, default=None)
   p.add_argument("--steps", type=int, default=3, help="timed steps")
-  p.add_argument("--sync-each-step", action="store_true",
-                 help="wait for each step and also report the fastest (step_s_min)")
+  p.add_argument(
+    "--sync-each-step",
+    action="store_true",
+    help="wait for each step and also report the fastest (step_s_min)",
+  )
   a = p.parse_args()
 
   cfg = config_lib.load(a.config) if a.config else config_lib.default_config()
@@ -64,8 +67,10 @@ def main():
   constants = jax.device_put(ts.constants, c.constants_shardings)
   rng = np.random.default_rng(0)
   size = cfg.model.image_size
-  batch = {"cond": rng.standard_normal((global_batch, 16, 16, 1), np.float32),
-           "target": rng.uniform(-1, 1, (global_batch, size, size, 1)).astype(np.float32)}
+  batch = {
+    "cond": rng.standard_normal((global_batch, 16, 16, 1), np.float32),
+    "target": rng.uniform(-1, 1, (global_batch, size, size, 1)).astype(np.float32),
+  }
   batch = {k: jax.device_put(v, shd.batch_sharded(mesh)) for k, v in batch.items()}
   key = jax.random.key(0)
   state, m = c.fn(state, batch, key, constants)  # warm-up
@@ -87,26 +92,44 @@ def main():
   peak = hardware.peak_tflops()
   # model FLOPs with every loop iteration counted (cdeit_jax.model.flops)
   tflops = c.flops_per_step / n / step_s / 1e12
-  print(json.dumps({
-      "bench": "train_step", "device": jax.devices()[0].device_kind, "devices": n,
-      "backend": jax.default_backend(), "jax": jax.__version__, "params": params,
-      "dtype": cfg.model.dtype, "remat": cfg.model.remat,
-      "attention_impl": ts.model_kwargs["attention_impl"],
-      "attention_query_chunk": cfg.model.attention_query_chunk,
-      "per_device_batch": a.per_device_batch,
-      "accum_steps": a.accum_steps, "global_batch": global_batch,
-      "compile_s": round(c.compile_s, 1), "step_s": round(step_s, 4),
-      "step_s_min": round(step_s_min, 4), "samples_per_s_best": round(global_batch / step_s_min, 3),
-      "samples_per_s": round(global_batch / step_s, 3),
-      "samples_per_s_per_device": round(global_batch / step_s / n, 3),
-      "flops_per_step_per_device": c.flops_per_step / n, "tflops_per_device": tflops,
-      "peak_tflops": peak, "fraction_of_peak": tflops / peak if (tflops and peak) else None,
-      "memory_per_device": c.memory, "peak_rss_bytes": peak_rss(), "loss": float(m["loss"])}))
+  print(
+    json.dumps(
+      {
+        "bench": "train_step",
+        "device": jax.devices()[0].device_kind,
+        "devices": n,
+        "backend": jax.default_backend(),
+        "jax": jax.__version__,
+        "params": params,
+        "dtype": cfg.model.dtype,
+        "remat": cfg.model.remat,
+        "attention_impl": ts.model_kwargs["attention_impl"],
+        "attention_query_chunk": cfg.model.attention_query_chunk,
+        "per_device_batch": a.per_device_batch,
+        "accum_steps": a.accum_steps,
+        "global_batch": global_batch,
+        "compile_s": round(c.compile_s, 1),
+        "step_s": round(step_s, 4),
+        "step_s_min": round(step_s_min, 4),
+        "samples_per_s_best": round(global_batch / step_s_min, 3),
+        "samples_per_s": round(global_batch / step_s, 3),
+        "samples_per_s_per_device": round(global_batch / step_s / n, 3),
+        "flops_per_step_per_device": c.flops_per_step / n,
+        "tflops_per_device": tflops,
+        "peak_tflops": peak,
+        "fraction_of_peak": tflops / peak if (tflops and peak) else None,
+        "memory_per_device": c.memory,
+        "peak_rss_bytes": peak_rss(),
+        "loss": float(m["loss"]),
+      }
+    )
+  )
 
 
 def peak_rss() -> int:
   """This process's peak resident memory (host memory: what CPU runs need)."""
   import resource
+
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

@@ -40,34 +40,62 @@ def main():
   a = p.parse_args()
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
   py = sys.executable
-  train = run([py, os.path.join(HERE, "bench_train.py"), "--per-device-batch", str(a.batch),
-               "--steps", "3", "--sync-each-step"], env)
-  sample = run([py, os.path.join(HERE, "bench_model.py"), "--batch", str(a.batch), "--sample",
-                "--repeats", "2"], env)
-  ref_env = dict(env, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "reference", "ref_shim"),
-                                                  a.reference]))
+  train = run(
+    [
+      py,
+      os.path.join(HERE, "bench_train.py"),
+      "--per-device-batch",
+      str(a.batch),
+      "--steps",
+      "3",
+      "--sync-each-step",
+    ],
+    env,
+  )
+  sample = run(
+    [
+      py,
+      os.path.join(HERE, "bench_model.py"),
+      "--batch",
+      str(a.batch),
+      "--sample",
+      "--repeats",
+      "2",
+    ],
+    env,
+  )
+  ref_env = dict(
+    env, PYTHONPATH=os.pathsep.join([os.path.join(HERE, "reference", "ref_shim"), a.reference])
+  )
   ref_cmd = [py, os.path.join(HERE, "reference", "ref_bench.py"), str(a.batch), str(a.threads)]
   ref = run(ref_cmd, ref_env)
   # the same malloc setting as ours (cdeit_jax.common.cpu_tuning), so that neither side is favoured
   ref_tuned = run(ref_cmd, cpu_tuning.tuned_environment(ref_env))
   out = {
-      "bench": "cpu_vs_reference", "batch": a.batch, "dtype": "float32",
-      # both sides: the fastest of the timed train steps; sampling: ours the median of 2, the
-      # reference one timed call
-      "ours": {"train_samples_per_s": train["samples_per_s_best"],
-               "train_step_s": train["step_s_min"], "train_step_s_mean": train["step_s"],
-               "train_tflops": train["tflops_per_device"],
-               "train_peak_rss_bytes": train["peak_rss_bytes"],
-               "sample_images_per_s": sample["sampler_images_per_s"],
-               "sample_s": sample["sampler_s"], "sample_peak_rss_bytes": sample["peak_rss_bytes"],
-               "attention_impl": train["attention_impl"]},
-      "reference": ref, "reference_hugepages": ref_tuned,
-      "train_speedup": train["samples_per_s_best"] / ref["train_samples_per_s"],
-      "sample_speedup": sample["sampler_images_per_s"] / ref["sample_images_per_s"],
-      "train_speedup_vs_hugepages": (train["samples_per_s_best"]
-                                     / ref_tuned["train_samples_per_s"]),
-      "sample_speedup_vs_hugepages": (sample["sampler_images_per_s"]
-                                      / ref_tuned["sample_images_per_s"]),
+    "bench": "cpu_vs_reference",
+    "batch": a.batch,
+    "dtype": "float32",
+    # both sides: the fastest of the timed train steps; sampling: ours the median of 2, the
+    # reference one timed call
+    "ours": {
+      "train_samples_per_s": train["samples_per_s_best"],
+      "train_step_s": train["step_s_min"],
+      "train_step_s_mean": train["step_s"],
+      "train_tflops": train["tflops_per_device"],
+      "train_peak_rss_bytes": train["peak_rss_bytes"],
+      "sample_images_per_s": sample["sampler_images_per_s"],
+      "sample_s": sample["sampler_s"],
+      "sample_peak_rss_bytes": sample["peak_rss_bytes"],
+      "attention_impl": train["attention_impl"],
+    },
+    "reference": ref,
+    "reference_hugepages": ref_tuned,
+    "train_speedup": train["samples_per_s_best"] / ref["train_samples_per_s"],
+    "sample_speedup": sample["sampler_images_per_s"] / ref["sample_images_per_s"],
+    "train_speedup_vs_hugepages": (train["samples_per_s_best"] / ref_tuned["train_samples_per_s"]),
+    "sample_speedup_vs_hugepages": (
+      sample["sampler_images_per_s"] / ref_tuned["sample_images_per_s"]
+    ),
   }
   print(json.dumps(out))
 

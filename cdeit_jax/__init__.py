@@ -8,5 +8,6 @@ use (PEP 562), so that configs and the measurement conventions are read without 
 def __getattr__(name: str):
   if name in ("Reconstructor", "Reconstruction"):
     from cdeit_jax.infer import reconstructor
+
     return getattr(reconstructor, name)
   raise AttributeError(f"module 'cdeit_jax' has no attribute {name!r}")

@@ -24,23 +24,30 @@ def define_cluster_flags() -> None:
 
 
 def define_cache_flag() -> None:
-  flags.DEFINE_string("compilation_cache", None, "folder of JAX's persistent compilation cache "
-                      "(local or gs://; default: $JAX_COMPILATION_CACHE_DIR, else "
-                      "~/.cache/cdeit-jax/jax); none: off")
+  flags.DEFINE_string(
+    "compilation_cache",
+    None,
+    "folder of JAX's persistent compilation cache "
+    "(local or gs://; default: $JAX_COMPILATION_CACHE_DIR, else "
+    "~/.cache/cdeit-jax/jax); none: off",
+  )
 
 
 def _auto_cluster() -> bool:
   """Multi-host environments where jax.distributed.initialize() needs no arguments."""
   env = os.environ
-  return (len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
-          or int(env.get("SLURM_NTASKS", "1")) > 1
-          or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1)
+  return (
+    len([h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]) > 1
+    or int(env.get("SLURM_NTASKS", "1")) > 1
+    or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+  )
 
 
 def init_distributed() -> None:
   """`jax.distributed.initialize` from the cluster flags, or by itself on TPU pods, SLURM and
   Open MPI; nothing on one host."""
   import jax
+
   given = [FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id]
   if any(v is not None for v in given):
     if any(v is None for v in given):
@@ -51,6 +58,7 @@ def init_distributed() -> None:
   elif _auto_cluster():
     jax.distributed.initialize()
   from cdeit_jax.common import logs
+
   logs.console(primary=jax.process_index() == 0)
 
 
@@ -82,10 +90,14 @@ def define_checkpoint_config(examples: str) -> None:
   from ml_collections import config_flags
 
   from cdeit_jax import config_lib
+
   try:
     config_flags.DEFINE_config_dict(
-        "config", config_lib.default_config(), "settings: the checkpoint's config, changed with "
-        f"{examples}, ...", lock_config=True)
+      "config",
+      config_lib.default_config(),
+      f"settings: the checkpoint's config, changed with {examples}, ...",
+      lock_config=True,
+    )
   except (KeyError, AttributeError) as e:  # an unknown --config.KEY on the command line
     unknown_config_key(sys.argv, e)
 
@@ -93,6 +105,7 @@ def define_checkpoint_config(examples: str) -> None:
 def checkpoint_overrides() -> dict:
   """The `--config.KEY=VALUE` pairs given to a command of `define_checkpoint_config`."""
   from ml_collections import config_flags
+
   return dict(config_flags.get_override_values(FLAGS["config"]))
 
 
@@ -147,13 +160,18 @@ def run(main: Callable[[list[str]], None]) -> None:
       logging.getLogger(name).setLevel(logging.WARNING)
     if "compilation_cache" in FLAGS:
       from cdeit_jax.common import compile_cache
+
       compile_cache.enable(FLAGS.compilation_cache)
     try:
       main(argv)
     except KeyboardInterrupt as e:  # our Interrupted (a run that saved and stopped) or Ctrl-C
-      print(f"{e}" if isinstance(e, CdeitError) else "interrupted: every output is written "
-            "whole or not at all; rerun the same command to resume (train.py) or redo the rest",
-            file=sys.stderr)
+      print(
+        f"{e}"
+        if isinstance(e, CdeitError)
+        else "interrupted: every output is written "
+        "whole or not at all; rerun the same command to resume (train.py) or redo the rest",
+        file=sys.stderr,
+      )
       sys.stdout.flush()
       sys.stderr.flush()
       # Not sys.exit: a library's worker threads (an orbax save cut short) may wait forever

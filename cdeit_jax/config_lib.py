@@ -31,8 +31,9 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 SOURCES = ("files", "simulator")
 
 
-def signature_defaults(fn, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None
-                       ) -> dict[str, Any]:
+def signature_defaults(
+  fn, skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None
+) -> dict[str, Any]:
   """The keyword defaults of `fn` (or of the names in `only`) as config values; a None default
   becomes a placeholder of its annotated type (`int | None` -> placeholder(int))."""
   out = {}
@@ -47,33 +48,36 @@ def signature_defaults(fn, skip: tuple[str, ...] = (), only: tuple[str, ...] | N
   return out
 
 
-def default_config() -> ml_collections.ConfigDict:
-  """The published model and diffusion, the authors' training recipe."""
-  c = ml_collections.ConfigDict()
-  # CDEIT's arguments. cond: "eim" (published) or "eim+linear" (physics-informed); dtype: the
-  # compute dtype; attention_impl: auto = splash (TPU), cudnn (GPU, 16-bit), blocked (elsewhere),
-  # or xla, blocked, cudnn, splash; attention_query_chunk: lower attention memory (xla backend).
-  c.model = ml_collections.ConfigDict(signature_defaults(CDEIT.__init__, skip=SYSTEM_ARGS))
-  c.diffusion = ml_collections.ConfigDict(signature_defaults(Diffusion.__init__))
-  # Sampling and evaluation (eval.py): taken from the checkpoint's config, overridable there
-  # with --config.sampling.steps=10 and so on.
-  c.sampling = ml_collections.ConfigDict(dict(
+def _sampling_config() -> ml_collections.ConfigDict:
+  """Sampling (eval.py, the Reconstructor): taken from the checkpoint's config, overridable there
+  with --config.sampling.steps=10 and so on."""
+  return ml_collections.ConfigDict(
+    dict(
       **signature_defaults(Diffusion.sample_fn, only=("steps", "eta")),
       num_samples=1,  # K samples per measurement: the mean is the reconstruction, the std its
-                      # per-pixel uncertainty
+      # per-pixel uncertainty
       seed=0,
       batch_size=config_dict.placeholder(int),  # global; default: the largest that fits
       # > 0: move each x0 estimate towards the measurements, x0 + S M_alpha (y - J x0)
-      data_consistency=0.0, data_consistency_alpha=0.1,
+      data_consistency=0.0,
+      data_consistency_alpha=0.1,
       # sample k of a frame sees the tank turned or mirrored by the k-th of its 8 symmetries and
       # is turned back (cdeit_jax.eit.symmetry): with K = 8 the mean is symmetric; K = 1 is
       # unchanged
-      symmetric=False))
-  c.eval = ml_collections.ConfigDict(dict(
+      symmetric=False,
+    )
+  )
+
+
+def _eval_config() -> ml_collections.ConfigDict:
+  """Evaluation (eval.py): taken from the checkpoint's config, overridable there."""
+  return ml_collections.ConfigDict(
+    dict(
       step=config_dict.placeholder(int),  # default: the best validated step, else the latest
       weights="ema",  # ema | raw
       stats=config_dict.placeholder(str),  # folder with mean/std overriding the checkpoint's
-      voltage_ratio=config_dict.placeholder(float), current_ratio=config_dict.placeholder(float),
+      voltage_ratio=config_dict.placeholder(float),
+      current_ratio=config_dict.placeholder(float),
       max_examples=config_dict.placeholder(int),  # only the first N files
       skip_bad_files=False,
       tikhonov=False,  # also the built-in one-step Tikhonov/NOSER baseline
@@ -81,25 +85,43 @@ def default_config() -> ml_collections.ConfigDict:
       # K > 1 on simulations (the validation split): fit the factor that calibrates the std
       # (metrics.fit_uncertainty_scale) and keep it in the checkpoint's step folder, where
       # every later evaluation of that step applies it
-      fit_uncertainty=False))
-  c.data = ml_collections.ConfigDict(dict(
+      fit_uncertainty=False,
+    )
+  )
+
+
+def _data_config() -> ml_collections.ConfigDict:
+  """The training data (train.py)."""
+  return ml_collections.ConfigDict(
+    dict(
       # files: npz folders under `path`; simulator: fresh examples made on the devices every step
       # from `config.simulator` (no files, no epochs; cdeit_jax.data.simulator_source)
       source=SOURCES[0],
       path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
       preset="simulated",  # a name of measurement.PRESETS (sets the two ratios)
-      voltage_ratio=config_dict.placeholder(float), current_ratio=config_dict.placeholder(float),
+      voltage_ratio=config_dict.placeholder(float),
+      current_ratio=config_dict.placeholder(float),
       stats=config_dict.placeholder(str),  # folder with mean/std; default: the dataset root
       skip_bad_files=False,  # True: skip unreadable/invalid files with a warning
       cache=True,  # keep decoded arrays in memory (CDEIT datasets are small)
-      num_workers=0, num_threads=4, prefetch=8, seed=0,
+      num_workers=0,
+      num_threads=4,
+      prefetch=8,
+      seed=0,
       # files: turn and mirror each training example by one of the tank's 8 symmetries, drawn
       # afresh each epoch (cdeit_jax.eit.symmetry; exact for evenly spaced electrodes)
       augment=False,
-      train_split="train", valid_split="valid"))
-  # The simulated distribution (cdeit_jax.data.synthetic): read by `python -m cdeit_jax.simulate`
-  # (files) and by the simulator data source (config.data.source="simulator") alike.
-  c.simulator = ml_collections.ConfigDict(dict(
+      train_split="train",
+      valid_split="valid",
+    )
+  )
+
+
+def _simulator_config() -> ml_collections.ConfigDict:
+  """The simulated distribution (cdeit_jax.data.synthetic): read by `python -m cdeit_jax.simulate`
+  (files) and by the simulator data source (config.data.source="simulator") alike."""
+  return ml_collections.ConfigDict(
+    dict(
       seed=0,  # example i of a split is a function of (seed, split, i)
       snr_db=config_dict.FieldReference(40.0, field_type=float),  # noise on vh and vi; None: none
       contact_impedance=measurement.CONTACT_IMPEDANCE,
@@ -110,18 +132,42 @@ def default_config() -> ml_collections.ConfigDict:
       tikhonov_alpha=config_dict.placeholder(float),  # TR in files; None: reconstruct's default
       # simulator source: normalisation statistics (and the physics-informed calibration) from
       # the first `stats_examples` training examples; validation on valid examples 0..N-1
-      stats_examples=1024, valid_examples=256))
+      stats_examples=1024,
+      valid_examples=256,
+    )
+  )
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """The published model and diffusion, the authors' training recipe."""
+  c = ml_collections.ConfigDict()
+  # CDEIT's arguments. cond: "eim" (published) or "eim+linear" (physics-informed); dtype: the
+  # compute dtype; attention_impl: auto = splash (TPU), cudnn (GPU, 16-bit), blocked (elsewhere),
+  # or xla, blocked, cudnn, splash; attention_query_chunk: lower attention memory (xla backend).
+  c.model = ml_collections.ConfigDict(signature_defaults(CDEIT.__init__, skip=SYSTEM_ARGS))
+  c.diffusion = ml_collections.ConfigDict(signature_defaults(Diffusion.__init__))
+  c.sampling, c.eval = _sampling_config(), _eval_config()
+  c.data, c.simulator = _data_config(), _simulator_config()
   # Training: the authors' recipe.
   c.seed = 0
   c.batch_size = 16  # global, over all devices and hosts
   c.accum_steps = 1  # micro-batches per step (each spread over all devices)
   c.steps = 200_000
-  c.optimizer = ml_collections.ConfigDict(dict(
-      lr=1e-5, b1=0.9, b2=0.999, eps=1e-8, grad_clip=1.0,
+  c.optimizer = ml_collections.ConfigDict(
+    dict(
+      lr=1e-5,
+      b1=0.9,
+      b2=0.999,
+      eps=1e-8,
+      grad_clip=1.0,
       schedule="constant",  # constant | warmup_cosine
-      warmup_steps=0, end_lr_factor=0.0))
-  c.ema = ml_collections.ConfigDict(dict(beta=0.995, update_every=10, update_after_step=100,
-                                         power=2 / 3))  # ema_pytorch 0.5.2 defaults
+      warmup_steps=0,
+      end_lr_factor=0.0,
+    )
+  )
+  c.ema = ml_collections.ConfigDict(
+    dict(beta=0.995, update_every=10, update_after_step=100, power=2 / 3)
+  )  # ema_pytorch 0.5.2 defaults
   c.shard_params = False  # True: FSDP-style, params/optimizer state split over the data axis
   c.log_every = 100
   c.eval_every = 1000  # validation loss (EMA weights, fixed seed); also the checkpoint interval
@@ -131,8 +177,9 @@ def default_config() -> ml_collections.ConfigDict:
   # A profiler trace (XProf / TensorBoard's profile plugin, Perfetto) of the steps start_step ..
   # start_step + num_steps - 1 (numbered by the state's step before each) in WORKDIR/profile;
   # python: also every Python function call (large traces).
-  c.profile = ml_collections.ConfigDict(dict(start_step=config_dict.placeholder(int),
-                                             num_steps=3, python=False))
+  c.profile = ml_collections.ConfigDict(
+    dict(start_step=config_dict.placeholder(int), num_steps=3, python=False)
+  )
   c.keep_checkpoints = 3  # the latest few; the best (lowest validation loss) is kept as well
   c.async_checkpoints = True
   # gs:// workdirs: the lock is a lease renewed every lease/4 s; a run that cannot prove it holds
@@ -146,8 +193,13 @@ def get_config() -> ml_collections.ConfigDict:
   return default_config()
 
 
-def check_training_config(cfg: ml_collections.ConfigDict, num_devices: int,
-                          num_processes: int = 1, *, need_data: bool = True) -> None:
+def check_training_config(
+  cfg: ml_collections.ConfigDict,
+  num_devices: int,
+  num_processes: int = 1,
+  *,
+  need_data: bool = True,
+) -> None:
   """Check every training value up front; errors name the key and say how to fix it.
   `need_data=False` skips the dataset path (compile-only checks)."""
 
@@ -158,39 +210,66 @@ def check_training_config(cfg: ml_collections.ConfigDict, num_devices: int,
   model_kwargs(cfg)
   for key in ("batch_size", "accum_steps", "steps", "log_every", "eval_every", "keep_checkpoints"):
     need(isinstance(_get(cfg, key), int) and _get(cfg, key) > 0, key, "must be a positive integer")
-  need(cfg.batch_size % (num_devices * cfg.accum_steps) == 0, "batch_size",
-       f"does not divide evenly over {num_devices} devices x {cfg.accum_steps} accumulation "
-       f"steps; use a multiple of {num_devices * cfg.accum_steps}")
-  need(cfg.batch_size % num_processes == 0, "batch_size",
-       f"does not divide over {num_processes} processes")
-  need(cfg.eval_batch_size is None or (isinstance(cfg.eval_batch_size, int)
-                                       and cfg.eval_batch_size > 0), "eval_batch_size",
-       "must be a positive integer (or None: batch_size)")
+  need(
+    cfg.batch_size % (num_devices * cfg.accum_steps) == 0,
+    "batch_size",
+    f"does not divide evenly over {num_devices} devices x {cfg.accum_steps} accumulation "
+    f"steps; use a multiple of {num_devices * cfg.accum_steps}",
+  )
+  need(
+    cfg.batch_size % num_processes == 0,
+    "batch_size",
+    f"does not divide over {num_processes} processes",
+  )
+  need(
+    cfg.eval_batch_size is None
+    or (isinstance(cfg.eval_batch_size, int) and cfg.eval_batch_size > 0),
+    "eval_batch_size",
+    "must be a positive integer (or None: batch_size)",
+  )
   eb = cfg.eval_batch_size or cfg.batch_size
   need(eb % num_devices == 0, "eval_batch_size", f"must be a multiple of {num_devices} devices")
-  need(cfg.profile.start_step is None or (isinstance(cfg.profile.start_step, int) and
-                                          cfg.profile.start_step >= 0), "profile.start_step",
-       "must be a step number >= 0 (or None: no profile)")
-  need(isinstance(cfg.profile.num_steps, int) and cfg.profile.num_steps > 0, "profile.num_steps",
-       "must be a positive integer")
+  need(
+    cfg.profile.start_step is None
+    or (isinstance(cfg.profile.start_step, int) and cfg.profile.start_step >= 0),
+    "profile.start_step",
+    "must be a step number >= 0 (or None: no profile)",
+  )
+  need(
+    isinstance(cfg.profile.num_steps, int) and cfg.profile.num_steps > 0,
+    "profile.num_steps",
+    "must be a positive integer",
+  )
   need(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
   need(cfg.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 disables clipping)")
-  need(cfg.optimizer.schedule in ("constant", "warmup_cosine"), "optimizer.schedule",
-       "must be 'constant' or 'warmup_cosine'")
+  need(
+    cfg.optimizer.schedule in ("constant", "warmup_cosine"),
+    "optimizer.schedule",
+    "must be 'constant' or 'warmup_cosine'",
+  )
   need(0 < cfg.ema.beta < 1, "ema.beta", "must be in (0, 1)")
   need(cfg.ema.update_every > 0, "ema.update_every", "must be > 0")
   need(cfg.sampling.steps >= 1, "sampling.steps", "must be >= 1")
   need(cfg.diffusion.num_steps >= 1, "diffusion.num_steps", "must be >= 1")
-  need(cfg.data.preset in measurement.PRESETS or (
-      cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None), "data.preset",
-       f"unknown preset: use one of {', '.join(measurement.PRESETS)}, or set data.voltage_ratio "
-       "and data.current_ratio")
-  need(cfg.data.source in SOURCES, "data.source",
-       "must be 'files' (npz folders under data.path) or 'simulator' (examples made on the "
-       "devices from config.simulator)")
-  need(cfg.data.path is not None or not need_data or cfg.data.source == "simulator", "data.path",
-       f"set the dataset root holding {cfg.data.train_split}/ and {cfg.data.valid_split}/ "
-       "(--config.data.path=DIR), or train on fresh simulations: --config.data.source=simulator")
+  need(
+    cfg.data.preset in measurement.PRESETS
+    or (cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None),
+    "data.preset",
+    f"unknown preset: use one of {', '.join(measurement.PRESETS)}, or set data.voltage_ratio "
+    "and data.current_ratio",
+  )
+  need(
+    cfg.data.source in SOURCES,
+    "data.source",
+    "must be 'files' (npz folders under data.path) or 'simulator' (examples made on the "
+    "devices from config.simulator)",
+  )
+  need(
+    cfg.data.path is not None or not need_data or cfg.data.source == "simulator",
+    "data.path",
+    f"set the dataset root holding {cfg.data.train_split}/ and {cfg.data.valid_split}/ "
+    "(--config.data.path=DIR), or train on fresh simulations: --config.data.source=simulator",
+  )
 
 
 def from_json(stored: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -228,10 +307,12 @@ def override(cfg: ml_collections.ConfigDict, values: dict[str, Any]) -> None:
       for p in parents:
         node = node[p]
       if leaf not in node:
-        raise KeyError(f"no such key; config.{'.'.join(parents) or '<top>'} has "
-                       f"{', '.join(sorted(node.keys()))}")
-      node[leaf] = tuple(value) if isinstance(value, list) and isinstance(node[leaf], tuple) \
-          else value
+        raise KeyError(
+          f"no such key; config.{'.'.join(parents) or '<top>'} has {', '.join(sorted(node.keys()))}"
+        )
+      node[leaf] = (
+        tuple(value) if isinstance(value, list) and isinstance(node[leaf], tuple) else value
+      )
     except (KeyError, TypeError, AttributeError) as e:
       raise InputError(f"--config.{key}={value!r}: {e.args[0] if e.args else e}") from None
 
@@ -267,14 +348,17 @@ def model_kwargs(cfg: ml_collections.ConfigDict, platform: str | None = None) ->
     if isinstance(alphas, (int, float)):
       alphas = (alphas,)
     if not alphas or not all(isinstance(a, (int, float)) and a > 0 for a in alphas):
-      raise InputError(f"config.model.cond_alphas: {alphas!r} must be one or more numbers > 0 "
-                       "(regularisation levels), e.g. (0.03, 0.3)")
+      raise InputError(
+        f"config.model.cond_alphas: {alphas!r} must be one or more numbers > 0 "
+        "(regularisation levels), e.g. (0.03, 0.3)"
+      )
     kw["cond_alphas"] = tuple(float(a) for a in alphas)
   if kw.get("dtype") not in DTYPES:
     raise InputError(f"config.model.dtype: {kw.get('dtype')!r} is not one of {sorted(DTYPES)}")
   kw["dtype"] = DTYPES[kw["dtype"]]
-  kw["attention_impl"] = attention.resolve(kw.get("attention_impl"),
-                                           platform or jax.default_backend(), kw["dtype"])
+  kw["attention_impl"] = attention.resolve(
+    kw.get("attention_impl"), platform or jax.default_backend(), kw["dtype"]
+  )
   return kw
 
 

@@ -28,6 +28,7 @@ WINDOW_BLOCKS = ("swinIn1", "swinIn2", "swinOut1", "swinOut2")
 @dataclass(frozen=True)
 class Entry:
   """One reference tensor: the NNX path it fills and the two layout transforms."""
+
   path: tuple[Any, ...]
   to_nnx: Callable[[np.ndarray], np.ndarray]
   to_torch: Callable[[np.ndarray], np.ndarray]
@@ -81,8 +82,10 @@ def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
   """Reference name -> Entry for every loadable variable; and the fixed tables to check (the
   sin-cos `pos_embed` and the Swin index buffers), which the model computes itself."""
   if model.conditioner is not None:
-    raise InputError("the PyTorch CDEIT has only the published condition: use a model with "
-                     f"config.model.cond='eim' (this one has {model.cond_mode!r})")
+    raise InputError(
+      "the PyTorch CDEIT has only the published condition: use a model with "
+      f"config.model.cond='eim' (this one has {model.cond_mode!r})"
+    )
   table: dict[str, Entry] = {}
   buffers = {"pos_embed": sincos_pos_embed_2d(model.hidden_size, model.grid)[None]}
   state = nnx.state(model, nnx.Param)
@@ -104,8 +107,9 @@ def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
     table[name] = entry
     if path[-1] == "relative_position_bias_table":
       win = int(round((np.sqrt(shape[0]) + 1) / 2))
-      buffers[name.replace("relative_position_bias_table", "relative_position_index")] = \
-          relative_position_index(win)
+      buffers[name.replace("relative_position_bias_table", "relative_position_index")] = (
+        relative_position_index(win)
+      )
   return table, buffers
 
 
@@ -121,16 +125,19 @@ def _problems(items: list[str], title: str, limit: int = 40) -> list[str]:
   return [f"  {title} ({len(items)}):\n    {shown}{more}"]
 
 
-def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
-                          source: str = "state dict") -> CDEIT:
+def load_torch_state_dict(
+  model: CDEIT, state_dict: Mapping[str, Any], *, source: str = "state dict"
+) -> CDEIT:
   """Load a reference-named state dict into `model` in place (strict); returns the model.
 
   Missing, unexpected and mis-shaped keys raise `StateDictMismatch` listing all of them; the
   fixed tables (`pos_embed`, `relative_position_index`) are recomputed and checked, not loaded.
   """
   table, buffers = name_table(model)
-  arrays = {k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
-            for k, v in state_dict.items()}
+  arrays = {
+    k: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v)
+    for k, v in state_dict.items()
+  }
   flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   missing = sorted(set(table) - set(arrays))
   unexpected = sorted(set(arrays) - set(table) - set(buffers))
@@ -149,26 +156,34 @@ def load_torch_state_dict(model: CDEIT, state_dict: Mapping[str, Any], *,
       dtypes.append(f"{name}: {arrays[name].dtype}")
       continue
     if not np.all(np.isfinite(arrays[name])):
-      nonfinite.append(f"{name}: {int(np.size(arrays[name]) - np.isfinite(arrays[name]).sum())} "
-                       "NaN or infinite values")
+      nonfinite.append(
+        f"{name}: {int(np.size(arrays[name]) - np.isfinite(arrays[name]).sum())} "
+        "NaN or infinite values"
+      )
       continue
     updates[entry.path] = entry.to_nnx(arrays[name]).astype(var.dtype)
   for name, want in buffers.items():
-    if name in arrays and (arrays[name].shape != want.shape or
-                           not np.array_equal(arrays[name], want)):
-      what = ("the sin-cos table" if name == "pos_embed" else
-              "the Swin index of this window size")
+    if name in arrays and (
+      arrays[name].shape != want.shape or not np.array_equal(arrays[name], want)
+    ):
+      what = "the sin-cos table" if name == "pos_embed" else "the Swin index of this window size"
       bad_buffers.append(f"{name}: differs from {what}")
-  errors = (_problems(missing, "missing keys") + _problems(unexpected, "unexpected keys") +
-            _problems(shapes, "shape mismatches") + _problems(bad_buffers, "bad fixed tables") +
-            _problems(dtypes, "tensors that are not floating point") +
-            _problems(nonfinite, "tensors with non-finite values"))
+  errors = (
+    _problems(missing, "missing keys")
+    + _problems(unexpected, "unexpected keys")
+    + _problems(shapes, "shape mismatches")
+    + _problems(bad_buffers, "bad fixed tables")
+    + _problems(dtypes, "tensors that are not floating point")
+    + _problems(nonfinite, "tensors with non-finite values")
+  )
   if errors:
     raise StateDictMismatch(
-        f"{source} does not match the CDEIT model (hidden_size={model.hidden_size}, "
-        f"image_size={model.image_size}, patch_size={model.patch_size}):\n" + "\n".join(errors) +
-        "\n  Check that the config's model section matches the checkpoint "
-        "(e.g. --config.model.hidden_size).")
+      f"{source} does not match the CDEIT model (hidden_size={model.hidden_size}, "
+      f"image_size={model.image_size}, patch_size={model.patch_size}):\n"
+      + "\n".join(errors)
+      + "\n  Check that the config's model section matches the checkpoint "
+      "(e.g. --config.model.hidden_size)."
+    )
   for path, value in updates.items():
     flat[path].set_value(jax.numpy.asarray(value))
   nnx.update(model, nnx.from_flat_state(flat))
@@ -200,14 +215,17 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   with fileio.open_binary(path) as fh:
     head = fh.read(2)
   if head != b"PK" and head[:1] != b"\x80":  # torch.save: a zip archive, or (torch < 1.6) a pickle
-    raise InputError(f"{path}: not a PyTorch checkpoint (neither a zip archive nor a pickle); "
-                     "give the checkpoint that torch.save wrote, or an .npz of its arrays")
+    raise InputError(
+      f"{path}: not a PyTorch checkpoint (neither a zip archive nor a pickle); "
+      "give the checkpoint that torch.save wrote, or an .npz of its arrays"
+    )
   try:
     import torch
   except ImportError:
     raise InputError(
-        f"reading {path} needs PyTorch: pip install 'cdeit-jax[torch]' "
-        "(or convert it to .npz of arrays elsewhere and pass that)") from None
+      f"reading {path} needs PyTorch: pip install 'cdeit-jax[torch]' "
+      "(or convert it to .npz of arrays elsewhere and pass that)"
+    ) from None
   try:
     with fileio.open_binary(path) as fh:  # weights_only: no arbitrary unpickling
       obj = torch.load(fh, map_location="cpu", weights_only=True)
@@ -216,8 +234,9 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   if isinstance(obj, Mapping) and "model" in obj and isinstance(obj["model"], Mapping):
     obj = obj["model"]
   if not isinstance(obj, Mapping):
-    raise InputError(f"{path}: expected a state dict or a dict with a 'model' state dict, "
-                     f"got {type(obj).__name__}")
+    raise InputError(
+      f"{path}: expected a state dict or a dict with a 'model' state dict, got {type(obj).__name__}"
+    )
   out = {}
   for k, v in obj.items():
     if not hasattr(v, "detach"):
@@ -226,8 +245,15 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   return out
 
 
-def convert(checkpoint_path: str, cfg, workdir: str, *, stats_dir: str | None = None,
-            step: int = 0, weights: str = "ema") -> str:
+def convert(
+  checkpoint_path: str,
+  cfg,
+  workdir: str,
+  *,
+  stats_dir: str | None = None,
+  step: int = 0,
+  weights: str = "ema",
+) -> str:
   """Read a reference checkpoint, load it strictly into the config's model, save a workdir."""
   from cdeit_jax.checkpoints import checkpoint, loading
   from cdeit_jax.data import stats
@@ -235,16 +261,26 @@ def convert(checkpoint_path: str, cfg, workdir: str, *, stats_dir: str | None = 
   model = loading.build(cfg)
   load_torch_state_dict(model, read_state_dict(checkpoint_path), source=checkpoint_path)
   mean, std = stats.load_stats(stats_dir) if stats_dir else stats.authors_stats()
-  return checkpoint.save_inference(workdir, model, cfg, mean=mean, std=std, step=step,
-                                   weights=weights, source=fileio.resolve(checkpoint_path))
+  return checkpoint.save_inference(
+    workdir,
+    model,
+    cfg,
+    mean=mean,
+    std=std,
+    step=step,
+    weights=weights,
+    source=fileio.resolve(checkpoint_path),
+  )
 
 
 def main(argv: list[str]) -> None:
   from absl import flags
+
   del argv
   f = flags.FLAGS
-  path = convert(f.checkpoint, f.config, f.workdir, stats_dir=f.stats, step=f.step,
-                 weights=f.weights)
+  path = convert(
+    f.checkpoint, f.config, f.workdir, stats_dir=f.stats, step=f.step, weights=f.weights
+  )
   print(f"wrote {path}")
 
 
@@ -252,16 +288,30 @@ if __name__ == "__main__":
   from absl import flags
   from ml_collections import config_flags
 
-  config_flags.DEFINE_config_file("config", None, "config file whose `model` section matches the "
-                                  "checkpoint (e.g. configs/default.py); override keys with "
-                                  "--config.model.hidden_size=64", lock_config=True)
+  config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "config file whose `model` section matches the "
+    "checkpoint (e.g. configs/default.py); override keys with "
+    "--config.model.hidden_size=64",
+    lock_config=True,
+  )
   flags.DEFINE_string("checkpoint", None, "best.pt (dict with 'model'), a bare state dict, or .npz")
   flags.DEFINE_string("workdir", None, "output directory, loadable by eval.py --workdir")
-  flags.DEFINE_string("stats", None, "folder with mean/std (.npy or .pth) the model was trained "
-                      "with; default: the CDEIT authors' statistics shipped with cdeit-jax")
+  flags.DEFINE_string(
+    "stats",
+    None,
+    "folder with mean/std (.npy or .pth) the model was trained "
+    "with; default: the CDEIT authors' statistics shipped with cdeit-jax",
+  )
   flags.DEFINE_integer("step", 0, "step number to record", lower_bound=0)
-  flags.DEFINE_enum("weights", "ema", ["ema", "raw"], "which weight set the file holds "
-                    "(the authors' best.pt holds EMA weights)")
+  flags.DEFINE_enum(
+    "weights",
+    "ema",
+    ["ema", "raw"],
+    "which weight set the file holds (the authors' best.pt holds EMA weights)",
+  )
   flags.mark_flags_as_required(["config", "checkpoint", "workdir"])
   from cdeit_jax import cli
+
   cli.run(main)  # one-line reports of our own errors (a state dict that does not match, ...)

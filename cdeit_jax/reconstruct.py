@@ -17,6 +17,7 @@ import sys
 
 if __name__ == "__main__":
   from cdeit_jax.common import cpu_tuning
+
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
 from absl import flags
@@ -24,23 +25,43 @@ from absl import flags
 from cdeit_jax import cli
 
 cli.define_checkpoint_config("--config.sampling.num_samples=8, --config.sampling.steps=3")
-flags.DEFINE_string("workdir", None, "a run directory (local or gs://): its best validated "
-                    "checkpoint, else the latest; or one RUN/checkpoints/STEP")
+flags.DEFINE_string(
+  "workdir",
+  None,
+  "a run directory (local or gs://): its best validated "
+  "checkpoint, else the latest; or one RUN/checkpoints/STEP",
+)
 flags.DEFINE_string("frames", None, "frames file: .npy, .npz, .mat or .csv, rows of 208 voltages")
 flags.DEFINE_string("out", None, "output folder")
-flags.DEFINE_string("preset", "simulated", "the device's units: simulated, uef2017, ktc2023 "
-                    "(or give --voltage_ratio and --current_ratio)")
-flags.DEFINE_float("voltage_ratio", None, "measured / simulated voltage units (overrides the "
-                   "preset's)")
-flags.DEFINE_float("current_ratio", None, "measured / simulated current units (overrides the "
-                   "preset's)")
-flags.DEFINE_string("reference", None, "a file with the reference frame (one row of 208): the "
-                    "images are of frames minus it")
+flags.DEFINE_string(
+  "preset",
+  "simulated",
+  "the device's units: simulated, uef2017, ktc2023 (or give --voltage_ratio and --current_ratio)",
+)
+flags.DEFINE_float(
+  "voltage_ratio", None, "measured / simulated voltage units (overrides the preset's)"
+)
+flags.DEFINE_float(
+  "current_ratio", None, "measured / simulated current units (overrides the preset's)"
+)
+flags.DEFINE_string(
+  "reference",
+  None,
+  "a file with the reference frame (one row of 208): the images are of frames minus it",
+)
 flags.DEFINE_integer("reference_row", None, "the frames file's row that is the reference frame")
-flags.DEFINE_boolean("skip_bad_frames", False, "image the other frames when some hold NaN or "
-                     "infinite voltages (they are listed, their images NaN); default: refuse")
-flags.DEFINE_integer("chunk", 256, "frames per sampler call (bounds the sampler's memory; the "
-                     "images of every frame are kept until they are written)")
+flags.DEFINE_boolean(
+  "skip_bad_frames",
+  False,
+  "image the other frames when some hold NaN or "
+  "infinite voltages (they are listed, their images NaN); default: refuse",
+)
+flags.DEFINE_integer(
+  "chunk",
+  256,
+  "frames per sampler call (bounds the sampler's memory; the "
+  "images of every frame are kept until they are written)",
+)
 flags.DEFINE_float("fps", 10.0, "frames per second of the GIF")
 flags.DEFINE_boolean("figures", True, "write montage.png and frames.gif")
 cli.define_cluster_flags()
@@ -57,63 +78,55 @@ def main(argv):
   import numpy as np
   from tqdm import tqdm
 
-  from cdeit_jax.common import compile_cache, fileio, logs
-  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.common import compile_cache, logs
   from cdeit_jax.infer import frames
   from cdeit_jax.infer.reconstructor import Reconstructor
 
   t_start = time.perf_counter()
   overrides = cli.checkpoint_overrides()
-  if FLAGS.chunk < 1:
-    raise InputError(f"--chunk={FLAGS.chunk}: must be >= 1")
-  if not FLAGS.fps > 0:
-    raise InputError(f"--fps={FLAGS.fps}: must be > 0")
-  fileio.writable_folder(FLAGS.out, "--out")
-  v, reference, targets = frames.read(FLAGS.frames)
+  v, reference, targets = _frames_and_reference()
   where = FLAGS.frames
-  if FLAGS.reference is not None:
-    if reference is not None:
-      raise InputError(f"--reference {FLAGS.reference}: {FLAGS.frames} holds a reference frame "
-                       "already; give one of them")
-    ref = frames.read(FLAGS.reference)[0]
-    if len(ref) != 1:
-      raise InputError(f"--reference {FLAGS.reference}: holds {len(ref)} frames; give one")
-    reference = ref[0]
-  if FLAGS.reference_row is not None:
-    if reference is not None:
-      raise InputError("--reference_row: a reference frame is given already (the file's "
-                       "`reference` or --reference); give one")
-    if not 0 <= FLAGS.reference_row < len(v):
-      raise InputError(f"--reference_row={FLAGS.reference_row}: {FLAGS.frames} has rows 0 to "
-                       f"{len(v) - 1}")
-    reference = v[FLAGS.reference_row]
 
   t0 = time.perf_counter()
   with compile_cache.Watch() as cache:
-    rec = Reconstructor.from_workdir(FLAGS.workdir, preset=FLAGS.preset,
-                                     voltage_ratio=FLAGS.voltage_ratio,
-                                     current_ratio=FLAGS.current_ratio, overrides=overrides)
+    rec = Reconstructor.from_workdir(
+      FLAGS.workdir,
+      preset=FLAGS.preset,
+      voltage_ratio=FLAGS.voltage_ratio,
+      current_ratio=FLAGS.current_ratio,
+      overrides=overrides,
+    )
   dv = rec.difference(frames=v, reference=reference, where=where)
   ok = rec.check_frames(dv, where, skip_bad=FLAGS.skip_bad_frames)
   # Calls of at most --chunk consecutive rows; each row's example index is its row number (its
   # noise is its own, whatever the chunking)
-  calls = [run for lo in range(0, len(ok), FLAGS.chunk) for run in _runs(ok[lo:lo + FLAGS.chunk])]
+  calls = [run for lo in range(0, len(ok), FLAGS.chunk) for run in _runs(ok[lo : lo + FLAGS.chunk])]
   for size in {len(run) for run in calls}:
     rec.prepare(size * rec.num_samples)  # timing starts after compilation
   setup_s = time.perf_counter() - t0
   skipped = np.setdiff1d(np.arange(len(dv)), ok)
   if len(skipped):
-    logs.log.warning(f"{where}: skipping {len(skipped)} rows with NaN or infinite voltages "
-                     f"(their images are NaN): {', '.join(map(str, skipped[:20]))}"
-                     f"{' ...' if len(skipped) > 20 else ''}")
+    logs.log.warning(
+      f"{where}: skipping {len(skipped)} rows with NaN or infinite voltages "
+      f"(their images are NaN): {', '.join(map(str, skipped[:20]))}"
+      f"{' ...' if len(skipped) > 20 else ''}"
+    )
   k = rec.num_samples
   n = len(dv)
   images = np.full((n, *rec.shape[:2]), np.nan, np.float32)
   std = np.full_like(images, np.nan) if k > 1 else None
-  logs.log.info(f"{rec!r} from {rec.checkpoint}: ready in {setup_s:.1f} s "
-                f"({'compilation cache' if cache.hit else 'compiled'}); {len(ok)} frames")
-  bar = tqdm(total=len(ok), desc="reconstructing", unit="frame", file=sys.stderr,
-             mininterval=0.5, disable=None)
+  logs.log.info(
+    f"{rec!r} from {rec.checkpoint}: ready in {setup_s:.1f} s "
+    f"({'compilation cache' if cache.hit else 'compiled'}); {len(ok)} frames"
+  )
+  bar = tqdm(
+    total=len(ok),
+    desc="reconstructing",
+    unit="frame",
+    file=sys.stderr,
+    mininterval=0.5,
+    disable=None,
+  )
   t0 = time.perf_counter()
   for run in calls:
     r = rec.reconstruct(dv[run], first_index=int(run[0]), progress=lambda m: bar.update(m / k))
@@ -122,32 +135,98 @@ def main(argv):
       std[run] = r.std
   sample_s = time.perf_counter() - t0
   bar.close()
-  info = {"checkpoint": rec.checkpoint, "frames": fileio.resolve(FLAGS.frames),
-          "preset": rec.preset, "voltage_ratio": rec.voltage_ratio,
-          "current_ratio": rec.current_ratio, "reference": "given" if reference is not None
-          else "none (difference voltages)", "sampling_steps": rec.steps, "eta": rec.eta,
-          "num_samples": k, "seed": rec.seed, "uncertainty_scale": rec.uncertainty_scale}
+  info = _info(rec, reference, k)
   if jax_primary():
-    written = frames.write(FLAGS.out, images, std, np.arange(n), skipped,
-                           rec.current_ratio / rec.voltage_ratio, info, fps=FLAGS.fps,
-                           figures=FLAGS.figures, targets=targets)
+    written = frames.write(
+      FLAGS.out,
+      images,
+      std,
+      np.arange(n),
+      skipped,
+      rec.current_ratio / rec.voltage_ratio,
+      info,
+      fps=FLAGS.fps,
+      figures=FLAGS.figures,
+      targets=targets,
+    )
   else:
     written = []
   rate = len(ok) / sample_s
-  print(f"reconstructed {len(ok)} frames ({k} sample{'s' if k > 1 else ''} each, {rec.steps} "
-        f"steps) in {sample_s:.2f} s: {rate:.1f} frames/s after {setup_s:.1f} s of loading and "
-        f"compilation ({time.perf_counter() - t_start:.1f} s in all); "
-        f"{', '.join(written) or 'nothing'} in {FLAGS.out}")
+  print(
+    f"reconstructed {len(ok)} frames ({k} sample{'s' if k > 1 else ''} each, {rec.steps} "
+    f"steps) in {sample_s:.2f} s: {rate:.1f} frames/s after {setup_s:.1f} s of loading and "
+    f"compilation ({time.perf_counter() - t_start:.1f} s in all); "
+    f"{', '.join(written) or 'nothing'} in {FLAGS.out}"
+  )
+
+
+def _frames_and_reference():
+  """(frames, reference frame or None, true images or None) from --frames, --reference and
+  --reference_row, the flags checked first."""
+  from cdeit_jax.common import fileio
+  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.infer import frames
+
+  if FLAGS.chunk < 1:
+    raise InputError(f"--chunk={FLAGS.chunk}: must be >= 1")
+  if not FLAGS.fps > 0:
+    raise InputError(f"--fps={FLAGS.fps}: must be > 0")
+  fileio.writable_folder(FLAGS.out, "--out")
+  v, reference, targets = frames.read(FLAGS.frames)
+  if FLAGS.reference is not None:
+    if reference is not None:
+      raise InputError(
+        f"--reference {FLAGS.reference}: {FLAGS.frames} holds a reference frame "
+        "already; give one of them"
+      )
+    ref = frames.read(FLAGS.reference)[0]
+    if len(ref) != 1:
+      raise InputError(f"--reference {FLAGS.reference}: holds {len(ref)} frames; give one")
+    reference = ref[0]
+  if FLAGS.reference_row is not None:
+    if reference is not None:
+      raise InputError(
+        "--reference_row: a reference frame is given already (the file's "
+        "`reference` or --reference); give one"
+      )
+    if not 0 <= FLAGS.reference_row < len(v):
+      raise InputError(
+        f"--reference_row={FLAGS.reference_row}: {FLAGS.frames} has rows 0 to {len(v) - 1}"
+      )
+    reference = v[FLAGS.reference_row]
+
+  return v, reference, targets
+
+
+def _info(rec, reference, k: int) -> dict:
+  """What frames.npz records of how the images were made."""
+  from cdeit_jax.common import fileio
+
+  return {
+    "checkpoint": rec.checkpoint,
+    "frames": fileio.resolve(FLAGS.frames),
+    "preset": rec.preset,
+    "voltage_ratio": rec.voltage_ratio,
+    "current_ratio": rec.current_ratio,
+    "reference": "given" if reference is not None else "none (difference voltages)",
+    "sampling_steps": rec.steps,
+    "eta": rec.eta,
+    "num_samples": k,
+    "seed": rec.seed,
+    "uncertainty_scale": rec.uncertainty_scale,
+  }
 
 
 def jax_primary() -> bool:
   import jax
+
   return jax.process_index() == 0
 
 
 def _runs(rows):
   """`rows` (sorted) cut into runs of consecutive numbers."""
   import numpy as np
+
   cuts = np.flatnonzero(np.diff(rows) != 1) + 1
   return np.split(rows, cuts)
 

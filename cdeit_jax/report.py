@@ -21,8 +21,13 @@ from cdeit_jax.common.errors import InputError
 
 METHODS = (("cdeit", "CDEIT"), ("tikhonov", "Tikhonov (ours)"), ("empty", "empty image"))
 FLAGS = flags.FLAGS
-COLUMNS = (("rmse", "RMSE", "{:.4f}"), ("psnr", "PSNR", "{:.2f}"), ("ssim", "SSIM", "{:.3f}"),
-           ("ssim_disk", "SSIM disk", "{:.3f}"), ("cc", "CC", "{:.3f}"))
+COLUMNS = (
+  ("rmse", "RMSE", "{:.4f}"),
+  ("psnr", "PSNR", "{:.2f}"),
+  ("ssim", "SSIM", "{:.3f}"),
+  ("ssim_disk", "SSIM disk", "{:.3f}"),
+  ("cc", "CC", "{:.3f}"),
+)
 
 
 def beats(m: dict, floor: dict, keys: Sequence[str]) -> bool:
@@ -33,8 +38,10 @@ def beats(m: dict, floor: dict, keys: Sequence[str]) -> bool:
 
 def table(folders: Sequence[str]) -> tuple[str, bool]:
   """(markdown table, whether CDEIT beats both floors everywhere)."""
-  lines = ["| set | method | " + " | ".join(c[1] for c in COLUMNS) + " |",
-           "|---|---|" + "---|" * len(COLUMNS)]
+  lines = [
+    "| set | method | " + " | ".join(c[1] for c in COLUMNS) + " |",
+    "|---|---|" + "---|" * len(COLUMNS),
+  ]
   notes = []
   ok = True
   for folder in folders:
@@ -51,22 +58,27 @@ def table(folders: Sequence[str]) -> tuple[str, bool]:
         lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
         name = ""
     if "tikhonov" not in m:
-      raise InputError(f"{path}: no Tikhonov baseline; evaluate with eval.py "
-                       "--config.eval.tikhonov=True")
+      raise InputError(
+        f"{path}: no Tikhonov baseline; evaluate with eval.py --config.eval.tikhonov=True"
+      )
     ok &= beats(m["cdeit"], m["tikhonov"], ("rmse", "psnr", "cc"))
     ok &= beats(m["cdeit"], m["empty"], ("rmse", "psnr"))
     lead = 1 - m["cdeit"]["rmse"] / m["tikhonov"]["rmse"]
-    notes.append(f"- {fileio.path(folder).name}: CDEIT's RMSE {100 * lead:.1f} % under "
-                 "Tikhonov's" + (uncertainty_note(m["uncertainty"]) if "uncertainty" in m else ""))
+    notes.append(
+      f"- {fileio.path(folder).name}: CDEIT's RMSE {100 * lead:.1f} % under "
+      "Tikhonov's" + (uncertainty_note(m["uncertainty"]) if "uncertainty" in m else "")
+    )
   return "\n".join(lines + [""] + notes), ok
 
 
 def uncertainty_note(u: dict) -> str:
-  return (f"; std x {u['scale']:.2f} covers {100 * u['coverage_1std']:.1f} % / "
-          f"{100 * u['coverage_2std']:.1f} % of the pixel errors at 1 / 2 std (calibrated "
-          f"Gaussian 68.3 / 95.4; unscaled {100 * u['raw_coverage_1std']:.1f} / "
-          f"{100 * u['raw_coverage_2std']:.1f}), std-error correlation over images "
-          f"{u['std_error_cc']:.2f}")
+  return (
+    f"; std x {u['scale']:.2f} covers {100 * u['coverage_1std']:.1f} % / "
+    f"{100 * u['coverage_2std']:.1f} % of the pixel errors at 1 / 2 std (calibrated "
+    f"Gaussian 68.3 / 95.4; unscaled {100 * u['raw_coverage_1std']:.1f} / "
+    f"{100 * u['raw_coverage_2std']:.1f}), std-error correlation over images "
+    f"{u['std_error_cc']:.2f}"
+  )
 
 
 def figure(folder: str, out: str, rows: int = 6) -> None:
@@ -77,16 +89,25 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
   from cdeit_jax import eit
   from cdeit_jax.data import npz_files
   from cdeit_jax.infer import metrics, outputs
+
   s = json.loads(fileio.path(fileio.join(folder, "metrics.json")).read_text())["settings"]
   with fileio.open_binary(fileio.join(folder, "predictions.npz")) as fh:
     z = dict(np.load(fh, allow_pickle=False))
   names = [str(n) for n in z["names"][:rows]]
-  ys = np.stack([npz_files.read_npz(fileio.join(s["data_path"], n), ("ys",))["ys"].reshape(-1)
-                 for n in names]) / s["voltage_ratio"]
+  ys = (
+    np.stack(
+      [npz_files.read_npz(fileio.join(s["data_path"], n), ("ys",))["ys"].reshape(-1) for n in names]
+    )
+    / s["voltage_ratio"]
+  )
   tik = np.stack([metrics.scale_baseline(b) for b in eit.default_tikhonov()(ys)])
   std = z["std"][:rows] if "std" in z else None
-  fileio.atomic_write(out, lambda p: outputs.save_figure(
-      p, names, z["target"][:rows], z["pred"][:rows], std, {"tikhonov": tik}))
+  fileio.atomic_write(
+    out,
+    lambda p: outputs.save_figure(
+      p, names, z["target"][:rows], z["pred"][:rows], std, {"tikhonov": tik}
+    ),
+  )
 
 
 def main(argv: list[str]) -> None:
@@ -103,13 +124,21 @@ def main(argv: list[str]) -> None:
     fileio.makedirs(fileio.dirname(FLAGS.figure))
     figure(folders[0], FLAGS.figure, FLAGS.rows)
     print(f"wrote {FLAGS.figure}")
-  print("CDEIT beats Tikhonov (RMSE, PSNR, CC) and the empty image (RMSE, PSNR) on every set"
-        if ok else "CDEIT does NOT beat both floors on every set")
+  print(
+    "CDEIT beats Tikhonov (RMSE, PSNR, CC) and the empty image (RMSE, PSNR) on every set"
+    if ok
+    else "CDEIT does NOT beat both floors on every set"
+  )
 
 
 if __name__ == "__main__":
   from cdeit_jax import cli
-  flags.DEFINE_string("figure", None, "also write a figure of the first folder's first --rows "
-                      "images (ground truth, CDEIT, std, Tikhonov) to this .png")
+
+  flags.DEFINE_string(
+    "figure",
+    None,
+    "also write a figure of the first folder's first --rows "
+    "images (ground truth, CDEIT, std, Tikhonov) to this .png",
+  )
   flags.DEFINE_integer("rows", 6, "rows of the figure", lower_bound=1)
   cli.run(main)

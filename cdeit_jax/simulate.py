@@ -19,6 +19,7 @@ from __future__ import annotations
 
 if __name__ == "__main__":
   from cdeit_jax.common import cpu_tuning
+
   cpu_tuning.apply(simulate=True)  # before jax starts: one host device per core
 
 import concurrent.futures
@@ -48,6 +49,7 @@ def _check_settings(out: str, sim: ml_collections.ConfigDict, tr_splits=SPLITS) 
   """Refuse to extend a folder generated with other settings, or with unknown ones (it would mix
   two datasets); record the settings of a new folder."""
   from cdeit_jax.data import synthetic
+
   path = fileio.join(out, "simulate.json")
   want = {**synthetic.settings_json(sim), "tr_splits": sorted(tr_splits)}
   if fileio.path(path).exists():
@@ -56,26 +58,36 @@ def _check_settings(out: str, sim: ml_collections.ConfigDict, tr_splits=SPLITS) 
     except (OSError, ValueError) as e:
       raise InputError(f"{path}: unreadable ({e}); restore it or choose a new --out") from None
     # Records written before tr_splits was recorded do not say; they are not rewritten.
-    diff = {k: (have.get(k), v) for k, v in want.items()
-            if have.get(k) != v and (k in have or k != "tr_splits")}
+    diff = {
+      k: (have.get(k), v)
+      for k, v in want.items()
+      if have.get(k) != v and (k in have or k != "tr_splits")
+    }
     if diff:
       listing = ", ".join(f"{k}: folder has {a!r}, asked {b!r}" for k, (a, b) in diff.items())
-      hint = {1: " (format 1: made by cdeit-jax 0.1, whose phantoms were drawn with numpy; this "
-                 "version cannot extend it)",
-              2: " (format 2: four phantom kinds and one fixed measuring system; this version "
-                 "draws other phantoms and a system per example, so it cannot extend it: its "
-                 "files still load for training and evaluation)"}.get(have.get("format"), "")
-      raise InputError(f"{path}: the folder was generated with other settings ({listing})"
-                       f"{hint}. Pass the folder's settings (--config.simulator.*) to extend "
-                       "it, or choose a new --out.")
+      hint = {
+        1: " (format 1: made by cdeit-jax 0.1, whose phantoms were drawn with numpy; this "
+        "version cannot extend it)",
+        2: " (format 2: four phantom kinds and one fixed measuring system; this version "
+        "draws other phantoms and a system per example, so it cannot extend it: its "
+        "files still load for training and evaluation)",
+      }.get(have.get("format"), "")
+      raise InputError(
+        f"{path}: the folder was generated with other settings ({listing})"
+        f"{hint}. Pass the folder's settings (--config.simulator.*) to extend "
+        "it, or choose a new --out."
+      )
     return
   splits = [fileio.path(fileio.join(out, sp)) for sp in SPLITS]
-  found = [str(d) for d in splits if d.is_dir() and any(f.name.endswith(".npz")
-                                                        for f in d.iterdir())]
+  found = [
+    str(d) for d in splits if d.is_dir() and any(f.name.endswith(".npz") for f in d.iterdir())
+  ]
   if found:
-    raise InputError(f"{out}: holds examples ({', '.join(found)}) but no simulate.json, so the "
-                     "settings that made them are unknown; choose a new --out (extending it "
-                     "could mix two datasets)")
+    raise InputError(
+      f"{out}: holds examples ({', '.join(found)}) but no simulate.json, so the "
+      "settings that made them are unknown; choose a new --out (extending it "
+      "could mix two datasets)"
+    )
   fileio.makedirs(out)
   fileio.write_text(path, json.dumps(want, indent=1))
 
@@ -89,6 +101,7 @@ class Generator:
 
     from cdeit_jax.common import sharding as shd
     from cdeit_jax.data import synthetic
+
     self.sim = sim
     synthetic.generator(sim)  # checks the settings now
     self.mesh = shd.make_mesh(jax.local_devices())
@@ -99,6 +112,7 @@ class Generator:
   def reconstruct(self, ys: np.ndarray) -> np.ndarray:
     if self.tikhonov is None:
       from cdeit_jax.eit import tikhonov
+
       alpha = self.sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA
       self.tikhonov = tikhonov.default_tikhonov(alpha, self.sim.contact_impedance)
     return self.tikhonov(ys)
@@ -106,8 +120,10 @@ class Generator:
   def __call__(self, split: str, indices: np.ndarray, with_tr: bool = True) -> dict:
     """Arrays of the examples `indices` (at most batch_size) of `split`."""
     from cdeit_jax.data import synthetic
-    ys, xs = synthetic.example_arrays(self.sim, split, np.asarray(indices), self.mesh,
-                                      pad_to=self.batch_size)
+
+    ys, xs = synthetic.example_arrays(
+      self.sim, split, np.asarray(indices), self.mesh, pad_to=self.batch_size
+    )
     out = {"ys": ys[..., None].astype(np.float32), "xs": xs.astype(np.float32)}
     if with_tr:
       out["TR"] = self.reconstruct(ys).astype(np.float32)
@@ -128,8 +144,14 @@ def _missing(n: int, have: set[int], size: int):
     yield np.asarray(chunk, np.int64)
 
 
-def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
-             batch_size: int = 64, tr_splits=SPLITS, progress: bool = True) -> dict:
+def generate(
+  out: str,
+  counts: dict[str, int],
+  sim: ml_collections.ConfigDict,
+  batch_size: int = 64,
+  tr_splits=SPLITS,
+  progress: bool = True,
+) -> dict:
   """Fill OUT with `counts[split]` examples per split of the distribution `sim`
   (`config.simulator`), keeping what is there; returns timings."""
   from tqdm import tqdm
@@ -145,8 +167,11 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
     d = fileio.join(out, split)
     fileio.makedirs(d)
     names = [f.name for f in fileio.path(d).iterdir()] if fileio.path(d).is_dir() else []
-    have = {int(f[:-4]) for f in names if f.endswith(".npz") and f[:-4].isdigit()
-            and f == file_name(int(f[:-4])) and int(f[:-4]) < n}
+    have = {
+      int(f[:-4])
+      for f in names
+      if f.endswith(".npz") and f[:-4].isdigit() and f == file_name(int(f[:-4])) and int(f[:-4]) < n
+    }
     todo[split] = (n, have)
   total = sum(n - len(have) for n, have in todo.values())
   new_train = "train" in todo and todo["train"][0] > len(todo["train"][1])
@@ -157,8 +182,10 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
     for name in ("mean.npy", "std.npy"):
       fileio.path(fileio.join(out, name)).unlink(missing_ok=True)
   t0, done = time.perf_counter(), 0
-  with concurrent.futures.ThreadPoolExecutor(2) as pool, tqdm(
-      total=total, desc=f"simulating into {out}", unit="example", disable=not progress) as bar:
+  with (
+    concurrent.futures.ThreadPoolExecutor(2) as pool,
+    tqdm(total=total, desc=f"simulating into {out}", unit="example", disable=not progress) as bar,
+  ):
     pending = []
     for split, (n, have) in todo.items():
       for chunk in _missing(n, have, gen.batch_size):
@@ -169,7 +196,7 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
           write = functools.partial(_savez, arrays=ex)
           pending.append(pool.submit(fileio.atomic_write, path, write))
         for f in [f for f in pending if f.done()]:
-          f.result()                                    # re-raise a failed write now
+          f.result()  # re-raise a failed write now
         pending = [f for f in pending if not f.done()]
         done += len(chunk)
         bar.update(len(chunk))
@@ -177,13 +204,18 @@ def generate(out: str, counts: dict[str, int], sim: ml_collections.ConfigDict,
     for f in pending:
       f.result()
   elapsed = time.perf_counter() - t0
-  if counts.get("train", 0) >= 2 and (new_train or not fileio.path(
-      fileio.join(out, "std.npy")).exists()):
+  if counts.get("train", 0) >= 2 and (
+    new_train or not fileio.path(fileio.join(out, "std.npy")).exists()
+  ):
     from cdeit_jax.data import stats as stats_lib
+
     mean, std = stats_lib.compute_stats(fileio.join(out, "train"), progress=False)
     stats_lib.write_stats(out, mean, std)
-  return {"generated": total, "seconds": elapsed,
-          "examples_per_s": total / elapsed if total else None}
+  return {
+    "generated": total,
+    "seconds": elapsed,
+    "examples_per_s": total / elapsed if total else None,
+  }
 
 
 def main(argv: list[str]) -> None:
@@ -191,8 +223,10 @@ def main(argv: list[str]) -> None:
   f = FLAGS
   tr = tuple(x for x in f.tr_splits.split(",") if x)
   if set(tr) - set(SPLITS):
-    raise InputError(f"--tr_splits: unknown splits {sorted(set(tr) - set(SPLITS))}; use a "
-                     f"comma-separated subset of {','.join(SPLITS)}")
+    raise InputError(
+      f"--tr_splits: unknown splits {sorted(set(tr) - set(SPLITS))}; use a "
+      f"comma-separated subset of {','.join(SPLITS)}"
+    )
   counts = {"train": f.num_train, "valid": f.num_valid, "test": f.num_test}
   r = generate(f.out, counts, f.config.simulator, f.batch_size, tr)
   rate = f", {r['examples_per_s']:.1f} examples/s" if r["generated"] else ""
@@ -204,20 +238,32 @@ if __name__ == "__main__":
   from ml_collections import config_flags
 
   from cdeit_jax import cli, config_lib
+
   try:
     config_flags.DEFINE_config_file(
-        "config", config_lib.__file__, "config file; its `simulator` section is the "
-        "distribution (default: the default config); change keys with "
-        "--config.simulator.snr_db=30", lock_config=True)
+      "config",
+      config_lib.__file__,
+      "config file; its `simulator` section is the "
+      "distribution (default: the default config); change keys with "
+      "--config.simulator.snr_db=30",
+      lock_config=True,
+    )
   except (KeyError, AttributeError) as e:  # an unknown --config.KEY on the command line
     cli.unknown_config_key(sys.argv, e)
   flags.DEFINE_string("out", None, "dataset folder (created or extended)")
   for split in SPLITS:
     flags.DEFINE_integer(f"num_{split}", 0, f"examples in {split}/", lower_bound=0)
-  flags.DEFINE_integer("batch_size", 64, "examples per device call (rounded up to a multiple "
-                       "of the devices)", lower_bound=1)
-  flags.DEFINE_string("tr_splits", ",".join(SPLITS), "splits whose files get the Tikhonov "
-                      "reconstruction TR (comma-separated)")
+  flags.DEFINE_integer(
+    "batch_size",
+    64,
+    "examples per device call (rounded up to a multiple of the devices)",
+    lower_bound=1,
+  )
+  flags.DEFINE_string(
+    "tr_splits",
+    ",".join(SPLITS),
+    "splits whose files get the Tikhonov reconstruction TR (comma-separated)",
+  )
   cli.define_cache_flag()
   flags.mark_flags_as_required(["out"])
   FLAGS = flags.FLAGS

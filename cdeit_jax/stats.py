@@ -15,12 +15,19 @@ from cdeit_jax.data import stats
 from cdeit_jax.eit import measurement
 
 flags.DEFINE_string("preset", "simulated", f"the split's units: {', '.join(measurement.PRESETS)}")
-flags.DEFINE_float("voltage_ratio", None, "measured / simulated voltage units (overrides the "
-                   "preset's)")
-flags.DEFINE_string("out", None, "where to write mean.npy and std.npy (default: the split's "
-                    "parent, where the loaders look first)")
-flags.DEFINE_boolean("skip_bad_files", False, "skip unreadable or invalid files with a warning "
-                     "(default: stop and list them)")
+flags.DEFINE_float(
+  "voltage_ratio", None, "measured / simulated voltage units (overrides the preset's)"
+)
+flags.DEFINE_string(
+  "out",
+  None,
+  "where to write mean.npy and std.npy (default: the split's parent, where the loaders look first)",
+)
+flags.DEFINE_boolean(
+  "skip_bad_files",
+  False,
+  "skip unreadable or invalid files with a warning (default: stop and list them)",
+)
 FLAGS = flags.FLAGS
 
 
@@ -30,8 +37,9 @@ def main(argv: list[str]) -> None:
   split = argv[1]
   out = FLAGS.out or fileio.dirname(split)
   fileio.writable_folder(out, "--out")
-  mean, std = stats.compute_stats(split, FLAGS.preset, voltage_ratio=FLAGS.voltage_ratio,
-                                  skip_bad=FLAGS.skip_bad_files)
+  mean, std = stats.compute_stats(
+    split, FLAGS.preset, voltage_ratio=FLAGS.voltage_ratio, skip_bad=FLAGS.skip_bad_files
+  )
   stats.write_stats(out, mean, std)
   print(f"wrote {out}/mean.npy, {out}/std.npy from {split}: std median {np.median(std):.3e}")
 

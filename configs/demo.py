@@ -17,8 +17,14 @@ from cdeit_jax import config_lib
 
 def get_config():
   c = config_lib.default_config()
-  c.model.update(patch_size=8, hidden_size=64, num_heads=4, num_scales=2, cond="eim+linear",
-                 cond_alphas=(0.03, 0.3))
+  c.model.update(
+    patch_size=8,
+    hidden_size=64,
+    num_heads=4,
+    num_scales=2,
+    cond="eim+linear",
+    cond_alphas=(0.03, 0.3),
+  )
   c.data.update(num_threads=2, prefetch=4)
   c.batch_size = 16
   c.steps = 5000

@@ -20,8 +20,17 @@ def get_config():
   c.simulator.seed = 20231
   c.simulator.snr_db = 35.0
   c.simulator.system.update(
-      gain=(1.3, 1.3), contact_impedance=(0.03, 0.3), rotation_deg=6.0, jitter_deg=2.0,
-      width_deg=(9.0, 9.0), width_jitter=0.1, passive=1.0, radius=(0.85, 0.85),
-      background=(0.9, 0.9), snr_spread_db=0.0, device_seed=7)
+    gain=(1.3, 1.3),
+    contact_impedance=(0.03, 0.3),
+    rotation_deg=6.0,
+    jitter_deg=2.0,
+    width_deg=(9.0, 9.0),
+    width_jitter=0.1,
+    passive=1.0,
+    radius=(0.85, 0.85),
+    background=(0.9, 0.9),
+    snr_spread_db=0.0,
+    device_seed=7,
+  )
   c.simulator.phantom.update(v_min=0.8, v_max=1.0)
   return c

@@ -13,8 +13,15 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def get_config():
   c = config_lib.default_config()
   c.model.update(patch_size=8, hidden_size=32, num_heads=4, num_scales=1)  # token grid 16
-  c.data.update(path=os.path.join(REPO, "data"), train_split="uef2017", valid_split="uef2017",
-                preset="uef2017", stats="authors", num_threads=2, prefetch=2)
+  c.data.update(
+    path=os.path.join(REPO, "data"),
+    train_split="uef2017",
+    valid_split="uef2017",
+    preset="uef2017",
+    stats="authors",
+    num_threads=2,
+    prefetch=2,
+  )
   c.batch_size = 8
   c.steps = 20
   c.optimizer.lr = 1e-3

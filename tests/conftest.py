@@ -2,8 +2,9 @@
 
 import os
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the commands run (cdeit_jax/cpu_tuning.py)
 # One persistent compilation cache for the session, inherited by the train.py subprocesses
@@ -47,6 +48,7 @@ def small_model(small_state_dict):
 
   from cdeit_jax.convert import load_torch_state_dict
   from cdeit_jax.model.network import CDEIT
+
   model = CDEIT(hidden_size=64, attention_query_chunk=1024, rngs=nnx.Rngs(0))
   return load_torch_state_dict(model, small_state_dict)
 
@@ -63,6 +65,7 @@ def tiny_model():
   from flax import nnx
 
   from cdeit_jax.model.network import CDEIT
+
   model = CDEIT(**TINY, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   leaves, treedef = jax.tree.flatten(state)
@@ -77,6 +80,7 @@ def wait_for_first_log(workdir, timeout: float = 300) -> None:
   import time
 
   from cdeit_jax.common import fileio
+
   metrics = fileio.join(workdir, "metrics.jsonl")
   pause = 0.25 if fileio.is_remote(metrics) else 0.05  # the emulator serves one request at a time
   deadline = time.time() + timeout
@@ -90,6 +94,7 @@ def sigterm_after_first_log(p, workdir, timeout: float = 300) -> int:
   import signal
 
   from cdeit_jax.checkpoints import checkpoint
+
   wait_for_first_log(workdir, timeout)
   p.send_signal(signal.SIGTERM)
   _, err = p.communicate(timeout=timeout)
@@ -109,6 +114,7 @@ RESUME_STEPS = ["--config.steps=24", "--config.log_every=2", "--config.eval_ever
 
 def free_port() -> int:
   import socket
+
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
@@ -119,10 +125,24 @@ def run_train(workdir, *overrides, env=None, wait=True):
   process (`wait=False`)."""
   import subprocess
   import sys
-  cmd = [sys.executable, str(REPO / "train.py"), "--config", TEST_CONFIG, "--workdir",
-         str(workdir), *overrides]
-  p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       env=env or os.environ.copy(), cwd=REPO)
+
+  cmd = [
+    sys.executable,
+    str(REPO / "train.py"),
+    "--config",
+    TEST_CONFIG,
+    "--workdir",
+    str(workdir),
+    *overrides,
+  ]
+  p = subprocess.Popen(
+    cmd,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    env=env or os.environ.copy(),
+    cwd=REPO,
+  )
   if wait:
     out, err = p.communicate(timeout=300)
     return p.returncode, out, err
@@ -134,14 +154,27 @@ def two_processes(script: str, *args: str) -> list:
   the --coordinator_address/--num_processes/--process_id flags of train.py and eval.py)."""
   import subprocess
   import sys
+
   port = free_port()
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
-  return [subprocess.Popen([sys.executable, str(REPO / script), *args,
-                            f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                            f"--process_id={i}"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-          for i in range(2)]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  return [
+    subprocess.Popen(
+      [
+        sys.executable,
+        str(REPO / script),
+        *args,
+        f"--coordinator_address=127.0.0.1:{port}",
+        "--num_processes=2",
+        f"--process_id={i}",
+      ],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env=env,
+      cwd=REPO,
+    )
+    for i in range(2)
+  ]
 
 
 def finish(procs, timeout: float = 300) -> list[str]:
@@ -174,6 +207,7 @@ def tiny_run(tmp_path_factory):
   from cdeit_jax.checkpoints import checkpoint
   from cdeit_jax.data import stats
   from cdeit_jax.model.network import CDEIT
+
   wd = tmp_path_factory.mktemp("tiny_run")
   cfg = config_lib.load(str(REPO / "configs" / "test.py"))
   model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
@@ -195,6 +229,7 @@ def final_state(workdir, cfg, devices=None):
   from cdeit_jax.common import sharding as shd
   from cdeit_jax.data import pipeline, sources
   from cdeit_jax.train import training
+
   mesh = shd.make_mesh(devices)
   state = training.setup(cfg, mesh).state
   abstract = jax.eval_shape(lambda: state)
@@ -225,11 +260,15 @@ def gcs(tmp_path_factory):
   import sys
   import time
   import urllib.request
+
   pytest.importorskip("gcp_storage_emulator")
   port = free_port()
   logfile = open(tmp_path_factory.mktemp("gcs") / "server.log", "w")
-  server = subprocess.Popen([sys.executable, str(REPO / "tests" / "gcs_server.py"), str(port),
-                             GCS_BUCKET], stdout=logfile, stderr=subprocess.STDOUT)
+  server = subprocess.Popen(
+    [sys.executable, str(REPO / "tests" / "gcs_server.py"), str(port), GCS_BUCKET],
+    stdout=logfile,
+    stderr=subprocess.STDOUT,
+  )
   url = f"http://127.0.0.1:{port}"
   deadline = time.time() + 60
   while True:
@@ -239,10 +278,14 @@ def gcs(tmp_path_factory):
     except OSError:
       assert server.poll() is None and time.time() < deadline, "the GCS server did not start"
       time.sleep(0.1)
-  settings = {"STORAGE_EMULATOR_HOST": url, "TENSORSTORE_GCS_HTTP_URL": url,
-              "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator", "GOOGLE_CLOUD_PROJECT": "cdeit-test",
-              # gcsfs asks the Storage Control API (which the emulator lacks) for the layout
-              "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+  settings = {
+    "STORAGE_EMULATOR_HOST": url,
+    "TENSORSTORE_GCS_HTTP_URL": url,
+    "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",
+    "GOOGLE_CLOUD_PROJECT": "cdeit-test",
+    # gcsfs asks the Storage Control API (which the emulator lacks) for the layout
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+  }
   saved = {k: os.environ.get(k) for k in settings}
   os.environ.update(settings)
   pytest.importorskip("gcsfs")  # after the settings: gcsfs reads its feature switch on import

@@ -26,14 +26,27 @@ for _ in range(len(src) // 8):
   host = next(it)
   seen += host["index"].tolist()
   g = pipeline.to_global(host, mesh)
-  shapes.append([list(g["cond"].shape), len(g["cond"].addressable_shards),
-                 g["cond"].sharding.spec == jax.sharding.PartitionSpec("data")])
+  shapes.append(
+    [
+      list(g["cond"].shape),
+      len(g["cond"].addressable_shards),
+      g["cond"].sharding.spec == jax.sharding.PartitionSpec("data"),
+    ]
+  )
   # the global array really spans both processes: sum its indices with a collective
-  total = jax.jit(lambda a: a.sum(), out_shardings=jax.sharding.NamedSharding(
-      mesh, jax.sharding.PartitionSpec()))(g["index"])
+  total = jax.jit(
+    lambda a: a.sum(), out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  )(g["index"])
   shapes[-1].append(int(total))
 ev_idx, ev_mask = pipeline.eval_indices(len(src), 8)
 with open(out, "w") as fh:
-  json.dump({"seen": seen, "shapes": shapes,
-             "eval": ev_idx[ev_mask.astype(bool)].tolist(), "devices": jax.device_count()}, fh)
+  json.dump(
+    {
+      "seen": seen,
+      "shapes": shapes,
+      "eval": ev_idx[ev_mask.astype(bool)].tolist(),
+      "devices": jax.device_count(),
+    },
+    fh,
+  )
 jax.distributed.shutdown()

@@ -7,16 +7,21 @@ import sys
 
 import pytest
 
-pytest.importorskip("libtpu", reason="libtpu is not installed (pip install -e '.[tpu]'); "
-                    ".ci/run installs it")
+pytest.importorskip(
+  "libtpu", reason="libtpu is not installed (pip install -e '.[tpu]'); .ci/run installs it"
+)
 
 from cdeit_jax import config_lib
 from cdeit_jax.model import flops  # noqa: E402
 from cdeit_jax.train import aot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SMALL = ["--config.model.patch_size=4", "--config.model.hidden_size=32",
-         "--config.model.num_heads=4", "--config.model.num_scales=2"]
+SMALL = [
+  "--config.model.patch_size=4",
+  "--config.model.hidden_size=32",
+  "--config.model.num_heads=4",
+  "--config.model.num_scales=2",
+]
 
 
 def _small_cfg(batch):
@@ -33,12 +38,16 @@ def _traced_forward_flops(cfg) -> float:
   from flax import nnx
 
   from cdeit_jax.model.network import CDEIT
+
   kw = dict(config_lib.model_kwargs(cfg, "cpu"), attention_impl="xla")
   graphdef, state = nnx.split(nnx.eval_shape(lambda: CDEIT(**kw, rngs=nnx.Rngs(0))))
   size = kw["image_size"]
   jaxpr = jax.make_jaxpr(lambda s, x, t, c: nnx.merge(graphdef, s)(x, t, c))(
-      state, jax.ShapeDtypeStruct((1, size, size, 1), jnp.float32),
-      jax.ShapeDtypeStruct((1,), jnp.int32), jax.ShapeDtypeStruct((1, 16, 16, 1), jnp.float32))
+    state,
+    jax.ShapeDtypeStruct((1, size, size, 1), jnp.float32),
+    jax.ShapeDtypeStruct((1,), jnp.int32),
+    jax.ShapeDtypeStruct((1, 16, 16, 1), jnp.float32),
+  )
   return flops.jaxpr_matmul_flops(jaxpr)
 
 
@@ -51,11 +60,15 @@ def test_small_model_compiles_for_v5e8(tmp_path):
   assert (saved["topology"], saved["num_devices"], saved["num_hosts"]) == ("v5e-8", 8, 1)
   assert saved["device_kind"] == "TPU v5 lite"
   assert saved["attention_impl"] == "splash"
-  assert saved["hbm_bytes_per_device"] == int(15.75 * 2 ** 30)
+  assert saved["hbm_bytes_per_device"] == int(15.75 * 2**30)
   m = saved["memory"]
-  assert saved["peak_bytes_per_device"] == (m["argument_size_in_bytes"] + m["output_size_in_bytes"]
-                                            - m["alias_size_in_bytes"] + m["temp_size_in_bytes"]
-                                            + m["generated_code_size_in_bytes"])
+  assert saved["peak_bytes_per_device"] == (
+    m["argument_size_in_bytes"]
+    + m["output_size_in_bytes"]
+    - m["alias_size_in_bytes"]
+    + m["temp_size_in_bytes"]
+    + m["generated_code_size_in_bytes"]
+  )
   assert 0 < saved["peak_bytes_per_device"] < saved["hbm_bytes_per_device"]
   assert m["alias_size_in_bytes"] > 0  # the state is donated
   # FLOPs: the traced model's matmuls (a second count, not the analytic formula the report uses),
@@ -70,10 +83,25 @@ def test_cli_says_when_it_does_not_fit(tmp_path):
   """A batch far too big: exit 1, fits false with the compiler's figure, concrete advice."""
   env = dict(os.environ, XLA_FLAGS="", ALLOW_MULTIPLE_LIBTPU_LOAD="1")  # this process holds libtpu
   r = subprocess.run(
-      [sys.executable, os.path.join(ROOT, "train.py"), "--config", "configs/v5e8.py",
-       "--compile_topology", "v5e-8", "--workdir", str(tmp_path), *SMALL,
-       "--config.model.attention_impl=xla", "--config.batch_size=65536"],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    [
+      sys.executable,
+      os.path.join(ROOT, "train.py"),
+      "--config",
+      "configs/v5e8.py",
+      "--compile_topology",
+      "v5e-8",
+      "--workdir",
+      str(tmp_path),
+      *SMALL,
+      "--config.model.attention_impl=xla",
+      "--config.batch_size=65536",
+    ],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert r.returncode == 1, r.stderr[-3000:]
   saved = json.loads((tmp_path / "compile.json").read_text())
   assert saved["fits"] is False and not saved["within_margin"]

@@ -33,8 +33,10 @@ def test_blocked_matches_xla(dtype, tol):
   out = attention.blocked_attention(q, k, v, None, 256)
   assert out.dtype == dtype
   assert _rel(out, ref) < tol
-  for g, g_ref in zip(_grads(lambda *a: attention.blocked_attention(*a, None, 256), q, k, v, w),
-                      _grads(jax.nn.dot_product_attention, q, k, v, w)):
+  for g, g_ref in zip(
+    _grads(lambda *a: attention.blocked_attention(*a, None, 256), q, k, v, w),
+    _grads(jax.nn.dot_product_attention, q, k, v, w),
+  ):
     assert _rel(g, g_ref) < tol
 
 
@@ -73,8 +75,11 @@ def test_splash_runs_per_device_under_a_mesh():
   mesh = shd.make_mesh()
   assert mesh.shape[shd.DATA] == 8
   q, k, v, _ = _qkv((8, 256, 2, 16))
-  fn = jax.jit(lambda q, k, v: attention.splash_attention(q, k, v, 128, interpret=True),
-               in_shardings=shd.batch_sharded(mesh), out_shardings=shd.batch_sharded(mesh))
+  fn = jax.jit(
+    lambda q, k, v: attention.splash_attention(q, k, v, 128, interpret=True),
+    in_shardings=shd.batch_sharded(mesh),
+    out_shardings=shd.batch_sharded(mesh),
+  )
   with jax.set_mesh(mesh):
     lowered = fn.lower(q, k, v)
     out = lowered.compile()(*(jax.device_put(x, shd.batch_sharded(mesh)) for x in (q, k, v)))
@@ -82,17 +87,20 @@ def test_splash_runs_per_device_under_a_mesh():
   assert _rel(out, jax.nn.dot_product_attention(q, k, v)) < 5e-6
 
 
-@pytest.mark.parametrize("impl,platform,dtype,want", [
+@pytest.mark.parametrize(
+  "impl,platform,dtype,want",
+  [
     ("auto", "tpu", "bfloat16", "splash"),
     ("auto", "gpu", "bfloat16", "cudnn"),
     ("auto", "gpu", "float32", "blocked"),
     ("auto", "cpu", "float32", "blocked"),
     (None, "cpu", "bfloat16", "blocked"),
-    ("cudnn", "gpu", "float32", "blocked"),    # cuDNN takes 16-bit inputs only
+    ("cudnn", "gpu", "float32", "blocked"),  # cuDNN takes 16-bit inputs only
     ("cudnn", "cpu", "bfloat16", "blocked"),
-    ("splash", "cpu", "float32", "blocked"),   # a TPU checkpoint evaluated on CPU
+    ("splash", "cpu", "float32", "blocked"),  # a TPU checkpoint evaluated on CPU
     ("xla", "tpu", "bfloat16", "xla"),
-])
+  ],
+)
 def test_resolve(impl, platform, dtype, want):
   assert attention.resolve(impl, platform, dtype) == want
 

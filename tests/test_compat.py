@@ -39,6 +39,7 @@ def test_tpu_compiler_out_of_memory_and_its_figure():
   with a figure above the chip's memory (it did not fit) and below the 64 GiB product."""
   pytest.importorskip("libtpu")
   from cdeit_jax.train import aot
+
   try:
     devices = aot.topology_devices("v5e-8")
   except Exception as e:  # libtpu without compile-only support here
@@ -46,11 +47,12 @@ def test_tpu_compiler_out_of_memory_and_its_figure():
   mesh = jax.sharding.Mesh(np.array(devices[:1]), ("d",))
   s = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   f = jax.jit(lambda x: (x @ x.T).sum(), in_shardings=s, out_shardings=s)
-  e = _raised(lambda: f.lower(jax.ShapeDtypeStruct((1 << 17, 1 << 15), jnp.float32,
-                                                   sharding=s)).compile())
+  e = _raised(
+    lambda: f.lower(jax.ShapeDtypeStruct((1 << 17, 1 << 15), jnp.float32, sharding=s)).compile()
+  )
   assert compat.is_out_of_memory(e)
   need = compat.required_bytes(e)
-  assert need is not None and 15.75 * 2 ** 30 < need <= 64 * 2 ** 30, (need, str(e)[:300])
+  assert need is not None and 15.75 * 2**30 < need <= 64 * 2**30, (need, str(e)[:300])
 
 
 def test_tensorstore_names_the_array_the_file_and_the_reason(tmp_path):
@@ -78,8 +80,9 @@ def full_disk(tmp_path):
   """A 256 KiB tmpfs (needs root and mount; skipped elsewhere)."""
   m = tmp_path / "full"
   m.mkdir()
-  r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(m)],
-                     capture_output=True, text=True)
+  r = subprocess.run(
+    ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(m)], capture_output=True, text=True
+  )
   if r.returncode:
     pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
   yield m

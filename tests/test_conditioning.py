@@ -71,6 +71,7 @@ def test_conditioner_follows_the_simulators_contact_impedance(conditioner, cond_
   config.simulator's system: at contact impedance 0.05 they are the Tikhonov images of that
   system's Jacobian (a second implementation), and differ from those at the default 0.01."""
   from cdeit_jax.eit import tikhonov
+
   cond, ys = cond_and_ys
   cfg = _pi_config()
   cfg.simulator.contact_impedance = 0.05
@@ -97,8 +98,9 @@ def test_forward_is_the_jacobian_inside_the_disk(conditioner):
 def test_calibrate_scales_each_channel_to_unit_std(uef):
   c = conditioning.LinearConditioner(ALPHAS)
   scale = conditioning.calibrate(c, uef, limit=10, batch=4)
-  raw = np.stack([uef[i]["voltages"] for i in range(10)]).reshape(10, 208) * uef.std.reshape(208) \
-      + uef.mean.reshape(208)
+  raw = np.stack([uef[i]["voltages"] for i in range(10)]).reshape(10, 208) * uef.std.reshape(
+    208
+  ) + uef.mean.reshape(208)
   for k, alpha in enumerate(ALPHAS):
     std = eit.Tikhonov(alpha=alpha)(raw)[:, DISK].astype(np.float64).std()
     assert scale[k] == pytest.approx(1 / std, rel=1e-4)
@@ -113,17 +115,20 @@ def test_data_consistency_step(uef, cond_and_ys):
   want = eit.Tikhonov(alpha=0.1)(ys)
   assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
   # an image whose linearised voltages are the measurements is a fixed point
-  x = jnp.asarray(np.random.default_rng(1).normal(size=(6, 128, 128, 1)) * DISK[..., None],
-                  jnp.float32)
+  x = jnp.asarray(
+    np.random.default_rng(1).normal(size=(6, 128, 128, 1)) * DISK[..., None], jnp.float32
+  )
   y = np.asarray(dc.op.forward(x))
   eim = measurement.DEFAULT.eim(
-      ((y / 1.0 - uef.mean.reshape(208)) / uef.std.reshape(208)).reshape(6, 16, 13))
+    ((y / 1.0 - uef.mean.reshape(208)) / uef.std.reshape(208)).reshape(6, 16, 13)
+  )
   fixed = np.asarray(dc(x, jnp.asarray(eim[..., None], jnp.float32)))
   assert np.abs(fixed - np.asarray(x)).max() <= 1e-3 * np.abs(np.asarray(x)).max()
   # half strength moves half way; each step shrinks the data misfit
   half = conditioning.DataConsistency(uef.mean, uef.std, strength=0.5, alpha=0.1)
-  np.testing.assert_allclose(np.asarray(half(jnp.zeros((6, 128, 128, 1)), cond))[..., 0],
-                             got / 2, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(
+    np.asarray(half(jnp.zeros((6, 128, 128, 1)), cond))[..., 0], got / 2, rtol=1e-5, atol=1e-7
+  )
   misfit = lambda z: np.linalg.norm(np.asarray(dc.op.forward(z)) - ys)
   z = jnp.zeros((6, 128, 128, 1))
   last = misfit(z)
@@ -139,11 +144,13 @@ def test_sampler_applies_the_correction_every_step():
   input), and the last step returns the corrected x0."""
   d = jnp.full((2, 128, 128, 1), 0.25)
   apply = lambda x, t, cond: 0.5 * x
-  sample = lambda f, correct: Diffusion().sample_fn(f, jnp.zeros((2, 16, 16, 1)), steps=3,
-                                                    key=jax.random.key(0), correct=correct)
+  sample = lambda f, correct: Diffusion().sample_fn(
+    f, jnp.zeros((2, 16, 16, 1)), steps=3, key=jax.random.key(0), correct=correct
+  )
   corrected = sample(apply, lambda x0, c: x0 + d)
-  np.testing.assert_allclose(corrected, sample(lambda x, t, c: apply(x, t, c) + d, None),
-                             rtol=0, atol=1e-6)
+  np.testing.assert_allclose(
+    corrected, sample(lambda x, t, c: apply(x, t, c) + d, None), rtol=0, atol=1e-6
+  )
   # correcting only the last step is another trajectory
   last_only = sample(apply, None) + d
   assert np.abs(np.asarray(corrected - last_only)).max() > 1e-3
@@ -180,38 +187,64 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path, caplog
   t = jnp.array([10, 500])
   np.testing.assert_array_equal(loaded(x, t, cond), model(x, t, cond))
   for name in ("scale", "voltage_std", "basis_t"):
-    np.testing.assert_array_equal(getattr(loaded.conditioner, name)[...],
-                                  getattr(model.conditioner, name)[...])
+    np.testing.assert_array_equal(
+      getattr(loaded.conditioner, name)[...], getattr(model.conditioner, name)[...]
+    )
   # the linear channels matter: zeroing them changes the output
   loaded.conditioner.scale[...] = jnp.zeros(len(ALPHAS))
   assert np.abs(np.asarray(loaded(x, t, cond)) - np.asarray(model(x, t, cond))).max() > 1e-3
 
   out = tmp_path / "eval"
-  r = evaluate.evaluate(str(tmp_path / "run"), "uef2017", UEF, str(out), {
-      "sampling.steps": 2, "sampling.batch_size": 8, "eval.max_examples": 8,
-      "eval.figure": False, "sampling.data_consistency": 0.5})
+  r = evaluate.evaluate(
+    str(tmp_path / "run"),
+    "uef2017",
+    UEF,
+    str(out),
+    {
+      "sampling.steps": 2,
+      "sampling.batch_size": 8,
+      "eval.max_examples": 8,
+      "eval.figure": False,
+      "sampling.data_consistency": 0.5,
+    },
+  )
   m = json.loads((out / "metrics.json").read_text())
   assert m["settings"]["data_consistency"] == 0.5
   target = np.stack([uef[i]["target"][..., 0] for i in range(8)])
-  assert m["metrics"]["empty"]["rmse"] == pytest.approx(np.sqrt((target ** 2).mean()), rel=1e-9)
+  assert m["metrics"]["empty"]["rmse"] == pytest.approx(np.sqrt((target**2).mean()), rel=1e-9)
   assert "cc" not in m["metrics"]["empty"]
   assert 0 < r["metrics"]["cdeit"]["ssim_disk"] < 1
   # other statistics than the model's: a warning, since its channels would be wrong
   other = tmp_path / "other_stats"
   stats_lib.write_stats(str(other), uef.mean * 1.1, uef.std)
   with caplog.at_level(logging.WARNING, logger="cdeit_jax"):
-    evaluate.evaluate(str(tmp_path / "run"), "uef2017", UEF, str(tmp_path / "e2"), {
-        "sampling.steps": 1, "sampling.batch_size": 8, "eval.max_examples": 1,
-        "eval.figure": False, "eval.stats": str(other)})
+    evaluate.evaluate(
+      str(tmp_path / "run"),
+      "uef2017",
+      UEF,
+      str(tmp_path / "e2"),
+      {
+        "sampling.steps": 1,
+        "sampling.batch_size": 8,
+        "eval.max_examples": 1,
+        "eval.figure": False,
+        "eval.stats": str(other),
+      },
+    )
   assert "other statistics than this physics-informed model" in caplog.text
   caplog.clear()
   with caplog.at_level(logging.WARNING, logger="cdeit_jax"):
-    evaluate.evaluate(str(tmp_path / "run"), "uef2017", UEF, str(tmp_path / "e3"), {
-        "sampling.steps": 1, "sampling.batch_size": 8, "eval.max_examples": 1,
-        "eval.figure": False})
+    evaluate.evaluate(
+      str(tmp_path / "run"),
+      "uef2017",
+      UEF,
+      str(tmp_path / "e3"),
+      {"sampling.steps": 1, "sampling.batch_size": 8, "eval.max_examples": 1, "eval.figure": False},
+    )
   assert "other statistics" not in caplog.text
   # the README's figure from the same outputs
   from cdeit_jax import report
+
   report.figure(str(out), str(tmp_path / "fig.png"), rows=2)
   assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -222,11 +255,14 @@ def test_converting_a_physics_informed_model_is_refused():
     convert.export_torch_state_dict(model)
 
 
-@pytest.mark.parametrize("over, match", [
+@pytest.mark.parametrize(
+  "over, match",
+  [
     (dict(cond="tikhonov"), "config.model.cond"),
     (dict(cond_alphas=(0.1, -1.0)), "config.model.cond_alphas"),
     (dict(cond_alphas=()), "config.model.cond_alphas"),
-])
+  ],
+)
 def test_bad_condition_settings_are_named(over, match):
   cfg = _pi_config()
   cfg.model.update(over)

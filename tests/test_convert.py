@@ -39,8 +39,11 @@ def test_full_published_state_dict_loads():
     elif k == "pos_embed":  # the fixed sin-cos table (checked on import, not loaded)
       sd[k] = sincos_pos_embed_2d(s[2], int(np.sqrt(s[1])))[None]
     else:
-      sd[k] = rng.standard_normal(s).astype(np.float32) if np.prod(s) < 10_000 else \
-          np.full(s, 0.5, np.float32)
+      sd[k] = (
+        rng.standard_normal(s).astype(np.float32)
+        if np.prod(s) < 10_000
+        else np.full(s, 0.5, np.float32)
+      )
   model = load_torch_state_dict(CDEIT(rngs=nnx.Rngs(0)), sd)
   assert count_params(model) == 109_719_108
   back = export_torch_state_dict(model)
@@ -65,8 +68,9 @@ def test_mismatches_are_all_listed(small_state_dict):
 def test_tensors_that_are_not_weights_are_refused(small_state_dict):
   """A NaN weight, an integer, a boolean or a string tensor: each named, nothing cast."""
   sd = dict(small_state_dict)
-  sd["blocks.mid.attn.qkv.bias"] = np.where(np.arange(sd["blocks.mid.attn.qkv.bias"].size) == 3,
-                                            np.nan, sd["blocks.mid.attn.qkv.bias"])
+  sd["blocks.mid.attn.qkv.bias"] = np.where(
+    np.arange(sd["blocks.mid.attn.qkv.bias"].size) == 3, np.nan, sd["blocks.mid.attn.qkv.bias"]
+  )
   sd["final_layer.linear.bias"] = sd["final_layer.linear.bias"].astype(np.int64)
   sd["t_embedder.mlp.0.bias"] = sd["t_embedder.mlp.0.bias"] > 0
   with pytest.raises(StateDictMismatch) as e:
@@ -76,9 +80,14 @@ def test_tensors_that_are_not_weights_are_refused(small_state_dict):
   assert "t_embedder.mlp.0.bias: bool" in msg
   assert "non-finite values (1)" in msg and "blocks.mid.attn.qkv.bias: 1 NaN" in msg
   with pytest.raises(ValueError, match="step -1: must be an integer >= 0"):
-    checkpoint.save_inference("/nonexistent", CDEIT(hidden_size=64, rngs=nnx.Rngs(0)),
-                              config_lib.default_config(), mean=np.zeros(208),
-                              std=np.ones(208), step=-1)
+    checkpoint.save_inference(
+      "/nonexistent",
+      CDEIT(hidden_size=64, rngs=nnx.Rngs(0)),
+      config_lib.default_config(),
+      mean=np.zeros(208),
+      std=np.ones(208),
+      step=-1,
+    )
 
 
 def test_wrong_width_is_reported(small_state_dict):
@@ -131,19 +140,22 @@ def test_convert_writes_loadable_checkpoint(tmp_path):
     convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
   (tmp_path / "run" / "metrics.jsonl").write_text("")  # as train.py's workdirs hold
   with pytest.raises(ValueError, match="is a training run's .* give a new --workdir"):
-    convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"),
-                    step=5)
+    convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"), step=5)
 
 
-@pytest.mark.parametrize("edit, match", [
+@pytest.mark.parametrize(
+  "edit, match",
+  [
     (lambda m: m["stats"].update(mean="oops"), "stats must hold the lists mean and std"),
     (lambda m: m["model"].update(hidden_size="64"), "its config does not fit this version's"),
     (lambda m: m.update(step="7"), "step is '7', the folder says 0"),
     (lambda m: m.update(config=[1]), "config is a list, not a mapping"),
-])
+  ],
+)
 def test_edited_metadata_is_one_line(tmp_path, edit, match):
   """Metadata edited to wrong types is refused when read, before any sampling."""
   import json
+
   cfg = config_lib.default_config()
   cfg.model.hidden_size = 64
   convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
@@ -157,17 +169,40 @@ def test_edited_metadata_is_one_line(tmp_path, edit, match):
 
 def test_convert_command_line(tmp_path):
   import subprocess
+
   r = subprocess.run(
-      [sys.executable, "-m", "cdeit_jax.convert", "--config", "configs/default.py",
-       "--config.model.hidden_size=64", "--checkpoint", str(FIXTURES / "dit_small_state_dict.npz"),
-       "--workdir", str(tmp_path / "run")], capture_output=True, text=True)
+    [
+      sys.executable,
+      "-m",
+      "cdeit_jax.convert",
+      "--config",
+      "configs/default.py",
+      "--config.model.hidden_size=64",
+      "--checkpoint",
+      str(FIXTURES / "dit_small_state_dict.npz"),
+      "--workdir",
+      str(tmp_path / "run"),
+    ],
+    capture_output=True,
+    text=True,
+  )
   assert r.returncode == 0, r.stderr
   assert checkpoint.read_meta(str(tmp_path / "run"))["model"]["hidden_size"] == 64
   r = subprocess.run(
-      [sys.executable, "-m", "cdeit_jax.convert", "--config", "configs/default.py",
-       "--checkpoint", str(FIXTURES / "dit_small_state_dict.npz"),
-       "--workdir", str(tmp_path / "b")],
-      capture_output=True, text=True)
+    [
+      sys.executable,
+      "-m",
+      "cdeit_jax.convert",
+      "--config",
+      "configs/default.py",
+      "--checkpoint",
+      str(FIXTURES / "dit_small_state_dict.npz"),
+      "--workdir",
+      str(tmp_path / "b"),
+    ],
+    capture_output=True,
+    text=True,
+  )
   assert r.returncode == 1 and "missing keys" not in r.stderr and "shape mismatches" in r.stderr
   assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr  # our error: a report
 
@@ -186,6 +221,7 @@ def test_pt_without_torch_says_how_to_install(tmp_path, monkeypatch):
   """Without torch: a zip (what torch.save writes) needs it, said in one line; a file that is no
   checkpoint at all is named as such first."""
   import zipfile
+
   with zipfile.ZipFile(tmp_path / "best.pt", "w") as z:
     z.writestr("archive/data.pkl", b"")
   (tmp_path / "notes.pt").write_text("not a checkpoint")
@@ -216,6 +252,7 @@ def test_checkpoints_of_format_v1_still_evaluate_and_refuse_to_resume(tmp_path):
   import jax.numpy as jnp
 
   from cdeit_jax.train import train_loop
+
   fixture = pathlib.Path(__file__).parent / "fixtures" / "checkpoint_v1"
   model, meta = loading.load(str(fixture / "run"))
   assert meta["format"] == checkpoint.FORMAT_V1 and meta["step"] == 3
@@ -225,6 +262,9 @@ def test_checkpoints_of_format_v1_still_evaluate_and_refuse_to_resume(tmp_path):
   run = tmp_path / "run"
   shutil.copytree(fixture / "run", run)
   cfg = config_lib.load(str(pathlib.Path(__file__).parent.parent / "configs" / "test.py"))
-  with pytest.raises(checkpoint.CheckpointError, match=r"written by cdeit-jax 0.1 .*start a new "
-                     r"--workdir \(eval.py still reads it\)"):
+  with pytest.raises(
+    checkpoint.CheckpointError,
+    match=r"written by cdeit-jax 0.1 .*start a new "
+    r"--workdir \(eval.py still reads it\)",
+  ):
     train_loop.train(cfg, str(run))

@@ -24,8 +24,12 @@ def make_folder(path, n, seed=0, **extra):
   rng = np.random.default_rng(seed)
   path.mkdir(parents=True, exist_ok=True)
   for i in range(n):
-    np.savez(path / f"{i:05d}.npz", ys=rng.normal(1e-5, 1e-5, (208, 1)).astype(np.float32),
-             xs=rng.uniform(-1, 1, (128, 128)).astype(np.float32), **extra)
+    np.savez(
+      path / f"{i:05d}.npz",
+      ys=rng.normal(1e-5, 1e-5, (208, 1)).astype(np.float32),
+      xs=rng.uniform(-1, 1, (128, 128)).astype(np.float32),
+      **extra,
+    )
   return path
 
 
@@ -49,8 +53,10 @@ def test_uef2017_conditioning_matches_reference():
   ref = np.load(FIXTURES / "uef2017_conditioning.npz")
   src = sources.NpzSource(str(UEF), preset="uef2017", stats=stats.authors_stats())
   assert len(src) == 22 and src.files == list(ref["files"])
-  assert (src.voltage_ratio, src.current_ratio) == (float(ref["voltage_scale"]),
-                                                    float(ref["current_scale"]))
+  assert (src.voltage_ratio, src.current_ratio) == (
+    float(ref["voltage_scale"]),
+    float(ref["current_scale"]),
+  )
   for i in range(22):
     ex = src[i]
     assert ex["cond"].shape == (16, 16, 1) and ex["cond"].dtype == np.float32
@@ -64,11 +70,11 @@ def test_eim_layout_by_hand():
   v = np.arange(16 * 13, dtype=np.float32).reshape(16, 13) + 1
   m = measurement.DEFAULT.eim(v)
   assert (m == 0).sum() == 48
-  np.testing.assert_array_equal(m[0, 2:15], v[0])          # row 0 skips 15, 0, 1
+  np.testing.assert_array_equal(m[0, 2:15], v[0])  # row 0 skips 15, 0, 1
   assert m[0, 15] == m[0, 0] == m[0, 1] == 0
   np.testing.assert_array_equal(m[5, [0, 1, 2, 3, 7]], v[5, :5])  # row 5 skips 4, 5, 6
-  np.testing.assert_array_equal(m[15, 1:14], v[15])        # row 15 skips 14, 15, 0
-  np.testing.assert_array_equal(measurement.DEFAULT.from_eim(m), v)   # and back
+  np.testing.assert_array_equal(m[15, 1:14], v[15])  # row 15 skips 14, 15, 0
+  np.testing.assert_array_equal(measurement.DEFAULT.from_eim(m), v)  # and back
 
 
 def test_presets_and_custom_ratios(folder):
@@ -96,8 +102,9 @@ def test_stats_lookup_order(folder, tmp_path, caplog):
 
 def test_compute_stats_matches_numpy(folder, tmp_path):
   mean, std = stats.compute_stats(str(folder), progress=False)
-  ys = np.stack([np.load(folder / f)["ys"].astype(np.float64).reshape(208)
-                 for f in sorted(os.listdir(folder))])
+  ys = np.stack(
+    [np.load(folder / f)["ys"].astype(np.float64).reshape(208) for f in sorted(os.listdir(folder))]
+  )
   np.testing.assert_allclose(mean.ravel(), ys.mean(0), rtol=1e-5)
   np.testing.assert_allclose(std.ravel(), ys.std(0, ddof=1), rtol=1e-5)
   sources.main(["stats", str(folder), "--out", str(tmp_path)])
@@ -186,19 +193,24 @@ def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
   conditioning of those voltages); over the epochs every symmetry occurs, and a restored
   iterator draws the same ones."""
   from cdeit_jax.eit import symmetry
-  src = sources.NpzSource(str(folder),
-                          stats=(np.full((1, 16, 13), 1e-5), np.full((1, 16, 13), 2e-5)))
+
+  src = sources.NpzSource(
+    str(folder), stats=(np.full((1, 16, 13), 1e-5), np.full((1, 16, 13), 2e-5))
+  )
   it = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True)))
   used = set()
-  for step in range(12):   # two epochs
+  for step in range(12):  # two epochs
     if step == 7:
       state = it.get_state()
     b = next(it)
     for r, i in enumerate(b["index"]):
       ex = src[int(i)]
       raw = np.load(folder / src.files[int(i)])["ys"][:, 0]
-      hits = [g for g in symmetry.GROUP
-              if np.array_equal(b["target"][r], symmetry.image(ex["target"], *g))]
+      hits = [
+        g
+        for g in symmetry.GROUP
+        if np.array_equal(b["target"][r], symmetry.image(ex["target"], *g))
+      ]
       assert len(hits) == 1
       used.add(hits[0])
       turned = src.condition(raw[symmetry.permutation(*hits[0])])[0]
@@ -230,9 +242,15 @@ def test_two_processes_read_disjoint_shards(folder, tmp_path):
     port = s.getsockname()[1]
   worker = pathlib.Path(__file__).parent / "data_worker.py"
   env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-  procs = [subprocess.Popen([sys.executable, str(worker), str(port), str(i), str(folder),
-                             str(tmp_path / f"{i}.json")], env=env, stderr=subprocess.PIPE,
-                            text=True) for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [sys.executable, str(worker), str(port), str(i), str(folder), str(tmp_path / f"{i}.json")],
+      env=env,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for i in range(2)
+  ]
   for p in procs:
     _, err = p.communicate(timeout=240)
     assert p.returncode == 0, err[-3000:]
@@ -245,12 +263,12 @@ def test_two_processes_read_disjoint_shards(folder, tmp_path):
   src = sources.NpzSource(str(folder), stats=(np.zeros((1, 16, 13)), np.ones((1, 16, 13))))
   one = iter(pipeline.train_dataset(src, global_batch=8, opts=_loader()))
   for k in range(3):
-    seen = r[0]["seen"][4 * k:4 * k + 4] + r[1]["seen"][4 * k:4 * k + 4]
+    seen = r[0]["seen"][4 * k : 4 * k + 4] + r[1]["seen"][4 * k : 4 * k + 4]
     assert next(one)["index"].tolist() == seen
   for shape, n_local, spec_ok, _ in r[0]["shapes"]:
     assert shape == [8, 16, 16, 1] and n_local == 4 and spec_ok
   # the collective sum over the global batch equals the sum of both hosts' local indices
   for k in range(3):
-    both = sum(r[0]["seen"][4 * k: 4 * k + 4]) + sum(r[1]["seen"][4 * k: 4 * k + 4])
+    both = sum(r[0]["seen"][4 * k : 4 * k + 4]) + sum(r[1]["seen"][4 * k : 4 * k + 4])
     assert r[0]["shapes"][k][3] == r[1]["shapes"][k][3] == both
   assert sorted(r[0]["eval"] + r[1]["eval"]) == list(range(24))

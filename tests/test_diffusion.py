@@ -40,8 +40,12 @@ def test_q_sample_hand_computed():
 def test_loss_matches_reference(small_model, fx):
   d = Diffusion()
   loss = nnx.jit(lambda m, *a: d.loss(m, *a))(
-      small_model, jnp.asarray(nhwc(fx["x0"])), jnp.asarray(fx["t"]), jnp.asarray(nhwc(fx["y"])),
-      jnp.asarray(nhwc(fx["noise"])))
+    small_model,
+    jnp.asarray(nhwc(fx["x0"])),
+    jnp.asarray(fx["t"]),
+    jnp.asarray(nhwc(fx["y"])),
+    jnp.asarray(nhwc(fx["noise"])),
+  )
   assert abs(float(loss) - float(fx["l1_loss"])) < 1e-5
 
 
@@ -50,12 +54,16 @@ def test_masked_loss_ignores_padding(tiny_model):
   x0, noise = jax.random.normal(k[0], (2, 32, 32, 1)), jax.random.normal(k[1], (2, 32, 32, 1))
   cond, t = jax.random.normal(k[2], (2, 16, 16, 1)), jnp.array([5, 600])
   loss = nnx.jit(lambda m, *a, mask: d.loss(m, *a, mask=mask))
-  x_t = np.sqrt(d.alphas_cumprod[[5, 600]])[:, None, None, None] * np.asarray(x0) + \
-      np.sqrt(1 - d.alphas_cumprod[[5, 600]])[:, None, None, None] * np.asarray(noise)
+  x_t = np.sqrt(d.alphas_cumprod[[5, 600]])[:, None, None, None] * np.asarray(x0) + np.sqrt(
+    1 - d.alphas_cumprod[[5, 600]]
+  )[:, None, None, None] * np.asarray(noise)
   pred = nnx.jit(lambda m, *a: m(*a))(tiny_model, jnp.asarray(x_t, jnp.float32), t, cond)
   per_example = np.abs(np.asarray(pred) - np.asarray(x0)).reshape(2, -1).mean(1)
-  for mask, want in (([1.0, 1.0], per_example.mean()), ([1.0, 0.0], per_example[0]),
-                     ([0.0, 1.0], per_example[1])):
+  for mask, want in (
+    ([1.0, 1.0], per_example.mean()),
+    ([1.0, 0.0], per_example[0]),
+    ([0.0, 1.0], per_example[1]),
+  ):
     got = float(loss(tiny_model, x0, t, cond, noise, mask=jnp.array(mask)))
     assert abs(got - want) < 1e-6, (mask, got, want)
 
@@ -63,8 +71,13 @@ def test_masked_loss_ignores_padding(tiny_model):
 def test_sample_matches_reference(small_model, fx):
   d = Diffusion()
   assert int(fx["sampler_steps"]) == 5 and float(fx["sampler_eta"]) == 1.0
-  out = d.sample(small_model, jnp.asarray(nhwc(fx["y"])), steps=5, eta=1.0,
-                 noises=jnp.asarray(nhwc(fx["sampler_noises"])))
+  out = d.sample(
+    small_model,
+    jnp.asarray(nhwc(fx["y"])),
+    steps=5,
+    eta=1.0,
+    noises=jnp.asarray(nhwc(fx["sampler_noises"])),
+  )
   assert np.abs(np.asarray(out) - nhwc(fx["sample"])).max() < 1e-4
 
 
@@ -74,13 +87,14 @@ def _python_loop_sampler(model, cond, noises, steps, eta):
   x = np.asarray(noises[0], np.float64)
   apply = nnx.jit(lambda m, *a: m(*a))
   for i, (t, t_next) in enumerate(sampling_pairs(1000, steps)):
-    x0 = np.asarray(apply(model, jnp.asarray(x, jnp.float32), jnp.full((x.shape[0],), t), cond),
-                    np.float64)
+    x0 = np.asarray(
+      apply(model, jnp.asarray(x, jnp.float32), jnp.full((x.shape[0],), t), cond), np.float64
+    )
     eps = (x / np.sqrt(ab[t]) - x0) / np.sqrt(1 / ab[t] - 1)
     if t_next < 0:
       return x0
     sigma = eta * np.sqrt((1 - ab[t] / ab[t_next]) * (1 - ab[t_next]) / (1 - ab[t]))
-    c = np.sqrt(1 - ab[t_next] - sigma ** 2)
+    c = np.sqrt(1 - ab[t_next] - sigma**2)
     x = x0 * np.sqrt(ab[t_next]) + c * eps + sigma * np.asarray(noises[i + 1], np.float64)
 
 
@@ -97,8 +111,9 @@ def test_sample_from_key_uses_documented_draws(tiny_model):
   """With a key, draw i is normal(fold_in(key, i)): equal to passing those noises explicitly."""
   cond = jax.random.normal(jax.random.key(2), (2, 16, 16, 1))
   key, d = jax.random.key(7), Diffusion()
-  noises = jnp.stack([jax.random.normal(jax.random.fold_in(key, i), (2, 32, 32, 1))
-                      for i in range(5)])
+  noises = jnp.stack(
+    [jax.random.normal(jax.random.fold_in(key, i), (2, 32, 32, 1)) for i in range(5)]
+  )
   a = d.sample(tiny_model, cond, key=key)
   b = d.sample(tiny_model, cond, noises=noises)
   c = d.sample(tiny_model, cond, key=jax.random.key(8))

@@ -35,11 +35,11 @@ def sim64():
 def test_mesh_electrodes_and_area():
   m = eit.make_mesh()
   assert np.all(m.areas() > 0)
-  assert abs(m.areas().sum() - np.pi) / np.pi < 2e-3   # inscribed polygon of the unit circle
+  assert abs(m.areas().sum() - np.pi) / np.pi < 2e-3  # inscribed polygon of the unit circle
   ends = eit.electrode_angles(4.0)
   for l, edges in enumerate(m.electrode_edges):
     ang = np.unwrap(np.arctan2(m.nodes[edges][..., 1], m.nodes[edges][..., 0]).ravel())
-    centre = np.pi / 2 - 2 * np.pi * l / 16   # electrode 0 on top, clockwise
+    centre = np.pi / 2 - 2 * np.pi * l / 16  # electrode 0 on top, clockwise
     assert np.isclose(np.angle(np.exp(1j * (ang.mean() - centre))), 0, atol=1e-9)
     assert np.isclose(ang.max() - ang.min(), np.deg2rad(4.0), atol=1e-9)
     assert np.allclose(np.abs(m.nodes[edges]).sum(-1) > 0, True)
@@ -50,7 +50,7 @@ def test_protocol_by_hand():
   p = measurement.Protocol()
   pairs = p.pairs
   assert pairs.shape == (16, 13) and p.num_measurements == 208 and p.stats_shape == (1, 16, 13)
-  assert list(pairs[0]) == list(range(2, 15))          # injection 0 skips 15, 0, 1
+  assert list(pairs[0]) == list(range(2, 15))  # injection 0 skips 15, 0, 1
   assert list(pairs[5]) == [0, 1, 2, 3] + list(range(7, 16))
   cur = p.currents()
   assert cur[3, 3] == -1e-3 and cur[3, 4] == 1e-3 and cur[15, 0] == 1e-3 and cur.sum() == 0
@@ -150,9 +150,9 @@ def test_render_orientation_and_area():
   img = np.asarray(ph.render_image(jnp.asarray(disc(0.5, 0.0, 0.3, 10.0), jnp.float32)))
   assert abs(img.sum() * (2 / 128) ** 2 - np.pi * 0.09) / (np.pi * 0.09) < 5e-3
   rows, cols = np.nonzero(img)
-  assert cols.min() > 64 and abs(rows.mean() - 63.5) < 0.5          # +x is the column axis
+  assert cols.min() > 64 and abs(rows.mean() - 63.5) < 0.5  # +x is the column axis
   up = np.asarray(ph.render_image(jnp.asarray(disc(0.0, 0.5, 0.2, 10.0), jnp.float32)))
-  assert np.nonzero(up)[0].min() > 64                                # +y is increasing rows
+  assert np.nonzero(up)[0].min() > 64  # +y is increasing rows
   assert img.max() == pytest.approx(1.0) and img[0, 0] == 0
 
 
@@ -179,18 +179,21 @@ def test_jax_phantoms_inside_disjoint_and_distributed_as_numpys():
   q = np.stack([eit.random_params(np.random.default_rng(i), spec) for i in range(3000)])
   for x in p:
     act = x[x[:, 0] > 0]
-    assert 1 <= len(act) <= spec.max_inclusions and np.all(x[len(act):] == 0)  # active first
+    assert 1 <= len(act) <= spec.max_inclusions and np.all(x[len(act) :] == 0)  # active first
     assert np.all(np.hypot(act[:, 2], act[:, 3]) + act[:, 4] <= spec.max_radius + 1e-6)
     assert np.all((np.abs(act[:, 7]) >= spec.v_min) & (np.abs(act[:, 7]) <= spec.v_max))
     for i in range(len(act)):
       for j in range(i):
         assert np.hypot(*(act[i, 2:4] - act[j, 2:4])) >= act[i, 4] + act[j, 4] + 0.03 - 1e-6
   act = lambda x: x[x[..., 0] > 0]
-  summary = lambda x: (np.bincount((x[..., 0] > 0).sum(1), minlength=7)[1:] / len(x),
-                       np.bincount(act(x)[:, 1].astype(int), minlength=7) / len(act(x)),
-                       act(x)[:, 4].mean(), np.mean(act(x)[:, 5]), np.mean(act(x)[:, 8]),
-                       np.mean(np.hypot(act(x)[:, 2], act(x)[:, 3]) + act(x)[:, 4]
-                               > spec.max_radius - 1e-4))
+  summary = lambda x: (
+    np.bincount((x[..., 0] > 0).sum(1), minlength=7)[1:] / len(x),
+    np.bincount(act(x)[:, 1].astype(int), minlength=7) / len(act(x)),
+    act(x)[:, 4].mean(),
+    np.mean(act(x)[:, 5]),
+    np.mean(act(x)[:, 8]),
+    np.mean(np.hypot(act(x)[:, 2], act(x)[:, 3]) + act(x)[:, 4] > spec.max_radius - 1e-4),
+  )
   for a, b in zip(summary(p), summary(q)):  # 3,000 draws: sampling error ~0.01
     np.testing.assert_allclose(a, b, atol=0.035, rtol=0.03)
 
@@ -204,7 +207,7 @@ def test_noise_is_40db_on_each_vector():
   vh = np.asarray(sim.vh)
   vi = vh + clean
   rms = lambda v: np.sqrt(np.mean(v * v))
-  expected = np.sqrt((0.01 * rms(vi)) ** 2 + (0.01 * rms(vh)) ** 2)   # independent on vi and vh
+  expected = np.sqrt((0.01 * rms(vi)) ** 2 + (0.01 * rms(vh)) ** 2)  # independent on vi and vh
   assert np.std(noisy - clean) == pytest.approx(expected, rel=0.03)
   assert abs(np.mean(noisy - clean)) < 0.05 * expected
 
@@ -226,14 +229,14 @@ def test_turned_and_mirrored_tanks_permute_the_voltages():
   or mirrored image are the original's permuted by `symmetry.permutation` (up to the mesh's
   discretisation, which is not symmetric), and every other element of the group is far off."""
   from cdeit_jax.eit import symmetry
+
   c = (np.arange(128) - 63.5) / 64
   x, y = np.meshgrid(c, c)
-  xs = np.zeros((128, 128), np.float32)   # no symmetry of its own: three unequal inclusions
+  xs = np.zeros((128, 128), np.float32)  # no symmetry of its own: three unequal inclusions
   xs[(x - 0.35) ** 2 + (y - 0.5) ** 2 < 0.04] = 1.0
   xs[(x + 0.5) ** 2 + (y + 0.1) ** 2 < 0.02] = -1.0
   xs[(x - 0.1) ** 2 + (y + 0.6) ** 2 < 0.01] = 0.7
-  dv = np.asarray(eit.simulate_voltages(np.stack([symmetry.image(xs, *g)
-                                                  for g in symmetry.GROUP])))
+  dv = np.asarray(eit.simulate_voltages(np.stack([symmetry.image(xs, *g) for g in symmetry.GROUP])))
   for i, g in enumerate(symmetry.GROUP):
     errors = {h: rel_l2(dv[0][symmetry.permutation(*h)], dv[i]) for h in symmetry.GROUP}
     assert errors[g] < 0.03, (g, errors)
@@ -245,8 +248,9 @@ def test_turned_and_mirrored_tanks_permute_the_voltages():
   # (13, 14): injection 15 measures pairs 1..13, so pair 13 is its index 12
   assert symmetry.permutation(0, True)[15 * 13 + 12] == 0
   identity = np.arange(208)
-  np.testing.assert_array_equal(symmetry.permutation(0, True)[symmetry.permutation(0, True)],
-                                identity)
+  np.testing.assert_array_equal(
+    symmetry.permutation(0, True)[symmetry.permutation(0, True)], identity
+  )
   assert sorted(symmetry.permutation(3, True)) == list(identity)
   np.testing.assert_array_equal(symmetry.image(symmetry.image(xs, 1, False), 3, False), xs)
 
@@ -264,7 +268,7 @@ def test_tikhonov_dual_form_equals_primal():
   disk = (ph.pixel_centres(128)[:, :, 0] ** 2).sum(-1).reshape(-1) <= 1
   small = rng.standard_normal((208, 300))
   jac = np.zeros((208, 128 * 128))
-  jac[:, np.flatnonzero(disk)[:300]] = small          # the other pixels see nothing
+  jac[:, np.flatnonzero(disk)[:300]] = small  # the other pixels see nothing
   t = tikhonov.Tikhonov(jac=jac.reshape(208, 128, 128), alpha=0.1, noser_exponent=1.0)
   w = (small * small).sum(0)
   lam = 0.1 * np.trace((small / w) @ small.T) / 208
@@ -280,13 +284,14 @@ def test_tikhonov_finds_a_disc():
   rec = eit.default_tikhonov()(ys)[0]
   target = np.asarray(ph.render_image(jnp.asarray(params, jnp.float32)))
   assert rec.shape == (128, 128) and rec[0, 0] == 0
-  row, col = np.unravel_index(np.argmax(rec), rec.shape)     # conductive: a positive peak
+  row, col = np.unravel_index(np.argmax(rec), rec.shape)  # conductive: a positive peak
   x, y = (col - 63.5) / 64, (row - 63.5) / 64
   assert np.hypot(x - 0.45, y + 0.3) < 0.15
   assert np.corrcoef(rec.ravel(), target.ravel())[0, 1] > 0.5
 
 
 # --- the measuring system drawn per example (eit.system, fem.VariableCEM) ---
+
 
 def gap_model(centres, half_widths, terms=4000):
   """The gap model's 208 voltages (sigma = 1, I = 1 mA) for electrodes anywhere: uniform current
@@ -296,17 +301,24 @@ def gap_model(centres, half_widths, terms=4000):
   cos(n (t_l - t_j)) / n."""
   n = np.arange(1, terms + 1)[:, None, None]
   sinc = lambda a: np.sin(n * a) / (n * a)
-  kernel = (sinc(half_widths[None, :, None]) * sinc(half_widths[None, None, :]) / (np.pi * n)
-            * np.cos(n * (centres[:, None] - centres[None, :])[None])).sum(0)
+  kernel = (
+    sinc(half_widths[None, :, None])
+    * sinc(half_widths[None, None, :])
+    / (np.pi * n)
+    * np.cos(n * (centres[:, None] - centres[None, :])[None])
+  ).sum(0)
   proto = measurement.DEFAULT
-  u = kernel @ proto.currents(1e-3).T                                   # (electrodes, injections)
+  u = kernel @ proto.currents(1e-3).T  # (electrodes, injections)
   k = np.repeat(np.arange(16), proto.per_injection)
   return u[proto.pairs.reshape(-1), k] - u[proto.second_electrodes().reshape(-1), k]
 
 
 def system_of(centres, half_widths, z):
-  return {"centres": np.asarray(centres), "half_widths": np.asarray(half_widths),
-          "weights": 1 / np.asarray(z, np.float64) * np.ones(len(centres))}
+  return {
+    "centres": np.asarray(centres),
+    "half_widths": np.asarray(half_widths),
+    "weights": 1 / np.asarray(z, np.float64) * np.ones(len(centres)),
+  }
 
 
 def test_variable_cem_with_the_nominal_system_is_the_fixed_cem(sim64):
@@ -355,11 +367,11 @@ def test_passive_electrodes_shunt_and_keep_reciprocity(sim64):
     with_p = np.asarray(var32.voltages(sigma, present)).reshape(16, 13)
     without = np.asarray(var32.voltages(np.ones_like(sigma), absent)).reshape(16, 13)
     with_h = np.asarray(var32.voltages(np.ones_like(sigma), present)).reshape(16, 13)
-  assert np.all(with_h < without)                 # every homogeneous voltage drops
+  assert np.all(with_h < without)  # every homogeneous voltage drops
   pairs = measurement.DEFAULT.pairs
   for k in range(16):
     for j, m in enumerate(pairs[k]):
-      jj = list(pairs[m]).index(k)                # drive (m, m+1), measure (k, k+1)
+      jj = list(pairs[m]).index(k)  # drive (m, m+1), measure (k, k+1)
       assert with_p[k, j] == pytest.approx(with_p[m, jj], rel=1e-8)
 
 
@@ -381,30 +393,32 @@ def test_background_and_radius_are_contact_impedance_and_gain(sim64):
 def test_system_draws_stay_in_their_ranges_and_apart():
   spec = eit.SystemSpec()
   draws = jax.jit(jax.vmap(lambda k: eit.system.draw(k, spec, 0.01)))(
-      jax.random.split(jax.random.key(0), 500))
+    jax.random.split(jax.random.key(0), 500)
+  )
   d = {k: np.asarray(v, np.float64) for k, v in draws.items()}
   assert d["centres"].shape == (500, 32)
   start, end = d["centres"] - d["half_widths"], d["centres"] + d["half_widths"]
   present = d["weights"] > 0
-  assert 0.2 < present[:, 16:].mean() < 0.4                  # passive: probability 0.3
+  assert 0.2 < present[:, 16:].mean() < 0.4  # passive: probability 0.3
   for i in range(500):
     on = np.flatnonzero(present[i])
     order = on[np.argsort(-np.mod(d["centres"][i, on] - np.pi / 2, 2 * np.pi))]
     gaps = np.mod(start[i, order] - np.roll(end[i, order], -1), 2 * np.pi)
-    assert np.all(gaps > 0) and np.all(gaps < np.pi)          # clockwise, never touching
+    assert np.all(gaps > 0) and np.all(gaps < np.pi)  # clockwise, never touching
   width = np.rad2deg(2 * d["half_widths"])
   assert width.max() <= 12 * 1.15 + 1e-9 and width.min() >= 3 * 0.85 - 1e-9
   move = np.rad2deg(d["centres"][:, :16] - eit.nominal_centres()[None])
   assert np.abs(move).max() <= 4.0 + 1.5 + 1e-6 and np.abs(move).std() > 1.0
   assert np.all(np.abs(d["snr_offset_db"]) <= 10)
-  gain_lo, gain_hi = 0.8 / 1.4, 1.4 / 0.7                      # gain / background
+  gain_lo, gain_hi = 0.8 / 1.4, 1.4 / 0.7  # gain / background
   assert gain_lo - 1e-6 <= d["gain"].min() and d["gain"].max() <= gain_hi + 1e-6
-  z = 1 / d["weights"][present]                               # z background / radius
+  z = 1 / d["weights"][present]  # z background / radius
   assert z.min() >= 0.003 * 0.7 / 1.1 - 1e-9 and z.max() <= 0.1 * 1.4 / 0.9 + 1e-9
 
 
-@pytest.mark.parametrize("kind, b, p", [("polygon", 0.0, 3), ("polygon", 0.0, 6),
-                                        ("rectangle", 0.5, 0), ("star", 0.3, 5)])
+@pytest.mark.parametrize(
+  "kind, b, p", [("polygon", 0.0, 3), ("polygon", 0.0, 6), ("rectangle", 0.5, 0), ("star", 0.3, 5)]
+)
 def test_new_shapes_render_their_areas(kind, b, p):
   """Area of the rendered label image against the shape's area by hand (bounding radius a):
   regular n-gon n/2 a^2 sin(2 pi/n); rectangle with corners on the circle, sides in ratio b,

@@ -44,8 +44,9 @@ def test_rmse_psnr_pearson_by_hand(pair):
   p01, g01 = pred / 2 + 0.5, gt / 2 + 0.5
   want = 10 * np.log10(g01.max() ** 2 / (((g01 - p01) ** 2).mean() + 1e-12))
   assert metrics.psnr(pred, gt) == pytest.approx(want, rel=1e-12)
-  assert metrics.pearson(pred, gt) == pytest.approx(np.corrcoef(pred.ravel(), gt.ravel())[0, 1],
-                                                    rel=1e-10)
+  assert metrics.pearson(pred, gt) == pytest.approx(
+    np.corrcoef(pred.ravel(), gt.ravel())[0, 1], rel=1e-10
+  )
   assert np.isnan(metrics.pearson(pred, np.zeros_like(gt)))
   stack_p, stack_g = np.stack([pred, gt]), np.stack([gt, gt])
   overall, rows = metrics.summary(stack_p, stack_g)
@@ -57,9 +58,14 @@ def test_rmse_psnr_pearson_by_hand(pair):
 def test_ssim_matches_scikit_image(pair):
   skm = pytest.importorskip("skimage.metrics")
   pred, gt = pair
-  want = skm.structural_similarity(gt / 2 + 0.5, pred / 2 + 0.5, data_range=1.0,
-                                   gaussian_weights=True, sigma=1.5,
-                                   use_sample_covariance=False)
+  want = skm.structural_similarity(
+    gt / 2 + 0.5,
+    pred / 2 + 0.5,
+    data_range=1.0,
+    gaussian_weights=True,
+    sigma=1.5,
+    use_sample_covariance=False,
+  )
   assert metrics.ssim(pred, gt) == pytest.approx(want, abs=1e-10)
 
 
@@ -81,8 +87,9 @@ def test_uncertainty_coverage_and_scale_by_hand():
   assert c["raw_coverage_1std"] == u["coverage_1std"]
   # an image's mean std that tracks its error: correlation near 1; unrelated: near 0
   per = rng.uniform(0.05, 0.3, (40, 1, 1))
-  tracks = metrics.uncertainty(gt + per * rng.standard_normal(gt.shape), np.broadcast_to(
-      per, gt.shape), gt)
+  tracks = metrics.uncertainty(
+    gt + per * rng.standard_normal(gt.shape), np.broadcast_to(per, gt.shape), gt
+  )
   assert tracks["std_error_cc"] > 0.99
   assert abs(metrics.uncertainty(pred, np.broadcast_to(per, gt.shape), gt)["std_error_cc"]) < 0.4
 
@@ -109,12 +116,26 @@ def fixture_run(tmp_path_factory):
 
 def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
   out = tmp_path / "out"
-  r = evaluate.evaluate(fixture_run, "uef2017", UEF, str(out), {
-      "sampling.steps": 1, "sampling.batch_size": 8, "model.attention_query_chunk": 512,
-      "eval.max_examples": 8})
+  r = evaluate.evaluate(
+    fixture_run,
+    "uef2017",
+    UEF,
+    str(out),
+    {
+      "sampling.steps": 1,
+      "sampling.batch_size": 8,
+      "model.attention_query_chunk": 512,
+      "eval.max_examples": 8,
+    },
+  )
   assert r["devices"] == 8
-  for f in ("metrics.json", "metrics.csv", "predictions.npz", "predictions.mat",
-            "reconstructions.png"):
+  for f in (
+    "metrics.json",
+    "metrics.csv",
+    "predictions.npz",
+    "predictions.mat",
+    "reconstructions.png",
+  ):
     assert (out / f).stat().st_size > 0, f
   assert not [f for f in os.listdir(out) if f.endswith(".tmp")]
   m = json.loads((out / "metrics.json").read_text())
@@ -128,13 +149,25 @@ def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
   np.testing.assert_allclose(mat["pred"], z["pred"][..., 0] * 2 / 1040.856, rtol=1e-6)
   # the overall RMSE is recomputable from the saved arrays
   assert m["metrics"]["cdeit"]["rmse"] == pytest.approx(
-      np.sqrt(((z["pred"] - z["target"]) ** 2).mean()), rel=1e-6)
+    np.sqrt(((z["pred"] - z["target"]) ** 2).mean()), rel=1e-6
+  )
   # one device, through the command line: the same reconstructions (first 2 files)
-  r = _eval_cli("--workdir", fixture_run, "--data", "uef2017", "--data_path", UEF, "--out",
-                str(tmp_path / "one"), "--config.sampling.steps=1",
-                "--config.sampling.batch_size=2",
-                "--config.eval.max_examples=2", "--config.model.attention_query_chunk=512",
-                "--config.eval.figure=False", devices=1)
+  r = _eval_cli(
+    "--workdir",
+    fixture_run,
+    "--data",
+    "uef2017",
+    "--data_path",
+    UEF,
+    "--out",
+    str(tmp_path / "one"),
+    "--config.sampling.steps=1",
+    "--config.sampling.batch_size=2",
+    "--config.eval.max_examples=2",
+    "--config.model.attention_query_chunk=512",
+    "--config.eval.figure=False",
+    devices=1,
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   settings = json.loads((tmp_path / "one" / "metrics.json").read_text())["settings"]
   assert settings["sampling_steps"] == 1 and settings["config"]["sampling"]["steps"] == 1
@@ -151,8 +184,9 @@ def test_a_new_evaluation_replaces_every_old_output(tiny_run, tmp_path):
   for f in outputs.OUTPUTS:
     (out / f).write_text("old")
   (out / "notes.txt").write_text("mine")
-  r = evaluate.evaluate(tiny_run, "uef2017", UEF, str(out),
-                        {"eval.max_examples": 2, "eval.figure": False})
+  r = evaluate.evaluate(
+    tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 2, "eval.figure": False}
+  )
   assert not (out / "reconstructions.png").exists() and (out / "notes.txt").read_text() == "mine"
   for f in outputs.OUTPUTS[1:]:
     assert (out / f).read_bytes() != b"old", f
@@ -174,6 +208,7 @@ def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypa
     raise OSError(errno.ENOSPC, "No space left on device")
 
   import zipfile
+
   monkeypatch.setattr(zipfile.ZipFile, "write", full)  # predictions.npz, after every array
   with pytest.raises(OSError, match=f"no space left on the device of {out}: ") as e:
     evaluate.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 3})
@@ -191,34 +226,45 @@ def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_
 
   from cdeit_jax import simulate
   from cdeit_jax.eit.spec import SystemSpec
+
   cfg = config_lib.default_config()
   cfg.simulator.system.update(dataclasses.asdict(SystemSpec.nominal()))  # the faster solve
   simulate.generate(str(sims), {"test": 6}, cfg.simulator, batch_size=8, progress=False)
   common = {"sampling.num_samples": 3, "eval.figure": False, "sampling.steps": 3}
   import shutil
+
   tiny_run = str(shutil.copytree(tiny_run, tmp_path / "run"))  # its own step folder to write
-  first = evaluate.evaluate(tiny_run, "simulated", str(sims / "test"), str(tmp_path / "a"),
-                            {**common, "eval.fit_uncertainty": True})
-  kept = json.loads((pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json")
-                    .read_text())
+  first = evaluate.evaluate(
+    tiny_run,
+    "simulated",
+    str(sims / "test"),
+    str(tmp_path / "a"),
+    {**common, "eval.fit_uncertainty": True},
+  )
+  kept = json.loads((pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json").read_text())
   z = np.load(tmp_path / "a" / "predictions.npz")
   raw_std = z["samples"].std(0)[..., 0]
-  assert kept["scale"] == pytest.approx(metrics.fit_uncertainty_scale(
-      z["pred"][..., 0], raw_std, z["target"][..., 0]), rel=1e-6)
+  assert kept["scale"] == pytest.approx(
+    metrics.fit_uncertainty_scale(z["pred"][..., 0], raw_std, z["target"][..., 0]), rel=1e-6
+  )
   u = first["metrics"]["uncertainty"]
   assert u["scale"] == kept["scale"] and u["coverage_1std"] == pytest.approx(0.683, abs=0.01)
   np.testing.assert_allclose(z["std"][..., 0], raw_std * kept["scale"], rtol=1e-5)
-  again = evaluate.evaluate(tiny_run, "uef2017", UEF, str(tmp_path / "b"),
-                            {**common, "eval.max_examples": 2})
+  again = evaluate.evaluate(
+    tiny_run, "uef2017", UEF, str(tmp_path / "b"), {**common, "eval.max_examples": 2}
+  )
   assert again["metrics"]["uncertainty"]["scale"] == kept["scale"]
-  with pytest.raises(ValueError, match="fit_uncertainty=True fits the uncertainty scale on "
-                     "simulations"):
-    evaluate.evaluate(tiny_run, "uef2017", UEF, str(tmp_path / "c"),
-                      {**common, "eval.fit_uncertainty": True})
+  with pytest.raises(
+    ValueError, match="fit_uncertainty=True fits the uncertainty scale on simulations"
+  ):
+    evaluate.evaluate(
+      tiny_run, "uef2017", UEF, str(tmp_path / "c"), {**common, "eval.fit_uncertainty": True}
+    )
   (pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json").write_text("{}")
   with pytest.raises(ValueError, match="uncertainty.json: 'scale' must be a positive number"):
-    evaluate.evaluate(tiny_run, "uef2017", UEF, str(tmp_path / "d"),
-                      {**common, "eval.max_examples": 2})
+    evaluate.evaluate(
+      tiny_run, "uef2017", UEF, str(tmp_path / "d"), {**common, "eval.max_examples": 2}
+    )
   (pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json").unlink()
 
 
@@ -234,8 +280,9 @@ def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):
   (d / "junk.npz").write_bytes(b"not a zip")
   np.savez(d / "a.npz", ys=np.ones((208, 1)), xs=np.zeros((128, 128)))
   np.savez(d / "b.npz", ys=np.full((208, 1), 2.0), xs=np.zeros((128, 128)))
-  run = lambda *a: subprocess.run([sys.executable, "-m", "cdeit_jax.stats", str(d), *a],
-                                  capture_output=True, text=True, cwd=REPO)
+  run = lambda *a: subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.stats", str(d), *a], capture_output=True, text=True, cwd=REPO
+  )
   r = run()
   assert r.returncode == 1 and "Traceback" not in r.stderr
   assert "junk.npz: not a readable npz" in r.stderr and "--skip_bad_files" in r.stderr
@@ -252,31 +299,57 @@ def _eval_cli(*args, devices=None):
   env = dict(os.environ)
   if devices:
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  return subprocess.run([sys.executable, str(REPO / "eval.py"), *args], capture_output=True,
-                        text=True, env=env, cwd=REPO)
+  return subprocess.run(
+    [sys.executable, str(REPO / "eval.py"), *args],
+    capture_output=True,
+    text=True,
+    env=env,
+    cwd=REPO,
+  )
 
 
 def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
   """One device, 8 devices in one process, and 8 devices over 2 processes (eval.py with
   jax.distributed on 127.0.0.1) reconstruct the same images."""
-  common = ["--workdir", tiny_run, "--data", "uef2017", "--data_path", UEF,
-            "--config.sampling.seed=3", "--config.eval.figure=False"]
-  two = two_processes("eval.py", *common, "--out", str(tmp_path / "two"),
-                      "--config.sampling.num_samples=4", "--config.eval.tikhonov=True")
-  r1 = _eval_cli(*common, "--out", str(tmp_path / "one"), "--config.sampling.batch_size=4",
-                 devices=1)
+  common = [
+    "--workdir",
+    tiny_run,
+    "--data",
+    "uef2017",
+    "--data_path",
+    UEF,
+    "--config.sampling.seed=3",
+    "--config.eval.figure=False",
+  ]
+  two = two_processes(
+    "eval.py",
+    *common,
+    "--out",
+    str(tmp_path / "two"),
+    "--config.sampling.num_samples=4",
+    "--config.eval.tikhonov=True",
+  )
+  r1 = _eval_cli(
+    *common, "--out", str(tmp_path / "one"), "--config.sampling.batch_size=4", devices=1
+  )
   assert r1.returncode == 0, r1.stderr[-2000:]
   assert "cdeit" in r1.stdout and "images/s" in r1.stdout
-  r8 = evaluate.evaluate(tiny_run, "uef2017", UEF, str(tmp_path / "eight"), {
-      "sampling.seed": 3, "sampling.num_samples": 4, "eval.figure": False,
-      "eval.tikhonov": True})
+  r8 = evaluate.evaluate(
+    tiny_run,
+    "uef2017",
+    UEF,
+    str(tmp_path / "eight"),
+    {"sampling.seed": 3, "sampling.num_samples": 4, "eval.figure": False, "eval.tikhonov": True},
+  )
   assert r8["devices"] == 8
   # the built-in Tikhonov baseline beside the authors' stored ones; measured cc 0.744 on these
   assert list(r8["metrics"]) == ["cdeit", "empty", "tikhonov", "TR", "xs_gn", "uncertainty"]
   assert r8["metrics"]["uncertainty"]["scale"] == 1.0  # none fitted for this step
   assert r8["metrics"]["tikhonov"]["cc"] > 0.6
-  one, eight = np.load(tmp_path / "one" / "predictions.npz"), np.load(tmp_path / "eight" /
-                                                                       "predictions.npz")
+  one, eight = (
+    np.load(tmp_path / "one" / "predictions.npz"),
+    np.load(tmp_path / "eight" / "predictions.npz"),
+  )
   # sample 0 of the 4 is the single-sample run's reconstruction, example by example
   np.testing.assert_allclose(eight["samples"][0], one["pred"], atol=1e-5, rtol=0)
   assert eight["samples"].shape == (4, 22, 128, 128, 1)
@@ -310,8 +383,11 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
     run(checkpoint=str(tmp_path / "notrun"))
   with pytest.raises(ValueError, match=r"--config.model.hidden_size: evaluation takes the model"):
     run(**{"model.hidden_size": 512})
-  with pytest.raises(ValueError, match=r"--config.sampling.stpes=2: no such key; "
-                     r"config.sampling has batch_size, data_consistency"):
+  with pytest.raises(
+    ValueError,
+    match=r"--config.sampling.stpes=2: no such key; "
+    r"config.sampling has batch_size, data_consistency",
+  ):
     run(**{"sampling.stpes": 2})
   np.save(tmp_path / "mean.npy", np.zeros((1, 16, 12), np.float32))
   np.save(tmp_path / "std.npy", np.ones((1, 16, 13), np.float32))
@@ -326,6 +402,7 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
   # an unreadable checkpoint: corrupt metadata
   broken = tmp_path / "broken"
   import shutil
+
   shutil.copytree(tiny_run, broken)
   meta = broken / "checkpoints" / "7" / "meta" / "metadata"
   meta.write_text("{not json")
@@ -341,14 +418,33 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
     (tmp_path / "ro").mkdir(mode=0o500)
     with pytest.raises(ValueError, match="ro: cannot write there"):
       run(out=str(tmp_path / "ro"))
-  with pytest.raises(ValueError, match="standardised for preset 'simulated', are ~.* standard "
-                     "deviations.*--data uef2017"):
+  with pytest.raises(
+    ValueError,
+    match="standardised for preset 'simulated', are ~.* standard deviations.*--data uef2017",
+  ):
     run(data="simulated")
-  r = _eval_cli("--workdir", str(tmp_path / "missing"), "--data", "uef2017", "--data_path", UEF,
-                "--out", str(tmp_path / "o2"))
+  r = _eval_cli(
+    "--workdir",
+    str(tmp_path / "missing"),
+    "--data",
+    "uef2017",
+    "--data_path",
+    UEF,
+    "--out",
+    str(tmp_path / "o2"),
+  )
   assert r.returncode == 1 and "error: checkpoint" in r.stderr and "Traceback" not in r.stderr
-  r = _eval_cli("--workdir", tiny_run, "--data", "uef2017", "--data_path", UEF,
-                "--out", str(tmp_path / "o3"), "--config.sampling.stepz=2")
+  r = _eval_cli(
+    "--workdir",
+    tiny_run,
+    "--data",
+    "uef2017",
+    "--data_path",
+    UEF,
+    "--out",
+    str(tmp_path / "o3"),
+    "--config.sampling.stepz=2",
+  )
   assert r.returncode == 2 and "Traceback" not in r.stderr
   assert "error: --config.sampling.stepz: no such config key" in r.stderr
 
@@ -361,10 +457,12 @@ def test_sampler_batch_is_the_largest_that_fits(monkeypatch, caplog):
   fits the budget; never more than the examples need; an explicit batch is taken as given."""
   from cdeit_jax.common import sharding as shd
   from cdeit_jax.model.diffusion import Diffusion
+
   mesh = shd.make_mesh()
   # big enough that activations, not code and weights, set the memory (1,024-token grid)
-  model = CDEIT(image_size=128, patch_size=4, hidden_size=32, num_heads=4, num_scales=2,
-                rngs=nnx.Rngs(0))
+  model = CDEIT(
+    image_size=128, patch_size=4, hidden_size=32, num_heads=4, num_scales=2, rngs=nnx.Rngs(0)
+  )
   graphdef, weights = nnx.split(model)
   sampler = sampling.make_sampler(graphdef, Diffusion(), 2, 1.0, (128, 128, 1), mesh)
   need = {}
@@ -383,8 +481,9 @@ def test_sampler_batch_is_the_largest_that_fits(monkeypatch, caplog):
   monkeypatch.setattr(device_memory, "budget", lambda device: (1e15, 8))
   assert sampling.compile_sampler(sampler, weights, mesh, 1000)[1] == 64
   assert sampling.compile_sampler(sampler, weights, mesh, 10)[1] == 16  # 10 examples: 2 each
-  with pytest.raises(ValueError, match="--config.sampling.batch_size=12: must be a positive "
-                     "multiple of the 8"):
+  with pytest.raises(
+    ValueError, match="--config.sampling.batch_size=12: must be a positive multiple of the 8"
+  ):
     sampling.compile_sampler(sampler, weights, mesh, 1000, 12)
 
 
@@ -406,19 +505,25 @@ def test_memory_stays_flat_as_the_test_set_grows(tiny_run, tmp_path, monkeypatch
   import tracemalloc
 
   from cdeit_jax.data import npz_files
+
   big = tmp_path / "big"
   big.mkdir()
   names = npz_files.list_files(UEF)
   for i in range(128):
     os.link(os.path.join(UEF, names[i % len(names)]), big / f"{i:04d}_{names[i % len(names)]}")
-  settings = {"sampling.num_samples": 2, "sampling.steps": 1, "eval.figure": False,
-              "sampling.batch_size": 16}
+  settings = {
+    "sampling.num_samples": 2,
+    "sampling.steps": 1,
+    "eval.figure": False,
+    "sampling.batch_size": 16,
+  }
   monkeypatch.setattr(evaluate, "CHUNK", 32)  # 2 and 4 chunks: both hold two chunks at a time
   peaks = {}
   for n in (64, 128):
     tracemalloc.start()
-    r = evaluate.evaluate(tiny_run, "uef2017", str(big), str(tmp_path / str(n)),
-                          {**settings, "eval.max_examples": n})
+    r = evaluate.evaluate(
+      tiny_run, "uef2017", str(big), str(tmp_path / str(n)), {**settings, "eval.max_examples": n}
+    )
     peaks[n] = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
   assert peaks[128] < 1.08 * peaks[64], peaks

@@ -50,17 +50,21 @@ def test_a_full_disk_is_found_inside_wrapped_errors():
 
   def during():
     try:
-      raise ValueError("INTERNAL: Error writing local file \"/x/ocdbt.process_0/d/1\": "
-                       "No space left on device [os_error='No space left on device']")
+      raise ValueError(
+        'INTERNAL: Error writing local file "/x/ocdbt.process_0/d/1": '
+        "No space left on device [os_error='No space left on device']"
+      )
     except ValueError:
       raise RuntimeError("while handling it, this")  # noqa: B904
 
-  grouped = lambda: (_ for _ in ()).throw(ExceptionGroup("saves", [KeyError("k"), _raised(
-      wrapped)]))
+  grouped = lambda: (_ for _ in ()).throw(
+    ExceptionGroup("saves", [KeyError("k"), _raised(wrapped)])
+  )
   for make in (wrapped, during, grouped):
     assert compat.is_disk_full(_raised(make)), make
-  assert not compat.is_disk_full(_raised(lambda: (_ for _ in ()).throw(OSError(errno.EACCES,
-                                                                             "denied"))))
+  assert not compat.is_disk_full(
+    _raised(lambda: (_ for _ in ()).throw(OSError(errno.EACCES, "denied")))
+  )
   assert not compat.is_disk_full(ValueError("no space for this argument"))
 
 

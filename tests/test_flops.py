@@ -15,21 +15,38 @@ def test_published_forward_by_hand():
   """Every matmul of the published model (C=512, MLP 2048, patch 2), written out per stage."""
   c, h = 512, 2048
   blk = lambda t, a: 2 * t * c * (4 * c + 2 * h) + 4 * t * a * c + 12 * c * c
-  fwd = (2 * 64 ** 2 * 8 * c + 2 * 256 * c + 2 * c * c           # patch + time embeddings
-         + 4 * blk(4096, 256)                                     # four windowed blocks
-         + sum(8 * t * c * c + 2 * blk(t, t) for t in (1024, 256, 64, 16))      # downs
-         + blk(16, 16)                                            # mid
-         + sum(6 * t * c * c + 2 * blk(t, t) for t in (64, 256, 1024, 4096))    # ups
-         + 4 * c * c + 2 * 4096 * c * 4)                          # final layer
+  fwd = (
+    2 * 64**2 * 8 * c
+    + 2 * 256 * c
+    + 2 * c * c  # patch + time embeddings
+    + 4 * blk(4096, 256)  # four windowed blocks
+    + sum(8 * t * c * c + 2 * blk(t, t) for t in (1024, 256, 64, 16))  # downs
+    + blk(16, 16)  # mid
+    + sum(6 * t * c * c + 2 * blk(t, t) for t in (64, 256, 1024, 4096))  # ups
+    + 4 * c * c
+    + 2 * 4096 * c * 4
+  )  # final layer
   assert flops.forward_flops(**config_lib.default_config().model) == fwd
   assert fwd == pytest.approx(291e9, rel=0.02)  # the issue's "about 291 GFLOP"
   assert flops.train_flops_per_example(config_lib.default_config().model) == 3 * fwd
 
 
-@pytest.mark.parametrize("kw", [TINY, dict(hidden_size=64, patch_size=4, num_scales=3),
-                                dict(TINY, window_size=8, mlp_ratio=2.0),
-                                dict(patch_size=8, hidden_size=32, num_heads=4, num_scales=1,
-                                     cond="eim+linear", cond_alphas=(0.03, 0.3))])
+@pytest.mark.parametrize(
+  "kw",
+  [
+    TINY,
+    dict(hidden_size=64, patch_size=4, num_scales=3),
+    dict(TINY, window_size=8, mlp_ratio=2.0),
+    dict(
+      patch_size=8,
+      hidden_size=32,
+      num_heads=4,
+      num_scales=1,
+      cond="eim+linear",
+      cond_alphas=(0.03, 0.3),
+    ),
+  ],
+)
 @pytest.mark.parametrize("impl", ["xla", "blocked"])
 def test_forward_matches_jaxpr(kw, impl):
   """The model's traced dot_general/conv FLOPs (scan bodies times their length) agree exactly."""
@@ -37,8 +54,11 @@ def test_forward_matches_jaxpr(kw, impl):
   graphdef, state = nnx.split(model)
   size = model.image_size
   jaxpr = jax.make_jaxpr(lambda s, x, t, c: nnx.merge(graphdef, s)(x, t, c))(
-      state, jax.ShapeDtypeStruct((3, size, size, 1), jnp.float32),
-      jax.ShapeDtypeStruct((3,), jnp.int32), jax.ShapeDtypeStruct((3, 16, 16, 1), jnp.float32))
+    state,
+    jax.ShapeDtypeStruct((3, size, size, 1), jnp.float32),
+    jax.ShapeDtypeStruct((3,), jnp.int32),
+    jax.ShapeDtypeStruct((3, 16, 16, 1), jnp.float32),
+  )
   assert flops.jaxpr_matmul_flops(jaxpr) == 3 * flops.forward_flops(**kw)
 
 

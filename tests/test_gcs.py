@@ -42,18 +42,30 @@ def bucket_data(gcs):
 def _objects(url: str) -> list[str]:
   """Every object under `url`, as paths relative to it."""
   import fsspec
+
   root = url.removeprefix("gs://")
   return sorted(p.removeprefix(root + "/") for p in fsspec.filesystem("gs").find(root))
 
 
 def _eval(*args: str) -> subprocess.Popen:
-  return subprocess.Popen([sys.executable, str(REPO / "eval.py"), "--data", "uef2017",
-                           "--config.sampling.steps=2", "--config.sampling.seed=5", *args],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+  return subprocess.Popen(
+    [
+      sys.executable,
+      str(REPO / "eval.py"),
+      "--data",
+      "uef2017",
+      "--config.sampling.steps=2",
+      "--config.sampling.seed=5",
+      *args,
+    ],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=REPO,
+  )
 
 
-def test_train_killed_resumed_and_evaluated_in_a_bucket(gcs, bucket_data, straight_run,
-                                                        tmp_path):
+def test_train_killed_resumed_and_evaluated_in_a_bucket(gcs, bucket_data, straight_run, tmp_path):
   """train.py reads its data from the bucket and keeps its workdir there; after a SIGTERM the
   rerun resumes from the bucket's checkpoint and ends bit-equal to the uninterrupted local run;
   eval.py then reads that workdir and the bucket's test set, writes its outputs to the bucket,
@@ -90,9 +102,12 @@ def test_train_killed_resumed_and_evaluated_in_a_bucket(gcs, bucket_data, straig
 
   # eval.py: the bucket's workdir and data, outputs into the bucket; and the local equivalent
   out = f"{wd}/eval"
-  runs = [_eval("--workdir", wd, "--data_path", f"{bucket_data}/uef2017", "--out", out),
-          _eval("--workdir", str(straight_run), "--data_path", str(UEF), "--out",
-                str(tmp_path / "local"))]
+  runs = [
+    _eval("--workdir", wd, "--data_path", f"{bucket_data}/uef2017", "--out", out),
+    _eval(
+      "--workdir", str(straight_run), "--data_path", str(UEF), "--out", str(tmp_path / "local")
+    ),
+  ]
   for r in runs:
     _, e = r.communicate(timeout=300)
     assert r.returncode == 0, e[-3000:]
@@ -140,7 +155,8 @@ def test_outputs_in_a_bucket_are_never_half_written(gcs):
     log.write(f"{i}\n")
   log.close()
   assert fileio.read_text(f"{gcs}/atomic/log.jsonl") == "first\n" + "".join(
-      f"{i}\n" for i in range(40))
+    f"{i}\n" for i in range(40)
+  )
 
 
 def test_workdir_lease_in_a_bucket(gcs):
@@ -152,16 +168,27 @@ def test_workdir_lease_in_a_bucket(gcs):
   held = workdir_lock.WorkdirLock(wd, lease_s=lease).acquire()
   time.sleep(1.5 * lease)  # only the renewals keep it
   t0 = time.perf_counter()
-  with pytest.raises(workdir_lock.WorkdirBusy,
-                     match=rf"{wd} is in use by another training \(pid {os.getpid()} on "):
+  with pytest.raises(
+    workdir_lock.WorkdirBusy, match=rf"{wd} is in use by another training \(pid {os.getpid()} on "
+  ):
     workdir_lock.WorkdirLock(wd, lease_s=lease).acquire()
   assert time.perf_counter() - t0 < lease  # refused at the first renewal seen
   held.release()
   assert not fileio.path(lock_path).exists()
 
   def dead(age):
-    fileio.write_text(lock_path, json.dumps({"host": "gone", "pid": 1, "since": "2026-01-01",
-                                             "token": "dead", "renewed": time.time() - age}))
+    fileio.write_text(
+      lock_path,
+      json.dumps(
+        {
+          "host": "gone",
+          "pid": 1,
+          "since": "2026-01-01",
+          "token": "dead",
+          "renewed": time.time() - age,
+        }
+      ),
+    )
 
   for age in (10 * lease, 0.5 * lease):  # long dead; just died
     dead(age)
@@ -178,6 +205,7 @@ def test_sigterm_while_compiling_releases_the_lease(gcs, bucket_data):
   starting: nothing is logged yet): it stops in one line with exit 0 and deletes its lock, so the
   next run need not wait out a lease."""
   import signal
+
   wd = f"{gcs}/runs/sigterm-start"
   p = run_train(wd, *RESUME_STEPS, f"--config.data.path={bucket_data}", wait=False)
   deadline = time.time() + 120
@@ -198,19 +226,24 @@ def test_a_lease_that_cannot_be_proven_stops_its_holder(gcs):
   wd, lease = f"{gcs}/runs/fence", 2.0
   lost = []
   held = workdir_lock.WorkdirLock(wd, lease_s=lease, on_lost=lost.append).acquire()
-  held.check(read=True)                                   # holds it
-  held._lease.confirmed -= workdir_lock.SAFETY * lease    # as if paused that long
-  with pytest.raises(workdir_lock.LeaseLost, match=r"last confirmed \d+ s ago .* stopped "
-                     "writing"):
+  held.check(read=True)  # holds it
+  held._lease.confirmed -= workdir_lock.SAFETY * lease  # as if paused that long
+  with pytest.raises(
+    workdir_lock.LeaseLost,
+    match=r"last confirmed \d+ s ago .* stopped "
+    "writing",
+  ):
     held.check()
   assert len(lost) == 1
   renewed = json.loads(fileio.read_text(f"{wd}/lock"))["renewed"]
-  time.sleep(0.5 * lease)                                 # the renewal thread wrote nothing
+  time.sleep(0.5 * lease)  # the renewal thread wrote nothing
   assert json.loads(fileio.read_text(f"{wd}/lock"))["renewed"] == renewed
   held.release()
   other = workdir_lock.WorkdirLock(wd, lease_s=lease, on_lost=lost.append).acquire()
-  fileio.write_text(f"{wd}/lock", json.dumps({"host": "b", "pid": 2, "since": "now",
-                                             "token": "b", "renewed": time.time()}))
+  fileio.write_text(
+    f"{wd}/lock",
+    json.dumps({"host": "b", "pid": 2, "since": "now", "token": "b", "renewed": time.time()}),
+  )
   with pytest.raises(workdir_lock.LeaseLost, match=r"taken over by pid 2 on b"):
     other.check(read=True)
   other.release()
@@ -218,7 +251,8 @@ def test_a_lease_that_cannot_be_proven_stops_its_holder(gcs):
 
 
 def test_a_paused_training_that_lost_its_lease_stops_and_the_other_finishes(
-    gcs, bucket_data, straight_run):
+  gcs, bucket_data, straight_run
+):
   """The issue's two orders of events, with train.py processes and a 6 s lease: A pauses (kill
   -STOP) after its first log, holding an unfinished step of its own; B takes the lapsed lease,
   leaves that step alone, and trains; A resumes and stops at once with one line (exit 3), writing
@@ -226,6 +260,7 @@ def test_a_paused_training_that_lost_its_lease_stops_and_the_other_finishes(
   import signal
 
   from conftest import wait_for_first_log
+
   wd = f"{gcs}/runs/fenced"
   flags = [*RESUME_STEPS, f"--config.data.path={bucket_data}", "--config.lock_lease_s=6"]
   a = run_train(wd, *flags, wait=False)
@@ -239,15 +274,18 @@ def test_a_paused_training_that_lost_its_lease_stops_and_the_other_finishes(
   while fileio.read_text(f"{wd}/metrics.jsonl") == first and time.time() < deadline:
     time.sleep(0.25)
   assert json.loads(fileio.read_text(f"{wd}/lock"))["pid"] == b.pid
-  assert fileio.path(unfinished).exists()                   # B's start deleted nothing of A's
+  assert fileio.path(unfinished).exists()  # B's start deleted nothing of A's
   a.send_signal(signal.SIGCONT)
   _, a_err = a.communicate(timeout=60)
   assert a.returncode == 3, a_err[-3000:]
   last = a_err.strip().splitlines()[-1]
   # which it notices first depends on where the pause caught its renewal thread: its lease's
   # age, or (paused between its time check and its read of the lock) B's token in the lock
-  assert re.match(r"error: the (lease on|lock of) gs://\S+/runs/fenced .*this run stopped "
-                  r"writing", last), a_err[-2000:]
+  assert re.match(
+    r"error: the (lease on|lock of) gs://\S+/runs/fenced .*this run stopped "
+    r"writing",
+    last,
+  ), a_err[-2000:]
   assert a_err.count("error:") == 1, a_err[-2000:]
   _, b_err = b.communicate(timeout=300)
   assert b.returncode == 0, b_err[-3000:]
@@ -259,9 +297,10 @@ def test_a_paused_training_that_lost_its_lease_stops_and_the_other_finishes(
   for x, y in zip(s_leaves, k_leaves):
     np.testing.assert_array_equal(x, y)
   from cdeit_jax.checkpoints import checkpoint
+
   mngr = checkpoint.train_manager(wd)
-  assert mngr.all_steps()[-2:] == [16, 24]                  # 16: A's unfinished step, B's now
-  for step in mngr.all_steps():                             # each loads (B saved 16 anew)
+  assert mngr.all_steps()[-2:] == [16, 24]  # 16: A's unfinished step, B's now
+  for step in mngr.all_steps():  # each loads (B saved 16 anew)
     assert checkpoint.read_meta(wd, step)["step"] == step
   mngr.close()
   assert not fileio.path(unfinished).exists()
@@ -273,6 +312,7 @@ def test_damaged_step_set_aside_and_debug_log_in_a_bucket(gcs):
   rename), and the debug log appends to an object."""
   from cdeit_jax.common import logs
   from cdeit_jax.train import train_loop
+
   wd = f"{gcs}/runs/damaged"
   names = ["meta/metadata", "params/d/0a1b", "params/manifest.ocdbt"]
   for n in names:

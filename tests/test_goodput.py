@@ -16,8 +16,14 @@ def profiled(tmp_path_factory):
   checkpoint at step 6 inside it; compiled at step 3, so the trace is not filled with the
   compiler's events)."""
   tmp = tmp_path_factory.mktemp("profiled")
-  rc, _, err = run_train(tmp / "run", "--config.steps=10", "--config.log_every=2",
-                         "--config.eval_every=3", f"--compilation_cache={tmp / 'cache'}", *PROFILE)
+  rc, _, err = run_train(
+    tmp / "run",
+    "--config.steps=10",
+    "--config.log_every=2",
+    "--config.eval_every=3",
+    f"--compilation_cache={tmp / 'cache'}",
+    *PROFILE,
+  )
   assert rc == 0, err[-3000:]
   return tmp, err
 
@@ -31,7 +37,8 @@ def test_profile_holds_the_steps_and_the_host_phases(profiled):
   assert steps == [5, 6, 7]
   names = {e.get("name") for e in events}
   assert {"data", "validation", "checkpoint", "logging"} <= names, sorted(
-      n for n in names if n and n.islower() and len(n) < 12)
+    n for n in names if n and n.islower() and len(n) < 12
+  )
   assert "profile of steps 5..7 written to" in err
 
 
@@ -56,8 +63,13 @@ def test_time_split_adds_up_to_the_wall_time(profiled):
 def test_a_second_run_loads_its_step_from_the_cache(profiled):
   tmp, err = profiled
   assert "train step compiled in" in err
-  rc, _, err = run_train(tmp / "again", "--config.steps=2", "--config.log_every=1",
-                         "--config.eval_every=2", f"--compilation_cache={tmp / 'cache'}")
+  rc, _, err = run_train(
+    tmp / "again",
+    "--config.steps=2",
+    "--config.log_every=1",
+    "--config.eval_every=2",
+    f"--compilation_cache={tmp / 'cache'}",
+  )
   assert rc == 0, err[-3000:]
   assert "train step loaded from the persistent compilation cache in" in err
   first = json.loads((tmp / "run" / "metrics.jsonl").read_text().splitlines()[-1])["run"]

@@ -24,15 +24,18 @@ def forward_fixture():
 
 def _forward(model, f):
   fn = nnx.jit(lambda m, x, t, y: m(x, t, y))
-  return np.asarray(fn(model, jnp.asarray(nhwc(f["x"])), jnp.asarray(f["t"]),
-                       jnp.asarray(nhwc(f["y"]))))
+  return np.asarray(
+    fn(model, jnp.asarray(nhwc(f["x"])), jnp.asarray(f["t"]), jnp.asarray(nhwc(f["y"])))
+  )
 
 
 @pytest.mark.parametrize("chunk", [None])  # the default path; chunked: small_model elsewhere
 def test_forward_matches_reference(small_state_dict, forward_fixture, chunk):
   from cdeit_jax.convert import load_torch_state_dict
+
   model = load_torch_state_dict(
-      CDEIT(hidden_size=64, attention_query_chunk=chunk, rngs=nnx.Rngs(0)), small_state_dict)
+    CDEIT(hidden_size=64, attention_query_chunk=chunk, rngs=nnx.Rngs(0)), small_state_dict
+  )
   out = _forward(model, forward_fixture)
   ref = nhwc(forward_fixture["out"])
   assert out.shape == (2, 128, 128, 1)
@@ -42,8 +45,9 @@ def test_forward_matches_reference(small_state_dict, forward_fixture, chunk):
 def test_fixed_tables_match_reference_buffers(small_state_dict):
   np.testing.assert_array_equal(sincos_pos_embed_2d(64, 64), small_state_dict["pos_embed"][0])
   np.testing.assert_array_equal(
-      relative_position_index(16),
-      small_state_dict["blocks.swinIn1.attn.attn.relative_position_index"])
+    relative_position_index(16),
+    small_state_dict["blocks.swinIn1.attn.attn.relative_position_index"],
+  )
 
 
 def test_timestep_embedding_hand_computed():
@@ -55,9 +59,11 @@ def test_timestep_embedding_hand_computed():
 
 def test_bfloat16_forward_close_to_float32(small_state_dict, forward_fixture):
   from cdeit_jax.convert import load_torch_state_dict
-  model = load_torch_state_dict(CDEIT(hidden_size=64, dtype=jnp.bfloat16,
-                                      attention_query_chunk=1024, rngs=nnx.Rngs(0)),
-                                small_state_dict)
+
+  model = load_torch_state_dict(
+    CDEIT(hidden_size=64, dtype=jnp.bfloat16, attention_query_chunk=1024, rngs=nnx.Rngs(0)),
+    small_state_dict,
+  )
   out = _forward(model, forward_fixture)
   ref = nhwc(forward_fixture["out"])
   assert out.dtype == np.float32
@@ -108,20 +114,26 @@ def test_published_size_parameter_count_and_compiles():
   assert count_params(model) == 109_719_108
   graphdef, state = nnx.split(model)
   fn = jax.jit(lambda s, x, t, y: nnx.merge(graphdef, s)(x, t, y))
-  lowered = fn.lower(state, jax.ShapeDtypeStruct((2, 128, 128, 1), jnp.float32),
-                     jax.ShapeDtypeStruct((2,), jnp.int32),
-                     jax.ShapeDtypeStruct((2, 16, 16, 1), jnp.float32))
+  lowered = fn.lower(
+    state,
+    jax.ShapeDtypeStruct((2, 128, 128, 1), jnp.float32),
+    jax.ShapeDtypeStruct((2,), jnp.int32),
+    jax.ShapeDtypeStruct((2, 16, 16, 1), jnp.float32),
+  )
   compiled = lowered.compile()
   out = compiled.out_info
   assert out.shape == (2, 128, 128, 1)
 
 
-@pytest.mark.parametrize("kwargs, match", [
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
     (dict(image_size=100), "patch_size"),
     (dict(num_scales=7), "2\\*\\*num_scales"),
     (dict(hidden_size=60, num_heads=16), "divisible by num_heads"),
     (dict(window_size=24), "window_size"),
-])
+  ],
+)
 def test_bad_sizes_are_named(kwargs, match):
   with pytest.raises(ValueError, match=match):
     CDEIT(**kwargs, rngs=nnx.Rngs(0))

@@ -34,8 +34,13 @@ def uef_ys():
 def evaluated(tiny_run, uef_ys, tmp_path_factory):
   """eval.py's predictions of those 6 cases (8 devices, 2 samples)."""
   out = tmp_path_factory.mktemp("eval")
-  evaluate.evaluate(tiny_run, "uef2017", str(UEF), str(out), {
-      **SETTINGS, "eval.figure": False, "eval.max_examples": 6})
+  evaluate.evaluate(
+    tiny_run,
+    "uef2017",
+    str(UEF),
+    str(out),
+    {**SETTINGS, "eval.figure": False, "eval.max_examples": 6},
+  )
   z = np.load(out / "predictions.npz")
   return z["pred"][..., 0], z["std"][..., 0]
 
@@ -66,8 +71,10 @@ def test_symmetric_samples_are_the_turned_tanks_samples_turned_back(tiny_run, re
   plain sampler's sample k of the frame's voltages permuted for the k-th symmetry (conditioned
   afresh) with its image turned back; sample 0 (the identity) is the plain sample."""
   from cdeit_jax.eit import symmetry
-  sym = Reconstructor.from_workdir(tiny_run, preset="uef2017",
-                                   overrides={**SETTINGS, "sampling.symmetric": True})
+
+  sym = Reconstructor.from_workdir(
+    tiny_run, preset="uef2017", overrides={**SETTINGS, "sampling.symmetric": True}
+  )
   got = sym.reconstruct(uef_ys[:2], num_samples=8, keep_samples=True).samples
   index = np.arange(2, dtype=np.int32)
   for k, g in enumerate(symmetry.GROUP):
@@ -84,16 +91,16 @@ def test_a_stream_of_varying_batches_compiles_each_bucket_once(tiny_run, uef_ys,
   1, 3, 8, 5, 17, 2, 30 frames pad to 8 or 32, each compiled once."""
   compiled = []
   real = sampling.compile_batch
-  monkeypatch.setattr(sampling, "compile_batch",
-                      lambda *a, **k: compiled.append(a[3]) or real(*a, **k))
-  r = Reconstructor.from_workdir(tiny_run, preset="uef2017",
-                                 overrides={"sampling.num_samples": 1})
+  monkeypatch.setattr(
+    sampling, "compile_batch", lambda *a, **k: compiled.append(a[3]) or real(*a, **k)
+  )
+  r = Reconstructor.from_workdir(tiny_run, preset="uef2017", overrides={"sampling.num_samples": 1})
   assert r.buckets == [8, 16, 32, 64] and compiled == [64]
   dv = np.concatenate([uef_ys] * 6)
   at = 0
   out = []
   for n in (1, 3, 8, 5, 17, 2):
-    out.append(r.reconstruct(dv[at:at + n], first_index=at).images)
+    out.append(r.reconstruct(dv[at : at + n], first_index=at).images)
     at += n
   assert sorted(compiled) == [8, 32, 64] and r.compiled_buckets == [8, 32, 64]
   whole = r.reconstruct(dv[:at]).images  # one batch of 36 -> 64: same images
@@ -105,8 +112,10 @@ def _write(path: pathlib.Path, frames_: np.ndarray, reference=None) -> str:
   if path.suffix == ".npy":
     np.save(path, frames_)
   elif path.suffix == ".mat":  # EIDORS keeps frames as columns
-    scipy.io.savemat(path, {"vv": frames_.T} if reference is None else
-                     {"frames": frames_.T, "reference": reference})
+    scipy.io.savemat(
+      path,
+      {"vv": frames_.T} if reference is None else {"frames": frames_.T, "reference": reference},
+    )
   elif path.suffix == ".csv":
     header = ",".join(f"m{i}" for i in range(frames_.shape[1]))
     np.savetxt(path, frames_, delimiter=",", header=header, comments="")
@@ -130,8 +139,13 @@ def test_frames_files_read_alike(tmp_path, uef_ys):
 
 
 def _cli(*args):
-  return subprocess.run([sys.executable, "-m", "cdeit_jax.reconstruct", *args],
-                        capture_output=True, text=True, cwd=REPO, env=dict(os.environ))
+  return subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.reconstruct", *args],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    env=dict(os.environ),
+  )
 
 
 def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, evaluated, tmp_path):
@@ -145,8 +159,14 @@ def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, eval
   csv = _write(tmp_path / "f.csv", uef_ys)
   npy = _write(tmp_path / "f.npy", uef_ys + reference)
   ref = _write(tmp_path / "ref.npy", reference)
-  flags = ["--workdir", tiny_run, "--preset", "uef2017", "--config.sampling.seed=3",
-           "--config.sampling.num_samples=2"]
+  flags = [
+    "--workdir",
+    tiny_run,
+    "--preset",
+    "uef2017",
+    "--config.sampling.seed=3",
+    "--config.sampling.num_samples=2",
+  ]
   for name, args in (("mat", [mat]), ("csv", [csv]), ("npy", [npy, "--reference", ref])):
     r = _cli(*flags, "--frames", *args, "--out", str(tmp_path / name))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -162,8 +182,11 @@ def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, eval
 def test_bad_frames_are_named_by_file_and_row(rec, uef_ys, tmp_path):
   bad = tmp_path / "bad.csv"
   np.savetxt(bad, uef_ys[:, :207], delimiter=",")
-  with pytest.raises(InputError, match=r"bad.csv: frames must be rows of 208 voltages .* got "
-                     r"shape \(6, 207\)"):
+  with pytest.raises(
+    InputError,
+    match=r"bad.csv: frames must be rows of 208 voltages .* got "
+    r"shape \(6, 207\)",
+  ):
     frames.read(str(bad))
   np.save(tmp_path / "empty.npy", np.zeros((0, 208)))
   with pytest.raises(InputError, match="empty.npy: no frames"):
@@ -212,6 +235,7 @@ def test_moving_sequence_is_the_simulators_voltages_of_its_phantoms():
 
   from cdeit_jax import eit
   from cdeit_jax.eit import phantom as ph
+
   seq = sequence.simulate(16, snr_db=None)
   params = sequence.phantoms(16)
   sim = eit.default_simulator()
@@ -221,8 +245,9 @@ def test_moving_sequence_is_the_simulators_voltages_of_its_phantoms():
   np.testing.assert_allclose(seq["targets"], np.asarray(jax.vmap(ph.render_image)(params)))
   # the lungs are empty at frame 0 and full half a breath later; the disc moves along the wall
   assert seq["targets"][0].min() == 0 and seq["targets"][0].max() > 0.7
-  assert np.isclose(params[0, 0, 7], 0) and np.isclose(params[sequence.BREATH // 2, 0, 7],
-                                                       sequence.LUNG)
+  assert np.isclose(params[0, 0, 7], 0) and np.isclose(
+    params[sequence.BREATH // 2, 0, 7], sequence.LUNG
+  )
   radius = np.hypot(params[:8, 2, 2], params[:8, 2, 3])
   np.testing.assert_allclose(radius, 0.78)
   assert measurement.NUM_MEASUREMENTS == seq["frames"].shape[1]

@@ -7,8 +7,10 @@ from cdeit_jax import report
 
 def _write(folder, cdeit, tik, empty):
   folder.mkdir()
-  m = {"metrics": {"cdeit": cdeit, "tikhonov": tik, "empty": empty},
-       "settings": {"data": "uef2017", "examples": 22}}
+  m = {
+    "metrics": {"cdeit": cdeit, "tikhonov": tik, "empty": empty},
+    "settings": {"data": "uef2017", "examples": 22},
+  }
   (folder / "metrics.json").write_text(json.dumps(m))
   return str(folder)
 
@@ -25,7 +27,7 @@ def test_table_and_verdict(tmp_path, capsys):
   text, ok = report.table([good])
   assert ok
   assert "| good: uef2017 (22) | CDEIT | 0.1500 | 21.00 | 0.800 | 0.700 | 0.800 |" in text
-  assert "- good: CDEIT's RMSE 11.8 % under Tikhonov's" in text      # 1 - 0.15 / 0.17
+  assert "- good: CDEIT's RMSE 11.8 % under Tikhonov's" in text  # 1 - 0.15 / 0.17
   assert "|  | empty image | 0.2600 | 16.70 | 0.800 | 0.700 | - |" in text
   # worse than Tikhonov in CC alone is a failure
   worse_cc = _write(tmp_path / "cc", _m(0.15, 21.0, 0.73), _m(0.17, 20.0, 0.74), _m(0.26, 16.7))

@@ -32,8 +32,9 @@ def read_split(path):
 @pytest.fixture(scope="module")
 def small_set(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("sim") / "a")
-  r = simulate.generate(out, {"train": 12, "valid": 4, "test": 2}, sim(5),
-                        batch_size=8, progress=False)
+  r = simulate.generate(
+    out, {"train": 12, "valid": 4, "test": 2}, sim(5), batch_size=8, progress=False
+  )
   assert r["generated"] == 18
   return out
 
@@ -58,11 +59,11 @@ def test_layout_and_loader(small_set):
 def test_same_seed_same_bytes_and_extension(small_set, tmp_path):
   """Another batch size, in two runs (the second extends the first), gives the same examples."""
   out = str(tmp_path / "b")
-  simulate.generate(out, {"train": 5}, sim(5), batch_size=4,
-                    progress=False)
-  r = simulate.generate(out, {"train": 12, "valid": 4, "test": 2}, sim(5),
-                        batch_size=4, progress=False)
-  assert r["generated"] == 13                      # only the missing ones
+  simulate.generate(out, {"train": 5}, sim(5), batch_size=4, progress=False)
+  r = simulate.generate(
+    out, {"train": 12, "valid": 4, "test": 2}, sim(5), batch_size=4, progress=False
+  )
+  assert r["generated"] == 13  # only the missing ones
   for split in ("train", "valid", "test"):
     na, ea = read_split(os.path.join(small_set, split))
     nb, eb = read_split(os.path.join(out, split))
@@ -71,13 +72,14 @@ def test_same_seed_same_bytes_and_extension(small_set, tmp_path):
       np.testing.assert_array_equal(a["xs"], b["xs"])
       np.testing.assert_allclose(a["ys"], b["ys"], rtol=0, atol=1e-6 * np.abs(a["ys"]).max())
   # a second identical run changes nothing
-  assert simulate.generate(out, {"train": 12}, sim(5),
-                           progress=False)["generated"] == 0
+  assert simulate.generate(out, {"train": 12}, sim(5), progress=False)["generated"] == 0
   # another seed: other examples
   other = str(tmp_path / "c")
   simulate.generate(other, {"train": 2}, sim(6), progress=False)
-  assert not np.array_equal(read_split(os.path.join(other, "train"))[1][0]["xs"],
-                            read_split(os.path.join(out, "train"))[1][0]["xs"])
+  assert not np.array_equal(
+    read_split(os.path.join(other, "train"))[1][0]["xs"],
+    read_split(os.path.join(out, "train"))[1][0]["xs"],
+  )
 
 
 def test_files_are_the_simulator_sources_examples(small_set):
@@ -86,6 +88,7 @@ def test_files_are_the_simulator_sources_examples(small_set):
   import jax
 
   from cdeit_jax.common import sharding as shd
+
   _, ex = read_split(os.path.join(small_set, "valid"))
   ys, xs = synthetic.example_arrays(sim(5), "valid", np.arange(4), shd.make_mesh(jax.devices()))
   for i in range(4):
@@ -100,17 +103,23 @@ def test_refuses_to_mix_settings(small_set):
 
 def test_refuses_folders_of_unknown_settings_and_records_tr_splits(small_set, tmp_path):
   import shutil
+
   bare = tmp_path / "bare"
   shutil.copytree(small_set, bare)
   os.remove(bare / "simulate.json")  # examples whose settings nobody recorded
   with pytest.raises(ValueError, match="holds examples .* but no simulate.json"):
     simulate.generate(str(bare), {"train": 30}, sim(5), progress=False)
-  assert json.load(open(os.path.join(small_set, "simulate.json")))["tr_splits"] == \
-      ["test", "train", "valid"]
-  with pytest.raises(ValueError, match=r"tr_splits: folder has \['test', 'train', 'valid'\], "
-                     r"asked \['test'\]"):
-    simulate.generate(small_set, {"train": 30}, sim(5), tr_splits=("test",),
-                      progress=False)
+  assert json.load(open(os.path.join(small_set, "simulate.json")))["tr_splits"] == [
+    "test",
+    "train",
+    "valid",
+  ]
+  with pytest.raises(
+    ValueError,
+    match=r"tr_splits: folder has \['test', 'train', 'valid'\], "
+    r"asked \['test'\]",
+  ):
+    simulate.generate(small_set, {"train": 30}, sim(5), tr_splits=("test",), progress=False)
 
 
 def test_extension_replaces_statistics_even_after_a_kill(tmp_path):
@@ -125,6 +134,7 @@ def test_extension_replaces_statistics_even_after_a_kill(tmp_path):
   def killed(*a, **k):
     calls.append(1)
     raise KeyboardInterrupt  # the kill, after the new files and before the statistics
+
   stats_lib.compute_stats = killed
   try:
     with pytest.raises(KeyboardInterrupt):
@@ -132,18 +142,20 @@ def test_extension_replaces_statistics_even_after_a_kill(tmp_path):
   finally:
     stats_lib.compute_stats = real
   assert calls and not os.path.exists(os.path.join(out, "std.npy"))
-  assert simulate.generate(out, {"train": 6}, sim(5),
-                           progress=False)["generated"] == 0
+  assert simulate.generate(out, {"train": 6}, sim(5), progress=False)["generated"] == 0
   mean, std = stats_lib.compute_stats(os.path.join(out, "train"), progress=False)
   np.testing.assert_array_equal(np.load(os.path.join(out, "std.npy")), std)
   assert not np.array_equal(std, old)
 
 
-@pytest.mark.parametrize("key, value, match", [
+@pytest.mark.parametrize(
+  "key, value, match",
+  [
     ("snr_db", float("nan"), "snr_db=nan: give a finite number of dB"),
     ("phantom.min_aspect", -1.0, "need 0 < min_aspect <= 1"),
     ("phantom.annulus_inner", 1.5, "need 0 < annulus_inner < 1"),
-])
+  ],
+)
 def test_nonsense_settings_are_named(key, value, match):
   cfg = config_lib.default_config()
   config_lib.override(cfg, {f"simulator.{key}": value})
@@ -152,12 +164,18 @@ def test_nonsense_settings_are_named(key, value, match):
 
 
 def test_cli_errors_name_the_flag(tmp_path):
-  run = lambda *a: subprocess.run([sys.executable, "-m", "cdeit_jax.simulate", "--out",
-                                   str(tmp_path / "x"), *a], capture_output=True, text=True,
-                                  cwd=REPO)
+  run = lambda *a: subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.simulate", "--out", str(tmp_path / "x"), *a],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
   r = run("--num_train", "2", "--config.simulator.phantom.max_inclusion=2")
-  assert r.returncode == 2 and "--config.simulator.phantom.max_inclusion: no such config key" \
-      in r.stderr and 'Did you mean "max_inclusions"' in r.stderr
+  assert (
+    r.returncode == 2
+    and "--config.simulator.phantom.max_inclusion: no such config key" in r.stderr
+    and 'Did you mean "max_inclusions"' in r.stderr
+  )
   r = run("--num_train", "2", "--tr_splits", "train,tst")
   assert r.returncode == 1 and "--tr_splits: unknown splits ['tst']" in r.stderr
   r = run("--num_train", "2", "--config.simulator.phantom.max_size=0.99")
@@ -168,9 +186,25 @@ def test_training_statistics_have_the_authors_magnitudes(tmp_path):
   """256 examples of the default recipe, made by the CLI: median std within 2x of the authors'
   1.0e-5 V. (A subprocess with its own host devices, one per core, as the command sets them.)"""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  r = subprocess.run([sys.executable, "-m", "cdeit_jax.simulate", "--out", str(tmp_path / "s"),
-                      "--num_train", "256", "--batch_size", "128", "--tr_splits", ""],
-                     capture_output=True, text=True, cwd=REPO, env=env)
+  r = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "cdeit_jax.simulate",
+      "--out",
+      str(tmp_path / "s"),
+      "--num_train",
+      "256",
+      "--batch_size",
+      "128",
+      "--tr_splits",
+      "",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    env=env,
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   assert "generated 256 examples" in r.stdout
   std = np.load(tmp_path / "s" / "std.npy").ravel()
@@ -190,12 +224,13 @@ def test_foreign_config_is_one_system_the_default_draws_one_per_example():
   them passive, off the training distribution's centre); the default draws a system per
   example; the nominal spec takes the fixed system's fast path."""
   import jax
+
   keys = jax.random.split(jax.random.key(0), 4)
   foreign = synthetic.generator(_config("foreign.py").simulator)
   f = {k: np.asarray(v) for k, v in foreign.systems(keys).items()}
   for v in f.values():
     np.testing.assert_array_equal(v, np.broadcast_to(v[:1], v.shape))
-  assert f["centres"].shape == (4, 32) and np.all(f["weights"][0] > 0)   # passive present
+  assert f["centres"].shape == (4, 32) and np.all(f["weights"][0] > 0)  # passive present
   assert f["gain"][0] == pytest.approx(1.3 / 0.9, rel=1e-6)
   default = synthetic.generator(config_lib.default_config().simulator)
   d = {k: np.asarray(v) for k, v in default.systems(keys).items()}
@@ -205,6 +240,7 @@ def test_foreign_config_is_one_system_the_default_draws_one_per_example():
   import dataclasses
 
   from cdeit_jax.eit.spec import SystemSpec
+
   nominal.system.update(dataclasses.asdict(SystemSpec.nominal()))
   assert synthetic.Generator(nominal).nominal
 
@@ -216,8 +252,10 @@ def test_configs_and_folders_from_before_the_system_distribution():
   cfg = config_lib.from_json(stored)
   spec = synthetic.system_spec(cfg.simulator)
   assert spec.is_nominal() and cfg.simulator.seed == 3
-  assert cfg.simulator.phantom.near_wall == 0 and cfg.simulator.phantom.kinds == \
-      "disc,ellipse,half_disc,annulus"
+  assert (
+    cfg.simulator.phantom.near_wall == 0
+    and cfg.simulator.phantom.kinds == "disc,ellipse,half_disc,annulus"
+  )
 
 
 def test_format_2_folders_are_refused_with_a_reason(tmp_path):
@@ -231,6 +269,6 @@ def test_format_2_folders_are_refused_with_a_reason(tmp_path):
 def test_huge_counts_start_at_once():
   """`--num_train 100000000`: the work list is lazy (its first chunk comes without listing 10^8
   indices), skipping the files that exist."""
-  chunks = simulate._missing(10 ** 8, {0, 2, 5}, 3)
+  chunks = simulate._missing(10**8, {0, 2, 5}, 3)
   assert next(chunks).tolist() == [1, 3, 4] and next(chunks).tolist() == [6, 7, 8]
   assert [c.tolist() for c in simulate._missing(7, {0, 2, 5}, 3)] == [[1, 3, 4], [6]]

@@ -24,18 +24,28 @@ TEST_CONFIG = str(REPO / "configs" / "test.py")
 # costs each train.py process ~20 s here.)
 # The train.py runs use the one fixed measuring system (its condensed solve is ~5x cheaper on
 # CPU); test_batches_... checks the source with a system drawn per example.
-NOMINAL = ["--config.simulator.system.gain=(1.0,1.0)",
-           "--config.simulator.system.contact_impedance=(0.0,0.0)",
-           "--config.simulator.system.rotation_deg=0", "--config.simulator.system.jitter_deg=0",
-           "--config.simulator.system.width_deg=(4.0,4.0)",
-           "--config.simulator.system.width_jitter=0", "--config.simulator.system.passive=0",
-           "--config.simulator.system.radius=(1.0,1.0)",
-           "--config.simulator.system.background=(1.0,1.0)",
-           "--config.simulator.system.snr_spread_db=0"]
-SIM = ["--config.data.source=simulator", "--config.data.preset=simulated",
-       "--config.data.stats=None", "--config.simulator.stats_examples=8",
-       "--config.simulator.valid_examples=8", "--config.log_every=2", "--config.eval_every=4",
-       *NOMINAL]
+NOMINAL = [
+  "--config.simulator.system.gain=(1.0,1.0)",
+  "--config.simulator.system.contact_impedance=(0.0,0.0)",
+  "--config.simulator.system.rotation_deg=0",
+  "--config.simulator.system.jitter_deg=0",
+  "--config.simulator.system.width_deg=(4.0,4.0)",
+  "--config.simulator.system.width_jitter=0",
+  "--config.simulator.system.passive=0",
+  "--config.simulator.system.radius=(1.0,1.0)",
+  "--config.simulator.system.background=(1.0,1.0)",
+  "--config.simulator.system.snr_spread_db=0",
+]
+SIM = [
+  "--config.data.source=simulator",
+  "--config.data.preset=simulated",
+  "--config.data.stats=None",
+  "--config.simulator.stats_examples=8",
+  "--config.simulator.valid_examples=8",
+  "--config.log_every=2",
+  "--config.eval_every=4",
+  *NOMINAL,
+]
 
 
 def _cfg(batch_size=8, nominal=False):
@@ -47,6 +57,7 @@ def _cfg(batch_size=8, nominal=False):
     import dataclasses
 
     from cdeit_jax.eit.spec import SystemSpec
+
     cfg.simulator.system.update(dataclasses.asdict(SystemSpec.nominal()))
   return cfg
 
@@ -54,8 +65,10 @@ def _cfg(batch_size=8, nominal=False):
 def _stats(ys):
   """numpy's mean and std (N-1) in float64, shaped (1, 16, 13) as the authors'."""
   y = np.asarray(ys, np.float64)
-  return (y.mean(0).reshape(1, 16, 13).astype(np.float32),
-          y.std(0, ddof=1).reshape(1, 16, 13).astype(np.float32))
+  return (
+    y.mean(0).reshape(1, 16, 13).astype(np.float32),
+    y.std(0, ddof=1).reshape(1, 16, 13).astype(np.float32),
+  )
 
 
 def test_batches_are_the_streams_examples_on_any_devices():
@@ -64,7 +77,8 @@ def test_batches_are_the_streams_examples_on_any_devices():
   files' loader makes; the same on 1 and 8 devices, bit for bit."""
   cfg = _cfg()
   mean, std = _stats(
-      synthetic.example_arrays(cfg.simulator, "train", np.arange(16), shd.make_mesh())[0])
+    synthetic.example_arrays(cfg.simulator, "train", np.arange(16), shd.make_mesh())[0]
+  )
   out = []
   for devices in (jax.devices()[:1], jax.devices()):
     mesh = shd.make_mesh(devices)
@@ -84,10 +98,19 @@ def test_batches_are_the_streams_examples_on_any_devices():
 def _run(workdir, *over, devices=8, wait=True):
   env = dict(os.environ)
   env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-  cmd = [sys.executable, str(REPO / "train.py"), "--config", TEST_CONFIG, "--workdir",
-         str(workdir), *SIM, *over]
-  p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                       cwd=REPO)
+  cmd = [
+    sys.executable,
+    str(REPO / "train.py"),
+    "--config",
+    TEST_CONFIG,
+    "--workdir",
+    str(workdir),
+    *SIM,
+    *over,
+  ]
+  p = subprocess.Popen(
+    cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+  )
   if not wait:
     return p
   out, err = p.communicate(timeout=400)
@@ -96,14 +119,16 @@ def _run(workdir, *over, devices=8, wait=True):
 
 
 def _losses(workdir):
-  return {r["step"]: r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").open())
-          if "loss" in r}
+  return {
+    r["step"]: r["loss"] for r in map(json.loads, (workdir / "metrics.jsonl").open()) if "loss" in r
+  }
 
 
 def _weights(workdir):
   meta = checkpoint.read_meta(str(workdir), 16)
   model, _ = loading.load(str(workdir), step=16, weights="raw")
   from flax import nnx
+
   return meta, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
@@ -121,8 +146,11 @@ def test_trains_on_8_devices_and_stores_the_statistics(straight):
   assert all(np.isfinite(v) for v in losses.values())
   # learning, measured on the fixed validation examples (EMA weights: copies of the weights up
   # to step 100, taken every 10 steps; 0.0875 at step 4, 0.0780 at 16 when written)
-  val = {r["step"]: r["val_loss"] for r in map(json.loads, (straight / "metrics.jsonl").open())
-         if r.get("val_loss") is not None}
+  val = {
+    r["step"]: r["val_loss"]
+    for r in map(json.loads, (straight / "metrics.jsonl").open())
+    if r.get("val_loss") is not None
+  }
   assert sorted(val) == [4, 8, 12, 16] and val[16] < 0.95 * val[4], val
   meta = checkpoint.read_meta(str(straight), 16)
   mean, std = checkpoint.meta_stats(meta)
@@ -154,6 +182,7 @@ def test_sigterm_and_resume_equal_the_straight_run(straight, tmp_path):
 def test_one_device_gives_the_losses_of_eight():
   """Three steps of the physics-informed model on simulator batches, on 1 and on 8 devices."""
   from cdeit_jax.train import training
+
   cfg = _cfg(nominal=True)
   cfg.model.cond = "eim+linear"
   ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(16), shd.make_mesh())

@@ -30,6 +30,7 @@ def test_pth_with_code_is_refused(tmp_path):
   class Evil:
     def __reduce__(self):
       return (print, ("pwned",))
+
   path = tmp_path / "evil.pth"
   with zipfile.ZipFile(path, "w") as z:
     z.writestr("evil/data.pkl", pickle.dumps(Evil(), protocol=2))
@@ -69,10 +70,24 @@ def _crafted_pth(path, *, numel, offset, size, stride, stored=None):
   def ints(vs):
     return b"(" + b"".join(integer(v) for v in vs) + b"t"
 
-  pid = b"(" + text("storage") + b"ctorch\nFloatStorage\n" + text("0") + text("cpu") + \
-      integer(numel) + b"tQ"
-  pkl = (b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n(" + pid + integer(offset) + ints(size) +
-         ints(stride) + b"\x89ccollections\nOrderedDict\n)Rt" + b"R.")
+  pid = (
+    b"("
+    + text("storage")
+    + b"ctorch\nFloatStorage\n"
+    + text("0")
+    + text("cpu")
+    + integer(numel)
+    + b"tQ"
+  )
+  pkl = (
+    b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n("
+    + pid
+    + integer(offset)
+    + ints(size)
+    + ints(stride)
+    + b"\x89ccollections\nOrderedDict\n)Rt"
+    + b"R."
+  )
   stored = numel if stored is None else stored
   with zipfile.ZipFile(path, "w") as z:
     z.writestr("x/data.pkl", pkl)
@@ -96,8 +111,9 @@ def test_crafted_pth_headers_are_refused_before_reading(tmp_path):
   neg = _crafted_pth(tmp_path / "neg.pth", numel=4, offset=0, size=(2,), stride=(-1,))
   with pytest.raises(ValueError, match="neg.pth: negative offset, size or stride"):
     stats.read_pth_tensor(neg)
-  short = _crafted_pth(tmp_path / "short.pth", numel=208, offset=0, size=(208,), stride=(1,),
-                       stored=1)
+  short = _crafted_pth(
+    tmp_path / "short.pth", numel=208, offset=0, size=(208,), stride=(1,), stored=1
+  )
   with pytest.raises(ValueError, match="short.pth: storage 'x/data/0' holds 4 bytes, not the 208"):
     stats.read_pth_tensor(short)
 
@@ -114,13 +130,14 @@ def test_running_statistics_of_any_cut_equal_numpy():
   """One pass over batches of any sizes (single examples, batches, one batch) gives numpy's
   two-pass float64 mean and std (N-1)."""
   from cdeit_jax.eit import measurement
+
   rng = np.random.default_rng(0)
-  ys = 3e-4 + 1e-5 * rng.standard_normal((37, 208))   # tank-like: a large mean, a small spread
+  ys = 3e-4 + 1e-5 * rng.standard_normal((37, 208))  # tank-like: a large mean, a small spread
   want_mean, want_std = ys.mean(0), ys.std(0, ddof=1)
   for cuts in ([37], [1] * 37, [5, 1, 1, 20, 10], [2, 35]):
     running, lo = measurement.RunningStats(), 0
     for n in cuts:
-      running.add(ys[lo:lo + n] * 2.0, voltage_ratio=2.0)
+      running.add(ys[lo : lo + n] * 2.0, voltage_ratio=2.0)
       lo += n
     mean, std = running.result()
     assert mean.shape == std.shape == (1, 16, 13) and mean.dtype == np.float32

@@ -117,11 +117,14 @@ def test_no_import_circle():
 def test_configs_read_without_the_physics():
   """Loading every shipped config imports neither the simulator nor the conditioning (only the
   physics' plain descriptions: `eit.spec`, `eit.measurement`)."""
-  code = ("import glob, sys; from cdeit_jax import config_lib\n"
-          "for f in sorted(glob.glob('configs/*.py')): config_lib.load(f)\n"
-          "print(sorted(m for m in sys.modules if m.startswith('cdeit_jax.eit.') and m not in "
-          "('cdeit_jax.eit.spec', 'cdeit_jax.eit.measurement')))")
-  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                     cwd=PACKAGE.parent)
+  code = (
+    "import glob, sys; from cdeit_jax import config_lib\n"
+    "for f in sorted(glob.glob('configs/*.py')): config_lib.load(f)\n"
+    "print(sorted(m for m in sys.modules if m.startswith('cdeit_jax.eit.') and m not in "
+    "('cdeit_jax.eit.spec', 'cdeit_jax.eit.measurement')))"
+  )
+  r = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent
+  )
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.strip() == "[]"

@@ -59,8 +59,11 @@ def build(cfg, devices, batch_size, accum=1, shard_params=False):
   host = jax.device_get(ts.state)
   constants = jax.device_put(ts.constants, c.constants_shardings)
   # The step donates its state: every caller gets a fresh copy on the devices.
-  return (mesh, lambda state, batch, rng: c.fn(state, batch, rng, constants),
-          lambda: jax.device_put(host, c.state_shardings))
+  return (
+    mesh,
+    lambda state, batch, rng: c.fn(state, batch, rng, constants),
+    lambda: jax.device_put(host, c.state_shardings),
+  )
 
 
 def put(batch, mesh, n):
@@ -90,10 +93,12 @@ def ema_pytorch_reference(ws, beta=0.995, update_every=10, after=100, power=2 / 
 
 def test_grad_norm_warning_sees_every_step_of_the_window():
   from cdeit_jax.train.train_loop import unusual_grad_norms
+
   assert unusual_grad_norms(11, [0.5, 2.0, 3.0]) == []
   # a spike in the middle of the window (the last step is normal)
   assert unusual_grad_norms(11, [0.5, 5e3, 2.0]) == [
-      "gradient norm outside [1e-07, 1000] at 1 step(s) (12); 5e+03 at step 12"]
+    "gradient norm outside [1e-07, 1000] at 1 step(s) (12); 5e+03 at step 12"
+  ]
   out = unusual_grad_norms(1, [1e-9, 1.0, 2e4, 1e-8])
   assert out == ["gradient norm outside [1e-07, 1000] at 3 step(s) (1, 3, 4); 1e-09 at step 1"]
 
@@ -102,8 +107,9 @@ def test_ctrl_c_saves_the_step_and_is_one_line(tmp_path):
   """Ctrl-C (SIGINT) during training: the step is saved, as on SIGTERM, then exit 130 with one
   line, no traceback (and no hang on a save cut short); every saved step reads."""
   wd = tmp_path / "run"
-  p = run_train(wd, "--config.steps=400", "--config.log_every=2", "--config.eval_every=4",
-                wait=False)
+  p = run_train(
+    wd, "--config.steps=400", "--config.log_every=2", "--config.eval_every=4", wait=False
+  )
   deadline = time.time() + 300
   while not list((wd / "checkpoints").glob("*/commit_success.txt")) and time.time() < deadline:
     time.sleep(0.1)
@@ -130,6 +136,7 @@ def test_unusable_workdirs_are_one_line(tmp_path):
 def test_resume_below_the_checkpoints_step_is_refused(tmp_path, straight_run):
   """--config.steps under the step a workdir holds trains nothing: one line says so (exit 1)."""
   import shutil
+
   wd = tmp_path / "run"
   shutil.copytree(straight_run, wd, ignore=shutil.ignore_patterns("lock"))
   rc, _, err = run_train(wd, "--config.steps=10", *RESUME_STEPS[1:])
@@ -140,6 +147,7 @@ def test_schedule_decides_every_periodic_action():
   """log_every 5, eval_every 10, 23 steps: a log window ends at 5, 10, 15, 20 and 23;
   validation and a checkpoint at 10, 20 and the last step; a preemption stop saves at once."""
   from cdeit_jax.train.train_loop import Schedule
+
   s = Schedule(cfg_(log_every=5, eval_every=10, steps=23))
   steps = range(1, 24)
   assert [k for k in steps if s.log(k, False)] == [5, 10, 15, 20, 23]
@@ -161,7 +169,8 @@ def test_ema_matches_ema_pytorch_semantics():
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
   assert float(training.ema_decay(jnp.int32(3000), 0.995, 100, 2 / 3)) == pytest.approx(0.995)
   assert float(training.ema_decay(jnp.int32(110), 0.995, 100, 2 / 3)) == pytest.approx(
-      1 - 10 ** (-2 / 3), rel=1e-6)
+    1 - 10 ** (-2 / 3), rel=1e-6
+  )
 
 
 # ----------------------------------------------------------------------------- the step
@@ -185,15 +194,18 @@ def test_one_step_on_8_devices_equals_1_device(uef_batch, step8):
   (s1, m1), (s8, m8), (sf, mf) = out
   for s, m in ((s8, m8), (sf, mf)):  # replicated and FSDP-sharded params on 8 devices
     assert abs(float(m1["loss"]) - float(m["loss"])) < 1e-6
-    for a, b in zip(leaves((s1.params, s1.ema, s1.opt_state)),
-                    leaves((s.params, s.ema, s.opt_state))):
+    for a, b in zip(
+      leaves((s1.params, s1.ema, s1.opt_state)), leaves((s.params, s.ema, s.opt_state))
+    ):
       np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
   assert int(s8.step) == 2
   fc1 = sf.params["mid"]["mlp"]["fc1"]["kernel"].get_value()  # (32, 128): split over 8 devices
   assert fc1.sharding.spec == jax.sharding.PartitionSpec(None, "data")
   assert {s.data.shape for s in fc1.addressable_shards} == {(32, 16)}
-  assert all(s.data.shape == s8.params["mid"]["attn"]["qkv"]["kernel"].shape
-             for s in s8.params["mid"]["attn"]["qkv"]["kernel"].get_value().addressable_shards)
+  assert all(
+    s.data.shape == s8.params["mid"]["attn"]["qkv"]["kernel"].shape
+    for s in s8.params["mid"]["attn"]["qkv"]["kernel"].get_value().addressable_shards
+  )
 
 
 def test_accumulation_equals_one_big_step(uef_batch):
@@ -257,17 +269,22 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
   # one writer: the 2-step windows, and the window that ended at the agreed step
   assert [r["step"] for r in two] == sorted(set(range(2, 25, 2)) | {stopped})
   same = [r for r in two if r["step"] % 2 == 0 and r["step"] - 2 >= stopped or r["step"] <= 2]
-  np.testing.assert_allclose([r["loss"] for r in same], [one[r["step"]]["loss"] for r in same],
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    [r["loss"] for r in same], [one[r["step"]]["loss"] for r in same], rtol=1e-5
+  )
   np.testing.assert_allclose(two[-1]["val_loss"], one[24]["val_loss"], rtol=1e-5)
   from flax import nnx
-  weights = lambda w: jax.tree.leaves(nnx.state(loading.load(
-      str(w), step=24, weights="raw")[0], nnx.Param))
+
+  weights = lambda w: jax.tree.leaves(
+    nnx.state(loading.load(str(w), step=24, weights="raw")[0], nnx.Param)
+  )
   for a, b in zip(weights(straight_run), weights(wd)):  # 2 x 4 against 1 x 8 devices
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("over, match", [
+@pytest.mark.parametrize(
+  "over, match",
+  [
     ({"batch_size": 10}, r"config.batch_size=10: does not divide evenly over 8 devices x 1"),
     ({"batch_size": 8, "accum_steps": 2}, r"config.batch_size=8: .* 8 devices x 2 accumulation"),
     ({"optimizer.lr": -1.0}, r"config.optimizer.lr=-1.0: must be > 0"),
@@ -276,7 +293,8 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
     ({"sources.preset": "tank"}, r"config.data.preset='tank': unknown preset"),
     ({"steps": 0}, r"config.steps=0: must be a positive integer"),
     ({"eval_batch_size": -8}, r"config.eval_batch_size=-8: must be a positive integer"),
-])
+  ],
+)
 def test_bad_config_values_are_named(over, match):
   with pytest.raises(ValueError, match=match):
     config_lib.check_training_config(cfg_(**over), num_devices=8)
@@ -284,11 +302,18 @@ def test_bad_config_values_are_named(over, match):
 
 def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, straight_run):
   import shutil
+
   wd = tmp_path / "run"
   shutil.copytree(straight_run, wd)
   before = final_state(wd, cfg_(steps=24))
-  rc, _, err = run_train(wd, "--config.steps=32", "--config.eval_every=4", "--config.log_every=2",
-                          "--config.optimizer.lr=1e30", "--config.optimizer.grad_clip=0.0")
+  rc, _, err = run_train(
+    wd,
+    "--config.steps=32",
+    "--config.eval_every=4",
+    "--config.log_every=2",
+    "--config.optimizer.lr=1e30",
+    "--config.optimizer.grad_clip=0.0",
+  )
   assert rc == 1
   assert "became non-finite at step" in err and "last good checkpoint is step 24" in err
   after = final_state(wd, cfg_(steps=24), jax.devices()[:1])  # saved on 8 devices, restored on 1
@@ -300,9 +325,13 @@ def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, straight_run):
 def test_checkpoints_keep_latest_and_best(tmp_path):
   mngr = checkpoint.train_manager(str(tmp_path), keep=2, async_save=False)
   import orbax.checkpoint as ocp
+
   for step, val in zip(range(1, 6), [5.0, 1.0, 4.0, 3.0, 2.0]):
-    mngr.save(step, args=ocp.args.Composite(meta=ocp.args.JsonSave({"val_loss": val})),
-              metrics={"val_loss": val})
+    mngr.save(
+      step,
+      args=ocp.args.Composite(meta=ocp.args.JsonSave({"val_loss": val})),
+      metrics={"val_loss": val},
+    )
   mngr.wait_until_finished()
   assert sorted(mngr.all_steps()) == [2, 4, 5]  # best (1.0 at step 2) + the latest two
   mngr.close()
@@ -324,8 +353,13 @@ def test_compile_out_of_memory_gives_advice_not_a_traceback(tmp_path, monkeypatc
     train_loop.train(cfg, str(tmp_path))
   text = str(e.value)
   assert "does not fit the devices' memory" in text and "Out of memory allocating" in text
-  for tip in ("config.model.attention_impl=auto", "config.accum_steps=2", "config.model.remat=True",
-              "config.shard_params=True", "--compile_topology"):
+  for tip in (
+    "config.model.attention_impl=auto",
+    "config.accum_steps=2",
+    "config.model.remat=True",
+    "config.shard_params=True",
+    "--compile_topology",
+  ):
     assert tip in text
 
 
@@ -335,6 +369,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_saved_steps_stay(tmp_path,
   whole and a rerun resumes from it."""
   from cdeit_jax.common import fileio
   from cdeit_jax.train import train_loop
+
   real = checkpoint.save_train
   saves = []
 
@@ -342,9 +377,11 @@ def test_a_full_disk_while_saving_is_one_line_and_the_saved_steps_stay(tmp_path,
     saves.append(meta["step"])
     if len(saves) == 2:
       try:
-        raise ValueError("RESOURCE_EXHAUSTED: Error writing local file \"ocdbt.process_0/d/1\": "
-                         "Failed to write 35471 bytes to file 11: No space left on device "
-                         "[os_error_code='28']")
+        raise ValueError(
+          'RESOURCE_EXHAUSTED: Error writing local file "ocdbt.process_0/d/1": '
+          "Failed to write 35471 bytes to file 11: No space left on device "
+          "[os_error_code='28']"
+        )
       except ValueError as e:
         raise RuntimeError("commit failed") from e
     return real(mngr, state, data_iter, meta, val_loss)
@@ -352,8 +389,10 @@ def test_a_full_disk_while_saving_is_one_line_and_the_saved_steps_stay(tmp_path,
   monkeypatch.setattr(checkpoint, "save_train", fills)
   cfg = cfg_(batch_size=8)
   cfg.steps, cfg.eval_every, cfg.log_every = 8, 4, 4
-  with pytest.raises(fileio.DiskFull, match=f"no space left on the device of {tmp_path}: .* "
-                     "rerun the same command to resume") as e:
+  with pytest.raises(
+    fileio.DiskFull,
+    match=f"no space left on the device of {tmp_path}: .* rerun the same command to resume",
+  ) as e:
     train_loop.train(cfg, str(tmp_path))
   assert "\n" not in str(e.value)
   assert checkpoint.all_steps(str(tmp_path)) == [saves[0]]
@@ -401,9 +440,14 @@ def _assert_equals_straight(workdir, straight):
   assert checkpoint.best_step(str(workdir)) == checkpoint.best_step(str(straight))
 
 
-@pytest.mark.parametrize("when", [pytest.param("compile", marks=pytest.mark.slow),
-                                  pytest.param("between_checkpoints", marks=pytest.mark.slow),
-                                  "save_started"])
+@pytest.mark.parametrize(
+  "when",
+  [
+    pytest.param("compile", marks=pytest.mark.slow),
+    pytest.param("between_checkpoints", marks=pytest.mark.slow),
+    "save_started",
+  ],
+)
 def test_kill_9_then_resume_equals_straight_run(tmp_path, straight_run, when):
   """kill -9 while compiling, between two checkpoints, and as an asynchronous save starts (its
   metrics line is written right after the save is handed to orbax); the rerun loses nothing."""
@@ -429,13 +473,17 @@ def test_unfinished_save_and_damaged_latest_fall_back(tmp_path, straight_run):
   truncated weight file is skipped with one line: training resumes from the newest intact step
   and ends where the uninterrupted run does; the damaged step is kept aside, not deleted."""
   import shutil
+
   wd = tmp_path / "run"
   rc, _, err = run_train(wd, "--config.steps=16", *RESUME_STEPS[1:])
   assert rc == 0, err[-3000:]
   shutil.copytree(wd / "checkpoints" / "16", wd / "checkpoints" / "24.orbax-checkpoint-tmp-1")
   (wd / "checkpoints" / "24.orbax-checkpoint-tmp-1" / "commit_success.txt").unlink(missing_ok=True)
-  chunks = [f for f in (wd / "checkpoints" / "16" / "params").rglob("*") if f.is_file()
-            and f.stat().st_size > 64 and "d" in f.parent.name]
+  chunks = [
+    f
+    for f in (wd / "checkpoints" / "16" / "params").rglob("*")
+    if f.is_file() and f.stat().st_size > 64 and "d" in f.parent.name
+  ]
   assert chunks, sorted((wd / "checkpoints" / "16").rglob("*"))
   for f in chunks:
     f.write_bytes(f.read_bytes()[:16])  # truncated
@@ -457,14 +505,24 @@ def test_retention_keeps_the_best_across_restarts(tmp_path):
 
   def save(step, val):
     mngr = checkpoint.train_manager(str(tmp_path), keep=2, async_save=False)
-    mngr.save(step, args=ocp.args.Composite(meta=ocp.args.JsonSave({"step": step})),
-              metrics=None if val is None else {"val_loss": val})
+    mngr.save(
+      step,
+      args=ocp.args.Composite(meta=ocp.args.JsonSave({"step": step})),
+      metrics=None if val is None else {"val_loss": val},
+    )
     mngr.wait_until_finished()
     mngr.close()
 
   # a restart (a new manager) before every save; 47 is the SIGTERM save without a loss
-  for step, val in [(10, 0.09), (20, 0.08), (30, 0.0705), (40, 0.07047), (47, None), (50, 0.07056),
-                    (60, 0.07091)]:
+  for step, val in [
+    (10, 0.09),
+    (20, 0.08),
+    (30, 0.0705),
+    (40, 0.07047),
+    (47, None),
+    (50, 0.07056),
+    (60, 0.07091),
+  ]:
     save(step, val)
   assert checkpoint.all_steps(str(tmp_path)) == [40, 50, 60]
   assert checkpoint.best_step(str(tmp_path)) == 40
@@ -472,10 +530,19 @@ def test_retention_keeps_the_best_across_restarts(tmp_path):
 
 def test_second_training_in_a_workdir_is_refused_and_a_dead_ones_lock_taken(tmp_path):
   from cdeit_jax.train import workdir_lock
+
   holder = subprocess.Popen(
-      [sys.executable, "-c", "import sys, time; from cdeit_jax import workdir_lock; "
-       f"workdir_lock.WorkdirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); "
-       "time.sleep(600)"], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    [
+      sys.executable,
+      "-c",
+      "import sys, time; from cdeit_jax import workdir_lock; "
+      f"workdir_lock.WorkdirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); "
+      "time.sleep(600)",
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+    cwd=REPO,
+  )
   assert holder.stdout.readline().strip() == "held"
   rc, _, err = run_train(tmp_path, "--config.steps=2")
   assert rc == 1 and f"in use by another training (pid {holder.pid} on" in err, err[-2000:]
@@ -487,23 +554,28 @@ def test_second_training_in_a_workdir_is_refused_and_a_dead_ones_lock_taken(tmp_
       workdir_lock.WorkdirLock(str(tmp_path)).acquire()
 
 
-def test_resume_refuses_a_changed_batch_size_and_warns_on_changed_optimizer(tmp_path,
-                                                                           straight_run):
+def test_resume_refuses_a_changed_batch_size_and_warns_on_changed_optimizer(tmp_path, straight_run):
   from cdeit_jax.train import train_loop
+
   meta = checkpoint.read_meta(str(straight_run))
-  with pytest.raises(checkpoint.CheckpointError,
-                     match=r"config.batch_size: checkpoint 8, now 16.*new --workdir"):
+  with pytest.raises(
+    checkpoint.CheckpointError, match=r"config.batch_size: checkpoint 8, now 16.*new --workdir"
+  ):
     train_loop.check_resume(cfg_(batch_size=16), meta, "here")
   with pytest.raises(checkpoint.CheckpointError, match=r"config.model.hidden_size: checkpoint 32"):
     train_loop.check_resume(cfg_(**{"model.hidden_size": 64}), meta, "here")
-  warnings = train_loop.check_resume(cfg_(steps=24, **{"optimizer.lr": 5e-4,
-                                                    "model.attention_impl": "xla"}), meta, "here")
-  assert warnings == ["warning: resuming here with changed config.optimizer.lr: 0.001 -> 0.0005 "
-                      "(the run no longer equals an uninterrupted one)"]
+  warnings = train_loop.check_resume(
+    cfg_(steps=24, **{"optimizer.lr": 5e-4, "model.attention_impl": "xla"}), meta, "here"
+  )
+  assert warnings == [
+    "warning: resuming here with changed config.optimizer.lr: 0.001 -> 0.0005 "
+    "(the run no longer equals an uninterrupted one)"
+  ]
 
 
 def test_metrics_jsonl_is_cut_to_the_resumed_step(tmp_path):
   from cdeit_jax.common import logs
+
   path = tmp_path / "metrics.jsonl"
   lines = [{"step": s, "loss": s / 10} for s in (2, 4, 6, 4, 6, 8, 10)]
   path.write_text("".join(json.dumps(r) + "\n" for r in lines) + '{"step": 12, "lo')
@@ -511,17 +583,30 @@ def test_metrics_jsonl_is_cut_to_the_resumed_step(tmp_path):
   logger.close()
   assert logger.dropped == 5
   assert [json.loads(l) for l in path.open()] == [
-      {"step": 2, "loss": 0.2}, {"step": 4, "loss": 0.4}, {"step": 6, "loss": 0.6}]
+    {"step": 2, "loss": 0.2},
+    {"step": 4, "loss": 0.4},
+    {"step": 6, "loss": 0.6},
+  ]
 
 
-@pytest.mark.parametrize("args, message", [
+@pytest.mark.parametrize(
+  "args, message",
+  [
     (["--config", "configs/nope.py"], "error: --config configs/nope.py: no such file"),
-    (["--config", TEST_CONFIG, "--config.modle.x=1"],
-     "error: --config.modle.x: no such config key: 'modle' Did you mean \"model\""),
-])
+    (
+      ["--config", TEST_CONFIG, "--config.modle.x=1"],
+      "error: --config.modle.x: no such config key: 'modle' Did you mean \"model\"",
+    ),
+  ],
+)
 def test_config_flag_mistakes_are_one_line(tmp_path, args, message):
-  p = subprocess.run([sys.executable, str(REPO / "train.py"), *args, "--workdir", str(tmp_path)],
-                     capture_output=True, text=True, cwd=REPO, timeout=120)
+  p = subprocess.run(
+    [sys.executable, str(REPO / "train.py"), *args, "--workdir", str(tmp_path)],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=120,
+  )
   assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith(message), p.stderr
   assert "Traceback" not in p.stderr
 
@@ -539,6 +624,7 @@ def test_a_workdir_named_by_digits_is_a_workdir_not_a_step(tmp_path, straight_ru
   import shutil
 
   from cdeit_jax.checkpoints import reader
+
   ranked = checkpoint.ranked_steps(str(straight_run))
   latest = max(checkpoint.all_steps(str(straight_run)))
   for name in ("2024", "r2024"):
@@ -547,7 +633,7 @@ def test_a_workdir_named_by_digits_is_a_workdir_not_a_step(tmp_path, straight_ru
     assert checkpoint.step_folder(str(wd)) is None
     with reader.open_run(str(wd)) as run:
       order = run.candidates
-    assert order[:len(ranked)] == ranked and sorted(order) == checkpoint.all_steps(str(wd))
+    assert order[: len(ranked)] == ranked and sorted(order) == checkpoint.all_steps(str(wd))
     step_dir = wd / "checkpoints" / str(latest)
     assert checkpoint.step_folder(str(step_dir)) == latest
     with reader.open_run(str(step_dir)) as run:
@@ -560,6 +646,7 @@ def test_eval_uses_the_best_intact_step(tmp_path, straight_run, caplog):
   import shutil
 
   from cdeit_jax.infer import evaluate
+
   wd = tmp_path / "run"
   shutil.copytree(straight_run, wd, ignore=shutil.ignore_patterns("lock"))
   ranked = checkpoint.ranked_steps(str(wd))
@@ -568,8 +655,13 @@ def test_eval_uses_the_best_intact_step(tmp_path, straight_run, caplog):
   def run(out):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="cdeit_jax"):
-      r = evaluate.evaluate(str(wd), "uef2017", str(REPO / "data" / "uef2017"),
-                            str(tmp_path / out), {"eval.max_examples": 2, "eval.figure": False})
+      r = evaluate.evaluate(
+        str(wd),
+        "uef2017",
+        str(REPO / "data" / "uef2017"),
+        str(tmp_path / out),
+        {"eval.max_examples": 2, "eval.figure": False},
+      )
     return r["settings"]["checkpoint_step"], caplog.text
 
   for f in (wd / "checkpoints" / str(ranked[0]) / "ema").rglob("*"):

@@ -1,6 +1,7 @@
 """Times the published PyTorch CDEIT on this CPU (float32): train step (Adam, clip 1) and 5-step
 sampling (argv: batch, threads, and "sample" to time the sampler only).
 Run with PYTHONPATH=<ref_shim>:<reference checkout>. Prints one JSON line."""
+
 import json
 import resource
 import sys
@@ -47,6 +48,15 @@ with torch.no_grad():
   sample()
   ss = time.perf_counter() - t0
 
-print(json.dumps({"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-                  "batch": B, "train_step_s": min(ts), "train_samples_per_s": B / min(ts),
-                  "sample_s": ss, "sample_images_per_s": B / ss}))
+print(
+  json.dumps(
+    {
+      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+      "batch": B,
+      "train_step_s": min(ts),
+      "train_samples_per_s": B / min(ts),
+      "sample_s": ss,
+      "sample_images_per_s": B / ss,
+    }
+  )
+)

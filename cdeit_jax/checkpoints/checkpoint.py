@@ -35,7 +35,7 @@ from cdeit_jax.common.variables import Calibration
 from cdeit_jax.data import stats
 
 FORMAT = "cdeit-jax checkpoint v2"
-FORMAT_V1 = "cdeit-jax checkpoint v1"   # 0.1: weights with fixed tables, `ema_params`; read-only
+FORMAT_V1 = "cdeit-jax checkpoint v1"  # 0.1: weights with fixed tables, `ema_params`; read-only
 CHECKPOINTS = "checkpoints"
 T = TypeVar("T")
 WEIGHT_ITEMS = {"raw": "params", "ema": "ema"}
@@ -64,8 +64,11 @@ def weights_of(model: nnx.Module) -> nnx.State:
 
 def _calibration_vars(tree) -> list[tuple[str, nnx.Variable]]:
   state = tree if isinstance(tree, nnx.State) else nnx.state(tree, Calibration)
-  return [("/".join(map(str, path)), v) for path, v in nnx.to_flat_state(state)
-          if isinstance(v, Calibration)]
+  return [
+    ("/".join(map(str, path)), v)
+    for path, v in nnx.to_flat_state(state)
+    if isinstance(v, Calibration)
+  ]
 
 
 def calibration_of(tree: nnx.Module | nnx.State) -> dict[str, list[float]]:
@@ -83,8 +86,9 @@ def set_calibration(tree: nnx.Module | nnx.State, calibration: dict[str, list[fl
     old = v.get_value()
     value = np.asarray(calibration[key], np.float32)
     if value.size != old.size:
-      raise CheckpointError(f"checkpoint calibration {key!r} has {value.size} values, the model "
-                            f"{old.size}")
+      raise CheckpointError(
+        f"checkpoint calibration {key!r} has {value.size} values, the model {old.size}"
+      )
     v.set_value(jax.device_put(value.reshape(old.shape), old.sharding))
 
 
@@ -92,66 +96,101 @@ def _restore_target(tree, shardings):
   """ShapeDtypeStructs of `tree` placed on `shardings` (one sharding, or a matching tree)."""
   if isinstance(shardings, jax.sharding.Sharding):
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=shardings), tree)
-  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree,
-                      shardings)
+  return jax.tree.map(
+    lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings
+  )
 
 
 def _val_loss(metrics: dict) -> float:
   return metrics["val_loss"]
 
 
-def manager(workdir: str, *, options: ocp.CheckpointManagerOptions | None = None,
-            read_only: bool = False) -> ocp.CheckpointManager:
+def manager(
+  workdir: str, *, options: ocp.CheckpointManagerOptions | None = None, read_only: bool = False
+) -> ocp.CheckpointManager:
   """The workdir's CheckpointManager; it tracks `val_loss` so `best_step()` works.
 
   `read_only` only means "do not create the folder" (orbax's own read_only mode logs warnings).
   """
   directory = fileio.join(fileio.resolve(workdir), CHECKPOINTS)
   if options is None:
-    options = ocp.CheckpointManagerOptions(create=not read_only, enable_async_checkpointing=False,
-                                           best_fn=_val_loss, best_mode="min")
+    options = ocp.CheckpointManagerOptions(
+      create=not read_only, enable_async_checkpointing=False, best_fn=_val_loss, best_mode="min"
+    )
   return ocp.CheckpointManager(directory, options=options)
 
 
-def make_meta(cfg: ml_collections.ConfigDict, *, step: int, mean: np.ndarray, std: np.ndarray,
-              weights: list[str], calibration: dict[str, list[float]] | None = None,
-              source: str = "", **extra: Any) -> dict[str, Any]:
+def make_meta(
+  cfg: ml_collections.ConfigDict,
+  *,
+  step: int,
+  mean: np.ndarray,
+  std: np.ndarray,
+  weights: list[str],
+  calibration: dict[str, list[float]] | None = None,
+  source: str = "",
+  **extra: Any,
+) -> dict[str, Any]:
   mean, std = stats.check_stats(mean, std, source="statistics to save")
   return {
-      "format": FORMAT,
-      "step": int(step),
-      "model": cfg.model.to_dict(),
-      "config": json.loads(cfg.to_json_best_effort()),
-      # float32 -> Python float -> JSON -> float32 round-trips exactly.
-      "stats": {"mean": mean.ravel().tolist(), "std": std.ravel().tolist()},
-      "calibration": calibration or {},
-      "weights": sorted(weights),
-      "source": source,
-      **extra,
+    "format": FORMAT,
+    "step": int(step),
+    "model": cfg.model.to_dict(),
+    "config": json.loads(cfg.to_json_best_effort()),
+    # float32 -> Python float -> JSON -> float32 round-trips exactly.
+    "stats": {"mean": mean.ravel().tolist(), "std": std.ravel().tolist()},
+    "calibration": calibration or {},
+    "weights": sorted(weights),
+    "source": source,
+    **extra,
   }
 
 
-def save_inference(workdir: str, model: nnx.Module, cfg: ml_collections.ConfigDict, *,
-                   mean: np.ndarray, std: np.ndarray, step: int = 0, source: str = "",
-                   weights: str = "ema") -> str:
+def save_inference(
+  workdir: str,
+  model: nnx.Module,
+  cfg: ml_collections.ConfigDict,
+  *,
+  mean: np.ndarray,
+  std: np.ndarray,
+  step: int = 0,
+  source: str = "",
+  weights: str = "ema",
+) -> str:
   """Save one weight set (`ema` or `raw`) with its metadata; returns the step's directory."""
   if weights not in WEIGHT_ITEMS:
     raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
   if not (isinstance(step, int) and step >= 0):
     raise InputError(f"step {step!r}: must be an integer >= 0 (--step)")
   if fileio.path(fileio.join(workdir, "metrics.jsonl")).exists():
-    raise InputError(f"--workdir {workdir} is a training run's (it holds metrics.jsonl): give a "
-                     "new --workdir (an imported step among its steps would be taken for one of "
-                     "them, and its retention could delete it)")
-  meta = make_meta(cfg, step=step, mean=mean, std=std, weights=[weights], source=source,
-                   calibration=calibration_of(model))
+    raise InputError(
+      f"--workdir {workdir} is a training run's (it holds metrics.jsonl): give a "
+      "new --workdir (an imported step among its steps would be taken for one of "
+      "them, and its retention could delete it)"
+    )
+  meta = make_meta(
+    cfg,
+    step=step,
+    mean=mean,
+    std=std,
+    weights=[weights],
+    source=source,
+    calibration=calibration_of(model),
+  )
   with manager(workdir) as mngr:
     if step in mngr.all_steps():
-      raise InputError(f"{mngr.directory}/{step} exists already: choose another --workdir or "
-                       "--step")
-    mngr.save(step, args=ocp.args.Composite(**{
-        WEIGHT_ITEMS[weights]: ocp.args.StandardSave(weights_of(model)),
-        "meta": ocp.args.JsonSave(meta)}))
+      raise InputError(
+        f"{mngr.directory}/{step} exists already: choose another --workdir or --step"
+      )
+    mngr.save(
+      step,
+      args=ocp.args.Composite(
+        **{
+          WEIGHT_ITEMS[weights]: ocp.args.StandardSave(weights_of(model)),
+          "meta": ocp.args.JsonSave(meta),
+        }
+      ),
+    )
     mngr.wait_until_finished()
     return str(mngr.directory / str(step))
 
@@ -175,8 +214,10 @@ def resolve(path: str, step: int | None = None) -> tuple[str, int]:
     p = p.parent
     path = str(p)
   if not (p / CHECKPOINTS).is_dir():
-    raise MissingFile(f"checkpoint {path}: no {CHECKPOINTS}/ folder here (give a workdir "
-                            "written by train.py or `python -m cdeit_jax.convert`)")
+    raise MissingFile(
+      f"checkpoint {path}: no {CHECKPOINTS}/ folder here (give a workdir "
+      "written by train.py or `python -m cdeit_jax.convert`)"
+    )
   steps = all_steps(path)
   if not steps:
     raise MissingFile(f"checkpoint {path}: {CHECKPOINTS}/ holds no finished checkpoint")
@@ -192,8 +233,9 @@ def all_steps(workdir: str) -> list[int]:
     return sorted(mngr.all_steps())
 
 
-def read_meta(path: str, step: int | None = None, *, mngr: ocp.CheckpointManager | None = None
-              ) -> dict[str, Any]:
+def read_meta(
+  path: str, step: int | None = None, *, mngr: ocp.CheckpointManager | None = None
+) -> dict[str, Any]:
   """A step's metadata, checked (CheckpointError when damaged or not ours). With `mngr` (the
   workdir's open manager) `path` must be the workdir and `step` a listed step: nothing is
   listed or opened again."""
@@ -224,19 +266,27 @@ def _meta_problem(meta: dict[str, Any], step: int) -> str | None:
   if meta["format"] == FORMAT_V1:
     return None
   st = meta.get("stats")
-  if not (isinstance(st, dict) and all(
-      isinstance(st.get(k), list) and all(isinstance(v, (int, float)) and
-                                          not isinstance(v, bool) for v in st[k])
-      for k in ("mean", "std"))):
+  if not (
+    isinstance(st, dict)
+    and all(
+      isinstance(st.get(k), list)
+      and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in st[k])
+      for k in ("mean", "std")
+    )
+  ):
     return "stats must hold the lists mean and std of numbers"
-  if not (isinstance(meta.get("weights"), list) and meta["weights"] and
-          set(meta["weights"]) <= set(WEIGHT_ITEMS)):
+  if not (
+    isinstance(meta.get("weights"), list)
+    and meta["weights"]
+    and set(meta["weights"]) <= set(WEIGHT_ITEMS)
+  ):
     return f"weights is {meta.get('weights')!r}, not a list of {sorted(WEIGHT_ITEMS)}"
   return None
 
 
-def first_intact(steps: list[int], load: Callable[[int], T], where: str,
-                 passed: dict[int, str] | None = None) -> tuple[int, T, dict[str, str]]:
+def first_intact(
+  steps: list[int], load: Callable[[int], T], where: str, passed: dict[int, str] | None = None
+) -> tuple[int, T, dict[str, str]]:
   """(step, load(step), skipped) of the first of `steps` that loads completely (newest first for
   a resume, best first for an evaluation): one rule for training and evaluation. `skipped`
   ({step: reason}, the first reason found) holds `passed` (steps passed over before) and each
@@ -252,8 +302,10 @@ def first_intact(steps: list[int], load: Callable[[int], T], where: str,
         capture.failed = True
         skipped.setdefault(step, str(e))
   reasons = "\n  ".join(f"step {st}: {r}" for st, r in skipped.items())
-  raise CheckpointError(f"no checkpoint in {where} can be read:\n  {reasons}\nThe whole errors "
-                        f"are in {logs.DEBUG_LOG}; move the steps away to start afresh")
+  raise CheckpointError(
+    f"no checkpoint in {where} can be read:\n  {reasons}\nThe whole errors "
+    f"are in {logs.DEBUG_LOG}; move the steps away to start afresh"
+  )
 
 
 def first_readable(workdir: str, steps: list[int]) -> tuple[int, dict[str, Any], dict[int, str]]:
@@ -262,12 +314,16 @@ def first_readable(workdir: str, steps: list[int]) -> tuple[int, dict[str, Any],
 
 
 def meta_stats(meta: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-  return stats.check_stats(np.asarray(meta["stats"]["mean"]), np.asarray(meta["stats"]["std"]),
-                           source="checkpoint metadata")
+  return stats.check_stats(
+    np.asarray(meta["stats"]["mean"]),
+    np.asarray(meta["stats"]["std"]),
+    source="checkpoint metadata",
+  )
 
 
-def restore_item(workdir: str, step: int, item: str, like, sharding, *,
-                 mngr: ocp.CheckpointManager | None = None):
+def restore_item(
+  workdir: str, step: int, item: str, like, sharding, *, mngr: ocp.CheckpointManager | None = None
+):
   """One item of a step restored into the structure of `like` on `sharding` (CheckpointError,
   one line naming the step and item, when it cannot be read); `mngr`: the workdir's open
   manager, if the caller holds one."""
@@ -275,8 +331,10 @@ def restore_item(workdir: str, step: int, item: str, like, sharding, *,
     with manager(workdir, read_only=True) as opened:
       return restore_item(workdir, step, item, like, sharding, mngr=opened)
   try:
-    return mngr.restore(step, args=ocp.args.Composite(
-        **{item: ocp.args.StandardRestore(_restore_target(like, sharding))}))[item]
+    return mngr.restore(
+      step,
+      args=ocp.args.Composite(**{item: ocp.args.StandardRestore(_restore_target(like, sharding))}),
+    )[item]
   except Exception as e:  # orbax and TensorStore raise many types for unreadable items
     raise failure(f"checkpoint {workdir}/{CHECKPOINTS}/{step}/{item}", e) from None
 
@@ -294,7 +352,8 @@ def _single_host_array_writes() -> None:
   """
   if jax.process_count() == 1:
     ocp.type_handlers.register_type_handler(
-        jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True)
+      jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False), override=True
+    )
 
 
 def train_manager(workdir: str, *, keep: int = 3, async_save: bool = True) -> ocp.CheckpointManager:
@@ -305,34 +364,48 @@ def train_manager(workdir: str, *, keep: int = 3, async_save: bool = True) -> oc
   would keep them in memory only, so a restarted run forgot which step was best).
   """
   from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+
   _single_host_array_writes()
-  policy = pp.AnyPreservationPolicy([
+  policy = pp.AnyPreservationPolicy(
+    [
       pp.LatestN(n=keep),
-      pp.BestN(get_metric_fn=_val_loss, reverse=True, n=1,
-               keep_checkpoints_without_metrics=False)])
+      pp.BestN(get_metric_fn=_val_loss, reverse=True, n=1, keep_checkpoints_without_metrics=False),
+    ]
+  )
   # On an object store an unfinished step is a step folder without its commit marker, and it may
   # be a live writer's that lost its lease a moment ago: a run taking the workdir over leaves it
   # (it is never listed as a step, and is replaced when this run saves that step).
-  return manager(workdir, options=ocp.CheckpointManagerOptions(
-      preservation_policy=policy, best_fn=_val_loss, best_mode="min",
+  return manager(
+    workdir,
+    options=ocp.CheckpointManagerOptions(
+      preservation_policy=policy,
+      best_fn=_val_loss,
+      best_mode="min",
       enable_async_checkpointing=async_save,
-      cleanup_tmp_directories=not fileio.is_remote(workdir)))
+      cleanup_tmp_directories=not fileio.is_remote(workdir),
+    ),
+  )
 
 
-def save_train(mngr: ocp.CheckpointManager, state, data_iter, meta: dict[str, Any],
-               val_loss: float | None = None) -> None:
+def save_train(
+  mngr: ocp.CheckpointManager, state, data_iter, meta: dict[str, Any], val_loss: float | None = None
+) -> None:
   """Save a training state (every process calls this; orbax coordinates the writes)."""
   import grain
+
   items = {
-      "params": ocp.args.StandardSave(state.params),
-      "ema": ocp.args.StandardSave(state.ema),
-      "opt_state": ocp.args.StandardSave(state.opt_state),
-      "meta": ocp.args.JsonSave(meta),
+    "params": ocp.args.StandardSave(state.params),
+    "ema": ocp.args.StandardSave(state.ema),
+    "opt_state": ocp.args.StandardSave(state.opt_state),
+    "meta": ocp.args.JsonSave(meta),
   }
   if data_iter is not None:
     items["data"] = grain.checkpoint.CheckpointSave(data_iter)
-  mngr.save(int(meta["step"]), args=ocp.args.Composite(**items),
-            metrics=None if val_loss is None else {"val_loss": float(val_loss)})
+  mngr.save(
+    int(meta["step"]),
+    args=ocp.args.Composite(**items),
+    metrics=None if val_loss is None else {"val_loss": float(val_loss)},
+  )
 
 
 def restore_train(mngr: ocp.CheckpointManager, step: int, state, shardings, data_iter):
@@ -343,14 +416,18 @@ def restore_train(mngr: ocp.CheckpointManager, step: int, state, shardings, data
   `meta` (`set_calibration`). Raises CheckpointError, one line naming the step and item, when an
   item cannot be read."""
   import grain
+
   where = f"checkpoint {mngr.directory}/{step}"
   meta = read_meta(fileio.dirname(str(mngr.directory)), step)
   if meta["format"] != FORMAT:
-    raise CheckpointError(f"{where}: a {meta['format']!r} checkpoint; training resumes only "
-                          f"from {FORMAT!r} (start a new --workdir)")
-  items = {name: ocp.args.StandardRestore(_restore_target(getattr(state, name),
-                                                         getattr(shardings, name)))
-           for name in ("params", "ema", "opt_state")}
+    raise CheckpointError(
+      f"{where}: a {meta['format']!r} checkpoint; training resumes only "
+      f"from {FORMAT!r} (start a new --workdir)"
+    )
+  items = {
+    name: ocp.args.StandardRestore(_restore_target(getattr(state, name), getattr(shardings, name)))
+    for name in ("params", "ema", "opt_state")
+  }
   if data_iter is not None:
     items["data"] = grain.checkpoint.CheckpointRestore(data_iter)
   restored = {}
@@ -375,8 +452,9 @@ def ranked_steps(workdir: str, mngr: ocp.CheckpointManager | None = None) -> lis
   return [s for _, s in scored_steps(workdir, mngr)]
 
 
-def scored_steps(workdir: str, mngr: ocp.CheckpointManager | None = None
-                 ) -> list[tuple[float, int]]:
+def scored_steps(
+  workdir: str, mngr: ocp.CheckpointManager | None = None
+) -> list[tuple[float, int]]:
   """(validation loss, step) of the validated steps, best first (`ranked_steps`)."""
   if mngr is None:
     workdir, _ = resolve(workdir)

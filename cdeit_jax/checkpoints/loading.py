@@ -21,8 +21,7 @@ from cdeit_jax.model.network import CDEIT
 _WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
 
 
-def build(cfg: ml_collections.ConfigDict, *, seed: int = 0, platform: str | None = None
-          ) -> CDEIT:
+def build(cfg: ml_collections.ConfigDict, *, seed: int = 0, platform: str | None = None) -> CDEIT:
   """`CDEIT(**config.model)` with the measuring system of `config.simulator`, the attention
   backend resolved for `platform`."""
   return CDEIT(**config_lib.model_kwargs(cfg, platform), rngs=nnx.Rngs(seed))
@@ -44,17 +43,24 @@ def model_config(meta: dict[str, Any]) -> ml_collections.ConfigDict:
     cfg.model.update(meta["model"])
   except (TypeError, ValueError, KeyError, AttributeError) as e:
     raise checkpoint.CheckpointError(
-        f"checkpoint metadata of step {meta.get('step')!r}: its config does not fit this "
-        f"version's ({' '.join(str(e).split())[:200]}); the file was edited or damaged") from None
+      f"checkpoint metadata of step {meta.get('step')!r}: its config does not fit this "
+      f"version's ({' '.join(str(e).split())[:200]}); the file was edited or damaged"
+    ) from None
   return cfg
 
 
 RUNTIME_MODEL_KEYS = ("dtype", "attention_impl", "attention_query_chunk", "remat")
 
 
-def load(path: str, *, weights: str = "ema", step: int | None = None, dtype: str | None = None,
-         sharding: jax.sharding.Sharding | None = None, **runtime: Any
-         ) -> tuple[CDEIT, dict[str, Any]]:
+def load(
+  path: str,
+  *,
+  weights: str = "ema",
+  step: int | None = None,
+  dtype: str | None = None,
+  sharding: jax.sharding.Sharding | None = None,
+  **runtime: Any,
+) -> tuple[CDEIT, dict[str, Any]]:
   """Build the checkpoint's model and load one weight set; returns (model, meta).
 
   `dtype` and `runtime` (attention_impl, attention_query_chunk, remat) override how the model
@@ -64,14 +70,22 @@ def load(path: str, *, weights: str = "ema", step: int | None = None, dtype: str
   workdir, step = checkpoint.resolve(path, step)
   with checkpoint.manager(workdir, read_only=True) as mngr:
     meta = checkpoint.read_meta(workdir, step, mngr=mngr)
-    model = load_weights(workdir, meta, weights=weights, sharding=sharding, mngr=mngr,
-                         dtype=dtype, **runtime)
+    model = load_weights(
+      workdir, meta, weights=weights, sharding=sharding, mngr=mngr, dtype=dtype, **runtime
+    )
   return model, meta
 
 
-def load_weights(workdir: str, meta: dict[str, Any], *, weights: str = "ema",
-                 sharding: jax.sharding.Sharding | None = None, mngr=None,
-                 dtype: str | None = None, **runtime: Any) -> CDEIT:
+def load_weights(
+  workdir: str,
+  meta: dict[str, Any],
+  *,
+  weights: str = "ema",
+  sharding: jax.sharding.Sharding | None = None,
+  mngr=None,
+  dtype: str | None = None,
+  **runtime: Any,
+) -> CDEIT:
   """The model of a step whose metadata `meta` is read already, with one weight set loaded
   (`load`); `mngr`: the workdir's open CheckpointManager, if the caller holds one."""
   if weights not in WEIGHT_ITEMS:
@@ -79,8 +93,10 @@ def load_weights(workdir: str, meta: dict[str, Any], *, weights: str = "ema",
   step = int(meta["step"])
   where = f"checkpoint {workdir}/{CHECKPOINTS}/{step}"
   if weights not in meta["weights"]:
-    raise InputError(f"{where} has no {weights!r} weights (it has {meta['weights']}); pass "
-                     f"--config.eval.weights={meta['weights'][0]}")
+    raise InputError(
+      f"{where} has no {weights!r} weights (it has {meta['weights']}); pass "
+      f"--config.eval.weights={meta['weights'][0]}"
+    )
   cfg = model_config(meta)
   if dtype is not None:
     cfg.model.dtype = dtype
@@ -95,8 +111,9 @@ def load_weights(workdir: str, meta: dict[str, Any], *, weights: str = "ema",
   if meta["format"] == FORMAT_V1:
     return _load_v1(model, workdir, step, weights, sharding, mngr)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-  restored = checkpoint.restore_item(workdir, step, WEIGHT_ITEMS[weights], params, sharding,
-                                     mngr=mngr)
+  restored = checkpoint.restore_item(
+    workdir, step, WEIGHT_ITEMS[weights], params, sharding, mngr=mngr
+  )
   model = nnx.merge(graphdef, restored, fixed_variables(cfg, sharding))
   checkpoint.set_calibration(model, meta.get("calibration", {}))
   return model
@@ -105,12 +122,13 @@ def load_weights(workdir: str, meta: dict[str, Any], *, weights: str = "ema",
 def _load_v1(abstract: CDEIT, workdir: str, step: int, weights: str, sharding, mngr):
   """A format-v1 weight set (trained and fixed variables in one str-keyed tree)."""
   like = nnx.to_pure_dict(nnx.state(abstract, nnx.Any(nnx.Param, Fixed)))
-  str_keys = lambda t: ({str(k): str_keys(v) for k, v in t.items()} if isinstance(t, dict) else t)
+  str_keys = lambda t: {str(k): str_keys(v) for k, v in t.items()} if isinstance(t, dict) else t
   like = str_keys(like)
   # v1 stored the sin-cos table, which the model now builds itself: read and dropped.
-  like["pos_embed"] = jax.ShapeDtypeStruct((abstract.grid ** 2, abstract.hidden_size), np.float32)
-  restored = checkpoint.restore_item(workdir, step, _WEIGHT_ITEMS_V1[weights], like, sharding,
-                                     mngr=mngr)
+  like["pos_embed"] = jax.ShapeDtypeStruct((abstract.grid**2, abstract.hidden_size), np.float32)
+  restored = checkpoint.restore_item(
+    workdir, step, _WEIGHT_ITEMS_V1[weights], like, sharding, mngr=mngr
+  )
   restored.pop("pos_embed")
   graphdef, state, rest = nnx.split(abstract, nnx.Any(nnx.Param, Fixed), ...)
   nnx.replace_by_pure_dict(state, restored)

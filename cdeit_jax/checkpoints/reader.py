@@ -27,6 +27,7 @@ from cdeit_jax.common import fileio
 class Meta:
   """A step's metadata, read and checked once: its step, format, weight sets, normalisation
   statistics (1, 16, 13), its config (the `model` section included) and the stored record."""
+
   step: int
   format: str
   weights: tuple[str, ...]
@@ -38,14 +39,22 @@ class Meta:
   @classmethod
   def of(cls, record: dict[str, Any]) -> Meta:
     mean, std = checkpoint.meta_stats(record)
-    return cls(int(record["step"]), record["format"], tuple(record.get("weights", ())), mean, std,
-               loading.model_config(record), record)
+    return cls(
+      int(record["step"]),
+      record["format"],
+      tuple(record.get("weights", ())),
+      mean,
+      std,
+      loading.model_config(record),
+      record,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Loaded:
   """A model loaded from the first intact step: the steps passed over ({step: reason}) and why
   the step was the one to load."""
+
   model: nnx.Module
   meta: Meta
   skipped: dict[int, str]
@@ -69,8 +78,11 @@ class Run:
       self.losses = {s: loss for loss, s in scored}
       ranked = [s for _, s in scored]
       self.candidates = ranked + [s for s in listed[::-1] if s not in ranked]
-      self.order = ("the best validation loss first, then the unvalidated steps newest first"
-                    if ranked else "no step was validated: the newest first")
+      self.order = (
+        "the best validation loss first, then the unvalidated steps newest first"
+        if ranked
+        else "no step was validated: the newest first"
+      )
     self._metas: dict[int, Meta] = {}
 
   def __enter__(self) -> Run:
@@ -100,19 +112,28 @@ class Run:
     _, meta, skipped = checkpoint.first_intact(self._from(start), self.meta, self.where)
     return meta, skipped
 
-  def load(self, *, weights: str, sharding: jax.sharding.Sharding | None = None,
-           start: int | None = None, passed: dict[int, str] | None = None,
-           **runtime: Any) -> Loaded:
+  def load(
+    self,
+    *,
+    weights: str,
+    sharding: jax.sharding.Sharding | None = None,
+    start: int | None = None,
+    passed: dict[int, str] | None = None,
+    **runtime: Any,
+  ) -> Loaded:
     """The model of the first candidate from `start` on whose metadata and `weights` load
     completely (`runtime`: the model's runtime keys, as `loading.load_weights` takes them);
     `passed`: steps passed over before, kept in the result's `skipped`."""
+
     def load(step: int) -> tuple[nnx.Module, Meta]:
       meta = self.meta(step)
-      return loading.load_weights(self.workdir, meta.record, weights=weights, sharding=sharding,
-                                  mngr=self._mngr, **runtime), meta
+      return loading.load_weights(
+        self.workdir, meta.record, weights=weights, sharding=sharding, mngr=self._mngr, **runtime
+      ), meta
 
-    step, (model, meta), skipped = checkpoint.first_intact(self._from(start), load, self.where,
-                                                           passed)
+    step, (model, meta), skipped = checkpoint.first_intact(
+      self._from(start), load, self.where, passed
+    )
     return Loaded(model, meta, skipped, self.reason(step, skipped))
 
   def reason(self, step: int, skipped: dict[int, str]) -> str:
@@ -130,7 +151,7 @@ class Run:
     return why
 
   def _from(self, start: int | None) -> list[int]:
-    return self.candidates if start is None else self.candidates[self.candidates.index(start):]
+    return self.candidates if start is None else self.candidates[self.candidates.index(start) :]
 
 
 def open_run(path: str, step: int | None = None) -> Run:

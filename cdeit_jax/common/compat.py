@@ -43,8 +43,9 @@ def tensorstore_failure(e: BaseException) -> tuple[str | None, str | None, str]:
   path in the checkpoint item, the last file (or URL) it names, and the innermost reason (at most
   200 characters); None where the text names none."""
   text = " ".join(str(e).split(" [tensorstore_spec")[0].split())
-  files = (re.findall(r'local file "([^"]+)"', text) or
-           re.findall(r"((?:[a-z][a-z0-9+.-]*://|/)[^\s\"']+)", text))  # a path or a URL
+  files = re.findall(r'local file "([^"]+)"', text) or re.findall(
+    r"((?:[a-z][a-z0-9+.-]*://|/)[^\s\"']+)", text
+  )  # a path or a URL
   array = re.search(r'Error reading "([^"]+?)/\.z', text)
   reason = text.rsplit(": ", 1)[-1] if "Error opening" in text else text
   if len(reason) > 200:

@@ -54,8 +54,9 @@ def tuned_environment(env: dict[str, str], simulate: bool = False) -> dict[str, 
     return env
   env.setdefault("OPENBLAS_NUM_THREADS", "1")
   if simulate and "xla_force_host_platform_device_count" not in env.get("XLA_FLAGS", ""):
-    env["XLA_FLAGS"] = " ".join(filter(None, [
-        env.get("XLA_FLAGS"), f"--xla_force_host_platform_device_count={_cores()}"]))
+    env["XLA_FLAGS"] = " ".join(
+      filter(None, [env.get("XLA_FLAGS"), f"--xla_force_host_platform_device_count={_cores()}"])
+    )
   if _glibc() and "glibc.malloc.hugetlb" not in env.get("GLIBC_TUNABLES", ""):
     env["GLIBC_TUNABLES"] = ":".join(filter(None, [env.get("GLIBC_TUNABLES"), HUGEPAGES]))
   if _has_avx512() and "xla_cpu_prefer_vector_width" not in env.get("XLA_FLAGS", ""):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import jax
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 def memory_of(compiled) -> dict[str, int]:
@@ -19,12 +19,24 @@ def memory_of(compiled) -> dict[str, int]:
     return {}
   if m is None:
     return {}
-  out = {k: int(getattr(m, k)) for k in (
-      "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
-      "alias_size_in_bytes", "generated_code_size_in_bytes") if hasattr(m, k)}
-  out["peak_bytes"] = (out.get("argument_size_in_bytes", 0) + out.get("output_size_in_bytes", 0)
-                       - out.get("alias_size_in_bytes", 0) + out.get("temp_size_in_bytes", 0)
-                       + out.get("generated_code_size_in_bytes", 0))
+  out = {
+    k: int(getattr(m, k))
+    for k in (
+      "argument_size_in_bytes",
+      "output_size_in_bytes",
+      "temp_size_in_bytes",
+      "alias_size_in_bytes",
+      "generated_code_size_in_bytes",
+    )
+    if hasattr(m, k)
+  }
+  out["peak_bytes"] = (
+    out.get("argument_size_in_bytes", 0)
+    + out.get("output_size_in_bytes", 0)
+    - out.get("alias_size_in_bytes", 0)
+    + out.get("temp_size_in_bytes", 0)
+    + out.get("generated_code_size_in_bytes", 0)
+  )
   return out
 
 

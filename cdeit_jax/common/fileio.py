@@ -85,8 +85,9 @@ def writable_folder(p: PathLike, flag: str) -> None:
     probe.write_text("")
     probe.unlink()
   except OSError as e:
-    raise InputError(f"{flag} {p}: cannot write there ({e.strerror or e}); give a writable "
-                     "folder") from (e if is_remote(p) else None)
+    raise InputError(
+      f"{flag} {p}: cannot write there ({e.strerror or e}); give a writable folder"
+    ) from (e if is_remote(p) else None)
 
 
 def move(src: PathLike, dst: PathLike) -> None:
@@ -128,8 +129,9 @@ class DiskFull(CdeitError, OSError):
 
 def no_space(where: str, what: str = "nothing was half-written there") -> DiskFull:
   """The one-line error for a full disk under `where`."""
-  err = DiskFull(f"no space left on the device of {where}: free some space or write somewhere "
-                 f"else ({what})")
+  err = DiskFull(
+    f"no space left on the device of {where}: free some space or write somewhere else ({what})"
+  )
   err.errno = errno.ENOSPC
   return err
 

@@ -6,16 +6,16 @@ import jax
 
 # TFLOP/s per device (one TPU core as JAX sees it; one GPU), dense bf16, vendor figures.
 PEAK_BF16_TFLOPS = {
-    "TPU v4": 275.0,
-    "TPU v5 lite": 197.0,  # v5e
-    "TPU v5e": 197.0,
-    "TPU v5p": 459.0,
-    "TPU v5": 459.0,
-    "TPU v6 lite": 918.0,  # v6e (Trillium)
-    "TPU v6e": 918.0,
-    "NVIDIA A100": 312.0,
-    "NVIDIA H100": 989.0,  # SXM; PCIe parts are lower
-    "NVIDIA H200": 989.0,
+  "TPU v4": 275.0,
+  "TPU v5 lite": 197.0,  # v5e
+  "TPU v5e": 197.0,
+  "TPU v5p": 459.0,
+  "TPU v5": 459.0,
+  "TPU v6 lite": 918.0,  # v6e (Trillium)
+  "TPU v6e": 918.0,
+  "NVIDIA A100": 312.0,
+  "NVIDIA H100": 989.0,  # SXM; PCIe parts are lower
+  "NVIDIA H200": 989.0,
 }
 
 

@@ -27,6 +27,7 @@ class _Console(logging.Handler):
   def emit(self, record: logging.LogRecord) -> None:
     try:
       from tqdm import tqdm
+
       text = record.getMessage()
       if record.levelno >= logging.WARNING:
         text = f"{record.levelname.lower()}: {text}"
@@ -44,6 +45,8 @@ def console(primary: bool = True) -> None:
   log.addHandler(_Console())
   log.setLevel(logging.INFO if primary else logging.WARNING)
   log.propagate = False
+
+
 debug = logging.getLogger("cdeit_jax.debug")  # full errors behind one-line reports
 debug.propagate = False
 
@@ -149,28 +152,32 @@ class MetricLogger:
       return
     from tensorboardX import SummaryWriter
     from tqdm import tqdm
+
     fileio.makedirs(workdir)
     path = fileio.join(workdir, "metrics.jsonl")
     kept, self.dropped = cut_jsonl(fileio.read_text(path), start_step)
     self.jsonl = fileio.AppendLog(path, kept)  # rewritten atomically first
     # tensorboardX writes gs:// itself (google-cloud-storage; the whole event file per flush).
     self.tb = SummaryWriter(fileio.join(workdir, "tensorboard"), purge_step=start_step + 1)
-    self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True,
-                    mininterval=2.0)
+    self.bar = tqdm(
+      total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, mininterval=2.0
+    )
 
   def write(self, step: int, metrics: dict[str, Any], advance: int = 0) -> None:
     if not self.enabled:
       return
-    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-             for k, v in metrics.items()}
+    clean = {
+      k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()
+    }
     self.jsonl.write(json.dumps({"step": step, **clean}) + "\n")
     for k, v in metrics.items():
       if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
         self.tb.add_scalar(k, v, step)
     if advance:
       self.bar.update(advance)
-    shown = {k: f"{v:.4g}" for k, v in metrics.items() if k in ("loss", "val_loss",
-                                                                  "samples_per_sec")}
+    shown = {
+      k: f"{v:.4g}" for k, v in metrics.items() if k in ("loss", "val_loss", "samples_per_sec")
+    }
     self.bar.set_postfix(shown, refresh=False)
 
   def close(self) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 
 _MI_INT8, _MI_INT32, _MI_UINT32, _MI_DOUBLE, _MI_MATRIX = 1, 5, 6, 9, 14
 _MX_DOUBLE_CLASS = 6
-LIMIT = 2 ** 31 - 1  # bytes of one v5 variable (the tag's 32-bit size; MATLAB's own limit)
+LIMIT = 2**31 - 1  # bytes of one v5 variable (the tag's 32-bit size; MATLAB's own limit)
 
 
 def _padded(b: bytes) -> bytes:
@@ -31,19 +31,21 @@ def _matrix_tags(name: str, shape: tuple[int, ...]) -> tuple[bytes, int]:
   """The tags of a real double matrix up to its data, and the data's byte count."""
   data = 8 * int(np.prod(shape))
   flags = struct.pack("<II", _MI_UINT32, 8) + struct.pack("<II", _MX_DOUBLE_CLASS, 0)
-  dims = struct.pack("<II", _MI_INT32, 4 * len(shape)) + _padded(
-      np.asarray(shape, "<i4").tobytes())
+  dims = struct.pack("<II", _MI_INT32, 4 * len(shape)) + _padded(np.asarray(shape, "<i4").tobytes())
   label = struct.pack("<II", _MI_INT8, len(name)) + _padded(name.encode("ascii"))
   body = flags + dims + label + struct.pack("<II", _MI_DOUBLE, data)
   if len(body) + data > LIMIT:
-    raise ValueError(f"{name} {shape}: {len(body) + data} bytes, over the {LIMIT} bytes a "
-                     "MAT-file v5 variable can hold")
+    raise ValueError(
+      f"{name} {shape}: {len(body) + data} bytes, over the {LIMIT} bytes a "
+      "MAT-file v5 variable can hold"
+    )
   return struct.pack("<II", _MI_MATRIX, len(body) + data) + body, data
 
 
 def _encoded(variables: dict) -> bytes:
   """A whole MAT-file of `variables` as savemat writes it (its 128-byte header first)."""
   import scipy.io
+
   buf = io.BytesIO()
   scipy.io.savemat(buf, variables, do_compression=False)
   return buf.getvalue()

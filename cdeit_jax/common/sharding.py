@@ -30,7 +30,7 @@ def batch_sharded(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(DATA))
 
 
-def fsdp_spec(shape: tuple[int, ...], size: int, min_elements: int = 2 ** 12) -> P:
+def fsdp_spec(shape: tuple[int, ...], size: int, min_elements: int = 2**12) -> P:
   """Split the largest dimension divisible by `size`; small arrays stay replicated."""
   if size == 1 or int(np.prod(shape, dtype=np.int64)) < min_elements:
     return P()

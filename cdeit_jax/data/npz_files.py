@@ -74,16 +74,24 @@ def _problem(z: dict[str, np.ndarray]) -> str | None:
 def list_files(directory: str) -> list[str]:
   d = fileio.path(directory)
   if not d.is_dir():
-    raise DatasetError(f"data folder {directory}: does not exist (expected a folder of .npz "
-                       "files, e.g. DATA/train, or gs://BUCKET/DATA/train)")
+    raise DatasetError(
+      f"data folder {directory}: does not exist (expected a folder of .npz "
+      "files, e.g. DATA/train, or gs://BUCKET/DATA/train)"
+    )
   files = sorted(f.name for f in d.iterdir() if f.name.endswith(".npz"))
   if not files:
     raise DatasetError(f"data folder {directory}: holds no .npz files")
   return files
 
 
-def check_folder(directory: str, files: Sequence[str], *, skip_bad: bool = False,
-             num_threads: int = 8, keep: bool = False):
+def check_folder(
+  directory: str,
+  files: Sequence[str],
+  *,
+  skip_bad: bool = False,
+  num_threads: int = 8,
+  keep: bool = False,
+):
   """Check every file; raise listing all bad ones, or (skip_bad) warn and drop them. Returns the
   good file names, and with `keep` also their arrays ({name: arrays}: each file is read once)."""
   paths = [fileio.join(directory, f) for f in files]
@@ -92,7 +100,7 @@ def check_folder(directory: str, files: Sequence[str], *, skip_bad: bool = False
   with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
     checked = list(pool.map(read, paths))
   problems = [p for p, _ in checked]
-  arrays = ({f: z for f, (p, z) in zip(files, checked) if p is None} if keep else None)
+  arrays = {f: z for f, (p, z) in zip(files, checked) if p is None} if keep else None
   del checked
   bad = [(f, p) for f, p in zip(files, problems) if p is not None]
   if not bad:
@@ -100,13 +108,21 @@ def check_folder(directory: str, files: Sequence[str], *, skip_bad: bool = False
   listing = "\n".join(f"  {fileio.join(directory, f)}: {p}" for f, p in bad[:50])
   more = f"\n  ... and {len(bad) - 50} more" if len(bad) > 50 else ""
   if not skip_bad:
-    raise DatasetError(f"data folder {directory}: {len(bad)} of {len(files)} files are bad:\n"
-                       f"{listing}{more}\nFix or remove them, or skip them: "
-                       "--config.data.skip_bad_files=True (train.py), "
-                       "--config.eval.skip_bad_files=True (eval.py), --skip_bad_files "
-                       "(python -m cdeit_jax.stats).")
-  log.warning("data folder %s: skipping %d of %d bad files:\n%s%s", directory, len(bad),
-              len(files), listing, more)
+    raise DatasetError(
+      f"data folder {directory}: {len(bad)} of {len(files)} files are bad:\n"
+      f"{listing}{more}\nFix or remove them, or skip them: "
+      "--config.data.skip_bad_files=True (train.py), "
+      "--config.eval.skip_bad_files=True (eval.py), --skip_bad_files "
+      "(python -m cdeit_jax.stats)."
+    )
+  log.warning(
+    "data folder %s: skipping %d of %d bad files:\n%s%s",
+    directory,
+    len(bad),
+    len(files),
+    listing,
+    more,
+  )
   good = [f for f, p in zip(files, problems) if p is None]
   if not good:
     raise DatasetError(f"data folder {directory}: every file is bad")

@@ -27,8 +27,9 @@ def _drop_name(ex: dict) -> dict:
 
 def local_batch_size(global_batch: int) -> int:
   if global_batch % jax.process_count():
-    raise InputError(f"global batch {global_batch} does not divide over {jax.process_count()} "
-                     "processes")
+    raise InputError(
+      f"global batch {global_batch} does not divide over {jax.process_count()} processes"
+    )
   return global_batch // jax.process_count()
 
 
@@ -67,22 +68,30 @@ def train_dataset(source: NpzSource, global_batch: int, opts: Any) -> grain.Iter
   """
   per_host = local_batch_size(global_batch)
   if len(source) < global_batch:
-    raise DatasetError(f"{source.path}: {len(source)} examples, fewer than one global batch of "
-                       f"{global_batch}")
+    raise DatasetError(
+      f"{source.path}: {len(source)} examples, fewer than one global batch of {global_batch}"
+    )
   ds = grain.MapDataset.source(source).shuffle(seed=opts.seed).repeat()
   if opts.augment:  # a fresh symmetry each epoch: grain seeds it by stream index
     ds = ds.random_map(symmetry.Augment(source), seed=opts.seed)
   ds = ds.map(_drop_name)
   ds = _HostRows(ds, global_batch, per_host, jax.process_index())
   ds = ds.batch(per_host, drop_remainder=True)
-  it = ds.to_iter_dataset(grain.ReadOptions(
-      num_threads=opts.num_threads, prefetch_buffer_size=max(opts.prefetch, opts.num_threads)))
+  it = ds.to_iter_dataset(
+    grain.ReadOptions(
+      num_threads=opts.num_threads, prefetch_buffer_size=max(opts.prefetch, opts.num_threads)
+    )
+  )
   if opts.num_workers > 0:
     from absl import flags
+
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside an absl app
-      flags.FLAGS.mark_as_parsed()   # (library use, tests) mark the defaults as parsed
-    it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=opts.num_workers,
-                                                     per_worker_buffer_size=opts.prefetch))
+      flags.FLAGS.mark_as_parsed()  # (library use, tests) mark the defaults as parsed
+    it = it.mp_prefetch(
+      grain.MultiprocessingOptions(
+        num_workers=opts.num_workers, per_worker_buffer_size=opts.prefetch
+      )
+    )
   return it
 
 
@@ -101,8 +110,9 @@ def eval_indices(n: int, global_batch: int) -> tuple[np.ndarray, np.ndarray]:
   return np.where(mask, pos, 0), mask
 
 
-def eval_batches(source: NpzSource, global_batch: int, keys: Sequence[str] = _TRAIN_KEYS,
-                 limit: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+def eval_batches(
+  source: NpzSource, global_batch: int, keys: Sequence[str] = _TRAIN_KEYS, limit: int | None = None
+) -> Iterator[dict[str, np.ndarray]]:
   """Host batches covering every example (or the first `limit`) exactly once across hosts,
   with `mask` and `index`."""
   n = len(source) if limit is None else min(len(source), limit)
@@ -118,5 +128,8 @@ def eval_batches(source: NpzSource, global_batch: int, keys: Sequence[str] = _TR
 def to_global(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
   """Host batch -> global jax.Arrays sharded over the mesh's data axis (leading dimension)."""
   sharding = shd.batch_sharded(mesh)
-  return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-          for k, v in batch.items() if np.asarray(v).dtype.kind != "U"}
+  return {
+    k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+    for k, v in batch.items()
+    if np.asarray(v).dtype.kind != "U"
+  }

@@ -34,8 +34,9 @@ _CHUNK = 256  # examples per call when making the fixed sets
 PRESET = "simulated"  # the simulator's units
 
 
-def fixed_examples(cfg: ml_collections.ConfigDict, split: str, n: int, mesh: jax.sharding.Mesh
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def fixed_examples(
+  cfg: ml_collections.ConfigDict, split: str, n: int, mesh: jax.sharding.Mesh
+) -> tuple[np.ndarray, np.ndarray]:
   """(ys (n, 208), xs (n, 128, 128)) host arrays of examples 0..n-1 of `split`."""
   ys, xs = [], []
   for lo in range(0, n, _CHUNK):
@@ -53,13 +54,19 @@ def statistics_examples(cfg: ml_collections.ConfigDict, n: int, mesh: jax.shardi
   from tqdm import tqdm
 
   from cdeit_jax.eit.conditioning import CALIBRATION_EXAMPLES
-  with tqdm(total=n, desc="simulator source: statistics", unit="example",
-            disable=n <= 8 * _CHUNK or jax.process_index() != 0, mininterval=2.0) as bar:
+
+  with tqdm(
+    total=n,
+    desc="simulator source: statistics",
+    unit="example",
+    disable=n <= 8 * _CHUNK or jax.process_index() != 0,
+    mininterval=2.0,
+  ) as bar:
     for lo in range(0, n, _CHUNK):
       idx = np.arange(lo, min(n, lo + _CHUNK))
       y, x = synthetic.example_arrays(cfg.simulator, "train", idx, mesh, pad_to=min(n, _CHUNK))
       bar.update(len(idx))
-      yield y, (x[:max(0, CALIBRATION_EXAMPLES - lo)] if lo < CALIBRATION_EXAMPLES else None)
+      yield y, (x[: max(0, CALIBRATION_EXAMPLES - lo)] if lo < CALIBRATION_EXAMPLES else None)
 
 
 class SimulatorData:
@@ -70,11 +77,17 @@ class SimulatorData:
 
   checkpoint_item = None
 
-  def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-               checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None):
+  def __init__(
+    self,
+    cfg: ml_collections.ConfigDict,
+    mesh: jax.sharding.Mesh,
+    checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
+  ):
     if cfg.data.preset != PRESET:
-      raise InputError(f"config.data.preset={cfg.data.preset!r}: the simulator source makes "
-                       f"simulated data; use config.data.preset='{PRESET}'")
+      raise InputError(
+        f"config.data.preset={cfg.data.preset!r}: the simulator source makes "
+        f"simulated data; use config.data.preset='{PRESET}'"
+      )
     s = cfg.simulator
     if int(s.valid_examples) < 1:
       raise InputError("config.simulator.valid_examples must be >= 1")
@@ -82,35 +95,42 @@ class SimulatorData:
     self.calibration = None
     if checkpoint_stats is None:
       if int(s.stats_examples) < 2:
-        raise InputError("config.simulator.stats_examples must be >= 2 (a std needs two "
-                         "examples)")
+        raise InputError("config.simulator.stats_examples must be >= 2 (a std needs two examples)")
       running, ys, xs = measurement.RunningStats(), [], []
       for y, x in statistics_examples(cfg, int(s.stats_examples), mesh):
         running.add(y)
         if x is not None:
-          ys.append(y[:len(x)])
+          ys.append(y[: len(x)])
           xs.append(x)
       self.mean, self.std = running.result("config.simulator.stats_examples")
       ys, xs = np.concatenate(ys), np.concatenate(xs)
-      self.calibration = ArraySource(ys, xs, self.mean, self.std,
-                                     name=f"simulator train examples 0..{len(ys) - 1}")
+      self.calibration = ArraySource(
+        ys, xs, self.mean, self.std, name=f"simulator train examples 0..{len(ys) - 1}"
+      )
     else:
       self.mean, self.std = checkpoint_stats
     ys, xs = fixed_examples(cfg, "valid", int(s.valid_examples), mesh)
-    self.valid = ArraySource(ys, xs, self.mean, self.std,
-                             name=f"simulator valid examples 0..{len(ys) - 1}")
-    made = (f"{int(s.stats_examples)} statistics and" if self.calibration is not None else
-            "statistics from the checkpoint,")
-    self.description = (f"simulator source: {made} {len(self.valid)} validation examples made "
-                        f"in {time.perf_counter() - t0:.1f} s")
+    self.valid = ArraySource(
+      ys, xs, self.mean, self.std, name=f"simulator valid examples 0..{len(ys) - 1}"
+    )
+    made = (
+      f"{int(s.stats_examples)} statistics and"
+      if self.calibration is not None
+      else "statistics from the checkpoint,"
+    )
+    self.description = (
+      f"simulator source: {made} {len(self.valid)} validation examples made "
+      f"in {time.perf_counter() - t0:.1f} s"
+    )
     self._batch = batch_fn(cfg, mesh, self.mean, self.std)
 
   def batch(self, step: jax.Array) -> dict[str, jax.Array]:
     return self._batch(step)
 
 
-def batch_fn(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, mean: np.ndarray,
-             std: np.ndarray) -> Callable[[jax.Array], dict[str, jax.Array]]:
+def batch_fn(
+  cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, mean: np.ndarray, std: np.ndarray
+) -> Callable[[jax.Array], dict[str, jax.Array]]:
   """Jitted `step -> {"cond", "target"}`: the global batch of `step`, sharded over the batch axis
   like the files' batches, each device making its rows (conditioned as the files' examples,
   `measurement.condition`). `step` is a device scalar (the state's), so no value goes through

@@ -30,11 +30,20 @@ class NpzSource:
   file lacks them). With `cache` every file is read once, when the source opens.
   """
 
-  def __init__(self, path: str, preset: str | measurement.Units = "simulated", stats: Any = None, *,
-               voltage_ratio: float | None = None, current_ratio: float | None = None,
-               checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
-               skip_bad: bool = False, validate_files: bool = True, cache: bool = False,
-               baselines: bool = False):
+  def __init__(
+    self,
+    path: str,
+    preset: str | measurement.Units = "simulated",
+    stats: Any = None,
+    *,
+    voltage_ratio: float | None = None,
+    current_ratio: float | None = None,
+    checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
+    skip_bad: bool = False,
+    validate_files: bool = True,
+    cache: bool = False,
+    baselines: bool = False,
+  ):
     self.path = fileio.resolve(path)
     self.units = measurement.units(preset, voltage_ratio, current_ratio)
     self.preset = self.units.name
@@ -51,8 +60,9 @@ class NpzSource:
     self.baselines = baselines
     self._cache: list[dict] | None = None
     if cache:
-      self._cache = [self._load(i, None if arrays is None else arrays[name])
-                     for i, name in enumerate(self.files)]
+      self._cache = [
+        self._load(i, None if arrays is None else arrays[name]) for i, name in enumerate(self.files)
+      ]
 
   def __len__(self) -> int:
     return len(self.files)
@@ -63,8 +73,9 @@ class NpzSource:
   def condition(self, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cond (16,16,1), standardised voltages (16,13), scaled voltages (208,)) from raw `ys`
     (208,) in measured units."""
-    return measurement.condition(np.asarray(ys, np.float32), self.voltage_ratio, self.mean,
-                                 self.std)
+    return measurement.condition(
+      np.asarray(ys, np.float32), self.voltage_ratio, self.mean, self.std
+    )
 
   def _load(self, i: int, z: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     path = fileio.join(self.path, self.files[i])
@@ -72,13 +83,21 @@ class NpzSource:
       if z is None:
         z = npz_files.read_npz(path, ("ys", "xs") + (BASELINE_KEYS if self.baselines else ()))
       cond, v, scaled = self.condition(z["ys"])
-      ex = {"cond": cond, "voltages": v, "ys": scaled,
-            "target": np.asarray(z["xs"], np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 1),
-            "index": np.int32(i), "name": self.files[i]}
+      ex = {
+        "cond": cond,
+        "voltages": v,
+        "ys": scaled,
+        "target": np.asarray(z["xs"], np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 1),
+        "index": np.int32(i),
+        "name": self.files[i],
+      }
       if self.baselines:
         for k in BASELINE_KEYS:
-          ex[k] = (np.asarray(z[k], np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 1) if k in z
-                   else np.full((IMAGE_SIZE, IMAGE_SIZE, 1), np.nan, np.float32))
+          ex[k] = (
+            np.asarray(z[k], np.float32).reshape(IMAGE_SIZE, IMAGE_SIZE, 1)
+            if k in z
+            else np.full((IMAGE_SIZE, IMAGE_SIZE, 1), np.nan, np.float32)
+          )
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
       raise DatasetError(f"{path}: {e}") from e
     return ex
@@ -96,8 +115,9 @@ class ArraySource:
 
   preset, voltage_ratio = "simulated", 1.0
 
-  def __init__(self, ys: np.ndarray, xs: np.ndarray, mean: np.ndarray, std: np.ndarray, *,
-               name: str):
+  def __init__(
+    self, ys: np.ndarray, xs: np.ndarray, mean: np.ndarray, std: np.ndarray, *, name: str
+  ):
     self.path = name  # what messages call it
     self._ys, self._xs = np.asarray(ys, np.float32), np.asarray(xs, np.float32)
     self.mean, self.std = stats_lib.check_stats(mean, std, source=name)
@@ -110,6 +130,11 @@ class ArraySource:
 
   def __getitem__(self, i: int) -> dict[str, Any]:
     cond, v, scaled = measurement.condition(self._ys[i], self.voltage_ratio, self.mean, self.std)
-    return {"cond": cond, "voltages": v, "ys": scaled,
-            "target": self._xs[i].reshape(IMAGE_SIZE, IMAGE_SIZE, 1), "index": np.int32(i),
-            "name": f"{i:07d}"}
+    return {
+      "cond": cond,
+      "voltages": v,
+      "ys": scaled,
+      "target": self._xs[i].reshape(IMAGE_SIZE, IMAGE_SIZE, 1),
+      "index": np.int32(i),
+      "name": f"{i:07d}",
+    }

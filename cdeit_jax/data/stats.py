@@ -28,8 +28,11 @@ from cdeit_jax.eit.measurement import NUM_MEASUREMENTS, STATS_SHAPE
 log = logging.getLogger(__name__)
 
 _STORAGE_DTYPES = {
-    "FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
-    "LongStorage": np.int64, "IntStorage": np.int32,
+  "FloatStorage": np.float32,
+  "DoubleStorage": np.float64,
+  "HalfStorage": np.float16,
+  "LongStorage": np.int64,
+  "IntStorage": np.int32,
 }
 
 
@@ -52,8 +55,10 @@ class _RestrictedUnpickler(pickle.Unpickler):
       return _Storage(_STORAGE_DTYPES[name])
     if (module, name) == ("collections", "OrderedDict"):
       return OrderedDict
-    raise InputError(f"{self.path}: refusing to load {module}.{name}: only a plain saved tensor "
-                     "is accepted here (save mean/std with torch.save(tensor) or as .npy)")
+    raise InputError(
+      f"{self.path}: refusing to load {module}.{name}: only a plain saved tensor "
+      "is accepted here (save mean/std with torch.save(tensor) or as .npy)"
+    )
 
   def persistent_load(self, pid):
     if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
@@ -68,33 +73,46 @@ class _RestrictedUnpickler(pickle.Unpickler):
       raise InputError(f"{self.path}: the archive has no storage {name!r}") from None
     dtype = np.dtype(storage_type.dtype).newbyteorder("<" if self.byteorder == "little" else ">")
     if not _is_int(numel) or numel < 0 or len(raw) != numel * dtype.itemsize:
-      raise InputError(f"{self.path}: storage {name!r} holds {len(raw)} bytes, not the "
-                       f"{numel!r} x {dtype.itemsize} its header declares")
+      raise InputError(
+        f"{self.path}: storage {name!r} holds {len(raw)} bytes, not the "
+        f"{numel!r} x {dtype.itemsize} its header declares"
+      )
     return np.frombuffer(raw, dtype=dtype, count=numel).astype(storage_type.dtype)
 
-  def _rebuild_tensor_v2(self, storage, offset, size, stride, requires_grad=False, hooks=None,
-                         metadata=None):
+  def _rebuild_tensor_v2(
+    self, storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None
+  ):
     """A tensor view of `storage`, after checking that every element it addresses lies inside
     the storage (a crafted header could otherwise read past the buffer)."""
     if not isinstance(storage, np.ndarray):
       raise InputError(f"{self.path}: a tensor refers to {type(storage).__name__}, not a storage")
-    if not (isinstance(size, tuple) and isinstance(stride, tuple) and len(size) == len(stride)
-            and all(_is_int(v) for v in (offset, *size, *stride))):
-      raise InputError(f"{self.path}: malformed tensor header (offset {offset!r}, size "
-                       f"{size!r}, stride {stride!r})")
+    if not (
+      isinstance(size, tuple)
+      and isinstance(stride, tuple)
+      and len(size) == len(stride)
+      and all(_is_int(v) for v in (offset, *size, *stride))
+    ):
+      raise InputError(
+        f"{self.path}: malformed tensor header (offset {offset!r}, size "
+        f"{size!r}, stride {stride!r})"
+      )
     if offset < 0 or any(v < 0 for v in (*size, *stride)):
-      raise InputError(f"{self.path}: negative offset, size or stride in tensor header "
-                       f"(offset {offset}, size {size}, stride {stride})")
+      raise InputError(
+        f"{self.path}: negative offset, size or stride in tensor header "
+        f"(offset {offset}, size {size}, stride {stride})"
+      )
     count = int(np.prod(size, dtype=np.int64)) if size else 1
     if count:
       last = offset + sum((n - 1) * s for n, s in zip(size, stride))
       if last >= storage.size:
         raise InputError(
-            f"{self.path}: tensor of size {size}, stride {stride} at offset {offset} reaches "
-            f"element {last} of a storage of {storage.size}; the file is damaged or crafted")
+          f"{self.path}: tensor of size {size}, stride {stride} at offset {offset} reaches "
+          f"element {last} of a storage of {storage.size}; the file is damaged or crafted"
+        )
     itemsize = storage.dtype.itemsize
     return np.lib.stride_tricks.as_strided(
-        storage[offset:], shape=size, strides=tuple(s * itemsize for s in stride)).copy()
+      storage[offset:], shape=size, strides=tuple(s * itemsize for s in stride)
+    ).copy()
 
 
 def _is_int(v) -> bool:
@@ -111,8 +129,10 @@ def read_pth_tensor(path: str) -> np.ndarray:
       fh.close()
       raise
   except (OSError, zipfile.BadZipFile) as e:
-    raise InputError(f"{path}: not a PyTorch zip archive ({e}); re-save it with a recent "
-                     "torch.save or give a .npy file") from e
+    raise InputError(
+      f"{path}: not a PyTorch zip archive ({e}); re-save it with a recent "
+      "torch.save or give a .npy file"
+    ) from e
   with fh, archive:
     names = archive.namelist()
     pkl = [n for n in names if n.endswith("/data.pkl")]
@@ -149,10 +169,13 @@ def check_stats(mean: np.ndarray, std: np.ndarray, source: str = "statistics") -
   for name, a in (("mean", mean), ("std", std)):
     # Only shapes that hold the (16 injections, 13 measurements) order: a (13, 16) array has 208
     # elements too, but in the other order.
-    if a.size != NUM_MEASUREMENTS or not (a.shape == (NUM_MEASUREMENTS,)
-                                          or a.shape[-2:] == STATS_SHAPE[1:]):
-      raise InputError(f"{source}: {name} has shape {a.shape}, expected {STATS_SHAPE} (or "
-                       "(16, 13), (208,)): 16 current injections x 13 measurements")
+    if a.size != NUM_MEASUREMENTS or not (
+      a.shape == (NUM_MEASUREMENTS,) or a.shape[-2:] == STATS_SHAPE[1:]
+    ):
+      raise InputError(
+        f"{source}: {name} has shape {a.shape}, expected {STATS_SHAPE} (or "
+        "(16, 13), (208,)): 16 current injections x 13 measurements"
+      )
     if not np.all(np.isfinite(a)):
       raise InputError(f"{source}: {name} holds non-finite values")
   if np.any(std <= 0):
@@ -172,8 +195,10 @@ def find_stats_files(directory: str) -> tuple[str, str] | None:
 def load_stats(path: str) -> tuple[np.ndarray, np.ndarray]:
   """Statistics from a folder holding mean/std (.npy or .pth)."""
   if not fileio.path(path).is_dir():
-    raise MissingFile(f"statistics folder {path}: not a directory (it should hold "
-                            "mean.npy and std.npy, or mean.pth and std.pth)")
+    raise MissingFile(
+      f"statistics folder {path}: not a directory (it should hold "
+      "mean.npy and std.npy, or mean.pth and std.pth)"
+    )
   found = find_stats_files(path)
   if found is None:
     raise MissingFile(f"statistics folder {path}: no mean.npy/std.npy or mean.pth/std.pth")
@@ -183,16 +208,17 @@ def load_stats(path: str) -> tuple[np.ndarray, np.ndarray]:
 def authors_stats() -> tuple[np.ndarray, np.ndarray]:
   """The CDEIT authors' statistics of their simulated training set (shipped with the package)."""
   assets = resources.files("cdeit_jax") / "assets"
-  return check_stats(np.load(str(assets / "mean.npy")), np.load(str(assets / "std.npy")),
-                     source="cdeit_jax/assets")
+  return check_stats(
+    np.load(str(assets / "mean.npy")), np.load(str(assets / "std.npy")), source="cdeit_jax/assets"
+  )
 
 
 # ----------------------------------------------------------------------------- datasets
 
 
-def resolve_stats(split_dir: str, stats: Any = None,
-                  checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def resolve_stats(
+  split_dir: str, stats: Any = None, checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
   """Statistics to standardise with: explicit (arrays, a folder, or "authors"), else the dataset
   root's (the split folder's parent), else the checkpoint's. An explicit choice that differs from
   the
@@ -205,10 +231,13 @@ def resolve_stats(split_dir: str, stats: Any = None,
     else:
       mean, std = check_stats(*stats, source="stats argument")
     if checkpoint_stats is not None and not (
-        np.allclose(mean, checkpoint_stats[0], rtol=1e-6, atol=0) and
-        np.allclose(std, checkpoint_stats[1], rtol=1e-6, atol=0)):
-      log.warning("the given normalisation statistics differ from those stored in the checkpoint "
-                  "(the model was trained with the checkpoint's); using the given ones")
+      np.allclose(mean, checkpoint_stats[0], rtol=1e-6, atol=0)
+      and np.allclose(std, checkpoint_stats[1], rtol=1e-6, atol=0)
+    ):
+      log.warning(
+        "the given normalisation statistics differ from those stored in the checkpoint "
+        "(the model was trained with the checkpoint's); using the given ones"
+      )
     return mean, std
   root = fileio.dirname(split_dir)
   if find_stats_files(root):
@@ -216,13 +245,19 @@ def resolve_stats(split_dir: str, stats: Any = None,
   if checkpoint_stats is not None:
     return check_stats(*checkpoint_stats, source="checkpoint")
   raise MissingFile(
-      f"no normalisation statistics for {split_dir}: put mean/std (.npy or .pth) in {root}, "
-      "pass stats=, or compute them with `python -m cdeit_jax.stats DATA/train`")
+    f"no normalisation statistics for {split_dir}: put mean/std (.npy or .pth) in {root}, "
+    "pass stats=, or compute them with `python -m cdeit_jax.stats DATA/train`"
+  )
 
 
-def compute_stats(split_dir: str, preset: str = "simulated", *, voltage_ratio: float | None = None,
-                  progress: bool = True, skip_bad: bool = False
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def compute_stats(
+  split_dir: str,
+  preset: str = "simulated",
+  *,
+  voltage_ratio: float | None = None,
+  progress: bool = True,
+  skip_bad: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
   """Per-measurement mean and std (N-1) of `ys / voltage_ratio` over a split, streaming in
   float64 (`measurement.RunningStats`; the authors' statistics, shape (1, 16, 13))."""
   from tqdm import tqdm
@@ -235,8 +270,9 @@ def compute_stats(split_dir: str, preset: str = "simulated", *, voltage_ratio: f
   read = lambda f: npz_files.read_npz(fileio.join(split_dir, f), ("ys",))["ys"]
   with concurrent.futures.ThreadPoolExecutor(8) as pool:  # overlaps reads (object stores)
     ys = pool.map(read, names)
-    for y in tqdm(ys, total=len(names), desc=f"stats {split_dir}", unit="file",
-                  disable=not progress):
+    for y in tqdm(
+      ys, total=len(names), desc=f"stats {split_dir}", unit="file", disable=not progress
+    ):
       running.add(y, ratio)
   return running.result(f"data folder {split_dir}")
 
@@ -245,7 +281,9 @@ def write_stats(out: str, mean: np.ndarray, std: np.ndarray) -> None:
   """Write OUT/mean.npy and OUT/std.npy, each atomically (never half-written)."""
   fileio.makedirs(out)
   for name, arr in (("mean", mean), ("std", std)):
+
     def save(p, a=arr):
       with open(p, "wb") as fh:  # a handle: np.save would append ".npy" to the temporary name
         np.save(fh, a)
+
     fileio.atomic_write(fileio.join(out, f"{name}.npy"), save)

@@ -35,19 +35,24 @@ def _fields(cls, node: ml_collections.ConfigDict, name: str) -> dict[str, Any]:
   fields = {f.name for f in dataclasses.fields(cls)}
   unknown = set(node) - fields
   if unknown:
-    raise InputError(f"config.simulator.{name}: unknown fields {sorted(unknown)}; known: "
-                     f"{sorted(fields)}")
+    raise InputError(
+      f"config.simulator.{name}: unknown fields {sorted(unknown)}; known: {sorted(fields)}"
+    )
   return {k: tuple(v) if isinstance(v, (list, tuple)) else v for k, v in node.items()}
 
 
 def phantom_spec(sim: ml_collections.ConfigDict):
   """The `PhantomSpec` of `config.simulator.phantom`, checked."""
   from cdeit_jax.eit import PhantomSpec
+
   values = _fields(PhantomSpec, sim.phantom, "phantom")
-  if sim.snr_db is not None and not (isinstance(sim.snr_db, (int, float))
-                                     and math.isfinite(sim.snr_db)):
-    raise InputError(f"config.simulator.snr_db={sim.snr_db!r}: give a finite number of dB, or "
-                     "None for noise-free voltages")
+  if sim.snr_db is not None and not (
+    isinstance(sim.snr_db, (int, float)) and math.isfinite(sim.snr_db)
+  ):
+    raise InputError(
+      f"config.simulator.snr_db={sim.snr_db!r}: give a finite number of dB, or "
+      "None for noise-free voltages"
+    )
   spec = PhantomSpec(**values)
   try:
     spec.validate()
@@ -59,6 +64,7 @@ def phantom_spec(sim: ml_collections.ConfigDict):
 def system_spec(sim: ml_collections.ConfigDict):
   """The `SystemSpec` of `config.simulator.system`, checked."""
   from cdeit_jax.eit.spec import SystemSpec
+
   spec = SystemSpec(**_fields(SystemSpec, sim.system, "system"))
   try:
     spec.validate()
@@ -71,13 +77,19 @@ def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
   """What determines the examples, every default spelled out (simulate.json), so that a folder
   never extends with other defaults (of a later version) than it was made with."""
   from cdeit_jax.eit import tikhonov
-  return {"format": FORMAT_VERSION, "seed": int(sim.seed),
-          "snr_db": None if sim.snr_db is None else float(sim.snr_db),
-          "contact_impedance": float(sim.contact_impedance),
-          "phantom": dataclasses.asdict(phantom_spec(sim)),
-          "system": {k: list(v) if isinstance(v, tuple) else v
-                     for k, v in dataclasses.asdict(system_spec(sim)).items()},
-          "tikhonov_alpha": float(sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA)}
+
+  return {
+    "format": FORMAT_VERSION,
+    "seed": int(sim.seed),
+    "snr_db": None if sim.snr_db is None else float(sim.snr_db),
+    "contact_impedance": float(sim.contact_impedance),
+    "phantom": dataclasses.asdict(phantom_spec(sim)),
+    "system": {
+      k: list(v) if isinstance(v, tuple) else v
+      for k, v in dataclasses.asdict(system_spec(sim)).items()
+    },
+    "tikhonov_alpha": float(sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA),
+  }
 
 
 def example_key(seed: int, split: str | jax.Array, index: jax.Array) -> jax.Array:
@@ -92,6 +104,7 @@ class Generator:
 
   def __init__(self, sim: ml_collections.ConfigDict):
     from cdeit_jax import eit
+
     self.seed = int(sim.seed)
     self.snr_db = None if sim.snr_db is None else float(sim.snr_db)
     self.spec = phantom_spec(sim)
@@ -104,36 +117,46 @@ class Generator:
       self.sim.support_cem(self.spec.max_radius)
     else:
       from cdeit_jax.eit import system
+
       self.sim.variable_cem(system.num_electrodes(self.system) > 16, self.spec.max_radius)
 
   @property
   def nominal(self) -> bool:
     """Whether every example is measured by the one fixed system (the condensed fast path)."""
     from cdeit_jax.eit import MeshSpec
+
     return self.system.is_nominal(MeshSpec().width_deg)
 
   def systems(self, keys: jax.Array) -> dict[str, jax.Array]:
     """The measuring systems (`eit.system.draw`) of the examples with these keys: each its own,
     or with `device_seed` >= 0 the one system of that seed."""
     from cdeit_jax.eit import system
+
     seed = self.system.device_seed
     key = (lambda k: jax.random.key(seed)) if seed >= 0 else (lambda k: jax.random.fold_in(k, 2))
     return jax.vmap(lambda k: system.draw(key(k), self.system, self.contact_impedance))(keys)
 
   def _batch(self, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
     from cdeit_jax.eit import phantom as ph
+
     params = jax.vmap(lambda k: ph.draw_params(jax.random.fold_in(k, 0), self.spec))(keys)
     noise = jax.vmap(lambda k: jax.random.fold_in(k, 1))(keys)
     noise = noise if self.snr_db is not None else None
     if self.nominal:
       ys = self.sim.phantom_voltages(params, self.snr_db, noise, self.spec.max_radius)
     else:
-      ys = self.sim.system_difference(self.sim.phantom_conductivity(params), self.systems(keys),
-                                      self.snr_db, noise, self.spec.max_radius)
+      ys = self.sim.system_difference(
+        self.sim.phantom_conductivity(params),
+        self.systems(keys),
+        self.snr_db,
+        noise,
+        self.spec.max_radius,
+      )
     return ys, jax.vmap(ph.render_image)(params)
 
-  def examples(self, split: str | jax.Array, indices: jax.Array, *, batched: bool = True
-               ) -> tuple[jax.Array, jax.Array]:
+  def examples(
+    self, split: str | jax.Array, indices: jax.Array, *, batched: bool = True
+  ) -> tuple[jax.Array, jax.Array]:
     """`batched=False` computes one example at a time (`lax.map`): on CPU with several host
     devices it must be, see `per_example`."""
     keys = jax.vmap(lambda i: example_key(self.seed, split, i))(indices)
@@ -161,6 +184,7 @@ def per_example(platform: str) -> bool:
 @functools.lru_cache(maxsize=8)
 def _generator(settings: str) -> Generator:
   import json
+
   # Built outside any mesh context (the training loop runs under `jax.set_mesh`): arrays made
   # there are placed on that mesh, and such constants cannot enter shard_map's per-device code.
   with jax.set_mesh(None):
@@ -172,19 +196,26 @@ def generator(sim: ml_collections.ConfigDict) -> Generator:
   return _generator(sim.to_json())
 
 
-def example_arrays(sim: ml_collections.ConfigDict, split: str, indices: np.ndarray,
-                   mesh: jax.sharding.Mesh, pad_to: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def example_arrays(
+  sim: ml_collections.ConfigDict,
+  split: str,
+  indices: np.ndarray,
+  mesh: jax.sharding.Mesh,
+  pad_to: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
   """Host arrays (ys (n, 208), xs (n, 128, 128)) of examples `indices` of `split`, computed on
   the devices of `mesh` (each its share of the batch), replicated to every host. Batches are
   padded to `pad_to` (and to a multiple of the devices) so that one compilation serves all."""
   from cdeit_jax.common import sharding as shd
+
   gen = generator(sim)
   fn = _examples_fn(gen, mesh, per_example(mesh.devices.flat[0].platform))
   n, size = len(indices), mesh.size
   total = -(-max(n, pad_to) // size) * size
   padded = np.concatenate([indices, np.full(total - n, indices[-1] if n else 0)])
-  ys, xs = fn(np.int32(SPLITS.index(split)),
-              jax.device_put(padded.astype(np.int32), shd.replicated(mesh)))
+  ys, xs = fn(
+    np.int32(SPLITS.index(split)), jax.device_put(padded.astype(np.int32), shd.replicated(mesh))
+  )
   return np.asarray(ys)[:n], np.asarray(xs)[:n]
 
 
@@ -193,6 +224,11 @@ def _examples_fn(gen: Generator, mesh: jax.sharding.Mesh, one_at_a_time: bool):
   from jax.sharding import PartitionSpec as P
 
   from cdeit_jax.common import sharding as shd
-  local = jax.shard_map(lambda split, idx: gen.examples(split, idx, batched=not one_at_a_time),
-                        mesh=mesh, in_specs=(P(), P(shd.DATA)), out_specs=P(shd.DATA))
+
+  local = jax.shard_map(
+    lambda split, idx: gen.examples(split, idx, batched=not one_at_a_time),
+    mesh=mesh,
+    in_specs=(P(), P(shd.DATA)),
+    out_specs=P(shd.DATA),
+  )
   return jax.jit(local, out_shardings=shd.replicated(mesh))

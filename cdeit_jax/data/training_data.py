@@ -17,13 +17,13 @@ from cdeit_jax.data import pipeline, sources
 class TrainingData(Protocol):
   """What the training loop needs of its data."""
 
-  mean: np.ndarray            # the statistics the condition is standardised with (checkpointed)
+  mean: np.ndarray  # the statistics the condition is standardised with (checkpointed)
   std: np.ndarray
-  valid: Any                  # random-access validation examples (`pipeline.eval_batches`)
-  calibration: Any            # random-access training examples for the physics-informed
-                              # condition's calibration; None when resuming (the checkpoint has it)
-  checkpoint_item: Any        # the iterator whose position is saved with each step, or None
-  description: str            # one line for the run's log
+  valid: Any  # random-access validation examples (`pipeline.eval_batches`)
+  calibration: Any  # random-access training examples for the physics-informed
+  # condition's calibration; None when resuming (the checkpoint has it)
+  checkpoint_item: Any  # the iterator whose position is saved with each step, or None
+  description: str  # one line for the run's log
 
   def batch(self, step: jax.Array) -> dict[str, jax.Array]:
     """The global batch (`cond`, `target`, sharded over the batch axis) of train step `step` (a
@@ -35,19 +35,34 @@ class FileData:
   """npz folders `config.data.path/{train_split,valid_split}`: a shuffled, repeated grain stream
   whose position is checkpointed; validation standardised with the training set's statistics."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-               checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None):
+  def __init__(
+    self,
+    cfg: ml_collections.ConfigDict,
+    mesh: jax.sharding.Mesh,
+    checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
+  ):
     d = cfg.data
-    common = dict(voltage_ratio=d.voltage_ratio, current_ratio=d.current_ratio,
-                  skip_bad=d.skip_bad_files, cache=d.cache)
-    train = sources.NpzSource(fileio.join(d.path, d.train_split), d.preset, d.stats,
-                           checkpoint_stats=checkpoint_stats, **common)
-    self.valid = sources.NpzSource(fileio.join(d.path, d.valid_split), d.preset,
-                                (train.mean, train.std), **common)
+    common = dict(
+      voltage_ratio=d.voltage_ratio,
+      current_ratio=d.current_ratio,
+      skip_bad=d.skip_bad_files,
+      cache=d.cache,
+    )
+    train = sources.NpzSource(
+      fileio.join(d.path, d.train_split),
+      d.preset,
+      d.stats,
+      checkpoint_stats=checkpoint_stats,
+      **common,
+    )
+    self.valid = sources.NpzSource(
+      fileio.join(d.path, d.valid_split), d.preset, (train.mean, train.std), **common
+    )
     self.mean, self.std = train.mean, train.std
     self.calibration = train if checkpoint_stats is None else None
-    self.description = (f"data: {len(train)} training and {len(self.valid)} validation examples "
-                        f"from {d.path}")
+    self.description = (
+      f"data: {len(train)} training and {len(self.valid)} validation examples from {d.path}"
+    )
     self._mesh = mesh
     self.checkpoint_item = iter(pipeline.train_dataset(train, cfg.batch_size, d))
 
@@ -57,11 +72,14 @@ class FileData:
     return pipeline.to_global({k: host[k] for k in ("cond", "target")}, self._mesh)
 
 
-def open_training_data(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh,
-                       checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None
-                       ) -> TrainingData:
+def open_training_data(
+  cfg: ml_collections.ConfigDict,
+  mesh: jax.sharding.Mesh,
+  checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
+) -> TrainingData:
   """The source `config.data.source` names, standardised with `checkpoint_stats` on resume."""
   if cfg.data.source == "simulator":
     from cdeit_jax.data import simulator_source
+
     return simulator_source.SimulatorData(cfg, mesh, checkpoint_stats)
   return FileData(cfg, mesh, checkpoint_stats)

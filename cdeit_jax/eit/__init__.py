@@ -15,12 +15,24 @@ per example), phantom (random inclusions on mesh and grid), simulator (images/ph
 import importlib
 
 _WHERE = {
-    "CEM": "fem", "VariableCEM": "fem", "nominal_centres": "fem", "SystemSpec": "spec",
-    "DiskMesh": "mesh", "MeshSpec": "mesh", "electrode_angles": "mesh",
-    "make_mesh": "mesh", "PhantomSpec": "spec", "random_params": "phantom",
-    "render_image": "phantom", "Tikhonov": "tikhonov", "default_tikhonov": "tikhonov",
-    "jacobian": "tikhonov", "Simulator": "simulator", "add_noise": "simulator",
-    "default_simulator": "simulator", "simulate_voltages": "simulator",
+  "CEM": "fem",
+  "VariableCEM": "fem",
+  "nominal_centres": "fem",
+  "SystemSpec": "spec",
+  "DiskMesh": "mesh",
+  "MeshSpec": "mesh",
+  "electrode_angles": "mesh",
+  "make_mesh": "mesh",
+  "PhantomSpec": "spec",
+  "random_params": "phantom",
+  "render_image": "phantom",
+  "Tikhonov": "tikhonov",
+  "default_tikhonov": "tikhonov",
+  "jacobian": "tikhonov",
+  "Simulator": "simulator",
+  "add_noise": "simulator",
+  "default_simulator": "simulator",
+  "simulate_voltages": "simulator",
 }
 __all__ = sorted(_WHERE)
 

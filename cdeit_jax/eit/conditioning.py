@@ -34,20 +34,22 @@ from cdeit_jax.eit import measurement, tikhonov
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE, NUM_MEASUREMENTS
 
-CALIBRATION_EXAMPLES = 1024    # training examples whose channel std sets the channel scale
+CALIBRATION_EXAMPLES = 1024  # training examples whose channel std sets the channel scale
 
 
 @functools.lru_cache(maxsize=4)
-def linear_factors(noser_exponent: float = tikhonov.NOSER_EXPONENT,
-                   contact_impedance: float = CONTACT_IMPEDANCE) -> dict[str, np.ndarray]:
+def linear_factors(
+  noser_exponent: float = tikhonov.NOSER_EXPONENT, contact_impedance: float = CONTACT_IMPEDANCE
+) -> dict[str, np.ndarray]:
   """U (208, 208), s (208,), B^T (208, 128*128) and W (128*128,) of the simulator's
   Jacobian at `contact_impedance` (float64; zero outside the disk), computed once per process."""
   disk, jd, w_inv, gram = tikhonov.weighted_system(
-      tikhonov.default_jacobian(contact_impedance), noser_exponent)
+    tikhonov.default_jacobian(contact_impedance), noser_exponent
+  )
   s, u = np.linalg.eigh((gram + gram.T) / 2)
   s = np.maximum(s, 0.0)
   basis_t = np.zeros((NUM_MEASUREMENTS, disk.size))
-  basis_t[:, disk] = u.T @ (jd * w_inv)        # (B^T)[:, disk] = U^T J W^-1
+  basis_t[:, disk] = u.T @ (jd * w_inv)  # (B^T)[:, disk] = U^T J W^-1
   weight = np.zeros(disk.size)
   weight[disk] = 1.0 / w_inv
   return {"rotation": u, "spectrum": s, "basis_t": basis_t, "weight": weight}
@@ -64,11 +66,18 @@ class LinearConditioner(nnx.Module):
   """EIM (B, 16, 16, 1) of standardised voltages -> (B, 128, 128, levels) linear reconstructions
   of the voltages in simulation units, each divided by its training-set std."""
 
-  def __init__(self, alphas, *, noser_exponent: float = tikhonov.NOSER_EXPONENT,
-               contact_impedance: float = CONTACT_IMPEDANCE):
+  def __init__(
+    self,
+    alphas,
+    *,
+    noser_exponent: float = tikhonov.NOSER_EXPONENT,
+    contact_impedance: float = CONTACT_IMPEDANCE,
+  ):
     if not alphas or any(not a > 0 for a in alphas):
-      raise InputError(f"regularisation levels {tuple(alphas)!r}: give one or more numbers > 0, "
-                       "e.g. (0.03, 0.3) (config.model.cond_alphas)")
+      raise InputError(
+        f"regularisation levels {tuple(alphas)!r}: give one or more numbers > 0, "
+        "e.g. (0.03, 0.3) (config.model.cond_alphas)"
+      )
     f = linear_factors(float(noser_exponent), float(contact_impedance))
     self.alphas = tuple(float(a) for a in alphas)
     self.rotation = Fixed(jnp.asarray(f["rotation"], jnp.float32))
@@ -82,19 +91,23 @@ class LinearConditioner(nnx.Module):
 
   def voltages(self, cond: jax.Array) -> jax.Array:
     """(B, 208) voltages in simulation units (ys / voltage_ratio) read back from the EIM."""
-    return measurement.voltages_from_eim(cond.astype(jnp.float32), self.voltage_mean[...],
-                                         self.voltage_std[...])
+    return measurement.voltages_from_eim(
+      cond.astype(jnp.float32), self.voltage_mean[...], self.voltage_std[...]
+    )
 
   def reconstruct(self, ys: jax.Array, filt: jax.Array) -> jax.Array:
     """(B, levels, pixels) M_alpha ys for filters (levels, 208)."""
-    z = jnp.dot(ys, self.rotation[...], precision="highest")       # U^T y
+    z = jnp.dot(ys, self.rotation[...], precision="highest")  # U^T y
     return jnp.einsum("bkm,mp->bkp", z[:, None] * filt, self.basis_t[...], precision="highest")
 
   def forward(self, x: jax.Array) -> jax.Array:
     """J x: (B, 208) linearised voltages of label images x (B, 128, 128[, 1])."""
     flat = x.reshape(x.shape[0], -1).astype(jnp.float32) * self.weight[...]
-    return jnp.dot(jnp.dot(flat, self.basis_t[...].T, precision="highest"), self.rotation[...].T,
-                   precision="highest")
+    return jnp.dot(
+      jnp.dot(flat, self.basis_t[...].T, precision="highest"),
+      self.rotation[...].T,
+      precision="highest",
+    )
 
   def channels(self, cond: jax.Array, scaled: bool = True) -> jax.Array:
     out = self.reconstruct(self.voltages(cond), self.filters[...])
@@ -107,8 +120,9 @@ class LinearConditioner(nnx.Module):
     return self.channels(cond)
 
 
-def calibrate(conditioner: LinearConditioner, source, limit: int = CALIBRATION_EXAMPLES,
-              batch: int = 64) -> np.ndarray:
+def calibrate(
+  conditioner: LinearConditioner, source, limit: int = CALIBRATION_EXAMPLES, batch: int = 64
+) -> np.ndarray:
   """Set the conditioner's voltage statistics to the source's and each channel's scale to 1 / its
   std over the disk on the first `limit` examples of `source` (an `NpzSource`); returns the
   scales."""
@@ -128,8 +142,10 @@ def calibrate(conditioner: LinearConditioner, source, limit: int = CALIBRATION_E
     count += ch.shape[0] * ch.shape[1]
   std = np.sqrt(np.maximum(total_sq / count - (total / count) ** 2, 0.0))
   if not np.all(std > 0):
-    raise InputError(f"{source!r}: the linear reconstructions of its voltages are constant; "
-                     "cannot scale the conditioning channels")
+    raise InputError(
+      f"{source!r}: the linear reconstructions of its voltages are constant; "
+      "cannot scale the conditioning channels"
+    )
   scale = (1.0 / std).astype(np.float32)
   conditioner.scale[...] = jnp.asarray(scale)
   return scale
@@ -146,14 +162,22 @@ class DataConsistency(nnx.Module):
   one regularised Gauss-Newton step of ||J x0 - y||^2 from x0 with the linearised model, the
   measured voltages y (simulation units) read back from the EIM with the given statistics."""
 
-  def __init__(self, mean, std, *, strength: float = 1.0, alpha: float = 0.1,
-               noser_exponent: float = tikhonov.NOSER_EXPONENT,
-               contact_impedance: float = CONTACT_IMPEDANCE):
+  def __init__(
+    self,
+    mean,
+    std,
+    *,
+    strength: float = 1.0,
+    alpha: float = 0.1,
+    noser_exponent: float = tikhonov.NOSER_EXPONENT,
+    contact_impedance: float = CONTACT_IMPEDANCE,
+  ):
     if not strength > 0:
       raise InputError(f"data consistency strength must be > 0, got {strength}")
     self.strength = float(strength)
-    self.op = LinearConditioner((alpha,), noser_exponent=noser_exponent,
-                                contact_impedance=contact_impedance)
+    self.op = LinearConditioner(
+      (alpha,), noser_exponent=noser_exponent, contact_impedance=contact_impedance
+    )
     self.op.voltage_mean[...] = jnp.asarray(np.ravel(mean), jnp.float32)
     self.op.voltage_std[...] = jnp.asarray(np.ravel(std), jnp.float32)
 

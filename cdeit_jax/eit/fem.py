@@ -55,12 +55,12 @@ def electrode_terms(theta, span, h, centres, half_widths, weights, xp=np):
   can sit anywhere on a fixed mesh; on edges an electrode covers whole, they are the usual
   h / (6 z) [[2, 1], [1, 2]], h / (2 z) and h / z. Written for numpy and jax.numpy alike (xp), so
   the fixed system (numpy, once) and a system drawn per example (on the devices) share it."""
-  rel = xp.mod(theta[:, None] - centres[None, :] + np.pi, 2 * np.pi) - np.pi   # (Eb, L)
+  rel = xp.mod(theta[:, None] - centres[None, :] + np.pi, 2 * np.pi) - np.pi  # (Eb, L)
   t0 = xp.clip((-half_widths[None, :] - rel) / span[:, None], 0.0, 1.0)
   t1 = xp.clip((half_widths[None, :] - rel) / span[:, None], 0.0, 1.0)
   t1 = xp.maximum(t1, t0)
-  d1, d2, d3 = t1 - t0, (t1 ** 2 - t0 ** 2) / 2, (t1 ** 3 - t0 ** 3) / 3
-  wt = h[:, None] * weights[None, :]                                           # (Eb, L)
+  d1, d2, d3 = t1 - t0, (t1**2 - t0**2) / 2, (t1**3 - t0**3) / 3
+  wt = h[:, None] * weights[None, :]  # (Eb, L)
   ii = ((1 - t0) ** 3 - (1 - t1) ** 3) / 3
   zz = xp.stack([(wt * ii).sum(1), (wt * (d2 - d3)).sum(1), (wt * d3).sum(1)], 1)
   w = xp.stack([wt * (d1 - d2), wt * d2], 1)
@@ -73,15 +73,18 @@ def nominal_centres(num: int = NUM_ELECTRODES) -> np.ndarray:
   l = np.arange(num)
   if num == NUM_ELECTRODES:
     return np.pi / 2 - 2 * np.pi * l / NUM_ELECTRODES
-  return np.concatenate([nominal_centres(), np.pi / 2 - 2 * np.pi * (l[:num - NUM_ELECTRODES]
-                                                                     + 0.5) / NUM_ELECTRODES])
+  return np.concatenate(
+    [nominal_centres(), np.pi / 2 - 2 * np.pi * (l[: num - NUM_ELECTRODES] + 0.5) / NUM_ELECTRODES]
+  )
 
 
 def _checked_dtype(dtype) -> jnp.dtype:
   dtype = jnp.dtype(dtype)
   if dtype == jnp.float64 and not jax.config.jax_enable_x64:
-    raise InputError("dtype float64 needs 64-bit JAX: run under `with jax.enable_x64(True):` "
-                     "or set JAX_ENABLE_X64=1")
+    raise InputError(
+      "dtype float64 needs 64-bit JAX: run under `with jax.enable_x64(True):` "
+      "or set JAX_ENABLE_X64=1"
+    )
   return dtype
 
 
@@ -91,14 +94,16 @@ def element_stiffness(mesh: DiskMesh) -> np.ndarray:
   b = np.stack([p[:, 1, 1] - p[:, 2, 1], p[:, 2, 1] - p[:, 0, 1], p[:, 0, 1] - p[:, 1, 1]], 1)
   c = np.stack([p[:, 2, 0] - p[:, 1, 0], p[:, 0, 0] - p[:, 2, 0], p[:, 1, 0] - p[:, 0, 0]], 1)
   return (b[:, :, None] * b[:, None, :] + c[:, :, None] * c[:, None, :]) / (
-      4 * mesh.areas()[:, None, None])
+    4 * mesh.areas()[:, None, None]
+  )
 
 
 def _support_mask(mesh: DiskMesh, support: np.ndarray | None) -> np.ndarray:
   var = np.ones(mesh.num_elements, bool) if support is None else np.asarray(support, bool)
   if var.shape != (mesh.num_elements,) or not var.any():
-    raise InputError(f"support must be a non-empty boolean mask of the {mesh.num_elements} "
-                     "elements")
+    raise InputError(
+      f"support must be a non-empty boolean mask of the {mesh.num_elements} elements"
+    )
   return var
 
 
@@ -117,8 +122,7 @@ class _Measurements:
   def __init__(self):
     self._m = jnp.asarray(PROTOCOL.pairs.reshape(-1), jnp.int32)
     self._m2 = jnp.asarray(PROTOCOL.second_electrodes().reshape(-1), jnp.int32)
-    self._k = jnp.asarray(np.repeat(np.arange(NUM_ELECTRODES), PROTOCOL.per_injection),
-                          jnp.int32)
+    self._k = jnp.asarray(np.repeat(np.arange(NUM_ELECTRODES), PROTOCOL.per_injection), jnp.int32)
 
   def __call__(self, u: jax.Array) -> jax.Array:
     return u[self._m, self._k] - u[self._m2, self._k]
@@ -134,24 +138,39 @@ class CEM:
   elements outside it are taken to have conductivity `sigma_bg` whatever `sigma` says there.
   """
 
-  def __init__(self, mesh: DiskMesh | None = None,
-               contact_impedance: float = CONTACT_IMPEDANCE, current: float = CURRENT,
-               dtype=jnp.float32, support: np.ndarray | None = None,
-               sigma_bg: float = 1.0):
+  def __init__(
+    self,
+    mesh: DiskMesh | None = None,
+    contact_impedance: float = CONTACT_IMPEDANCE,
+    current: float = CURRENT,
+    dtype=jnp.float32,
+    support: np.ndarray | None = None,
+    sigma_bg: float = 1.0,
+  ):
     self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
     self.dtype = _checked_dtype(dtype)
     z = np.broadcast_to(np.asarray(contact_impedance, np.float64), (NUM_ELECTRODES,))
     if np.any(z <= 0):
       raise InputError(f"contact_impedance must be > 0, got {contact_impedance}")
     n, ne = mesh.num_nodes, NUM_ELECTRODES
-    size = n + ne - 1                                   # grounded: U_15 = 0 is dropped
+    size = n + ne - 1  # grounded: U_15 = 0 is dropped
     ke = element_stiffness(mesh)
     full = np.zeros((n + ne, n + ne))
     g = boundary_geometry(mesh)
-    zz, w, d = electrode_terms(g["theta"], g["span"], g["h"], nominal_centres(),
-                               np.full(ne, np.deg2rad(mesh.spec.width_deg) / 2), 1 / z)
-    for (a, b), col in (((g["i"], g["i"]), 0), ((g["i"], g["j"]), 1), ((g["j"], g["i"]), 1),
-                        ((g["j"], g["j"]), 2)):
+    zz, w, d = electrode_terms(
+      g["theta"],
+      g["span"],
+      g["h"],
+      nominal_centres(),
+      np.full(ne, np.deg2rad(mesh.spec.width_deg) / 2),
+      1 / z,
+    )
+    for (a, b), col in (
+      ((g["i"], g["i"]), 0),
+      ((g["i"], g["j"]), 1),
+      ((g["j"], g["i"]), 1),
+      ((g["j"], g["j"]), 2),
+    ):
       np.add.at(full, (a, b), zz[:, col])
     for k, nodes in ((0, g["i"]), (1, g["j"])):
       np.add.at(full, (nodes[:, None], n + np.arange(ne)[None, :]), -w[:, k])
@@ -167,18 +186,18 @@ class CEM:
     # Schur complement onto V (constant part) and the maps back to electrode potentials
     a_ff, a_vf = full[np.ix_(f_idx, f_idx)], full[np.ix_(v_nodes, f_idx)]
     rhs = np.zeros((size, ne))
-    rhs[n:] = PROTOCOL.currents(current).T[:ne - 1]    # column k: injection k
-    inv_ff_fv = np.linalg.solve(a_ff, a_vf.T)           # (F, V)
-    inv_ff_bf = np.linalg.solve(a_ff, rhs[f_idx])       # (F, 16)
+    rhs[n:] = PROTOCOL.currents(current).T[: ne - 1]  # column k: injection k
+    inv_ff_fv = np.linalg.solve(a_ff, a_vf.T)  # (F, V)
+    inv_ff_bf = np.linalg.solve(a_ff, rhs[f_idx])  # (F, 16)
     schur = full[np.ix_(v_nodes, v_nodes)] - a_vf @ inv_ff_fv
-    elec = np.searchsorted(f_idx, np.arange(n, size))   # electrode rows within F
+    elec = np.searchsorted(f_idx, np.arange(n, size))  # electrode rows within F
     self._schur = jnp.asarray(schur, self.dtype)
-    self._rhs = jnp.asarray(-a_vf @ inv_ff_bf, self.dtype)       # (V, 16)
-    self._elec_t = jnp.asarray(inv_ff_fv[elec], self.dtype)      # (15, V)
-    self._elec_c = jnp.asarray(inv_ff_bf[elec], self.dtype)      # (15, 16)
+    self._rhs = jnp.asarray(-a_vf @ inv_ff_bf, self.dtype)  # (V, 16)
+    self._elec_t = jnp.asarray(inv_ff_fv[elec], self.dtype)  # (15, V)
+    self._elec_c = jnp.asarray(inv_ff_bf[elec], self.dtype)  # (15, 16)
     local = np.full(n, -1)
     local[v_nodes] = np.arange(len(v_nodes))
-    vt = local[tri[var]]                                         # (E_var, 3) local indices
+    vt = local[tri[var]]  # (E_var, 3) local indices
     self._var = jnp.asarray(np.flatnonzero(var), jnp.int32)
     self._ke = jnp.asarray(ke[var], self.dtype)
     self._rows = jnp.asarray(np.repeat(vt, 3, axis=1).reshape(-1), jnp.int32)
@@ -222,9 +241,15 @@ class VariableCEM:
   `CEM`. Electrode 15 is the ground; electrodes 16..31 (with `passive`) are the passive ones.
   """
 
-  def __init__(self, mesh: DiskMesh | None = None, passive: bool = False,
-               current: float = CURRENT, dtype=jnp.float32, support: np.ndarray | None = None,
-               sigma_bg: float = 1.0):
+  def __init__(
+    self,
+    mesh: DiskMesh | None = None,
+    passive: bool = False,
+    current: float = CURRENT,
+    dtype=jnp.float32,
+    support: np.ndarray | None = None,
+    sigma_bg: float = 1.0,
+  ):
     self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
     self.dtype = _checked_dtype(dtype)
     self.num_electrodes = ne = 2 * NUM_ELECTRODES if passive else NUM_ELECTRODES
@@ -239,8 +264,9 @@ class VariableCEM:
     np.add.at(a, (tri[fixed][:, :, None], tri[fixed][:, None, :]), sigma_bg * ke[fixed])
     schur = a[np.ix_(keep, keep)]
     if len(drop):
-      schur = schur - a[np.ix_(keep, drop)] @ np.linalg.solve(a[np.ix_(drop, drop)],
-                                                              a[np.ix_(drop, keep)])
+      schur = schur - a[np.ix_(keep, drop)] @ np.linalg.solve(
+        a[np.ix_(drop, drop)], a[np.ix_(drop, keep)]
+      )
     nv = len(keep)
     size = nv + ne - 1
     const = np.zeros((size, size))
@@ -249,10 +275,14 @@ class VariableCEM:
     local[keep] = np.arange(nv)
     vt = local[tri[var]]
     # electrode l's row; the ground (15) gets `size`, out of bounds: scatters drop it
-    erow = np.array([nv + l if l < NUM_ELECTRODES - 1 else
-                     (size if l == NUM_ELECTRODES - 1 else nv + l - 1) for l in range(ne)])
+    erow = np.array(
+      [
+        nv + l if l < NUM_ELECTRODES - 1 else (size if l == NUM_ELECTRODES - 1 else nv + l - 1)
+        for l in range(ne)
+      ]
+    )
     rhs = np.zeros((size, NUM_ELECTRODES))
-    rhs[erow[:NUM_ELECTRODES - 1]] = PROTOCOL.currents(current).T[:NUM_ELECTRODES - 1]
+    rhs[erow[: NUM_ELECTRODES - 1]] = PROTOCOL.currents(current).T[: NUM_ELECTRODES - 1]
     f = lambda x: jnp.asarray(x, self.dtype)
     i32 = lambda x: jnp.asarray(x, jnp.int32)
     self._const, self._rhs, self._ke = f(const), f(rhs), f(ke[var])
@@ -267,13 +297,22 @@ class VariableCEM:
   def system_matrix(self, sigma: jax.Array, system: dict[str, jax.Array]) -> jax.Array:
     """The SPD matrix (unknowns, unknowns) for element conductivities sigma (E,) and one
     system (`centres`, `half_widths`, `weights` (electrodes,))."""
-    zz, w, d = electrode_terms(self._theta, self._span, self._h, system["centres"],
-                               system["half_widths"], system["weights"], jnp)
+    zz, w, d = electrode_terms(
+      self._theta,
+      self._span,
+      self._h,
+      system["centres"],
+      system["half_widths"],
+      system["weights"],
+      jnp,
+    )
     bi, bj, er = self._bi, self._bj, self._erow
     m = self._const.at[self._rows, self._cols].add(
-        (sigma[self._var, None, None] * self._ke).reshape(-1))
+      (sigma[self._var, None, None] * self._ke).reshape(-1)
+    )
     m = m.at[jnp.concatenate([bi, bi, bj, bj]), jnp.concatenate([bi, bj, bi, bj])].add(
-        jnp.concatenate([zz[:, 0], zz[:, 1], zz[:, 1], zz[:, 2]]))
+      jnp.concatenate([zz[:, 0], zz[:, 1], zz[:, 1], zz[:, 2]])
+    )
     for k, nodes in ((0, bi), (1, bj)):
       rows = jnp.broadcast_to(nodes[:, None], w[:, k].shape)
       cols = jnp.broadcast_to(er[None, :], w[:, k].shape)
@@ -287,6 +326,7 @@ class VariableCEM:
     sigma = jnp.asarray(sigma, self.dtype)
     system = {k: jnp.asarray(v, self.dtype) for k, v in system.items()}
     x = _spd_solve(lambda: self.system_matrix(sigma, system), self._rhs)
-    u = jnp.concatenate([x[self._erow[:NUM_ELECTRODES - 1]],
-                         jnp.zeros((1, NUM_ELECTRODES), x.dtype)], 0)
+    u = jnp.concatenate(
+      [x[self._erow[: NUM_ELECTRODES - 1]], jnp.zeros((1, NUM_ELECTRODES), x.dtype)], 0
+    )
     return self._measure(u)

@@ -24,9 +24,9 @@ import numpy as np
 
 from cdeit_jax.common.errors import InputError
 
-IMAGE_SIZE = 128            # the label images' grid (CDEIT's data format)
-CONTACT_IMPEDANCE = 0.01    # the simulated system's contact impedance (reference conventions)
-CURRENT = 1e-3              # injected current (A) of the simulated system
+IMAGE_SIZE = 128  # the label images' grid (CDEIT's data format)
+CONTACT_IMPEDANCE = 0.01  # the simulated system's contact impedance (reference conventions)
+CURRENT = 1e-3  # injected current (A) of the simulated system
 
 # name -> (voltage_ratio, current_ratio): measured / simulated units (reference document).
 PRESETS = {"simulated": (1.0, 1.0), "uef2017": (1040.856, 2.0), "ktc2023": (1978.0, 2.0)}
@@ -39,6 +39,7 @@ class Protocol:
   pair touches no
   injecting electrode (EIDORS's convention; skip 0 is "adjacent"). Measurements are ordered by
   injection, then m: the CDEIT `ys` order."""
+
   num_electrodes: int = 16
   injection_skip: int = 0
   measurement_skip: int = 0
@@ -57,8 +58,7 @@ class Protocol:
 
   def _pairs(self) -> list[list[int]]:
     n, si, sm = self.num_electrodes, self.injection_skip + 1, self.measurement_skip + 1
-    return [[m for m in range(n) if not {m, (m + sm) % n} & {k, (k + si) % n}]
-            for k in range(n)]
+    return [[m for m in range(n) if not {m, (m + sm) % n} & {k, (k + si) % n}] for k in range(n)]
 
   @functools.cached_property
   def pairs(self) -> np.ndarray:
@@ -117,25 +117,30 @@ class Protocol:
 
 DEFAULT = Protocol()
 NUM_ELECTRODES = DEFAULT.num_electrodes
-NUM_MEASUREMENTS = DEFAULT.num_measurements     # 208
-STATS_SHAPE = DEFAULT.stats_shape               # (1, 16, 13)
+NUM_MEASUREMENTS = DEFAULT.num_measurements  # 208
+STATS_SHAPE = DEFAULT.stats_shape  # (1, 16, 13)
 
 
-def resolve_ratios(preset: str, voltage_ratio: float | None = None,
-                   current_ratio: float | None = None) -> tuple[float, float]:
+def resolve_ratios(
+  preset: str, voltage_ratio: float | None = None, current_ratio: float | None = None
+) -> tuple[float, float]:
   """(voltage_ratio, current_ratio) of a preset, each overridden where given."""
   if preset not in PRESETS and (voltage_ratio is None or current_ratio is None):
-    raise InputError(f"unknown data preset {preset!r}: use one of {sorted(PRESETS)}, or give both "
-                     "voltage_ratio and current_ratio")
+    raise InputError(
+      f"unknown data preset {preset!r}: use one of {sorted(PRESETS)}, or give both "
+      "voltage_ratio and current_ratio"
+    )
   v, c = PRESETS.get(preset, (None, None))
-  return float(voltage_ratio if voltage_ratio is not None else v), \
-      float(current_ratio if current_ratio is not None else c)
+  return float(voltage_ratio if voltage_ratio is not None else v), float(
+    current_ratio if current_ratio is not None else c
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class Units:
   """A data set's units against the simulator's: the preset's name (or the user's own name with
   both ratios), its voltage ratio and current ratio (measured / simulated)."""
+
   name: str
   voltage_ratio: float
   current_ratio: float
@@ -146,8 +151,11 @@ class Units:
     return self.current_ratio / self.voltage_ratio
 
 
-def units(preset: str | Units = "simulated", voltage_ratio: float | None = None,
-          current_ratio: float | None = None) -> Units:
+def units(
+  preset: str | Units = "simulated",
+  voltage_ratio: float | None = None,
+  current_ratio: float | None = None,
+) -> Units:
   """The `Units` of a preset (`PRESETS`), each ratio overridden where given; a `Units` as it is."""
   if isinstance(preset, Units):
     if voltage_ratio is not None or current_ratio is not None:
@@ -161,10 +169,12 @@ def standardise(ys, voltage_ratio: float, mean, std, protocol: Protocol = DEFAUL
   measured `ys` (..., measurements[, 1]): scaled = ys / voltage_ratio (simulation units), then
   (scaled - mean) / std. Keeps the input's float type (float32 throughout, numpy or jax)."""
   shape = protocol.stats_shape[1:]
-  ys = ys.reshape(*ys.shape[:-2], *shape) if ys.shape[-1] == 1 and ys.ndim >= 2 and \
-      ys.shape[-2] == protocol.num_measurements else ys.reshape(*ys.shape[:-1], *shape)
-  scaled = ys / ys.dtype.type(voltage_ratio) if isinstance(ys, np.ndarray) else \
-      ys / voltage_ratio
+  ys = (
+    ys.reshape(*ys.shape[:-2], *shape)
+    if ys.shape[-1] == 1 and ys.ndim >= 2 and ys.shape[-2] == protocol.num_measurements
+    else ys.reshape(*ys.shape[:-1], *shape)
+  )
+  scaled = ys / ys.dtype.type(voltage_ratio) if isinstance(ys, np.ndarray) else ys / voltage_ratio
   return (scaled - mean.reshape(shape)) / std.reshape(shape), scaled
 
 
@@ -200,14 +210,14 @@ class RunningStats:
     n = len(x)
     if not n:
       return
-    if self.count == 0:    # the first batch: two passes over it
+    if self.count == 0:  # the first batch: two passes over it
       self._mean = x.mean(0)
       self._m2 = ((x - self._mean) ** 2).sum(0)
-    elif n == 1:           # Welford's update
+    elif n == 1:  # Welford's update
       delta = x[0] - self._mean
       self._mean = self._mean + delta / (self.count + 1)
       self._m2 = self._m2 + delta * (x[0] - self._mean)
-    else:                  # Chan et al.'s merge of two partial results
+    else:  # Chan et al.'s merge of two partial results
       mean = x.mean(0)
       total = self.count + n
       delta = mean - self._mean

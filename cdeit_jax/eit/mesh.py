@@ -23,20 +23,21 @@ from cdeit_jax.eit.measurement import NUM_ELECTRODES
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
   """Mesh resolution. The defaults give ~2.3k nodes; see tests/test_eit.py for its accuracy."""
-  width_deg: float = 4.0          # electrode angular width
-  electrode_edges: int = 4        # boundary edges per electrode
-  gap_edges: int = 12             # boundary edges between two electrodes (graded)
-  h_interior: float = 0.075       # edge length deep inside
-  refine_depth: float = 0.35      # depth over which the size grows from the boundary's to
-                                  # h_interior
+
+  width_deg: float = 4.0  # electrode angular width
+  electrode_edges: int = 4  # boundary edges per electrode
+  gap_edges: int = 12  # boundary edges between two electrodes (graded)
+  h_interior: float = 0.075  # edge length deep inside
+  refine_depth: float = 0.35  # depth over which the size grows from the boundary's to
+  # h_interior
 
 
 @dataclasses.dataclass(frozen=True)
 class DiskMesh:
-  nodes: np.ndarray          # (N, 2) float64
-  triangles: np.ndarray      # (E, 3) int32, counter-clockwise
-  boundary: np.ndarray       # (B,) node indices of the boundary ring, counter-clockwise
-  electrode_edges: tuple     # per electrode: (k, 2) node index pairs of its boundary edges
+  nodes: np.ndarray  # (N, 2) float64
+  triangles: np.ndarray  # (E, 3) int32, counter-clockwise
+  boundary: np.ndarray  # (B,) node indices of the boundary ring, counter-clockwise
+  electrode_edges: tuple  # per electrode: (k, 2) node index pairs of its boundary edges
   spec: MeshSpec
 
   @property
@@ -58,11 +59,11 @@ class DiskMesh:
     bary = []
     for i in range(n):
       for j in range(n - i):
-        bary.append(((i + 1 / 3) / n, (j + 1 / 3) / n))           # upward sub-triangle
+        bary.append(((i + 1 / 3) / n, (j + 1 / 3) / n))  # upward sub-triangle
         if i + j < n - 1:
-          bary.append(((i + 2 / 3) / n, (j + 2 / 3) / n))         # downward one
-    b = np.array(bary)                                      # (n*n, 2): weights of vertices 1, 2
-    w = np.concatenate([1 - b.sum(1, keepdims=True), b], 1)       # (n*n, 3)
+          bary.append(((i + 2 / 3) / n, (j + 2 / 3) / n))  # downward one
+    b = np.array(bary)  # (n*n, 2): weights of vertices 1, 2
+    w = np.concatenate([1 - b.sum(1, keepdims=True), b], 1)  # (n*n, 3)
     return np.einsum("sk,ekd->esd", w, self.nodes[self.triangles])
 
 
@@ -99,9 +100,9 @@ def _boundary_angles(spec: MeshSpec) -> tuple[np.ndarray, np.ndarray]:
 def make_mesh(spec: MeshSpec = MeshSpec()) -> DiskMesh:
   theta, owner = _boundary_angles(spec)
   order = np.argsort(theta, kind="stable")
-  theta, owner = theta[order], owner[order]       # owner[i]: electrode of edge (i, i+1)
+  theta, owner = theta[order], owner[order]  # owner[i]: electrode of edge (i, i+1)
   pts = [np.stack([np.cos(theta), np.sin(theta)], 1)]
-  h_b = 2 * np.pi / len(theta)                    # mean boundary spacing
+  h_b = 2 * np.pi / len(theta)  # mean boundary spacing
   size = lambda r: h_b + (spec.h_interior - h_b) * min(1.0, (1 - r) / spec.refine_depth)
   r, ring = 1.0, 0
   while True:
@@ -116,12 +117,16 @@ def make_mesh(spec: MeshSpec = MeshSpec()) -> DiskMesh:
   nodes = np.concatenate(pts)
   tri = Delaunay(nodes, qhull_options="Qbb Qc Qz Q12").simplices
   p = nodes[tri]
-  area = 0.5 * ((p[:, 1, 0] - p[:, 0, 0]) * (p[:, 2, 1] - p[:, 0, 1])
-                - (p[:, 1, 1] - p[:, 0, 1]) * (p[:, 2, 0] - p[:, 0, 0]))
+  area = 0.5 * (
+    (p[:, 1, 0] - p[:, 0, 0]) * (p[:, 2, 1] - p[:, 0, 1])
+    - (p[:, 1, 1] - p[:, 0, 1]) * (p[:, 2, 0] - p[:, 0, 0])
+  )
   tri = np.where((area < 0)[:, None], tri[:, [0, 2, 1]], tri)
   tri = tri[np.abs(area) > 1e-12].astype(np.int32)
   b = len(theta)
   boundary = np.arange(b)
-  edges = tuple(np.array([(i, (i + 1) % b) for i in range(b) if owner[i] == l], np.int32)
-                for l in range(NUM_ELECTRODES))
+  edges = tuple(
+    np.array([(i, (i + 1) % b) for i in range(b) if owner[i] == l], np.int32)
+    for l in range(NUM_ELECTRODES)
+  )
   return DiskMesh(nodes=nodes, triangles=tri, boundary=boundary, electrode_edges=edges, spec=spec)

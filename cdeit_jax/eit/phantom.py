@@ -31,14 +31,24 @@ STAR_DEPTH = (0.2, 0.5)
 
 def _shape_b(kind, a, aspect, depth, spec: PhantomSpec, xp=jnp):
   """The row's `b` for each kind (0 where the kind has none)."""
-  return xp.select([kind == KINDS.index("ellipse"), kind == KINDS.index("annulus"),
-                    kind == KINDS.index("rectangle"), kind == KINDS.index("star")],
-                   [aspect * a, xp.full_like(a, spec.annulus_inner), aspect, depth], 0.0)
+  return xp.select(
+    [
+      kind == KINDS.index("ellipse"),
+      kind == KINDS.index("annulus"),
+      kind == KINDS.index("rectangle"),
+      kind == KINDS.index("star"),
+    ],
+    [aspect * a, xp.full_like(a, spec.annulus_inner), aspect, depth],
+    0.0,
+  )
 
 
 def _shape_p(kind, sides, xp=jnp):
-  return xp.select([kind == KINDS.index("polygon"), kind == KINDS.index("star")],
-                   [sides, xp.minimum(sides, MAX_SIDES - 1)], 0).astype(xp.float32)
+  return xp.select(
+    [kind == KINDS.index("polygon"), kind == KINDS.index("star")],
+    [sides, xp.minimum(sides, MAX_SIDES - 1)],
+    0,
+  ).astype(xp.float32)
 
 
 def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
@@ -56,7 +66,7 @@ def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
   kinds = jnp.asarray(spec.kind_ids(), jnp.int32)
   k_n, k_rest = jax.random.split(key)
   n = jax.random.randint(k_n, (), spec.min_inclusions, spec.max_inclusions + 1)
-  rows, placed = [], []                               # placed: (cx, cy, a, active) so far
+  rows, placed = [], []  # placed: (cx, cy, a, active) so far
   growing = jnp.bool_(True)
   for i in range(MAX_INCLUSIONS):
     ks = jax.random.split(jax.random.fold_in(k_rest, i), 11)
@@ -67,21 +77,33 @@ def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
     sides = jax.random.randint(ks[9], (TRIES,), 3, MAX_SIDES + 1)
     b = _shape_b(kind, a, aspect, depth, spec)
     wall = jax.random.bernoulli(ks[10], spec.near_wall, (TRIES,))
-    rho = (spec.max_radius - a) * jnp.where(wall, 1.0,
-                                            jnp.sqrt(jax.random.uniform(ks[3], (TRIES,))))
+    rho = (spec.max_radius - a) * jnp.where(
+      wall, 1.0, jnp.sqrt(jax.random.uniform(ks[3], (TRIES,)))
+    )
     phi = jax.random.uniform(ks[4], (TRIES,), maxval=2 * np.pi)
     cx, cy = rho * jnp.cos(phi), rho * jnp.sin(phi)
     ok = jnp.ones((TRIES,), bool)
     for px, py, pa, pactive in placed:
       ok &= ~pactive | (jnp.hypot(cx - px, cy - py) >= a + pa + spec.separation)
-    j = jnp.argmax(ok)                                # the first acceptable candidate
+    j = jnp.argmax(ok)  # the first acceptable candidate
     active = growing & (i < n) & ok[j]
     growing = active
     angle = jax.random.uniform(ks[5], (), maxval=2 * np.pi)
     sign = jnp.where(jax.random.bernoulli(ks[6]), 1.0, -1.0)
     v = sign * jax.random.uniform(ks[7], (), minval=spec.v_min, maxval=spec.v_max)
-    row = jnp.stack([1.0, kind[j].astype(jnp.float32), cx[j], cy[j], a[j], b[j], angle, v,
-                     _shape_p(kind[j], sides[j])])
+    row = jnp.stack(
+      [
+        1.0,
+        kind[j].astype(jnp.float32),
+        cx[j],
+        cy[j],
+        a[j],
+        b[j],
+        angle,
+        v,
+        _shape_p(kind[j], sides[j]),
+      ]
+    )
     rows.append(jnp.where(active, row, 0.0))
     placed.append((cx[j], cy[j], a[j], active))
   return jnp.stack(rows).astype(jnp.float32)
@@ -93,7 +115,7 @@ def random_params(rng: np.random.Generator, spec: PhantomSpec = PhantomSpec()) -
   kinds = spec.kind_ids()
   out = np.zeros((MAX_INCLUSIONS, ROW))
   n = rng.integers(spec.min_inclusions, spec.max_inclusions + 1)
-  placed = []                                       # (cx, cy, bounding radius)
+  placed = []  # (cx, cy, bounding radius)
   for i in range(n):
     for _ in range(TRIES):
       kind = kinds[rng.integers(len(kinds))]
@@ -109,7 +131,7 @@ def random_params(rng: np.random.Generator, spec: PhantomSpec = PhantomSpec()) -
       if all(np.hypot(cx - x, cy - y) >= a + r + spec.separation for x, y, r in placed):
         break
     else:
-      break                                         # no room left: fewer inclusions
+      break  # no room left: fewer inclusions
     angle = rng.uniform(0, 2 * np.pi)
     v = rng.choice([-1.0, 1.0]) * rng.uniform(spec.v_min, spec.v_max)
     placed.append((cx, cy, a))
@@ -126,12 +148,12 @@ def label_at(params: jax.Array, points: jax.Array) -> jax.Array:
     dx, dy = x - cx, y - cy
     r = jnp.hypot(dx, dy)
     ca, sa = jnp.cos(ang), jnp.sin(ang)
-    u, w = ca * dx + sa * dy, -sa * dx + ca * dy             # rotated frame
+    u, w = ca * dx + sa * dy, -sa * dx + ca * dy  # rotated frame
     disc = r <= a
     ellipse = (u / a) ** 2 + (w / jnp.maximum(b, 1e-6)) ** 2 <= 1
     half = disc & (u >= 0)
     annulus = disc & (r >= b * a)
-    hx = a / jnp.sqrt(1 + b * b)                             # rectangle half-sides, corners at a
+    hx = a / jnp.sqrt(1 + b * b)  # rectangle half-sides, corners at a
     hy = b * hx
     rc = 0.25 * hy
     qx, qy = jnp.maximum(jnp.abs(u) - (hx - rc), 0), jnp.maximum(jnp.abs(w) - (hy - rc), 0)
@@ -145,11 +167,15 @@ def label_at(params: jax.Array, points: jax.Array) -> jax.Array:
       polygon &= (k >= n) | (u * jnp.cos(t) + w * jnp.sin(t) <= a * jnp.cos(np.pi / n))
     # star: cos(n phi) as the Chebyshev polynomial T_n of cos(phi) = u / r
     c = u / jnp.maximum(r, 1e-12)
-    cheb = jnp.select([n == 3, n == 4], [4 * c ** 3 - 3 * c, 8 * c ** 4 - 8 * c ** 2 + 1],
-                      16 * c ** 5 - 20 * c ** 3 + 5 * c)
+    cheb = jnp.select(
+      [n == 3, n == 4], [4 * c**3 - 3 * c, 8 * c**4 - 8 * c**2 + 1], 16 * c**5 - 20 * c**3 + 5 * c
+    )
     star = r <= a * (1 - b * (1 - cheb) / 2)
-    inside = jnp.select([kind == k for k in range(len(KINDS))],
-                        [disc, ellipse, half, annulus, rect, polygon, star], False)
+    inside = jnp.select(
+      [kind == k for k in range(len(KINDS))],
+      [disc, ellipse, half, annulus, rect, polygon, star],
+      False,
+    )
     out = jnp.where(inside & (active > 0), v, out)
   return jnp.where(x * x + y * y <= 1, out, 0.0)
 
@@ -176,8 +202,9 @@ def render_image(params: jax.Array, supersample: int = 4, size: int = IMAGE_SIZE
   return label_at(params, pts).mean(-1)
 
 
-def element_conductivity(params: jax.Array, sample_points: jax.Array,
-                         sigma_bg: float = 1.0) -> jax.Array:
+def element_conductivity(
+  params: jax.Array, sample_points: jax.Array, sigma_bg: float = 1.0
+) -> jax.Array:
   """(E,) partial-volume conductivity: sigma_bg * 10^label averaged over each triangle's points."""
   return sigma_bg * jnp.mean(10.0 ** label_at(params, sample_points), axis=-1)
 

@@ -32,15 +32,20 @@ def add_noise(v: jax.Array, snr_db: float, key: jax.Array) -> jax.Array:
 class Simulator:
   """A CEM forward model plus the maps from label images and phantoms to its elements."""
 
-  def __init__(self, mesh_spec: MeshSpec = MeshSpec(),
-               contact_impedance: float = CONTACT_IMPEDANCE,
-               sigma_bg: float = 1.0, dtype=jnp.float32, samples_per_edge: int = 8):
+  def __init__(
+    self,
+    mesh_spec: MeshSpec = MeshSpec(),
+    contact_impedance: float = CONTACT_IMPEDANCE,
+    sigma_bg: float = 1.0,
+    dtype=jnp.float32,
+    samples_per_edge: int = 8,
+  ):
     self.mesh = make_mesh(mesh_spec)
     self._cem_args = dict(contact_impedance=contact_impedance, dtype=dtype, sigma_bg=sigma_bg)
     self.cem = CEM(self.mesh, **self._cem_args)
     self.dtype = self.cem.dtype
     self.sigma_bg = float(sigma_bg)
-    pts = self.mesh.sample_points(samples_per_edge)                   # (E, S, 2)
+    pts = self.mesh.sample_points(samples_per_edge)  # (E, S, 2)
     self.sample_points = jnp.asarray(pts, self.dtype)
     self.pixel_index = jnp.asarray(ph.pixel_index(pts), jnp.int32)  # (E, S)
     self._vh = None
@@ -51,7 +56,8 @@ class Simulator:
     if self._vh is None:
       with jax.ensure_compile_time_eval():  # computed once, also when first asked under a trace
         self._vh = jax.jit(self.cem.voltages)(
-            jnp.full((self.mesh.num_elements,), self.sigma_bg, self.dtype))
+          jnp.full((self.mesh.num_elements,), self.sigma_bg, self.dtype)
+        )
     return self._vh
 
   def image_conductivity(self, xs: jax.Array) -> jax.Array:
@@ -62,8 +68,9 @@ class Simulator:
   def phantom_conductivity(self, params: jax.Array) -> jax.Array:
     """(..., E) element conductivities of phantoms (..., MAX_INCLUSIONS, ROW)."""
     if params.shape[-1] != ROW:
-      raise InputError(f"phantom parameters must have {ROW} columns (eit.phantom), got "
-                       f"{params.shape}")
+      raise InputError(
+        f"phantom parameters must have {ROW} columns (eit.phantom), got {params.shape}"
+      )
     fn = lambda p: ph.element_conductivity(p, self.sample_points, self.sigma_bg)
     p = jnp.asarray(params, self.dtype)
     return jax.vmap(fn)(p.reshape(-1, *p.shape[-2:])).reshape(*p.shape[:-2], -1)
@@ -76,8 +83,13 @@ class Simulator:
     with jax.ensure_compile_time_eval():  # constants, also when first built under a trace
       return CEM(self.mesh, support=r <= max_radius, **self._cem_args)
 
-  def difference(self, sigma: jax.Array, snr_db: float | None = None,
-                 key: jax.Array | None = None, cem: CEM | None = None) -> jax.Array:
+  def difference(
+    self,
+    sigma: jax.Array,
+    snr_db: float | None = None,
+    key: jax.Array | None = None,
+    cem: CEM | None = None,
+  ) -> jax.Array:
     """ys (..., 208) for element conductivities (..., E); with snr_db, noise on both vectors
     from `key` (one key, or one per example for batch-independent noise)."""
     vi = (cem or self.cem).voltages(sigma)
@@ -92,8 +104,10 @@ class Simulator:
     if key.shape != vi.shape[:-1]:
       raise InputError(f"key must be one key or one per example {vi.shape[:-1]}, got {key.shape}")
     # one key per example: its noise does not depend on which batch it is computed in
-    noisy = lambda a, b, k: (add_noise(a, snr_db, jax.random.fold_in(k, 0))
-                             - add_noise(b, snr_db, jax.random.fold_in(k, 1)))
+    noisy = lambda a, b, k: (
+      add_noise(a, snr_db, jax.random.fold_in(k, 0))
+      - add_noise(b, snr_db, jax.random.fold_in(k, 1))
+    )
     flat = lambda a: a.reshape(-1, a.shape[-1])
     return jax.vmap(noisy)(flat(vi), flat(vh), key.reshape(-1)).reshape(vi.shape)
 
@@ -104,12 +118,18 @@ class Simulator:
     r = np.hypot(*np.moveaxis(np.asarray(self.sample_points, np.float64), -1, 0)).min(-1)
     support = None if max_radius >= 1 else r <= max_radius
     with jax.ensure_compile_time_eval():
-      return VariableCEM(self.mesh, passive=passive, dtype=self.dtype, support=support,
-                         sigma_bg=self.sigma_bg)
+      return VariableCEM(
+        self.mesh, passive=passive, dtype=self.dtype, support=support, sigma_bg=self.sigma_bg
+      )
 
-  def system_difference(self, sigma: jax.Array, systems: dict[str, jax.Array],
-                        snr_db: float | None = None, keys: jax.Array | None = None,
-                        max_radius: float = 1.0) -> jax.Array:
+  def system_difference(
+    self,
+    sigma: jax.Array,
+    systems: dict[str, jax.Array],
+    snr_db: float | None = None,
+    keys: jax.Array | None = None,
+    max_radius: float = 1.0,
+  ) -> jax.Array:
     """ys (B, 208) for element conductivities (B, E), each example measured by its own system
     (`eit.system.draw`, leading axis B): the gain on both vectors, then (with snr_db) noise at
     snr_db + the system's offset on each, from the example's key (one per example)."""
@@ -125,35 +145,45 @@ class Simulator:
       if snr_db is None:
         return vi - vh
       snr = snr_db + system["snr_offset_db"]
-      return (add_noise(vi, snr, jax.random.fold_in(key, 0))
-              - add_noise(vh, snr, jax.random.fold_in(key, 1)))
+      return add_noise(vi, snr, jax.random.fold_in(key, 0)) - add_noise(
+        vh, snr, jax.random.fold_in(key, 1)
+      )
+
     if keys is None:
       keys = jnp.zeros(sigma.shape[:1], jnp.uint32)
     return jax.vmap(one)(jnp.asarray(sigma, self.dtype), systems, keys)
 
   @functools.partial(jax.jit, static_argnames=("self", "snr_db"))
-  def image_voltages(self, xs: jax.Array, snr_db: float | None = None,
-                     key: jax.Array | None = None) -> jax.Array:
+  def image_voltages(
+    self, xs: jax.Array, snr_db: float | None = None, key: jax.Array | None = None
+  ) -> jax.Array:
     """ys (..., 208) of label images (..., 128, 128), sigma = sigma_bg * 10^xs pixel-wise."""
     return self.difference(self.image_conductivity(xs), snr_db, key)
 
   @functools.partial(jax.jit, static_argnames=("self", "snr_db", "max_radius"))
-  def phantom_voltages(self, params: jax.Array, snr_db: float | None = None,
-                       key: jax.Array | None = None, max_radius: float = 1.0) -> jax.Array:
+  def phantom_voltages(
+    self,
+    params: jax.Array,
+    snr_db: float | None = None,
+    key: jax.Array | None = None,
+    max_radius: float = 1.0,
+  ) -> jax.Array:
     """ys (..., 208) of phantoms (..., MAX_INCLUSIONS, 8) lying inside |p| <= max_radius."""
     cem = self.support_cem(max_radius) if max_radius < 1 else self.cem
     return self.difference(self.phantom_conductivity(params), snr_db, key, cem)
 
 
 @functools.lru_cache(maxsize=4)
-def default_simulator(dtype: str = "float32",
-                      contact_impedance: float = CONTACT_IMPEDANCE) -> Simulator:
+def default_simulator(
+  dtype: str = "float32", contact_impedance: float = CONTACT_IMPEDANCE
+) -> Simulator:
   """One shared instance per setting (its jitted functions compile once per process)."""
   return Simulator(dtype=dtype, contact_impedance=contact_impedance)
 
 
-def simulate_voltages(xs_images, snr_db: float | None = None, key: jax.Array | None = None,
-                      dtype: str = "float32") -> jax.Array:
+def simulate_voltages(
+  xs_images, snr_db: float | None = None, key: jax.Array | None = None, dtype: str = "float32"
+) -> jax.Array:
   """Difference voltages (B, 208) of label images (B, 128, 128) (sigma = 10^xs pixel-wise,
   I = 1 mA, sigma_bg = 1, 4-degree electrodes, contact impedance `CONTACT_IMPEDANCE`); noise-free
   when snr_db is None, else white noise at snr_db on the homogeneous and the inhomogeneous vectors

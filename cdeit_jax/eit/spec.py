@@ -15,25 +15,26 @@ from cdeit_jax.common.errors import InputError
 MAX_INCLUSIONS = 6
 ROW = 9  # a phantom row: [active, kind, cx, cy, a, b, angle, v, p]
 KINDS = ("disc", "ellipse", "half_disc", "annulus", "rectangle", "polygon", "star")
-MAX_SIDES = 6   # polygons have 3..MAX_SIDES sides; stars 3..MAX_SIDES - 1 lobes
+MAX_SIDES = 6  # polygons have 3..MAX_SIDES sides; stars 3..MAX_SIDES - 1 lobes
 
 
 @dataclasses.dataclass(frozen=True)
 class PhantomSpec:
   """Distribution of random phantoms (sizes in units of the disk radius). Every kind's bounding
   circle has radius `a` (the placement keeps those circles apart)."""
+
   min_inclusions: int = 1
   max_inclusions: int = 5
-  min_size: float = 0.12         # bounding radius a
+  min_size: float = 0.12  # bounding radius a
   max_size: float = 0.45
-  min_aspect: float = 0.4        # ellipse minor / major; rectangle short / long side
-  annulus_inner: float = 0.6     # annulus inner radius ratio (the authors' recipe)
-  max_radius: float = 0.95       # every inclusion lies inside |p| <= max_radius
-  v_min: float = 0.5             # |label| range: sigma = 10^v, v in +-[v_min, v_max]
+  min_aspect: float = 0.4  # ellipse minor / major; rectangle short / long side
+  annulus_inner: float = 0.6  # annulus inner radius ratio (the authors' recipe)
+  max_radius: float = 0.95  # every inclusion lies inside |p| <= max_radius
+  v_min: float = 0.5  # |label| range: sigma = 10^v, v in +-[v_min, v_max]
   v_max: float = 1.0
-  separation: float = 0.03       # minimum gap between inclusions' bounding circles
-  near_wall: float = 0.25        # fraction of candidate placements touching |p| = max_radius
-  kinds: str = ",".join(KINDS)   # the kinds drawn (uniformly), comma-separated
+  separation: float = 0.03  # minimum gap between inclusions' bounding circles
+  near_wall: float = 0.25  # fraction of candidate placements touching |p| = max_radius
+  kinds: str = ",".join(KINDS)  # the kinds drawn (uniformly), comma-separated
 
   def kind_ids(self) -> tuple[int, ...]:
     names = [k.strip() for k in str(self.kinds).split(",") if k.strip()]
@@ -80,34 +81,48 @@ class SystemSpec:
 
   In 2-D the radius and the background only enter as the contact impedance z / (radius sigma_bg)
   and the voltage scale 1 / sigma_bg (`cdeit_jax.eit.system`), so they are cheap."""
-  gain: tuple = (0.8, 1.4)                    # voltage amplitude factor (the device's calibration)
-  contact_impedance: tuple = (0.003, 0.1)     # per electrode, drawn independently
-  rotation_deg: float = 4.0                   # all electrodes turned by +-this
-  jitter_deg: float = 1.5                     # each electrode's centre moved by +-this
-  width_deg: tuple = (3.0, 12.0)              # electrode width, one per example
-  width_jitter: float = 0.15                  # each electrode's width times 1 +- this
-  passive: float = 0.3                        # probability of a passive (floating) electrode in
-                                              # every gap (a 32-electrode tank driven on 16)
-  radius: tuple = (0.9, 1.1)                  # tank radius / the unit disk's
-  background: tuple = (0.7, 1.4)              # background conductivity / sigma_bg
-  snr_spread_db: float = 10.0                 # SNR uniform in snr_db +- this
-  device_seed: int = -1                       # >= 0: every example is measured by the one
-                                              # system drawn from this seed (one device)
+
+  gain: tuple = (0.8, 1.4)  # voltage amplitude factor (the device's calibration)
+  contact_impedance: tuple = (0.003, 0.1)  # per electrode, drawn independently
+  rotation_deg: float = 4.0  # all electrodes turned by +-this
+  jitter_deg: float = 1.5  # each electrode's centre moved by +-this
+  width_deg: tuple = (3.0, 12.0)  # electrode width, one per example
+  width_jitter: float = 0.15  # each electrode's width times 1 +- this
+  passive: float = 0.3  # probability of a passive (floating) electrode in
+  # every gap (a 32-electrode tank driven on 16)
+  radius: tuple = (0.9, 1.1)  # tank radius / the unit disk's
+  background: tuple = (0.7, 1.4)  # background conductivity / sigma_bg
+  snr_spread_db: float = 10.0  # SNR uniform in snr_db +- this
+  device_seed: int = -1  # >= 0: every example is measured by the one
+  # system drawn from this seed (one device)
 
   @classmethod
   def nominal(cls, width_deg: float = 4.0) -> SystemSpec:
-    return cls(gain=(1.0, 1.0), contact_impedance=(0.0, 0.0), rotation_deg=0.0, jitter_deg=0.0,
-               width_deg=(width_deg, width_deg), width_jitter=0.0, passive=0.0,
-               radius=(1.0, 1.0), background=(1.0, 1.0), snr_spread_db=0.0, device_seed=-1)
+    return cls(
+      gain=(1.0, 1.0),
+      contact_impedance=(0.0, 0.0),
+      rotation_deg=0.0,
+      jitter_deg=0.0,
+      width_deg=(width_deg, width_deg),
+      width_jitter=0.0,
+      passive=0.0,
+      radius=(1.0, 1.0),
+      background=(1.0, 1.0),
+      snr_spread_db=0.0,
+      device_seed=-1,
+    )
 
   def is_nominal(self, width_deg: float = 4.0) -> bool:
     """Whether every example sees the same system as the mesh's nominal one (the fast path).
     contact_impedance (0, 0) means `config.simulator.contact_impedance`."""
     n = self.nominal(width_deg)
-    return all(tuple(getattr(self, f.name)) == tuple(getattr(n, f.name))
-               if isinstance(getattr(n, f.name), tuple) else
-               getattr(self, f.name) == getattr(n, f.name)
-               for f in dataclasses.fields(self) if f.name != "device_seed")
+    return all(
+      tuple(getattr(self, f.name)) == tuple(getattr(n, f.name))
+      if isinstance(getattr(n, f.name), tuple)
+      else getattr(self, f.name) == getattr(n, f.name)
+      for f in dataclasses.fields(self)
+      if f.name != "device_seed"
+    )
 
   def validate(self) -> None:
     _range(self, "gain", 1e-6)
@@ -117,12 +132,18 @@ class SystemSpec:
     _range(self, "width_deg", 0.5, 20.0)
     _range(self, "radius", 1e-3)
     _range(self, "background", 1e-6)
-    for name, hi in (("rotation_deg", 180.0), ("jitter_deg", 2.5), ("width_jitter", 0.5),
-                     ("passive", 1.0), ("snr_spread_db", 60.0)):
+    for name, hi in (
+      ("rotation_deg", 180.0),
+      ("jitter_deg", 2.5),
+      ("width_jitter", 0.5),
+      ("passive", 1.0),
+      ("snr_spread_db", 60.0),
+    ):
       v = getattr(self, name)
       if not (isinstance(v, (int, float)) and 0 <= v <= hi):
         raise InputError(f"{name}={v!r}: need 0 <= {name} <= {hi}")
     if not (isinstance(self.device_seed, int) and self.device_seed >= -1):
-      raise InputError(f"device_seed={self.device_seed!r}: need an integer >= 0, or -1 for a "
-                       "system per example")
+      raise InputError(
+        f"device_seed={self.device_seed!r}: need an integer >= 0, or -1 for a system per example"
+      )
     # Widths are clipped per example so that neighbours keep a gap (`eit.system.draw`).

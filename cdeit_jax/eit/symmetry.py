@@ -27,14 +27,16 @@ GROUP = tuple((q, m) for m in (False, True) for q in range(4))  # (quarter turns
 
 
 @functools.lru_cache(maxsize=64)
-def permutation(quarter_turns: int, mirrored: bool,
-                protocol: measurement.Protocol = measurement.DEFAULT) -> np.ndarray:
+def permutation(
+  quarter_turns: int, mirrored: bool, protocol: measurement.Protocol = measurement.DEFAULT
+) -> np.ndarray:
   """Index p with `ys[..., p]` the voltages of the tank mirrored (first, if `mirrored`) and
   turned clockwise by `quarter_turns` quarter turns, for `ys` in the protocol's order."""
   n = protocol.num_electrodes
   if n % 4:
-    raise InputError(f"protocol {protocol}: quarter turns need a number of electrodes divisible "
-                     "by 4")
+    raise InputError(
+      f"protocol {protocol}: quarter turns need a number of electrodes divisible by 4"
+    )
   shift, sign = quarter_turns * n // 4, -1 if mirrored else 1
   di, dm = protocol.injection_skip + 1, protocol.measurement_skip + 1
 
@@ -43,8 +45,9 @@ def permutation(quarter_turns: int, mirrored: bool,
     mirrored pair runs the other way round, so it starts at the image of e + d."""
     return (sign * (e if sign > 0 else e + d) + shift) % n
 
-  where = {(k, m): i for i, (k, m) in enumerate(
-      (k, m) for k in range(n) for m in protocol.pairs[k])}
+  where = {
+    (k, m): i for i, (k, m) in enumerate((k, m) for k in range(n) for m in protocol.pairs[k])
+  }
   p = np.empty(len(where), np.int32)
   for (k, m), i in where.items():
     p[where[first(k, di), first(m, dm)]] = i
@@ -72,8 +75,13 @@ def image_back(xs, quarter_turns: int, mirrored: bool):
   return xp.flip(xs, axes[1]) if mirrored else xs
 
 
-def turn_conditions(cond: jax.Array, element: jax.Array, mean: np.ndarray, std: np.ndarray,
-                    protocol: measurement.Protocol = measurement.DEFAULT) -> jax.Array:
+def turn_conditions(
+  cond: jax.Array,
+  element: jax.Array,
+  mean: np.ndarray,
+  std: np.ndarray,
+  protocol: measurement.Protocol = measurement.DEFAULT,
+) -> jax.Array:
   """EIM conditions (B, n, n, 1), standardised with (mean, std), of the tanks turned by
   `GROUP[element]` (B,): the voltages read back, permuted, standardised again (exact: the
   statistics need not be symmetric)."""
@@ -104,7 +112,13 @@ class Augment:
       return ex
     ys = ex["ys"][permutation(q, m)]
     src = self.source
-    cond, v, scaled = measurement.condition(ys * np.float32(src.voltage_ratio), src.voltage_ratio,
-                                            src.mean, src.std)
-    return {**ex, "cond": cond, "voltages": v, "ys": scaled,
-            "target": np.ascontiguousarray(image(ex["target"], q, m))}
+    cond, v, scaled = measurement.condition(
+      ys * np.float32(src.voltage_ratio), src.voltage_ratio, src.mean, src.std
+    )
+    return {
+      **ex,
+      "cond": cond,
+      "voltages": v,
+      "ys": scaled,
+      "target": np.ascontiguousarray(image(ex["target"], q, m)),
+    }

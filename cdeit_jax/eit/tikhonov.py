@@ -30,7 +30,7 @@ from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE
 from cdeit_jax.eit.mesh import MeshSpec
 from cdeit_jax.eit.simulator import Simulator, default_simulator
 
-DEFAULT_ALPHA = 0.1    # with noser_exponent 0.5: best RMSE on 128 simulated validation phantoms
+DEFAULT_ALPHA = 0.1  # with noser_exponent 0.5: best RMSE on 128 simulated validation phantoms
 NOSER_EXPONENT = 0.5
 log = logging.getLogger("cdeit_jax.eit")
 
@@ -62,9 +62,11 @@ def _default_jacobian(contact_impedance: float) -> np.ndarray:
   with jax.ensure_compile_time_eval():  # concrete also when first asked under a trace
     jac = jacobian(default_simulator(contact_impedance=contact_impedance))
   if path is not None:
+
     def save(p):
       with open(p, "wb") as fh:  # a handle: np.save would append ".npy" to the temporary name
         np.save(fh, jac)
+
     try:
       fileio.makedirs(fileio.dirname(path))
       fileio.atomic_write(path, save)
@@ -75,6 +77,7 @@ def _default_jacobian(contact_impedance: float) -> np.ndarray:
 
 def _jacobian_file(contact_impedance: float) -> str | None:
   from cdeit_jax.common import compile_cache
+
   folder = compile_cache.folder()
   if folder is None:
     return None
@@ -97,8 +100,13 @@ def weighted_system(jac: np.ndarray, noser_exponent: float = NOSER_EXPONENT):
 class Tikhonov:
   """Reconstruction matrix of one simulator; call it on ys (..., 208) in simulation units."""
 
-  def __init__(self, sim: Simulator | None = None, alpha: float = DEFAULT_ALPHA,
-               noser_exponent: float = NOSER_EXPONENT, jac: np.ndarray | None = None):
+  def __init__(
+    self,
+    sim: Simulator | None = None,
+    alpha: float = DEFAULT_ALPHA,
+    noser_exponent: float = NOSER_EXPONENT,
+    jac: np.ndarray | None = None,
+  ):
     if alpha <= 0:
       raise InputError(f"alpha must be > 0, got {alpha}")
     if jac is None:
@@ -121,6 +129,7 @@ class Tikhonov:
 
 
 @functools.lru_cache(maxsize=4)
-def default_tikhonov(alpha: float = DEFAULT_ALPHA,
-                     contact_impedance: float = CONTACT_IMPEDANCE) -> Tikhonov:
+def default_tikhonov(
+  alpha: float = DEFAULT_ALPHA, contact_impedance: float = CONTACT_IMPEDANCE
+) -> Tikhonov:
   return Tikhonov(alpha=alpha, jac=default_jacobian(contact_impedance))

@@ -47,14 +47,16 @@ def check_scale(src, preset: str, limit: int = 8) -> None:
   typical = float(np.median(np.abs(v)))
   if not typical < reconstructor.FAR_OFF:
     raise InputError(
-        f"{src.path}: its voltages, standardised for preset {preset!r}, are ~{typical:.3g} "
-        "standard deviations from the training mean (expected a few): the files are in other "
-        "units than this preset; give the preset they were made with (--data uef2017, ktc2023, "
-        "simulated) or --config.eval.voltage_ratio and --config.eval.current_ratio")
+      f"{src.path}: its voltages, standardised for preset {preset!r}, are ~{typical:.3g} "
+      "standard deviations from the training mean (expected a few): the files are in other "
+      "units than this preset; give the preset they were made with (--data uef2017, ktc2023, "
+      "simulated) or --config.eval.voltage_ratio and --config.eval.current_ratio"
+    )
 
 
-def evaluate(path: str, data_name: str, data_path: str, out: str,
-             overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def evaluate(
+  path: str, data_name: str, data_path: str, out: str, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
   """Reconstruct the npz files of `data_path` (preset `data_name`) with the checkpoint at `path`
   (a run: its best validated step that loads, else the latest; or one `RUN/checkpoints/STEP`)
   and write every output into `out`; returns metrics.json's content.
@@ -71,8 +73,14 @@ class Evaluator:
   """One evaluation of a test set (module docstring): `prepare()`, then inside `staging()`
   `run()` and `finish()`. Only process 0 scores and writes; every process samples."""
 
-  def __init__(self, path: str, data_name: str, data_path: str, out: str,
-               overrides: dict[str, Any] | None = None):
+  def __init__(
+    self,
+    path: str,
+    data_name: str,
+    data_path: str,
+    out: str,
+    overrides: dict[str, Any] | None = None,
+  ):
     self.path, self.data_name, self.data_path, self.out = path, data_name, data_path, out
     self.overrides, self.given_overrides = dict(overrides or {}), overrides
     self.primary = jax.process_index() == 0
@@ -101,43 +109,61 @@ class Evaluator:
       logs.debug_log(self.out)
     s, e = self.cfg.sampling, self.cfg.eval
     if e.fit_uncertainty and (self.data_name != "simulated" or s.num_samples < 2):
-      raise InputError("--config.eval.fit_uncertainty=True fits the uncertainty scale on "
-                       "simulations with several samples: use --data simulated (a validation "
-                       "split) and --config.sampling.num_samples=8")
+      raise InputError(
+        "--config.eval.fit_uncertainty=True fits the uncertainty scale on "
+        "simulations with several samples: use --data simulated (a validation "
+        "split) and --config.sampling.num_samples=8"
+      )
 
   def _open_data(self, meta: reader.Meta) -> None:
     """The data, conditioned as in training, in the units resolved once."""
     e = self.cfg.eval
     self.units = measurement.units(self.data_name, e.voltage_ratio, e.current_ratio)
-    self.src = sources.NpzSource(self.data_path, self.units, e.stats,
-                                 checkpoint_stats=(meta.mean, meta.std), baselines=True,
-                                 skip_bad=e.skip_bad_files)
+    self.src = sources.NpzSource(
+      self.data_path,
+      self.units,
+      e.stats,
+      checkpoint_stats=(meta.mean, meta.std),
+      baselines=True,
+      skip_bad=e.skip_bad_files,
+    )
     self.n = len(self.src) if e.max_examples is None else min(len(self.src), e.max_examples)
     check_scale(self.src, self.data_name)
 
   def _check_statistics(self, model) -> None:
     c = model.conditioner
     if c is not None and not (
-        np.allclose(c.voltage_mean[...], self.src.mean.ravel(), rtol=1e-6, atol=0) and
-        np.allclose(c.voltage_std[...], self.src.std.ravel(), rtol=1e-6, atol=0)):
-      log.warning(f"{self.data_path} is standardised with other statistics than this physics-"
-                  "informed model was trained with, so its linear input channels are computed "
-                  "from wrong voltages; use the checkpoint's statistics (no --config.eval.stats, "
-                  "and no mean/std in the data folder's parent)")
+      np.allclose(c.voltage_mean[...], self.src.mean.ravel(), rtol=1e-6, atol=0)
+      and np.allclose(c.voltage_std[...], self.src.std.ravel(), rtol=1e-6, atol=0)
+    ):
+      log.warning(
+        f"{self.data_path} is standardised with other statistics than this physics-"
+        "informed model was trained with, so its linear input channels are computed "
+        "from wrong voltages; use the checkpoint's statistics (no --config.eval.stats, "
+        "and no mean/std in the data folder's parent)"
+      )
 
   def _compile(self, model) -> None:
     """The sampler (the API's), compiled for the largest batch that fits."""
     self.shape = (model.image_size, model.image_size, model.in_channels)
     t0 = time.perf_counter()
     with compile_cache.Watch() as cache:
-      self.rec = reconstructor.Reconstructor(model, self.cfg, self.src.mean, self.src.std,
-                                             preset=self.units, mesh=self.mesh,
-                                             num_examples=self.n)
+      self.rec = reconstructor.Reconstructor(
+        model,
+        self.cfg,
+        self.src.mean,
+        self.src.std,
+        preset=self.units,
+        mesh=self.mesh,
+        num_examples=self.n,
+      )
     self.compile_s, self.cache_hit = time.perf_counter() - t0, cache.hit
-    log.info(f"sampler (global batch {self.rec.max_batch}, {self.cfg.sampling.steps} steps) "
-             f"{'loaded from the persistent compilation cache' if cache.hit else 'compiled'} in "
-             f"{self.compile_s:.1f} s; sampling starts {time.perf_counter() - self.t_start:.1f} s "
-             "after the start")
+    log.info(
+      f"sampler (global batch {self.rec.max_batch}, {self.cfg.sampling.steps} steps) "
+      f"{'loaded from the persistent compilation cache' if cache.hit else 'compiled'} in "
+      f"{self.compile_s:.1f} s; sampling starts {time.perf_counter() - self.t_start:.1f} s "
+      "after the start"
+    )
 
   # --------------------------------------------------------------------------- run
 
@@ -158,8 +184,14 @@ class Evaluator:
     chunk = g * max(1, CHUNK // g)
     batches = pipeline.eval_batches(self.src, g, keys=("cond",), limit=self.n)
     self.sample_s = 0.0
-    bar = tqdm(total=self.n * s.num_samples, desc="sampling", unit="image", file=sys.stderr,
-               disable=not self.primary, mininterval=1.0)
+    bar = tqdm(
+      total=self.n * s.num_samples,
+      desc="sampling",
+      unit="image",
+      file=sys.stderr,
+      disable=not self.primary,
+      mininterval=1.0,
+    )
     with concurrent.futures.ThreadPoolExecutor(1) as worker:
       pending = None  # one chunk in the worker, one being sampled: memory stays two chunks
       for lo in range(0, self.n, chunk):
@@ -174,16 +206,19 @@ class Evaluator:
 
   def _open_outputs(self) -> None:
     s, e = self.cfg.sampling, self.cfg.eval
-    self.predictions = outputs.Predictions(self.staged.work, self.n, self.shape, s.num_samples,
-                                           self.units.conductivity_factor)
-    self.scores = metrics.Scores((("tikhonov",) if e.tikhonov else ()) +
-                                 tuple(npz_files.BASELINE_KEYS))
+    self.predictions = outputs.Predictions(
+      self.staged.work, self.n, self.shape, s.num_samples, self.units.conductivity_factor
+    )
+    self.scores = metrics.Scores(
+      (("tikhonov",) if e.tikhonov else ()) + tuple(npz_files.BASELINE_KEYS)
+    )
     self.scale = None if e.fit_uncertainty else reconstructor.uncertainty_scale(self.calibration)
     self.coverage = metrics.Coverage(self.scale) if s.num_samples > 1 else None
     self.tikhonov = None
     if e.tikhonov:
       self.tikhonov = eit.default_tikhonov(
-          contact_impedance=float(self.cfg.simulator.contact_impedance))
+        contact_impedance=float(self.cfg.simulator.contact_impedance)
+      )
     self.shown: dict[str, Any] = {}
 
   def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:
@@ -197,7 +232,7 @@ class Evaluator:
         imgs = self.rec.sample_local(b["cond"], b["index"], k)
         at = j * g
         take = min(g, hi - lo - at)
-        samples[k, at:at + take] = imgs[:take]
+        samples[k, at : at + take] = imgs[:take]
         bar.update(take)
     self.sample_s += time.perf_counter() - t0
     return samples
@@ -218,28 +253,37 @@ class Evaluator:
     self.predictions.add(lo, pred, target, std, samples)
     if lo == 0 and self.cfg.eval.figure:  # the figure's examples: the first chunk's
       n = outputs.SHOWN
-      self.shown.update(target=target[:n], pred=pred[:n], std=None if std is None else std[:n],
-                        baselines={k: v[:n] for k, v in scaled.items()})
+      self.shown.update(
+        target=target[:n],
+        pred=pred[:n],
+        std=None if std is None else std[:n],
+        baselines={k: v[:n] for k, v in scaled.items()},
+      )
 
   # --------------------------------------------------------------------------- finish
 
   def finish(self) -> dict[str, Any]:
     """metrics.json's content; process 0 also writes every output and publishes them."""
     done = self.n * self.cfg.sampling.num_samples
-    result = {"images_per_s": done / self.sample_s, "ms_per_image": 1000 * self.sample_s / done,
-              "compile_s": self.compile_s, "compile_cache_hit": self.cache_hit,
-              "devices": jax.device_count(), "processes": jax.process_count(),
-              "global_batch": self.rec.max_batch}
+    result = {
+      "images_per_s": done / self.sample_s,
+      "ms_per_image": 1000 * self.sample_s / done,
+      "compile_s": self.compile_s,
+      "compile_cache_hit": self.cache_hit,
+      "devices": jax.device_count(),
+      "processes": jax.process_count(),
+      "global_batch": self.rec.max_batch,
+    }
     if not self.primary:
       return result
     report, rows = self.scores.result()
     if self.coverage is not None:
       report["uncertainty"] = self._calibrate()
-    result.update({"metrics": report, "definitions": metrics.DEFINITIONS,
-                   "settings": self._settings()})
+    result.update(
+      {"metrics": report, "definitions": metrics.DEFINITIONS, "settings": self._settings()}
+    )
     names = [self.src.files[i] for i in range(self.n)]
-    outputs.write_outputs(self.staged, result, rows, names, self.predictions,
-                          self._figure(report))
+    outputs.write_outputs(self.staged, result, rows, names, self.predictions, self._figure(report))
     return result
 
   def _calibrate(self) -> dict[str, float]:
@@ -248,27 +292,48 @@ class Evaluator:
     s = self.cfg.sampling
     if self.cfg.eval.fit_uncertainty:
       self.scale = self.coverage.fit()
-      fileio.write_text(self.calibration, json.dumps(
-          {"scale": self.scale, "fitted_on": fileio.resolve(self.data_path), "examples": self.n,
-           "num_samples": s.num_samples, "sampling_steps": s.steps, "eta": s.eta}, indent=1))
-      log.info(f"uncertainty scale {self.scale:.3f} fitted on {self.n} examples, kept in "
-               f"{self.calibration}")
+      fileio.write_text(
+        self.calibration,
+        json.dumps(
+          {
+            "scale": self.scale,
+            "fitted_on": fileio.resolve(self.data_path),
+            "examples": self.n,
+            "num_samples": s.num_samples,
+            "sampling_steps": s.steps,
+            "eta": s.eta,
+          },
+          indent=1,
+        ),
+      )
+      log.info(
+        f"uncertainty scale {self.scale:.3f} fitted on {self.n} examples, kept in "
+        f"{self.calibration}"
+      )
     self.predictions.scale_std(self.scale)
     return self.coverage.result(self.scale)
 
   def _settings(self) -> dict[str, Any]:
     s, e = self.cfg.sampling, self.cfg.eval
-    return {"checkpoint": self.workdir, "checkpoint_step": self.meta.step,
-            "weights": e.weights, "data": self.data_name,
-            "data_path": fileio.resolve(self.data_path),
-            "voltage_ratio": self.units.voltage_ratio,
-            "current_ratio": self.units.current_ratio,
-            "sampling_steps": s.steps, "eta": s.eta, "data_consistency": s.data_consistency,
-            "data_consistency_alpha": s.data_consistency_alpha,
-            "num_samples": s.num_samples, "seed": s.seed, "examples": self.n,
-            "model": self.meta.record["model"], "dtype": self.cfg.model.dtype,
-            "config": {"sampling": s.to_dict(), "eval": e.to_dict(),
-                       "overrides": self.given_overrides}}
+    return {
+      "checkpoint": self.workdir,
+      "checkpoint_step": self.meta.step,
+      "weights": e.weights,
+      "data": self.data_name,
+      "data_path": fileio.resolve(self.data_path),
+      "voltage_ratio": self.units.voltage_ratio,
+      "current_ratio": self.units.current_ratio,
+      "sampling_steps": s.steps,
+      "eta": s.eta,
+      "data_consistency": s.data_consistency,
+      "data_consistency_alpha": s.data_consistency_alpha,
+      "num_samples": s.num_samples,
+      "seed": s.seed,
+      "examples": self.n,
+      "model": self.meta.record["model"],
+      "dtype": self.cfg.model.dtype,
+      "config": {"sampling": s.to_dict(), "eval": e.to_dict(), "overrides": self.given_overrides},
+    }
 
   def _figure(self, report: dict[str, Any]) -> dict[str, Any] | None:
     if not self.cfg.eval.figure:

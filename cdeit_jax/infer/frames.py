@@ -37,8 +37,7 @@ def read(path: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
   a bad file is an InputError naming it (and the row, where one is at fault)."""
   suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in fileio.basename(path) else ""
   if suffix not in SUFFIXES:
-    raise InputError(f"{path}: frames files are {', '.join(SUFFIXES)}; got {suffix or 'no'} "
-                     "suffix")
+    raise InputError(f"{path}: frames files are {', '.join(SUFFIXES)}; got {suffix or 'no'} suffix")
   try:
     raw = fileio.path(path).read_bytes()
   except FileNotFoundError:
@@ -63,16 +62,23 @@ def read(path: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
   if reference is not None:
     reference = np.asarray(reference)
     if reference.size != NUM_MEASUREMENTS:
-      raise InputError(f"{path}: the reference frame must hold {NUM_MEASUREMENTS} voltages, got "
-                       f"shape {reference.shape}")
+      raise InputError(
+        f"{path}: the reference frame must hold {NUM_MEASUREMENTS} voltages, got "
+        f"shape {reference.shape}"
+      )
     reference = _numeric(path, reference, "the reference frame").reshape(NUM_MEASUREMENTS)
   targets = arrays.get("targets")
   if targets is not None:
     targets = np.asarray(targets)
-    if targets.shape[:1] != frames.shape[:1] or targets.ndim != 3 or \
-        targets.shape[1] != targets.shape[2]:
-      raise InputError(f"{path}: 'targets' (the true images) must be (N, size, size) for its "
-                       f"{len(frames)} frames, got shape {targets.shape}")
+    if (
+      targets.shape[:1] != frames.shape[:1]
+      or targets.ndim != 3
+      or targets.shape[1] != targets.shape[2]
+    ):
+      raise InputError(
+        f"{path}: 'targets' (the true images) must be (N, size, size) for its "
+        f"{len(frames)} frames, got shape {targets.shape}"
+      )
     targets = _numeric(path, targets, "'targets'").astype(np.float32)
   return frames, reference, targets
 
@@ -92,11 +98,12 @@ def _read_text(path: str, raw: bytes) -> np.ndarray:
   except (ValueError, IndexError):
     skip = 1  # a header line
   try:
-    a = np.loadtxt(io.StringIO(text), delimiter=delimiter, skiprows=skip, ndmin=2,
-                   dtype=np.float64)
+    a = np.loadtxt(io.StringIO(text), delimiter=delimiter, skiprows=skip, ndmin=2, dtype=np.float64)
   except ValueError as e:  # numpy names the row and column
-    raise InputError(f"{path}: not a table of numbers ({_short(e)}); frames are rows of "
-                     f"{NUM_MEASUREMENTS} voltages, optionally after one header line") from None
+    raise InputError(
+      f"{path}: not a table of numbers ({_short(e)}); frames are rows of "
+      f"{NUM_MEASUREMENTS} voltages, optionally after one header line"
+    ) from None
   return a
 
 
@@ -111,11 +118,13 @@ def _read_npy(path: str, raw: bytes) -> np.ndarray:
 
 def _read_mat(path: str, raw: bytes) -> dict[str, np.ndarray]:
   import scipy.io
+
   try:
     m = scipy.io.loadmat(io.BytesIO(raw))
   except NotImplementedError:  # scipy: "Please use HDF reader for matlab v7.3 files"
-    raise InputError(f"{path}: a MATLAB v7.3 (HDF5) file; save it with save(..., '-v7') or as "
-                     ".csv") from None
+    raise InputError(
+      f"{path}: a MATLAB v7.3 (HDF5) file; save it with save(..., '-v7') or as .csv"
+    ) from None
   except (ValueError, TypeError, OSError) as e:
     raise InputError(f"{path}: not a readable .mat file ({_short(e)})") from None
   return {k: v for k, v in m.items() if not k.startswith("__")}
@@ -130,8 +139,10 @@ def _pick(path: str, arrays: dict[str, Any], keys, required: bool) -> np.ndarray
   others = [k for k in arrays if k not in REFERENCE_KEYS and k != "targets"]
   if len(others) == 1:
     return arrays[others[0]]
-  raise InputError(f"{path}: no frames: it holds {sorted(arrays) or 'nothing'}; name the frames "
-                   f"array {FRAME_KEYS[0]!r} (and a reference frame {REFERENCE_KEYS[0]!r})")
+  raise InputError(
+    f"{path}: no frames: it holds {sorted(arrays) or 'nothing'}; name the frames "
+    f"array {FRAME_KEYS[0]!r} (and a reference frame {REFERENCE_KEYS[0]!r})"
+  )
 
 
 def _numeric(path: str, a: np.ndarray, what: str) -> np.ndarray:
@@ -148,8 +159,10 @@ def _as_rows(path: str, a: np.ndarray) -> np.ndarray:
   elif a.ndim == 2 and a.shape[1] != m and a.shape[0] == m:
     a = a.T  # columns are frames (EIDORS)
   if a.ndim != 2 or a.shape[1] != m:
-    raise InputError(f"{path}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
-                     f"order, got shape {a.shape}")
+    raise InputError(
+      f"{path}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
+      f"order, got shape {a.shape}"
+    )
   if len(a) == 0:
     raise InputError(f"{path}: no frames (0 rows of {m} voltages)")
   return a
@@ -167,17 +180,31 @@ def colour_limit(images: np.ndarray) -> float:
   return float(max(np.percentile(vals, 99.5), 1e-6)) if vals.size else 1.0
 
 
-def write(out: str, images: np.ndarray, std: np.ndarray | None, rows: np.ndarray,
-          skipped: np.ndarray, mat_scale: float, info: dict[str, Any], *, fps: float = 10.0,
-          max_gif_frames: int = 300, figures: bool = True,
-          targets: np.ndarray | None = None) -> list[str]:
+def write(
+  out: str,
+  images: np.ndarray,
+  std: np.ndarray | None,
+  rows: np.ndarray,
+  skipped: np.ndarray,
+  mat_scale: float,
+  info: dict[str, Any],
+  *,
+  fps: float = 10.0,
+  max_gif_frames: int = 300,
+  figures: bool = True,
+  targets: np.ndarray | None = None,
+) -> list[str]:
   """Write the outputs into `out` (staged, then moved into place); returns their names. With
   the true images `targets` the figures show them beside the reconstructions."""
   import json
 
   def write_all(staging: str) -> list[str]:
-    arrays = {"images": images, "rows": rows, "skipped": skipped,
-              "info": np.asarray(json.dumps(info))}
+    arrays = {
+      "images": images,
+      "rows": rows,
+      "skipped": skipped,
+      "info": np.asarray(json.dumps(info)),
+    }
     if std is not None:
       arrays["std"] = std
 
@@ -186,27 +213,41 @@ def write(out: str, images: np.ndarray, std: np.ndarray | None, rows: np.ndarray
         np.savez(fh, **arrays)
 
     fileio.atomic_write(fileio.join(staging, "frames.npz"), npz)
-    fileio.atomic_write(fileio.join(staging, "frames.mat"),
-                        lambda p: _write_mat(p, images, std, rows, skipped, mat_scale))
+    fileio.atomic_write(
+      fileio.join(staging, "frames.mat"),
+      lambda p: _write_mat(p, images, std, rows, skipped, mat_scale),
+    )
     if not figures:
       return ["frames.npz", "frames.mat"]
     limit = colour_limit(images if targets is None else np.concatenate([images, targets]))
-    fileio.atomic_write(fileio.join(staging, "montage.png"),
-                        lambda p: save_montage(p, images, rows, limit, targets))
-    fileio.atomic_write(fileio.join(staging, "frames.gif"),
-                        lambda p: save_gif(p, images, rows, limit, fps, max_gif_frames, targets))
+    fileio.atomic_write(
+      fileio.join(staging, "montage.png"), lambda p: save_montage(p, images, rows, limit, targets)
+    )
+    fileio.atomic_write(
+      fileio.join(staging, "frames.gif"),
+      lambda p: save_gif(p, images, rows, limit, fps, max_gif_frames, targets),
+    )
     return list(OUTPUTS)
 
   return outputs.publish(out, write_all, OUTPUTS)
 
 
-def _write_mat(path: str, images: np.ndarray, std: np.ndarray | None, rows: np.ndarray,
-               skipped: np.ndarray, mat_scale: float) -> None:
+def _write_mat(
+  path: str,
+  images: np.ndarray,
+  std: np.ndarray | None,
+  rows: np.ndarray,
+  skipped: np.ndarray,
+  mat_scale: float,
+) -> None:
   """frames.mat (the project's one MAT writer, `matfile`): `images` (and `std`) in the device's
   conductivity units as double matrices, `rows`, `skipped` and `scale` as small variables."""
   arrays = {"images": images.shape} | ({} if std is None else {"std": std.shape})
-  mat = matfile.Writer(path, arrays, {"rows": rows.astype(np.float64),
-                                      "skipped": skipped.astype(np.float64), "scale": mat_scale})
+  mat = matfile.Writer(
+    path,
+    arrays,
+    {"rows": rows.astype(np.float64), "skipped": skipped.astype(np.float64), "scale": mat_scale},
+  )
   try:
     mat.write("images", 0, images * mat_scale)  # float32 products, as before, widened
     if std is not None:
@@ -223,11 +264,18 @@ def _evenly(n: int, most: int) -> np.ndarray:
   return np.unique(np.linspace(0, n - 1, min(n, most)).round().astype(int))
 
 
-def save_montage(path: str, images: np.ndarray, rows: np.ndarray, limit: float,
-                 targets: np.ndarray | None = None, most: int = 32) -> None:
+def save_montage(
+  path: str,
+  images: np.ndarray,
+  rows: np.ndarray,
+  limit: float,
+  targets: np.ndarray | None = None,
+  most: int = 32,
+) -> None:
   """Up to `most` frames, evenly spaced, on one colour scale (with `targets`: each true image
   above its reconstruction); electrode 0 on top."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -235,15 +283,19 @@ def save_montage(path: str, images: np.ndarray, rows: np.ndarray, limit: float,
   cols = min(8, len(pick))
   lines = -(-len(pick) // cols)
   per = 1 if targets is None else 2
-  fig, axes = plt.subplots(lines * per, cols, figsize=(1.6 * cols + 1.2, 1.6 * lines * per + 0.3),
-                           squeeze=False)
+  fig, axes = plt.subplots(
+    lines * per, cols, figsize=(1.6 * cols + 1.2, 1.6 * lines * per + 0.3), squeeze=False
+  )
   for ax in axes.ravel():
     ax.set_axis_off()
   im = None
   for j, i in enumerate(pick):
     line, col = divmod(j, cols)
-    shown = [(images[i], f"frame {int(rows[i])}")] if targets is None else \
-        [(targets[i], f"true {int(rows[i])}"), (images[i], "CDEIT")]
+    shown = (
+      [(images[i], f"frame {int(rows[i])}")]
+      if targets is None
+      else [(targets[i], f"true {int(rows[i])}"), (images[i], "CDEIT")]
+    )
     for r, (img, title) in enumerate(shown):
       ax = axes[line * per + r, col]
       im = ax.imshow(_shown(img), origin="lower", cmap="RdBu_r", vmin=-limit, vmax=limit)
@@ -256,13 +308,21 @@ def save_montage(path: str, images: np.ndarray, rows: np.ndarray, limit: float,
     fh.write(buf.getvalue())
 
 
-def save_gif(path: str, images: np.ndarray, rows: np.ndarray, limit: float, fps: float,
-             most: int, targets: np.ndarray | None = None) -> None:
+def save_gif(
+  path: str,
+  images: np.ndarray,
+  rows: np.ndarray,
+  limit: float,
+  fps: float,
+  most: int,
+  targets: np.ndarray | None = None,
+) -> None:
   """The sequence as an animated GIF (at most `most` frames, evenly spaced; with `targets` the
   true image beside each), fixed colour scale and colourbar: each frame drawn by matplotlib,
   the GIF assembled by Pillow (matplotlib's own dependency; its animation writer names the
   format by the file's suffix, and this file is a temporary one)."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   from PIL import Image
@@ -274,8 +334,13 @@ def save_gif(path: str, images: np.ndarray, rows: np.ndarray, limit: float, fps:
   shows = []
   for ax, name in zip(axes, ["CDEIT"] if targets is None else ["true", "CDEIT"]):
     ax.set_axis_off()
-    shows.append((ax.imshow(_shown(images[pick[0]]), origin="lower", cmap="RdBu_r",
-                            vmin=-limit, vmax=limit), ax.set_title("", fontsize=9), name))
+    shows.append(
+      (
+        ax.imshow(_shown(images[pick[0]]), origin="lower", cmap="RdBu_r", vmin=-limit, vmax=limit),
+        ax.set_title("", fontsize=9),
+        name,
+      )
+    )
   fig.colorbar(shows[-1][0], ax=axes.tolist(), fraction=0.046, pad=0.04)
   shots = []
   for i in pick:
@@ -287,5 +352,11 @@ def save_gif(path: str, images: np.ndarray, rows: np.ndarray, limit: float, fps:
     rgb = np.asarray(fig.canvas.buffer_rgba())[..., :3]
     shots.append(Image.fromarray(rgb).convert("P", palette=Image.Palette.ADAPTIVE))
   plt.close(fig)
-  shots[0].save(path, format="GIF", save_all=True, append_images=shots[1:],
-                duration=int(round(1000 / fps)), loop=0)
+  shots[0].save(
+    path,
+    format="GIF",
+    save_all=True,
+    append_images=shots[1:],
+    duration=int(round(1000 / fps)),
+    loop=0,
+  )

@@ -10,30 +10,30 @@ import numpy as np
 from scipy import ndimage
 
 DEFINITIONS = {
-    "rmse": "sqrt(mean((pred - gt)^2)) over all pixels of all images, on the [-1, 1] scale "
-            "(the authors' RMSE); per image the same over its pixels",
-    "psnr": "per image, both mapped to [0, 1] by v/2 + 0.5: 10 log10(max(gt)^2 / (mean((gt - "
-            "pred)^2) + 1e-12)), averaged over images (the authors' PSNR)",
-    "ssim": "Wang et al. 2004 on the [0, 1]-mapped images: Gaussian window sigma 1.5 (11 x 11, "
-            "truncate 3.5), K1 0.01, K2 0.03, data range 1, population covariances, mean over the "
-            "image without the 5-pixel border (scikit-image's gaussian_weights=True convention)",
-    "ssim_disk": "the same SSIM map averaged over the pixels inside the disk (the imaged domain) "
-                 "only: the empty background outside it does not count",
-    "cc": "Pearson correlation coefficient between pred and gt pixels, per image (NaN if either "
-          "is constant), averaged over images",
-    "empty": "the empty image (all zeros, no change): the floor every method must beat",
-    "tikhonov": "eval.py --config.eval.tikhonov=True: the built-in one-step Tikhonov/NOSER "
-                "reconstruction (cdeit_jax.eit.tikhonov) of ys / voltage_ratio",
-    "uncertainty": "K > 1 samples: std over the samples, times the checkpoint's uncertainty "
-                   "scale (fitted on simulations, eval.py --config.eval.fit_uncertainty=True; 1 "
-                   "when none was fitted). coverage_1std / coverage_2std: the fraction of the "
-                   "pixels inside the disk whose |pred - gt| <= 1 / 2 scaled stds (a calibrated "
-                   "Gaussian: 0.683 / 0.954); raw_*: the same with the unscaled std; "
-                   "std_error_cc: Pearson correlation over images between an image's mean std "
-                   "in the disk and its RMSE",
-    "baseline_scaling": "classical reconstructions (tikhonov, TR, xs_gn) are divided by their "
-                        "maximum absolute value per image (to [-1, 1], not using the ground truth) "
-                        "before the same metrics",
+  "rmse": "sqrt(mean((pred - gt)^2)) over all pixels of all images, on the [-1, 1] scale "
+  "(the authors' RMSE); per image the same over its pixels",
+  "psnr": "per image, both mapped to [0, 1] by v/2 + 0.5: 10 log10(max(gt)^2 / (mean((gt - "
+  "pred)^2) + 1e-12)), averaged over images (the authors' PSNR)",
+  "ssim": "Wang et al. 2004 on the [0, 1]-mapped images: Gaussian window sigma 1.5 (11 x 11, "
+  "truncate 3.5), K1 0.01, K2 0.03, data range 1, population covariances, mean over the "
+  "image without the 5-pixel border (scikit-image's gaussian_weights=True convention)",
+  "ssim_disk": "the same SSIM map averaged over the pixels inside the disk (the imaged domain) "
+  "only: the empty background outside it does not count",
+  "cc": "Pearson correlation coefficient between pred and gt pixels, per image (NaN if either "
+  "is constant), averaged over images",
+  "empty": "the empty image (all zeros, no change): the floor every method must beat",
+  "tikhonov": "eval.py --config.eval.tikhonov=True: the built-in one-step Tikhonov/NOSER "
+  "reconstruction (cdeit_jax.eit.tikhonov) of ys / voltage_ratio",
+  "uncertainty": "K > 1 samples: std over the samples, times the checkpoint's uncertainty "
+  "scale (fitted on simulations, eval.py --config.eval.fit_uncertainty=True; 1 "
+  "when none was fitted). coverage_1std / coverage_2std: the fraction of the "
+  "pixels inside the disk whose |pred - gt| <= 1 / 2 scaled stds (a calibrated "
+  "Gaussian: 0.683 / 0.954); raw_*: the same with the unscaled std; "
+  "std_error_cc: Pearson correlation over images between an image's mean std "
+  "in the disk and its RMSE",
+  "baseline_scaling": "classical reconstructions (tikhonov, TR, xs_gn) are divided by their "
+  "maximum absolute value per image (to [-1, 1], not using the ground truth) "
+  "before the same metrics",
 }
 
 
@@ -51,8 +51,14 @@ def psnr(pred: np.ndarray, gt: np.ndarray) -> float:
   return float(10 * np.log10(g.max() ** 2 / (np.mean((g - p) ** 2) + 1e-12)))
 
 
-def ssim_map(pred: np.ndarray, gt: np.ndarray, sigma: float = 1.5, k1: float = 0.01,
-             k2: float = 0.03, data_range: float = 1.0) -> np.ndarray:
+def ssim_map(
+  pred: np.ndarray,
+  gt: np.ndarray,
+  sigma: float = 1.5,
+  k1: float = 0.01,
+  k2: float = 0.03,
+  data_range: float = 1.0,
+) -> np.ndarray:
   """Per-pixel Gaussian-window SSIM of two 2-D images given on [-1, 1] (compared on [0, 1])."""
   x, y = to_unit(np.squeeze(pred)), to_unit(np.squeeze(gt))
   filt = lambda a: ndimage.gaussian_filter(a, sigma, mode="reflect", truncate=3.5)
@@ -71,6 +77,7 @@ def ssim(pred: np.ndarray, gt: np.ndarray, sigma: float = 1.5, **kw) -> float:
 def ssim_disk(pred: np.ndarray, gt: np.ndarray, **kw) -> float:
   """SSIM averaged over the pixels inside the disk."""
   from cdeit_jax.eit.phantom import disk_mask
+
   m = ssim_map(pred, gt, **kw)
   return float(m[disk_mask(m.shape[0])].mean())
 
@@ -89,8 +96,13 @@ def scale_baseline(b: np.ndarray) -> np.ndarray:
 
 
 def per_image(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
-  return {"rmse": rmse(pred, gt), "psnr": psnr(pred, gt), "ssim": ssim(pred, gt),
-          "ssim_disk": ssim_disk(pred, gt), "cc": pearson(pred, gt)}
+  return {
+    "rmse": rmse(pred, gt),
+    "psnr": psnr(pred, gt),
+    "ssim": ssim(pred, gt),
+    "ssim_disk": ssim_disk(pred, gt),
+    "cc": pearson(pred, gt),
+  }
 
 
 def _nanmean(values) -> float:
@@ -112,11 +124,13 @@ def _mse(pred: np.ndarray, gt: np.ndarray) -> float:
 def _overall(rows: list[dict[str, float]], mse: list[float]) -> dict[str, float]:
   """The overall figures of per-image rows: RMSE over all pixels (every image has as many) from
   the images' mean squared errors, the others averaged over images."""
-  return {"rmse": float(np.sqrt(np.mean(mse))),
-          "psnr": float(np.mean([r["psnr"] for r in rows])),
-          "ssim": float(np.mean([r["ssim"] for r in rows])),
-          "ssim_disk": float(np.mean([r["ssim_disk"] for r in rows])),
-          "cc": _nanmean([r["cc"] for r in rows])}
+  return {
+    "rmse": float(np.sqrt(np.mean(mse))),
+    "psnr": float(np.mean([r["psnr"] for r in rows])),
+    "ssim": float(np.mean([r["ssim"] for r in rows])),
+    "ssim_disk": float(np.mean([r["ssim_disk"] for r in rows])),
+    "cc": _nanmean([r["cc"] for r in rows]),
+  }
 
 
 class Scores:
@@ -133,8 +147,9 @@ class Scores:
     for name in baselines:
       self._mse[name], self._rows[name] = [], []
 
-  def add(self, pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
-          ) -> dict[str, np.ndarray]:
+  def add(
+    self, pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
+  ) -> dict[str, np.ndarray]:
     """Score images (n, H, W) and the baselines' {name: (n, H, W)}; returns the baselines
     scaled (`scale_baseline`) as scored."""
     scaled_all = {}
@@ -158,9 +173,12 @@ class Scores:
   def result(self) -> tuple[dict[str, dict], list[dict[str, float]]]:
     """(overall metrics of CDEIT, the empty image and each baseline finite everywhere; per-image
     rows with those baselines' columns)."""
-    report = {"cdeit": _overall(self.rows, self._mse["cdeit"]),
-              "empty": {k: v for k, v in _overall(self._rows["empty"], self._mse["empty"]).items()
-                        if k != "cc"}}  # CC: undefined
+    report = {
+      "cdeit": _overall(self.rows, self._mse["cdeit"]),
+      "empty": {
+        k: v for k, v in _overall(self._rows["empty"], self._mse["empty"]).items() if k != "cc"
+      },
+    }  # CC: undefined
     rows = [dict(r) for r in self.rows]
     for name, ok in self._finite.items():
       if ok:
@@ -170,8 +188,9 @@ class Scores:
     return report, rows
 
 
-def score(pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
-          ) -> tuple[dict[str, dict], list[dict[str, float]], dict[str, np.ndarray]]:
+def score(
+  pred: np.ndarray, target: np.ndarray, baselines: dict[str, np.ndarray]
+) -> tuple[dict[str, dict], list[dict[str, float]], dict[str, np.ndarray]]:
   """An evaluation's scores: (overall metrics of CDEIT, the empty image and each baseline that is
   finite everywhere (scaled, `scale_baseline`); per-image rows with the baselines' columns; the
   scaled baselines). `pred`, `target` (n, H, W); `baselines` {name: (n, H, W)}."""
@@ -204,12 +223,14 @@ class Coverage:
   def add(self, pred: np.ndarray, std: np.ndarray, gt: np.ndarray) -> None:
     """Images (n, H, W) each."""
     from cdeit_jax.eit.phantom import disk_mask
+
     disk = disk_mask(np.shape(gt)[-1])
     err = np.abs(np.asarray(pred, np.float64) - gt)[:, disk]
     sd = np.asarray(std, np.float64)[:, disk]
     if self.scale is None:
-      self._ratios.append(np.where(sd > 0, err / np.maximum(sd, 1e-12),
-                                   np.where(err > 0, np.inf, 0.0)).ravel())
+      self._ratios.append(
+        np.where(sd > 0, err / np.maximum(sd, 1e-12), np.where(err > 0, np.inf, 0.0)).ravel()
+      )
     for i, c in enumerate(self._factors):
       self._within[i] += np.count_nonzero(err <= c * sd)
     self._pixels += err.size
@@ -234,16 +255,22 @@ class Coverage:
       scale, within = self.scale, self._within
     cover = [float(w / self._pixels) for w in within]
     n = len(self._image_std)
-    return {"scale": float(scale),
-            "coverage_1std": cover[0], "coverage_2std": cover[1],
-            "raw_coverage_1std": cover[2], "raw_coverage_2std": cover[3],
-            "std_error_cc": pearson(np.asarray(self._image_std), np.asarray(self._image_rmse))
-            if n > 1 else float("nan"),
-            "mean_std": float(scale * self._std_sum / self._pixels)}
+    return {
+      "scale": float(scale),
+      "coverage_1std": cover[0],
+      "coverage_2std": cover[1],
+      "raw_coverage_1std": cover[2],
+      "raw_coverage_2std": cover[3],
+      "std_error_cc": pearson(np.asarray(self._image_std), np.asarray(self._image_rmse))
+      if n > 1
+      else float("nan"),
+      "mean_std": float(scale * self._std_sum / self._pixels),
+    }
 
 
-def uncertainty(pred: np.ndarray, std: np.ndarray, gt: np.ndarray, scale: float = 1.0
-                ) -> dict[str, float]:
+def uncertainty(
+  pred: np.ndarray, std: np.ndarray, gt: np.ndarray, scale: float = 1.0
+) -> dict[str, float]:
   """How honest the per-pixel std is (`DEFINITIONS["uncertainty"]`), images (N, H, W)."""
   c = Coverage(scale)
   c.add(pred, std, gt)

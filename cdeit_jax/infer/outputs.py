@@ -25,8 +25,13 @@ from cdeit_jax.eit.phantom import disk_mask
 
 # Everything an evaluation writes into its output folder, metrics.json last: it marks a complete
 # evaluation (an output folder never holds one evaluation's figure beside another's metrics).
-OUTPUTS = ("reconstructions.png", "predictions.mat", "predictions.npz", "metrics.csv",
-           "metrics.json")
+OUTPUTS = (
+  "reconstructions.png",
+  "predictions.mat",
+  "predictions.npz",
+  "metrics.csv",
+  "metrics.json",
+)
 SHOWN = 32  # examples in the figure
 
 
@@ -34,8 +39,10 @@ def check_out(out: str, data_path: str | None = None) -> None:
   """Fail before any work when `out` cannot take the outputs (a file, read-only, the data folder
   itself, ...)."""
   if data_path is not None and fileio.resolve(out) == fileio.resolve(data_path):
-    raise InputError(f"--out {out} is the data folder: the outputs (predictions.npz) would be read "
-                     "as a test case by the next evaluation of it; give another folder")
+    raise InputError(
+      f"--out {out} is the data folder: the outputs (predictions.npz) would be read "
+      "as a test case by the next evaluation of it; give another folder"
+    )
   fileio.writable_folder(out, "--out")
 
 
@@ -69,8 +76,9 @@ class Staged:
     if self.work != self.dir:  # made locally: upload into the bucket's staging folder
       for name in written:
         src = os.path.join(self.work, name)
-        fileio.atomic_write(fileio.join(self.dir, name),
-                            lambda tmp, src=src: shutil.copyfile(src, tmp))
+        fileio.atomic_write(
+          fileio.join(self.dir, name), lambda tmp, src=src: shutil.copyfile(src, tmp)
+        )
     marker = known[-1]
     for name in (marker, *[n for n in known if n not in written]):
       fileio.path(fileio.join(self.out, name)).unlink(missing_ok=True)
@@ -121,8 +129,9 @@ class Predictions:
   arrays nor a memory map's pages are held); `finish` makes the npz (np.savez's layout: a zip of
   .npy files, uncompressed) and completes the .mat (`matfile`)."""
 
-  def __init__(self, folder: str, n: int, image: tuple[int, ...], num_samples: int,
-               mat_scale: float):
+  def __init__(
+    self, folder: str, n: int, image: tuple[int, ...], num_samples: int, mat_scale: float
+  ):
     self.folder, self.n, self.k, self.image = folder, n, num_samples, tuple(image)
     self.mat_scale = float(mat_scale)
     self.shapes = {"pred": (n, *image), "target": (n, *image)}
@@ -131,14 +140,17 @@ class Predictions:
     self._fd, self._data = {}, {}
     for name, shape in self.shapes.items():
       with open(self._npy(name), "wb") as fh:
-        np.lib.format.write_array_header_1_0(fh, {"descr": "<f4", "fortran_order": False,
-                                                  "shape": shape})
+        np.lib.format.write_array_header_1_0(
+          fh, {"descr": "<f4", "fortran_order": False, "shape": shape}
+        )
         self._data[name] = fh.tell()
         fh.truncate(self._data[name] + 4 * int(np.prod(shape)))
       self._fd[name] = os.open(self._npy(name), os.O_RDWR)
-    self.mat = matfile.Writer(os.path.join(folder, "predictions.mat"),
-                              {name: (n, *image[:2]) for name in self.shapes if name != "samples"},
-                              {"scale": self.mat_scale})
+    self.mat = matfile.Writer(
+      os.path.join(folder, "predictions.mat"),
+      {name: (n, *image[:2]) for name in self.shapes if name != "samples"},
+      {"scale": self.mat_scale},
+    )
 
   def _npy(self, name: str) -> str:
     return os.path.join(self.folder, f".{name}.npy")
@@ -153,8 +165,9 @@ class Predictions:
     raw = os.pread(self._fd[name], 4 * int(np.prod(self.image)) * count, self._offset(name, lo))
     return np.frombuffer(raw, "<f4").reshape(count, *self.image)
 
-  def add(self, lo: int, pred: np.ndarray, target: np.ndarray, std: np.ndarray | None,
-          samples: np.ndarray) -> None:
+  def add(
+    self, lo: int, pred: np.ndarray, target: np.ndarray, std: np.ndarray | None, samples: np.ndarray
+  ) -> None:
     """Examples lo .. lo + b: pred, target, std (b, H, W, C); samples (K, b, H, W, C)."""
     self._write("pred", lo, pred)
     self._write("target", lo, target)
@@ -191,8 +204,14 @@ class Predictions:
     return ["predictions.mat", "predictions.npz"]
 
 
-def write_outputs(staged: Staged, result: dict, rows: list[dict], names: list[str],
-                  predictions: Predictions, shown: dict[str, np.ndarray] | None) -> None:
+def write_outputs(
+  staged: Staged,
+  result: dict,
+  rows: list[dict],
+  names: list[str],
+  predictions: Predictions,
+  shown: dict[str, np.ndarray] | None,
+) -> None:
   """Finish an evaluation's outputs in `staged` and put them in place: metrics.csv, the
   predictions, the figure of the first examples (`shown`: their target, pred, std and scaled
   baselines; None: no figure), metrics.json last."""
@@ -208,22 +227,32 @@ def write_outputs(staged: Staged, result: dict, rows: list[dict], names: list[st
   fileio.atomic_write(os.path.join(folder, "metrics.csv"), write_csv)
   written = ["metrics.csv", *predictions.finish(names)]
   if shown is not None:
-    fileio.atomic_write(os.path.join(folder, "reconstructions.png"), lambda p: save_figure(
-        p, names, shown["target"], shown["pred"], shown.get("std"), shown["baselines"]))
+    fileio.atomic_write(
+      os.path.join(folder, "reconstructions.png"),
+      lambda p: save_figure(
+        p, names, shown["target"], shown["pred"], shown.get("std"), shown["baselines"]
+      ),
+    )
     written.append("reconstructions.png")
-  fileio.write_text(os.path.join(folder, "metrics.json"),
-                    json.dumps(_json_clean(result), indent=2, allow_nan=False))
+  fileio.write_text(
+    os.path.join(folder, "metrics.json"), json.dumps(_json_clean(result), indent=2, allow_nan=False)
+  )
   staged.commit([*written, "metrics.json"], OUTPUTS)
 
 
 def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 32) -> None:
   """Ground truth | reconstruction | uncertainty | baselines per image, electrode 0 on top."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  cols = ["ground truth", "CDEIT", "std (uncertainty)" if std is not None else None,
-          *[f"{k} (scaled)" for k in baselines]]
+  cols = [
+    "ground truth",
+    "CDEIT",
+    "std (uncertainty)" if std is not None else None,
+    *[f"{k} (scaled)" for k in baselines],
+  ]
   cols = [c for c in cols if c]
   n = min(len(names), max_rows)
   mask = disk_mask(target.shape[1])
@@ -237,8 +266,13 @@ def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 
       ax = axes[r, c]
       shown = np.ma.masked_where(~mask, img)
       is_std = title.startswith("std")
-      im = ax.imshow(shown, origin="lower", cmap="viridis" if is_std else "RdBu_r",
-                     vmin=0 if is_std else -1, vmax=None if is_std else 1)
+      im = ax.imshow(
+        shown,
+        origin="lower",
+        cmap="viridis" if is_std else "RdBu_r",
+        vmin=0 if is_std else -1,
+        vmax=None if is_std else 1,
+      )
       ax.set_xticks([])
       ax.set_yticks([])
       if r == 0:

@@ -52,9 +52,11 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
   checked; errors name `--config.<key>`."""
   for key in overrides:
     if not key.startswith(SETTABLE):
-      raise InputError(f"--config.{key}: evaluation takes the model, data and training settings "
-                       "from the checkpoint; only config.sampling.*, config.eval.* and "
-                       f"config.model.{{{','.join(loading.RUNTIME_MODEL_KEYS)}}} can be set")
+      raise InputError(
+        f"--config.{key}: evaluation takes the model, data and training settings "
+        "from the checkpoint; only config.sampling.*, config.eval.* and "
+        f"config.model.{{{','.join(loading.RUNTIME_MODEL_KEYS)}}} can be set"
+      )
   cfg = loading.model_config(meta)
   config_lib.override(cfg, overrides)
   s, e = cfg.sampling, cfg.eval
@@ -66,14 +68,20 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
 
   need(s.steps >= 1, "sampling.steps", "must be >= 1")
   need(s.num_samples >= 1, "sampling.num_samples", "must be >= 1")
-  need(0 <= s.eta <= 1, "sampling.eta", "must be in [0, 1] (0: deterministic DDIM, 1: the "
-       "published sampler)")
+  need(
+    0 <= s.eta <= 1,
+    "sampling.eta",
+    "must be in [0, 1] (0: deterministic DDIM, 1: the published sampler)",
+  )
   need(s.data_consistency >= 0, "sampling.data_consistency", "must be >= 0 (0 = off)")
   need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
   need(isinstance(s.symmetric, bool), "sampling.symmetric", "must be True or False")
   need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
-  need(e.weights in checkpoint.WEIGHT_ITEMS, "eval.weights",
-       f"must be one of {sorted(checkpoint.WEIGHT_ITEMS)}")
+  need(
+    e.weights in checkpoint.WEIGHT_ITEMS,
+    "eval.weights",
+    f"must be one of {sorted(checkpoint.WEIGHT_ITEMS)}",
+  )
   return cfg
 
 
@@ -84,12 +92,16 @@ def uncertainty_scale(path: str) -> float:
   except FileNotFoundError:
     return 1.0
   except (OSError, ValueError) as e:
-    raise InputError(f"{path}: unreadable ({e}); delete it (the std is then uncalibrated) or "
-                     "fit it again with --config.eval.fit_uncertainty=True") from None
+    raise InputError(
+      f"{path}: unreadable ({e}); delete it (the std is then uncalibrated) or "
+      "fit it again with --config.eval.fit_uncertainty=True"
+    ) from None
   scale = record.get("scale") if isinstance(record, dict) else None
   if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
-    raise InputError(f"{path}: 'scale' must be a positive number, got {scale!r}; delete the "
-                     "file or fit it again with --config.eval.fit_uncertainty=True")
+    raise InputError(
+      f"{path}: 'scale' must be a positive number, got {scale!r}; delete the "
+      "file or fit it again with --config.eval.fit_uncertainty=True"
+    )
   return float(scale)
 
 
@@ -98,22 +110,33 @@ def check_overrides(overrides: dict[str, Any]) -> None:
   settings({"model": {}}, overrides)
 
 
-def choose(run: reader.Run, overrides: dict[str, Any]
-           ) -> tuple[reader.Meta, dict[int, str], ml_collections.ConfigDict]:
+def choose(
+  run: reader.Run, overrides: dict[str, Any]
+) -> tuple[reader.Meta, dict[int, str], ml_collections.ConfigDict]:
   """(meta, skipped, config) of the run's first candidate whose metadata reads, its config with
   `overrides` applied and checked."""
   meta, skipped = run.first_readable()
   return meta, skipped, settings(meta.record, overrides)
 
 
-def load(run: reader.Run, meta: reader.Meta, skipped: dict[int, str],
-         cfg: ml_collections.ConfigDict, overrides: dict[str, Any], mesh: jax.sharding.Mesh
-         ) -> reader.Loaded:
+def load(
+  run: reader.Run,
+  meta: reader.Meta,
+  skipped: dict[int, str],
+  cfg: ml_collections.ConfigDict,
+  overrides: dict[str, Any],
+  mesh: jax.sharding.Mesh,
+) -> reader.Loaded:
   """The model of the first candidate from `meta`'s step on whose weights load, replicated over
   `mesh`, with the model's runtime overrides; logs the steps passed over."""
   runtime = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
-  loaded = run.load(weights=cfg.eval.weights, sharding=shd.replicated(mesh), start=meta.step,
-                    passed=skipped, **runtime)
+  loaded = run.load(
+    weights=cfg.eval.weights,
+    sharding=shd.replicated(mesh),
+    start=meta.step,
+    passed=skipped,
+    **runtime,
+  )
   for bad, reason in loaded.skipped.items():
     log.warning(f"skipping checkpoint step {bad}: {reason}")
   log.info(f"checkpoint {run.step_dir(loaded.meta.step)}: {loaded.reason}")
@@ -131,6 +154,7 @@ class Reconstruction:
 
   `images` (N, 128, 128); `std` (N, 128, 128) the calibrated per-pixel std over the samples,
   None for K = 1; `samples` (K, N, 128, 128) when asked for."""
+
   images: np.ndarray
   std: np.ndarray | None = None
   samples: np.ndarray | None = None
@@ -154,11 +178,20 @@ class Reconstructor:
 
   checkpoint: str | None = None  # where the weights came from (from_workdir)
 
-  def __init__(self, model: nnx.Module, config: ml_collections.ConfigDict, mean: np.ndarray,
-               std: np.ndarray, *, preset: str | measurement.Units = "simulated",
-               voltage_ratio: float | None = None,
-               current_ratio: float | None = None, mesh: jax.sharding.Mesh | None = None,
-               uncertainty_scale: float = 1.0, num_examples: int | None = None):
+  def __init__(
+    self,
+    model: nnx.Module,
+    config: ml_collections.ConfigDict,
+    mean: np.ndarray,
+    std: np.ndarray,
+    *,
+    preset: str | measurement.Units = "simulated",
+    voltage_ratio: float | None = None,
+    current_ratio: float | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    uncertainty_scale: float = 1.0,
+    num_examples: int | None = None,
+  ):
     self.config = config
     s = config.sampling
     self.steps, self.eta = int(s.steps), float(s.eta)
@@ -166,8 +199,9 @@ class Reconstructor:
     self.units = measurement.units(preset, voltage_ratio, current_ratio)
     self.preset = self.units.name
     self.voltage_ratio, self.current_ratio = self.units.voltage_ratio, self.units.current_ratio
-    self.mean, self.std = stats_lib.check_stats(np.asarray(mean), np.asarray(std),
-                                                source="the statistics")
+    self.mean, self.std = stats_lib.check_stats(
+      np.asarray(mean), np.asarray(std), source="the statistics"
+    )
     self.uncertainty_scale = float(uncertainty_scale)
     self.mesh = mesh if mesh is not None else shd.make_mesh()
     self.shape = (model.image_size, model.image_size, model.in_channels)
@@ -176,29 +210,52 @@ class Reconstructor:
     correction_graphdef = None
     if s.data_consistency:
       from cdeit_jax.eit import conditioning
-      dc = conditioning.DataConsistency(self.mean, self.std, strength=s.data_consistency,
-                                        alpha=s.data_consistency_alpha,
-                                        contact_impedance=config.simulator.contact_impedance)
+
+      dc = conditioning.DataConsistency(
+        self.mean,
+        self.std,
+        strength=s.data_consistency,
+        alpha=s.data_consistency_alpha,
+        contact_impedance=config.simulator.contact_impedance,
+      )
       correction_graphdef, dc_state = nnx.split(dc)
       weights = (weights, jax.device_put(dc_state, shd.replicated(self.mesh)))
     self._weights = weights
     self.symmetric = bool(s.symmetric)
     self._sampler = sampling.make_sampler(
-        graphdef, Diffusion(**config.diffusion), self.steps, self.eta, self.shape, self.mesh,
-        correction_graphdef, (self.mean, self.std) if self.symmetric else None)
+      graphdef,
+      Diffusion(**config.diffusion),
+      self.steps,
+      self.eta,
+      self.shape,
+      self.mesh,
+      correction_graphdef,
+      (self.mean, self.std) if self.symmetric else None,
+    )
     # The largest batch: the one that fits (or config.sampling.batch_size); smaller buckets are
     # compiled when a batch first needs them.
     compiled, self.max_batch = sampling.compile_sampler(
-        self._sampler, self._weights, self.mesh, num_examples or 8 * self.mesh.devices.size,
-        s.batch_size, cond_size=self.cond_size)
+      self._sampler,
+      self._weights,
+      self.mesh,
+      num_examples or 8 * self.mesh.devices.size,
+      s.batch_size,
+      cond_size=self.cond_size,
+    )
     self._compiled: dict[int, Callable] = {self.max_batch: compiled}
     self._key = jax.random.key(self.seed)
 
   @classmethod
-  def from_workdir(cls, path: str, *, preset: str | measurement.Units = "simulated",
-                   voltage_ratio: float | None = None, current_ratio: float | None = None,
-                   overrides: dict[str, Any] | None = None,
-                   mesh: jax.sharding.Mesh | None = None) -> Reconstructor:
+  def from_workdir(
+    cls,
+    path: str,
+    *,
+    preset: str | measurement.Units = "simulated",
+    voltage_ratio: float | None = None,
+    current_ratio: float | None = None,
+    overrides: dict[str, Any] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+  ) -> Reconstructor:
     """The checkpoint at `path` (local or gs://; a run: its best validated step, else the
     latest; or one `RUN/checkpoints/STEP`), with eval.py's overrides (dotted keys:
     `{"sampling.num_samples": 8, "model.dtype": "bfloat16"}`)."""
@@ -208,9 +265,17 @@ class Reconstructor:
     with reader.open_run(path, overrides.get("eval.step")) as run:
       meta, skipped, cfg = choose(run, overrides)
       loaded = load(run, meta, skipped, cfg, overrides, mesh)
-    rec = cls(loaded.model, cfg, loaded.meta.mean, loaded.meta.std, preset=preset,
-              voltage_ratio=voltage_ratio, current_ratio=current_ratio, mesh=mesh,
-              uncertainty_scale=uncertainty_scale(calibration_file(run, loaded.meta.step)))
+    rec = cls(
+      loaded.model,
+      cfg,
+      loaded.meta.mean,
+      loaded.meta.std,
+      preset=preset,
+      voltage_ratio=voltage_ratio,
+      current_ratio=current_ratio,
+      mesh=mesh,
+      uncertainty_scale=uncertainty_scale(calibration_file(run, loaded.meta.step)),
+    )
     rec.checkpoint = run.step_dir(loaded.meta.step)
     return rec
 
@@ -238,8 +303,9 @@ class Reconstructor:
   def _executable(self, rows: int) -> tuple[int, Callable]:
     bucket = self._bucket(rows)
     if bucket not in self._compiled:
-      self._compiled[bucket] = sampling.compile_batch(self._sampler, self._weights, self.mesh,
-                                                      bucket, self.cond_size)
+      self._compiled[bucket] = sampling.compile_batch(
+        self._sampler, self._weights, self.mesh, bucket, self.cond_size
+      )
       log.debug(f"sampler compiled for a batch of {bucket}")
     return bucket, self._compiled[bucket]
 
@@ -249,8 +315,9 @@ class Reconstructor:
     sizes = {min(self.max_batch, rows - lo) for lo in range(0, rows, self.max_batch)}
     return sorted({self._executable(r)[0] for r in sizes})
 
-  def sample_local(self, cond: np.ndarray, index: np.ndarray, sample: np.ndarray | int
-                   ) -> np.ndarray:
+  def sample_local(
+    self, cond: np.ndarray, index: np.ndarray, sample: np.ndarray | int
+  ) -> np.ndarray:
     """One sampler call on this host's rows (every host its equal share, in process order, of
     a global batch of at most `max_batch` rows): conditions (b, 16, 16, 1), example indices
     (b,), sample indices (b,) or one for all; returns the global batch's images, (B, H, W, C),
@@ -263,13 +330,23 @@ class Reconstructor:
       pad = per_host - b
       cond = np.concatenate([cond, np.repeat(cond[:1], pad, 0)])
       index, sample = (np.concatenate([a, np.repeat(a[:1], pad)]) for a in (index, sample))
-    g = pipeline.to_global({"cond": np.asarray(cond, np.float32),
-                            "index": np.asarray(index, np.int32),
-                            "sample": np.asarray(sample, np.int32)}, self.mesh)
+    g = pipeline.to_global(
+      {
+        "cond": np.asarray(cond, np.float32),
+        "index": np.asarray(index, np.int32),
+        "sample": np.asarray(sample, np.int32),
+      },
+      self.mesh,
+    )
     return sampling.gather(run(self._weights, g["cond"], g["index"], g["sample"], self._key))
 
-  def sample_rows(self, cond: np.ndarray, index: np.ndarray, sample: np.ndarray,
-                  progress: Callable[[int], None] | None = None) -> np.ndarray:
+  def sample_rows(
+    self,
+    cond: np.ndarray,
+    index: np.ndarray,
+    sample: np.ndarray,
+    progress: Callable[[int], None] | None = None,
+  ) -> np.ndarray:
     """Images (R, H, W, C) of R rows given whole on every host (conditions, example indices,
     sample indices), in calls of at most `max_batch` rows, each host sampling its share."""
     out = np.empty((len(cond), *self.shape), np.float32)
@@ -280,7 +357,7 @@ class Reconstructor:
       rows = np.minimum(rows, hi - 1)  # padding repeats the last row
       mine = rows.reshape(procs, -1)[p]
       imgs = self.sample_local(cond[mine], index[mine], sample[mine])
-      out[lo:hi] = imgs[:hi - lo]
+      out[lo:hi] = imgs[: hi - lo]
       if progress is not None:
         progress(hi - lo)
     return out
@@ -289,11 +366,18 @@ class Reconstructor:
 
   def condition(self, dv: np.ndarray) -> np.ndarray:
     """EIM conditions (N, 16, 16, 1) of difference voltages (N, 208) in the device's units."""
-    return measurement.condition(np.asarray(dv, np.float32), self.voltage_ratio, self.mean,
-                                 self.std)[0]
+    return measurement.condition(
+      np.asarray(dv, np.float32), self.voltage_ratio, self.mean, self.std
+    )[0]
 
-  def difference(self, voltages: np.ndarray | None = None, *, frames: np.ndarray | None = None,
-                 reference: np.ndarray | None = None, where: str = "voltages") -> np.ndarray:
+  def difference(
+    self,
+    voltages: np.ndarray | None = None,
+    *,
+    frames: np.ndarray | None = None,
+    reference: np.ndarray | None = None,
+    where: str = "voltages",
+  ) -> np.ndarray:
     """(N, 208) float32 difference voltages: `voltages` as given, or `frames - reference`
     (time-difference imaging); `check_frames` checks them."""
     if (voltages is None) == (frames is None):
@@ -307,17 +391,22 @@ class Reconstructor:
       # in float64: frames and reference are large beside their difference
       ref = _rows(reference, f"{where}: the reference frame")
       if len(ref) != 1:
-        raise InputError(f"{where}: the reference frame must be one frame of "
-                         f"{measurement.NUM_MEASUREMENTS} voltages, got {len(ref)} frames")
+        raise InputError(
+          f"{where}: the reference frame must be one frame of "
+          f"{measurement.NUM_MEASUREMENTS} voltages, got {len(ref)} frames"
+        )
       bad = ~np.isfinite(ref[0])
       if bad.any():
-        raise InputError(f"{where}: the reference frame holds NaN or infinite voltages (at "
-                         f"measurements {_listed(np.flatnonzero(bad))}); give a finite one")
+        raise InputError(
+          f"{where}: the reference frame holds NaN or infinite voltages (at "
+          f"measurements {_listed(np.flatnonzero(bad))}); give a finite one"
+        )
       dv = dv - ref
     return dv.astype(np.float32)
 
-  def check_frames(self, dv: np.ndarray, where: str = "voltages", skip_bad: bool = False
-                   ) -> np.ndarray:
+  def check_frames(
+    self, dv: np.ndarray, where: str = "voltages", skip_bad: bool = False
+  ) -> np.ndarray:
     """The rows of `dv` (N, 208) that can be imaged (indices). NaN or infinite rows are refused
     (listed in the error), or with `skip_bad` left out; rows far off the statistics' scale (other
     units than the preset's) are refused."""
@@ -325,9 +414,11 @@ class Reconstructor:
       raise InputError(f"{where}: no frames (0 rows of {measurement.NUM_MEASUREMENTS} voltages)")
     finite = np.isfinite(dv).all(1)
     if not finite.all() and not skip_bad:
-      raise InputError(f"{where}: rows {_listed(np.flatnonzero(~finite))} hold NaN or infinite "
-                       "voltages; remove them, or skip them (--skip_bad_frames: they are listed "
-                       "and their images are NaN)")
+      raise InputError(
+        f"{where}: rows {_listed(np.flatnonzero(~finite))} hold NaN or infinite "
+        "voltages; remove them, or skip them (--skip_bad_frames: they are listed "
+        "and their images are NaN)"
+      )
     ok = np.flatnonzero(finite)
     if len(ok) == 0:
       raise InputError(f"{where}: every row holds NaN or infinite voltages")
@@ -336,17 +427,25 @@ class Reconstructor:
     far = ok[~(typical < FAR_OFF)]
     if len(far):
       raise InputError(
-          f"{where}: rows {_listed(far)} are ~{float(np.max(typical)):.3g} standard deviations "
-          f"from the training data's voltages (expected a few): they are in other units than "
-          f"preset {self.preset!r} (voltage ratio {self.voltage_ratio:g}) says; give the "
-          "device's preset (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
-          "difference voltages (frames minus a reference frame) if these are absolute")
+        f"{where}: rows {_listed(far)} are ~{float(np.max(typical)):.3g} standard deviations "
+        f"from the training data's voltages (expected a few): they are in other units than "
+        f"preset {self.preset!r} (voltage ratio {self.voltage_ratio:g}) says; give the "
+        "device's preset (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
+        "difference voltages (frames minus a reference frame) if these are absolute"
+      )
     return ok
 
-  def reconstruct(self, voltages: np.ndarray | None = None, *, frames: np.ndarray | None = None,
-                  reference: np.ndarray | None = None, num_samples: int | None = None,
-                  first_index: int = 0, keep_samples: bool = False,
-                  progress: Callable[[int], None] | None = None) -> Reconstruction:
+  def reconstruct(
+    self,
+    voltages: np.ndarray | None = None,
+    *,
+    frames: np.ndarray | None = None,
+    reference: np.ndarray | None = None,
+    num_samples: int | None = None,
+    first_index: int = 0,
+    keep_samples: bool = False,
+    progress: Callable[[int], None] | None = None,
+  ) -> Reconstruction:
     """Images of difference voltages `voltages` (N, 208) or (208,), or of `frames` (N, 208)
     minus a `reference` frame (208,), in the device's units, measurements in the protocol's
     order. Frame i's noise is that of example `first_index + i` (eval.py's example index), so
@@ -361,8 +460,9 @@ class Reconstructor:
     n = len(dv)
     rows_frame = np.repeat(np.arange(n), k)  # frame-major: a frame's K samples share a batch
     rows_sample = np.tile(np.arange(k, dtype=np.int32), n)
-    imgs = self.sample_rows(cond[rows_frame], (first_index + rows_frame).astype(np.int32),
-                            rows_sample, progress=progress)
+    imgs = self.sample_rows(
+      cond[rows_frame], (first_index + rows_frame).astype(np.int32), rows_sample, progress=progress
+    )
     samples = imgs[..., 0].reshape(n, k, *self.shape[:2]).swapaxes(0, 1)
     images, std = summarise(samples)
     if std is not None:
@@ -370,8 +470,10 @@ class Reconstructor:
     return Reconstruction(images, std, samples if keep_samples else None)
 
   def __repr__(self) -> str:
-    return (f"Reconstructor({self.checkpoint or 'model'}, preset={self.preset!r}, "
-            f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.buckets})")
+    return (
+      f"Reconstructor({self.checkpoint or 'model'}, preset={self.preset!r}, "
+      f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.buckets})"
+    )
 
 
 def _rows(a: Any, where: str) -> np.ndarray:
@@ -386,8 +488,10 @@ def _rows(a: Any, where: str) -> np.ndarray:
   if a.shape in ((m,), (m, 1)):
     a = a.reshape(1, m)
   if a.ndim != 2 or a.shape[1] != m:
-    raise InputError(f"{where}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
-                     f"order, got shape {a.shape}")
+    raise InputError(
+      f"{where}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
+      f"order, got shape {a.shape}"
+    )
   return a.astype(np.float64)
 
 

@@ -24,8 +24,16 @@ from cdeit_jax.model.diffusion import Diffusion
 log = logs.log.getChild("eval")
 
 
-def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, mesh,
-                 correction_graphdef=None, symmetric_stats: tuple | None = None):
+def make_sampler(
+  graphdef,
+  diffusion: Diffusion,
+  steps: int,
+  eta: float,
+  shape,
+  mesh,
+  correction_graphdef=None,
+  symmetric_stats: tuple | None = None,
+):
   """One jitted sampler: (weights, cond, example indices, sample indices, key) -> images,
   batch-sharded.
 
@@ -45,17 +53,27 @@ def make_sampler(graphdef, diffusion: Diffusion, steps: int, eta: float, shape, 
     if symmetric_stats is not None:
       element = sample % len(symmetry.GROUP)
       cond = symmetry.turn_conditions(cond, element, *symmetric_stats)
-    images = diffusion.sample_fn(model, cond, steps=steps, eta=eta, key=keys, shape=shape,
-                                 correct=correct)
+    images = diffusion.sample_fn(
+      model, cond, steps=steps, eta=eta, key=keys, shape=shape, correct=correct
+    )
     return images if symmetric_stats is None else symmetry.turn_back(images, element)
 
   b = shd.batch_sharded(mesh)
-  return jax.jit(sample, in_shardings=(shd.replicated(mesh), b, b, b, shd.replicated(mesh)),
-                 out_shardings=b)
+  return jax.jit(
+    sample, in_shardings=(shd.replicated(mesh), b, b, b, shd.replicated(mesh)), out_shardings=b
+  )
 
 
-def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int | None = None, *,
-                    cond_size: int = 16, fraction: float = 0.8):
+def compile_sampler(
+  sampler,
+  weights,
+  mesh,
+  num_examples: int,
+  batch_size: int | None = None,
+  *,
+  cond_size: int = 16,
+  fraction: float = 0.8,
+):
   """Compile `sampler` for the largest batch that fits the devices; returns (executable, batch).
 
   `batch_size` (global) is taken as given. Otherwise per-device batches 8, 4, 2, 1 (never more
@@ -64,8 +82,9 @@ def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int |
   n = mesh.devices.size
   if batch_size is not None:
     if batch_size < 1 or batch_size % n:
-      raise InputError(f"--config.sampling.batch_size={batch_size}: must be a positive multiple "
-                       f"of the {n} devices")
+      raise InputError(
+        f"--config.sampling.batch_size={batch_size}: must be a positive multiple of the {n} devices"
+      )
     candidates = [batch_size // n]
   else:
     most = max(1, -(-num_examples // n))
@@ -82,11 +101,17 @@ def compile_sampler(sampler, weights, mesh, num_examples: int, batch_size: int |
       log.info(f"sampler: batch {g} does not fit ({str(e).splitlines()[0][:120]}); trying smaller")
       continue
     need = dm.memory_of(compiled).get("peak_bytes")
-    if batch_size is not None or need is None or budget is None or \
-        need * sharing <= fraction * budget:
+    if (
+      batch_size is not None
+      or need is None
+      or budget is None
+      or need * sharing <= fraction * budget
+    ):
       return compiled, g
-    log.info(f"sampler: batch {g} needs ~{need * sharing / 2 ** 30:.1f} GiB of "
-             f"{budget / 2 ** 30:.1f} GiB available; trying a smaller batch")
+    log.info(
+      f"sampler: batch {g} needs ~{need * sharing / 2**30:.1f} GiB of "
+      f"{budget / 2**30:.1f} GiB available; trying a smaller batch"
+    )
   log.warning(f"sampler: even batch {n} may not fit the available memory; trying it anyway")
   return compiled, n
 
@@ -105,4 +130,5 @@ def gather(x: jax.Array) -> np.ndarray:
   if x.is_fully_addressable:
     return np.asarray(x)
   from jax.experimental import multihost_utils
+
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -89,12 +89,16 @@ def _forward(qh, kh, vh, bias, block):
     p = jnp.exp(s - m_new[..., None])
     corr = jnp.exp(m - m_new)
     l = l * corr + jnp.sum(p, axis=-1)
-    acc = acc * corr[..., None] + jnp.einsum("bnts,bnsd->bntd", p.astype(vh.dtype), blk["v"],
-                                             preferred_element_type=jnp.float32)
+    acc = acc * corr[..., None] + jnp.einsum(
+      "bnts,bnsd->bntd", p.astype(vh.dtype), blk["v"], preferred_element_type=jnp.float32
+    )
     return (m_new, l, acc), None
 
-  init = (jnp.full((b, n, t), -jnp.inf, jnp.float32), jnp.zeros((b, n, t), jnp.float32),
-          jnp.zeros((b, n, t, d), jnp.float32))
+  init = (
+    jnp.full((b, n, t), -jnp.inf, jnp.float32),
+    jnp.zeros((b, n, t), jnp.float32),
+    jnp.zeros((b, n, t, d), jnp.float32),
+  )
   (m, l, acc), _ = jax.lax.scan(body, init, _blocks(kh, vh, bias, block))
   return acc / l[..., None], m + jnp.log(l)
 
@@ -136,28 +140,39 @@ def _bwd(block, res, dout):
     s = jnp.einsum("bntd,bnsd->bnts", qs, kb, preferred_element_type=jnp.float32)
     if "bias" in blk:
       s = s + blk["bias"].astype(jnp.float32)
-    p = jnp.exp(s - lse[..., None])                             # (B, N, T, block)
+    p = jnp.exp(s - lse[..., None])  # (B, N, T, block)
     dv = jnp.einsum("bnts,bntd->bnsd", p.astype(do.dtype), do, preferred_element_type=jnp.float32)
     dp = jnp.einsum("bntd,bnsd->bnts", do, vb, preferred_element_type=jnp.float32)
-    ds = p * (dp - delta[..., None])                            # d loss / d scores
-    dq = dq + jnp.einsum("bnts,bnsd->bntd", ds.astype(qh.dtype), kb,
-                         preferred_element_type=jnp.float32)
+    ds = p * (dp - delta[..., None])  # d loss / d scores
+    dq = dq + jnp.einsum(
+      "bnts,bnsd->bntd", ds.astype(qh.dtype), kb, preferred_element_type=jnp.float32
+    )
     dk = jnp.einsum("bnts,bntd->bnsd", ds.astype(qh.dtype), qs, preferred_element_type=jnp.float32)
     out = {"k": dk, "v": dv}
     if "bias" in blk:
       # the sum over the batch as a matmul: XLA:CPU's reduction over this leading axis is 40x slower
-      out["bias"] = (jnp.ones((1, ds.shape[0]), ds.dtype) @ ds.reshape(ds.shape[0], -1)).reshape(
-          1, *ds.shape[1:]) if blk["bias"].shape[0] == 1 else ds
+      out["bias"] = (
+        (jnp.ones((1, ds.shape[0]), ds.dtype) @ ds.reshape(ds.shape[0], -1)).reshape(
+          1, *ds.shape[1:]
+        )
+        if blk["bias"].shape[0] == 1
+        else ds
+      )
     return dq, out
 
   dq, grads = jax.lax.scan(body, jnp.zeros(qh.shape, jnp.float32), _blocks(kh, vh, bias, block))
   unblock = lambda x, like: _heads_first(jnp.moveaxis(x, 0, 2).reshape(like.shape)).astype(
-      like.dtype)
+    like.dtype
+  )
   dbias = None
   if bias is not None:
     dbias = jnp.moveaxis(grads["bias"], 0, 3).reshape(bias.shape).astype(bias.dtype)
-  return (_heads_first(dq * scale).astype(qh.dtype), unblock(grads["k"], kh),
-          unblock(grads["v"], vh), dbias)
+  return (
+    _heads_first(dq * scale).astype(qh.dtype),
+    unblock(grads["k"], kh),
+    unblock(grads["v"], vh),
+    dbias,
+  )
 
 
 blocked_attention.defvjp(_fwd, _bwd)
@@ -169,32 +184,44 @@ blocked_attention.defvjp(_fwd, _bwd)
 def _splash_kernel(tokens: int, heads: int, block: int, interpret: bool):
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
   from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
   mask = sm.MultiHeadMask([sm.FullMask((tokens, tokens)) for _ in range(heads)])
-  sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
-                        block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-                        block_q_dq=block, block_kv_dq=block)
-  return sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1,
-                            interpret=interpret)
+  sizes = sk.BlockSizes(
+    block_q=block,
+    block_kv=block,
+    block_kv_compute=block,
+    block_q_dkv=block,
+    block_kv_dkv=block,
+    block_kv_dkv_compute=block,
+    block_q_dq=block,
+    block_kv_dq=block,
+  )
+  return sk.make_splash_mha(
+    mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret
+  )
 
 
-def splash_attention(q, k, v, block: int = SPLASH_BLOCK, interpret: bool = False,
-                     batch_axis: str = "data"):
+def splash_attention(
+  q, k, v, block: int = SPLASH_BLOCK, interpret: bool = False, batch_axis: str = "data"
+):
   """Splash attention for (B, T, N, D) inputs; under a mesh (`jax.set_mesh`) with `batch_axis`,
   each device runs the kernel on its own batch shard (a Pallas call is not auto-partitioned)."""
   b, t, n, d = q.shape
   kernel = _splash_kernel(t, n, min(block, t), interpret)
 
   def local(q, k, v):
-    out = jax.vmap(kernel)(_heads_first(q * (1.0 / math.sqrt(d))).astype(q.dtype),
-                           _heads_first(k), _heads_first(v))
+    out = jax.vmap(kernel)(
+      _heads_first(q * (1.0 / math.sqrt(d))).astype(q.dtype), _heads_first(k), _heads_first(v)
+    )
     return _heads_first(out)
 
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or batch_axis not in mesh.axis_names or mesh.shape[batch_axis] == 1:
     return local(q, k, v)
   spec = P(batch_axis)
-  return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec,
-                       check_vma=False)(q, k, v)
+  return jax.shard_map(
+    local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec, check_vma=False
+  )(q, k, v)
 
 
 # ----------------------------------------------------------------------------- dispatch

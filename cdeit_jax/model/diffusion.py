@@ -60,8 +60,9 @@ class Diffusion:
     expand = (slice(None),) + (None,) * (x0.ndim - 1)
     return self._sqrt_ab[t][expand] * x0 + self._sqrt_1mab[t][expand] * noise
 
-  def loss(self, model: Denoiser, x0: Array, t: Array, cond: Array, noise: Array,
-           mask: Array | None = None) -> Array:
+  def loss(
+    self, model: Denoiser, x0: Array, t: Array, cond: Array, noise: Array, mask: Array | None = None
+  ) -> Array:
     """Mean absolute error between the model's x0 and x0, over pixels and the batch.
 
     `mask` (B,) weights examples (for padded batches); the mean is over the unmasked ones.
@@ -87,18 +88,36 @@ class Diffusion:
       ab_t = ab[t]
       ab_next = ab[t_next] if t_next >= 0 else 1.0
       sigma = eta * np.sqrt((1 - ab_t / ab_next) * (1 - ab_next) / (1 - ab_t))
-      rows.append((t, np.sqrt(1 / ab_t), np.sqrt(1 / ab_t - 1), np.sqrt(ab_next),
-                   np.sqrt(max(1 - ab_next - sigma ** 2, 0.0)), sigma))
+      rows.append(
+        (
+          t,
+          np.sqrt(1 / ab_t),
+          np.sqrt(1 / ab_t - 1),
+          np.sqrt(ab_next),
+          np.sqrt(max(1 - ab_next - sigma**2, 0.0)),
+          sigma,
+        )
+      )
     cols = list(zip(*rows))
-    out = {k: np.asarray(v, np.float32) for k, v in zip(
-        ("recip_sqrt_ab", "sqrt_recipm1_ab", "sqrt_ab_next", "c", "sigma"), cols[1:])}
+    out = {
+      k: np.asarray(v, np.float32)
+      for k, v in zip(("recip_sqrt_ab", "sqrt_recipm1_ab", "sqrt_ab_next", "c", "sigma"), cols[1:])
+    }
     out["t"] = np.asarray(cols[0], np.int32)
     return out
 
-  def sample_fn(self, apply: Denoiser, cond: Array, *, steps: int = 5, eta: float = 1.0,
-                key: Array | None = None, noises: Array | None = None,
-                shape: tuple[int, ...] = (128, 128, 1),
-                correct: Callable[[Array, Array], Array] | None = None) -> Array:
+  def sample_fn(
+    self,
+    apply: Denoiser,
+    cond: Array,
+    *,
+    steps: int = 5,
+    eta: float = 1.0,
+    key: Array | None = None,
+    noises: Array | None = None,
+    shape: tuple[int, ...] = (128, 128, 1),
+    correct: Callable[[Array, Array], Array] | None = None,
+  ) -> Array:
     """Traceable sampler: `apply(x, t, cond)` returns x0. Use inside jit (see `sample`).
 
     `correct(x0, cond)`, when given, replaces each step's x0 estimate before the update (data
@@ -139,8 +158,16 @@ class Diffusion:
     x, _ = jax.lax.scan(step, x, (coef, step_noise))
     return x
 
-  def sample(self, model: nnx.Module, cond: Array, *, key: Array | None = None, steps: int = 5,
-             eta: float = 1.0, noises: Array | None = None) -> Array:
+  def sample(
+    self,
+    model: nnx.Module,
+    cond: Array,
+    *,
+    key: Array | None = None,
+    steps: int = 5,
+    eta: float = 1.0,
+    noises: Array | None = None,
+  ) -> Array:
     """Reconstruct images (B, H, W, C) for conditions `cond` (B, 16, 16, 1), one jitted call."""
     graphdef, state = nnx.split(model)
     shape = (model.image_size, model.image_size, model.in_channels)
@@ -150,5 +177,4 @@ class Diffusion:
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
 def _jitted_sample(diffusion, graphdef, shape, steps, eta, state, cond, key, noises):
   model = nnx.merge(graphdef, state)
-  return diffusion.sample_fn(model, cond, steps=steps, eta=eta, key=key, noises=noises,
-                             shape=shape)
+  return diffusion.sample_fn(model, cond, steps=steps, eta=eta, key=key, noises=noises, shape=shape)

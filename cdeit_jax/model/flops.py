@@ -17,10 +17,21 @@ import numpy as np
 from cdeit_jax.common.errors import InputError
 
 
-def forward_flops(*, image_size: int = 128, patch_size: int = 2, in_channels: int = 1,
-                  hidden_size: int = 512, num_heads: int = 16, mlp_ratio: float = 4.0,
-                  num_scales: int = 4, window_size: int | None = None, freq_dim: int = 256,
-                  cond: str = "eim", cond_alphas=(), **_: Any) -> float:
+def forward_flops(
+  *,
+  image_size: int = 128,
+  patch_size: int = 2,
+  in_channels: int = 1,
+  hidden_size: int = 512,
+  num_heads: int = 16,
+  mlp_ratio: float = 4.0,
+  num_scales: int = 4,
+  window_size: int | None = None,
+  freq_dim: int = 256,
+  cond: str = "eim",
+  cond_alphas=(),
+  **_: Any,
+) -> float:
   """Matmul FLOPs of one image's forward pass (takes `config.model` as keywords)."""
   del num_heads  # heads split the width; the FLOPs do not depend on their number
   c, hid = hidden_size, int(hidden_size * mlp_ratio)
@@ -28,25 +39,25 @@ def forward_flops(*, image_size: int = 128, patch_size: int = 2, in_channels: in
   window = window_size or grid // 4
 
   def block(tokens: int, attended: int) -> float:
-    linear = 2 * tokens * c * (3 * c + c + 2 * hid)      # qkv, proj, mlp fc1 + fc2
-    scores = 2 * 2 * tokens * attended * c               # q k^T and p v, all heads
-    return linear + scores + 2 * c * 6 * c               # + adaLN modulation
+    linear = 2 * tokens * c * (3 * c + c + 2 * hid)  # qkv, proj, mlp fc1 + fc2
+    scores = 2 * 2 * tokens * attended * c  # q k^T and p v, all heads
+    return linear + scores + 2 * c * 6 * c  # + adaLN modulation
 
   levels = 0 if cond == "eim" else len(tuple(cond_alphas))
-  pixels = image_size ** 2
+  pixels = image_size**2
   # physics-informed condition: U^T y, then one (208 x pixels) product per level
   total = 2 * 208 * 208 + levels * 2 * 208 * pixels if levels else 0
-  total += 2 * grid ** 2 * (patch_size ** 2 * (2 * in_channels + levels)) * c  # patch embedding
-  total += 2 * freq_dim * c + 2 * c * c                            # timestep MLP
-  total += 4 * block(grid ** 2, window ** 2)                       # swinIn1/2, swinOut1/2
+  total += 2 * grid**2 * (patch_size**2 * (2 * in_channels + levels)) * c  # patch embedding
+  total += 2 * freq_dim * c + 2 * c * c  # timestep MLP
+  total += 4 * block(grid**2, window**2)  # swinIn1/2, swinOut1/2
   for s in range(1, num_scales + 1):
     tokens = (grid >> s) ** 2
-    total += 2 * tokens * 4 * c * c + 2 * block(tokens, tokens)    # merge + two global blocks
+    total += 2 * tokens * 4 * c * c + 2 * block(tokens, tokens)  # merge + two global blocks
   total += block((grid >> num_scales) ** 2, (grid >> num_scales) ** 2)  # mid
   for s in range(num_scales - 1, -1, -1):
     tokens = (grid >> s) ** 2
     total += 2 * tokens * c * c + 2 * tokens * 2 * c * c + 2 * block(tokens, tokens)  # conv, fuse
-  total += 2 * c * 2 * c + 2 * grid ** 2 * c * patch_size ** 2 * in_channels  # final layer
+  total += 2 * c * 2 * c + 2 * grid**2 * c * patch_size**2 * in_channels  # final layer
   return float(total)
 
 
@@ -98,6 +109,6 @@ def jaxpr_matmul_flops(jaxpr) -> float:
 def _subjaxprs(eqn):
   """The jaxprs in an equation's parameters (scan, cond branches, pjit, custom_vjp, remat)."""
   for v in eqn.params.values():
-    for x in (v if isinstance(v, (list, tuple)) else [v]):
+    for x in v if isinstance(v, (list, tuple)) else [v]:
       if hasattr(x, "eqns") or hasattr(getattr(x, "jaxpr", None), "eqns"):
         yield x

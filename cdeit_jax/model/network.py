@@ -102,10 +102,25 @@ class L2Norm(nnx.Module):
     return x / jnp.maximum(norm, 1e-12) * (self.g[...] * self.scale)
 
 
-def _linear(din: int, dout: int, dtype: DType, rngs: nnx.Rngs, *, use_bias: bool = True,
-            kernel_init=xavier_uniform) -> nnx.Linear:
-  return nnx.Linear(din, dout, use_bias=use_bias, dtype=dtype, param_dtype=jnp.float32,
-                    kernel_init=kernel_init, bias_init=zeros, rngs=rngs)
+def _linear(
+  din: int,
+  dout: int,
+  dtype: DType,
+  rngs: nnx.Rngs,
+  *,
+  use_bias: bool = True,
+  kernel_init=xavier_uniform,
+) -> nnx.Linear:
+  return nnx.Linear(
+    din,
+    dout,
+    use_bias=use_bias,
+    dtype=dtype,
+    param_dtype=jnp.float32,
+    kernel_init=kernel_init,
+    bias_init=zeros,
+    rngs=rngs,
+  )
 
 
 class Mlp(nnx.Module):
@@ -121,9 +136,17 @@ class Attention(nnx.Module):
   """Multi-head self-attention on a (B, H, W, C) grid: global, or inside non-overlapping windows
   (Swin W-MSA, no shift) with a learned relative position bias."""
 
-  def __init__(self, dim: int, num_heads: int, dtype: DType, rngs: nnx.Rngs, *,
-               window: int | None = None, implementation: str | None = None,
-               query_chunk: int | None = None):
+  def __init__(
+    self,
+    dim: int,
+    num_heads: int,
+    dtype: DType,
+    rngs: nnx.Rngs,
+    *,
+    window: int | None = None,
+    implementation: str | None = None,
+    query_chunk: int | None = None,
+  ):
     if dim % num_heads:
       raise InputError(f"hidden_size {dim} is not divisible by num_heads {num_heads}")
     self.num_heads = num_heads
@@ -135,7 +158,8 @@ class Attention(nnx.Module):
     if window is not None:
       init = nnx.initializers.truncated_normal(stddev=0.02)
       self.relative_position_bias_table = nnx.Param(
-          init(rngs.params(), ((2 * window - 1) ** 2, num_heads), jnp.float32))
+        init(rngs.params(), ((2 * window - 1) ** 2, num_heads), jnp.float32)
+      )
 
   def __call__(self, x: Array) -> Array:
     b, h, w, c = x.shape
@@ -158,9 +182,9 @@ class Attention(nnx.Module):
     if self.window is None:
       return out.reshape(b, h, w, c)
     ws = self.window
-    return einops.rearrange(out, "(b nh nw) (wh ww) c -> b (nh wh) (nw ww) c", b=b, nh=h // ws,
-                            wh=ws)
-
+    return einops.rearrange(
+      out, "(b nh nw) (wh ww) c -> b (nh wh) (nw ww) c", b=b, nh=h // ws, wh=ws
+    )
 
   def _attend(self, q, k, v, bias):
     attend = lambda q: attention.attend(q, k, v, bias, impl=self.implementation)
@@ -179,12 +203,28 @@ class Attention(nnx.Module):
 class Block(nnx.Module):
   """adaLN-Zero transformer block (DiT) on a (B, H, W, C) grid."""
 
-  def __init__(self, dim: int, num_heads: int, mlp_ratio: float, dtype: DType, rngs: nnx.Rngs, *,
-               window: int | None = None, attention_impl: str | None = None,
-               query_chunk: int | None = None):
+  def __init__(
+    self,
+    dim: int,
+    num_heads: int,
+    mlp_ratio: float,
+    dtype: DType,
+    rngs: nnx.Rngs,
+    *,
+    window: int | None = None,
+    attention_impl: str | None = None,
+    query_chunk: int | None = None,
+  ):
     self.norm1 = L2Norm(dim)
-    self.attn = Attention(dim, num_heads, dtype, rngs, window=window, implementation=attention_impl,
-                          query_chunk=query_chunk)
+    self.attn = Attention(
+      dim,
+      num_heads,
+      dtype,
+      rngs,
+      window=window,
+      implementation=attention_impl,
+      query_chunk=query_chunk,
+    )
     self.norm2 = L2Norm(dim)
     self.mlp = Mlp(dim, int(dim * mlp_ratio), dtype, rngs)
     self.adaLN_modulation = _linear(dim, 6 * dim, dtype, rngs, kernel_init=zeros)
@@ -201,23 +241,36 @@ class PatchMerging(nnx.Module):
   """Swin patch merging: 2x2 neighbours -> 4C, LayerNorm, Linear(4C, C) without bias."""
 
   def __init__(self, dim: int, dtype: DType, rngs: nnx.Rngs):
-    self.norm = nnx.LayerNorm(4 * dim, epsilon=1e-5, dtype=jnp.float32, param_dtype=jnp.float32,
-                              rngs=rngs)
+    self.norm = nnx.LayerNorm(
+      4 * dim, epsilon=1e-5, dtype=jnp.float32, param_dtype=jnp.float32, rngs=rngs
+    )
     self.reduction = _linear(4 * dim, dim, dtype, rngs, use_bias=False)
 
   def __call__(self, x: Array) -> Array:
     # Order (0,0), (1,0), (0,1), (1,1) as (row, col): even/even, odd/even, even/odd, odd/odd.
-    x = jnp.concatenate([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]],
-                        axis=-1)
+    x = jnp.concatenate(
+      [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], axis=-1
+    )
     return self.reduction(self.norm(x))
 
 
 class Down(nnx.Module):
   def __init__(self, dim, num_heads, mlp_ratio, dtype, rngs, attention_impl, query_chunk):
     self.merge = PatchMerging(dim, dtype, rngs)
-    self.blocks = nnx.List([Block(dim, num_heads, mlp_ratio, dtype, rngs,
-                                  attention_impl=attention_impl, query_chunk=query_chunk)
-                            for _ in range(2)])
+    self.blocks = nnx.List(
+      [
+        Block(
+          dim,
+          num_heads,
+          mlp_ratio,
+          dtype,
+          rngs,
+          attention_impl=attention_impl,
+          query_chunk=query_chunk,
+        )
+        for _ in range(2)
+      ]
+    )
 
 
 class Up(nnx.Module):
@@ -227,12 +280,26 @@ class Up(nnx.Module):
     # The reference's 1x1 Conv2d keeps PyTorch's default init: U(+-1/sqrt(fan_in)).
     bound_init = nnx.initializers.variance_scaling(1 / 3, "fan_in", "uniform")
     self.conv = _linear(dim, dim, dtype, rngs, kernel_init=bound_init)
-    self.conv.bias = nnx.Param(jax.random.uniform(rngs.params(), (dim,), jnp.float32,
-                                                  -1 / math.sqrt(dim), 1 / math.sqrt(dim)))
+    self.conv.bias = nnx.Param(
+      jax.random.uniform(
+        rngs.params(), (dim,), jnp.float32, -1 / math.sqrt(dim), 1 / math.sqrt(dim)
+      )
+    )
     self.fuse = _linear(2 * dim, dim, dtype, rngs)
-    self.blocks = nnx.List([Block(dim, num_heads, mlp_ratio, dtype, rngs,
-                                  attention_impl=attention_impl, query_chunk=query_chunk)
-                            for _ in range(2)])
+    self.blocks = nnx.List(
+      [
+        Block(
+          dim,
+          num_heads,
+          mlp_ratio,
+          dtype,
+          rngs,
+          attention_impl=attention_impl,
+          query_chunk=query_chunk,
+        )
+        for _ in range(2)
+      ]
+    )
 
   def upsample(self, x: Array, skip: Array) -> Array:
     x = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
@@ -269,19 +336,36 @@ class CDEIT(nnx.Module):
   (the physics-informed channels are computed from the EIM inside the model).
   """
 
-  def __init__(self, *, image_size: int = 128, patch_size: int = 2, in_channels: int = 1,
-               hidden_size: int = 512, num_heads: int = 16, mlp_ratio: float = 4.0,
-               num_scales: int = 4, window_size: int | None = None, cond_size: int = 16,
-               freq_dim: int = 256, cond: str = "eim", cond_alphas: tuple = (0.03, 0.3),
-               dtype: str | DType = "float32", attention_impl: str = "auto",
-               attention_query_chunk: int | None = None, remat: bool = False,
-               contact_impedance: float = CONTACT_IMPEDANCE, rngs: nnx.Rngs):
+  def __init__(
+    self,
+    *,
+    image_size: int = 128,
+    patch_size: int = 2,
+    in_channels: int = 1,
+    hidden_size: int = 512,
+    num_heads: int = 16,
+    mlp_ratio: float = 4.0,
+    num_scales: int = 4,
+    window_size: int | None = None,
+    cond_size: int = 16,
+    freq_dim: int = 256,
+    cond: str = "eim",
+    cond_alphas: tuple = (0.03, 0.3),
+    dtype: str | DType = "float32",
+    attention_impl: str = "auto",
+    attention_query_chunk: int | None = None,
+    remat: bool = False,
+    contact_impedance: float = CONTACT_IMPEDANCE,
+    rngs: nnx.Rngs,
+  ):
     if image_size % patch_size:
       raise InputError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
     grid = image_size // patch_size
-    if grid % (2 ** num_scales):
-      raise InputError(f"token grid {grid} (image_size/patch_size) must be divisible by "
-                       f"2**num_scales = {2 ** num_scales}")
+    if grid % (2**num_scales):
+      raise InputError(
+        f"token grid {grid} (image_size/patch_size) must be divisible by "
+        f"2**num_scales = {2**num_scales}"
+      )
     window = grid // 4 if window_size is None else window_size
     if grid % window:
       raise InputError(f"window_size {window} does not divide the token grid {grid}")
@@ -290,16 +374,19 @@ class CDEIT(nnx.Module):
     if cond not in COND_MODES:
       raise InputError(f"cond {cond!r} must be one of {COND_MODES}")
     if cond != "eim" and image_size != 128:
-      raise InputError(f"cond {cond!r} needs image_size 128 (the simulator's grid), "
-                       f"got {image_size}")
+      raise InputError(
+        f"cond {cond!r} needs image_size 128 (the simulator's grid), got {image_size}"
+      )
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
     self.cond_mode = cond
     dtype = jnp.dtype(dtype)
     conditioner = None
     if cond != "eim":  # the physics, only when asked for
       from cdeit_jax.eit import conditioning
-      conditioner = conditioning.LinearConditioner(tuple(cond_alphas),
-                                                   contact_impedance=contact_impedance)
+
+      conditioner = conditioning.LinearConditioner(
+        tuple(cond_alphas), contact_impedance=contact_impedance
+      )
     self.conditioner = conditioner
     extra = 0 if self.conditioner is None else len(self.conditioner.alphas)
     self.hidden_size, self.grid, self.window, self.cond_size = hidden_size, grid, window, cond_size
@@ -316,16 +403,25 @@ class CDEIT(nnx.Module):
     sincos_axis_table(dim, grid)  # checks hidden_size now, not at the first call
     # Patch embedding: the conv is initialised like a Linear over (kh, kw, in) -> out.
     self.x_embedder = nnx.Conv(
-        2 * in_channels + extra, dim, (patch_size, patch_size), strides=patch_size, padding="VALID",
-        dtype=dtype, param_dtype=jnp.float32, bias_init=zeros, rngs=rngs,
-        kernel_init=nnx.initializers.xavier_uniform(in_axis=(0, 1, 2), out_axis=3))
+      2 * in_channels + extra,
+      dim,
+      (patch_size, patch_size),
+      strides=patch_size,
+      padding="VALID",
+      dtype=dtype,
+      param_dtype=jnp.float32,
+      bias_init=zeros,
+      rngs=rngs,
+      kernel_init=nnx.initializers.xavier_uniform(in_axis=(0, 1, 2), out_axis=3),
+    )
     normal = nnx.initializers.normal(0.02)
     self.t_fc1 = _linear(freq_dim, dim, dtype, rngs, kernel_init=normal)
     self.t_fc2 = _linear(dim, dim, dtype, rngs, kernel_init=normal)
 
     chunk = attention_query_chunk
-    block = lambda win=None: Block(dim, *args, window=win, attention_impl=attention_impl,
-                                   query_chunk=chunk)
+    block = lambda win=None: Block(
+      dim, *args, window=win, attention_impl=attention_impl, query_chunk=chunk
+    )
     self.swinIn1, self.swinIn2 = block(window), block(window)
     self.downs = nnx.List([Down(dim, *args, attention_impl, chunk) for _ in range(num_scales)])
     self.mid = block()
@@ -340,8 +436,13 @@ class CDEIT(nnx.Module):
     axis table, bit-equal to the reference's float64 numpy buffer (float32 sin/cos in the graph
     would differ by ~3e-6) and small as a constant (64 KB at the published size, not 16 MB)."""
     g, axis = self.grid, jnp.asarray(sincos_axis_table(self.hidden_size, self.grid))
-    return jnp.concatenate([jnp.broadcast_to(axis[None], (g, g, axis.shape[-1])),
-                            jnp.broadcast_to(axis[:, None], (g, g, axis.shape[-1]))], axis=-1)
+    return jnp.concatenate(
+      [
+        jnp.broadcast_to(axis[None], (g, g, axis.shape[-1])),
+        jnp.broadcast_to(axis[:, None], (g, g, axis.shape[-1])),
+      ],
+      axis=-1,
+    )
 
   def _block(self, blk: Block, x: Array, c: Array) -> Array:
     if self.remat:
@@ -380,8 +481,9 @@ class CDEIT(nnx.Module):
 
     out = self.final_layer(h, c).astype(jnp.float32)  # (B, g, g, p*p*C), ordered (p, q, C)
     p = self.patch_size
-    return einops.rearrange(out, "b gh gw (ph pw c) -> b (gh ph) (gw pw) c", ph=p, pw=p,
-                            c=self.in_channels)
+    return einops.rearrange(
+      out, "b gh gw (ph pw c) -> b (gh ph) (gw pw) c", ph=p, pw=p, c=self.in_channels
+    )
 
 
 def count_params(model: CDEIT, include_fixed: bool = True) -> int:

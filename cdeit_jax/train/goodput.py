@@ -39,8 +39,11 @@ class Clock:
   @contextlib.contextmanager
   def phase(self, name: str, step: int | None = None):
     """Time a phase, annotated in a profiler trace (a step marker for `step`)."""
-    annotation = (jax.profiler.StepTraceAnnotation("train", step_num=step) if step is not None
-                  else jax.profiler.TraceAnnotation(name))
+    annotation = (
+      jax.profiler.StepTraceAnnotation("train", step_num=step)
+      if step is not None
+      else jax.profiler.TraceAnnotation(name)
+    )
     t = time.perf_counter()
     try:
       with annotation:
@@ -51,8 +54,10 @@ class Clock:
   def steps_begin(self, compile_s: float) -> None:
     """The steps start now: what came before is start-up (restore, statistics, calibration)
     and compilation."""
-    log.info(f"first step after {time.perf_counter() - self.t0:.1f} s (start-up "
-             f"{time.perf_counter() - self.t0 - compile_s:.1f} s, compilation {compile_s:.1f} s)")
+    log.info(
+      f"first step after {time.perf_counter() - self.t0:.1f} s (start-up "
+      f"{time.perf_counter() - self.t0 - compile_s:.1f} s, compilation {compile_s:.1f} s)"
+    )
     now = time.perf_counter()  # the line above is start-up too, not the first window's
     self.add("compile", compile_s)
     self.add("startup", now - self.t0 - compile_s)
@@ -81,9 +86,20 @@ class Clock:
 
 def describe(t: dict[str, float]) -> str:
   """The end-of-run line."""
-  parts = ", ".join(f"{k.removesuffix('_s')} {t[k]:.1f} s" for k in (
-      "startup_s", "compile_s", "step_s", "data_s", "validation_s", "checkpoint_s", "logging_s",
-      "profile_s", "other_s"))
+  parts = ", ".join(
+    f"{k.removesuffix('_s')} {t[k]:.1f} s"
+    for k in (
+      "startup_s",
+      "compile_s",
+      "step_s",
+      "data_s",
+      "validation_s",
+      "checkpoint_s",
+      "logging_s",
+      "profile_s",
+      "other_s",
+    )
+  )
   return f"wall time {t['wall_s']:.1f} s: {parts}; goodput {t['goodput']:.1%}"
 
 
@@ -106,8 +122,9 @@ class Profiler:
         options = jax.profiler.ProfileOptions()
         # Python function calls only when asked: a checkpoint save alone makes a million events
         options.python_tracer_level = int(self.python)
-        jax.profiler.start_trace(self.dir, create_perfetto_trace=not fileio.is_remote(self.dir),
-                                 profiler_options=options)
+        jax.profiler.start_trace(
+          self.dir, create_perfetto_trace=not fileio.is_remote(self.dir), profiler_options=options
+        )
       self.active = True
 
   def after_step(self, step: int, state: Any) -> None:
@@ -123,5 +140,7 @@ class Profiler:
       with self.clock.phase("profile"):
         jax.profiler.stop_trace()
       self.active = False
-      log.info(f"profile of steps {self.start}..{self.start + self.count - 1} written to "
-               f"{self.dir} (tensorboard --logdir {self.dir}, profile tab; or ui.perfetto.dev)")
+      log.info(
+        f"profile of steps {self.start}..{self.start + self.count - 1} written to "
+        f"{self.dir} (tensorboard --logdir {self.dir}, profile tab; or ui.perfetto.dev)"
+      )

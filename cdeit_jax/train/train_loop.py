@@ -57,8 +57,11 @@ class _Preemption:
   def __init__(self):
     self.requested, self.signal = False, None
     self._multi = jax.process_count() > 1
-    self._previous = {} if self._multi else {
-        s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    self._previous = (
+      {}
+      if self._multi
+      else {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    )
 
   def _handle(self, signum, frame):
     if signum == signal.SIGINT and self.signal == signal.SIGINT:
@@ -92,15 +95,18 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
       result = _train(cfg, workdir, mesh, goodput.Clock(t0), preempt, lock)
     if preempt.signal == signal.SIGINT:
-      raise Interrupted(f"interrupted (Ctrl-C) after step {result['step']}, which is saved; "
-                        "rerun the same command to resume")
+      raise Interrupted(
+        f"interrupted (Ctrl-C) after step {result['step']}, which is saved; "
+        "rerun the same command to resume"
+      )
     return result
   except Exception as e:
     if isinstance(e, fileio.DiskFull) or not compat.is_disk_full(e):
       raise
     logs.debug.error("the full error behind 'no space left'", exc_info=e)
-    raise fileio.no_space(workdir, "the steps saved before are whole; rerun the same command "
-                          "to resume from the latest") from None
+    raise fileio.no_space(
+      workdir, "the steps saved before are whole; rerun the same command to resume from the latest"
+    ) from None
   finally:
     preempt.restore()
     lock.release()
@@ -109,8 +115,18 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 # Settings a run cannot resume under: they change the state's shapes or the data order.
 _RESUME_FIXED = ("batch_size",)
 # Settings that may change on resume, but then the run no longer matches an uninterrupted one.
-_RESUME_WARN = ("seed", "steps", "accum_steps", "optimizer", "ema", "diffusion", "data.seed",
-                "data.path", "data.train_split", "data.source")
+_RESUME_WARN = (
+  "seed",
+  "steps",
+  "accum_steps",
+  "optimizer",
+  "ema",
+  "diffusion",
+  "data.seed",
+  "data.path",
+  "data.train_split",
+  "data.source",
+)
 
 
 def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -128,22 +144,27 @@ def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list
   that resume but break equality with an uninterrupted run."""
   now = _flat(json.loads(cfg.to_json_best_effort()))
   was = _flat(meta.get("config", {}))
-  changed = lambda keys: [k for k in sorted(set(now) | set(was))
-                          if any(k == p or k.startswith(p + ".") for p in keys)
-                          and now.get(k) != was.get(k)]
-  model = [k for k in changed(("model",))
-           if k.split(".", 1)[1] not in loading.RUNTIME_MODEL_KEYS]
+  changed = lambda keys: [
+    k
+    for k in sorted(set(now) | set(was))
+    if any(k == p or k.startswith(p + ".") for p in keys) and now.get(k) != was.get(k)
+  ]
+  model = [k for k in changed(("model",)) if k.split(".", 1)[1] not in loading.RUNTIME_MODEL_KEYS]
   fixed = model + changed(_RESUME_FIXED)
   if fixed:
     diff = "; ".join(f"config.{k}: checkpoint {was.get(k)!r}, now {now.get(k)!r}" for k in fixed)
     raise checkpoint.CheckpointError(
-        f"cannot resume from {where} with a changed config ({diff}); rerun with the "
-        "checkpoint's settings or give a new --workdir")
+      f"cannot resume from {where} with a changed config ({diff}); rerun with the "
+      "checkpoint's settings or give a new --workdir"
+    )
   warn = changed(_RESUME_WARN + (("simulator",) if cfg.data.source == "simulator" else ()))
   if cfg.optimizer.schedule == "constant":  # then more steps only extend the same run
     warn = [k for k in warn if k != "steps"]
-  return [f"warning: resuming {where} with changed config.{k}: {was.get(k)!r} -> "
-          f"{now.get(k)!r} (the run no longer equals an uninterrupted one)" for k in warn]
+  return [
+    f"warning: resuming {where} with changed config.{k}: {was.get(k)!r} -> "
+    f"{now.get(k)!r} (the run no longer equals an uninterrupted one)"
+    for k in warn
+  ]
 
 
 # ----------------------------------------------------------------------------- phases
@@ -152,9 +173,10 @@ def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list
 @dataclasses.dataclass
 class ResumePlan:
   """Where the state comes from: None (a new run) or the newest step whose metadata reads."""
+
   meta: dict | None
   warnings: list[str]
-  skipped: dict[int, str]      # unreadable steps passed over: {step: reason}
+  skipped: dict[int, str]  # unreadable steps passed over: {step: reason}
 
   @property
   def checkpoint_stats(self):
@@ -169,18 +191,21 @@ def plan_resume(mngr, cfg: ml_collections.ConfigDict, workdir: str) -> ResumePla
   _, meta, skipped = checkpoint.first_readable(workdir, steps)
   if cfg.steps < int(meta["step"]):
     raise checkpoint.CheckpointError(
-        f"config.steps={cfg.steps} is below the step of {mngr.directory}/{meta['step']}: "
-        f"nothing to train; give --config.steps above {meta['step']} to train on, or a new "
-        "--workdir")
+      f"config.steps={cfg.steps} is below the step of {mngr.directory}/{meta['step']}: "
+      f"nothing to train; give --config.steps above {meta['step']} to train on, or a new "
+      "--workdir"
+    )
   if meta.get("format") == checkpoint.FORMAT_V1:
     raise checkpoint.CheckpointError(
-        f"{mngr.directory} was written by cdeit-jax 0.1 ({checkpoint.FORMAT_V1}); training "
-        "cannot resume from it: start a new --workdir (eval.py still reads it)")
+      f"{mngr.directory} was written by cdeit-jax 0.1 ({checkpoint.FORMAT_V1}); training "
+      "cannot resume from it: start a new --workdir (eval.py still reads it)"
+    )
   return ResumePlan(meta, check_resume(cfg, meta, f"{mngr.directory}/{meta['step']}"), skipped)
 
 
-def compile_step(ts: training.Setup, cfg: ml_collections.ConfigDict, mesh
-                 ) -> tuple[training.CompiledStep, bool]:
+def compile_step(
+  ts: training.Setup, cfg: ml_collections.ConfigDict, mesh
+) -> tuple[training.CompiledStep, bool]:
   """(the train step compiled for `mesh`, whether it came from the persistent compilation
   cache); DoesNotFit, with advice, when memory refuses it."""
   try:
@@ -193,15 +218,16 @@ def compile_step(ts: training.Setup, cfg: ml_collections.ConfigDict, mesh
     raise memory_fit.does_not_fit(e, cfg) from None
 
 
-def restore(mngr, workdir: str, plan: ResumePlan, state, compiled: training.CompiledStep,
-            constants, data_item) -> tuple[Any, dict, int, list[str], list[str]]:
+def restore(
+  mngr, workdir: str, plan: ResumePlan, state, compiled: training.CompiledStep, constants, data_item
+) -> tuple[Any, dict, int, list[str], list[str]]:
   """(state, meta, step, warnings, report lines) from the newest step that restores completely,
   the calibration set in `constants`; damaged steps are moved aside (kept for inspection)."""
-  load = lambda st: checkpoint.restore_train(mngr, st, state, compiled.state_shardings,
-                                             data_item)
+  load = lambda st: checkpoint.restore_train(mngr, st, state, compiled.state_shardings, data_item)
   steps = sorted(mngr.all_steps(), reverse=True)
-  step, (state, meta), skipped = checkpoint.first_intact(steps, load, str(mngr.directory),
-                                                         plan.skipped)
+  step, (state, meta), skipped = checkpoint.first_intact(
+    steps, load, str(mngr.directory), plan.skipped
+  )
   checkpoint.set_calibration(constants, meta.get("calibration", {}))
   warnings = [f"skipping checkpoint step {st}: {reason}" for st, reason in skipped.items()]
   report = []
@@ -257,8 +283,10 @@ def unusual_grad_norms(first_step: int, norms: list[float]) -> list[str]:
     return []
   steps = ", ".join(str(s) for s, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
   worst = max(bad, key=lambda sg: abs(np.log10(max(sg[1], 1e-30))))
-  return [f"gradient norm outside [{lo:g}, {hi:g}] at {len(bad)} step(s) ({steps}); "
-          f"{worst[1]:.3g} at step {worst[0]}"]
+  return [
+    f"gradient norm outside [{lo:g}, {hi:g}] at {len(bad)} step(s) ({steps}); "
+    f"{worst[1]:.3g} at step {worst[0]}"
+  ]
 
 
 class Window:
@@ -279,17 +307,23 @@ class Window:
     if not all(bool(m["finite"]) for m in host):
       bad = self.start + 1 + next(i for i, m in enumerate(host) if not bool(m["finite"]))
       raise NonFiniteLoss(
-          f"the loss or gradient became non-finite at step {bad}; stopping without saving. "
-          f"The last good checkpoint is step {last_good} in {workdir}/checkpoints "
-          "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data).")
+        f"the loss or gradient became non-finite at step {bad}; stopping without saving. "
+        f"The last good checkpoint is step {last_good} in {workdir}/checkpoints "
+        "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data)."
+      )
     n, batch, devices = step - self.start, self.cfg.batch_size, jax.device_count()
     sps = n / (now - self.t0)
     norms = [float(m["grad_norm"]) for m in host]
-    out = {"loss": float(np.mean([m["loss"] for m in host])), "grad_norm": norms[-1],
-           "grad_norm_max": max(norms), "lr": float(host[-1]["lr"]),
-           "steps_per_sec": sps, "samples_per_sec": sps * batch,
-           "samples_per_sec_per_device": sps * batch / devices,
-           "tflops_per_device": self.flops_per_step / devices * sps / 1e12}
+    out = {
+      "loss": float(np.mean([m["loss"] for m in host])),
+      "grad_norm": norms[-1],
+      "grad_norm_max": max(norms),
+      "lr": float(host[-1]["lr"]),
+      "steps_per_sec": sps,
+      "samples_per_sec": sps * batch,
+      "samples_per_sec_per_device": sps * batch / devices,
+      "tflops_per_device": self.flops_per_step / devices * sps / 1e12,
+    }
     if self.peak:
       out["fraction_of_peak"] = out["tflops_per_device"] / self.peak
     for line in unusual_grad_norms(self.start + 1, norms):
@@ -301,13 +335,26 @@ class Window:
     self.start, self.t0, self.pending = step, time.perf_counter(), []
 
 
-def make_validation(graphdef, diffusion, compiled: training.CompiledStep, constants, valid,
-                    cfg: ml_collections.ConfigDict, mesh):
+def make_validation(
+  graphdef,
+  diffusion,
+  compiled: training.CompiledStep,
+  constants,
+  valid,
+  cfg: ml_collections.ConfigDict,
+  mesh,
+):
   """`params -> validation loss` (mean L1 of x0 over the validation examples, fixed seed)."""
-  eval_step = jax.jit(training.make_eval_step(graphdef, diffusion),
-                      in_shardings=(compiled.state_shardings.ema, compiled.constants_shardings,
-                                    shd.batch_sharded(mesh), shd.replicated(mesh)),
-                      out_shardings=shd.replicated(mesh))
+  eval_step = jax.jit(
+    training.make_eval_step(graphdef, diffusion),
+    in_shardings=(
+      compiled.state_shardings.ema,
+      compiled.constants_shardings,
+      shd.batch_sharded(mesh),
+      shd.replicated(mesh),
+    ),
+    out_shardings=shd.replicated(mesh),
+  )
   eval_batch = cfg.eval_batch_size or cfg.batch_size
 
   def validation_loss(params) -> float:
@@ -331,6 +378,7 @@ def make_validation(graphdef, diffusion, compiled: training.CompiledStep, consta
 class _Prepared:
   """What the steps start from: the data, the compiled step, the state (fresh or restored) and
   what start-up has to say."""
+
   data: Any
   compiled: training.CompiledStep
   state: Any
@@ -352,40 +400,70 @@ def _prepare(cfg: ml_collections.ConfigDict, workdir: str, mesh, mngr) -> _Prepa
   ts = training.setup(cfg, mesh, calibration_source=data.calibration)
   compiled, cached = compile_step(ts, cfg, mesh)
   how = "loaded from the persistent compilation cache" if cached else "compiled"
-  report = [f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
-            f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
-            f"({cfg.accum_steps} micro-batches); params {ts.num_params:,}",
-            f"train step {how} in {compiled.compile_s:.1f} s; "
-            f"{memory_fit.train_step_report(compiled.memory, cfg)}", data.description]
+  report = [
+    f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
+    f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
+    f"({cfg.accum_steps} micro-batches); params {ts.num_params:,}",
+    f"train step {how} in {compiled.compile_s:.1f} s; "
+    f"{memory_fit.train_step_report(compiled.memory, cfg)}",
+    data.description,
+  ]
   warnings = list(plan.warnings)
   state = jax.device_put(ts.state, compiled.state_shardings)
   constants, rng, last_good = ts.constants, jax.random.key(cfg.seed), None
   if plan.meta is not None:
-    state, meta, last_good, skipped, lines = restore(mngr, workdir, plan, state, compiled,
-                                                     constants, data.checkpoint_item)
+    state, meta, last_good, skipped, lines = restore(
+      mngr, workdir, plan, state, compiled, constants, data.checkpoint_item
+    )
     warnings += skipped
     report += lines
     rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
   start = int(jax.device_get(state.step))
   constants = jax.device_put(constants, compiled.constants_shardings)
-  validation_loss = make_validation(ts.graphdef, ts.diffusion, compiled, constants, data.valid,
-                                    cfg, mesh)
+  validation_loss = make_validation(
+    ts.graphdef, ts.diffusion, compiled, constants, data.valid, cfg, mesh
+  )
   calibration = checkpoint.calibration_of(constants)
 
   def meta_now(step: int) -> dict:
-    return checkpoint.make_meta(cfg, step=step, mean=data.mean, std=data.std,
-                                weights=["ema", "raw"], source="train.py", calibration=calibration,
-                                rng=np.asarray(jax.random.key_data(rng)).tolist())
+    return checkpoint.make_meta(
+      cfg,
+      step=step,
+      mean=data.mean,
+      std=data.std,
+      weights=["ema", "raw"],
+      source="train.py",
+      calibration=calibration,
+      rng=np.asarray(jax.random.key_data(rng)).tolist(),
+    )
 
-  return _Prepared(data, compiled, state, constants, rng, start, last_good, validation_loss,
-                   meta_now, report, warnings)
+  return _Prepared(
+    data,
+    compiled,
+    state,
+    constants,
+    rng,
+    start,
+    last_good,
+    validation_loss,
+    meta_now,
+    report,
+    warnings,
+  )
 
 
-def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Clock,
-           preempt: _Preemption, lock: workdir_lock.WorkdirLock) -> dict[str, Any]:
+def _train(
+  cfg: ml_collections.ConfigDict,
+  workdir: str,
+  mesh,
+  clock: goodput.Clock,
+  preempt: _Preemption,
+  lock: workdir_lock.WorkdirLock,
+) -> dict[str, Any]:
   primary = jax.process_index() == 0
-  mngr = checkpoint.train_manager(workdir, keep=cfg.keep_checkpoints,
-                                  async_save=cfg.async_checkpoints)
+  mngr = checkpoint.train_manager(
+    workdir, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoints
+  )
   p = _prepare(cfg, workdir, mesh, mngr)
   logger = logs.MetricLogger(workdir, cfg.steps, p.start, enabled=primary)
   for line in p.report:
@@ -393,8 +471,10 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
   for line in p.warnings:
     log.warning(line.removeprefix("warning: "))
   if primary and logger.dropped:
-    log.info(f"metrics.jsonl: dropped {logger.dropped} record(s) after step {p.start} (steps "
-             "an earlier attempt logged but did not commit)")
+    log.info(
+      f"metrics.jsonl: dropped {logger.dropped} record(s) after step {p.start} (steps "
+      "an earlier attempt logged but did not commit)"
+    )
 
   # --- steps, and the periodic actions (each timed by phase, see goodput)
   schedule, window = Schedule(cfg), Window(p.start, cfg, p.compiled.flops_per_step)
@@ -404,8 +484,9 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
   clock.steps_begin(p.compiled.compile_s)
   try:
     if step < cfg.steps and preempt.agreed(step):
-      log.info(f"stopping before step {step} (a signal during start-up); rerun the same command "
-               "to resume")
+      log.info(
+        f"stopping before step {step} (a signal during start-up); rerun the same command to resume"
+      )
       return dict(last, step=step)
     while step < cfg.steps:
       profiler.before_step(step)
@@ -421,8 +502,9 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
         continue
       with clock.phase("step"):  # the one host sync of the window: waits for its steps
         last = window.close(step, last_good, workdir)
-      last_good = _close_window(cfg, step, stop, state, last, last_good, p, schedule, mngr, clock,
-                                lock, primary)
+      last_good = _close_window(
+        cfg, step, stop, state, last, last_good, p, schedule, mngr, clock, lock, primary
+      )
       with clock.phase("logging"):
         logger.write(step, last, advance=window.steps)
       window.reset(step)
@@ -438,9 +520,20 @@ def _train(cfg: ml_collections.ConfigDict, workdir: str, mesh, clock: goodput.Cl
   return dict(last, step=step)
 
 
-def _close_window(cfg, step: int, stop: bool, state, last: dict[str, Any], last_good: int | None,
-                  p: _Prepared, schedule: Schedule, mngr, clock: goodput.Clock,
-                  lock: workdir_lock.WorkdirLock, primary: bool) -> int | None:
+def _close_window(
+  cfg,
+  step: int,
+  stop: bool,
+  state,
+  last: dict[str, Any],
+  last_good: int | None,
+  p: _Prepared,
+  schedule: Schedule,
+  mngr,
+  clock: goodput.Clock,
+  lock: workdir_lock.WorkdirLock,
+  primary: bool,
+) -> int | None:
   """The periodic work at a logging step, into `last`: the lease check, validation, the
   checkpoint, the goodput split; returns the newest saved step."""
   if primary:
@@ -453,8 +546,9 @@ def _close_window(cfg, step: int, stop: bool, state, last: dict[str, Any], last_
     with clock.phase("checkpoint"):
       if primary:
         lock.check(read=True)  # the commit and the retention deletes are the lease's
-      checkpoint.save_train(mngr, state, p.data.checkpoint_item, p.meta_now(step),
-                            last.get("val_loss"))
+      checkpoint.save_train(
+        mngr, state, p.data.checkpoint_item, p.meta_now(step), last.get("val_loss")
+      )
       if end:  # the last save is part of the run
         mngr.wait_until_finished()
     last_good = step

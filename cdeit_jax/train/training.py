@@ -31,18 +31,23 @@ from cdeit_jax.model.network import CDEIT
 
 
 class TrainState(struct.PyTreeNode):
-  step: jax.Array            # optimizer steps done (int32 scalar)
-  params: nnx.State          # trained parameters (nnx.Param), float32
+  step: jax.Array  # optimizer steps done (int32 scalar)
+  params: nnx.State  # trained parameters (nnx.Param), float32
   opt_state: optax.OptState
-  ema: nnx.State             # EMA of `params` (the authors' ema_pytorch semantics)
+  ema: nnx.State  # EMA of `params` (the authors' ema_pytorch semantics)
 
 
-def create_state(model: CDEIT, tx: optax.GradientTransformation
-                 ) -> tuple[nnx.GraphDef, TrainState, nnx.State]:
+def create_state(
+  model: CDEIT, tx: optax.GradientTransformation
+) -> tuple[nnx.GraphDef, TrainState, nnx.State]:
   """(graphdef, fresh training state, the model's constants)."""
   graphdef, params, constants = nnx.split(model, nnx.Param, Fixed)
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
-                     ema=jax.tree.map(jnp.copy, params))
+  state = TrainState(
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
+    ema=jax.tree.map(jnp.copy, params),
+  )
   return graphdef, state, constants
 
 
@@ -55,14 +60,20 @@ def learning_rate_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
     return optax.constant_schedule(o.lr)
   if o.schedule == "warmup_cosine":
     return optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=o.lr, warmup_steps=o.warmup_steps,
-        decay_steps=max(cfg.steps, o.warmup_steps + 1), end_value=o.lr * o.end_lr_factor)
-  raise InputError(f"config.optimizer.schedule: {o.schedule!r} is not 'constant' or "
-                   "'warmup_cosine'")
+      init_value=0.0,
+      peak_value=o.lr,
+      warmup_steps=o.warmup_steps,
+      decay_steps=max(cfg.steps, o.warmup_steps + 1),
+      end_value=o.lr * o.end_lr_factor,
+    )
+  raise InputError(
+    f"config.optimizer.schedule: {o.schedule!r} is not 'constant' or 'warmup_cosine'"
+  )
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation,
-                                                             optax.Schedule]:
+def make_optimizer(
+  cfg: ml_collections.ConfigDict,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """Adam (PyTorch defaults: eps 1e-8 outside the sqrt, no weight decay) after global-norm
   clipping."""
   o = cfg.optimizer
@@ -82,8 +93,9 @@ def ema_decay(n: jax.Array, beta: float, update_after_step: int, power: float) -
   return jnp.clip(1.0 - epoch ** (-power), 0.0, beta)
 
 
-def ema_update(ema, params, n: jax.Array, *, beta: float, update_every: int,
-               update_after_step: int, power: float):
+def ema_update(
+  ema, params, n: jax.Array, *, beta: float, update_every: int, update_after_step: int, power: float
+):
   """One `EMA.update()` of ema_pytorch 0.5.2 (its defaults are `config.ema`'s) after optimizer
   step n (counting from 0): acts only
   when n % update_every == 0; copies the weights while n <= update_after_step; else
@@ -92,8 +104,10 @@ def ema_update(ema, params, n: jax.Array, *, beta: float, update_every: int,
   def act(ema):
     d = ema_decay(n, beta, update_after_step, power)
     return jax.lax.cond(
-        n <= update_after_step, lambda: jax.tree.map(lambda p: p.astype(jnp.float32), params),
-        lambda: jax.tree.map(lambda e, p: e * d + p * (1 - d), ema, params))
+      n <= update_after_step,
+      lambda: jax.tree.map(lambda p: p.astype(jnp.float32), params),
+      lambda: jax.tree.map(lambda e, p: e * d + p * (1 - d), ema, params),
+    )
 
   return jax.lax.cond(n % update_every == 0, act, lambda e: e, ema)
 
@@ -107,11 +121,14 @@ def _draws(key: jax.Array, target: jax.Array, num_steps: int):
   return t, jax.random.normal(k_n, target.shape, jnp.float32)
 
 
-def make_train_step(graphdef: nnx.GraphDef, diffusion: Diffusion, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, cfg: ml_collections.ConfigDict,
-                    mesh: jax.sharding.Mesh | None = None
-                    ) -> Callable[[TrainState, dict, jax.Array, nnx.State],
-                                  tuple[TrainState, dict]]:
+def make_train_step(
+  graphdef: nnx.GraphDef,
+  diffusion: Diffusion,
+  tx: optax.GradientTransformation,
+  schedule: optax.Schedule,
+  cfg: ml_collections.ConfigDict,
+  mesh: jax.sharding.Mesh | None = None,
+) -> Callable[[TrainState, dict, jax.Array, nnx.State], tuple[TrainState, dict]]:
   """The pure train step; `batch` holds `cond` (G,16,16,1) and `target` (G,H,W,1). `cfg` gives
   `accum_steps` and the EMA settings (`cfg.ema`)."""
   accum_steps, e = cfg.accum_steps, cfg.ema
@@ -138,23 +155,37 @@ def make_train_step(graphdef: nnx.GraphDef, diffusion: Diffusion, tx: optax.Grad
     if accum_steps == 1:
       loss, grads = grad_fn(state.params, constants, data)
     else:
+
       def body(carry, mb):
         loss_sum, g_sum = carry
         loss, g = grad_fn(state.params, constants, mb)
         return (loss_sum + loss, jax.tree.map(jnp.add, g_sum, g)), None
+
       zeros = jax.tree.map(jnp.zeros_like, state.params)
-      (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
-                                      jax.tree.map(micro_batches, data))
+      (loss, grads), _ = jax.lax.scan(
+        body, (jnp.zeros((), jnp.float32), zeros), jax.tree.map(micro_batches, data)
+      )
       loss = loss / accum_steps
       grads = jax.tree.map(lambda g: g / accum_steps, grads)
     grad_norm = optax.global_norm(grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    ema = ema_update(state.ema, params, state.step, beta=e.beta, update_every=e.update_every,
-                     update_after_step=e.update_after_step, power=e.power)
+    ema = ema_update(
+      state.ema,
+      params,
+      state.step,
+      beta=e.beta,
+      update_every=e.update_every,
+      update_after_step=e.update_after_step,
+      power=e.power,
+    )
     new = state.replace(step=state.step + 1, params=params, opt_state=opt_state, ema=ema)
-    metrics = {"loss": loss, "grad_norm": grad_norm, "lr": schedule(state.step),
-               "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm)}
+    metrics = {
+      "loss": loss,
+      "grad_norm": grad_norm,
+      "lr": schedule(state.step),
+      "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm),
+    }
     return new, metrics
 
   return train_step
@@ -180,23 +211,31 @@ def make_eval_step(graphdef: nnx.GraphDef, diffusion: Diffusion):
 class Setup:
   """The objects of a training run, built once from the config (the training loop, the
   benchmark, the AOT check and the tests use it)."""
+
   graphdef: nnx.GraphDef
-  state: TrainState           # concrete, or ShapeDtypeStructs when built `abstract`
-  constants: nnx.State        # the model's fixed variables (see the module docstring)
+  state: TrainState  # concrete, or ShapeDtypeStructs when built `abstract`
+  constants: nnx.State  # the model's fixed variables (see the module docstring)
   step_fn: Callable
   diffusion: Diffusion
   num_params: int
   model_kwargs: dict
 
 
-def setup(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, platform: str | None = None,
-          abstract: bool = False, calibration_source=None) -> Setup:
+def setup(
+  cfg: ml_collections.ConfigDict,
+  mesh: jax.sharding.Mesh,
+  *,
+  platform: str | None = None,
+  abstract: bool = False,
+  calibration_source=None,
+) -> Setup:
   """Model, optimizer, state and the pure train step of `cfg` for `mesh`'s platform; `abstract`
   builds shapes only (no parameters are materialised: compile-only checks). A physics-informed
   model is calibrated on `calibration_source` (the training `NpzSource`) when given."""
   from cdeit_jax import config_lib
   from cdeit_jax.checkpoints import loading
   from cdeit_jax.model.network import count_params
+
   platform = platform or mesh.devices.flat[0].platform
   kw = config_lib.model_kwargs(cfg, platform)
   tx, schedule = make_optimizer(cfg)
@@ -210,6 +249,7 @@ def setup(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, platform: 
     model = make()
     if calibration_source is not None and model.conditioner is not None:
       from cdeit_jax.eit import conditioning
+
       conditioning.calibrate(model.conditioner, calibration_source)
     graphdef, state, constants = create_state(model, tx)
   num_params = count_params(model)
@@ -220,24 +260,29 @@ def setup(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *, platform: 
 
 @dataclasses.dataclass
 class CompiledStep:
-  fn: Any                     # the compiled executable: (state, batch, rng, constants)
+  fn: Any  # the compiled executable: (state, batch, rng, constants)
   state_shardings: Any
   constants_shardings: Any
   batch_shardings: dict
-  flops_per_step: float       # model FLOPs of the whole step (all devices; loops counted)
+  flops_per_step: float  # model FLOPs of the whole step (all devices; loops counted)
   memory: dict[str, int]
   compile_s: float
 
 
-def abstract_batch(global_batch: int, image_size: int, in_channels: int = 1,
-                   cond_size: int = 16) -> dict[str, jax.ShapeDtypeStruct]:
-  return {"cond": jax.ShapeDtypeStruct((global_batch, cond_size, cond_size, 1), jnp.float32),
-          "target": jax.ShapeDtypeStruct((global_batch, image_size, image_size, in_channels),
-                                         jnp.float32)}
+def abstract_batch(
+  global_batch: int, image_size: int, in_channels: int = 1, cond_size: int = 16
+) -> dict[str, jax.ShapeDtypeStruct]:
+  return {
+    "cond": jax.ShapeDtypeStruct((global_batch, cond_size, cond_size, 1), jnp.float32),
+    "target": jax.ShapeDtypeStruct(
+      (global_batch, image_size, image_size, in_channels), jnp.float32
+    ),
+  }
 
 
-def compile_train_step(ts: Setup, global_batch: int, mesh: jax.sharding.Mesh,
-                       shard_params: bool = False) -> CompiledStep:
+def compile_train_step(
+  ts: Setup, global_batch: int, mesh: jax.sharding.Mesh, shard_params: bool = False
+) -> CompiledStep:
   """The train step of `ts` jitted with explicit shardings and donated state (the constants are
   replicated and not donated), compiled ahead of time under `mesh` (`jax.set_mesh`, so that
   per-device kernels such as splash attention see it)."""
@@ -251,17 +296,27 @@ def compile_train_step(ts: Setup, global_batch: int, mesh: jax.sharding.Mesh,
   state_sh = shd.state_shardings(abstract_state, mesh, shard_params)
   constants_sh = shd.state_shardings(abstract_constants, mesh)
   kw = ts.model_kwargs
-  batch = abstract_batch(global_batch, kw["image_size"], kw.get("in_channels", 1),
-                         kw.get("cond_size", 16))
+  batch = abstract_batch(
+    global_batch, kw["image_size"], kw.get("in_channels", 1), kw.get("cond_size", 16)
+  )
   batch_sh = {k: shd.batch_sharded(mesh) for k in batch}
-  jitted = jax.jit(ts.step_fn,
-                   in_shardings=(state_sh, batch_sh, shd.replicated(mesh), constants_sh),
-                   out_shardings=(state_sh, shd.replicated(mesh)), donate_argnums=(0,))
+  jitted = jax.jit(
+    ts.step_fn,
+    in_shardings=(state_sh, batch_sh, shd.replicated(mesh), constants_sh),
+    out_shardings=(state_sh, shd.replicated(mesh)),
+    donate_argnums=(0,),
+  )
   key = jax.eval_shape(lambda: jax.random.key(0))
   t0 = time.perf_counter()
   with jax.set_mesh(mesh):
     compiled = jitted.lower(abstract_state, batch, key, abstract_constants).compile()
   compile_s = time.perf_counter() - t0
-  return CompiledStep(compiled, state_sh, constants_sh, batch_sh,
-                      flops.train_flops_per_example(kw) * global_batch,
-                      device_memory.memory_of(compiled), compile_s)
+  return CompiledStep(
+    compiled,
+    state_sh,
+    constants_sh,
+    batch_sh,
+    flops.train_flops_per_example(kw) * global_batch,
+    device_memory.memory_of(compiled),
+    compile_s,
+  )

@@ -44,7 +44,7 @@ from cdeit_jax.common.errors import CdeitError, InputError
 
 LOCK_NAME = "lock"
 LEASE_S = 120.0  # an object-store lock not renewed for this long belongs to a dead run
-SAFETY = 0.75    # a holder whose renewal is older than this many leases stops (fencing)
+SAFETY = 0.75  # a holder whose renewal is older than this many leases stops (fencing)
 
 log = logging.getLogger("cdeit_jax.lock")
 
@@ -65,8 +65,9 @@ def stop_now(message: str) -> None:
 
 
 class WorkdirLock:
-  def __init__(self, workdir: str, lease_s: float = LEASE_S,
-               on_lost: Callable[[str], None] = stop_now):
+  def __init__(
+    self, workdir: str, lease_s: float = LEASE_S, on_lost: Callable[[str], None] = stop_now
+  ):
     self.workdir = fileio.resolve(workdir)
     self.path = fileio.join(self.workdir, LOCK_NAME)
     if not (isinstance(lease_s, (int, float)) and lease_s > 0):
@@ -89,21 +90,29 @@ class WorkdirLock:
     try:
       fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-      raise InputError(f"{self.path}: cannot open the workdir's lock file ({e.strerror}); "
-                       "remove what is there or give another --workdir") from None
+      raise InputError(
+        f"{self.path}: cannot open the workdir's lock file ({e.strerror}); "
+        "remove what is there or give another --workdir"
+      ) from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
       holder = _read_holder(fd)
       os.close(fd)
       raise WorkdirBusy(
-          f"{os.path.dirname(self.path)} is in use by another training ({holder}); wait for it "
-          "to finish, stop it, or give another --workdir") from None
+        f"{os.path.dirname(self.path)} is in use by another training ({holder}); wait for it "
+        "to finish, stop it, or give another --workdir"
+      ) from None
     except BaseException:
       os.close(fd)
       raise
-    record = json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                         "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode()
+    record = json.dumps(
+      {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+      }
+    ).encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, record, 0)
     self._fd = fd
@@ -139,16 +148,21 @@ def _describe(h: dict) -> str:
 
 
 def _holder() -> dict:
-  return {"host": socket.gethostname(), "pid": os.getpid(),
-          "since": time.strftime("%Y-%m-%d %H:%M:%S"), "token": uuid.uuid4().hex}
+  return {
+    "host": socket.gethostname(),
+    "pid": os.getpid(),
+    "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    "token": uuid.uuid4().hex,
+  }
 
 
 class _Lease:
   """The object-store lock (module docstring): taken on construction, renewed by a daemon thread
   until release()."""
 
-  def __init__(self, path: str, workdir: str, lease_s: float,
-               on_lost: Callable[[str], None] = stop_now):
+  def __init__(
+    self, path: str, workdir: str, lease_s: float, on_lost: Callable[[str], None] = stop_now
+  ):
     self.path, self.workdir, self.lease_s, self.on_lost = path, workdir, lease_s, on_lost
     self.lost: str | None = None
     self._wait_for_lapse(workdir)
@@ -167,21 +181,30 @@ class _Lease:
     while h is not None:
       age = time.time() - float(h.get("renewed", 0))
       if age >= self.lease_s:
-        log.info("taking over the lock of %s (%s: not renewed for %.0f s)", workdir,
-                 _describe(h), age)
+        log.info(
+          "taking over the lock of %s (%s: not renewed for %.0f s)", workdir, _describe(h), age
+        )
         return
       if not told:
-        log.info("%s is locked by %s, renewed %.0f s ago: waiting up to %.0f s to see whether "
-                 "it is renewed (its holder is alive) or lapses", workdir, _describe(h), age,
-                 self.lease_s - age)
+        log.info(
+          "%s is locked by %s, renewed %.0f s ago: waiting up to %.0f s to see whether "
+          "it is renewed (its holder is alive) or lapses",
+          workdir,
+          _describe(h),
+          age,
+          self.lease_s - age,
+        )
         told = True
       time.sleep(min(self.lease_s / 8, self.lease_s - age))
       now = self._read()
-      if now is not None and (now.get("token"), now.get("renewed")) != (h.get("token"),
-                                                                      h.get("renewed")):
+      if now is not None and (now.get("token"), now.get("renewed")) != (
+        h.get("token"),
+        h.get("renewed"),
+      ):
         raise WorkdirBusy(
-            f"{workdir} is in use by another training ({_describe(now)}; it renews its lock); "
-            "wait for it to finish, stop it, or give another --workdir")
+          f"{workdir} is in use by another training ({_describe(now)}; it renews its lock); "
+          "wait for it to finish, stop it, or give another --workdir"
+        )
       h = now
 
   def _read(self) -> dict | None:
@@ -197,16 +220,20 @@ class _Lease:
   def _late(self) -> str | None:
     age = time.time() - self.confirmed
     if age > SAFETY * self.lease_s:
-      return (f"the lease on {self.workdir} was last confirmed {age:.0f} s ago (lease "
-              f"{self.lease_s:.0f} s: this process was paused or the store unreachable), so "
-              "another training may own the workdir now; this run stopped writing. Rerun to "
-              "resume if no other run uses it")
+      return (
+        f"the lease on {self.workdir} was last confirmed {age:.0f} s ago (lease "
+        f"{self.lease_s:.0f} s: this process was paused or the store unreachable), so "
+        "another training may own the workdir now; this run stopped writing. Rerun to "
+        "resume if no other run uses it"
+      )
     return None
 
   def _taken(self, h: dict | None) -> str | None:
     if h is not None and h.get("token") != self.me["token"]:
-      return (f"the lock of {self.workdir} was taken over by {_describe(h)} (this run's lease "
-              "lapsed); this run stopped writing and leaves the workdir to it")
+      return (
+        f"the lock of {self.workdir} was taken over by {_describe(h)} (this run's lease "
+        "lapsed); this run stopped writing and leaves the workdir to it"
+      )
     return None
 
   def _lose(self, why: str) -> None:
@@ -225,7 +252,7 @@ class _Lease:
       if self.lost:
         return
       t = time.time()
-      why = self._late()   # a renewal this late could overlap a newcomer's: never write it
+      why = self._late()  # a renewal this late could overlap a newcomer's: never write it
       try:
         why = why or self._taken(self._read())
         # paused between the check above and here, the read is stale and the write could cover
@@ -237,8 +264,7 @@ class _Lease:
           self._write()
           self.confirmed = t
       except Exception as e:  # a transient store error: the lease survives a missed renewal
-        log.warning("could not renew the workdir lock %s (%s: %s)", self.path,
-                    type(e).__name__, e)
+        log.warning("could not renew the workdir lock %s (%s: %s)", self.path, type(e).__name__, e)
       if why:
         self._lose(why)
         return
