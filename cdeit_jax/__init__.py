@@ -1,8 +1,13 @@
 """CDEIT (conditional diffusion for EIT image reconstruction) in JAX/Flax NNX.
 
-`cdeit_jax.Reconstructor` is the inference API (`cdeit_jax.infer.reconstructor`); it loads on first
-use (PEP 562), so that configs and the measurement conventions are read without JAX.
+`cdeit_jax.Reconstructor` is the inference API (`cdeit_jax.infer.reconstructor`); it loads on
+first use (PEP 562), so that configs and the measurement conventions are read without JAX. The
+package's layers are in docs/architecture.md.
 """
+
+from cdeit_jax.common import moved_modules
+
+moved_modules.install()
 
 
 def __getattr__(name: str):
@@ -10,4 +15,7 @@ def __getattr__(name: str):
     from cdeit_jax.infer import reconstructor
 
     return getattr(reconstructor, name)
+  if f"cdeit_jax.{name}" in moved_modules.MOVED:
+    old = f"cdeit_jax.{name}"
+    raise ImportError(moved_modules.moved_message(old), name=old)
   raise AttributeError(f"module 'cdeit_jax' has no attribute {name!r}")

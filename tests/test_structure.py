@@ -6,6 +6,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 PACKAGE = pathlib.Path(__file__).parent.parent / "cdeit_jax"
 
 
@@ -19,13 +21,26 @@ def _exists(name: str) -> bool:
   return p.with_suffix(".py").exists() or (p / "__init__.py").exists()
 
 
+def _is_main_block(node: ast.AST) -> bool:
+  """`if __name__ == "__main__":`, a module's command: the top layer, which nothing imports."""
+  t = getattr(node, "test", None)
+  return (
+    isinstance(node, ast.If)
+    and isinstance(t, ast.Compare)
+    and isinstance(t.left, ast.Name)
+    and t.left.id == "__name__"
+  )
+
+
 def import_graph() -> dict[str, set[str]]:
   """Module -> the package modules it imports anywhere in its text (function-level imports
-  included: a circle through them is a circle all the same)."""
+  included: a circle through them is a circle all the same), its command block aside."""
   graph = {}
   for path in PACKAGE.rglob("*.py"):
     deps = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    tree.body = [n for n in tree.body if not _is_main_block(n)]
+    for node in ast.walk(tree):
       if isinstance(node, ast.Import):
         deps |= {a.name for a in node.names if a.name.startswith("cdeit_jax")}
       elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cdeit_jax"):
@@ -128,3 +143,46 @@ def test_configs_read_without_the_physics():
   )
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.strip() == "[]"
+
+
+def test_old_module_paths_name_their_new_home(tmp_path):
+  """Every module of the flat layout that moved is gone and its new home exists; importing an
+  old path, as a module, as a name of the package, or from a config file (config_lib.load and
+  train.py --config), fails with one line naming the new path."""
+  from cdeit_jax import config_lib
+  from cdeit_jax.common import moved_modules
+  from cdeit_jax.common.errors import InputError
+
+  for old, new in moved_modules.MOVED.items():
+    assert not _exists(old) and _exists(new), (old, new)
+  code = (
+    "import importlib, sys\n"
+    "for stmt in ('import cdeit_jax.measurement', 'from cdeit_jax.files import read_npz',"
+    " 'from cdeit_jax import reconstructor'):\n"
+    "  try:\n    exec(stmt)\n  except ImportError as e:\n    print(type(e).__name__, e)\n"
+  )
+  r = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent
+  )
+  lines = r.stdout.splitlines()
+  assert [line.split(" moved to ")[1].split()[0] for line in lines] == [
+    "cdeit_jax.eit.measurement",
+    "cdeit_jax.data.npz_files",
+    "cdeit_jax.infer.reconstructor",
+  ]
+  cfg = tmp_path / "old_config.py"
+  cfg.write_text(
+    "from cdeit_jax import config_lib, stats\n\n\n"
+    "def get_config():\n  return config_lib.default_config()\n"
+  )
+  with pytest.raises(InputError, match="cdeit_jax.stats moved to cdeit_jax.data.stats"):
+    config_lib.load(str(cfg))
+  r = subprocess.run(
+    [sys.executable, "train.py", "--config", str(cfg), "--workdir", str(tmp_path / "run")],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    cwd=PACKAGE.parent,
+  )
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert f"error: --config {cfg}: cdeit_jax.stats moved to cdeit_jax.data.stats" in r.stderr

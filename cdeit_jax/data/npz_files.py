@@ -113,7 +113,7 @@ def check_folder(
       f"{listing}{more}\nFix or remove them, or skip them: "
       "--config.data.skip_bad_files=True (train.py), "
       "--config.eval.skip_bad_files=True (eval.py), --skip_bad_files "
-      "(python -m cdeit_jax.stats)."
+      "(python -m cdeit_jax.data.stats)."
     )
   log.warning(
     "data folder %s: skipping %d of %d bad files:\n%s%s",

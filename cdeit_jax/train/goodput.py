@@ -107,9 +107,10 @@ class Profiler:
   """A trace of the steps `start_step` .. `start_step + num_steps - 1` (numbered by the state's
   step before each), written to `<workdir>/profile` (per process on several hosts)."""
 
-  def __init__(self, cfg, workdir: str, clock: Clock):
-    self.start, self.count, self.clock = cfg.profile.start_step, cfg.profile.num_steps, clock
-    self.python = bool(cfg.profile.python)
+  def __init__(self, profile, workdir: str, clock: Clock):
+    """`profile`: `config.profile` (start_step, num_steps, python)."""
+    self.start, self.count, self.clock = profile.start_step, profile.num_steps, clock
+    self.python = bool(profile.python)
     name = "profile" if jax.process_count() == 1 else f"profile/process_{jax.process_index()}"
     self.dir = fileio.join(workdir, name)
     self.active = False

@@ -292,8 +292,8 @@ def unusual_grad_norms(first_step: int, norms: list[float]) -> list[str]:
 class Window:
   """The device metrics of the steps since the last log, fetched once at the window's end."""
 
-  def __init__(self, start: int, cfg: ml_collections.ConfigDict, flops_per_step: float):
-    self.cfg, self.flops_per_step = cfg, flops_per_step
+  def __init__(self, start: int, batch_size: int, flops_per_step: float):
+    self.batch_size, self.flops_per_step = batch_size, flops_per_step
     self.peak = hardware.peak_tflops()
     self.start, self.t0, self.pending = start, time.perf_counter(), []
 
@@ -311,7 +311,7 @@ class Window:
         f"The last good checkpoint is step {last_good} in {workdir}/checkpoints "
         "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data)."
       )
-    n, batch, devices = step - self.start, self.cfg.batch_size, jax.device_count()
+    n, batch, devices = step - self.start, self.batch_size, jax.device_count()
     sps = n / (now - self.t0)
     norms = [float(m["grad_norm"]) for m in host]
     out = {
@@ -477,8 +477,8 @@ def _train(
     )
 
   # --- steps, and the periodic actions (each timed by phase, see goodput)
-  schedule, window = Schedule(cfg), Window(p.start, cfg, p.compiled.flops_per_step)
-  profiler = goodput.Profiler(cfg, workdir, clock)
+  schedule, window = Schedule(cfg), Window(p.start, cfg.batch_size, p.compiled.flops_per_step)
+  profiler = goodput.Profiler(cfg.profile, workdir, clock)
   last: dict[str, Any] = {}
   step, state, last_good = p.start, p.state, p.last_good
   clock.steps_begin(p.compiled.compile_s)

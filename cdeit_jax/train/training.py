@@ -126,12 +126,12 @@ def make_train_step(
   diffusion: Diffusion,
   tx: optax.GradientTransformation,
   schedule: optax.Schedule,
-  cfg: ml_collections.ConfigDict,
+  accum_steps: int,
+  e: ml_collections.ConfigDict,
   mesh: jax.sharding.Mesh | None = None,
 ) -> Callable[[TrainState, dict, jax.Array, nnx.State], tuple[TrainState, dict]]:
-  """The pure train step; `batch` holds `cond` (G,16,16,1) and `target` (G,H,W,1). `cfg` gives
-  `accum_steps` and the EMA settings (`cfg.ema`)."""
-  accum_steps, e = cfg.accum_steps, cfg.ema
+  """The pure train step; `batch` holds `cond` (G,16,16,1) and `target` (G,H,W,1); `accum_steps`
+  micro-batches per step; `e` the EMA settings (`config.ema`)."""
 
   def loss_fn(params, constants, mb):
     model = nnx.merge(graphdef, params, constants)
@@ -254,7 +254,7 @@ def setup(
     graphdef, state, constants = create_state(model, tx)
   num_params = count_params(model)
   diffusion = Diffusion(**cfg.diffusion)
-  step_fn = make_train_step(graphdef, diffusion, tx, schedule, cfg, mesh)
+  step_fn = make_train_step(graphdef, diffusion, tx, schedule, cfg.accum_steps, cfg.ema, mesh)
   return Setup(graphdef, state, constants, step_fn, diffusion, num_params, kw)
 
 

@@ -1,0 +1,67 @@
+"""Modules of the flat layout (cdeit-jax 0.1) and where they live now. Importing an old path (a
+user's config file or script) fails with one line that names the new one: `install` adds a finder
+consulted after every other. `cdeit_jax.model` and `cdeit_jax.data` are packages now; they still
+give the names of the modules they replaced (PEP 562)."""
+
+import importlib.abc
+import sys
+
+MOVED = {
+  "cdeit_jax.aot": "cdeit_jax.train.aot",
+  "cdeit_jax.attention": "cdeit_jax.model.attention",
+  "cdeit_jax.checkpoint": "cdeit_jax.checkpoints.checkpoint",
+  "cdeit_jax.compile_cache": "cdeit_jax.common.compile_cache",
+  "cdeit_jax.conditioning": "cdeit_jax.eit.conditioning",
+  "cdeit_jax.cpu_tuning": "cdeit_jax.common.cpu_tuning",
+  "cdeit_jax.device_memory": "cdeit_jax.common.device_memory",
+  "cdeit_jax.diffusion": "cdeit_jax.model.diffusion",
+  "cdeit_jax.eit.reconstruct": "cdeit_jax.eit.tikhonov",
+  "cdeit_jax.errors": "cdeit_jax.common.errors",
+  "cdeit_jax.evaluate": "cdeit_jax.infer.evaluate",
+  "cdeit_jax.fileio": "cdeit_jax.common.fileio",
+  "cdeit_jax.files": "cdeit_jax.data.npz_files",
+  "cdeit_jax.flops": "cdeit_jax.model.flops",
+  "cdeit_jax.frames": "cdeit_jax.infer.frames",
+  "cdeit_jax.goodput": "cdeit_jax.train.goodput",
+  "cdeit_jax.hardware": "cdeit_jax.common.hardware",
+  "cdeit_jax.logs": "cdeit_jax.common.logs",
+  "cdeit_jax.matfile": "cdeit_jax.common.matfile",
+  "cdeit_jax.measurement": "cdeit_jax.eit.measurement",
+  "cdeit_jax.metrics": "cdeit_jax.infer.metrics",
+  "cdeit_jax.models": "cdeit_jax.checkpoints.loading",
+  "cdeit_jax.outputs": "cdeit_jax.infer.outputs",
+  "cdeit_jax.pipeline": "cdeit_jax.data.pipeline",
+  "cdeit_jax.reconstructor": "cdeit_jax.infer.reconstructor",
+  "cdeit_jax.sampling": "cdeit_jax.infer.sampling",
+  "cdeit_jax.sharding": "cdeit_jax.common.sharding",
+  "cdeit_jax.simulator_source": "cdeit_jax.data.simulator_source",
+  "cdeit_jax.sources": "cdeit_jax.data.training_data",
+  "cdeit_jax.stats": "cdeit_jax.data.stats",
+  "cdeit_jax.symmetry": "cdeit_jax.eit.symmetry",
+  "cdeit_jax.synthetic": "cdeit_jax.data.synthetic",
+  "cdeit_jax.train_loop": "cdeit_jax.train.train_loop",
+  "cdeit_jax.training": "cdeit_jax.train.training",
+  "cdeit_jax.variables": "cdeit_jax.common.variables",
+  "cdeit_jax.workdir_lock": "cdeit_jax.train.workdir_lock",
+}
+
+
+def moved_message(old: str) -> str:
+  return (
+    f"{old} moved to {MOVED[old]} when cdeit-jax's modules went into subpackages "
+    "(docs/architecture.md): change the import"
+  )
+
+
+class _MovedModules(importlib.abc.MetaPathFinder):
+  """Consulted after every other finder: an old module path fails with `moved_message`."""
+
+  def find_spec(self, name, path=None, target=None):
+    if name in MOVED:
+      raise ModuleNotFoundError(moved_message(name), name=name)
+    return None
+
+
+def install() -> None:
+  if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
