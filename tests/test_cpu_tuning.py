@@ -51,7 +51,7 @@ def test_wide_vectors_only_with_avx512():
 @linux_glibc
 def test_apply_reexecutes_once_with_the_same_arguments():
   code = (
-    "import os, sys; from cdeit_jax import cpu_tuning; print('run', sys.argv[1:], "
+    "import os, sys; from cdeit_jax.common import cpu_tuning; print('run', sys.argv[1:], "
     "flush=True); cpu_tuning.apply(); print(os.environ['GLIBC_TUNABLES'])"
   )
   env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "CDEIT_CPU_TUNING")}

@@ -107,7 +107,13 @@ def test_compute_stats_matches_numpy(folder, tmp_path):
   )
   np.testing.assert_allclose(mean.ravel(), ys.mean(0), rtol=1e-5)
   np.testing.assert_allclose(std.ravel(), ys.std(0, ddof=1), rtol=1e-5)
-  sources.main(["stats", str(folder), "--out", str(tmp_path)])
+  r = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.data.stats", str(folder), "--out", str(tmp_path)],
+    capture_output=True,
+    text=True,
+    cwd=pathlib.Path(__file__).parent.parent,
+  )
+  assert r.returncode == 0, r.stderr
   np.testing.assert_array_equal(np.load(tmp_path / "std.npy"), std)
 
 

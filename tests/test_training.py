@@ -290,7 +290,7 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
     ({"optimizer.lr": -1.0}, r"config.optimizer.lr=-1.0: must be > 0"),
     ({"optimizer.schedule": "linear"}, r"config.optimizer.schedule='linear'"),
     ({"model.dtype": "float8"}, r"config.model.dtype: 'float8'"),
-    ({"sources.preset": "tank"}, r"config.data.preset='tank': unknown preset"),
+    ({"data.preset": "tank"}, r"config.data.preset='tank': unknown preset"),
     ({"steps": 0}, r"config.steps=0: must be a positive integer"),
     ({"eval_batch_size": -8}, r"config.eval_batch_size=-8: must be a positive integer"),
   ],
@@ -535,7 +535,7 @@ def test_second_training_in_a_workdir_is_refused_and_a_dead_ones_lock_taken(tmp_
     [
       sys.executable,
       "-c",
-      "import sys, time; from cdeit_jax import workdir_lock; "
+      "import sys, time; from cdeit_jax.train import workdir_lock; "
       f"workdir_lock.WorkdirLock({str(tmp_path)!r}).acquire(); print('held', flush=True); "
       "time.sleep(600)",
     ],
