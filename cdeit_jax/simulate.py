@@ -111,10 +111,10 @@ class Generator:
 
   def reconstruct(self, ys: np.ndarray) -> np.ndarray:
     if self.tikhonov is None:
-      from cdeit_jax.eit import tikhonov
+      from cdeit_jax.eit import measurement, tikhonov
 
       alpha = self.sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA
-      self.tikhonov = tikhonov.default_tikhonov(alpha, self.sim.contact_impedance)
+      self.tikhonov = tikhonov.default_tikhonov(alpha, measurement.system_of(self.sim))
     return self.tikhonov(ys)
 
   def __call__(self, split: str, indices: np.ndarray, with_tr: bool = True) -> dict:

@@ -80,7 +80,7 @@ def test_conditioner_follows_the_simulators_contact_impedance(conditioner, cond_
   model.conditioner.voltage_std[...] = jnp.asarray(uef.std.ravel())
   got = np.asarray(model.conditioner.channels(cond, scaled=False))
   default = np.asarray(conditioner.channels(cond, scaled=False))
-  jac = tikhonov.default_jacobian(0.05)
+  jac = tikhonov.default_jacobian(measurement.System(contact_impedance=0.05))
   for k, alpha in enumerate(ALPHAS):
     want = eit.Tikhonov(alpha=alpha, jac=jac)(ys)
     assert np.abs(got[..., k] - want).max() <= 1e-5 * np.abs(want).max()

@@ -80,7 +80,7 @@ def test_large_contact_impedance_tends_to_gap_model():
   with jax.enable_x64(True):
     err = {}
     for z in (0.01, 100.0):
-      sim = eit.Simulator(dtype="float64", contact_impedance=z)
+      sim = eit.Simulator(dtype="float64", system=measurement.System(contact_impedance=z))
       err[z] = np.max(np.abs(np.asarray(sim.vh) / gap - 1))
   assert err[100.0] < 0.01
   assert err[100.0] < err[0.01]

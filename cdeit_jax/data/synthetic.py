@@ -22,6 +22,7 @@ import ml_collections
 import numpy as np
 
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import measurement
 
 SPLITS = ("train", "valid", "test")
 # 1: phantoms drawn with numpy (cdeit-jax 0.1); 2: drawn in JAX (draw_params); 3: seven kinds,
@@ -110,7 +111,7 @@ class Generator:
     self.spec = phantom_spec(sim)
     self.system = system_spec(sim)
     self.contact_impedance = float(sim.contact_impedance)
-    self.sim = eit.default_simulator(contact_impedance=self.contact_impedance)
+    self.sim = eit.default_simulator(system=measurement.system_of(sim))
     # Built now, outside any trace: built first inside shard_map they would carry its mesh.
     jax.block_until_ready(self.sim.vh)
     if self.nominal:

@@ -32,19 +32,20 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.common.variables import Calibration, Fixed
 from cdeit_jax.eit import measurement, tikhonov
 from cdeit_jax.eit import phantom as ph
-from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE, NUM_MEASUREMENTS
+from cdeit_jax.eit.measurement import NUM_MEASUREMENTS
 
 CALIBRATION_EXAMPLES = 1024  # training examples whose channel std sets the channel scale
 
 
 @functools.lru_cache(maxsize=4)
 def linear_factors(
-  noser_exponent: float = tikhonov.NOSER_EXPONENT, contact_impedance: float = CONTACT_IMPEDANCE
+  noser_exponent: float = tikhonov.NOSER_EXPONENT,
+  system: measurement.System = measurement.NOMINAL,
 ) -> dict[str, np.ndarray]:
   """U (208, 208), s (208,), B^T (208, 128*128) and W (128*128,) of the simulator's
-  Jacobian at `contact_impedance` (float64; zero outside the disk), computed once per process."""
+  Jacobian of `system` (float64; zero outside the disk), computed once per process."""
   disk, jd, w_inv, gram = tikhonov.weighted_system(
-    tikhonov.default_jacobian(contact_impedance), noser_exponent
+    tikhonov.default_jacobian(system), noser_exponent
   )
   s, u = np.linalg.eigh((gram + gram.T) / 2)
   s = np.maximum(s, 0.0)
@@ -71,14 +72,14 @@ class LinearConditioner(nnx.Module):
     alphas,
     *,
     noser_exponent: float = tikhonov.NOSER_EXPONENT,
-    contact_impedance: float = CONTACT_IMPEDANCE,
+    system: measurement.System = measurement.NOMINAL,
   ):
     if not alphas or any(not a > 0 for a in alphas):
       raise InputError(
         f"regularisation levels {tuple(alphas)!r}: give one or more numbers > 0, "
         "e.g. (0.03, 0.3) (config.model.cond_alphas)"
       )
-    f = linear_factors(float(noser_exponent), float(contact_impedance))
+    f = linear_factors(float(noser_exponent), system)
     self.alphas = tuple(float(a) for a in alphas)
     self.rotation = Fixed(jnp.asarray(f["rotation"], jnp.float32))
     self.basis_t = Fixed(jnp.asarray(f["basis_t"], jnp.float32))
@@ -170,14 +171,12 @@ class DataConsistency(nnx.Module):
     strength: float = 1.0,
     alpha: float = 0.1,
     noser_exponent: float = tikhonov.NOSER_EXPONENT,
-    contact_impedance: float = CONTACT_IMPEDANCE,
+    system: measurement.System = measurement.NOMINAL,
   ):
     if not strength > 0:
       raise InputError(f"data consistency strength must be > 0, got {strength}")
     self.strength = float(strength)
-    self.op = LinearConditioner(
-      (alpha,), noser_exponent=noser_exponent, contact_impedance=contact_impedance
-    )
+    self.op = LinearConditioner((alpha,), noser_exponent=noser_exponent, system=system)
     self.op.voltage_mean[...] = jnp.asarray(np.ravel(mean), jnp.float32)
     self.op.voltage_std[...] = jnp.asarray(np.ravel(std), jnp.float32)
 

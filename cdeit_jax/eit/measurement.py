@@ -116,6 +116,36 @@ class Protocol:
 
 
 DEFAULT = Protocol()
+
+
+@dataclasses.dataclass(frozen=True)
+class System:
+  """A measuring system as the physics computes with it, one value handed to the simulator, the
+  Jacobian and the Tikhonov baseline, the physics-informed conditioning and data consistency: its
+  electrodes and patterns (`protocol`), the electrodes' contact impedance and the injected
+  current (A). The per-example draws around it are `eit.spec.SystemSpec`. Hashable: per-system
+  caches key on it."""
+
+  protocol: Protocol = DEFAULT
+  contact_impedance: float = CONTACT_IMPEDANCE
+  current: float = CURRENT
+
+  def __post_init__(self):
+    for name in ("contact_impedance", "current"):
+      v = getattr(self, name)
+      if not (isinstance(v, (int, float)) and 0 < v < float("inf")):
+        raise InputError(f"measuring system: {name}={v!r} must be a positive number")
+
+
+NOMINAL = System()
+
+
+def system_of(simulator: Any) -> System:
+  """The nominal measuring system of `config.simulator` (its contact impedance; the CDEIT
+  protocol and current)."""
+  return System(contact_impedance=float(simulator.contact_impedance))
+
+
 NUM_ELECTRODES = DEFAULT.num_electrodes
 NUM_MEASUREMENTS = DEFAULT.num_measurements  # 208
 STATS_SHAPE = DEFAULT.stats_shape  # (1, 16, 13)

@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import measurement
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit.fem import CEM, VariableCEM
-from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE, NUM_ELECTRODES
+from cdeit_jax.eit.measurement import NUM_ELECTRODES
 from cdeit_jax.eit.mesh import MeshSpec, make_mesh
 from cdeit_jax.eit.spec import ROW
 
@@ -35,13 +36,23 @@ class Simulator:
   def __init__(
     self,
     mesh_spec: MeshSpec = MeshSpec(),
-    contact_impedance: float = CONTACT_IMPEDANCE,
+    system: measurement.System = measurement.NOMINAL,
     sigma_bg: float = 1.0,
     dtype=jnp.float32,
     samples_per_edge: int = 8,
   ):
+    if system.protocol != measurement.DEFAULT:
+      raise InputError(
+        f"the simulator models CDEIT's protocol ({measurement.DEFAULT}), not {system.protocol}"
+      )
     self.mesh = make_mesh(mesh_spec)
-    self._cem_args = dict(contact_impedance=contact_impedance, dtype=dtype, sigma_bg=sigma_bg)
+    self.system = system
+    self._cem_args = dict(
+      contact_impedance=system.contact_impedance,
+      current=system.current,
+      dtype=dtype,
+      sigma_bg=sigma_bg,
+    )
     self.cem = CEM(self.mesh, **self._cem_args)
     self.dtype = self.cem.dtype
     self.sigma_bg = float(sigma_bg)
@@ -119,7 +130,12 @@ class Simulator:
     support = None if max_radius >= 1 else r <= max_radius
     with jax.ensure_compile_time_eval():
       return VariableCEM(
-        self.mesh, passive=passive, dtype=self.dtype, support=support, sigma_bg=self.sigma_bg
+        self.mesh,
+        passive=passive,
+        current=self.system.current,
+        dtype=self.dtype,
+        support=support,
+        sigma_bg=self.sigma_bg,
       )
 
   def system_difference(
@@ -175,10 +191,10 @@ class Simulator:
 
 @functools.lru_cache(maxsize=4)
 def default_simulator(
-  dtype: str = "float32", contact_impedance: float = CONTACT_IMPEDANCE
+  dtype: str = "float32", system: measurement.System = measurement.NOMINAL
 ) -> Simulator:
   """One shared instance per setting (its jitted functions compile once per process)."""
-  return Simulator(dtype=dtype, contact_impedance=contact_impedance)
+  return Simulator(dtype=dtype, system=system)
 
 
 def simulate_voltages(

@@ -24,9 +24,8 @@ import numpy as np
 
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import fem, mesh, simulator
+from cdeit_jax.eit import fem, measurement, mesh, simulator
 from cdeit_jax.eit import phantom as ph
-from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE
 from cdeit_jax.eit.mesh import MeshSpec
 from cdeit_jax.eit.simulator import Simulator, default_simulator
 
@@ -42,17 +41,17 @@ def jacobian(sim: Simulator) -> np.ndarray:
   return np.asarray(jax.jit(jax.jacrev(fn))(jnp.zeros((size, size), sim.dtype)))
 
 
-def default_jacobian(contact_impedance: float = CONTACT_IMPEDANCE) -> np.ndarray:
+def default_jacobian(system: measurement.System = measurement.NOMINAL) -> np.ndarray:
   """`jacobian` of the default simulator, computed once per process (~4-7 s on a CPU) and shared
   by the Tikhonov baseline and the physics-informed conditioning; kept on disk beside the
   compilation cache when a command enabled one (`compile_cache.folder()`), under a name that
   hashes the simulator's settings and source, so no other code's Jacobian is ever read."""
-  return _default_jacobian(float(contact_impedance))
+  return _default_jacobian(system)
 
 
 @functools.lru_cache(maxsize=4)
-def _default_jacobian(contact_impedance: float) -> np.ndarray:
-  path = _jacobian_file(contact_impedance)
+def _default_jacobian(system: measurement.System) -> np.ndarray:
+  path = _jacobian_file(system)
   if path is not None:
     try:
       with fileio.open_binary(path) as fh:
@@ -60,7 +59,7 @@ def _default_jacobian(contact_impedance: float) -> np.ndarray:
     except (OSError, ValueError):  # absent or unreadable: computed (and written) again
       pass
   with jax.ensure_compile_time_eval():  # concrete also when first asked under a trace
-    jac = jacobian(default_simulator(contact_impedance=contact_impedance))
+    jac = jacobian(default_simulator(system=system))
   if path is not None:
 
     def save(p):
@@ -75,13 +74,13 @@ def _default_jacobian(contact_impedance: float) -> np.ndarray:
   return jac
 
 
-def _jacobian_file(contact_impedance: float) -> str | None:
+def _jacobian_file(system: measurement.System) -> str | None:
   from cdeit_jax.common import compile_cache
 
   folder = compile_cache.folder()
   if folder is None:
     return None
-  h = hashlib.sha256(repr((contact_impedance, dataclasses.astuple(MeshSpec()))).encode())
+  h = hashlib.sha256(repr((system, dataclasses.astuple(MeshSpec()))).encode())
   for module in (fem, mesh, simulator, ph, sys.modules[__name__]):  # the code that computes it
     h.update(pathlib.Path(module.__file__).read_bytes())
   return fileio.join(folder, "derived", f"jacobian-{h.hexdigest()[:20]}.npy")
@@ -130,6 +129,6 @@ class Tikhonov:
 
 @functools.lru_cache(maxsize=4)
 def default_tikhonov(
-  alpha: float = DEFAULT_ALPHA, contact_impedance: float = CONTACT_IMPEDANCE
+  alpha: float = DEFAULT_ALPHA, system: measurement.System = measurement.NOMINAL
 ) -> Tikhonov:
-  return Tikhonov(alpha=alpha, jac=default_jacobian(contact_impedance))
+  return Tikhonov(alpha=alpha, jac=default_jacobian(system))

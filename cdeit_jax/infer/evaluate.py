@@ -216,9 +216,7 @@ class Evaluator:
     self.coverage = metrics.Coverage(self.scale) if s.num_samples > 1 else None
     self.tikhonov = None
     if e.tikhonov:
-      self.tikhonov = eit.default_tikhonov(
-        contact_impedance=float(self.cfg.simulator.contact_impedance)
-      )
+      self.tikhonov = eit.default_tikhonov(system=measurement.system_of(self.cfg.simulator))
     self.shown: dict[str, Any] = {}
 
   def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:

@@ -216,7 +216,7 @@ class Reconstructor:
         self.std,
         strength=s.data_consistency,
         alpha=s.data_consistency_alpha,
-        contact_impedance=config.simulator.contact_impedance,
+        system=measurement.system_of(config.simulator),
       )
       correction_graphdef, dc_state = nnx.split(dc)
       weights = (weights, jax.device_put(dc_state, shd.replicated(self.mesh)))

@@ -19,6 +19,7 @@ import numpy as np
 from flax import nnx
 
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import measurement
 from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE
 from cdeit_jax.model import attention
 
@@ -385,7 +386,7 @@ class CDEIT(nnx.Module):
       from cdeit_jax.eit import conditioning
 
       conditioner = conditioning.LinearConditioner(
-        tuple(cond_alphas), contact_impedance=contact_impedance
+        tuple(cond_alphas), system=measurement.System(contact_impedance=contact_impedance)
       )
     self.conditioner = conditioner
     extra = 0 if self.conditioner is None else len(self.conditioner.alphas)
