@@ -1,5 +1,5 @@
 """Physics-informed conditioning and data-consistent sampling, against independent implementations:
-the 208 x 208-form Tikhonov matrix of `eit.reconstruct`, the autodiff Jacobian, numpy."""
+the 208 x 208-form Tikhonov matrix of `eit.tikhonov`, the autodiff Jacobian, numpy."""
 
 import json
 import logging

@@ -640,6 +640,40 @@ def test_a_workdir_named_by_digits_is_a_workdir_not_a_step(tmp_path, straight_ru
       assert run.candidates == [latest]
 
 
+def test_the_reader_opens_a_run_once_and_says_what_it_skipped(tmp_path, straight_run, monkeypatch):
+  """One CheckpointManager for a run's listing, metadata and weights; the typed metadata is the
+  stored record's; loading past a damaged best step returns that step in `skipped` (the
+  caller's dict untouched) and names why the next step was used."""
+  import shutil
+
+  from cdeit_jax.checkpoints import reader
+
+  wd = tmp_path / "run"
+  shutil.copytree(straight_run, wd, ignore=shutil.ignore_patterns("lock"))
+  ranked = checkpoint.ranked_steps(str(wd))
+  for f in (wd / "checkpoints" / str(ranked[0]) / "ema").rglob("*"):
+    if f.is_file() and f.parent.name == "d":
+      f.write_bytes(b"")
+  opened = []
+  real = checkpoint.manager
+  monkeypatch.setattr(checkpoint, "manager", lambda *a, **k: opened.append(a) or real(*a, **k))
+  passed = {}
+  with reader.open_run(str(wd)) as run:
+    assert run.candidates[: len(ranked)] == ranked
+    meta, skipped = run.first_readable()
+    loaded = run.load(weights="ema", start=meta.step, passed=passed)
+  assert len(opened) == 1 and skipped == {} and passed == {}
+  record = checkpoint.read_meta(str(wd), ranked[1])
+  assert loaded.meta.step == ranked[1] and loaded.meta.record == record
+  assert loaded.meta.weights == tuple(record["weights"])
+  np.testing.assert_array_equal(loaded.meta.mean.ravel(), record["stats"]["mean"])
+  assert list(loaded.skipped) == [ranked[0]] and "/ema: unreadable" in loaded.skipped[ranked[0]]
+  assert (
+    loaded.reason.startswith("validation loss ") and f"rank 2 of {len(ranked)}" in loaded.reason
+  )
+  assert f"steps {ranked[0]} could not be read" in loaded.reason
+
+
 def test_eval_uses_the_best_intact_step(tmp_path, straight_run, caplog):
   """The best step's EMA weights truncated, then its metadata garbled: evaluation names the step
   in one line and uses the next best step that loads."""

@@ -202,8 +202,9 @@ def step_folder(path: str) -> int | None:
   return int(p.name) if p.name.isdigit() and p.parent.name == CHECKPOINTS else None
 
 
-def resolve(path: str, step: int | None = None) -> tuple[str, int]:
-  """(workdir, step) for a workdir, its `checkpoints/` folder, or one `checkpoints/<step>`."""
+def locate(path: str) -> tuple[str, int | None]:
+  """(workdir, the step of a step folder or None) for a workdir, its `checkpoints/` folder, or
+  one `checkpoints/<step>`; lists nothing."""
   p = fileio.path(path)
   path = str(p)
   if not p.exists():
@@ -218,14 +219,28 @@ def resolve(path: str, step: int | None = None) -> tuple[str, int]:
       f"checkpoint {path}: no {CHECKPOINTS}/ folder here (give a workdir "
       "written by train.py or `python -m cdeit_jax.convert`)"
     )
-  steps = all_steps(path)
+  return path, None
+
+
+def resolve(path: str, step: int | None = None) -> tuple[str, int]:
+  """(workdir, step) for a workdir (its newest step, or `step`), its `checkpoints/` folder, or
+  one `checkpoints/<step>`."""
+  path, folder_step = locate(path)
+  if folder_step is not None:
+    return path, folder_step
+  return path, pick_step(path, all_steps(path), step)
+
+
+def pick_step(path: str, steps: list[int], step: int | None = None) -> int:
+  """`step` if it is among a workdir's `steps`, else the newest; MissingFile naming what there
+  is otherwise."""
   if not steps:
     raise MissingFile(f"checkpoint {path}: {CHECKPOINTS}/ holds no finished checkpoint")
   if step is None:
-    return path, max(steps)
+    return max(steps)
   if step not in steps:
     raise MissingFile(f"checkpoint {path}: no step {step} (have {sorted(steps)})")
-  return path, step
+  return step
 
 
 def all_steps(workdir: str) -> list[int]:

@@ -65,24 +65,20 @@ class Run:
   """A run's checkpoints opened for reading (`open_run`); close it (or use `with`)."""
 
   def __init__(self, path: str, step: int | None = None):
-    asked = step if step is not None else checkpoint.step_folder(path)
-    self.workdir, _ = checkpoint.resolve(path, step)
+    self.workdir, folder_step = checkpoint.locate(path)
+    self.asked = step if step is not None else folder_step
     self._mngr = checkpoint.manager(self.workdir, read_only=True)
+    self.losses: dict[int, float] = {}
     listed = sorted(self._mngr.all_steps())
-    if asked is not None:
-      self.candidates = [asked]
-      self.order = f"step {asked} as asked"
-      self.losses: dict[int, float] = {}
-    else:
+    if folder_step is None:  # MissingFile when there is no step, or not the one asked for
+      checkpoint.pick_step(self.workdir, listed, step)
+    if self.asked is not None:
+      self.candidates = [self.asked]
+    else:  # the best validated steps first, then the others newest first
       scored = checkpoint.scored_steps(self.workdir, self._mngr)
       self.losses = {s: loss for loss, s in scored}
       ranked = [s for _, s in scored]
       self.candidates = ranked + [s for s in listed[::-1] if s not in ranked]
-      self.order = (
-        "the best validation loss first, then the unvalidated steps newest first"
-        if ranked
-        else "no step was validated: the newest first"
-      )
     self._metas: dict[int, Meta] = {}
 
   def __enter__(self) -> Run:
@@ -138,14 +134,13 @@ class Run:
 
   def reason(self, step: int, skipped: dict[int, str]) -> str:
     """Why `step` is the one used: its place in the order, and the steps passed over."""
-    if step in self.losses:
-      why = f"validation loss {self.losses[step]:.6g}"
-      rank = sorted(self.losses, key=self.losses.get).index(step)
-      why = ("the best " if rank == 0 else f"the {rank + 1}. best ") + why
-    elif self.order.endswith("as asked"):
+    if self.asked is not None:
       why = "asked for"
+    elif step in self.losses:
+      rank = sorted(self.losses, key=self.losses.get).index(step) + 1
+      why = f"validation loss {self.losses[step]:.6g}, rank {rank} of {len(self.losses)} validated"
     else:
-      why = "the newest unvalidated step"
+      why = "the newest step without a validation loss"
     if skipped:
       why += f" (steps {', '.join(map(str, skipped))} could not be read)"
     return why

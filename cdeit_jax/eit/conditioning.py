@@ -12,7 +12,7 @@ linearised forward model at the homogeneous background (J, 208 x pixels; W = dia
 
 so every level costs one (208 x pixels) matrix product per example on the device, and the same
 factors give J for data-consistent sampling. lambda = alpha * trace(G) / 208 as in
-`eit.reconstruct.Tikhonov`. The factors are fixed variables recomputed from the config (M_alpha
+`eit.tikhonov.Tikhonov`. The factors are fixed variables recomputed from the config (M_alpha
 and J do not depend on the eigenvectors' signs or on the basis of a repeated eigenvalue); the
 training set's voltage statistics and the channels' scales (`Calibration`) are recorded in the
 checkpoint's metadata, so a checkpoint reproduces its conditioning for simulated and real
