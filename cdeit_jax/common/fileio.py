@@ -73,6 +73,32 @@ def makedirs(p: PathLike) -> None:
     os.makedirs(resolve(p), exist_ok=True)
 
 
+def _is_link_message(p: str) -> str:
+  return (
+    f"{p} is a symbolic link: cdeit-jax writes no file through a link (whatever it points to "
+    "would be changed); remove the link"
+  )
+
+
+def open_nofollow(p: PathLike, flags: int, mode: int = 0o644) -> int:
+  """`os.open` of a local file, refusing a symbolic link as its last component (O_NOFOLLOW):
+  a file in a shared folder is never written through a link planted there (an InputError
+  naming it)."""
+  p = resolve(p)
+  try:
+    return os.open(p, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+  except OSError as e:
+    if e.errno == errno.ELOOP and os.path.islink(p):
+      raise InputError(_is_link_message(p)) from None
+    raise
+
+
+def refuse_link(p: PathLike) -> None:
+  """An InputError when local path `p` is a symbolic link (for files a library opens itself)."""
+  if not is_remote(p) and os.path.islink(resolve(p)):
+    raise InputError(_is_link_message(resolve(p)))
+
+
 def writable_folder(p: PathLike, flag: str) -> None:
   """Create folder `p` if needed and check that files can be written there; an InputError
   naming `flag` (e.g. "--workdir") when `p` is a file, read-only or cannot be created."""
@@ -81,9 +107,14 @@ def writable_folder(p: PathLike, flag: str) -> None:
     raise InputError(f"{flag} {p}: exists and is not a folder; give a folder path")
   try:
     makedirs(p)
-    probe = folder / f".write-test-{os.getpid()}"
-    probe.write_text("")
-    probe.unlink()
+    if is_remote(p):
+      probe = folder / f".write-test-{os.getpid()}"
+      probe.write_text("")
+      probe.unlink()
+    else:  # an exclusive create: never through a link planted under a predictable name
+      fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=resolve(p))
+      os.close(fd)
+      os.unlink(probe)
   except OSError as e:
     raise InputError(
       f"{flag} {p}: cannot write there ({e.strerror or e}); give a writable folder"
@@ -142,7 +173,12 @@ def atomic_write(p: PathLike, write: Callable[[str], object]) -> None:
   removed on any failure; a full disk is a `DiskFull` naming the folder."""
   p = resolve(p)
   if not is_remote(p):
-    tmp = os.path.join(os.path.dirname(p), f".{os.path.basename(p)}.tmp")
+    # A fresh name made by an exclusive create: never an existing file or a link planted there
+    # (`os.replace` then swaps a link at `p` itself, never what it points to).
+    fd, tmp = tempfile.mkstemp(
+      prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=os.path.dirname(p)
+    )
+    os.close(fd)
     try:
       write(tmp)
       os.replace(tmp, p)
@@ -186,7 +222,8 @@ class AppendLog:
     if not self._remote:
       if initial is not None:
         write_text(self.path, initial)
-      self._fh = open(self.path, "a", buffering=1)
+      flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+      self._fh = os.fdopen(open_nofollow(self.path, flags), "a", buffering=1)
       return
     self._parts = [initial if initial is not None else read_text(self.path) or ""]
     self._lock = threading.Lock()

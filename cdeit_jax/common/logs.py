@@ -83,6 +83,7 @@ def debug_log(directory: str, enabled: bool = True) -> None:
     debug.removeHandler(h)
     h.close()
   if enabled:
+    fileio.refuse_link(fileio.join(directory, DEBUG_LOG))
     handler = _AppendHandler(fileio.join(directory, DEBUG_LOG))
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
     debug.addHandler(handler)

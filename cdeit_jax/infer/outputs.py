@@ -67,6 +67,9 @@ class Staged:
   def __init__(self, out: str):
     self.out = out
     self.dir = fileio.join(out, f".staging-{os.getpid()}")
+    fileio.refuse_link(self.dir)
+    for stale in stale_staging(out):  # a dead run's (ours too: a reused pid), links and all
+      fileio.remove_tree(stale)
     fileio.makedirs(self.dir)
     self.work = tempfile.mkdtemp(prefix="cdeit-eval-") if fileio.is_remote(out) else self.dir
 
@@ -91,6 +94,32 @@ class Staged:
     fileio.remove_tree(self.dir)
     if self.work != self.dir:
       shutil.rmtree(self.work, ignore_errors=True)
+
+
+def stale_staging(out: str) -> list[str]:
+  """The staging folders in local folder `out` that no live process owns: those of processes
+  that are gone (a kill, SIGTERM, a lost machine) and one left under this process's own pid.
+  (In a bucket there is no pid to ask: they stay.)"""
+  if fileio.is_remote(out) or not os.path.isdir(fileio.resolve(out)):
+    return []
+  stale = []
+  for entry in os.scandir(fileio.resolve(out)):
+    pid = entry.name.removeprefix(".staging-")
+    if pid == entry.name or not pid.isdigit():
+      continue
+    if int(pid) == os.getpid() or not _alive(int(pid)):
+      stale.append(entry.path)
+  return stale
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's live process
+    return True
+  return True
 
 
 def publish(out: str, write_all, known: tuple[str, ...]) -> list[str]:

@@ -88,7 +88,7 @@ class WorkdirLock:
       self._lease = _Lease(self.path, self.workdir, self.lease_s, self.on_lost)
       return self
     try:
-      fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+      fd = fileio.open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
     except OSError as e:
       raise InputError(
         f"{self.path}: cannot open the workdir's lock file ({e.strerror}); "
