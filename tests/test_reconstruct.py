@@ -205,11 +205,79 @@ def test_bad_frames_are_named_by_file_and_row(rec, uef_ys, tmp_path):
   with pytest.raises(InputError, match=r"F: rows 1, 4 hold NaN or infinite voltages"):
     rec.check_frames(nan, "F")
   np.testing.assert_array_equal(rec.check_frames(nan, "F", skip_bad=True), [0, 2, 3, 5])
-  # absolute voltages (no reference frame), or simulation units under the tank's preset
+  # differences in other units than the preset's (1000 times too large), and a constant offset
   with pytest.raises(InputError, match=r"F: rows 0, 1, 2, 3, 4, 5 are ~.* standard deviations"):
+    rec.check_frames(uef_ys * 1e5, "F")
+  with pytest.raises(
+    InputError,
+    match=r"F: rows 0, 1, 2, 3, 4, 5 are absolute voltages .* or "
+    "carry a constant offset",
+  ):
     rec.check_frames(uef_ys / 1040.856 + 5.0, "F")
   with pytest.raises(InputError, match="reference frame holds NaN"):
     rec.difference(frames=uef_ys, reference=np.full(208, np.nan))
+
+
+def _ktc_208(uel) -> np.ndarray:
+  """KTC2023's 2,356 voltages (76 patterns x 31 adjacent differences over 32 electrodes) reduced
+  to CDEIT's 208 (docs/reference/eit-conventions.md): the first 16 patterns, the potentials of
+  the 16 injecting electrodes, KTC's counter-clockwise numbering reflected, adjacent pairs that
+  touch no injecting electrode."""
+  from cdeit_jax.eit import measurement
+
+  d = np.asarray(uel, np.float64).reshape(76, 31)[:16]
+  out = np.zeros((16, 13))
+  for k in range(16):
+    u = np.concatenate([[0.0], -np.cumsum(d[(15 - k) % 16])])  # U_0..U_31 from U_m - U_m+1
+    u16 = np.array([u[2 * ((16 - j) % 16)] for j in range(16)])
+    m = measurement.DEFAULT.pairs[k]
+    out[k] = u16[m] - u16[(m + 1) % 16]
+  return out.ravel()
+
+
+def test_absolute_frames_are_told_from_difference_frames(rec, uef_ys, tmp_path):
+  """Real absolute frames (KTC2023's empty tank and its four targets), simulated absolute ones
+  at gains 0.3-3 (the empty tank plus UEF2017's differences) and differences with a constant
+  offset are refused; real difference frames of both tanks pass; the reference frame's
+  subtraction turns the refused frames into ones that pass (and into the difference frames'
+  images). The command says it in one line."""
+  import scipy.io
+
+  from cdeit_jax.infer.reconstructor import absolute_rows
+
+  ktc = REPO / "data" / "ktc2023" / "level_1"
+  ref = _ktc_208(scipy.io.loadmat(ktc / "ref.mat")["Uelref"])
+  tanks = np.stack([_ktc_208(scipy.io.loadmat(ktc / f"data{i}.mat")["Uel"]) for i in range(1, 5)])
+  vh = rec.vh
+  # oriented as CDEIT's order: the empty tank points along the simulated one (not against it)
+  assert ref @ vh / (np.linalg.norm(ref) * np.linalg.norm(vh)) > 0.9
+  assert absolute_rows(np.vstack([ref, tanks]) / 1978.0, vh).all()
+  assert not absolute_rows((tanks - ref) / 1978.0, vh).any()
+  dv = uef_ys / 1040.856
+  assert not absolute_rows(dv, vh).any()
+  for gain in (0.3, 1.0, 3.0):
+    assert absolute_rows(gain * (vh + dv), vh).all(), gain
+  for offset in (0.1, 0.7):  # volts, on the tank's differences
+    assert absolute_rows((uef_ys + offset) / 1040.856, vh).all(), offset
+  empty = 1040.856 * vh  # the empty tank in UEF2017's units
+  with pytest.raises(InputError, match=r"rows 0, 1, 2, 3, 4, 5 are absolute voltages"):
+    rec.reconstruct(frames=uef_ys + empty)
+  with_ref = rec.reconstruct(frames=uef_ys + empty, reference=empty)
+  np.testing.assert_allclose(with_ref.images, rec.reconstruct(uef_ys).images, atol=1e-6, rtol=0)
+  np.save(tmp_path / "absolute.npy", uef_ys + empty)
+  r = _cli(
+    "--workdir",
+    rec.checkpoint,
+    "--frames",
+    str(tmp_path / "absolute.npy"),
+    "--out",
+    str(tmp_path / "out"),
+    "--preset",
+    "uef2017",
+  )
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert r.stderr.count("error:") == 1 and "are absolute voltages" in r.stderr
+  assert "give the empty-tank frame as the reference" in r.stderr
 
 
 def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef_ys, tmp_path):

@@ -18,6 +18,7 @@ fits), each compiled once, so a stream of batches of any size never recompiles.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +28,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import config_lib
+from cdeit_jax import config_lib, eit
 from cdeit_jax.checkpoints import checkpoint, loading, reader
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common import sharding as shd
@@ -45,6 +46,28 @@ log = logs.log.getChild("eval")
 SETTABLE = ("sampling.", "eval.", *(f"model.{k}" for k in loading.RUNTIME_MODEL_KEYS))
 UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
 FAR_OFF = 100.0  # a frame whose median |standardised voltage| exceeds this is in other units
+# Absolute frames (or a constant offset) instead of differences, told apart by their structure
+# (`absolute_rows`); thresholds from real and simulated frames (docs/reconstructing.md): absolute
+# ones reach 0.90-0.975 along the empty tank's pattern with a coefficient of 0.22-4.1 (gains
+# 0.3-3), difference frames at most 0.70 along it and 0.72 along a constant, offsets 0.98-1.
+ABSOLUTE_COS, ABSOLUTE_COEF, OFFSET_COS = 0.75, 0.2, 0.9
+
+
+def absolute_rows(ys: np.ndarray, vh: np.ndarray) -> np.ndarray:
+  """Which rows of `ys` (N, 208), in simulation units, are absolute voltages or carry a constant
+  offset rather than being differences: the empty tank's voltages `vh` dominate an absolute frame
+  at any gain (a cosine of at least ABSOLUTE_COS, and a coefficient along `vh` of at least
+  ABSOLUTE_COEF, which a small uniform change of a difference frame stays under), and a constant
+  dominates an offset (a cosine of at least OFFSET_COS)."""
+  x = np.asarray(ys, np.float64)
+  vh = np.asarray(vh, np.float64)
+  norm = np.linalg.norm(x, axis=1)
+  norm = np.where(norm > 0, norm, np.inf)
+  along = np.abs(x @ vh)
+  cos_vh = along / (norm * np.linalg.norm(vh))
+  coef = along / (vh @ vh)
+  cos_one = np.abs(x.sum(1)) / (norm * np.sqrt(x.shape[1]))
+  return ((cos_vh >= ABSOLUTE_COS) & (coef >= ABSOLUTE_COEF)) | (cos_one >= OFFSET_COS)
 
 
 def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -408,8 +431,9 @@ class Reconstructor:
     self, dv: np.ndarray, where: str = "voltages", skip_bad: bool = False
   ) -> np.ndarray:
     """The rows of `dv` (N, 208) that can be imaged (indices). NaN or infinite rows are refused
-    (listed in the error), or with `skip_bad` left out; rows far off the statistics' scale (other
-    units than the preset's) are refused."""
+    (listed in the error), or with `skip_bad` left out; absolute frames (no reference frame
+    subtracted) and rows far off the statistics' scale (other units than the preset's) are
+    refused."""
     if len(dv) == 0:
       raise InputError(f"{where}: no frames (0 rows of {measurement.NUM_MEASUREMENTS} voltages)")
     finite = np.isfinite(dv).all(1)
@@ -422,6 +446,14 @@ class Reconstructor:
     ok = np.flatnonzero(finite)
     if len(ok) == 0:
       raise InputError(f"{where}: every row holds NaN or infinite voltages")
+    absolute = ok[absolute_rows(dv[ok] / self.voltage_ratio, self.vh)]
+    if len(absolute):
+      raise InputError(
+        f"{where}: rows {_listed(absolute)} are absolute voltages (the empty tank's pattern "
+        "dominates them), or carry a constant offset, not difference voltages: give the "
+        "empty-tank frame as the reference (--reference REF or --reference_row N; the API's "
+        "`reference=`), so that each frame minus it is imaged"
+      )
     v = measurement.standardise(dv[ok], self.voltage_ratio, self.mean, self.std)[0]
     typical = np.median(np.abs(v.reshape(len(ok), -1)), axis=1)
     far = ok[~(typical < FAR_OFF)]
@@ -434,6 +466,12 @@ class Reconstructor:
         "difference voltages (frames minus a reference frame) if these are absolute"
       )
     return ok
+
+  @functools.cached_property
+  def vh(self) -> np.ndarray:
+    """The empty tank's voltages (208,) of the model's measuring system, in simulation units."""
+    sim = eit.default_simulator(system=measurement.system_of(self.config.simulator))
+    return np.asarray(sim.vh, np.float64)
 
   def reconstruct(
     self,
