@@ -13,8 +13,6 @@ eval.py's `pred`. The sampling settings are eval.py's (--config.sampling.*, --co
 --config.model.dtype, ...).
 """
 
-import sys
-
 if __name__ == "__main__":
   from cdeit_jax.common import cpu_tuning
 
@@ -73,13 +71,13 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   cli.init_distributed()
+  import contextlib
   import time
 
   import numpy as np
-  from tqdm import tqdm
 
   from cdeit_jax.common import compile_cache, logs
-  from cdeit_jax.infer import frames
+  from cdeit_jax.infer import frames, outputs
   from cdeit_jax.infer.reconstructor import Reconstructor
 
   t_start = time.perf_counter()
@@ -113,44 +111,33 @@ def main(argv):
     )
   k = rec.num_samples
   n = len(dv)
-  images = np.full((n, *rec.shape[:2]), np.nan, np.float32)
-  std = np.full_like(images, np.nan) if k > 1 else None
   logs.log.info(
     f"{rec!r} from {rec.checkpoint}: ready in {setup_s:.1f} s "
     f"({'compilation cache' if cache.hit else 'compiled'}); {len(ok)} frames"
   )
-  bar = tqdm(
-    total=len(ok),
-    desc="reconstructing",
-    unit="frame",
-    file=sys.stderr,
-    mininterval=0.5,
-    disable=None,
-  )
-  t0 = time.perf_counter()
-  for run in calls:
-    r = rec.reconstruct(dv[run], first_index=int(run[0]), progress=lambda m: bar.update(m / k))
-    images[run] = r.images
-    if std is not None:
-      std[run] = r.std
-  sample_s = time.perf_counter() - t0
-  bar.close()
-  info = _info(rec, reference, k)
-  if jax_primary():
-    written = frames.write(
-      FLAGS.out,
-      images,
-      std,
-      np.arange(n),
-      skipped,
-      rec.current_ratio / rec.voltage_ratio,
-      info,
-      fps=FLAGS.fps,
-      figures=FLAGS.figures,
-      targets=targets,
-    )
-  else:
+  primary = jax_primary()
+  staged = outputs.Staged(FLAGS.out) if primary else None
+  with outputs.failing(staged) if primary else contextlib.nullcontext():
+    sink = None
+    if primary:  # every frame written as it comes: memory stays flat
+      sink = frames.FramesWriter(
+        staged.work, n, rec.shape[0], k > 1, skipped, rec.current_ratio / rec.voltage_ratio
+      )
+    bar = logs.progress(len(ok), "reconstructing", "frame", enabled=primary)
+    t0 = time.perf_counter()
+    for run in calls:
+      r = rec.reconstruct(dv[run], first_index=int(run[0]), progress=lambda m: bar.update(m / k))
+      if sink is not None:
+        sink.add(int(run[0]), r.images, r.std)
+    sample_s = time.perf_counter() - t0
+    bar.close()
     written = []
+    if sink is not None:
+      shown = None if targets is None else targets[sink.kept]
+      written = sink.finish(
+        _info(rec, reference, k), fps=FLAGS.fps, figures=FLAGS.figures, targets=shown
+      )
+      staged.commit(written, frames.OUTPUTS)
   rate = len(ok) / sample_s
   print(
     f"reconstructed {len(ok)} frames ({k} sample{'s' if k > 1 else ''} each, {rec.steps} "

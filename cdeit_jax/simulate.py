@@ -31,7 +31,7 @@ import time
 import ml_collections
 import numpy as np
 
-from cdeit_jax.common import fileio
+from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.synthetic import SPLITS
 
@@ -154,7 +154,6 @@ def generate(
 ) -> dict:
   """Fill OUT with `counts[split]` examples per split of the distribution `sim`
   (`config.simulator`), keeping what is there; returns timings."""
-  from tqdm import tqdm
 
   for split, n in counts.items():
     if split not in SPLITS or n < 0:
@@ -184,7 +183,7 @@ def generate(
   t0, done = time.perf_counter(), 0
   with (
     concurrent.futures.ThreadPoolExecutor(2) as pool,
-    tqdm(total=total, desc=f"simulating into {out}", unit="example", disable=not progress) as bar,
+    logs.progress(total, f"simulating into {out}", "example", enabled=progress) as bar,
   ):
     pending = []
     for split, (n, have) in todo.items():
@@ -220,6 +219,7 @@ def generate(
 
 def main(argv: list[str]) -> None:
   del argv
+  logs.console()  # progress lines where stderr is not a terminal
   f = FLAGS
   tr = tuple(x for x in f.tr_splits.split(",") if x)
   if set(tr) - set(SPLITS):

@@ -37,6 +37,67 @@ class _Console(logging.Handler):
         self.handleError(record)
 
 
+class _Lines:
+  """Progress as log lines, for a stderr that is not a terminal (a log file, a pipe, a batch
+  job), where a progress bar shows nothing: one line at most every `every` seconds, and one at
+  the end."""
+
+  def __init__(self, total: float, desc: str, unit: str, every: float = 10.0):
+    self.total, self.desc, self.unit, self.every = total, desc, unit, every
+    self.done, self.postfix, self.t0 = 0.0, {}, time.perf_counter()
+    self.said = self.t0
+
+  def update(self, n: float = 1) -> None:
+    self.done += n
+    if time.perf_counter() - self.said >= self.every:
+      self._say()
+
+  def set_postfix(self, postfix: dict, refresh: bool = False) -> None:
+    self.postfix = dict(postfix)
+
+  def _say(self) -> None:
+    self.said = time.perf_counter()
+    rate = self.done / max(self.said - self.t0, 1e-9)
+    extra = "".join(f", {k}={v}" for k, v in self.postfix.items())
+    log.info(
+      f"{self.desc}: {self.done:.0f}/{self.total:.0f} {self.unit}s "
+      f"({rate:.1f} {self.unit}s/s{extra})"
+    )
+
+  def close(self) -> None:
+    if self.done:
+      self._say()
+
+  def __enter__(self) -> _Lines:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+def progress(
+  total: float, desc: str, unit: str, enabled: bool = True, initial: float = 0, **tqdm_kwargs
+):
+  """A progress bar on a terminal (tqdm), log lines every 10 s elsewhere (`_Lines`); nothing
+  when not `enabled` (a process other than 0)."""
+  from tqdm import tqdm
+
+  if not enabled:
+    return tqdm(total=total, disable=True)
+  if sys.stderr.isatty():
+    return tqdm(
+      total=total,
+      desc=desc,
+      unit=unit,
+      file=sys.stderr,
+      initial=initial,
+      **{"mininterval": 0.5, **tqdm_kwargs},
+    )
+  lines = _Lines(total, desc, unit)
+  lines.done = initial
+  return lines
+
+
 def console(primary: bool = True) -> None:
   """Show the `cdeit_jax` loggers on stderr (commands call this once jax knows the process):
   information from process 0, warnings and errors from every process."""
@@ -152,7 +213,6 @@ class MetricLogger:
     if not enabled:
       return
     from tensorboardX import SummaryWriter
-    from tqdm import tqdm
 
     fileio.makedirs(workdir)
     path = fileio.join(workdir, "metrics.jsonl")
@@ -160,8 +220,8 @@ class MetricLogger:
     self.jsonl = fileio.AppendLog(path, kept)  # rewritten atomically first
     # tensorboardX writes gs:// itself (google-cloud-storage; the whole event file per flush).
     self.tb = SummaryWriter(fileio.join(workdir, "tensorboard"), purge_step=start_step + 1)
-    self.bar = tqdm(
-      total=total_steps, initial=start_step, unit="step", dynamic_ncols=True, mininterval=2.0
+    self.bar = progress(
+      total_steps, "training", "step", initial=start_step, dynamic_ncols=True, mininterval=2.0
     )
 
   def write(self, step: int, metrics: dict[str, Any], advance: int = 0) -> None:

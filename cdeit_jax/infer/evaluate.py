@@ -17,13 +17,11 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
-import sys
 import time
 from typing import Any
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from cdeit_jax import eit
 from cdeit_jax.checkpoints import reader
@@ -184,13 +182,8 @@ class Evaluator:
     chunk = g * max(1, CHUNK // g)
     batches = pipeline.eval_batches(self.src, g, keys=("cond",), limit=self.n)
     self.sample_s = 0.0
-    bar = tqdm(
-      total=self.n * s.num_samples,
-      desc="sampling",
-      unit="image",
-      file=sys.stderr,
-      disable=not self.primary,
-      mininterval=1.0,
+    bar = logs.progress(
+      self.n * s.num_samples, "sampling", "image", enabled=self.primary, mininterval=1.0
     )
     with concurrent.futures.ThreadPoolExecutor(1) as worker:
       pending = None  # one chunk in the worker, one being sampled: memory stays two chunks

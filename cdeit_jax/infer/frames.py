@@ -14,6 +14,7 @@ folder and moved into place once complete (`outputs.publish`).
 from __future__ import annotations
 
 import io
+import os
 import zipfile
 from typing import Any
 
@@ -23,7 +24,6 @@ from cdeit_jax.common import fileio, matfile
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.measurement import NUM_MEASUREMENTS
 from cdeit_jax.eit.phantom import disk_mask
-from cdeit_jax.infer import outputs
 
 FRAME_KEYS = ("frames", "voltages", "dv", "ys")
 REFERENCE_KEYS = ("reference", "v_ref", "ref")
@@ -180,80 +180,109 @@ def colour_limit(images: np.ndarray) -> float:
   return float(max(np.percentile(vals, 99.5), 1e-6)) if vals.size else 1.0
 
 
-def write(
-  out: str,
-  images: np.ndarray,
-  std: np.ndarray | None,
-  rows: np.ndarray,
-  skipped: np.ndarray,
-  mat_scale: float,
-  info: dict[str, Any],
-  *,
-  fps: float = 10.0,
-  max_gif_frames: int = 300,
-  figures: bool = True,
-  targets: np.ndarray | None = None,
-) -> list[str]:
-  """Write the outputs into `out` (staged, then moved into place); returns their names. With
-  the true images `targets` the figures show them beside the reconstructions."""
-  import json
+class FramesWriter:
+  """The outputs of `n` frames into `folder` (a staging folder), filled as the frames are imaged
+  (`add`), so memory stays flat however long the recording: `images` and `std` are .npy files
+  written in place (os.pwrite) and double matrices of frames.mat (`matfile`, the device's
+  conductivity units); the frames the figures show (at most `most` evenly spaced, all of a
+  short recording) are the only images kept. Rows `skipped` are NaN from the start. `finish`
+  completes frames.npz (np.savez's layout, uncompressed), frames.mat and the figures."""
 
-  def write_all(staging: str) -> list[str]:
-    arrays = {
-      "images": images,
-      "rows": rows,
-      "skipped": skipped,
-      "info": np.asarray(json.dumps(info)),
+  def __init__(
+    self,
+    folder: str,
+    n: int,
+    size: int,
+    with_std: bool,
+    skipped: np.ndarray,
+    mat_scale: float,
+    most: int = 300,
+  ):
+    self.folder, self.n, self.size, self.mat_scale = folder, n, size, float(mat_scale)
+    self.names = ("images", "std") if with_std else ("images",)
+    self.rows, self.skipped = np.arange(n), np.asarray(skipped, np.int64)
+    self.kept = _evenly(n, most)
+    self.shown = {
+      name: np.full((len(self.kept), size, size), np.nan, np.float32) for name in self.names
     }
-    if std is not None:
-      arrays["std"] = std
-
-    def npz(p):
-      with open(p, "wb") as fh:
-        np.savez(fh, **arrays)
-
-    fileio.atomic_write(fileio.join(staging, "frames.npz"), npz)
-    fileio.atomic_write(
-      fileio.join(staging, "frames.mat"),
-      lambda p: _write_mat(p, images, std, rows, skipped, mat_scale),
+    self._fd, self._data = {}, {}
+    for name in self.names:
+      with open(self._npy(name), "wb") as fh:
+        np.lib.format.write_array_header_1_0(
+          fh, {"descr": "<f4", "fortran_order": False, "shape": (n, size, size)}
+        )
+        self._data[name] = fh.tell()
+        fh.truncate(self._data[name] + 4 * n * size * size)
+      self._fd[name] = os.open(self._npy(name), os.O_RDWR)
+    small = {
+      "rows": self.rows.astype(np.float64),
+      "skipped": self.skipped.astype(np.float64),
+      "scale": mat_scale,
+    }
+    self.mat = matfile.Writer(
+      os.path.join(folder, "frames.mat"), {name: (n, size, size) for name in self.names}, small
     )
-    if not figures:
-      return ["frames.npz", "frames.mat"]
+    nan = np.full((1, size, size), np.nan, np.float32)
+    for row in self.skipped:
+      self.add(int(row), nan, nan if with_std else None)
+
+  def _npy(self, name: str) -> str:
+    return os.path.join(self.folder, f".{name}.npy")
+
+  def add(self, lo: int, images: np.ndarray, std: np.ndarray | None) -> None:
+    """Frames lo .. lo + len(images): images and std (b, H, W) in label units."""
+    arrays = {"images": images, "std": std}
+    scales = {"images": self.mat_scale, "std": abs(self.mat_scale)}
+    for name in self.names:
+      a = np.asarray(arrays[name], np.float32)
+      at = self._data[name] + 4 * self.size * self.size * lo
+      os.pwrite(self._fd[name], np.ascontiguousarray(a, "<f4").data, at)
+      self.mat.write(name, lo, a * scales[name])  # float32 products, as before, widened
+      keep = np.flatnonzero((self.kept >= lo) & (self.kept < lo + len(a)))
+      self.shown[name][keep] = a[self.kept[keep] - lo]
+
+  def finish(
+    self, info: dict[str, Any], *, fps: float, figures: bool, targets: np.ndarray | None
+  ) -> list[str]:
+    """Complete frames.mat, frames.npz (and the figures, with the true images `targets` of the
+    kept frames beside them); returns the names written, frames.npz (the marker) last."""
+    import json
+
+    for fd in self._fd.values():
+      os.close(fd)
+    self.mat.close()
+    written = ["frames.mat"]
+    if figures:
+      written += self._figures(fps, targets)
+    with zipfile.ZipFile(
+      os.path.join(self.folder, "frames.npz"), "w", zipfile.ZIP_STORED, allowZip64=True
+    ) as z:
+      z.write(self._npy("images"), "images.npy")
+      for name, a in (
+        ("rows", self.rows),
+        ("skipped", self.skipped),
+        ("info", np.asarray(json.dumps(info))),
+      ):
+        with z.open(f"{name}.npy", "w", force_zip64=True) as fh:
+          np.lib.format.write_array(fh, a, allow_pickle=False)
+      if "std" in self.names:
+        z.write(self._npy("std"), "std.npy")
+    for name in self.names:
+      os.unlink(self._npy(name))
+    return [*written, "frames.npz"]
+
+  def _figures(self, fps: float, targets: np.ndarray | None) -> list[str]:
+    images, rows = self.shown["images"], self.kept
     limit = colour_limit(images if targets is None else np.concatenate([images, targets]))
     fileio.atomic_write(
-      fileio.join(staging, "montage.png"), lambda p: save_montage(p, images, rows, limit, targets)
+      os.path.join(self.folder, "montage.png"),
+      lambda p: save_montage(p, images, rows, limit, targets),
     )
     fileio.atomic_write(
-      fileio.join(staging, "frames.gif"),
-      lambda p: save_gif(p, images, rows, limit, fps, max_gif_frames, targets),
+      os.path.join(self.folder, "frames.gif"),
+      lambda p: save_gif(p, images, rows, limit, fps, len(rows), targets),
     )
-    return list(OUTPUTS)
-
-  return outputs.publish(out, write_all, OUTPUTS)
-
-
-def _write_mat(
-  path: str,
-  images: np.ndarray,
-  std: np.ndarray | None,
-  rows: np.ndarray,
-  skipped: np.ndarray,
-  mat_scale: float,
-) -> None:
-  """frames.mat (the project's one MAT writer, `matfile`): `images` (and `std`) in the device's
-  conductivity units as double matrices, `rows`, `skipped` and `scale` as small variables."""
-  arrays = {"images": images.shape} | ({} if std is None else {"std": std.shape})
-  mat = matfile.Writer(
-    path,
-    arrays,
-    {"rows": rows.astype(np.float64), "skipped": skipped.astype(np.float64), "scale": mat_scale},
-  )
-  try:
-    mat.write("images", 0, images * mat_scale)  # float32 products, as before, widened
-    if std is not None:
-      mat.write("std", 0, std * abs(mat_scale))
-  finally:
-    mat.close()
+    return ["montage.png", "frames.gif"]
 
 
 def _shown(img: np.ndarray) -> np.ndarray:
