@@ -18,6 +18,9 @@ if __name__ == "__main__":
 
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
+import contextlib
+import os
+
 from absl import flags
 
 from cdeit_jax import cli
@@ -69,6 +72,20 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  """The command; an --out folder it made is removed again when a refusal leaves it empty."""
+  from cdeit_jax.common import fileio
+
+  made = not fileio.path(FLAGS.out).exists()
+  try:
+    _main(argv)
+  except BaseException:
+    if made and not fileio.is_remote(FLAGS.out):
+      with contextlib.suppress(OSError):
+        os.rmdir(fileio.resolve(FLAGS.out))  # only if empty
+    raise
+
+
+def _main(argv):
   del argv
   cli.init_distributed()
   import contextlib
@@ -137,6 +154,11 @@ def main(argv):
       written = sink.finish(
         _info(rec, reference, k), fps=FLAGS.fps, figures=FLAGS.figures, targets=shown
       )
+      if sink.nonfinite:
+        logs.log.warning(
+          f"{where}: rows {', '.join(map(str, sink.nonfinite[:20]))} gave NaN or infinite images "
+          "(listed in frames.npz's and frames.mat's `skipped`); check those frames' voltages"
+        )
       staged.commit(written, frames.OUTPUTS)
   rate = len(ok) / sample_s
   print(
@@ -150,16 +172,16 @@ def main(argv):
 def _frames_and_reference():
   """(frames, reference frame or None, true images or None) from --frames, --reference and
   --reference_row, the flags checked first."""
-  from cdeit_jax.common import fileio
+  from cdeit_jax.checkpoints import checkpoint
   from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer import frames
+  from cdeit_jax.infer import frames, outputs
 
   if FLAGS.chunk < 1:
     raise InputError(f"--chunk={FLAGS.chunk}: must be >= 1")
   if not FLAGS.fps > 0:
     raise InputError(f"--fps={FLAGS.fps}: must be > 0")
-  fileio.writable_folder(FLAGS.out, "--out")
   v, reference, targets = frames.read(FLAGS.frames)
+  outputs.check_out(FLAGS.out, workdir=checkpoint.locate(FLAGS.workdir)[0])
   if FLAGS.reference is not None:
     if reference is not None:
       raise InputError(

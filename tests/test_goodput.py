@@ -69,9 +69,12 @@ def test_a_second_run_loads_its_step_from_the_cache(profiled):
     "--config.log_every=1",
     "--config.eval_every=2",
     f"--compilation_cache={tmp / 'cache'}",
+    "--config.profile.start_step=7",  # beyond this run: said, not silently skipped
   )
   assert rc == 0, err[-3000:]
   assert "train step loaded from the persistent compilation cache in" in err
+  assert "config.profile.start_step=7 is outside this run's steps 0..1" in err
+  assert not (tmp / "again" / "profile").exists()
   first = json.loads((tmp / "run" / "metrics.jsonl").read_text().splitlines()[-1])["run"]
   second = json.loads((tmp / "again" / "metrics.jsonl").read_text().splitlines()[-1])["run"]
   assert second["compile_s"] < first["compile_s"] / 2, (first, second)

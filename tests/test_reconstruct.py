@@ -278,6 +278,49 @@ def test_absolute_frames_are_told_from_difference_frames(rec, uef_ys, tmp_path):
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
   assert r.stderr.count("error:") == 1 and "are absolute voltages" in r.stderr
   assert "give the empty-tank frame as the reference" in r.stderr
+  assert not (tmp_path / "out").exists()  # a refusal leaves no empty --out behind
+
+
+def test_counts_indices_ratios_and_paths_are_checked_in_one_line(rec, uef_ys, tmp_path):
+  """Sample counts, first indices and unit ratios out of range, a folder or a ';'-separated CSV
+  as the frames file, and an --out inside the run's checkpoints: each one InputError naming the
+  value (no silent default, truncation, wrap-around or sign flip)."""
+  from cdeit_jax.eit import measurement
+
+  for k in (0, 2.7, 10**6, True):
+    with pytest.raises(InputError, match=f"num_samples={k!r}: must be an integer from 1"):
+      rec.reconstruct(uef_ys[:1], num_samples=k)
+  with pytest.raises(InputError, match=r"first_index=2147483648: must be an integer from 0"):
+    rec.reconstruct(uef_ys[:1], first_index=2**31)
+  for bad in (0.0, -2.0, float("nan"), float("inf")):
+    with pytest.raises(InputError, match="voltage_ratio=.*: must be a positive number"):
+      measurement.units("uef2017", voltage_ratio=bad)
+  with pytest.raises(InputError, match=f"{tmp_path}: a folder; give one frames file"):
+    frames.read(str(tmp_path))
+  semicolons = tmp_path / "semi.csv"
+  semicolons.write_text(";".join(f"{v:.3e}".replace(".", ",") for v in uef_ys[0]) + "\n")
+  with pytest.raises(InputError, match="separated by commas, spaces or tabs, with a '.' decimal"):
+    frames.read(str(semicolons))
+  huge = uef_ys[:2].copy()
+  huge[1, 5] = 1e300  # finite, but beyond float32
+  with pytest.raises(
+    InputError, match=r"rows 1 hold NaN, infinite or out-of-range \(beyond float32"
+  ):
+    rec.check_frames(rec.difference(huge), "F")
+  np.save(tmp_path / "f.npy", uef_ys)
+  inside = pathlib.Path(rec.checkpoint) / "images"
+  r = _cli(
+    "--workdir",
+    rec.checkpoint,
+    "--frames",
+    str(tmp_path / "f.npy"),
+    "--out",
+    str(inside),
+    "--preset",
+    "uef2017",
+  )
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert "is inside the run's checkpoints" in r.stderr and not inside.exists()
 
 
 def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef_ys, tmp_path):
@@ -294,6 +337,30 @@ def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef
   z = np.load(tmp_path / "o" / "frames.npz")
   assert np.isnan(z["images"][2]).all() and np.isfinite(z["images"][[0, 1, 3, 4, 5]]).all()
   assert z["skipped"].tolist() == [2]
+
+
+def test_frames_writer_lists_frames_whose_images_are_not_finite(tmp_path):
+  """Rows skipped for their voltages and rows whose images came out NaN or infinite are both
+  listed in `skipped` of frames.npz and frames.mat; the images and std read back as written."""
+  import scipy.io
+
+  rng = np.random.default_rng(0)
+  images = rng.standard_normal((5, 8, 8)).astype(np.float32)
+  std = np.abs(images)
+  images[3, 2, 2] = np.nan  # the model gave a NaN image for frame 3
+  w = frames.FramesWriter(str(tmp_path), 6, 8, True, np.array([1]), 2.0)
+  w.add(0, images[:1], std[:1])
+  w.add(2, images[1:], std[1:])
+  names = w.finish({"k": 1}, fps=10.0, figures=False, targets=None)
+  assert names == ["frames.mat", "frames.npz"] and w.nonfinite == [4]
+  z = np.load(tmp_path / "frames.npz")
+  np.testing.assert_array_equal(z["skipped"], [1, 4])
+  np.testing.assert_array_equal(z["images"][[0, 2, 3, 4, 5]], images)
+  np.testing.assert_array_equal(z["std"][[0, 2, 3, 4, 5]], std)
+  assert np.isnan(z["images"][1]).all()
+  m = scipy.io.loadmat(tmp_path / "frames.mat")
+  np.testing.assert_array_equal(m["skipped"].ravel(), [1, 4])
+  np.testing.assert_allclose(m["images"][[0, 2]], images[:2] * 2.0)
 
 
 def test_moving_sequence_is_the_simulators_voltages_of_its_phantoms():

@@ -161,9 +161,17 @@ def resolve_ratios(
       "voltage_ratio and current_ratio"
     )
   v, c = PRESETS.get(preset, (None, None))
-  return float(voltage_ratio if voltage_ratio is not None else v), float(
-    current_ratio if current_ratio is not None else c
-  )
+  ratios = {
+    "voltage_ratio": voltage_ratio if voltage_ratio is not None else v,
+    "current_ratio": current_ratio if current_ratio is not None else c,
+  }
+  for name, r in ratios.items():
+    if isinstance(r, bool) or not (isinstance(r, (int, float)) and 0 < r < float("inf")):
+      raise InputError(
+        f"{name}={r!r}: must be a positive number (measured / simulated units; a "
+        "negative one would turn the images' sign)"
+      )
+  return float(ratios["voltage_ratio"]), float(ratios["current_ratio"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -91,7 +91,7 @@ class Evaluator:
     reconstructor.check_overrides(self.overrides)  # bad keys and values fail before any work
     with reader.open_run(self.path, self.overrides.get("eval.step")) as run:
       meta, skipped, self.cfg = reconstructor.choose(run, self.overrides)
-      self._check_request()
+      self._check_request(run.workdir)
       self._open_data(meta)
       self.mesh = shd.make_mesh()
       loaded = reconstructor.load(run, meta, skipped, self.cfg, self.overrides, self.mesh)
@@ -101,9 +101,9 @@ class Evaluator:
     self._compile(loaded.model)
     return self
 
-  def _check_request(self) -> None:
+  def _check_request(self, workdir: str) -> None:
     if self.primary:
-      outputs.check_out(self.out, self.data_path)
+      outputs.check_out(self.out, self.data_path, workdir)
       logs.debug_log(self.out)
     s, e = self.cfg.sampling, self.cfg.eval
     if e.fit_uncertainty and (self.data_name != "simulated" or s.num_samples < 2):

@@ -35,6 +35,8 @@ def read(path: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
   """(frames (N, 208) float64, reference frame (208,) or None, true images (N, 128, 128) or
   None) of a frames file (the true images: an npz's `targets`, as simulated sequences carry);
   a bad file is an InputError naming it (and the row, where one is at fault)."""
+  if fileio.path(path).is_dir():
+    raise InputError(f"{path}: a folder; give one frames file ({', '.join(SUFFIXES)})")
   suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in fileio.basename(path) else ""
   if suffix not in SUFFIXES:
     raise InputError(f"{path}: frames files are {', '.join(SUFFIXES)}; got {suffix or 'no'} suffix")
@@ -102,7 +104,8 @@ def _read_text(path: str, raw: bytes) -> np.ndarray:
   except ValueError as e:  # numpy names the row and column
     raise InputError(
       f"{path}: not a table of numbers ({_short(e)}); frames are rows of "
-      f"{NUM_MEASUREMENTS} voltages, optionally after one header line"
+      f"{NUM_MEASUREMENTS} voltages separated by commas, spaces or tabs, with a '.' decimal "
+      "point (not ';' with decimal commas), optionally after one header line"
     ) from None
   return a
 
@@ -205,7 +208,7 @@ class FramesWriter:
     self.shown = {
       name: np.full((len(self.kept), size, size), np.nan, np.float32) for name in self.names
     }
-    self._fd, self._data = {}, {}
+    self._fd, self._data, self.nonfinite = {}, {}, []
     for name in self.names:
       with open(self._npy(name), "wb") as fh:
         np.lib.format.write_array_header_1_0(
@@ -214,11 +217,7 @@ class FramesWriter:
         self._data[name] = fh.tell()
         fh.truncate(self._data[name] + 4 * n * size * size)
       self._fd[name] = os.open(self._npy(name), os.O_RDWR)
-    small = {
-      "rows": self.rows.astype(np.float64),
-      "skipped": self.skipped.astype(np.float64),
-      "scale": mat_scale,
-    }
+    small = {"rows": self.rows.astype(np.float64), "scale": mat_scale}  # skipped: at the end
     self.mat = matfile.Writer(
       os.path.join(folder, "frames.mat"), {name: (n, size, size) for name in self.names}, small
     )
@@ -240,6 +239,8 @@ class FramesWriter:
       self.mat.write(name, lo, a * scales[name])  # float32 products, as before, widened
       keep = np.flatnonzero((self.kept >= lo) & (self.kept < lo + len(a)))
       self.shown[name][keep] = a[self.kept[keep] - lo]
+    bad = lo + np.flatnonzero(~np.isfinite(np.asarray(images)).all(axis=(1, 2)))
+    self.nonfinite += [int(r) for r in bad if r not in set(self.skipped.tolist())]
 
   def finish(
     self, info: dict[str, Any], *, fps: float, figures: bool, targets: np.ndarray | None
@@ -251,6 +252,10 @@ class FramesWriter:
     for fd in self._fd.values():
       os.close(fd)
     self.mat.close()
+    # frames whose images came out NaN or infinite are bad frames too, listed with the skipped
+    self.skipped = np.union1d(self.skipped, np.asarray(self.nonfinite, np.int64))
+    with open(os.path.join(self.folder, "frames.mat"), "ab") as fh:
+      fh.write(matfile.small_variables({"skipped": self.skipped.astype(np.float64)}))
     written = ["frames.mat"]
     if figures:
       written += self._figures(fps, targets)

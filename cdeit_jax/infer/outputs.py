@@ -35,9 +35,16 @@ OUTPUTS = (
 SHOWN = 32  # examples in the figure
 
 
-def check_out(out: str, data_path: str | None = None) -> None:
+def check_out(out: str, data_path: str | None = None, workdir: str | None = None) -> None:
   """Fail before any work when `out` cannot take the outputs (a file, read-only, the data folder
-  itself, ...)."""
+  itself, inside the checkpoints of `workdir`, whose retention may delete it, ...)."""
+  if workdir is not None:
+    ckpts = fileio.join(fileio.resolve(workdir), "checkpoints")
+    if fileio.resolve(out) == ckpts or fileio.resolve(out).startswith(ckpts + "/"):
+      raise InputError(
+        f"--out {out} is inside the run's checkpoints ({ckpts}): checkpoint retention may delete "
+        "it; give a folder outside it"
+      )
   if data_path is not None and fileio.resolve(out) == fileio.resolve(data_path):
     raise InputError(
       f"--out {out} is the data folder: the outputs (predictions.npz) would be read "

@@ -51,6 +51,7 @@ FAR_OFF = 100.0  # a frame whose median |standardised voltage| exceeds this is i
 # ones reach 0.90-0.975 along the empty tank's pattern with a coefficient of 0.22-4.1 (gains
 # 0.3-3), difference frames at most 0.70 along it and 0.72 along a constant, offsets 0.98-1.
 ABSOLUTE_COS, ABSOLUTE_COEF, OFFSET_COS = 0.75, 0.2, 0.9
+MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
 
 
 def absolute_rows(ys: np.ndarray, vh: np.ndarray) -> np.ndarray:
@@ -90,7 +91,11 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
       raise InputError(f"--config.{key}={cfg[section][leaf]!r}: {msg}")
 
   need(s.steps >= 1, "sampling.steps", "must be >= 1")
-  need(s.num_samples >= 1, "sampling.num_samples", "must be >= 1")
+  need(
+    _is_int(s.num_samples) and 1 <= s.num_samples <= MAX_SAMPLES,
+    "sampling.num_samples",
+    f"must be an integer from 1 to {MAX_SAMPLES}",
+  )
   need(
     0 <= s.eta <= 1,
     "sampling.eta",
@@ -408,7 +413,7 @@ class Reconstructor:
     if voltages is not None:
       if reference is not None:
         raise InputError("a reference frame goes with `frames`, not with difference voltages")
-      return _rows(voltages, where).astype(np.float32)
+      return _float32(_rows(voltages, where))
     dv = _rows(frames, where)
     if reference is not None:
       # in float64: frames and reference are large beside their difference
@@ -425,7 +430,7 @@ class Reconstructor:
           f"measurements {_listed(np.flatnonzero(bad))}); give a finite one"
         )
       dv = dv - ref
-    return dv.astype(np.float32)
+    return _float32(dv)
 
   def check_frames(
     self, dv: np.ndarray, where: str = "voltages", skip_bad: bool = False
@@ -439,7 +444,8 @@ class Reconstructor:
     finite = np.isfinite(dv).all(1)
     if not finite.all() and not skip_bad:
       raise InputError(
-        f"{where}: rows {_listed(np.flatnonzero(~finite))} hold NaN or infinite "
+        f"{where}: rows {_listed(np.flatnonzero(~finite))} hold NaN, infinite or out-of-range "
+        "(beyond float32's 3.4e38) "
         "voltages; remove them, or skip them (--skip_bad_frames: they are listed "
         "and their images are NaN)"
       )
@@ -491,11 +497,15 @@ class Reconstructor:
     config.sampling.num_samples) samples per frame, all in the same batches."""
     dv = self.difference(voltages, frames=frames, reference=reference)
     self.check_frames(dv)
-    k = int(num_samples or self.num_samples)
-    if k < 1:
-      raise InputError(f"num_samples={num_samples}: must be >= 1")
+    k = self.num_samples if num_samples is None else num_samples
+    if not _is_int(k) or not 1 <= k <= MAX_SAMPLES:
+      raise InputError(f"num_samples={num_samples!r}: must be an integer from 1 to {MAX_SAMPLES}")
+    k = int(k)
     cond = self.condition(dv)
     n = len(dv)
+    last = np.iinfo(np.int32).max - n  # example indices are int32
+    if not _is_int(first_index) or not 0 <= first_index <= last:
+      raise InputError(f"first_index={first_index!r}: must be an integer from 0 to {last}")
     rows_frame = np.repeat(np.arange(n), k)  # frame-major: a frame's K samples share a batch
     rows_sample = np.tile(np.arange(k, dtype=np.int32), n)
     imgs = self.sample_rows(
@@ -512,6 +522,17 @@ class Reconstructor:
       f"Reconstructor({self.checkpoint or 'model'}, preset={self.preset!r}, "
       f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.buckets})"
     )
+
+
+def _float32(a: np.ndarray) -> np.ndarray:
+  """`a` as float32; values beyond its range become infinite (refused by `check_frames`, which
+  names them) without numpy's overflow warning."""
+  with np.errstate(over="ignore"):
+    return a.astype(np.float32)
+
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 def _rows(a: Any, where: str) -> np.ndarray:

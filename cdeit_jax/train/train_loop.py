@@ -479,6 +479,12 @@ def _train(
   # --- steps, and the periodic actions (each timed by phase, see goodput)
   schedule, window = Schedule(cfg), Window(p.start, cfg.batch_size, p.compiled.flops_per_step)
   profiler = goodput.Profiler(cfg.profile, workdir, clock)
+  first = cfg.profile.start_step
+  if primary and first is not None and not p.start <= first < cfg.steps:
+    log.warning(
+      f"config.profile.start_step={first} is outside this run's steps {p.start}..{cfg.steps - 1}:"
+      " no profile is written"
+    )
   last: dict[str, Any] = {}
   step, state, last_good = p.start, p.state, p.last_good
   clock.steps_begin(p.compiled.compile_s)
