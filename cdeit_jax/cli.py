@@ -12,7 +12,7 @@ from collections.abc import Callable
 from absl import app, flags
 
 from cdeit_jax.common import compat, moved_modules
-from cdeit_jax.common.errors import CdeitError
+from cdeit_jax.common.errors import CdeitError, InputError
 
 FLAGS = flags.FLAGS
 
@@ -154,6 +154,36 @@ def _quiet_closed_loop_callbacks() -> None:
   sys.unraisablehook = hook
 
 
+def check_bucket_credentials() -> None:
+  """A gs:// path given (a flag, or --config's data.path) without Google credentials is one line
+  naming it now, not a minute of retries and tracebacks at its first use. A local GCS server
+  (STORAGE_EMULATOR_HOST, as the tests run) needs none."""
+  given = [(f"--{n}", FLAGS[n].value) for n in FLAGS if isinstance(FLAGS[n].value, str)]
+  cfg = FLAGS["config"].value if "config" in FLAGS else None
+  data_path = getattr(getattr(cfg, "data", None), "path", None)
+  if isinstance(data_path, str):
+    given.append(("--config.data.path", data_path))
+  remote = [(flag, v) for flag, v in given if v.startswith(("gs://", "gcs://"))]
+  if not remote or os.environ.get("STORAGE_EMULATOR_HOST"):
+    return
+  flag, value = remote[0]
+  try:
+    import google.auth
+    import google.auth.exceptions
+  except ImportError:
+    raise InputError(
+      f"{flag} {value}: gs:// paths need the gcs extra: pip install -e '.[gcs]'"
+    ) from None
+  try:
+    google.auth.default()
+  except google.auth.exceptions.DefaultCredentialsError:
+    raise InputError(
+      f"{flag} {value}: no Google credentials for gs:// (none in GOOGLE_APPLICATION_CREDENTIALS, "
+      "gcloud's application-default login or a VM's service account): run `gcloud auth "
+      "application-default login` or set GOOGLE_APPLICATION_CREDENTIALS"
+    ) from None
+
+
 def run(main: Callable[[list[str]], None]) -> None:
   """`app.run(main)` with one-line flag errors and one-line reports of our own errors."""
 
@@ -164,11 +194,12 @@ def run(main: Callable[[list[str]], None]) -> None:
     _quiet_closed_loop_callbacks()
     for name in ("gcsfs", "fsspec"):  # and every file they open
       logging.getLogger(name).setLevel(logging.WARNING)
-    if "compilation_cache" in FLAGS:
-      from cdeit_jax.common import compile_cache
-
-      compile_cache.enable(FLAGS.compilation_cache)
     try:
+      check_bucket_credentials()
+      if "compilation_cache" in FLAGS:
+        from cdeit_jax.common import compile_cache
+
+        compile_cache.enable(FLAGS.compilation_cache)
       main(argv)
     except KeyboardInterrupt as e:  # our Interrupted (a run that saved and stopped) or Ctrl-C
       print(

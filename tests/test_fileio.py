@@ -84,3 +84,43 @@ def test_mat_arrays_written_in_place_read_back(tmp_path):
   np.testing.assert_array_equal(m["a"], a)
   np.testing.assert_array_equal(m["b"], b)
   assert m["scale"][0, 0] == 0.5 and [str(v[0]) for v in m["names"][0]] == ["x", "yy"]
+
+
+def test_a_bucket_without_credentials_is_one_line_before_any_work(tmp_path):
+  """eval.py on a gs:// workdir with no Google credentials anywhere (no key file, no gcloud
+  login, no local GCS server): one line naming the flag and what to do, not a minute of retries
+  and tracebacks."""
+  import subprocess
+  import sys
+
+  env = {
+    k: v
+    for k, v in os.environ.items()
+    if k
+    not in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")
+  }
+  env["HOME"] = str(tmp_path)  # no gcloud application-default credentials there
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  r = subprocess.run(
+    [
+      sys.executable,
+      "eval.py",
+      "--workdir",
+      "gs://no-bucket/run",
+      "--data",
+      "uef2017",
+      "--data_path",
+      "data/uef2017",
+      "--out",
+      str(tmp_path / "out"),
+    ],
+    capture_output=True,
+    text=True,
+    cwd=repo,
+    env=env,
+    timeout=120,
+  )
+  assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert r.stderr.count("error:") == 1
+  assert "--workdir gs://no-bucket/run: no Google credentials for gs://" in r.stderr
+  assert "gcloud auth application-default login" in r.stderr
