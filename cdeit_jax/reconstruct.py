@@ -88,7 +88,6 @@ def main(argv):
 def _main(argv):
   del argv
   cli.init_distributed()
-  import contextlib
   import time
 
   import numpy as np

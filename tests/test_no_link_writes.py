@@ -111,3 +111,14 @@ def test_staging(tmp_path, victim):
   assert not stale.exists() and live.exists() and victim.read_text() == "precious"
   staged.abort()
   assert sorted(p.name for p in out.iterdir()) == [live.name]
+
+
+def test_atomic_writes_keep_the_usual_file_mode(tmp_path):
+  """A published file gets the mode an ordinary create gives under the process's umask (0644
+  under 022), not a temporary file's 0600."""
+  old = os.umask(0o022)
+  try:
+    fileio.write_text(str(tmp_path / "metrics.json"), "{}")
+  finally:
+    os.umask(old)
+  assert (tmp_path / "metrics.json").stat().st_mode & 0o777 == 0o644

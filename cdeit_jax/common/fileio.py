@@ -17,6 +17,7 @@ import io
 import logging
 import os
 import pathlib
+import secrets
 import shutil
 import tempfile
 import threading
@@ -173,12 +174,11 @@ def atomic_write(p: PathLike, write: Callable[[str], object]) -> None:
   removed on any failure; a full disk is a `DiskFull` naming the folder."""
   p = resolve(p)
   if not is_remote(p):
-    # A fresh name made by an exclusive create: never an existing file or a link planted there
-    # (`os.replace` then swaps a link at `p` itself, never what it points to).
-    fd, tmp = tempfile.mkstemp(
-      prefix=f".{os.path.basename(p)}.", suffix=".tmp", dir=os.path.dirname(p)
-    )
-    os.close(fd)
+    # A fresh name made by an exclusive create (never an existing file or a link planted there;
+    # `os.replace` then swaps a link at `p` itself, never what it points to), with the mode an
+    # ordinary create gets (mkstemp's would be 0600).
+    tmp = os.path.join(os.path.dirname(p), f".{os.path.basename(p)}.{secrets.token_hex(6)}.tmp")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
     try:
       write(tmp)
       os.replace(tmp, p)
