@@ -124,3 +124,24 @@ def test_a_bucket_without_credentials_is_one_line_before_any_work(tmp_path):
   assert r.stderr.count("error:") == 1
   assert "--workdir gs://no-bucket/run: no Google credentials for gs://" in r.stderr
   assert "gcloud auth application-default login" in r.stderr
+
+
+def test_progress_is_log_lines_where_stderr_is_not_a_terminal(caplog, monkeypatch):
+  """Not a terminal (a log file, a pipe): lines through the project's logger, at most one per
+  interval and one at the end, with the count, the rate and the postfix that tqdm would show
+  (both of tqdm's forms of set_postfix)."""
+  import logging
+
+  from cdeit_jax.common import logs
+
+  monkeypatch.setattr("sys.stderr.isatty", lambda: False)
+  with caplog.at_level(logging.INFO, logger="cdeit_jax"):
+    with logs.progress(10, "simulating", "example") as bar:
+      bar.every = 0.0  # every update says a line
+      bar.update(4)
+      bar.set_postfix(examples_per_s="2.0")
+      bar.set_postfix({"loss": "0.1"}, refresh=False)
+      bar.update(6)
+  lines = [r.getMessage() for r in caplog.records if r.name == "cdeit_jax"]
+  assert lines[0].startswith("simulating: 4/10 examples (") and "examples/s" in lines[0]
+  assert lines[1].startswith("simulating: 10/10 examples") and lines[1].endswith(", loss=0.1)")

@@ -52,8 +52,9 @@ class _Lines:
     if time.perf_counter() - self.said >= self.every:
       self._say()
 
-  def set_postfix(self, postfix: dict, refresh: bool = False) -> None:
-    self.postfix = dict(postfix)
+  def set_postfix(self, postfix: dict | None = None, refresh: bool = False, **kwargs) -> None:
+    """As tqdm's: values shown after the count (a dict, or keywords)."""
+    self.postfix = {**(postfix or {}), **kwargs}
 
   def _say(self) -> None:
     self.said = time.perf_counter()
