@@ -3,7 +3,9 @@ user's config file or script) fails with one line that names the new one: `insta
 consulted after every other. `cdeit_jax.model` and `cdeit_jax.data` are packages now; they still
 give the names of the modules they replaced (PEP 562)."""
 
+import importlib
 import importlib.abc
+import importlib.util
 import sys
 
 MOVED = {
@@ -65,3 +67,18 @@ class _MovedModules(importlib.abc.MetaPathFinder):
 def install() -> None:
   if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
     sys.meta_path.append(_MovedModules())
+
+
+def names_of(package: str, module: str):
+  """A package's `__getattr__` (PEP 562) that gives the names of `module`, the module the package
+  replaced (`from cdeit_jax.model import CDEIT`); its own submodules load as usual."""
+
+  def __getattr__(name: str):
+    if not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is None:
+      try:
+        return getattr(importlib.import_module(module), name)
+      except AttributeError:
+        pass
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+  return __getattr__

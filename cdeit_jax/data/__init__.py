@@ -4,14 +4,6 @@ distribution.
 The names of `cdeit_jax.data.sources` (`NpzSource`, `ArraySource`) are also given here on first
 use (PEP 562), as they were when this package was one module."""
 
-import importlib
-import importlib.util
+from cdeit_jax.common import moved_modules
 
-
-def __getattr__(name: str):
-  if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is None:
-    try:
-      return getattr(importlib.import_module("cdeit_jax.data.sources"), name)
-    except AttributeError:
-      pass
-  raise AttributeError(f"module 'cdeit_jax.data' has no attribute {name!r}")
+__getattr__ = moved_modules.names_of(__name__, "cdeit_jax.data.sources")
