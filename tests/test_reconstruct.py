@@ -202,7 +202,7 @@ def test_bad_frames_are_named_by_file_and_row(rec, uef_ys, tmp_path):
   nan = uef_ys.copy()
   nan[[1, 4], 7] = np.nan
   nan[4, 9] = np.inf
-  with pytest.raises(InputError, match=r"F: rows 1, 4 hold NaN or infinite voltages"):
+  with pytest.raises(InputError, match=r"F: rows 1, 4 hold NaN, infinite or out-of-range"):
     rec.check_frames(nan, "F")
   np.testing.assert_array_equal(rec.check_frames(nan, "F", skip_bad=True), [0, 2, 3, 5])
   # differences in other units than the preset's (1000 times too large), and a constant offset
@@ -301,7 +301,7 @@ def test_counts_indices_ratios_and_paths_are_checked_in_one_line(rec, uef_ys, tm
   semicolons.write_text(";".join(f"{v:.3e}".replace(".", ",") for v in uef_ys[0]) + "\n")
   with pytest.raises(InputError, match="separated by commas, spaces or tabs, with a '.' decimal"):
     frames.read(str(semicolons))
-  huge = uef_ys[:2].copy()
+  huge = uef_ys[:2].astype(np.float64)
   huge[1, 5] = 1e300  # finite, but beyond float32
   with pytest.raises(
     InputError, match=r"rows 1 hold NaN, infinite or out-of-range \(beyond float32"
@@ -330,7 +330,7 @@ def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef
   flags = ["--workdir", tiny_run, "--preset", "uef2017", "--frames", path, "--figures=false"]
   r = _cli(*flags, "--out", str(tmp_path / "o"))
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
-  assert f"error: {path}: rows 2 hold NaN or infinite voltages" in r.stderr
+  assert f"error: {path}: rows 2 hold NaN, infinite or out-of-range" in r.stderr
   r = _cli(*flags, "--out", str(tmp_path / "o"), "--skip_bad_frames")
   assert r.returncode == 0, r.stderr[-2000:]
   assert "skipping 1 rows with NaN or infinite voltages (their images are NaN): 2" in r.stderr
