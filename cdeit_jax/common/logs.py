@@ -42,9 +42,10 @@ class _Lines:
   job), where a progress bar shows nothing: one line at most every `every` seconds, and one at
   the end."""
 
-  def __init__(self, total: float, desc: str, unit: str, every: float = 10.0):
+  def __init__(self, total: float, desc: str, unit: str, initial: float = 0, every: float = 10.0):
     self.total, self.desc, self.unit, self.every = total, desc, unit, every
-    self.done, self.postfix, self.t0 = 0.0, {}, time.perf_counter()
+    self.done = self.start = self.said_done = initial  # a resumed run starts at `initial`
+    self.postfix, self.t0 = {}, time.perf_counter()
     self.said = self.t0
 
   def update(self, n: float = 1) -> None:
@@ -57,8 +58,8 @@ class _Lines:
     self.postfix = {**(postfix or {}), **kwargs}
 
   def _say(self) -> None:
-    self.said = time.perf_counter()
-    rate = self.done / max(self.said - self.t0, 1e-9)
+    self.said, self.said_done = time.perf_counter(), self.done
+    rate = (self.done - self.start) / max(self.said - self.t0, 1e-9)  # this run's own
     extra = "".join(f", {k}={v}" for k, v in self.postfix.items())
     log.info(
       f"{self.desc}: {self.done:.0f}/{self.total:.0f} {self.unit}s "
@@ -66,7 +67,7 @@ class _Lines:
     )
 
   def close(self) -> None:
-    if self.done:
+    if self.done != self.said_done:  # the end, unless the last line said it
       self._say()
 
   def __enter__(self) -> _Lines:
@@ -94,9 +95,7 @@ def progress(
       initial=initial,
       **{"mininterval": 0.5, **tqdm_kwargs},
     )
-  lines = _Lines(total, desc, unit)
-  lines.done = initial
-  return lines
+  return _Lines(total, desc, unit, initial)
 
 
 def console(primary: bool = True) -> None:
