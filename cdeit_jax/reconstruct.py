@@ -94,7 +94,7 @@ def _main(argv):
 
   from cdeit_jax.common import compile_cache, logs
   from cdeit_jax.infer import frames, outputs
-  from cdeit_jax.infer.reconstructor import Reconstructor
+  from cdeit_jax.infer.reconstructor import Reconstructor, listed
 
   t_start = time.perf_counter()
   overrides = cli.checkpoint_overrides()
@@ -122,8 +122,7 @@ def _main(argv):
   if len(skipped):
     logs.log.warning(
       f"{where}: skipping {len(skipped)} rows with NaN or infinite voltages "
-      f"(their images are NaN): {', '.join(map(str, skipped[:20]))}"
-      f"{' ...' if len(skipped) > 20 else ''}"
+      f"(their images are NaN): {listed(skipped)}"
     )
   k = rec.num_samples
   n = len(dv)
@@ -155,7 +154,7 @@ def _main(argv):
       )
       if sink.nonfinite:
         logs.log.warning(
-          f"{where}: rows {', '.join(map(str, sink.nonfinite[:20]))} gave NaN or infinite images "
+          f"{where}: rows {listed(sink.nonfinite)} gave NaN or infinite images "
           "(listed in frames.npz's and frames.mat's `skipped`); check those frames' voltages"
         )
       staged.commit(written, frames.OUTPUTS)

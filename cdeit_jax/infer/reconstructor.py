@@ -427,7 +427,7 @@ class Reconstructor:
       if bad.any():
         raise InputError(
           f"{where}: the reference frame holds NaN or infinite voltages (at "
-          f"measurements {_listed(np.flatnonzero(bad))}); give a finite one"
+          f"measurements {listed(np.flatnonzero(bad))}); give a finite one"
         )
       dv = dv - ref
     return _float32(dv)
@@ -444,7 +444,7 @@ class Reconstructor:
     finite = np.isfinite(dv).all(1)
     if not finite.all() and not skip_bad:
       raise InputError(
-        f"{where}: rows {_listed(np.flatnonzero(~finite))} hold NaN, infinite or out-of-range "
+        f"{where}: rows {listed(np.flatnonzero(~finite))} hold NaN, infinite or out-of-range "
         "(beyond float32's 3.4e38) "
         "voltages; remove them, or skip them (--skip_bad_frames: they are listed "
         "and their images are NaN)"
@@ -455,7 +455,7 @@ class Reconstructor:
     absolute = ok[absolute_rows(dv[ok] / self.voltage_ratio, self.vh)]
     if len(absolute):
       raise InputError(
-        f"{where}: rows {_listed(absolute)} are absolute voltages (the empty tank's pattern "
+        f"{where}: rows {listed(absolute)} are absolute voltages (the empty tank's pattern "
         "dominates them), or carry a constant offset, not difference voltages: give the "
         "empty-tank frame as the reference (--reference REF or --reference_row N; the API's "
         "`reference=`), so that each frame minus it is imaged"
@@ -465,7 +465,7 @@ class Reconstructor:
     far = ok[~(typical < FAR_OFF)]
     if len(far):
       raise InputError(
-        f"{where}: rows {_listed(far)} are ~{float(np.max(typical)):.3g} standard deviations "
+        f"{where}: rows {listed(far)} are ~{float(np.max(typical)):.3g} standard deviations "
         f"from the training data's voltages (expected a few): they are in other units than "
         f"preset {self.preset!r} (voltage ratio {self.voltage_ratio:g}) says; give the "
         "device's preset (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
@@ -554,7 +554,8 @@ def _rows(a: Any, where: str) -> np.ndarray:
   return a.astype(np.float64)
 
 
-def _listed(rows, most: int = 10) -> str:
+def listed(rows, most: int = 10) -> str:
+  """Rows for a message: the first `most`, then how many more."""
   rows = [int(r) for r in rows]
   text = ", ".join(map(str, rows[:most]))
   return text + (f" and {len(rows) - most} more" if len(rows) > most else "")
