@@ -76,9 +76,9 @@ def test_batches_are_the_streams_examples_on_any_devices():
   writes them: same function, test_simulate checks the files), standardised into the EIM the
   files' loader makes; the same on 1 and 8 devices, bit for bit."""
   cfg = _cfg()
-  mean, std = _stats(
-    synthetic.example_arrays(cfg.simulator, "train", np.arange(16), shd.make_mesh())[0]
-  )
+  # the reference examples' own statistics (one compiled program for both uses)
+  ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(24, 32), shd.make_mesh())
+  mean, std = _stats(ys)
   out = []
   for devices in (jax.devices()[:1], jax.devices()):
     mesh = shd.make_mesh(devices)
@@ -88,7 +88,6 @@ def test_batches_are_the_streams_examples_on_any_devices():
     out.append(jax.device_get(b))
   np.testing.assert_array_equal(out[0]["cond"], out[1]["cond"])
   np.testing.assert_array_equal(out[0]["target"], out[1]["target"])
-  ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(24, 32), shd.make_mesh())
   ref = sources.ArraySource(ys, xs, mean, std, name="reference")
   for i in range(8):
     np.testing.assert_array_equal(out[1]["target"][i], ref[i]["target"])
@@ -202,3 +201,32 @@ def test_one_device_gives_the_losses_of_eight():
       run.append(float(m["loss"]))
     losses.append(run)
   np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5, atol=1e-7)
+
+
+def test_sigterm_during_the_statistics_stops_within_a_chunk(tmp_path):
+  """A SIGTERM while the simulator source makes its statistics (minutes at full size) stops
+  training after the chunk in hand, with nothing saved, instead of when the steps begin."""
+  import signal
+  import threading
+  import time
+
+  from cdeit_jax.train import train_loop
+
+  cfg = _cfg(nominal=True)
+  cfg.simulator.stats_examples = 256 * 100
+
+  def kill_once_handled():  # the signal only once train() handles it (else it ends pytest)
+    for _ in range(6000):
+      handler = signal.getsignal(signal.SIGTERM)
+      if getattr(handler, "__func__", None) is train_loop._Preemption._handle:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+      time.sleep(0.005)
+
+  threading.Thread(target=kill_once_handled, daemon=True).start()
+  result = train_loop.train(cfg, str(tmp_path / "run"))
+  assert result == {"step": 0, "saved": False}
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # train() put the handler back
+  assert not (tmp_path / "run" / "checkpoints").exists() or not list(
+    (tmp_path / "run" / "checkpoints").iterdir()
+  )

@@ -7,14 +7,25 @@ reads and writes the cache through etils.epath: useful on pods, whose hosts then
 cache); `--compilation_cache=none` turns it off. `hits()` counts the programs loaded from it,
 so a command can say whether its step came from the cache. Arrays that take seconds to derive
 (the simulator's Jacobian) are kept beside the programs (`folder()/derived`).
+
+Damaged entries are replaced: JAX writes an entry in place (a kill or a full disk leaves it
+truncated) and never overwrites one that exists, so a damaged entry would make every later run
+warn and compile again. `enable` therefore checks a local folder's new entries (`sweep`) and
+removes those that do not decompress; JAX then writes them again at their next compilation.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
+import time
+import zlib
 
 import jax
+
+from cdeit_jax.common import fileio
 
 DEFAULT = os.path.join(os.path.expanduser("~"), ".cache", "cdeit-jax", "jax")
 OFF = ("", "none", "None", "off")
@@ -60,7 +71,101 @@ def enable(path: str | None = None) -> str | None:
   # every program, not only those that took a second to compile: start-up runs dozens of small
   # ones (the Jacobian, the calibration, the optimizer's initialisation)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  if not fileio.is_remote(folder):
+    sweep(folder)
   return folder
+
+
+_ENTRY = "-cache"  # JAX's names: "<module>-<hash>-cache", and "<module>-<hash>-atime" beside it
+_CHECKED = ".cdeit-checked.json"  # {name: [size, mtime_ns]} of the entries found whole
+_SETTLE_S = 60.0  # younger entries may still be being written by another process: not judged
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+log = logging.getLogger("cdeit_jax")
+
+
+def _zstd_decompress():
+  """A zstd decoder (the standard library's from Python 3.14, else `zstandard`), or None."""
+  try:
+    from compression import zstd  # Python 3.14+
+
+    return zstd.decompress
+  except ImportError:
+    pass
+  try:
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompress
+  except ImportError:
+    return None
+
+
+def _whole(data: bytes) -> bool | None:
+  """Whether a cache entry decompresses to at least its 4-byte compile time and a program (JAX
+  compresses with zstd when a zstd library is installed, else zlib, whose checksum also catches
+  changed bytes); None: a zstd entry and no decoder here to tell."""
+  if data[:4] == _ZSTD_MAGIC:
+    decode = _zstd_decompress()
+    if decode is None:
+      return None
+  else:
+    decode = zlib.decompress
+  try:
+    return len(decode(data)) > 4
+  except Exception:  # each library's own error type for a truncated or changed stream
+    return False
+
+
+def sweep(path: str) -> list[str]:
+  """Remove the entries of the local cache folder `path` that cannot be read whole (with their
+  access-time files) and return their names. Only entries not already found whole (by size and
+  modification time) and older than a minute are read, so a start-up reads each entry once."""
+  try:
+    names = sorted(n for n in os.listdir(path) if n.endswith(_ENTRY))
+  except OSError:
+    return []  # not made yet (JAX makes it at the first write), or not readable: JAX will say
+  checked = _read_checked(path)
+  found, removed, now = {}, [], time.time()
+  for name in names:
+    p = os.path.join(path, name)
+    try:
+      st = os.stat(p)
+      if [st.st_size, st.st_mtime_ns] == checked.get(name):
+        found[name] = checked[name]
+        continue
+      if now - st.st_mtime < _SETTLE_S:
+        continue
+      with open(p, "rb") as f:
+        whole = _whole(f.read())
+      if whole is False:
+        for q in (p, p[: -len(_ENTRY)] + "-atime"):
+          if os.path.exists(q):
+            os.remove(q)
+        removed.append(name)
+      elif whole:
+        found[name] = [st.st_size, st.st_mtime_ns]
+    except FileNotFoundError:
+      continue  # evicted or removed by another process meanwhile
+  if removed:
+    log.warning(
+      f"compilation cache {path}: removed {len(removed)} damaged entr"
+      f"{'y' if len(removed) == 1 else 'ies'} ({', '.join(removed[:3])}"
+      f"{', ...' if len(removed) > 3 else ''}); they are compiled and written again"
+    )
+  if found != checked:
+    try:
+      fileio.write_text(os.path.join(path, _CHECKED), json.dumps(found))
+    except OSError:
+      pass  # a read-only cache: the entries are checked again next time, nothing else lost
+  return removed
+
+
+def _read_checked(path: str) -> dict:
+  try:
+    with open(os.path.join(path, _CHECKED)) as f:
+      checked = json.load(f)
+    return checked if isinstance(checked, dict) else {}
+  except (OSError, ValueError):
+    return {}
 
 
 class Watch:

@@ -11,6 +11,8 @@ so a resumed run continues bit for bit (the stream's position is the step: nothi
 The normalisation statistics (and the physics-informed model's calibration) come from the first
 `config.simulator.stats_examples` training examples, computed once and stored in the checkpoint;
 validation uses the fixed examples 0..`config.simulator.valid_examples`-1 of the valid split.
+A `stop` predicate (training's signal flag) is checked after every chunk of the statistics, so a
+SIGTERM while they are made (minutes at full size) stops the run within one chunk (`Stopped`).
 """
 
 from __future__ import annotations
@@ -24,14 +26,19 @@ import ml_collections
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from cdeit_jax.common import logs
 from cdeit_jax.common import sharding as shd
-from cdeit_jax.common.errors import InputError
+from cdeit_jax.common.errors import CdeitError, InputError
 from cdeit_jax.data import synthetic
 from cdeit_jax.data.sources import ArraySource
 from cdeit_jax.eit import measurement
 
 _CHUNK = 256  # examples per call when making the fixed sets
 PRESET = "simulated"  # the simulator's units
+
+
+class Stopped(CdeitError):
+  """The `stop` predicate turned true while the statistics were being made (nothing saved)."""
 
 
 def fixed_examples(
@@ -47,22 +54,23 @@ def fixed_examples(
   return np.concatenate(ys), np.concatenate(xs)
 
 
-def statistics_examples(cfg: ml_collections.ConfigDict, n: int, mesh: jax.sharding.Mesh):
+def statistics_examples(
+  cfg: ml_collections.ConfigDict,
+  n: int,
+  mesh: jax.sharding.Mesh,
+  stop: Callable[[], bool] | None = None,
+):
   """Training examples 0..n-1 as chunks (ys, xs), xs only for the first
   `conditioning.CALIBRATION_EXAMPLES` (None after them): the statistics stream over any n in
-  constant memory, with a progress bar when they take more than a few chunks."""
-  from tqdm import tqdm
-
+  constant memory, with progress (`logs.progress`) when they take more than a few chunks.
+  Raises `Stopped` before the next chunk once `stop()` is true."""
   from cdeit_jax.eit.conditioning import CALIBRATION_EXAMPLES
 
-  with tqdm(
-    total=n,
-    desc="simulator source: statistics",
-    unit="example",
-    disable=n <= 8 * _CHUNK or jax.process_index() != 0,
-    mininterval=2.0,
-  ) as bar:
+  enabled = n > 8 * _CHUNK and jax.process_index() == 0
+  with logs.progress(n, "simulator source: statistics", "example", enabled=enabled) as bar:
     for lo in range(0, n, _CHUNK):
+      if stop is not None and stop():
+        raise Stopped(f"stopped after {lo} of the {n} statistics examples")
       idx = np.arange(lo, min(n, lo + _CHUNK))
       y, x = synthetic.example_arrays(cfg.simulator, "train", idx, mesh, pad_to=min(n, _CHUNK))
       bar.update(len(idx))
@@ -82,6 +90,7 @@ class SimulatorData:
     cfg: ml_collections.ConfigDict,
     mesh: jax.sharding.Mesh,
     checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
+    stop: Callable[[], bool] | None = None,
   ):
     if cfg.data.preset != PRESET:
       raise InputError(
@@ -97,7 +106,7 @@ class SimulatorData:
       if int(s.stats_examples) < 2:
         raise InputError("config.simulator.stats_examples must be >= 2 (a std needs two examples)")
       running, ys, xs = measurement.RunningStats(), [], []
-      for y, x in statistics_examples(cfg, int(s.stats_examples), mesh):
+      for y, x in statistics_examples(cfg, int(s.stats_examples), mesh, stop):
         running.add(y)
         if x is not None:
           ys.append(y[: len(x)])

@@ -4,6 +4,7 @@ simulator on the devices (`simulator_source.SimulatorData`, `"simulator"`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import jax
@@ -76,10 +77,13 @@ def open_training_data(
   cfg: ml_collections.ConfigDict,
   mesh: jax.sharding.Mesh,
   checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
+  stop: Callable[[], bool] | None = None,
 ) -> TrainingData:
-  """The source `config.data.source` names, standardised with `checkpoint_stats` on resume."""
+  """The source `config.data.source` names, standardised with `checkpoint_stats` on resume;
+  `stop` (training's signal flag) may end the simulator's statistics early
+  (`simulator_source.Stopped`)."""
   if cfg.data.source == "simulator":
     from cdeit_jax.data import simulator_source
 
-    return simulator_source.SimulatorData(cfg, mesh, checkpoint_stats)
+    return simulator_source.SimulatorData(cfg, mesh, checkpoint_stats, stop)
   return FileData(cfg, mesh, checkpoint_stats)

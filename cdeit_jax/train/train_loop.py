@@ -27,7 +27,7 @@ from cdeit_jax.checkpoints import checkpoint, loading
 from cdeit_jax.common import compat, compile_cache, fileio, hardware, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import CdeitError
-from cdeit_jax.data import pipeline, training_data
+from cdeit_jax.data import pipeline, simulator_source, training_data
 from cdeit_jax.train import goodput, memory_fit, training, workdir_lock
 
 log = logs.log.getChild("train")
@@ -68,6 +68,12 @@ class _Preemption:
       raise KeyboardInterrupt  # a second Ctrl-C: at once
     self.requested, self.signal = True, signum
 
+  def requested_here(self) -> bool:
+    """A signal to this process before the steps (checked by long start-up work: the simulator's
+    statistics). Always False with several processes, whose start-up work is collective: they
+    stop together at the first step's sync point instead."""
+    return self.requested and not self._multi
+
   def agreed(self, step: int) -> bool:
     """Whether to save and stop after `step` (call after every step, on every process)."""
     if not self._multi:
@@ -95,10 +101,12 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
       result = _train(cfg, workdir, mesh, goodput.Clock(t0), preempt, lock)
     if preempt.signal == signal.SIGINT:
-      raise Interrupted(
-        f"interrupted (Ctrl-C) after step {result['step']}, which is saved; "
-        "rerun the same command to resume"
+      done = (
+        "during start-up, before step 0 (nothing to save)"
+        if result.get("saved") is False
+        else f"after step {result['step']}, which is saved"
       )
+      raise Interrupted(f"interrupted (Ctrl-C) {done}; rerun the same command to resume")
     return result
   except Exception as e:
     if isinstance(e, fileio.DiskFull) or not compat.is_disk_full(e):
@@ -392,11 +400,13 @@ class _Prepared:
   warnings: list[str]
 
 
-def _prepare(cfg: ml_collections.ConfigDict, workdir: str, mesh, mngr) -> _Prepared:
+def _prepare(
+  cfg: ml_collections.ConfigDict, workdir: str, mesh, mngr, stop: Callable[[], bool]
+) -> _Prepared:
   """The resume plan, the data, the model and its compiled step, and the state: fresh, or the
-  newest intact step."""
+  newest intact step. `stop` may end the data's start-up early (`simulator_source.Stopped`)."""
   plan = plan_resume(mngr, cfg, workdir)
-  data = training_data.open_training_data(cfg, mesh, plan.checkpoint_stats)
+  data = training_data.open_training_data(cfg, mesh, plan.checkpoint_stats, stop)
   ts = training.setup(cfg, mesh, calibration_source=data.calibration)
   compiled, cached = compile_step(ts, cfg, mesh)
   how = "loaded from the persistent compilation cache" if cached else "compiled"
@@ -464,7 +474,11 @@ def _train(
   mngr = checkpoint.train_manager(
     workdir, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoints
   )
-  p = _prepare(cfg, workdir, mesh, mngr)
+  try:
+    p = _prepare(cfg, workdir, mesh, mngr, preempt.requested_here)
+  except simulator_source.Stopped as e:
+    log.info(f"a signal during start-up: {e}; nothing was saved; rerun the same command to start")
+    return {"step": 0, "saved": False}
   logger = logs.MetricLogger(workdir, cfg.steps, p.start, enabled=primary)
   for line in p.report:
     log.info(line)
