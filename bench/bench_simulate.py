@@ -2,6 +2,7 @@
 
   python bench/bench_simulate.py [--batch 64 256] [--dtype float32]
   python bench/bench_simulate.py --source --config configs/demo.py [--batch 16]
+  python bench/bench_simulate.py --layout ktc2023 [--batch 64 256]
 
 `--source`: the simulator data source (`config.data.source="simulator"`) on every device:
 examples/s of its batches (global and per device) against the train step's consumption
@@ -14,6 +15,10 @@ phantoms, 40 dB noise, 128 x 128 target; no disk I/O, no TR), measured by the on
 boundary stays in the solve and each example solves its homogeneous voltages too), (2)
 `eit.simulate_voltages` on label images (full system), (3) the Tikhonov matrix (autodiff
 Jacobian + 208 x 208 solve). Uses one device (see synthetic.per_example on CPU).
+
+`--layout NAME`: another measuring system (`cdeit_jax.eit.layout` preset, e.g. KTC2023's 32
+electrodes and 2,356 values): random phantoms' noisy difference values per second on a mesh made
+for its electrodes, and the seconds its Jacobian takes (all rows, autodiff).
 """
 
 from __future__ import annotations
@@ -46,9 +51,12 @@ def main():
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--source", action="store_true", help="bench the on-device data source")
   p.add_argument("--config", default=None, help="--source: the config whose step consumes")
+  p.add_argument("--layout", default=None, help="a measuring-system preset (eit.layout)")
   a = p.parse_args()
   if a.source:
     return bench_source(a)
+  if a.layout:
+    return bench_layout(a)
   if a.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
   sim = eit.default_simulator(a.dtype)
@@ -113,6 +121,34 @@ def main():
   eit.Tikhonov(sim)
   print(
     json.dumps({"bench": "tikhonov_matrix", **common, "seconds": round(time.perf_counter() - t, 2)})
+  )
+
+
+def bench_layout(a) -> None:
+  from cdeit_jax.eit import layout, phantom, simulator, tikhonov
+
+  lay = layout.preset(a.layout)
+  sim = simulator.Simulator(layout=lay, dtype=a.dtype)
+  common = {
+    "device": jax.devices()[0].device_kind,
+    "backend": jax.default_backend(),
+    "jax": jax.__version__,
+    "dtype": a.dtype,
+    "layout": lay.describe(),
+    "mesh_nodes": sim.mesh.num_nodes,
+    "mesh_elements": sim.mesh.num_elements,
+  }
+  rng = np.random.default_rng(0)
+  for b in a.batch:
+    params = jnp.asarray(np.stack([phantom.random_params(rng) for _ in range(b)]), sim.dtype)
+    keys = jax.random.split(jax.random.key(0), b)
+    s = timed(lambda: sim.phantom_voltages(params, 40.0, keys), a.repeats)
+    out = {"bench": "layout_generate", **common, "batch": b, "values": lay.num_values}
+    print(json.dumps({**out, "examples_per_s": round(b / s, 1)}), flush=True)
+  t = time.perf_counter()
+  tikhonov.jacobian(sim)
+  print(
+    json.dumps({"bench": "layout_jacobian", **common, "seconds": round(time.perf_counter() - t, 2)})
   )
 
 

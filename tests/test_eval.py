@@ -192,7 +192,7 @@ def test_a_new_evaluation_replaces_every_old_output(tiny_run, tmp_path):
     assert (out / f).read_bytes() != b"old", f
   assert json.loads((out / "metrics.json").read_text())["settings"]["examples"] == 2
   r["metrics"]["cdeit"]["psnr"] = float("nan")
-  assert outputs._json_clean(r)["metrics"]["cdeit"]["psnr"] is None
+  assert outputs.json_clean(r)["metrics"]["cdeit"]["psnr"] is None
 
 
 def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypatch):
@@ -366,7 +366,7 @@ def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
   for k in ("pred", "std", "samples", "target"):  # 2 x 4 devices against 1 x 8: identical
     np.testing.assert_array_equal(pair[k], eight[k], err_msg=k)
   assert pair["names"].tolist() == eight["names"].tolist()
-  assert r2["metrics"] == json.loads(json.dumps(outputs._json_clean(r8["metrics"])))
+  assert r2["metrics"] == json.loads(json.dumps(outputs.json_clean(r8["metrics"])))
 
 
 def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):

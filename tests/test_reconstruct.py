@@ -245,7 +245,7 @@ def test_absolute_frames_are_told_from_difference_frames(rec, uef_ys, tmp_path):
 
   from cdeit_jax.infer.reconstructor import absolute_rows
 
-  ktc = REPO / "data" / "ktc2023" / "level_1"
+  ktc = REPO / "data" / "ktc2023" / "levels" / "level_1"
   ref = _ktc_208(scipy.io.loadmat(ktc / "ref.mat")["Uelref"])
   tanks = np.stack([_ktc_208(scipy.io.loadmat(ktc / f"data{i}.mat")["Uel"]) for i in range(1, 5)])
   vh = rec.vh

@@ -161,6 +161,8 @@ def test_trains_on_8_devices_and_stores_the_statistics(straight):
   assert not (straight / "checkpoints" / "16" / "data").exists()  # the step is the position
 
 
+@pytest.mark.slow  # kill/resume of the file source runs by default (test_training); here the
+# stream's position is the step, which test_trains_on_8_devices_... checks is all that is saved
 def test_sigterm_and_resume_equal_the_straight_run(straight, tmp_path):
   wd = tmp_path / "killed"
   p = _run(wd, "--config.steps=16", wait=False)

@@ -8,6 +8,7 @@ still come from savemat itself. Each big variable is an uncompressed double matr
 column-major, as MATLAB keeps it: rows lo..hi of an (N, ...) matrix are, for each trailing index,
 one run of hi - lo numbers, each written in place (os.pwrite; not a memory map, whose touched
 pages would count as the process's memory). scipy.io.loadmat reads it back (tests/test_eval.py).
+`read` is the one reader of users' MAT files (device files, frames, the challenge's data).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import os
 import struct
 
 import numpy as np
+
+from cdeit_jax.common.errors import InputError, MissingFile
 
 _MI_INT8, _MI_INT32, _MI_UINT32, _MI_DOUBLE, _MI_MATRIX = 1, 5, 6, 9, 14
 _MX_DOUBLE_CLASS = 6
@@ -86,3 +89,26 @@ class Writer:
 
   def close(self) -> None:
     os.close(self._fd)
+
+
+def read(path: str, raw: bytes | None = None) -> dict[str, np.ndarray]:
+  """The variables of a user's MAT file (v4-v7; `raw`: its bytes, already read), with one-line
+  errors naming the file for a v7.3 (HDF5) file or a damaged one."""
+  import scipy.io
+
+  if raw is None:
+    try:
+      with open(path, "rb") as f:
+        raw = f.read()
+    except FileNotFoundError:
+      raise MissingFile(f"{path}: no such file") from None
+  try:
+    m = scipy.io.loadmat(io.BytesIO(raw))
+  except NotImplementedError:  # scipy: "Please use HDF reader for matlab v7.3 files"
+    raise InputError(
+      f"{path}: a MATLAB v7.3 (HDF5) file; save it with save(..., '-v7') or as .csv"
+    ) from None
+  except (ValueError, TypeError, OSError) as e:
+    short = " ".join(str(e).split())[:200]
+    raise InputError(f"{path}: not a readable .mat file ({short})") from None
+  return {k: v for k, v in m.items() if not k.startswith("__")}

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE, CURRENT
 from cdeit_jax.eit.measurement import DEFAULT as PROTOCOL
 from cdeit_jax.eit.mesh import NUM_ELECTRODES, DiskMesh, MeshSpec, make_mesh
@@ -129,7 +130,8 @@ class _Measurements:
 
 
 class CEM:
-  """Forward model of one mesh: element conductivities (..., E) -> 208 voltages (..., 208).
+  """Forward model of one mesh: element conductivities (..., E) -> 208 voltages (..., 208), or
+  any measuring system's values with `layout` (`cdeit_jax.eit.layout`).
 
   Everything that does not depend on sigma is precomputed in float64 numpy at construction and
   condensed away: the electrode potentials (and, with `support`, every node outside the elements
@@ -146,14 +148,17 @@ class CEM:
     dtype=jnp.float32,
     support: np.ndarray | None = None,
     sigma_bg: float = 1.0,
+    layout: Layout | None = None,
   ):
     self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
     self.dtype = _checked_dtype(dtype)
-    z = np.broadcast_to(np.asarray(contact_impedance, np.float64), (NUM_ELECTRODES,))
+    self.layout = layout
+    ne = NUM_ELECTRODES if layout is None else layout.num_electrodes
+    z = np.broadcast_to(np.asarray(contact_impedance, np.float64), (ne,))
     if np.any(z <= 0):
       raise InputError(f"contact_impedance must be > 0, got {contact_impedance}")
-    n, ne = mesh.num_nodes, NUM_ELECTRODES
-    size = n + ne - 1  # grounded: U_15 = 0 is dropped
+    n = mesh.num_nodes
+    size = n + ne - 1  # grounded: the last electrode's U = 0 is dropped
     ke = element_stiffness(mesh)
     full = np.zeros((n + ne, n + ne))
     g = boundary_geometry(mesh)
@@ -161,8 +166,8 @@ class CEM:
       g["theta"],
       g["span"],
       g["h"],
-      nominal_centres(),
-      np.full(ne, np.deg2rad(mesh.spec.width_deg) / 2),
+      nominal_centres() if layout is None else layout.angles,
+      np.full(ne, np.deg2rad(mesh.spec.width_deg) / 2 if layout is None else layout.width / 2),
       1 / z,
     )
     for (a, b), col in (
@@ -185,8 +190,9 @@ class CEM:
     f_idx = np.setdiff1d(np.arange(size), v_nodes)
     # Schur complement onto V (constant part) and the maps back to electrode potentials
     a_ff, a_vf = full[np.ix_(f_idx, f_idx)], full[np.ix_(v_nodes, f_idx)]
-    rhs = np.zeros((size, ne))
-    rhs[n:] = PROTOCOL.currents(current).T[: ne - 1]  # column k: injection k
+    currents = PROTOCOL.currents(current).T if layout is None else layout.currents * current
+    rhs = np.zeros((size, currents.shape[1]))
+    rhs[n:] = currents[: ne - 1]  # column k: injection k
     inv_ff_fv = np.linalg.solve(a_ff, a_vf.T)  # (F, V)
     inv_ff_bf = np.linalg.solve(a_ff, rhs[f_idx])  # (F, 16)
     schur = full[np.ix_(v_nodes, v_nodes)] - a_vf @ inv_ff_fv
@@ -202,7 +208,8 @@ class CEM:
     self._ke = jnp.asarray(ke[var], self.dtype)
     self._rows = jnp.asarray(np.repeat(vt, 3, axis=1).reshape(-1), jnp.int32)
     self._cols = jnp.asarray(np.tile(vt, (1, 3)).reshape(-1), jnp.int32)
-    self._measure = _Measurements()
+    self._measure = _Measurements() if layout is None else layout.measure
+    self.num_electrodes = ne
     self.num_unknowns = len(v_nodes)
 
   @property
@@ -215,14 +222,15 @@ class CEM:
     return self._schur.at[self._rows, self._cols].add(vals)
 
   def electrode_potentials(self, sigma: jax.Array) -> jax.Array:
-    """(16 electrodes, 16 injections) potentials for sigma (E,), electrode 15 grounded."""
+    """(electrodes, patterns) potentials for sigma (E,), the last electrode grounded."""
     sigma = jnp.asarray(sigma, self.dtype)
     x = _spd_solve(lambda: self.system_matrix(sigma), self._rhs)
     u = self._elec_c - self._elec_t @ x
-    return jnp.concatenate([u, jnp.zeros((1, NUM_ELECTRODES), u.dtype)], 0)
+    return jnp.concatenate([u, jnp.zeros((1, u.shape[1]), u.dtype)], 0)
 
   def voltages(self, sigma: jax.Array) -> jax.Array:
-    """The 208 measurements for element conductivities sigma (..., E), in CDEIT order and sign."""
+    """The measurements for element conductivities sigma (..., E): CDEIT's 208 in its order and
+    sign, or the `layout`'s values in its order."""
     sigma = jnp.asarray(sigma, self.dtype)
     if sigma.ndim > 1:
       flat = sigma.reshape(-1, sigma.shape[-1])

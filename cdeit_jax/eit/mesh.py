@@ -17,6 +17,7 @@ import functools
 import numpy as np
 from scipy.spatial import Delaunay
 
+from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.measurement import NUM_ELECTRODES
 
 
@@ -30,6 +31,26 @@ class MeshSpec:
   h_interior: float = 0.075  # edge length deep inside
   refine_depth: float = 0.35  # depth over which the size grows from the boundary's to
   # h_interior
+  num_electrodes: int = NUM_ELECTRODES  # evenly spaced, one centred at pi/2 + offset_deg
+  offset_deg: float = 0.0
+
+
+def spec_for(num_electrodes: int, first_angle: float, width: float) -> MeshSpec:
+  """A mesh whose boundary nodes sit at the ends of `num_electrodes` evenly spaced electrodes
+  `width` radians wide, one centred at `first_angle` (radians), with about as many boundary
+  edges as the default's 256; CDEIT's 16 electrodes of 4 degrees give the default itself."""
+  step = 360.0 / num_electrodes
+  offset = float(np.mod(np.rad2deg(first_angle) - 90.0 + step / 2, step) - step / 2)
+  if num_electrodes == NUM_ELECTRODES and abs(offset) < 1e-9:
+    return dataclasses.replace(MeshSpec(), width_deg=float(np.round(np.rad2deg(width), 9)))
+  per = 256 // num_electrodes
+  return MeshSpec(
+    width_deg=float(np.round(np.rad2deg(width), 9)),
+    electrode_edges=max(2, per // 4),
+    gap_edges=max(3, per - max(2, per // 4)),
+    num_electrodes=num_electrodes,
+    offset_deg=offset,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +98,11 @@ def electrode_angles(width_deg: float = 4.0) -> np.ndarray:
 def _boundary_angles(spec: MeshSpec) -> tuple[np.ndarray, np.ndarray]:
   """Boundary node angles in [0, 2 pi), ascending, and the electrode owning each edge (-1: gap)."""
   half = np.deg2rad(spec.width_deg) / 2
-  step = 2 * np.pi / NUM_ELECTRODES
+  ne = spec.num_electrodes
+  step = 2 * np.pi / ne
   gap = step - 2 * half
+  if not gap > 0:
+    raise InputError(f"mesh: {ne} electrodes {spec.width_deg} degrees wide overlap")
   # electrodes in counter-clockwise order starting at angle pi/2 - half: l = 0, 15, 14, ...
   angles, owner = [], []
   t_gap = np.linspace(0, 1, spec.gap_edges + 1)[:-1]
@@ -86,9 +110,9 @@ def _boundary_angles(spec: MeshSpec) -> tuple[np.ndarray, np.ndarray]:
   # gap grading: phi(t) = t - c sin(2 pi t) / (2 pi), spacing at the ends = electrode spacing
   c = 1 - min(1.0, h_e * spec.gap_edges / gap)
   phi = t_gap - c * np.sin(2 * np.pi * t_gap) / (2 * np.pi)
-  for i in range(NUM_ELECTRODES):
-    l = (-i) % NUM_ELECTRODES
-    start = np.pi / 2 - half + i * step
+  for i in range(ne):
+    l = (-i) % ne
+    start = np.pi / 2 + np.deg2rad(spec.offset_deg) - half + i * step
     angles += list(start + np.arange(spec.electrode_edges) * h_e)
     owner += [l] * spec.electrode_edges
     angles += list(start + 2 * half + phi * gap)
@@ -127,6 +151,6 @@ def make_mesh(spec: MeshSpec = MeshSpec()) -> DiskMesh:
   boundary = np.arange(b)
   edges = tuple(
     np.array([(i, (i + 1) % b) for i in range(b) if owner[i] == l], np.int32)
-    for l in range(NUM_ELECTRODES)
+    for l in range(spec.num_electrodes)
   )
   return DiskMesh(nodes=nodes, triangles=tri, boundary=boundary, electrode_edges=edges, spec=spec)

@@ -18,8 +18,9 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import measurement
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit.fem import CEM, VariableCEM
+from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import NUM_ELECTRODES
-from cdeit_jax.eit.mesh import MeshSpec, make_mesh
+from cdeit_jax.eit.mesh import MeshSpec, make_mesh, spec_for
 from cdeit_jax.eit.spec import ROW
 
 
@@ -40,18 +41,26 @@ class Simulator:
     sigma_bg: float = 1.0,
     dtype=jnp.float32,
     samples_per_edge: int = 8,
+    layout: Layout | None = None,
   ):
+    """`layout`: any measuring system's electrodes and patterns (`eit.layout`), on a mesh made
+    for its electrodes unless `mesh_spec` is given; None: CDEIT's 208 values (`system`'s
+    protocol, which must be the default)."""
     if system.protocol != measurement.DEFAULT:
       raise InputError(
-        f"the simulator models CDEIT's protocol ({measurement.DEFAULT}), not {system.protocol}"
+        f"the simulator models CDEIT's protocol ({measurement.DEFAULT}), not {system.protocol}; "
+        "give other systems as a layout (cdeit_jax.eit.layout)"
       )
+    if layout is not None and mesh_spec == MeshSpec():
+      mesh_spec = spec_for(layout.num_electrodes, float(layout.angles[0]), layout.width)
     self.mesh = make_mesh(mesh_spec)
-    self.system = system
+    self.system, self.layout = system, layout
     self._cem_args = dict(
       contact_impedance=system.contact_impedance,
       current=system.current,
       dtype=dtype,
       sigma_bg=sigma_bg,
+      layout=layout,
     )
     self.cem = CEM(self.mesh, **self._cem_args)
     self.dtype = self.cem.dtype

@@ -24,8 +24,9 @@ import numpy as np
 
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import fem, measurement, mesh, simulator
+from cdeit_jax.eit import fem, layout, measurement, mesh, simulator
 from cdeit_jax.eit import phantom as ph
+from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.mesh import MeshSpec
 from cdeit_jax.eit.simulator import Simulator, default_simulator
 
@@ -34,11 +35,24 @@ NOSER_EXPONENT = 0.5
 log = logging.getLogger("cdeit_jax.eit")
 
 
-def jacobian(sim: Simulator) -> np.ndarray:
-  """(208, 128, 128) d ys / d xs at xs = 0, by reverse-mode autodiff through the CEM."""
+def jacobian(sim: Simulator, chunk: int = 208) -> np.ndarray:
+  """(values, 128, 128) d ys / d xs at xs = 0, by reverse-mode autodiff through the CEM (208
+  values for CDEIT's system, the layout's for another). Rows go `chunk` at a time: a batched
+  pull-back holds one copy of the factorised system per row (2,356 rows of KTC2023: 28 GB)."""
   size = ph.IMAGE_SIZE
   fn = lambda x: sim.difference(sim.image_conductivity(x))
-  return np.asarray(jax.jit(jax.jacrev(fn))(jnp.zeros((size, size), sim.dtype)))
+  x0 = jnp.zeros((size, size), sim.dtype)
+  rows = sim.cem.voltages(jnp.ones(sim.mesh.num_elements, sim.dtype)).shape[-1]
+  if rows <= chunk:
+    return np.asarray(jax.jit(jax.jacrev(fn))(x0))
+  rows_of = jax.jit(lambda x, cts: jax.vmap(jax.vjp(fn, x)[1])(cts)[0])
+  out = np.zeros((rows, size, size), np.float32 if sim.dtype == jnp.float32 else np.float64)
+  for lo in range(0, rows, chunk):
+    n = min(chunk, rows - lo)
+    cts = np.zeros((chunk, rows), sim.dtype)
+    cts[np.arange(n), lo + np.arange(n)] = 1.0
+    out[lo : lo + n] = np.asarray(rows_of(x0, cts))[:n]
+  return out
 
 
 def default_jacobian(system: measurement.System = measurement.NOMINAL) -> np.ndarray:
@@ -51,7 +65,27 @@ def default_jacobian(system: measurement.System = measurement.NOMINAL) -> np.nda
 
 @functools.lru_cache(maxsize=4)
 def _default_jacobian(system: measurement.System) -> np.ndarray:
-  path = _jacobian_file(system)
+  return _stored(system, None, lambda: jacobian(default_simulator(system=system)))
+
+
+_layout_jacobians: dict = {}
+
+
+def layout_jacobian(lay: Layout, system: measurement.System = measurement.NOMINAL) -> np.ndarray:
+  """`jacobian` (values, 128, 128) of any measuring system's layout (`eit.layout`) on a mesh
+  made for its electrodes, with `system`'s contact impedance and current; kept in memory and on
+  disk as `default_jacobian` (KTC2023's 2,356 rows: ~35 s on 2 CPU cores, once)."""
+  key = (lay.signature, lay.currents.tobytes(), system)
+  if key not in _layout_jacobians:
+    _layout_jacobians.clear()  # one system at a time in a process: 150 MB each
+    _layout_jacobians[key] = _stored(
+      system, lay, lambda: jacobian(simulator.Simulator(system=system, layout=lay))
+    )
+  return _layout_jacobians[key]
+
+
+def _stored(system: measurement.System, lay: Layout | None, compute) -> np.ndarray:
+  path = _jacobian_file(system, lay)
   if path is not None:
     try:
       with fileio.open_binary(path) as fh:
@@ -59,7 +93,7 @@ def _default_jacobian(system: measurement.System) -> np.ndarray:
     except (OSError, ValueError):  # absent or unreadable: computed (and written) again
       pass
   with jax.ensure_compile_time_eval():  # concrete also when first asked under a trace
-    jac = jacobian(default_simulator(system=system))
+    jac = compute()
   if path is not None:
 
     def save(p):
@@ -74,22 +108,24 @@ def _default_jacobian(system: measurement.System) -> np.ndarray:
   return jac
 
 
-def _jacobian_file(system: measurement.System) -> str | None:
+def _jacobian_file(system: measurement.System, lay: Layout | None = None) -> str | None:
   from cdeit_jax.common import compile_cache
 
   folder = compile_cache.folder()
   if folder is None:
     return None
   h = hashlib.sha256(repr((system, dataclasses.astuple(MeshSpec()))).encode())
-  for module in (fem, mesh, simulator, ph, sys.modules[__name__]):  # the code that computes it
+  if lay is not None:
+    h.update(lay.signature.encode() + lay.currents.tobytes())
+  for module in (fem, mesh, simulator, ph, layout, sys.modules[__name__]):  # the code behind it
     h.update(pathlib.Path(module.__file__).read_bytes())
   return fileio.join(folder, "derived", f"jacobian-{h.hexdigest()[:20]}.npy")
 
 
 def weighted_system(jac: np.ndarray, noser_exponent: float = NOSER_EXPONENT):
-  """(disk, J restricted to the disk (208, pixels), W^-1 (pixels,), J W^-1 J^T (208, 208)) in
-  float64 for a Jacobian (208, 128, 128), W = diag(J^T J)^noser_exponent."""
-  j = np.asarray(jac).reshape(208, -1).astype(np.float64)
+  """(disk, J restricted to the disk (R, pixels), W^-1 (pixels,), J W^-1 J^T (R, R)) in
+  float64 for a Jacobian (R, 128, 128), W = diag(J^T J)^noser_exponent."""
+  j = np.asarray(jac).reshape(len(jac), -1).astype(np.float64)
   disk = ph.disk_mask(ph.IMAGE_SIZE).reshape(-1)
   jd = j[:, disk]
   w_inv = 1.0 / np.maximum((jd * jd).sum(0), 1e-300) ** noser_exponent
@@ -97,7 +133,9 @@ def weighted_system(jac: np.ndarray, noser_exponent: float = NOSER_EXPONENT):
 
 
 class Tikhonov:
-  """Reconstruction matrix of one simulator; call it on ys (..., 208) in simulation units."""
+  """Reconstruction matrix of one simulator; call it on ys (..., R) in simulation units (R = 208
+  for CDEIT's system; any measuring system's present values with the Jacobian's rows for them:
+  missing values are left out, not zero-filled)."""
 
   def __init__(
     self,
@@ -116,12 +154,13 @@ class Tikhonov:
     self.alpha, self.noser_exponent = alpha, noser_exponent
 
   def __call__(self, ys) -> np.ndarray:
-    """Images (..., 128, 128) from difference voltages (..., 208) or (..., 208, 1)."""
+    """Images (..., 128, 128) from difference voltages (..., R) or (..., R, 1)."""
     ys = np.asarray(ys, np.float64)
-    if ys.shape[-1] == 1 and ys.ndim >= 2 and ys.shape[-2] == 208:
+    r = self.matrix.shape[1]
+    if ys.shape[-1] == 1 and ys.ndim >= 2 and ys.shape[-2] == r:
       ys = ys[..., 0]
-    if ys.shape[-1] != 208:
-      raise InputError(f"expected 208 voltages in the last axis, got shape {ys.shape}")
+    if ys.shape[-1] != r:
+      raise InputError(f"expected {r} voltages in the last axis, got shape {ys.shape}")
     out = np.zeros(ys.shape[:-1] + (self.disk.size,), np.float32)
     out[..., self.disk] = ys @ self.matrix.T
     return out.reshape(ys.shape[:-1] + (ph.IMAGE_SIZE, ph.IMAGE_SIZE))

@@ -57,7 +57,7 @@ def read(path: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
       raise InputError(f"{path}: not a readable .npz of numeric arrays ({_short(e)})") from None
   else:
-    arrays = _read_mat(path, raw)
+    arrays = matfile.read(path, raw)
   frames = _pick(path, arrays, FRAME_KEYS, required=True)
   reference = _pick(path, arrays, REFERENCE_KEYS, required=False)
   frames = _as_rows(path, frames)
@@ -117,20 +117,6 @@ def _read_npy(path: str, raw: bytes) -> np.ndarray:
     raise InputError(f"{path}: not a .npy of numbers ({_short(e)})") from None
   except (OSError, EOFError) as e:
     raise InputError(f"{path}: not a readable .npy file ({_short(e)})") from None
-
-
-def _read_mat(path: str, raw: bytes) -> dict[str, np.ndarray]:
-  import scipy.io
-
-  try:
-    m = scipy.io.loadmat(io.BytesIO(raw))
-  except NotImplementedError:  # scipy: "Please use HDF reader for matlab v7.3 files"
-    raise InputError(
-      f"{path}: a MATLAB v7.3 (HDF5) file; save it with save(..., '-v7') or as .csv"
-    ) from None
-  except (ValueError, TypeError, OSError) as e:
-    raise InputError(f"{path}: not a readable .mat file ({_short(e)})") from None
-  return {k: v for k, v in m.items() if not k.startswith("__")}
 
 
 def _pick(path: str, arrays: dict[str, Any], keys, required: bool) -> np.ndarray | None:

@@ -53,12 +53,12 @@ def check_out(out: str, data_path: str | None = None, workdir: str | None = None
   fileio.writable_folder(out, "--out")
 
 
-def _json_clean(tree):
+def json_clean(tree):
   """NaN and infinities as null: metrics.json stays valid JSON."""
   if isinstance(tree, dict):
-    return {k: _json_clean(v) for k, v in tree.items()}
+    return {k: json_clean(v) for k, v in tree.items()}
   if isinstance(tree, (list, tuple)):
-    return [_json_clean(v) for v in tree]
+    return [json_clean(v) for v in tree]
   if isinstance(tree, (float, np.floating)):
     return float(tree) if np.isfinite(tree) else None
   if isinstance(tree, np.integer):
@@ -91,8 +91,10 @@ class Staged:
         )
     marker = known[-1]
     for name in (marker, *[n for n in known if n not in written]):
-      fileio.path(fileio.join(self.out, name)).unlink(missing_ok=True)
+      _remove(fileio.join(self.out, name))
     for name in sorted(written, key=lambda n: n == marker):
+      if fileio.path(fileio.join(self.dir, name)).is_dir():  # a folder replaces a folder whole
+        _remove(fileio.join(self.out, name))
       fileio.move(fileio.join(self.dir, name), fileio.join(self.out, name))
     self.abort()
 
@@ -101,6 +103,13 @@ class Staged:
     fileio.remove_tree(self.dir)
     if self.work != self.dir:
       shutil.rmtree(self.work, ignore_errors=True)
+
+
+def _remove(p: str) -> None:
+  if fileio.path(p).is_dir():
+    fileio.remove_tree(p)
+  else:
+    fileio.path(p).unlink(missing_ok=True)
 
 
 def stale_staging(out: str) -> list[str]:
@@ -271,7 +280,7 @@ def write_outputs(
     )
     written.append("reconstructions.png")
   fileio.write_text(
-    os.path.join(folder, "metrics.json"), json.dumps(_json_clean(result), indent=2, allow_nan=False)
+    os.path.join(folder, "metrics.json"), json.dumps(json_clean(result), indent=2, allow_nan=False)
   )
   staged.commit([*written, "metrics.json"], OUTPUTS)
 

@@ -1,0 +1,315 @@
+"""The measuring system's electrodes and patterns, for any 2-D EIT device: one object that the
+forward model, the linearised reconstruction and the data readers read.
+
+A `Layout` holds
+- the electrodes: count, centre angles (radians, counter-clockwise from +x in the image's frame,
+  where the image's row index grows with +y, docs/reference/eit-conventions.md) and angular width;
+- the injections: a current matrix (electrodes, patterns), in units of the nominal current (the
+  forward model multiplies it by its `current`), "+" = into the body;
+- the measurements: one row (pattern, electrode +, electrode -) per value, in the data's order, so
+  value r is U[plus_r] - U[minus_r] under pattern r. Devices that measure on current-carrying
+  electrodes (KTC2023, Sciospec) simply list those pairs.
+
+Build one from rules (`from_rules`: adjacent, skip-k, opposite, against-k injections; adjacent or
+skip-k measurements, with or without current-carrying electrodes), from a preset (`preset`:
+"cdeit16", CDEIT's 16-electrode system exactly as `measurement.Protocol`, and "ktc2023"), or from
+a device's reference file (`from_device_file`: `.mat`/`.npz` with KTC's keys `Inj`/`Injref`,
+`Mpat`, `Uel`/`Uelref`, or UEF's `CurrentPattern`, `MeasPattern`, `Uel`). Missing values (a
+removed electrode) are NaN in a frame, never part of the layout: `present` tells which rows a
+frame has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import re
+
+import numpy as np
+
+from cdeit_jax.common.errors import InputError, MissingFile
+
+# KTC2023's tank: 32 electrodes numbered counter-clockwise, electrode 0 centred 84.375 degrees
+# from +x, 5.625 degrees wide (the organisers' Mesh_sparse.mat: `elfaces` and its nodes).
+KTC_FIRST_DEG, KTC_WIDTH_DEG = 84.375, 5.625
+CDEIT_WIDTH_DEG = 4.0  # the CDEIT simulations' electrodes (docs/reference/eit-conventions.md)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Layout:
+  """Electrodes and patterns (module docstring). Arrays are read-only numpy arrays."""
+
+  name: str
+  angles: np.ndarray  # (E,) electrode centres, radians
+  width: float  # angular width, radians
+  currents: np.ndarray  # (E, P) relative currents, "+" into the body
+  rows: np.ndarray  # (R, 3) int32: pattern, electrode +, electrode -
+
+  def __post_init__(self):
+    e = len(self.angles)
+    cur, rows = np.asarray(self.currents, np.float64), np.asarray(self.rows, np.int32)
+    if cur.ndim != 2 or cur.shape[0] != e:
+      raise InputError(f"layout {self.name}: currents must be (electrodes={e}, patterns)")
+    if rows.ndim != 2 or rows.shape[1] != 3 or len(rows) == 0:
+      raise InputError(f"layout {self.name}: rows must be (values, 3): pattern, plus, minus")
+    if rows[:, 0].min() < 0 or rows[:, 0].max() >= cur.shape[1]:
+      raise InputError(f"layout {self.name}: a row names a pattern outside 0..{cur.shape[1] - 1}")
+    if rows[:, 1:].min() < 0 or rows[:, 1:].max() >= e or np.any(rows[:, 1] == rows[:, 2]):
+      raise InputError(f"layout {self.name}: a row's electrodes are outside 0..{e - 1} or equal")
+    if np.any(np.abs(cur.sum(0)) > 1e-9 * np.abs(cur).max(0).clip(1e-300)):
+      raise InputError(f"layout {self.name}: each pattern's currents must sum to zero")
+    for name, value in (("angles", self.angles), ("currents", cur), ("rows", rows)):
+      value = np.array(value, np.float64 if name != "rows" else np.int32)
+      value.setflags(write=False)
+      object.__setattr__(self, name, value)
+
+  @property
+  def num_electrodes(self) -> int:
+    return len(self.angles)
+
+  @property
+  def num_patterns(self) -> int:
+    return self.currents.shape[1]
+
+  @property
+  def num_values(self) -> int:
+    return len(self.rows)
+
+  @functools.cached_property
+  def signature(self) -> str:
+    """A short hash of the system's shape (angles to 1e-6 rad, width, which electrodes carry
+    current in which direction, rows; not the currents' amplitudes, which a device's calibration
+    holds): a model trained for one layout refuses data of another by comparing these."""
+    h = hashlib.sha256()
+    for a in (np.round(self.angles, 6), np.round(self.width, 6), np.sign(self.currents)):
+      h.update(np.ascontiguousarray(a).tobytes())
+    h.update(np.ascontiguousarray(self.rows).tobytes())
+    return h.hexdigest()[:16]
+
+  def describe(self) -> str:
+    return (
+      f"{self.name} ({self.num_electrodes} electrodes, {self.num_patterns} patterns, "
+      f"{self.num_values} values)"
+    )
+
+  def measure(self, potentials):
+    """The values (..., R) of electrode potentials (..., E, P) (numpy or jax)."""
+    p, a, b = self.rows[:, 0], self.rows[:, 1], self.rows[:, 2]
+    return potentials[..., a, p] - potentials[..., b, p]
+
+  def present(self, frame: np.ndarray) -> np.ndarray:
+    """(R,) bool: the finite values of a frame (R,) (NaN: removed by the device or the user)."""
+    frame = np.asarray(frame)
+    if frame.shape[-1] != self.num_values:
+      raise InputError(
+        f"a frame of {frame.shape[-1]} values does not fit {self.describe()}: give data of "
+        "this measuring system"
+      )
+    return np.isfinite(frame)
+
+  def check_same(self, other: Layout, what: str) -> None:
+    """Refuse `other` (the data's layout) unless it is this one (the model's), in one line."""
+    if other.signature != self.signature:
+      raise InputError(
+        f"{what}: the data are of {other.describe()}, the model was trained for "
+        f"{self.describe()}; train a model for this system (docs/ktc2023.md)"
+      )
+
+
+def evenly_spaced(n: int, first_deg: float = 90.0, clockwise: bool = True) -> np.ndarray:
+  """Centres (radians) of `n` evenly spaced electrodes, electrode 0 at `first_deg`."""
+  step = -2 * np.pi / n if clockwise else 2 * np.pi / n
+  return np.deg2rad(first_deg) + step * np.arange(n)
+
+
+_SKIP = re.compile(r"^skip-(\d+)$")
+_AGAINST = re.compile(r"^against-(\d+)$")
+
+
+def _injection_pairs(n: int, rule: str) -> list[tuple[int, int]]:
+  """(electrode with -I, electrode with +I) per pattern, CDEIT's sign for the skip rules."""
+  if rule == "adjacent":
+    rule = "skip-0"
+  if rule == "opposite":
+    if n % 2:
+      raise InputError(f"injection 'opposite' needs an even electrode count, got {n}")
+    rule = f"skip-{n // 2 - 1}"
+  if m := _SKIP.match(rule):
+    s = int(m.group(1))
+    if not 0 <= s <= n - 2:
+      raise InputError(f"injection {rule!r}: the skip must be in 0..{n - 2} for {n} electrodes")
+    return [(k, (k + s + 1) % n) for k in range(n)]
+  if m := _AGAINST.match(rule):
+    ref = int(m.group(1))
+    if not 0 <= ref < n:
+      raise InputError(f"injection {rule!r}: the electrode must be in 0..{n - 1}")
+    return [(ref, k) for k in range(n) if k != ref]
+  raise InputError(
+    f"injection {rule!r}: use 'adjacent', 'opposite', 'skip-K' or 'against-K' (K an electrode)"
+  )
+
+
+def from_rules(
+  num_electrodes: int = 16,
+  injection: str = "adjacent",
+  measurement: str = "adjacent",
+  measure_injecting: bool = False,
+  first_deg: float = 90.0,
+  clockwise: bool = True,
+  width_deg: float | None = None,
+  name: str | None = None,
+) -> Layout:
+  """A ring of `num_electrodes` electrodes with pyEIT-like rules. Injection pattern k drives
+  -1 at its first electrode and +1 at its second; measurement m of each pattern is
+  U_m - U_{m+1+skip} for m = 0..E-1, leaving out pairs that touch a current-carrying electrode
+  unless `measure_injecting` (the EIDORS/CDEIT convention: 16 electrodes, adjacent: 208 values).
+  `width_deg`: 4 for 16 electrodes (CDEIT's), else half the spacing."""
+  n = num_electrodes
+  if not (isinstance(n, int) and n >= 4):
+    raise InputError(f"num_electrodes={n!r} must be an integer >= 4")
+  m = _SKIP.match("skip-0" if measurement == "adjacent" else measurement)
+  if not m or not 0 <= int(m.group(1)) <= n - 2:
+    raise InputError(f"measurement {measurement!r}: use 'adjacent' or 'skip-K', K in 0..{n - 2}")
+  ms = int(m.group(1)) + 1
+  pairs = _injection_pairs(n, injection)
+  currents = np.zeros((n, len(pairs)))
+  rows = []
+  for p, (lo, hi) in enumerate(pairs):
+    currents[lo, p], currents[hi, p] = -1.0, 1.0
+    for e in range(n):
+      pair = {e, (e + ms) % n}
+      if measure_injecting or not pair & {lo, hi}:
+        rows.append((p, e, (e + ms) % n))
+  if width_deg is None:
+    width_deg = CDEIT_WIDTH_DEG if n == 16 else 180.0 / n
+  label = name or f"{n} electrodes, {injection} injection, {measurement} measurement" + (
+    ", current-carrying electrodes measured" if measure_injecting else ""
+  )
+  return Layout(
+    label, evenly_spaced(n, first_deg, clockwise), np.deg2rad(width_deg), currents, np.array(rows)
+  )
+
+
+def ktc2023() -> Layout:
+  """KTC2023's system: 32 electrodes counter-clockwise, currents through the 16 even (0-based)
+  ones: 16 skip-1 pairs (+ at 2p, - at 2p+2) and 15 patterns against each of electrodes 0, 8, 16,
+  24 (+ at the other, - at it); each pattern measures U_m - U_{m+1}, m = 0..30 (2,356 values)."""
+  n, odd = 32, list(range(0, 32, 2))
+  pairs = [(2 * p, (2 * p + 2) % n) for p in range(16)]
+  pairs += [(e, ref) for ref in (0, 8, 16, 24) for e in odd if e != ref]
+  currents = np.zeros((n, len(pairs)))
+  for p, (plus, minus) in enumerate(pairs):
+    currents[plus, p], currents[minus, p] = 1.0, -1.0
+  rows = np.array([(p, m, m + 1) for p in range(len(pairs)) for m in range(n - 1)])
+  angles = evenly_spaced(n, KTC_FIRST_DEG, clockwise=False)
+  return Layout("ktc2023", angles, np.deg2rad(KTC_WIDTH_DEG), currents, rows)
+
+
+PRESETS = {"cdeit16": lambda: from_rules(16, name="cdeit16"), "ktc2023": ktc2023}
+
+
+@functools.lru_cache(maxsize=8)
+def preset(name: str) -> Layout:
+  """A named layout: "cdeit16" (`measurement.Protocol()`'s 208 values) or "ktc2023"."""
+  if name not in PRESETS:
+    raise InputError(f"measuring system {name!r}: known presets are {sorted(PRESETS)}")
+  return PRESETS[name]()
+
+
+# The keys of the two device-file conventions: (currents, measurement pattern, values).
+KTC_KEYS = (("Injref", "Inj"), ("Mpat",), ("Uelref", "Uel"))
+UEF_KEYS = (("CurrentPattern",), ("MeasPattern",), ("Uel",))
+
+
+def _load(path: str) -> dict[str, np.ndarray]:
+  if not os.path.exists(path):
+    raise MissingFile(f"{path}: no such device file")
+  if path.endswith(".npz"):
+    with np.load(path, allow_pickle=False) as z:
+      return {k: z[k] for k in z.files}
+  if path.endswith(".mat"):
+    from cdeit_jax.common import matfile
+
+    return matfile.read(path)
+  raise InputError(f"{path}: a device file is a .mat or .npz file")
+
+
+def _first(d: dict, keys: tuple[str, ...]) -> tuple[str, np.ndarray] | None:
+  for k in keys:
+    if k in d:
+      return k, np.asarray(d[k])
+  return None
+
+
+def from_device_file(
+  path: str,
+  first_deg: float | None = None,
+  clockwise: bool | None = None,
+  width_deg: float | None = None,
+) -> tuple[Layout, np.ndarray | None]:
+  """(layout, the file's values (R,) in the layout's order, or None) of a device's reference
+  file. KTC's keys (`Inj`/`Injref` (E, P), `Mpat` (E, M), `Uel`/`Uelref` (M*P, 1) pattern by
+  pattern) or UEF's (`CurrentPattern` (E, P), `MeasPattern` (E, M), `Uel` (M, P), one column per
+  pattern); measurement column m of pattern p is `Mpat[:, m] . U`, one +1 and one -1 each.
+  Electrodes are evenly spaced from `first_deg` (default: the top, or KTC2023's tank geometry
+  for KTC's keys with 32 electrodes), numbered counter-clockwise for KTC's keys and clockwise for
+  UEF's unless `clockwise` says; currents are relative to the largest."""
+  d = _load(path)
+  conventions = {"KTC": KTC_KEYS, "UEF": UEF_KEYS}
+  convention = next(
+    (c for c, keys in conventions.items() if all(_first(d, k) for k in keys[:2])), None
+  )
+  if convention is None:
+    raise InputError(
+      f"{path}: no measuring system found; a device file holds KTC's keys Inj or Injref, Mpat "
+      f"(and Uel or Uelref) or UEF's CurrentPattern, MeasPattern (and Uel); it has "
+      f"{sorted(k for k in d if not k.startswith('__'))}"
+    )
+  keys = conventions[convention]
+  (ck, inj), (mk, mpat) = _first(d, keys[0]), _first(d, keys[1])
+  inj, mpat = np.asarray(inj, np.float64), np.asarray(mpat, np.float64)
+  if inj.ndim != 2 or mpat.ndim != 2 or inj.shape[0] != mpat.shape[0]:
+    raise InputError(
+      f"{path}: {ck} {inj.shape} and {mk} {mpat.shape} must both be (electrodes, ...) with the "
+      "same electrode count"
+    )
+  n, (num_p, num_m) = inj.shape[0], (inj.shape[1], mpat.shape[1])
+  plus, minus = np.argmax(mpat, 0), np.argmin(mpat, 0)
+  pm = np.zeros_like(mpat)
+  pm[plus, np.arange(num_m)], pm[minus, np.arange(num_m)] = 1.0, -1.0
+  if not np.array_equal(pm, mpat):
+    bad = int(np.flatnonzero(np.any(pm != mpat, 0))[0])
+    raise InputError(
+      f"{path}: {mk} column {bad} is not one +1 and one -1 (a differential pair); other "
+      "measurement patterns are not supported"
+    )
+  scale = np.abs(inj).max()
+  if not scale > 0:
+    raise InputError(f"{path}: {ck} holds no current")
+  rows = np.array([(p, plus[m], minus[m]) for p in range(num_p) for m in range(num_m)])
+  cw = (convention == "UEF") if clockwise is None else clockwise
+  ktc_tank = convention == "KTC" and n == 32
+  if first_deg is None:
+    first_deg = KTC_FIRST_DEG if ktc_tank else 90.0
+  if width_deg is None:
+    width_deg = KTC_WIDTH_DEG if ktc_tank else CDEIT_WIDTH_DEG if n == 16 else 180.0 / n
+  name = f"{os.path.basename(path)} ({convention} keys)"
+  layout = Layout(name, evenly_spaced(n, first_deg, cw), np.deg2rad(width_deg), inj / scale, rows)
+  known = preset("ktc2023")
+  if ktc_tank and np.array_equal(rows, known.rows) and np.array_equal(np.sign(inj), known.currents):
+    layout = dataclasses.replace(layout, name=f"ktc2023 ({os.path.basename(path)})")
+  values = _first(d, keys[2])
+  if values is None:
+    return layout, None
+  vk, v = values
+  v = np.asarray(v, np.float64)
+  if convention == "UEF" and v.ndim == 2 and v.shape == (num_m, num_p):
+    v = v.T  # one column per pattern -> pattern by pattern
+  v = v.reshape(-1)
+  if v.size != len(rows):
+    raise InputError(
+      f"{path}: {vk} holds {v.size} values, the patterns give {num_p} x {num_m} = {len(rows)}"
+    )
+  return layout, v

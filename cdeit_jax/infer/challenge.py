@@ -1,0 +1,156 @@
+"""KTC2023 end to end for a reconstruction method: each target's continuous image, the
+challenge's answer (a 256 x 256 array of 0/1/2), the score per target, per level and in total,
+and the outputs, written whole or not at all.
+
+The linearised method (`linear_images`) calibrates the device from each level's `ref.mat`
+(`eit.calibration`: gain and contact impedance), builds the Jacobian of the challenge's
+measuring system (`eit.layout.ktc2023` geometry, the file's patterns and currents) and
+reconstructs each target's difference from the rows it has: a removed electrode's values are
+left out of the Tikhonov system, not zero-filled. The segmentation keeps the pixels beyond
+`SEGMENT_LEVEL` of the image's largest magnitude (chosen on the 28 public cases: 0.3 18.0, 0.4
+20.3, 0.5 about 19; docs/ktc2023.md). The all-water answer is the floor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+
+from cdeit_jax.common import fileio
+from cdeit_jax.data.ktc2023 import Case
+from cdeit_jax.eit import calibration, measurement, tikhonov
+from cdeit_jax.infer import ktc_score, outputs
+
+SEGMENT_LEVEL = 0.4
+METRICS = "metrics.json"
+
+
+@dataclasses.dataclass
+class Method:
+  """One method's results over the cases: continuous images (128 x 128, label units, None for
+  the all-water floor) and answers (256 x 256, 0/1/2)."""
+
+  name: str
+  images: list[np.ndarray | None]
+  answers: list[np.ndarray]
+
+
+def calibrate(cases: list[Case]) -> dict[bytes, calibration.Calibration]:
+  """The fit of every distinct reference frame among `cases` (the challenge's levels share one)."""
+  fits: dict[bytes, calibration.Calibration] = {}
+  for c in cases:
+    key = np.ascontiguousarray(c.reference).tobytes()
+    if key not in fits:
+      fits[key] = calibration.fit(c.layout, c.reference, f"{c.path}: the level's ref.mat")
+  return fits
+
+
+def linear_images(
+  cases: list[Case],
+  fits: dict[bytes, calibration.Calibration],
+  alpha: float = tikhonov.DEFAULT_ALPHA,
+) -> list[np.ndarray]:
+  """Each case's Tikhonov/NOSER image (128 x 128) of its present values, in the simulator's
+  units (the difference divided by the calibrated gain)."""
+  images, matrices = [], {}
+  for c in cases:
+    fit = fits[np.ascontiguousarray(c.reference).tobytes()]
+    system = measurement.System(contact_impedance=float(np.float32(fit.contact_impedance)))
+    jac = tikhonov.layout_jacobian(c.layout, system)
+    diff = c.difference / fit.gain
+    present = np.isfinite(diff)
+    key = (c.layout.signature, system, present.tobytes())
+    if key not in matrices:  # one per removal pattern (a level's targets share it)
+      matrices[key] = tikhonov.Tikhonov(jac=jac[present], alpha=alpha)
+    images.append(matrices[key](diff[present]))
+  return images
+
+
+def answers_of(images: list[np.ndarray], level: float = SEGMENT_LEVEL) -> list[np.ndarray]:
+  return [ktc_score.to_challenge_grid(ktc_score.segment(im, level)) for im in images]
+
+
+def water(cases: list[Case]) -> Method:
+  zeros = np.zeros((ktc_score.SIZE, ktc_score.SIZE), np.uint8)
+  return Method("water", [None] * len(cases), [zeros] * len(cases))
+
+
+def scores(cases: list[Case], method: Method) -> dict | None:
+  """The challenge score per target, per level and in total (None without truths)."""
+  if any(c.truth is None for c in cases):
+    return None
+  per_target = {c.name: ktc_score.score(c.truth, a) for c, a in zip(cases, method.answers)}
+  per_level: dict[str, float] = {}
+  for c in cases:
+    per_level[f"level_{c.level}"] = per_level.get(f"level_{c.level}", 0.0) + per_target[c.name]
+  return {
+    "ktc_score": sum(per_target.values()),
+    "ktc_score_per_level": per_level,
+    "ktc_score_per_target": per_target,
+    "targets": len(cases),
+  }
+
+
+def table(cases: list[Case], results: dict[str, dict]) -> str:
+  """A markdown table: the score per level (sum over its targets) and in total, per method."""
+  levels = sorted({c.level for c in cases})
+  counts = {k: sum(c.level == k for c in cases) for k in levels}
+  head = "| method | " + " | ".join(f"level {k} ({counts[k]})" for k in levels) + " | total |"
+  lines = [head, "|---|" + "---|" * (len(levels) + 1)]
+  for name, r in results.items():
+    cells = [f"{r['ktc_score_per_level'][f'level_{k}']:.2f}" for k in levels]
+    lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['ktc_score']:.2f} of {len(cases)} |")
+  return "\n".join(lines)
+
+
+def write(out: str, cases: list[Case], methods: list[Method], metrics: dict) -> list[str]:
+  """OUT/level_K/N.mat per target (`reconstruction`: the first method's answer, uint8 0/1/2;
+  `image`: its continuous image on the challenge's grid, rows from the top), figures, and
+  metrics.json last; staged and published whole (`outputs.publish`)."""
+  import scipy.io
+
+  first = methods[0]
+  levels = sorted({f"level_{c.level}" for c in cases})
+
+  def write_all(folder: str) -> list[str]:
+    for c, image, answer in zip(cases, first.images, first.answers):
+      path = fileio.join(folder, f"level_{c.level}", f"{c.target}.mat")
+      fileio.makedirs(fileio.dirname(path))
+      arrays = {"reconstruction": np.asarray(answer, np.uint8)}
+      if image is not None:
+        arrays["image"] = ktc_score.to_challenge_grid(image).astype(np.float64)
+      scipy.io.savemat(path, arrays)
+    figure(fileio.join(folder, "answers.png"), cases, methods)
+    fileio.write_text(
+      fileio.join(folder, METRICS), json.dumps(outputs.json_clean(metrics), indent=1)
+    )
+    return [*levels, "answers.png", METRICS]
+
+  return outputs.publish(out, write_all, (*levels, "answers.png", METRICS))
+
+
+def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
+  """Truth | each method's answer, one row per target (at most 28)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  rows = cases[:28]
+  cols = 1 + len(methods)
+  fig, axes = plt.subplots(len(rows), cols, figsize=(1.6 * cols, 1.6 * len(rows)), squeeze=False)
+  for i, c in enumerate(rows):
+    panels = [("truth", c.truth)] + [(m.name, m.answers[i]) for m in methods]
+    for j, (label, a) in enumerate(panels):
+      ax = axes[i, j]
+      ax.axis("off")
+      if a is not None:
+        ax.imshow(a, cmap="viridis", vmin=0, vmax=2, interpolation="nearest")
+      if i == 0:
+        ax.set_title(label, fontsize=8)
+    axes[i, 0].text(-10, 128, c.name, rotation=90, va="center", ha="right", fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=80)
+  plt.close(fig)

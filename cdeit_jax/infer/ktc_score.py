@@ -1,0 +1,83 @@
+"""The Kuopio Tomography Challenge 2023's score, and our images as the challenge's answers.
+
+Score of one target (the organisers' `scoringFunction` and `KTCssim`, KTC2023 code on Zenodo
+record 8252370): for class 2 (conductive) and class 1 (resistive) separately, the binary masks of
+truth and answer are compared by an SSIM with a Gaussian window (sigma r = 80 pixels, taken to
++-ceil(2 r), normalised by the window's weight inside the image, `same`-size convolution) and
+constants c1 = 1e-4, c2 = 9e-4; the SSIM map's mean is the class's score; the target's score is
+the mean of the two (at most 1). The Gaussian window is separable, so it runs as two 1-D
+correlations (scipy.ndimage) instead of the organisers' 2-D convolution: the same sums.
+
+An answer is a (256, 256) array of 0 (water), 1 (resistive), 2 (conductive) on the challenge's
+pixel grid: row 0 at the top (+y), the tank filling the square. Our images (128 x 128, row index
+growing with +y) become one by `to_challenge_grid` (each pixel to 2 x 2, rows reversed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import ndimage
+
+from cdeit_jax.common.errors import InputError
+
+SIZE = 256
+RADIUS = 80.0
+C1, C2 = 1e-4, 9e-4
+
+
+def _window(r: float = RADIUS) -> np.ndarray:
+  half = int(np.ceil(2 * r))
+  x = np.arange(-half, half + 1, dtype=np.float64)
+  return np.exp(-0.5 * x**2 / r**2)  # the 2-D kernel's constant factor cancels in every ratio
+
+
+def _smooth(a: np.ndarray, w: np.ndarray) -> np.ndarray:
+  a = ndimage.correlate1d(a, w, axis=0, mode="constant", cval=0.0)
+  return ndimage.correlate1d(a, w, axis=1, mode="constant", cval=0.0)
+
+
+def ssim(truth: np.ndarray, reco: np.ndarray, r: float = RADIUS) -> float:
+  """The organisers' SSIM of two images of one shape (module docstring)."""
+  t, g = np.asarray(truth, np.float64), np.asarray(reco, np.float64)
+  if t.shape != g.shape:
+    raise InputError(f"ssim: shapes {t.shape} and {g.shape} differ")
+  w = _window(r)
+  norm = _smooth(np.ones_like(t), w)
+  mean = lambda a: _smooth(a, w) / norm
+  mt, mr = mean(t), mean(g)
+  st, sr, str_ = mean(t * t) - mt**2, mean(g * g) - mr**2, mean(t * g) - mt * mr
+  num = (2 * mt * mr + C1) * (2 * str_ + C2)
+  den = (mt**2 + mr**2 + C1) * (st + sr + C2)
+  return float(np.mean(num / den))
+
+
+def score(truth: np.ndarray, answer: np.ndarray) -> float:
+  """One target's challenge score: the mean of the class-2 and class-1 mask SSIMs."""
+  truth, answer = np.asarray(truth), np.asarray(answer)
+  if truth.shape != (SIZE, SIZE):
+    raise InputError(f"a KTC2023 truth is ({SIZE}, {SIZE}), got {truth.shape}")
+  if answer.shape != (SIZE, SIZE):
+    return 0.0  # the organisers' rule for an answer of the wrong shape
+  mask = lambda a, c: (np.abs(a - c) < 0.1).astype(np.float64)
+  return 0.5 * (ssim(mask(truth, 2), mask(answer, 2)) + ssim(mask(truth, 1), mask(answer, 1)))
+
+
+def to_challenge_grid(image: np.ndarray) -> np.ndarray:
+  """A 128 x 128 image (row index growing with +y) on the challenge's 256 x 256 grid (row 0 at
+  the top): each pixel to 2 x 2, rows reversed."""
+  image = np.asarray(image)
+  if image.shape[-2:] != (SIZE // 2, SIZE // 2):
+    raise InputError(f"expected images (..., {SIZE // 2}, {SIZE // 2}), got {image.shape}")
+  return np.repeat(np.repeat(image, 2, -2), 2, -1)[..., ::-1, :]
+
+
+def segment(image: np.ndarray, level: float) -> np.ndarray:
+  """Three classes from a continuous image in label units (+ conductive, - resistive): 2 where
+  image > level * max|image|, 1 where image < -level * max|image|, else 0 (uint8)."""
+  image = np.asarray(image, np.float64)
+  top = np.abs(image).max(axis=(-2, -1), keepdims=True)
+  out = np.zeros(image.shape, np.uint8)
+  out[image > level * top] = 2
+  out[image < -level * top] = 1
+  out[np.broadcast_to(top, image.shape) == 0] = 0
+  return out
