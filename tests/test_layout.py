@@ -55,6 +55,20 @@ def test_ktc2023_preset_is_the_challenges_own_patterns():
   np.testing.assert_allclose(read.currents, ref["Injref"] / np.abs(ref["Injref"]).max())
 
 
+def test_removed_electrodes_lose_the_values_the_challenges_levels_lose():
+  """Level K of KTC2023 removes electrodes 0 .. 2K-3: its NaN values are exactly those that
+  `Layout.without` says a device loses without them (pairs touching them, patterns through
+  them): 732, 952, 1156, 1344, 1726, 1843 values at levels 2-7."""
+  k = lay.preset("ktc2023")
+  counts = []
+  for level in range(1, 8):
+    frame = scipy.io.loadmat(LEVELS / f"level_{level}" / "data1.mat")["Uel"].ravel()
+    gone = k.without(range(2 * (level - 1)))
+    np.testing.assert_array_equal(np.isnan(frame), gone)
+    counts.append(int(gone.sum()))
+  assert counts == [0, 732, 952, 1156, 1344, 1726, 1843]
+
+
 @pytest.mark.parametrize(
   "rule, measure_injecting, count",
   [
@@ -256,7 +270,7 @@ def test_a_skip_2_device_through_the_challenge_command(tmp_path):
   classes = np.where(xs > 0, 2, np.where(xs < 0, 1, 0)).astype(np.uint8)
   truth = ktc_score.to_challenge_grid(classes)
   inj, mpat = _device_arrays(layout)
-  gone = (layout.rows[:, 1] == 3) | (layout.rows[:, 2] == 3) | (inj[3, layout.rows[:, 0]] != 0)
+  gone = layout.without([3])
   for level, removed in ((1, np.zeros_like(gone)), (2, gone)):
     folder = tmp_path / "levels" / f"level_{level}"
     folder.mkdir(parents=True)

@@ -109,6 +109,16 @@ class Layout:
       )
     return np.isfinite(frame)
 
+  def without(self, electrodes) -> np.ndarray:
+    """(R,) bool: the values a device loses when `electrodes` are removed: every pair that
+    touches one, and every pattern that drives current through one (KTC2023's levels: level K
+    removes electrodes 0 .. 2K-3, tests/test_layout.py)."""
+    gone = np.zeros(self.num_electrodes, bool)
+    gone[np.asarray(electrodes, int)] = True
+    driven = (self.currents != 0)[gone].any(0)  # (P,) patterns through a removed electrode
+    p, a, b = self.rows.T
+    return gone[a] | gone[b] | driven[p]
+
   def check_same(self, other: Layout, what: str) -> None:
     """Refuse `other` (the data's layout) unless it is this one (the model's), in one line."""
     if other.signature != self.signature:
