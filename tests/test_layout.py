@@ -301,3 +301,14 @@ def test_a_skip_2_device_through_the_challenge_command(tmp_path):
     assert tik > 0.6 and tik > water + 0.4, (level, tik, water)
   answer = scipy.io.loadmat(out / "level_2" / "1.mat")["reconstruction"]
   assert answer.shape == (256, 256) and answer[60, 180] == 2 and answer[170, 60] == 1
+
+
+def test_frames_of_another_system_are_named_in_the_refusal(tmp_path):
+  """The 208-value frames reader refuses KTC2023's 2,356-value frames in one line
+  that names the system they fit."""
+  from cdeit_jax.infer import frames
+
+  _, values = lay.from_device_file(str(LEVELS / "level_1" / "data1.mat"))
+  np.save(tmp_path / "ktc.npy", values[None])
+  with pytest.raises(InputError, match=r"got shape \(1, 2356\) \(2356 values: as ktc2023 \(32"):
+    frames.read(str(tmp_path / "ktc.npy"))

@@ -81,7 +81,7 @@ class Layout:
   def signature(self) -> str:
     """A short hash of the system's shape (angles to 1e-6 rad, width, which electrodes carry
     current in which direction, rows; not the currents' amplitudes, which a device's calibration
-    holds): a model trained for one layout refuses data of another by comparing these."""
+    holds): two devices with one signature measure the same values."""
     h = hashlib.sha256()
     for a in (np.round(self.angles, 6), np.round(self.width, 6), np.sign(self.currents)):
       h.update(np.ascontiguousarray(a).tobytes())
@@ -118,14 +118,6 @@ class Layout:
     driven = (self.currents != 0)[gone].any(0)  # (P,) patterns through a removed electrode
     p, a, b = self.rows.T
     return gone[a] | gone[b] | driven[p]
-
-  def check_same(self, other: Layout, what: str) -> None:
-    """Refuse `other` (the data's layout) unless it is this one (the model's), in one line."""
-    if other.signature != self.signature:
-      raise InputError(
-        f"{what}: the data are of {other.describe()}, the model was trained for "
-        f"{self.describe()}; train a model for this system (docs/ktc2023.md)"
-      )
 
 
 def evenly_spaced(n: int, first_deg: float = 90.0, clockwise: bool = True) -> np.ndarray:
@@ -226,6 +218,15 @@ def preset(name: str) -> Layout:
   if name not in PRESETS:
     raise InputError(f"measuring system {name!r}: known presets are {sorted(PRESETS)}")
   return PRESETS[name]()
+
+
+def systems_with(num_values: int) -> str:
+  """For messages about frames of the wrong length: ", as <preset> (...)" for the presets that
+  measure `num_values` values, else ""."""
+  names = [preset(n).describe() for n in PRESETS if preset(n).num_values == num_values]
+  if not names:
+    return ""
+  return f" ({num_values} values: as {' or '.join(names)}; see docs/ktc2023.md)"
 
 
 # The keys of the two device-file conventions: (currents, measurement pattern, values).

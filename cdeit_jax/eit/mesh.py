@@ -1,4 +1,6 @@
-"""Unit-disk triangular mesh with 16 electrodes, refined towards the boundary (numpy, built once).
+"""Unit-disk triangular mesh with 16 electrodes, refined towards the boundary (numpy, built once);
+any other count of evenly spaced electrodes with `MeshSpec.num_electrodes` and `offset_deg`
+(`spec_for` makes the spec of a measuring system's layout).
 
 Electrode l (0-based) is centred at polar angle pi/2 - 2 pi l / 16 (electrode 0 at (0, 1), numbered
 clockwise), `width_deg` wide; its ends are mesh nodes, so an electrode is a run of boundary edges.
@@ -23,7 +25,7 @@ from cdeit_jax.eit.measurement import NUM_ELECTRODES
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-  """Mesh resolution. The defaults give ~2.3k nodes; see tests/test_eit.py for its accuracy."""
+  """Mesh resolution. The defaults give 1,702 nodes; see tests/test_eit.py for its accuracy."""
 
   width_deg: float = 4.0  # electrode angular width
   electrode_edges: int = 4  # boundary edges per electrode

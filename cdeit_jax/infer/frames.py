@@ -22,6 +22,7 @@ import numpy as np
 
 from cdeit_jax.common import fileio, matfile
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import layout
 from cdeit_jax.eit.measurement import NUM_MEASUREMENTS
 from cdeit_jax.eit.phantom import disk_mask
 
@@ -150,7 +151,7 @@ def _as_rows(path: str, a: np.ndarray) -> np.ndarray:
   if a.ndim != 2 or a.shape[1] != m:
     raise InputError(
       f"{path}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
-      f"order, got shape {a.shape}"
+      f"order, got shape {a.shape}" + layout.systems_with(a.shape[-1] if a.ndim else 0)
     )
   if len(a) == 0:
     raise InputError(f"{path}: no frames (0 rows of {m} voltages)")

@@ -35,7 +35,7 @@ from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import pipeline
 from cdeit_jax.data import stats as stats_lib
-from cdeit_jax.eit import measurement
+from cdeit_jax.eit import layout, measurement
 from cdeit_jax.infer import sampling
 from cdeit_jax.model.diffusion import Diffusion
 
@@ -549,7 +549,7 @@ def _rows(a: Any, where: str) -> np.ndarray:
   if a.ndim != 2 or a.shape[1] != m:
     raise InputError(
       f"{where}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
-      f"order, got shape {a.shape}"
+      f"order, got shape {a.shape}" + layout.systems_with(a.shape[-1] if a.ndim else 0)
     )
   return a.astype(np.float64)
 
