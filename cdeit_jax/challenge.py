@@ -27,9 +27,9 @@ def main(argv: list[str]) -> None:
 
   logs.console()
   log = logs.log
-  outputs.check_out(FLAGS.out, FLAGS.data_path)
   t0 = time.perf_counter()
-  cases = ktc2023.read_cases(FLAGS.data_path)
+  cases = ktc2023.read_cases(FLAGS.data_path)  # first: a refused input leaves no empty --out
+  outputs.check_out(FLAGS.out, FLAGS.data_path)
   layout = cases[0].layout
   log.info(f"{len(cases)} targets of {layout.describe()}")
   fits = challenge.calibrate(cases)

@@ -301,6 +301,15 @@ def test_a_skip_2_device_through_the_challenge_command(tmp_path):
     assert tik > 0.6 and tik > water + 0.4, (level, tik, water)
   answer = scipy.io.loadmat(out / "level_2" / "1.mat")["reconstruction"]
   assert answer.shape == (256, 256) and answer[60, 180] == 2 and answer[170, 60] == 1
+  missing = [f"--data_path={tmp_path / 'nothing'}", f"--out={tmp_path / 'out2'}"]
+  p = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.challenge", *missing],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert p.returncode == 1 and p.stderr.count("error:") == 1 and "no such folder" in p.stderr
+  assert not (tmp_path / "out2").exists()  # a refused input leaves no empty --out
 
 
 def test_frames_of_another_system_are_named_in_the_refusal(tmp_path):

@@ -142,15 +142,13 @@ def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
   cols = 1 + len(methods)
   fig, axes = plt.subplots(len(rows), cols, figsize=(1.6 * cols, 1.6 * len(rows)), squeeze=False)
   for i, c in enumerate(rows):
-    panels = [("truth", c.truth)] + [(m.name, m.answers[i]) for m in methods]
+    panels = [(f"{c.name} truth", c.truth)] + [(m.name, m.answers[i]) for m in methods]
     for j, (label, a) in enumerate(panels):
       ax = axes[i, j]
       ax.axis("off")
+      ax.set_title(label if a is not None else f"{label}: not known", fontsize=6)
       if a is not None:
         ax.imshow(a, cmap="viridis", vmin=0, vmax=2, interpolation="nearest")
-      if i == 0:
-        ax.set_title(label, fontsize=8)
-    axes[i, 0].text(-10, 128, c.name, rotation=90, va="center", ha="right", fontsize=6)
-  fig.tight_layout()
+  fig.subplots_adjust(left=0.02, right=0.98, top=0.97, bottom=0.01, wspace=0.05, hspace=0.25)
   fig.savefig(path, dpi=80)
   plt.close(fig)
