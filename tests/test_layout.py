@@ -33,7 +33,7 @@ def test_cdeit16_preset_is_the_protocol_and_its_forward_model_the_fixed_one():
   np.testing.assert_array_equal(c.rows[:, 1], p.pairs.ravel())
   np.testing.assert_array_equal(c.rows[:, 2], p.second_electrodes().ravel())
   np.testing.assert_array_equal(c.currents * measurement.CURRENT, p.currents().T)
-  assert mesh.spec_for(16, float(c.angles[0]), c.width) == mesh.MeshSpec()
+  assert mesh.spec_for(c) == mesh.MeshSpec()
   with jax.enable_x64(True):
     a, b = fem.CEM(dtype=jnp.float64), fem.CEM(dtype=jnp.float64, layout=c)
     sigma = 1 + 0.5 * jnp.asarray(np.random.default_rng(0).random(a.num_elements))
@@ -156,7 +156,7 @@ def test_any_layouts_forward_model_obeys_reciprocity():
   I_q . U(I_p) is symmetric: checked on a 32-electrode skip-3 layout, an inhomogeneous medium and
   a mesh made for it."""
   layout = lay.from_rules(32, injection="skip-3", measure_injecting=True)
-  m = mesh.make_mesh(mesh.spec_for(32, float(layout.angles[0]), layout.width))
+  m = mesh.make_mesh(mesh.spec_for(layout))
   with jax.enable_x64(True):
     cem = fem.CEM(m, 0.05, dtype=jnp.float64, layout=layout)
     sigma = 1 + np.random.default_rng(1).random(cem.num_elements)

@@ -11,8 +11,8 @@ so a resumed run continues bit for bit (the stream's position is the step: nothi
 The normalisation statistics (and the physics-informed model's calibration) come from the first
 `config.simulator.stats_examples` training examples, computed once and stored in the checkpoint;
 validation uses the fixed examples 0..`config.simulator.valid_examples`-1 of the valid split.
-A `stop` predicate (training's signal flag) is checked after every chunk of the statistics, so a
-SIGTERM while they are made (minutes at full size) stops the run within one chunk (`Stopped`).
+A `stop` predicate (training's signal flag) is checked before every chunk of the statistics, so
+a SIGTERM while they are made (minutes at full size) stops the run within one chunk (`Stopped`).
 """
 
 from __future__ import annotations

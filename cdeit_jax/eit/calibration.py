@@ -50,7 +50,7 @@ class Calibration:
 
 def homogeneous(layout: Layout, contact_impedance: float, current: float = CURRENT) -> np.ndarray:
   """The simulator's homogeneous (sigma = 1) values (R,) of `layout`, in float64."""
-  mesh = make_mesh(spec_for(layout.num_electrodes, float(layout.angles[0]), layout.width))
+  mesh = make_mesh(spec_for(layout))
   with jax.enable_x64(True):
     cem = CEM(mesh, contact_impedance, current, dtype=jnp.float64, layout=layout)
     return np.asarray(jax.jit(cem.voltages)(jnp.ones(cem.num_elements, jnp.float64)))

@@ -194,7 +194,7 @@ class CEM:
     rhs = np.zeros((size, currents.shape[1]))
     rhs[n:] = currents[: ne - 1]  # column k: injection k
     inv_ff_fv = np.linalg.solve(a_ff, a_vf.T)  # (F, V)
-    inv_ff_bf = np.linalg.solve(a_ff, rhs[f_idx])  # (F, 16)
+    inv_ff_bf = np.linalg.solve(a_ff, rhs[f_idx])  # (F, patterns)
     schur = full[np.ix_(v_nodes, v_nodes)] - a_vf @ inv_ff_fv
     elec = np.searchsorted(f_idx, np.arange(n, size))  # electrode rows within F
     self._schur = jnp.asarray(schur, self.dtype)

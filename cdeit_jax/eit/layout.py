@@ -29,6 +29,7 @@ import re
 
 import numpy as np
 
+from cdeit_jax.common import matfile
 from cdeit_jax.common.errors import InputError, MissingFile
 
 # KTC2023's tank: 32 electrodes numbered counter-clockwise, electrode 0 centred 84.375 degrees
@@ -120,6 +121,11 @@ class Layout:
     return gone[a] | gone[b] | driven[p]
 
 
+def _default_width(n: int) -> float:
+  """Degrees: CDEIT's 4 for 16 electrodes, else half the spacing."""
+  return CDEIT_WIDTH_DEG if n == 16 else 180.0 / n
+
+
 def evenly_spaced(n: int, first_deg: float = 90.0, clockwise: bool = True) -> np.ndarray:
   """Centres (radians) of `n` evenly spaced electrodes, electrode 0 at `first_deg`."""
   step = -2 * np.pi / n if clockwise else 2 * np.pi / n
@@ -185,7 +191,7 @@ def from_rules(
       if measure_injecting or not pair & {lo, hi}:
         rows.append((p, e, (e + ms) % n))
   if width_deg is None:
-    width_deg = CDEIT_WIDTH_DEG if n == 16 else 180.0 / n
+    width_deg = _default_width(n)
   label = name or f"{n} electrodes, {injection} injection, {measurement} measurement" + (
     ", current-carrying electrodes measured" if measure_injecting else ""
   )
@@ -220,13 +226,16 @@ def preset(name: str) -> Layout:
   return PRESETS[name]()
 
 
-def systems_with(num_values: int) -> str:
-  """For messages about frames of the wrong length: ", as <preset> (...)" for the presets that
-  measure `num_values` values, else ""."""
-  names = [preset(n).describe() for n in PRESETS if preset(n).num_values == num_values]
-  if not names:
-    return ""
-  return f" ({num_values} values: as {' or '.join(names)}; see docs/ktc2023.md)"
+def frames_shape_error(where: str, shape: tuple[int, ...], m: int) -> InputError:
+  """The one refusal of frames that are not rows of `m` values, naming the presets whose
+  system measures as many values as the frames hold (another device's frames)."""
+  n = shape[-1] if shape else 0
+  names = [preset(k).describe() for k in PRESETS if preset(k).num_values == n]
+  fits = f" ({n} values: as {' or '.join(names)}; see docs/ktc2023.md)" if names else ""
+  return InputError(
+    f"{where}: frames must be rows of {m} voltages (N, {m}) in the protocol's order, got shape "
+    f"{shape}{fits}"
+  )
 
 
 # The keys of the two device-file conventions: (currents, measurement pattern, values).
@@ -241,8 +250,6 @@ def _load(path: str) -> dict[str, np.ndarray]:
     with np.load(path, allow_pickle=False) as z:
       return {k: z[k] for k in z.files}
   if path.endswith(".mat"):
-    from cdeit_jax.common import matfile
-
     return matfile.read(path)
   raise InputError(f"{path}: a device file is a .mat or .npz file")
 
@@ -305,11 +312,10 @@ def from_device_file(
   if first_deg is None:
     first_deg = KTC_FIRST_DEG if ktc_tank else 90.0
   if width_deg is None:
-    width_deg = KTC_WIDTH_DEG if ktc_tank else CDEIT_WIDTH_DEG if n == 16 else 180.0 / n
+    width_deg = KTC_WIDTH_DEG if ktc_tank else _default_width(n)
   name = f"{os.path.basename(path)} ({convention} keys)"
   layout = Layout(name, evenly_spaced(n, first_deg, cw), np.deg2rad(width_deg), inj / scale, rows)
-  known = preset("ktc2023")
-  if ktc_tank and np.array_equal(rows, known.rows) and np.array_equal(np.sign(inj), known.currents):
+  if layout.signature == preset("ktc2023").signature:
     layout = dataclasses.replace(layout, name=f"ktc2023 ({os.path.basename(path)})")
   values = _first(d, keys[2])
   if values is None:

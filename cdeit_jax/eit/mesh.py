@@ -20,6 +20,7 @@ import numpy as np
 from scipy.spatial import Delaunay
 
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import NUM_ELECTRODES
 
 
@@ -37,10 +38,11 @@ class MeshSpec:
   offset_deg: float = 0.0
 
 
-def spec_for(num_electrodes: int, first_angle: float, width: float) -> MeshSpec:
-  """A mesh whose boundary nodes sit at the ends of `num_electrodes` evenly spaced electrodes
-  `width` radians wide, one centred at `first_angle` (radians), with about as many boundary
-  edges as the default's 256; CDEIT's 16 electrodes of 4 degrees give the default itself."""
+def spec_for(layout: Layout) -> MeshSpec:
+  """The mesh of a measuring system's layout (evenly spaced electrodes): boundary nodes at the
+  ends of its electrodes, about as many boundary edges as the default's 256; CDEIT's 16
+  electrodes of 4 degrees give the default itself."""
+  num_electrodes, first_angle, width = layout.num_electrodes, float(layout.angles[0]), layout.width
   step = 360.0 / num_electrodes
   offset = float(np.mod(np.rad2deg(first_angle) - 90.0 + step / 2, step) - step / 2)
   if num_electrodes == NUM_ELECTRODES and abs(offset) < 1e-9:

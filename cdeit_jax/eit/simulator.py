@@ -52,7 +52,7 @@ class Simulator:
         "give other systems as a layout (cdeit_jax.eit.layout)"
       )
     if layout is not None and mesh_spec == MeshSpec():
-      mesh_spec = spec_for(layout.num_electrodes, float(layout.angles[0]), layout.width)
+      mesh_spec = spec_for(layout)
     self.mesh = make_mesh(mesh_spec)
     self.system, self.layout = system, layout
     self._cem_args = dict(

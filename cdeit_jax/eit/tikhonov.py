@@ -26,7 +26,6 @@ from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import fem, layout, measurement, mesh, simulator
 from cdeit_jax.eit import phantom as ph
-from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.mesh import MeshSpec
 from cdeit_jax.eit.simulator import Simulator, default_simulator
 
@@ -37,12 +36,13 @@ log = logging.getLogger("cdeit_jax.eit")
 
 def jacobian(sim: Simulator, chunk: int = 208) -> np.ndarray:
   """(values, 128, 128) d ys / d xs at xs = 0, by reverse-mode autodiff through the CEM (208
-  values for CDEIT's system, the layout's for another). Rows go `chunk` at a time: a batched
-  pull-back holds one copy of the factorised system per row (2,356 rows of KTC2023: 28 GB)."""
+  values for CDEIT's system, the layout's for another). Rows go `chunk` at a time: the batched
+  pull-back's memory grows by about one unknowns x unknowns matrix per row (XLA asked for 28 GB
+  for KTC2023's 2,356 rows at once)."""
   size = ph.IMAGE_SIZE
   fn = lambda x: sim.difference(sim.image_conductivity(x))
   x0 = jnp.zeros((size, size), sim.dtype)
-  rows = sim.cem.voltages(jnp.ones(sim.mesh.num_elements, sim.dtype)).shape[-1]
+  rows = sim.vh.shape[-1]  # the homogeneous values, computed once per simulator
   if rows <= chunk:
     return np.asarray(jax.jit(jax.jacrev(fn))(x0))
   rows_of = jax.jit(lambda x, cts: jax.vmap(jax.vjp(fn, x)[1])(cts)[0])
@@ -71,7 +71,9 @@ def _default_jacobian(system: measurement.System) -> np.ndarray:
 _layout_jacobians: dict = {}
 
 
-def layout_jacobian(lay: Layout, system: measurement.System = measurement.NOMINAL) -> np.ndarray:
+def layout_jacobian(
+  lay: layout.Layout, system: measurement.System = measurement.NOMINAL
+) -> np.ndarray:
   """`jacobian` (values, 128, 128) of any measuring system's layout (`eit.layout`) on a mesh
   made for its electrodes, with `system`'s contact impedance and current; kept in memory and on
   disk as `default_jacobian` (KTC2023's 2,356 rows: ~35 s on 2 CPU cores, once)."""
@@ -84,7 +86,7 @@ def layout_jacobian(lay: Layout, system: measurement.System = measurement.NOMINA
   return _layout_jacobians[key]
 
 
-def _stored(system: measurement.System, lay: Layout | None, compute) -> np.ndarray:
+def _stored(system: measurement.System, lay: layout.Layout | None, compute) -> np.ndarray:
   path = _jacobian_file(system, lay)
   if path is not None:
     try:
@@ -108,7 +110,7 @@ def _stored(system: measurement.System, lay: Layout | None, compute) -> np.ndarr
   return jac
 
 
-def _jacobian_file(system: measurement.System, lay: Layout | None = None) -> str | None:
+def _jacobian_file(system: measurement.System, lay: layout.Layout | None = None) -> str | None:
   from cdeit_jax.common import compile_cache
 
   folder = compile_cache.folder()

@@ -41,10 +41,15 @@ def calibrate(cases: list[Case]) -> dict[bytes, calibration.Calibration]:
   """The fit of every distinct reference frame among `cases` (the challenge's levels share one)."""
   fits: dict[bytes, calibration.Calibration] = {}
   for c in cases:
-    key = np.ascontiguousarray(c.reference).tobytes()
-    if key not in fits:
-      fits[key] = calibration.fit(c.layout, c.reference, f"{c.path}: the level's ref.mat")
+    if _reference_key(c) not in fits:
+      fits[_reference_key(c)] = calibration.fit(
+        c.layout, c.reference, f"{c.path}: the level's ref.mat"
+      )
   return fits
+
+
+def _reference_key(c: Case) -> bytes:
+  return np.ascontiguousarray(c.reference).tobytes()
 
 
 def linear_images(
@@ -56,7 +61,7 @@ def linear_images(
   units (the difference divided by the calibrated gain)."""
   images, matrices = [], {}
   for c in cases:
-    fit = fits[np.ascontiguousarray(c.reference).tobytes()]
+    fit = fits[_reference_key(c)]
     system = measurement.System(contact_impedance=float(np.float32(fit.contact_impedance)))
     jac = tikhonov.layout_jacobian(c.layout, system)
     diff = c.difference / fit.gain

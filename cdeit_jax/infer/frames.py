@@ -149,10 +149,7 @@ def _as_rows(path: str, a: np.ndarray) -> np.ndarray:
   elif a.ndim == 2 and a.shape[1] != m and a.shape[0] == m:
     a = a.T  # columns are frames (EIDORS)
   if a.ndim != 2 or a.shape[1] != m:
-    raise InputError(
-      f"{path}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
-      f"order, got shape {a.shape}" + layout.systems_with(a.shape[-1] if a.ndim else 0)
-    )
+    raise layout.frames_shape_error(path, a.shape, m)
   if len(a) == 0:
     raise InputError(f"{path}: no frames (0 rows of {m} voltages)")
   return a

@@ -547,10 +547,7 @@ def _rows(a: Any, where: str) -> np.ndarray:
   if a.shape in ((m,), (m, 1)):
     a = a.reshape(1, m)
   if a.ndim != 2 or a.shape[1] != m:
-    raise InputError(
-      f"{where}: frames must be rows of {m} voltages (N, {m}) in the protocol's "
-      f"order, got shape {a.shape}" + layout.systems_with(a.shape[-1] if a.ndim else 0)
-    )
+    raise layout.frames_shape_error(where, a.shape, m)
   return a.astype(np.float64)
 
 
