@@ -87,6 +87,13 @@ def _eval_config() -> ml_collections.ConfigDict:
       # (metrics.fit_uncertainty_scale) and keep it in the checkpoint's step folder, where
       # every later evaluation of that step applies it
       fit_uncertainty=False,
+      # --data ktc2023_challenge: the challenge's answer marks conductive where the image
+      # (label units, log10 of the conductivity ratio) is above +this, resistive below -this
+      segment_threshold=0.3,
+      # a model with electrode removals (config.simulator.removals): --data simulated images
+      # every example without the electrodes of this set (0: none removed; ktc2023: level K is
+      # set K - 1); the Tikhonov baseline uses the same values
+      removal=0,
     )
   )
 
@@ -126,6 +133,13 @@ def _simulator_config() -> ml_collections.ConfigDict:
       seed=0,  # example i of a split is a function of (seed, split, i)
       snr_db=config_dict.FieldReference(40.0, field_type=float),  # noise on vh and vi; None: none
       contact_impedance=measurement.CONTACT_IMPEDANCE,
+      # the measuring system: a preset of cdeit_jax.eit.layout ("cdeit16": CDEIT's 208 values;
+      # "ktc2023") or a device's reference file (.mat/.npz, KTC or UEF keys); other than cdeit16
+      # it needs config.model.cond="linear"
+      layout="cdeit16",
+      # electrodes removed, one set drawn per training example: "none", or "ktc2023" (the
+      # challenge's 7 levels); a model reads only frames missing one of these sets
+      removals="none",
       phantom=ml_collections.ConfigDict(dataclasses.asdict(PhantomSpec())),
       # the measuring system, drawn per example (eit.spec.SystemSpec: gain, contact impedances,
       # electrode layout, radius, background, SNR spread); SystemSpec.nominal() switches it off
@@ -342,6 +356,9 @@ def model_kwargs(cfg: ml_collections.ConfigDict, platform: str | None = None) ->
   attention backend resolved for `platform` (default: the default backend's)."""
   kw = dict(cfg.model)
   kw["contact_impedance"] = float(cfg.simulator.contact_impedance)
+  # (`none_strings` reads a "none" given on a command line as None)
+  kw["layout"] = str(cfg.simulator.layout or "cdeit16")
+  kw["removals"] = str(cfg.simulator.removals or "none")
   if kw.get("cond", "eim") not in COND_MODES:
     raise InputError(f"config.model.cond: {kw.get('cond')!r} is not one of {COND_MODES}")
   if "cond_alphas" in kw:

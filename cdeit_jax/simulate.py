@@ -111,10 +111,17 @@ class Generator:
 
   def reconstruct(self, ys: np.ndarray) -> np.ndarray:
     if self.tikhonov is None:
+      from cdeit_jax.data import synthetic
       from cdeit_jax.eit import measurement, tikhonov
 
       alpha = self.sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA
-      self.tikhonov = tikhonov.default_tikhonov(alpha, measurement.system_of(self.sim))
+      system = measurement.system_of(self.sim)
+      lay = synthetic.layout_of(self.sim)
+      self.tikhonov = (
+        tikhonov.default_tikhonov(alpha, system)
+        if lay.name == "cdeit16"
+        else tikhonov.Tikhonov(alpha=alpha, jac=tikhonov.layout_jacobian(lay, system))
+      )
     return self.tikhonov(ys)
 
   def __call__(self, split: str, indices: np.ndarray, with_tr: bool = True) -> dict:
@@ -207,8 +214,13 @@ def generate(
     new_train or not fileio.path(fileio.join(out, "std.npy")).exists()
   ):
     from cdeit_jax.data import stats as stats_lib
+    from cdeit_jax.data import synthetic
 
-    mean, std = stats_lib.compute_stats(fileio.join(out, "train"), progress=False)
+    mean, std = stats_lib.compute_stats(
+      fileio.join(out, "train"),
+      progress=False,
+      num_values=synthetic.layout_of(sim).num_values,
+    )
     stats_lib.write_stats(out, mean, std)
   return {
     "generated": total,

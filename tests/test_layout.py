@@ -249,6 +249,8 @@ def test_challenge_command_writes_answers_that_beat_all_water(tmp_path):
   assert not list(out.glob(".staging*"))
 
 
+@pytest.mark.slow  # 17 s; tests/test_any_system.py runs a skip-2 device through eval.py's
+# challenge path by default
 def test_a_skip_2_device_through_the_challenge_command(tmp_path):
   """A 16-electrode skip-2 device that measures on its current-carrying electrodes, numbered
   counter-clockwise, with its own units (gain 500): its absolute frames simulated for a

@@ -144,6 +144,7 @@ def test_bad_input_shapes_are_named(tiny_model):
     tiny_model(jnp.zeros((1, 32, 32, 1)), jnp.zeros((1,), jnp.int32), jnp.zeros((1, 16, 13, 1)))
 
 
+@pytest.mark.slow  # 11 s; the chunked path is the fixture model's, checked against the reference
 def test_query_chunked_attention_matches_full(tiny_model):
   """Chunking queries (lax.map + remat) changes memory, not results or gradients."""
   x = jax.random.normal(jax.random.key(0), (2, 32, 32, 1))

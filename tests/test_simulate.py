@@ -122,6 +122,7 @@ def test_refuses_folders_of_unknown_settings_and_records_tr_splits(small_set, tm
     simulate.generate(small_set, {"train": 30}, sim(5), tr_splits=("test",), progress=False)
 
 
+@pytest.mark.slow  # 15 s; test_same_seed_same_bytes_and_extension covers extending
 def test_extension_replaces_statistics_even_after_a_kill(tmp_path):
   """New training files remove the old mean/std before the first write, so a run killed before
   recomputing them leaves none (the next run computes them) rather than stale ones."""
@@ -182,6 +183,7 @@ def test_cli_errors_name_the_flag(tmp_path):
   assert r.returncode == 1 and "max_size < max_radius" in r.stderr
 
 
+@pytest.mark.slow  # 19 s; the simulator's physics is checked against EIDORS by default
 def test_training_statistics_have_the_authors_magnitudes(tmp_path):
   """256 examples of the default recipe, made by the CLI: median std within 2x of the authors'
   1.0e-5 V. (A subprocess with its own host devices, one per core, as the command sets them.)"""

@@ -71,6 +71,7 @@ def _stats(ys):
   )
 
 
+@pytest.mark.slow  # 32 s; training on 8 devices from the simulator runs by default
 def test_batches_are_the_streams_examples_on_any_devices():
   """Step k's batch holds training examples k*G .. k*G+G-1 (as `python -m cdeit_jax.simulate`
   writes them: same function, test_simulate checks the files), standardised into the EIM the

@@ -1,7 +1,8 @@
-"""The CDEIT npz file format: one example per file, `ys` (208, 1) difference voltages in the
-measuring system's units (`measurement.PRESETS`) and `xs` (128, 128) the conductivity-change
-target, optionally `TR` and `xs_gn` (classical reconstructions, kept for evaluation); reading and
-validating a folder of them.
+"""The CDEIT npz file format: one example per file, `ys` (208, 1) difference voltages (another
+measuring system's: (R, 1), `config.simulator.layout`) in the measuring system's units
+(`measurement.PRESETS`) and `xs` (128, 128) the conductivity-change target, optionally `TR` and
+`xs_gn` (classical reconstructions, kept for evaluation); reading and validating a folder of
+them.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ class DatasetError(InputError):
   """A dataset folder or file is unusable; the message names every bad file."""
 
 
-def _read_checked(path: str) -> tuple[str | None, dict[str, np.ndarray] | None]:
+def _read_checked(
+  path: str, num_values: int = NUM_MEASUREMENTS
+) -> tuple[str | None, dict[str, np.ndarray] | None]:
   """(problem or None, the file's arrays or None)."""
   try:
     with fileio.open_binary(path) as fh:
@@ -54,11 +57,11 @@ def _read_checked(path: str) -> tuple[str | None, dict[str, np.ndarray] | None]:
     z = read_npz(path)
   except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
     return f"not a readable npz ({type(e).__name__}: {e})", None
-  return _problem(z), z
+  return _problem(z, num_values), z
 
 
-def _problem(z: dict[str, np.ndarray]) -> str | None:
-  for key, shape in (("ys", (NUM_MEASUREMENTS, 1)), ("xs", (IMAGE_SIZE, IMAGE_SIZE))):
+def _problem(z: dict[str, np.ndarray], num_values: int = NUM_MEASUREMENTS) -> str | None:
+  for key, shape in (("ys", (num_values, 1)), ("xs", (IMAGE_SIZE, IMAGE_SIZE))):
     if key not in z:
       return f"missing key {key!r} (has {sorted(z)})"
     a = z[key]
@@ -91,12 +94,21 @@ def check_folder(
   skip_bad: bool = False,
   num_threads: int = 8,
   keep: bool = False,
+  num_values: int = NUM_MEASUREMENTS,
 ):
-  """Check every file; raise listing all bad ones, or (skip_bad) warn and drop them. Returns the
+  """Check every file (`ys` must hold `num_values` voltages: 208, or another measuring
+  system's count); raise listing all bad ones, or (skip_bad) warn and drop them. Returns the
   good file names, and with `keep` also their arrays ({name: arrays}: each file is read once)."""
   paths = [fileio.join(directory, f) for f in files]
   # Without `keep` only the verdicts are held (the arrays of a big folder would not fit)
-  read = _read_checked if keep else (lambda path: (_read_checked(path)[0], None))
+  read = lambda path: (
+    _read_checked(path, num_values)
+    if keep
+    else (
+      _read_checked(path, num_values)[0],
+      None,
+    )
+  )
   with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
     checked = list(pool.map(read, paths))
   problems = [p for p, _ in checked]

@@ -37,6 +37,11 @@ _CHUNK = 256  # examples per call when making the fixed sets
 PRESET = "simulated"  # the simulator's units
 
 
+def vector_cond(cfg: ml_collections.ConfigDict) -> bool:
+  """Whether the model reads the voltages as a vector (cond "linear", any measuring system)."""
+  return cfg.model.get("cond", "eim") == "linear"
+
+
 class Stopped(CdeitError):
   """The `stop` predicate turned true while the statistics were being made (nothing saved)."""
 
@@ -105,7 +110,8 @@ class SimulatorData:
     if checkpoint_stats is None:
       if int(s.stats_examples) < 2:
         raise InputError("config.simulator.stats_examples must be >= 2 (a std needs two examples)")
-      running, ys, xs = measurement.RunningStats(), [], []
+      num_values = synthetic.layout_of(s).num_values
+      running, ys, xs = measurement.RunningStats(num_values=num_values), [], []
       for y, x in statistics_examples(cfg, int(s.stats_examples), mesh, stop):
         running.add(y)
         if x is not None:
@@ -114,13 +120,23 @@ class SimulatorData:
       self.mean, self.std = running.result("config.simulator.stats_examples")
       ys, xs = np.concatenate(ys), np.concatenate(xs)
       self.calibration = ArraySource(
-        ys, xs, self.mean, self.std, name=f"simulator train examples 0..{len(ys) - 1}"
+        ys,
+        xs,
+        self.mean,
+        self.std,
+        name=f"simulator train examples 0..{len(ys) - 1}",
+        vector_cond=vector_cond(cfg),
       )
     else:
       self.mean, self.std = checkpoint_stats
     ys, xs = fixed_examples(cfg, "valid", int(s.valid_examples), mesh)
     self.valid = ArraySource(
-      ys, xs, self.mean, self.std, name=f"simulator valid examples 0..{len(ys) - 1}"
+      ys,
+      xs,
+      self.mean,
+      self.std,
+      name=f"simulator valid examples 0..{len(ys) - 1}",
+      vector_cond=vector_cond(cfg),
     )
     made = (
       f"{int(s.stats_examples)} statistics and"
@@ -150,10 +166,14 @@ def batch_fn(
   mean = jnp.asarray(np.ravel(mean), jnp.float32)
   std = jnp.asarray(np.ravel(std), jnp.float32)
   ratio, _ = measurement.resolve_ratios(PRESET)
+  vector = vector_cond(cfg)
 
   def rows(indices):
     ys, xs = gen.examples("train", indices, batched=not one_at_a_time)
-    cond, _, _ = measurement.condition(ys.astype(jnp.float32), ratio, mean, std)
+    if vector:  # cond "linear": the standardised values themselves
+      cond = (ys.astype(jnp.float32) / ratio - mean) / std
+    else:
+      cond, _, _ = measurement.condition(ys.astype(jnp.float32), ratio, mean, std)
     return {"cond": cond, "target": xs.astype(jnp.float32)[..., None]}
 
   local = jax.shard_map(rows, mesh=mesh, in_specs=P(shd.DATA), out_specs=P(shd.DATA))

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.data.npz_files import BASELINE_KEYS, DatasetError
@@ -18,6 +19,21 @@ from cdeit_jax.eit import measurement
 from cdeit_jax.eit.measurement import IMAGE_SIZE
 
 # ----------------------------------------------------------------------------- the sources
+
+
+def condition(ys, voltage_ratio: float, mean, std, vector: bool = False):
+  """`measurement.condition` (the EIM of CDEIT's 208 values), or with `vector` (the condition
+  of `cond="linear"`, any measuring system) the standardised values (..., R) as they are:
+  (cond, standardised, scaled); NaN (a missing value) stays NaN. `ys` (R,) or (R, 1) is one
+  example."""
+  ys = np.asarray(ys, np.float32)
+  if vector and ys.ndim == 2 and ys.shape[-1] == 1:
+    ys = ys[:, 0]  # one example's (R, 1) as stored in the npz files
+  if not vector:
+    return measurement.condition(ys, voltage_ratio, mean, std)
+  scaled = ys.reshape(*ys.shape[:-1], -1) / np.float32(voltage_ratio)
+  v = (scaled - np.ravel(mean)) / np.ravel(std)
+  return v, v, scaled
 
 
 class NpzSource:
@@ -43,20 +59,33 @@ class NpzSource:
     validate_files: bool = True,
     cache: bool = False,
     baselines: bool = False,
+    num_values: int = measurement.NUM_MEASUREMENTS,
+    vector_cond: bool = False,
+    removed: np.ndarray | None = None,
   ):
     self.path = fileio.resolve(path)
+    self.num_values, self.vector_cond = num_values, vector_cond
+    # (R,) bool: values every condition loses (NaN), as a device without some electrodes
+    self.removed = None if removed is None or not np.any(removed) else np.asarray(removed, bool)
+    if self.removed is not None and not vector_cond:
+      raise InputError("removing values needs the vector condition (cond 'linear')")
     self.units = measurement.units(preset, voltage_ratio, current_ratio)
     self.preset = self.units.name
     self.voltage_ratio, self.current_ratio = self.units.voltage_ratio, self.units.current_ratio
     names = npz_files.list_files(self.path)
     arrays = None
     if validate_files and cache:  # validation reads each file; keep what it read
-      self.files, arrays = npz_files.check_folder(self.path, names, skip_bad=skip_bad, keep=True)
+      self.files, arrays = npz_files.check_folder(
+        self.path, names, skip_bad=skip_bad, keep=True, num_values=num_values
+      )
     elif validate_files:
-      self.files = npz_files.check_folder(self.path, names, skip_bad=skip_bad)
+      self.files = npz_files.check_folder(
+        self.path, names, skip_bad=skip_bad, num_values=num_values
+      )
     else:
       self.files = names
     self.mean, self.std = stats_lib.resolve_stats(self.path, stats, checkpoint_stats)
+    stats_lib.check_count(self.mean, num_values, self.path)
     self.baselines = baselines
     self._cache: list[dict] | None = None
     if cache:
@@ -72,10 +101,9 @@ class NpzSource:
 
   def condition(self, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cond (16,16,1), standardised voltages (16,13), scaled voltages (208,)) from raw `ys`
-    (208,) in measured units."""
-    return measurement.condition(
-      np.asarray(ys, np.float32), self.voltage_ratio, self.mean, self.std
-    )
+    (208,) in measured units; with `vector_cond` (any measuring system, R values): (standardised
+    (R,), standardised (R,), scaled (R,))."""
+    return condition(ys, self.voltage_ratio, self.mean, self.std, self.vector_cond)
 
   def _load(self, i: int, z: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     path = fileio.join(self.path, self.files[i])
@@ -83,6 +111,8 @@ class NpzSource:
       if z is None:
         z = npz_files.read_npz(path, ("ys", "xs") + (BASELINE_KEYS if self.baselines else ()))
       cond, v, scaled = self.condition(z["ys"])
+      if self.removed is not None:
+        cond = np.where(self.removed, np.float32(np.nan), cond)
       ex = {
         "cond": cond,
         "voltages": v,
@@ -116,11 +146,19 @@ class ArraySource:
   preset, voltage_ratio = "simulated", 1.0
 
   def __init__(
-    self, ys: np.ndarray, xs: np.ndarray, mean: np.ndarray, std: np.ndarray, *, name: str
+    self,
+    ys: np.ndarray,
+    xs: np.ndarray,
+    mean: np.ndarray,
+    std: np.ndarray,
+    *,
+    name: str,
+    vector_cond: bool = False,
   ):
     self.path = name  # what messages call it
     self._ys, self._xs = np.asarray(ys, np.float32), np.asarray(xs, np.float32)
     self.mean, self.std = stats_lib.check_stats(mean, std, source=name)
+    self.vector_cond = vector_cond
 
   def __len__(self) -> int:
     return len(self._ys)
@@ -129,7 +167,9 @@ class ArraySource:
     return f"ArraySource({self.path!r}, n={len(self)})"
 
   def __getitem__(self, i: int) -> dict[str, Any]:
-    cond, v, scaled = measurement.condition(self._ys[i], self.voltage_ratio, self.mean, self.std)
+    cond, v, scaled = condition(
+      self._ys[i], self.voltage_ratio, self.mean, self.std, self.vector_cond
+    )
     return {
       "cond": cond,
       "voltages": v,

@@ -163,9 +163,18 @@ def read_array(path: str) -> np.ndarray:
 
 
 def check_stats(mean: np.ndarray, std: np.ndarray, source: str = "statistics") -> tuple:
-  """Validate and return float32 (mean, std) of shape (1, 16, 13)."""
+  """Validate and return float32 (mean, std) of shape (1, 16, 13), or (1, R) for another
+  measuring system's R values (given as (R,) or (1, R), R != 208)."""
   mean = np.asarray(mean, np.float32)
   std = np.asarray(std, np.float32)
+  if mean.size != NUM_MEASUREMENTS and mean.shape in ((mean.size,), (1, mean.size)):
+    if std.shape != mean.shape:
+      raise InputError(f"{source}: mean {mean.shape} and std {std.shape} differ in shape")
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std))):
+      raise InputError(f"{source}: mean or std holds non-finite values")
+    if np.any(std <= 0):
+      raise InputError(f"{source}: std has {(std <= 0).sum()} entries <= 0")
+    return mean.reshape(1, -1), std.reshape(1, -1)
   for name, a in (("mean", mean), ("std", std)):
     # Only shapes that hold the (16 injections, 13 measurements) order: a (13, 16) array has 208
     # elements too, but in the other order.
@@ -181,6 +190,15 @@ def check_stats(mean: np.ndarray, std: np.ndarray, source: str = "statistics") -
   if np.any(std <= 0):
     raise InputError(f"{source}: std has {(std <= 0).sum()} entries <= 0")
   return mean.reshape(STATS_SHAPE), std.reshape(STATS_SHAPE)
+
+
+def check_count(mean: np.ndarray, num_values: int, where: str) -> None:
+  """Refuse statistics of another count of values than the data's (another measuring system)."""
+  if np.size(mean) != num_values:
+    raise InputError(
+      f"{where}: the normalisation statistics hold {np.size(mean)} values, the data "
+      f"{num_values}: they belong to another measuring system (config.simulator.layout)"
+    )
 
 
 def find_stats_files(directory: str) -> tuple[str, str] | None:
@@ -257,16 +275,19 @@ def compute_stats(
   voltage_ratio: float | None = None,
   progress: bool = True,
   skip_bad: bool = False,
+  num_values: int = NUM_MEASUREMENTS,
 ) -> tuple[np.ndarray, np.ndarray]:
   """Per-measurement mean and std (N-1) of `ys / voltage_ratio` over a split, streaming in
   float64 (`measurement.RunningStats`; the authors' statistics, shape (1, 16, 13))."""
   from tqdm import tqdm
 
   ratio, _ = measurement.resolve_ratios(preset, voltage_ratio, 1.0)
-  names = npz_files.check_folder(split_dir, npz_files.list_files(split_dir), skip_bad=skip_bad)
+  names = npz_files.check_folder(
+    split_dir, npz_files.list_files(split_dir), skip_bad=skip_bad, num_values=num_values
+  )
   if len(names) < 2:
     raise npz_files.DatasetError(f"data folder {split_dir}: need at least 2 files for a std (N-1)")
-  running = measurement.RunningStats()
+  running = measurement.RunningStats(num_values=num_values)
   read = lambda f: npz_files.read_npz(fileio.join(split_dir, f), ("ys",))["ys"]
   with concurrent.futures.ThreadPoolExecutor(8) as pool:  # overlaps reads (object stores)
     ys = pool.map(read, names)

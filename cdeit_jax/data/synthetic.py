@@ -90,7 +90,20 @@ def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
       for k, v in dataclasses.asdict(system_spec(sim)).items()
     },
     "tikhonov_alpha": float(sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA),
+    # another measuring system than CDEIT's (recorded only then: older folders stay valid)
+    **({} if _layout_name(sim) == "cdeit16" else {"layout": _layout_name(sim)}),
   }
+
+
+def _layout_name(sim: ml_collections.ConfigDict) -> str:
+  return str(sim.get("layout") or "cdeit16")
+
+
+def layout_of(sim: ml_collections.ConfigDict):
+  """The measuring system (`eit.layout.Layout`) of `config.simulator`."""
+  from cdeit_jax.eit import layout
+
+  return layout.resolve(_layout_name(sim))
 
 
 def example_key(seed: int, split: str | jax.Array, index: jax.Array) -> jax.Array:
@@ -100,8 +113,9 @@ def example_key(seed: int, split: str | jax.Array, index: jax.Array) -> jax.Arra
 
 
 class Generator:
-  """Examples of `config.simulator`: (split, indices) -> ys (n, 208) difference voltages in
-  volts and xs (n, 128, 128) label images; traceable, for use inside jit and shard_map."""
+  """Examples of `config.simulator`: (split, indices) -> ys (n, R) difference voltages in
+  volts (R = 208 for CDEIT's system, the layout's count for another) and xs (n, 128, 128) label
+  images; traceable, for use inside jit and shard_map."""
 
   def __init__(self, sim: ml_collections.ConfigDict):
     from cdeit_jax import eit
@@ -111,7 +125,18 @@ class Generator:
     self.spec = phantom_spec(sim)
     self.system = system_spec(sim)
     self.contact_impedance = float(sim.contact_impedance)
-    self.sim = eit.default_simulator(system=measurement.system_of(sim))
+    if _layout_name(sim) == "cdeit16":
+      self.sim = eit.default_simulator(system=measurement.system_of(sim))
+    else:  # another measuring system: its own mesh and patterns, the system fixed
+      if not self.nominal:
+        raise InputError(
+          f"config.simulator.layout={_layout_name(sim)!r}: a measuring system drawn per "
+          "example is only made for CDEIT's 16 electrodes; set config.simulator.system to "
+          "SystemSpec.nominal() (configs/ktc2023.py)"
+        )
+      from cdeit_jax.eit.simulator import Simulator
+
+      self.sim = Simulator(system=measurement.system_of(sim), layout=layout_of(sim))
     # Built now, outside any trace: built first inside shard_map they would carry its mesh.
     jax.block_until_ready(self.sim.vh)
     if self.nominal:

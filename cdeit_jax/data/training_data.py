@@ -43,11 +43,16 @@ class FileData:
     checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
   ):
     d = cfg.data
+    from cdeit_jax.data import synthetic
+    from cdeit_jax.data.simulator_source import vector_cond
+
     common = dict(
       voltage_ratio=d.voltage_ratio,
       current_ratio=d.current_ratio,
       skip_bad=d.skip_bad_files,
       cache=d.cache,
+      num_values=synthetic.layout_of(cfg.simulator).num_values,
+      vector_cond=vector_cond(cfg),
     )
     train = sources.NpzSource(
       fileio.join(d.path, d.train_split),

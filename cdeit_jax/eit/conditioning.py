@@ -186,3 +186,146 @@ class DataConsistency(nnx.Module):
     step = self.op.reconstruct(residual, self.op.filters[...])[:, 0]
     step = step.reshape(x0.shape[:3])
     return x0 + self.strength * step[..., None]
+
+
+# ----------------------------------------------------------------------------- any system
+
+
+def pooled_jacobian(jac: np.ndarray, grid: int) -> np.ndarray:
+  """(R, grid, grid): the sensitivity of each value to a coarse pixel (the sum over its fine
+  pixels) of a Jacobian (R, 128, 128)."""
+  f = jac.shape[-1] // grid
+  if f * grid != jac.shape[-1]:
+    raise InputError(f"cond_grid {grid} must divide the image size {jac.shape[-1]}")
+  return np.asarray(jac, np.float64).reshape(len(jac), grid, f, grid, f).sum((2, 4))
+
+
+@functools.lru_cache(maxsize=2)
+def layout_factors(
+  layout_name: str,
+  removals: str,
+  alphas: tuple[float, ...],
+  contact_impedance: float,
+  grid: int,
+  noser_exponent: float = tikhonov.NOSER_EXPONENT,
+) -> dict[str, np.ndarray]:
+  """For each electrode-removal set k of the rule `removals` and each level alpha: the
+  NOSER-weighted Tikhonov matrix of the values that set leaves, on a coarse `grid` (`disk`
+  pixels), with zero columns for the values it removes (they are left out of the system, not
+  read as zeros): `matrices` (K, levels, R, disk pixels) float32, `removed` (K, R) bool.
+  lambda = alpha * trace(G) / (values left), as `eit.tikhonov.Tikhonov`."""
+  from cdeit_jax.eit import layout as layout_lib
+
+  lay = layout_lib.resolve(layout_name)
+  system = measurement.System(contact_impedance=float(np.float32(contact_impedance)))
+  jac = pooled_jacobian(tikhonov.layout_jacobian(lay, system), grid)
+  sets = layout_lib.removal_sets(removals)
+  beyond = sorted({e for s in sets for e in s if e >= lay.num_electrodes})
+  if beyond:
+    raise InputError(
+      f"electrode removal {removals!r}: electrodes {beyond} are not among {lay.describe()}'s "
+      f"0..{lay.num_electrodes - 1} (config.simulator.removals)"
+    )
+  disk = ph.disk_mask(grid).reshape(-1)
+  out = np.zeros((len(sets), len(alphas), lay.num_values, int(disk.sum())), np.float32)
+  removed = np.stack([lay.without(s) for s in sets])
+  for k, gone in enumerate(removed):
+    _, jd, w_inv, gram = tikhonov.weighted_system(jac[~gone], noser_exponent)
+    s, u = np.linalg.eigh((gram + gram.T) / 2)
+    left = (w_inv[:, None] * jd.T) @ u  # W^-1 J^T U (pixels, values left)
+    for a, f in enumerate(filters(np.maximum(s, 0.0), alphas)):
+      out[k, a][~gone] = ((left * f) @ u.T).T
+  return {"matrices": out, "removed": removed, "disk": disk}
+
+
+class LayoutConditioner(nnx.Module):
+  """Standardised voltages (B, R) of any measuring system (`eit.layout`), NaN where a value is
+  missing -> (B, 128, 128, levels) linear reconstructions in simulation units, each divided by
+  its training-set std. A frame's missing values must be those of one of the removal rule's
+  electrode sets (`eit.layout.removal_sets`); that set's matrices reconstruct it from the values
+  it has. A frame that fits no set gets NaN channels (callers check first: `removal_set`).
+
+  The reconstructions are made on a coarse grid (`grid` x `grid`, bilinearly upsampled): one
+  (R x pixels) matrix per set and level is 7 x 2 x 2,356 x 812 floats (107 MB) for KTC2023 at
+  grid 32; at 128 it would be 2.2 GB."""
+
+  def __init__(
+    self,
+    layout_name: str,
+    alphas,
+    *,
+    removals: str = "none",
+    grid: int = 32,
+    noser_exponent: float = tikhonov.NOSER_EXPONENT,
+    contact_impedance: float = measurement.CONTACT_IMPEDANCE,
+  ):
+    if not alphas or any(not a > 0 for a in alphas):
+      raise InputError(
+        f"regularisation levels {tuple(alphas)!r}: give one or more numbers > 0, "
+        "e.g. (0.03, 0.3) (config.model.cond_alphas)"
+      )
+    self.alphas = tuple(float(a) for a in alphas)
+    f = layout_factors(
+      layout_name, removals, self.alphas, float(contact_impedance), grid, float(noser_exponent)
+    )
+    self.grid = grid
+    k, a, self.num_values, p = f["matrices"].shape
+    # (R, K * levels * pixels): one matrix product makes every set's images, with no copy of
+    # the matrices inside the step (a transposed view would be copied on every call)
+    self.matrices = Fixed(
+      jnp.asarray(np.ascontiguousarray(f["matrices"].transpose(2, 0, 1, 3)).reshape(-1, k * a * p))
+    )
+    self.num_sets = k
+    self.removed = Fixed(jnp.asarray(f["removed"]))
+    self.disk_index = Fixed(jnp.asarray(np.flatnonzero(f["disk"]), jnp.int32))
+    self.voltage_mean = Calibration(jnp.zeros((self.num_values,), jnp.float32))
+    self.voltage_std = Calibration(jnp.ones((self.num_values,), jnp.float32))
+    self.scale = Calibration(jnp.ones((len(self.alphas),), jnp.float32))
+
+  def remove_at_random(self, cond: jax.Array, key: jax.Array) -> jax.Array:
+    """`cond` (B, R) with the values of one removal set per example, drawn uniformly, set to
+    NaN (training: the model meets every set it will be used with)."""
+    k = jax.random.randint(key, (cond.shape[0],), 0, self.removed.shape[0])
+    return jnp.where(self.removed[...][k], jnp.nan, cond)
+
+  def coarse(self, cond: jax.Array, scaled: bool = True) -> jax.Array:
+    """(B, levels, disk pixels of the coarse grid): each frame's reconstructions by its
+    removal set's matrices (NaN for a frame that fits no set)."""
+    cond = cond.astype(jnp.float32)
+    missing = jnp.isnan(cond)
+    fits = jnp.all(missing[:, None] == self.removed[...][None], axis=-1)  # (B, K)
+    v = jnp.where(missing, 0.0, cond * self.voltage_std[...] + self.voltage_mean[...])
+    k, a = self.num_sets, len(self.alphas)
+    each = jnp.dot(v, self.matrices[...], precision="highest").reshape(v.shape[0], k, a, -1)
+    first = fits & (jnp.cumsum(fits, axis=1) == 1)
+    out = jnp.einsum("bk,bkap->bap", first.astype(jnp.float32), each)
+    out = jnp.where(fits.any(1)[:, None, None], out, jnp.nan)
+    if scaled:
+      out = out * self.scale[...][None, :, None]
+    return out
+
+  def channels(self, cond: jax.Array, scaled: bool = True) -> jax.Array:
+    out = self.coarse(cond, scaled)
+    (b, a, _), g = out.shape, self.grid
+    img = jnp.zeros((b, a, g * g), jnp.float32).at[..., self.disk_index[...]].set(out)
+    img = jax.image.resize(img.reshape(b, a, g, g), (b, a, 128, 128), "linear")
+    img = img * jnp.asarray(ph.disk_mask(ph.IMAGE_SIZE), jnp.float32)
+    return jnp.moveaxis(img, 1, -1)
+
+  def __call__(self, cond: jax.Array) -> jax.Array:
+    return self.channels(cond)
+
+
+def removal_set(removed: np.ndarray, frames: np.ndarray, where: str) -> np.ndarray:
+  """The index of each frame's removal set (rows of `removed` (K, R)) from its NaN values;
+  an InputError naming `where` and the frame when one fits no set."""
+  missing = ~np.isfinite(np.asarray(frames))
+  fits = np.all(missing[:, None] == np.asarray(removed)[None], axis=-1)
+  bad = np.flatnonzero(~fits.any(1))
+  if bad.size:
+    raise InputError(
+      f"{where}: frame {int(bad[0])} misses {int(missing[bad[0]].sum())} values, which is none "
+      f"of the {len(removed)} electrode-removal sets the model was trained with "
+      "(config.simulator.removals); train a model with this device's removals"
+    )
+  return np.argmax(fits, axis=1)

@@ -217,6 +217,46 @@ def ktc2023() -> Layout:
 
 PRESETS = {"cdeit16": lambda: from_rules(16, name="cdeit16"), "ktc2023": ktc2023}
 
+# Electrode-removal rules: the sets of removed electrodes a model is trained and used with, one
+# drawn per training example. "ktc2023": the challenge's 7 levels (level K removes electrodes
+# 0 .. 2K-3, `Layout.without` reproduces every public level's NaN mask).
+REMOVALS = {"none": ((),), "ktc2023": tuple(tuple(range(2 * (k - 1))) for k in range(1, 8))}
+
+
+def removal_sets(rule: str | None) -> tuple[tuple[int, ...], ...]:
+  """The electrode sets of a removal rule: "none" (or None), "ktc2023", or the sets written
+  out, `;` between sets, `,` between electrodes, `-` for none removed (e.g. "-;3;3,4")."""
+  if rule is None:
+    return REMOVALS["none"]
+  if rule in REMOVALS:
+    return REMOVALS[rule]
+  try:
+    sets = tuple(
+      () if part.strip() == "-" else tuple(sorted({int(e) for e in part.split(",")}))
+      for part in str(rule).split(";")
+    )
+  except ValueError:
+    sets = ()
+  if not sets or len(set(sets)) != len(sets) or any(e < 0 for s in sets for e in s):
+    raise InputError(
+      f"electrode removal {rule!r}: give {' or '.join(sorted(REMOVALS))}, or distinct sets of "
+      "electrode numbers (from 0) such as '-;3;3,4' ('-': none removed) "
+      "(config.simulator.removals)"
+    )
+  return sets
+
+
+def resolve(name: str) -> Layout:
+  """A preset's name or a device's reference file (`from_device_file`) as a layout."""
+  if name in PRESETS:
+    return preset(name)
+  if str(name).endswith((".mat", ".npz")):
+    return from_device_file(name)[0]
+  raise InputError(
+    f"measuring system {name!r}: give a preset ({', '.join(sorted(PRESETS))}) or a device's "
+    "reference file (.mat or .npz; docs/ktc2023.md) (config.simulator.layout)"
+  )
+
 
 @functools.lru_cache(maxsize=8)
 def preset(name: str) -> Layout:

@@ -236,15 +236,18 @@ class RunningStats:
   parallel update, which is Welford's for batches of one): one pass, numerically stable, any
   batch sizes, the same result however the stream is cut."""
 
-  def __init__(self, protocol: Protocol = DEFAULT):
+  def __init__(self, protocol: Protocol = DEFAULT, num_values: int | None = None):
+    """`num_values`: another measuring system's count (results shaped (1, R))."""
     self.protocol = protocol
+    self.size = protocol.num_measurements if num_values is None else int(num_values)
+    self.shape = protocol.stats_shape if self.size == protocol.num_measurements else (1, self.size)
     self.count = 0
-    self._mean = np.zeros(protocol.num_measurements)
-    self._m2 = np.zeros(protocol.num_measurements)
+    self._mean = np.zeros(self.size)
+    self._m2 = np.zeros(self.size)
 
   def add(self, ys: Any, voltage_ratio: float = 1.0) -> None:
     """Add a batch (b, measurements) or one example (measurements[, 1]), divided by the ratio."""
-    x = np.asarray(ys, np.float64).reshape(-1, self.protocol.num_measurements) / voltage_ratio
+    x = np.asarray(ys, np.float64).reshape(-1, self.size) / voltage_ratio
     n = len(x)
     if not n:
       return
@@ -264,9 +267,9 @@ class RunningStats:
     self.count += n
 
   def result(self, source: str = "the data") -> tuple[np.ndarray, np.ndarray]:
-    """float32 (mean, std), each shaped `protocol.stats_shape`."""
+    """float32 (mean, std), each shaped `protocol.stats_shape` (or (1, R))."""
     if self.count < 2:
       raise InputError(f"{source}: {self.count} example(s); a std (N-1) needs at least 2")
-    shape = self.protocol.stats_shape
+    shape = self.shape
     std = np.sqrt(self._m2 / (self.count - 1))
     return self._mean.reshape(shape).astype(np.float32), std.reshape(shape).astype(np.float32)

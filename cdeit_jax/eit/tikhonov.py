@@ -126,9 +126,9 @@ def _jacobian_file(system: measurement.System, lay: layout.Layout | None = None)
 
 def weighted_system(jac: np.ndarray, noser_exponent: float = NOSER_EXPONENT):
   """(disk, J restricted to the disk (R, pixels), W^-1 (pixels,), J W^-1 J^T (R, R)) in
-  float64 for a Jacobian (R, 128, 128), W = diag(J^T J)^noser_exponent."""
+  float64 for a Jacobian (R, N, N) (N = 128, or a coarser grid), W = diag(J^T J)^noser_exponent."""
   j = np.asarray(jac).reshape(len(jac), -1).astype(np.float64)
-  disk = ph.disk_mask(ph.IMAGE_SIZE).reshape(-1)
+  disk = ph.disk_mask(jac.shape[-1]).reshape(-1)
   jd = j[:, disk]
   w_inv = 1.0 / np.maximum((jd * jd).sum(0), 1e-300) ** noser_exponent
   return disk, jd, w_inv, (jd * w_inv) @ jd.T
@@ -156,7 +156,8 @@ class Tikhonov:
     self.alpha, self.noser_exponent = alpha, noser_exponent
 
   def __call__(self, ys) -> np.ndarray:
-    """Images (..., 128, 128) from difference voltages (..., R) or (..., R, 1)."""
+    """Images (..., 128, 128) (the Jacobian's grid) from difference voltages (..., R) or
+    (..., R, 1)."""
     ys = np.asarray(ys, np.float64)
     r = self.matrix.shape[1]
     if ys.shape[-1] == 1 and ys.ndim >= 2 and ys.shape[-2] == r:
@@ -165,7 +166,8 @@ class Tikhonov:
       raise InputError(f"expected {r} voltages in the last axis, got shape {ys.shape}")
     out = np.zeros(ys.shape[:-1] + (self.disk.size,), np.float32)
     out[..., self.disk] = ys @ self.matrix.T
-    return out.reshape(ys.shape[:-1] + (ph.IMAGE_SIZE, ph.IMAGE_SIZE))
+    side = int(round(np.sqrt(self.disk.size)))  # 128, or the Jacobian's coarser grid
+    return out.reshape(ys.shape[:-1] + (side, side))
 
 
 @functools.lru_cache(maxsize=4)

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 
 from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.ktc2023 import Case
 from cdeit_jax.eit import calibration, measurement, tikhonov
 from cdeit_jax.infer import ktc_score, outputs
@@ -30,11 +32,13 @@ METRICS = "metrics.json"
 @dataclasses.dataclass
 class Method:
   """One method's results over the cases: continuous images (128 x 128, label units, None for
-  the all-water floor) and answers (256 x 256, 0/1/2)."""
+  the all-water floor), answers (256 x 256, 0/1/2) and, for a sampler, each image's std over
+  its samples."""
 
   name: str
   images: list[np.ndarray | None]
   answers: list[np.ndarray]
+  stds: list[np.ndarray] | None = None
 
 
 def calibrate(cases: list[Case]) -> dict[bytes, calibration.Calibration]:
@@ -112,7 +116,8 @@ def table(cases: list[Case], results: dict[str, dict]) -> str:
 
 def write(out: str, cases: list[Case], methods: list[Method], metrics: dict) -> list[str]:
   """OUT/level_K/N.mat per target (`reconstruction`: the first method's answer, uint8 0/1/2;
-  `image`: its continuous image on the challenge's grid, rows from the top), figures, and
+  `image`: its continuous image on the challenge's grid, rows from the top; `std`: a sampler's
+  std over its samples), figures, and
   metrics.json last; staged and published whole (`outputs.publish`)."""
   import scipy.io
 
@@ -120,12 +125,14 @@ def write(out: str, cases: list[Case], methods: list[Method], metrics: dict) -> 
   levels = sorted({f"level_{c.level}" for c in cases})
 
   def write_all(folder: str) -> list[str]:
-    for c, image, answer in zip(cases, first.images, first.answers):
+    for i, (c, image, answer) in enumerate(zip(cases, first.images, first.answers)):
       path = fileio.join(folder, f"level_{c.level}", f"{c.target}.mat")
       fileio.makedirs(fileio.dirname(path))
       arrays = {"reconstruction": np.asarray(answer, np.uint8)}
       if image is not None:
         arrays["image"] = ktc_score.to_challenge_grid(image).astype(np.float64)
+      if first.stds is not None:
+        arrays["std"] = ktc_score.to_challenge_grid(first.stds[i]).astype(np.float64)
       scipy.io.savemat(path, arrays)
     figure(fileio.join(folder, "answers.png"), cases, methods)
     fileio.write_text(
@@ -157,3 +164,93 @@ def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
   fig.subplots_adjust(left=0.02, right=0.98, top=0.97, bottom=0.01, wspace=0.05, hspace=0.25)
   fig.savefig(path, dpi=80)
   plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- CDEIT
+
+
+def model_images(rec, cases: list[Case], fits: dict[bytes, calibration.Calibration]):
+  """(images, stds) (128 x 128 each, label units) of every case by a CDEIT trained for the
+  cases' measuring system (`reconstructor.Reconstructor` with cond "linear"): each difference
+  divided by its level's calibrated gain, the removed electrodes' values NaN. A model of
+  another system is refused, naming both."""
+
+  check_model(rec, cases)
+  values = np.stack([c.difference / fits[_reference_key(c)].gain for c in cases])
+  r = rec.reconstruct_values(values, where=os.path.dirname(cases[0].path))
+  return list(r.images), list(r.std) if r.std is not None else None
+
+
+def check_model(rec, cases: list[Case]) -> None:
+  """Refuse, naming both, cases of another measuring system than the model's, and name a case
+  whose removed values are none of the model's removal sets."""
+  from cdeit_jax.eit import conditioning
+  from cdeit_jax.eit import layout as layout_lib
+
+  trained = layout_lib.resolve(rec.layout)
+  given = cases[0].layout
+  if trained.signature != given.signature:
+    raise InputError(
+      f"{cases[0].path}: the data are of {given.describe()}, the model was trained for "
+      f"{trained.describe()}: train a model for this system (config.simulator.layout)"
+    )
+  for c in cases:
+    conditioning.removal_set(rec.removed, c.difference[None], c.path)
+
+
+def answers_above(images: list[np.ndarray], threshold: float) -> list[np.ndarray]:
+  """Answers of images in label units (log10 of the conductivity ratio): conductive above
+  +threshold, resistive below -threshold."""
+  return [ktc_score.to_challenge_grid(ktc_score.segment_absolute(im, threshold)) for im in images]
+
+
+def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = None) -> dict:
+  """`eval.py --data ktc2023_challenge`: the answers of the CDEIT at `workdir` (trained for the
+  challenge's system, `configs/ktc2023.py`) for every case under `data_path`, beside the
+  in-tool Tikhonov's (`--config.eval.tikhonov=True`) and all water's; writes `write`'s outputs
+  into `out` and returns metrics.json's content (with `table` when every truth is known)."""
+  import time
+
+  from cdeit_jax.data import ktc2023
+  from cdeit_jax.infer import reconstructor
+
+  t0 = time.perf_counter()
+  cases = ktc2023.read_cases(data_path)  # first: a refused input leaves no --out
+  rec = reconstructor.Reconstructor.from_workdir(workdir, overrides=overrides)
+  check_model(rec, cases)
+  outputs.check_out(out, data_path, workdir)
+  e = rec.config.eval
+  if not e.segment_threshold > 0:
+    raise InputError(
+      f"--config.eval.segment_threshold={e.segment_threshold!r}: must be > 0 (label units)"
+    )
+  fits = calibrate(cases)
+  t1 = time.perf_counter()
+  images, stds = model_images(rec, cases, fits)
+  sampled = time.perf_counter() - t1
+  methods = [Method("cdeit", images, answers_above(images, e.segment_threshold), stds)]
+  if e.tikhonov:
+    linear = linear_images(cases, fits)
+    methods.append(Method("tikhonov", linear, answers_of(linear)))
+  methods.append(water(cases))
+  results = {m.name: scores(cases, m) for m in methods}
+  metrics = {
+    "metrics": {k: v for k, v in results.items() if v is not None},
+    "settings": {
+      "data": "ktc2023_challenge",
+      "data_path": data_path,
+      "checkpoint": rec.checkpoint,
+      "layout": cases[0].layout.describe(),
+      "num_samples": rec.num_samples,
+      "sampling_steps": rec.steps,
+      "segment_threshold": float(e.segment_threshold),
+      "tikhonov_segment_level": SEGMENT_LEVEL,
+      "sampling_seconds": sampled,
+      "seconds": time.perf_counter() - t0,
+    },
+    "calibration": [vars(f) for f in fits.values()],
+  }
+  write(out, cases, methods, metrics)
+  if all(r is not None for r in results.values()):
+    metrics["table"] = table(cases, results)
+  return metrics

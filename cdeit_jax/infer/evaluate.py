@@ -60,7 +60,12 @@ def evaluate(
   and write every output into `out`; returns metrics.json's content.
 
   `overrides` (dotted keys, as `--config.sampling.steps=2` gives them) change the sampling and
-  evaluation settings and the model's runtime keys of the checkpoint's config."""
+  evaluation settings and the model's runtime keys of the checkpoint's config.
+  `data_name` "ktc2023_challenge": the challenge's folders (`infer.challenge.evaluate`)."""
+  if data_name == "ktc2023_challenge":
+    from cdeit_jax.infer import challenge
+
+    return challenge.evaluate(path, data_path, out, overrides)
   ev = Evaluator(path, data_name, data_path, out, overrides).prepare()
   with ev.staging():
     ev.run()
@@ -115,15 +120,30 @@ class Evaluator:
 
   def _open_data(self, meta: reader.Meta) -> None:
     """The data, conditioned as in training, in the units resolved once."""
+    from cdeit_jax.data import synthetic
+    from cdeit_jax.data.simulator_source import vector_cond
+    from cdeit_jax.eit import layout
+
     e = self.cfg.eval
     self.units = measurement.units(self.data_name, e.voltage_ratio, e.current_ratio)
+    self.layout = synthetic.layout_of(self.cfg.simulator)
+    sets = layout.removal_sets(self.cfg.simulator.removals)
+    if not (isinstance(e.removal, int) and 0 <= e.removal < len(sets)):
+      raise InputError(
+        f"--config.eval.removal={e.removal!r}: this model knows the electrode-removal sets "
+        f"0..{len(sets) - 1} (config.simulator.removals={self.cfg.simulator.removals!r})"
+      )
+    self.removed = self.layout.without(sets[e.removal])
     self.src = sources.NpzSource(
       self.data_path,
       self.units,
       e.stats,
       checkpoint_stats=(meta.mean, meta.std),
-      baselines=True,
+      baselines=not self.removed.any(),  # the files' baselines saw every value
       skip_bad=e.skip_bad_files,
+      num_values=self.layout.num_values,
+      vector_cond=vector_cond(self.cfg),
+      removed=self.removed,
     )
     self.n = len(self.src) if e.max_examples is None else min(len(self.src), e.max_examples)
     check_scale(self.src, self.data_name)
@@ -202,14 +222,21 @@ class Evaluator:
     self.predictions = outputs.Predictions(
       self.staged.work, self.n, self.shape, s.num_samples, self.units.conductivity_factor
     )
-    self.scores = metrics.Scores(
-      (("tikhonov",) if e.tikhonov else ()) + tuple(npz_files.BASELINE_KEYS)
-    )
+    self.baseline_keys = tuple(npz_files.BASELINE_KEYS) if self.src.baselines else ()
+    self.scores = metrics.Scores((("tikhonov",) if e.tikhonov else ()) + self.baseline_keys)
     self.scale = None if e.fit_uncertainty else reconstructor.uncertainty_scale(self.calibration)
     self.coverage = metrics.Coverage(self.scale) if s.num_samples > 1 else None
     self.tikhonov = None
     if e.tikhonov:
-      self.tikhonov = eit.default_tikhonov(system=measurement.system_of(self.cfg.simulator))
+      system = measurement.system_of(self.cfg.simulator)
+      if self.layout.name == "cdeit16" and not self.removed.any():
+        self.tikhonov = eit.default_tikhonov(system=system)
+      else:  # another system, or the values a removal leaves (left out, not zero-filled)
+        from cdeit_jax.eit import tikhonov
+
+        keep = ~self.removed
+        matrix = tikhonov.Tikhonov(jac=tikhonov.layout_jacobian(self.layout, system)[keep])
+        self.tikhonov = lambda ys: matrix(np.asarray(ys)[..., keep])
     self.shown: dict[str, Any] = {}
 
   def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:
@@ -235,7 +262,7 @@ class Evaluator:
     pred, std = reconstructor.summarise(samples)
     examples = [self.src[i] for i in range(lo, hi)]
     target = np.stack([ex["target"] for ex in examples])
-    stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in npz_files.BASELINE_KEYS}
+    stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in self.baseline_keys}
     if self.tikhonov is not None:
       stored = {"tikhonov": self.tikhonov(np.stack([ex["ys"] for ex in examples])), **stored}
     scaled = self.scores.add(pred[..., 0], target[..., 0], stored)

@@ -81,3 +81,13 @@ def segment(image: np.ndarray, level: float) -> np.ndarray:
   out[image < -level * top] = 1
   out[np.broadcast_to(top, image.shape) == 0] = 0
   return out
+
+
+def segment_absolute(image: np.ndarray, threshold: float) -> np.ndarray:
+  """Three classes from an image in label units: 2 above +threshold, 1 below -threshold, else 0
+  (uint8)."""
+  image = np.asarray(image, np.float64)
+  out = np.zeros(image.shape, np.uint8)
+  out[image > threshold] = 2
+  out[image < -threshold] = 1
+  return out

@@ -33,7 +33,7 @@ from cdeit_jax.checkpoints import checkpoint, loading, reader
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.data import pipeline
+from cdeit_jax.data import pipeline, sources
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit import layout, measurement
 from cdeit_jax.infer import sampling
@@ -233,7 +233,17 @@ class Reconstructor:
     self.uncertainty_scale = float(uncertainty_scale)
     self.mesh = mesh if mesh is not None else shd.make_mesh()
     self.shape = (model.image_size, model.image_size, model.in_channels)
-    self.cond_size = model.cond_size
+    self.cond_shape = model.cond_shape
+    self.layout = config.simulator.get("layout", "cdeit16")
+    if model.cond_mode == "linear" and (s.data_consistency or s.symmetric):
+      raise InputError(
+        "--config.sampling.data_consistency and --config.sampling.symmetric read CDEIT's "
+        f"16-electrode EIM; this model (cond 'linear', measuring system {self.layout!r}) "
+        "samples without them: set them to 0 and False"
+      )
+    self.removed = (
+      np.asarray(model.conditioner.removed[...]) if model.cond_mode == "linear" else None
+    )
     graphdef, weights = nnx.split(model)
     correction_graphdef = None
     if s.data_consistency:
@@ -268,7 +278,7 @@ class Reconstructor:
       self.mesh,
       num_examples or 8 * self.mesh.devices.size,
       s.batch_size,
-      cond_size=self.cond_size,
+      cond_shape=self.cond_shape,
     )
     self._compiled: dict[int, Callable] = {self.max_batch: compiled}
     self._key = jax.random.key(self.seed)
@@ -332,7 +342,7 @@ class Reconstructor:
     bucket = self._bucket(rows)
     if bucket not in self._compiled:
       self._compiled[bucket] = sampling.compile_batch(
-        self._sampler, self._weights, self.mesh, bucket, self.cond_size
+        self._sampler, self._weights, self.mesh, bucket, self.cond_shape
       )
       log.debug(f"sampler compiled for a batch of {bucket}")
     return bucket, self._compiled[bucket]
@@ -495,14 +505,53 @@ class Reconstructor:
     order. Frame i's noise is that of example `first_index + i` (eval.py's example index), so
     the same voltages and seed give eval.py's predictions. `num_samples` (default
     config.sampling.num_samples) samples per frame, all in the same batches."""
+    if self.removed is not None:
+      raise InputError(
+        f"this model reads the measuring system {self.layout!r} (cond 'linear'): give its "
+        "values in simulation units to `reconstruct_values`, or KTC2023-style folders to "
+        "eval.py --data ktc2023_challenge"
+      )
     dv = self.difference(voltages, frames=frames, reference=reference)
     self.check_frames(dv)
+    return self._sample(self.condition(dv), num_samples, first_index, keep_samples, progress)
+
+  def reconstruct_values(
+    self,
+    values: np.ndarray,
+    *,
+    num_samples: int | None = None,
+    first_index: int = 0,
+    where: str = "values",
+  ) -> Reconstruction:
+    """Images of another measuring system's difference values (N, R) in simulation units
+    (a model with cond "linear"; `eit.calibration` turns a device's units into them), NaN
+    where a value is missing: each frame's missing values must be one of the model's
+    electrode-removal sets."""
+    if self.removed is None:
+      raise InputError(f"{where}: this model reads CDEIT's 208 voltages: use `reconstruct`")
+    values = np.asarray(values, np.float32)
+    r = self.removed.shape[1]
+    if values.ndim != 2 or values.shape[1] != r:
+      raise layout.frames_shape_error(where, values.shape, r)
+    from cdeit_jax.eit import conditioning
+
+    conditioning.removal_set(self.removed, values, where)
+    cond = sources.condition(values, 1.0, self.mean, self.std, vector=True)[0]
+    return self._sample(cond.reshape(len(values), r), num_samples, first_index, False, None)
+
+  def _sample(
+    self,
+    cond: np.ndarray,
+    num_samples: int | None,
+    first_index: int,
+    keep_samples: bool,
+    progress: Callable[[int], None] | None,
+  ) -> Reconstruction:
     k = self.num_samples if num_samples is None else num_samples
     if not _is_int(k) or not 1 <= k <= MAX_SAMPLES:
       raise InputError(f"num_samples={num_samples!r}: must be an integer from 1 to {MAX_SAMPLES}")
     k = int(k)
-    cond = self.condition(dv)
-    n = len(dv)
+    n = len(cond)
     last = np.iinfo(np.int32).max - n  # example indices are int32
     if not _is_int(first_index) or not 0 <= first_index <= last:
       raise InputError(f"first_index={first_index!r}: must be an integer from 0 to {last}")

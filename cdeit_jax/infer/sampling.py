@@ -71,7 +71,7 @@ def compile_sampler(
   num_examples: int,
   batch_size: int | None = None,
   *,
-  cond_size: int = 16,
+  cond_shape: tuple = (16, 16, 1),
   fraction: float = 0.8,
 ):
   """Compile `sampler` for the largest batch that fits the devices; returns (executable, batch).
@@ -94,7 +94,7 @@ def compile_sampler(
   for per_device in candidates:
     g = per_device * n
     try:
-      compiled = compile_batch(sampler, weights, mesh, g, cond_size)
+      compiled = compile_batch(sampler, weights, mesh, g, cond_shape)
     except jax.errors.JaxRuntimeError as e:  # the compiler itself refuses what cannot fit (TPU)
       if batch_size is not None or per_device == 1 or not compat.is_out_of_memory(e):
         raise
@@ -116,9 +116,9 @@ def compile_sampler(
   return compiled, n
 
 
-def compile_batch(sampler, weights, mesh, global_batch: int, cond_size: int = 16):
-  """`sampler` compiled for one global batch size."""
-  cond = jax.ShapeDtypeStruct((global_batch, cond_size, cond_size, 1), jnp.float32)
+def compile_batch(sampler, weights, mesh, global_batch: int, cond_shape: tuple = (16, 16, 1)):
+  """`sampler` compiled for one global batch size and one example's condition shape."""
+  cond = jax.ShapeDtypeStruct((global_batch, *cond_shape), jnp.float32)
   index = jax.ShapeDtypeStruct((global_batch,), jnp.int32)
   key = jax.eval_shape(lambda: jax.random.key(0))
   with jax.set_mesh(mesh):

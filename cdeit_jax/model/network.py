@@ -27,11 +27,12 @@ Array = jax.Array
 DType = Any
 
 # The condition: "eim" (the published model) or "eim+linear" (physics-informed: one linear
-# reconstruction of the voltages per regularisation level, cdeit_jax.eit.conditioning).
-COND_MODES = ("eim", "eim+linear")
+# reconstruction of the voltages per regularisation level, cdeit_jax.eit.conditioning), or
+# "linear": those reconstructions alone, of any measuring system's voltages (B, R) (`layout`).
+COND_MODES = ("eim", "eim+linear", "linear")
 # Arguments that describe the measuring system, not the network: configs set them in
 # `config.simulator` (the system the data come from), not in `config.model`.
-SYSTEM_ARGS = ("contact_impedance",)
+SYSTEM_ARGS = ("contact_impedance", "layout", "removals")
 
 xavier_uniform = nnx.initializers.xavier_uniform()
 zeros = nnx.initializers.zeros_init()
@@ -321,6 +322,37 @@ class FinalLayer(nnx.Module):
 # ----------------------------------------------------------------------------- the network
 
 
+def cond_shape(kw: dict) -> tuple[int, ...]:
+  """One example's condition shape for CDEIT's keyword arguments `kw`: the EIM (16, 16, 1), or
+  with cond "linear" the layout's values (R,)."""
+  if kw.get("cond", "eim") == "linear":
+    from cdeit_jax.eit import layout
+
+    return (layout.resolve(kw.get("layout", "cdeit16")).num_values,)
+  size = kw.get("cond_size", 16)
+  return (size, size, 1)
+
+
+def _conditioner(cond: str, alphas, contact_impedance, layout, removals, grid):
+  """The physics-informed condition's module (None for the published "eim"), built only when
+  asked for."""
+  if cond == "eim":
+    if layout != "cdeit16":
+      raise InputError(
+        f"cond {cond!r} reads CDEIT's 16-electrode EIM; the measuring system {layout!r} needs "
+        'cond "linear" (config.model.cond)'
+      )
+    return None
+  from cdeit_jax.eit import conditioning
+
+  if cond == "eim+linear":
+    system = measurement.System(contact_impedance=contact_impedance)
+    return conditioning.LinearConditioner(alphas, system=system)
+  return conditioning.LayoutConditioner(
+    layout, alphas, removals=removals, grid=grid, contact_impedance=contact_impedance
+  )
+
+
 class CDEIT(nnx.Module):
   """CDEIT denoiser: predicts the clean image x0 from a noisy image, a timestep and the EIM.
 
@@ -333,8 +365,11 @@ class CDEIT(nnx.Module):
   `attention_impl` picks the attention backend (see `cdeit_jax.model.attention`; default: the best
   for the platform). `attention_query_chunk` computes global attention over query chunks of that
   many tokens in turn (lower peak memory with the `xla` backend).
-  Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM -> (B, H, W, 1) float32
-  (the physics-informed channels are computed from the EIM inside the model).
+  `cond="linear"` takes the standardised voltages (B, R) of the measuring system `layout` (a
+  preset or a device file, `cdeit_jax.eit.layout`), NaN where a value is missing (one of the
+  electrode sets of the rule `removals`), and conditions on their linear reconstructions alone.
+  Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM (or (B, R) voltages) ->
+  (B, H, W, 1) float32 (the physics-informed channels are computed inside the model).
   """
 
   def __init__(
@@ -356,7 +391,10 @@ class CDEIT(nnx.Module):
     attention_impl: str = "auto",
     attention_query_chunk: int | None = None,
     remat: bool = False,
+    cond_grid: int = 32,
     contact_impedance: float = CONTACT_IMPEDANCE,
+    layout: str = "cdeit16",
+    removals: str = "none",
     rngs: nnx.Rngs,
   ):
     if image_size % patch_size:
@@ -381,16 +419,13 @@ class CDEIT(nnx.Module):
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
     self.cond_mode = cond
     dtype = jnp.dtype(dtype)
-    conditioner = None
-    if cond != "eim":  # the physics, only when asked for
-      from cdeit_jax.eit import conditioning
-
-      conditioner = conditioning.LinearConditioner(
-        tuple(cond_alphas), system=measurement.System(contact_impedance=contact_impedance)
-      )
-    self.conditioner = conditioner
+    self.conditioner = conditioner = _conditioner(
+      cond, tuple(cond_alphas), contact_impedance, layout, removals, cond_grid
+    )
     extra = 0 if self.conditioner is None else len(self.conditioner.alphas)
+    eim_channels = 0 if cond == "linear" else in_channels
     self.hidden_size, self.grid, self.window, self.cond_size = hidden_size, grid, window, cond_size
+    self.cond_shape = (conditioner.num_values,) if cond == "linear" else (cond_size, cond_size, 1)
     self.freq_dim, self.dtype, self.remat = freq_dim, jnp.dtype(dtype), remat
     # "auto" (or None) picks the backend of the default device; callers compiling for another
     # platform (train.py --compile_topology) resolve it first (config_lib.model_kwargs).
@@ -404,7 +439,7 @@ class CDEIT(nnx.Module):
     sincos_axis_table(dim, grid)  # checks hidden_size now, not at the first call
     # Patch embedding: the conv is initialised like a Linear over (kh, kw, in) -> out.
     self.x_embedder = nnx.Conv(
-      2 * in_channels + extra,
+      in_channels + eim_channels + extra,
       dim,
       (patch_size, patch_size),
       strides=patch_size,
@@ -450,14 +485,31 @@ class CDEIT(nnx.Module):
       return nnx.remat(lambda m, x, c: m(x, c))(blk, x, c)
     return blk(x, c)
 
+  @property
+  def removes_values(self) -> bool:
+    """Whether training removes values from the condition (`remove_values`)."""
+    return self.cond_mode == "linear" and self.conditioner.removed.shape[0] > 1
+
+  def remove_values(self, cond: Array, key: Array) -> Array:
+    """Training: each example's condition loses the values of one of the electrode sets the
+    model is used with (`LayoutConditioner.remove_at_random`)."""
+    return self.conditioner.remove_at_random(cond, key)
+
   def __call__(self, x: Array, t: Array, cond: Array) -> Array:
     size = self.image_size
     if x.shape[1:] != (size, size, self.in_channels):
       raise InputError(f"x must be (B, {size}, {size}, {self.in_channels}), got {x.shape}")
-    if cond.shape[1:] != (self.cond_size, self.cond_size, 1):
+    if self.cond_mode == "linear":
+      if cond.shape[1:] != (self.conditioner.num_values,):
+        raise InputError(
+          f"cond must be (B, {self.conditioner.num_values}) voltages, got {cond.shape}"
+        )
+      inputs = [x]
+    elif cond.shape[1:] != (self.cond_size, self.cond_size, 1):
       raise InputError(f"cond must be (B, {self.cond_size}, {self.cond_size}, 1), got {cond.shape}")
-    up = size // self.cond_size
-    inputs = [x, jnp.repeat(jnp.repeat(cond.astype(x.dtype), up, axis=1), up, axis=2)]
+    else:
+      up = size // self.cond_size
+      inputs = [x, jnp.repeat(jnp.repeat(cond.astype(x.dtype), up, axis=1), up, axis=2)]
     if self.conditioner is not None:
       inputs.append(self.conditioner(cond).astype(x.dtype))
     h = self.x_embedder(jnp.concatenate(inputs, axis=-1)).astype(jnp.float32)

@@ -23,7 +23,7 @@ from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import measurement
 from cdeit_jax.infer import sampling
-from cdeit_jax.model import flops
+from cdeit_jax.model import flops, network
 from cdeit_jax.train import memory_fit, training
 
 GIB = dm.GIB
@@ -112,7 +112,7 @@ def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dic
   t0 = time.perf_counter()
   try:
     compiled, _ = sampling.compile_sampler(
-      sampler, weights, mesh, global_batch, global_batch, cond_size=m["cond_size"]
+      sampler, weights, mesh, global_batch, global_batch, cond_shape=network.cond_shape(m)
     )
   except Exception as e:
     if not compat.is_out_of_memory(e):

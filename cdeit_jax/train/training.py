@@ -130,7 +130,8 @@ def make_train_step(
   e: ml_collections.ConfigDict,
   mesh: jax.sharding.Mesh | None = None,
 ) -> Callable[[TrainState, dict, jax.Array, nnx.State], tuple[TrainState, dict]]:
-  """The pure train step; `batch` holds `cond` (G,16,16,1) and `target` (G,H,W,1); `accum_steps`
+  """The pure train step; `batch` holds `cond` (G,16,16,1) (or (G, R) voltages) and `target`
+  (G,H,W,1); `accum_steps`
   micro-batches per step; `e` the EMA settings (`config.ema`)."""
 
   def loss_fn(params, constants, mb):
@@ -151,7 +152,11 @@ def make_train_step(
   def train_step(state: TrainState, batch: dict, rng: jax.Array, constants: nnx.State):
     key = jax.random.fold_in(rng, state.step)
     t, noise = _draws(key, batch["target"], diffusion.num_steps)
-    data = {"cond": batch["cond"], "target": batch["target"], "t": t, "noise": noise}
+    cond = batch["cond"]
+    model = nnx.merge(graphdef, state.params, constants)
+    if model.removes_values:  # a device's removed electrodes, drawn per example
+      cond = model.remove_values(cond, jax.random.fold_in(key, 2))
+    data = {"cond": cond, "target": batch["target"], "t": t, "noise": noise}
     if accum_steps == 1:
       loss, grads = grad_fn(state.params, constants, data)
     else:
@@ -270,10 +275,10 @@ class CompiledStep:
 
 
 def abstract_batch(
-  global_batch: int, image_size: int, in_channels: int = 1, cond_size: int = 16
+  global_batch: int, image_size: int, in_channels: int = 1, cond_shape: tuple = (16, 16, 1)
 ) -> dict[str, jax.ShapeDtypeStruct]:
   return {
-    "cond": jax.ShapeDtypeStruct((global_batch, cond_size, cond_size, 1), jnp.float32),
+    "cond": jax.ShapeDtypeStruct((global_batch, *cond_shape), jnp.float32),
     "target": jax.ShapeDtypeStruct(
       (global_batch, image_size, image_size, in_channels), jnp.float32
     ),
@@ -296,9 +301,9 @@ def compile_train_step(
   state_sh = shd.state_shardings(abstract_state, mesh, shard_params)
   constants_sh = shd.state_shardings(abstract_constants, mesh)
   kw = ts.model_kwargs
-  batch = abstract_batch(
-    global_batch, kw["image_size"], kw.get("in_channels", 1), kw.get("cond_size", 16)
-  )
+  from cdeit_jax.model.network import cond_shape
+
+  batch = abstract_batch(global_batch, kw["image_size"], kw.get("in_channels", 1), cond_shape(kw))
   batch_sh = {k: shd.batch_sharded(mesh) for k in batch}
   jitted = jax.jit(
     ts.step_fn,

@@ -1,0 +1,295 @@
+"""A CDEIT for any measuring system: the linear-reconstruction condition of a layout's values
+with removed electrodes, its data (npz files of R values, statistics), training with removals
+drawn per example, evaluation on simulations and in KTC2023's folders, refusals of another
+system's data."""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.io
+
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.data import npz_files
+from cdeit_jax.data import stats as stats_lib
+from cdeit_jax.eit import conditioning, measurement, tikhonov
+from cdeit_jax.eit import layout as lay
+
+REPO = pathlib.Path(__file__).parent.parent
+LEVELS = REPO / "data" / "ktc2023" / "levels"
+SKIP2 = dict(injection="skip-2", measure_injecting=True, clockwise=False)
+
+
+def test_the_condition_is_tikhonov_of_the_values_each_removal_leaves():
+  """For every electrode set of a removal rule, the conditioner's coarse reconstruction of a
+  frame missing that set's values equals a Tikhonov/NOSER matrix built the other way (the
+  explicit inverse of `eit.tikhonov.Tikhonov`) from the Jacobian's rows that are left; a frame
+  missing other values gets NaN, and `removal_set` names it."""
+  rule = "-;3;0,1,2,3"
+  c = conditioning.LayoutConditioner("cdeit16", (0.1, 1.0), removals=rule, grid=16)
+  layout = lay.preset("cdeit16")
+  jac = conditioning.pooled_jacobian(tikhonov.layout_jacobian(layout), 16)
+  rng = np.random.default_rng(0)
+  frames = rng.standard_normal((3, layout.num_values)).astype(np.float32) * 1e-3
+  for k, electrodes in enumerate(lay.removal_sets(rule)):
+    gone = layout.without(electrodes)
+    # by hand: electrode 3 drives 2 patterns (26 values); pairs (2,3), (3,4) are measured by 12
+    # patterns twice and by 2 once (26); 0-3 drive 5 patterns (65); the 5 pairs touching them
+    # are measured 4 times by 2 patterns and 5 times by 9 (53)
+    assert gone.sum() == [0, 52, 118][k]
+    cond = np.where(gone, np.nan, frames)
+    got = np.asarray(c.coarse(jnp.asarray(cond), scaled=False))  # (3, 2, disk pixels)
+    for a, alpha in enumerate((0.1, 1.0)):
+      want = tikhonov.Tikhonov(jac=jac[~gone], alpha=alpha)(frames[:, ~gone])
+      want = want.reshape(3, -1)[:, conditioning.ph.disk_mask(16).reshape(-1)]
+      # float32 matrices whose entries are ~200x the images: 2e-3 of the largest pixel (a wrong
+      # row, set or lambda is off by tens of percent)
+      np.testing.assert_allclose(got[:, a], want, rtol=0, atol=5e-3 * np.abs(want).max())
+    assert np.array_equal(conditioning.removal_set(c.removed[...], cond, "x"), [k] * 3)
+  odd = frames.copy()
+  odd[:, 5] = np.nan  # one value missing: no electrode set loses only it
+  assert np.isnan(np.asarray(c.coarse(jnp.asarray(odd)))).all()
+  with pytest.raises(InputError, match=r"frames.mat: frame 0 misses 1 values, which is none"):
+    conditioning.removal_set(c.removed[...], odd, "frames.mat")
+  drawn = np.asarray(c.remove_at_random(jnp.asarray(np.repeat(frames, 100, 0)), _key(1)))
+  kinds = {tuple(np.isnan(row)) for row in drawn}
+  assert kinds == {tuple(layout.without(s)) for s in lay.removal_sets(rule)}
+
+
+def _key(seed):
+  import jax
+
+  return jax.random.key(seed)
+
+
+def test_removal_rules_and_their_refusals():
+  assert lay.removal_sets("none") == ((),)
+  assert lay.removal_sets("ktc2023")[2] == (0, 1, 2, 3)
+  assert lay.removal_sets("-;4,3") == ((), (3, 4))
+  for bad in ("", "a;b", "-;-", "3;-1"):
+    with pytest.raises(InputError, match="config.simulator.removals"):
+      lay.removal_sets(bad)
+  with pytest.raises(InputError, match=r"electrodes \[16\] are not among cdeit16"):
+    conditioning.LayoutConditioner("cdeit16", (0.1,), removals="-;16")
+
+
+def test_statistics_and_files_of_another_count_of_values(tmp_path):
+  """Statistics of R != 208 values are kept as (1, R); data of another count than the
+  system's are refused naming the file and both counts."""
+  mean, std = stats_lib.check_stats(np.zeros(256), np.ones(256))
+  assert mean.shape == std.shape == (1, 256)
+  with pytest.raises(InputError, match="differ in shape"):
+    stats_lib.check_stats(np.zeros(256), np.ones((1, 256)))
+  with pytest.raises(InputError, match="hold 256 values, the data 2356"):
+    stats_lib.check_count(mean, 2356, "DATA/train")
+  for i, r in enumerate((256, 256, 208)):
+    np.savez(tmp_path / f"{i}.npz", ys=np.zeros((r, 1)), xs=np.zeros((128, 128)))
+  with pytest.raises(npz_files.DatasetError, match=r"2.npz: ys has shape \(208, 1\), expected"):
+    npz_files.check_folder(str(tmp_path), ["0.npz", "1.npz", "2.npz"], num_values=256)
+
+
+def _device_file(path: pathlib.Path, layout) -> None:
+  pairs = layout.rows[layout.rows[:, 0] == 0][:, 1:]
+  mpat = np.zeros((layout.num_electrodes, len(pairs)))
+  mpat[pairs[:, 0], np.arange(len(pairs))] = 1
+  mpat[pairs[:, 1], np.arange(len(pairs))] = -1
+  scipy.io.savemat(path, {"Injref": 2e-3 * layout.currents, "Mpat": mpat})
+
+
+def _run(*args, timeout=900):
+  p = subprocess.run(
+    [sys.executable, *map(str, args)], capture_output=True, text=True, cwd=REPO, timeout=timeout
+  )
+  assert p.returncode == 0, p.stderr[-4000:]
+  return p
+
+
+def _skip2_pipeline(tmp_path, num_train: int, steps: int, model: dict):
+  """A 16-electrode skip-2 device (counter-clockwise, measuring on its current-carrying
+  electrodes; KTC's keys) as `config.simulator.layout`, trained with electrode 3 removed or not
+  (removals '-;3'): simulate, train, then eval.py on held-out simulations at both removal sets.
+  Returns (workdir, device file, {removal: metrics})."""
+  layout = lay.from_rules(16, **SKIP2)
+  device = tmp_path / "device.mat"
+  _device_file(device, layout)
+  data, run = tmp_path / "data", tmp_path / "run"
+  cfg = [
+    "--config",
+    REPO / "configs" / "ktc2023.py",
+    f"--config.simulator.layout={device}",
+    "--config.simulator.removals=-;3",
+    "--config.simulator.contact_impedance=0.05",
+  ]
+  counts = [f"--num_train={num_train}", "--num_valid=8", "--num_test=32", "--tr_splits=test"]
+  _run("-m", "cdeit_jax.simulate", *cfg, f"--out={data}", *counts)
+  assert json.loads((data / "simulate.json").read_text())["layout"] == str(device)
+  assert np.load(data / "mean.npy").shape == (1, 256)
+  train = [f"--config.model.{k}={v}" for k, v in model.items()] + [
+    f"--config.data.path={data}",
+    f"--config.steps={steps}",
+    f"--config.eval_every={steps}",
+    "--config.log_every=1",
+  ]
+  _run("train.py", *cfg, f"--workdir={run}", *train)
+  results = {}
+  for removal in (0, 1):
+    out = tmp_path / f"eval_{removal}"
+    _run(
+      "eval.py",
+      f"--workdir={run}",
+      "--data=simulated",
+      f"--data_path={data / 'test'}",
+      f"--out={out}",
+      "--config.eval.tikhonov=True",
+      f"--config.eval.removal={removal}",
+      "--config.eval.figure=False",
+    )
+    results[removal] = json.loads((out / "metrics.json").read_text())["metrics"]
+  return run, device, results, layout
+
+
+def _challenge_folder(folder: pathlib.Path, layout, removed: list[int]) -> None:
+  """KTC2023-style files (ref.mat, data1.mat, true1.mat) of the device: a conductive disc, the
+  values of `removed` electrodes NaN."""
+  import jax.numpy as jnp
+
+  from cdeit_jax.eit import simulator
+  from cdeit_jax.infer import ktc_score
+
+  sim = simulator.Simulator(layout=layout, system=measurement.System(contact_impedance=0.05))
+  yy, xx = (np.mgrid[:128, :128] - 63.5) / 64
+  xs = np.where((xx - 0.35) ** 2 + (yy - 0.3) ** 2 < 0.25**2, 1.0, 0.0).astype(np.float32)
+  volts = lambda sigma: 500.0 * np.asarray(sim.cem.voltages(sigma), np.float64)
+  ref = volts(jnp.ones(sim.mesh.num_elements))
+  target = np.where(layout.without(removed), np.nan, volts(sim.image_conductivity(xs)))
+  pairs = layout.rows[layout.rows[:, 0] == 0][:, 1:]
+  mpat = np.zeros((16, len(pairs)))
+  mpat[pairs[:, 0], np.arange(len(pairs))], mpat[pairs[:, 1], np.arange(len(pairs))] = 1, -1
+  inj = 2e-3 * layout.currents
+  folder.mkdir(parents=True)
+  scipy.io.savemat(folder / "ref.mat", {"Injref": inj, "Mpat": mpat, "Uelref": ref[:, None]})
+  scipy.io.savemat(folder / "data1.mat", {"Inj": inj, "Mpat": mpat, "Uel": target[:, None]})
+  truth = ktc_score.to_challenge_grid(np.where(xs > 0, 2, 0).astype(np.uint8))
+  scipy.io.savemat(folder / "true1.mat", {"truth": truth})
+
+
+TINY_MODEL = dict(hidden_size=32, num_scales=1, cond_grid=16)
+
+
+def test_a_tiny_model_for_another_device_in_one_process(tmp_path):
+  """In-process and tiny: the device's simulations and statistics (256 values), the train
+  step with the removal drawn per example (finite loss; the NaN values never reach the
+  network), the checkpoint, eval.py's simulated path at removal 1 (CDEIT beside the Tikhonov of
+  the 208 values left), the challenge path writing answers, and KTC2023's data refused naming
+  both systems."""
+  import jax
+
+  from cdeit_jax import config_lib, simulate
+  from cdeit_jax.checkpoints import checkpoint
+  from cdeit_jax.common import sharding as shd
+  from cdeit_jax.data import sources
+  from cdeit_jax.infer import challenge, evaluate
+  from cdeit_jax.train import training
+
+  layout = lay.from_rules(16, **SKIP2)
+  device = tmp_path / "device.mat"
+  _device_file(device, layout)
+  cfg = config_lib.load(str(REPO / "configs" / "ktc2023.py"))
+  cfg.simulator.update(layout=str(device), removals="-;3", contact_impedance=0.05)
+  cfg.model.update(TINY_MODEL)
+  cfg.batch_size = 8
+  data = tmp_path / "data"
+  simulate.generate(str(data), {"train": 16, "test": 8}, cfg.simulator, 8, ("test",), False)
+  train = sources.NpzSource(str(data / "train"), num_values=256, vector_cond=True)
+  assert train.mean.shape == (1, 256) and train[0]["cond"].shape == (256,)
+  mesh = shd.make_mesh()
+  ts = training.setup(cfg, mesh, calibration_source=train)
+  batch = {
+    "cond": jnp.asarray(np.stack([train[i]["cond"] for i in range(8)])),
+    "target": jnp.asarray(np.stack([train[i]["target"] for i in range(8)])),
+  }
+  state, m = jax.jit(ts.step_fn)(ts.state, batch, jax.random.key(0), ts.constants)
+  assert bool(m["finite"]) and int(state.step) == 1
+  model = training.nnx.merge(ts.graphdef, state.params, ts.constants)
+  assert model.removes_values and model.x_embedder.kernel.shape[2] == 1 + 2  # x + 2 levels
+  run = tmp_path / "run"
+  checkpoint.save_inference(str(run), model, cfg, mean=train.mean, std=train.std)
+  out = tmp_path / "eval"
+  common = {"sampling.num_samples": 1, "eval.tikhonov": True, "eval.figure": False}
+  evaluate.evaluate(
+    str(run), "simulated", str(data / "test"), str(out), common | {"eval.removal": 1}
+  )
+  r = json.loads((out / "metrics.json").read_text())
+  assert {"cdeit", "tikhonov", "empty"} <= set(r["metrics"]) and "TR" not in r["metrics"]
+  assert r["settings"]["config"]["eval"]["removal"] == 1
+  levels = tmp_path / "levels"
+  _challenge_folder(levels / "level_2", layout, [3])
+  m = challenge.evaluate(str(run), str(levels), str(tmp_path / "answers"), common)
+  assert set(m["metrics"]) == {"cdeit", "tikhonov", "water"} and "| cdeit |" in m["table"]
+  answer = scipy.io.loadmat(tmp_path / "answers" / "level_2" / "1.mat")["reconstruction"]
+  assert answer.shape == (256, 256) and set(np.unique(answer)) <= {0, 1, 2}
+  words = r"the data are of ktc2023 .*\(32 electrodes.*trained for device.mat .*\(16 electrodes"
+  with pytest.raises(InputError, match=words):
+    challenge.evaluate(str(run), str(LEVELS / "level_1"), str(tmp_path / "no"), common)
+  assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.slow  # 2.5 minutes on 2 cores (eight commands)
+def test_a_model_for_another_device_trains_evaluates_and_refuses_other_systems(tmp_path):
+  """The whole path for a device that is not CDEIT's, tiny: its simulations (256 values per
+  file), training with its removal set drawn per example, eval.py on held-out simulations with
+  and without the removed electrode (CDEIT beside the Tikhonov of the same values), its
+  challenge-style folders answered; KTC2023's data, and a frame missing another electrode, are
+  refused in one line that names what fits and what does not, leaving no --out."""
+  run, device, results, layout = _skip2_pipeline(tmp_path, 24, 2, TINY_MODEL)
+  for removal in (0, 1):
+    assert {"cdeit", "tikhonov"} <= set(results[removal]), results[removal].keys()
+  # the Tikhonov baseline of removal 1 is made from the 208 values left, and differs
+  assert results[0]["tikhonov"]["rmse"] != results[1]["tikhonov"]["rmse"]
+  levels = tmp_path / "levels"
+  _challenge_folder(levels / "level_1", layout, [])
+  _challenge_folder(levels / "level_2", layout, [3])
+  out = tmp_path / "answers"
+  common = ["eval.py", f"--workdir={run}", "--data=ktc2023_challenge"]
+  p = _run(*common, f"--data_path={levels}", f"--out={out}", "--config.eval.tikhonov=True")
+  r = json.loads((out / "metrics.json").read_text())["metrics"]
+  assert set(r) == {"cdeit", "tikhonov", "water"} and "| cdeit |" in p.stdout
+  answer = scipy.io.loadmat(out / "level_2" / "1.mat")["reconstruction"]
+  assert answer.shape == (256, 256) and set(np.unique(answer)) <= {0, 1, 2}
+  # a frame that lost electrode 5, which the model never saw removed
+  _challenge_folder(tmp_path / "other" / "level_3", layout, [5])
+  for data, words in (
+    (
+      LEVELS / "level_1",
+      r"data1.mat: the data are of ktc2023 .*\(32 electrodes, 76 patterns, 2356 values\), the "
+      r"model was trained for device.mat .*\(16 electrodes, 16 patterns, 256 values\)",
+    ),
+    (tmp_path / "other", "frame 0 misses 32 values, which is none of the 2 electrode-removal"),
+  ):
+    bad_out = tmp_path / "refused"
+    p = subprocess.run(
+      [sys.executable, *common, f"--data_path={data}", f"--out={bad_out}"],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+    )
+    assert p.returncode == 1 and p.stderr.count("error:") == 1, p.stderr[-3000:]
+    assert re.search(words, p.stderr), p.stderr
+    assert not bad_out.exists()
+
+
+@pytest.mark.slow  # about 3 minutes on 2 cores
+def test_a_model_for_a_skip_2_device_beats_tikhonov_on_its_held_out_simulations(tmp_path):
+  """Trained a few minutes for the skip-2 device, CDEIT's RMSE on 32 held-out simulations is
+  below the Tikhonov/NOSER image's of the same values, with and without electrode 3."""
+  _, _, results, _ = _skip2_pipeline(
+    tmp_path, 800, 600, dict(hidden_size=48, num_scales=1, cond_grid=32)
+  )
+  for removal in (0, 1):
+    m = results[removal]
+    assert m["cdeit"]["rmse"] < m["tikhonov"]["rmse"], (removal, m["cdeit"], m["tikhonov"])
