@@ -292,4 +292,7 @@ def test_a_model_for_a_skip_2_device_beats_tikhonov_on_its_held_out_simulations(
   )
   for removal in (0, 1):
     m = results[removal]
+    print(
+      f"removal {removal}:", {k: round(m[k]["rmse"], 4) for k in ("cdeit", "tikhonov", "empty")}
+    )
     assert m["cdeit"]["rmse"] < m["tikhonov"]["rmse"], (removal, m["cdeit"], m["tikhonov"])

@@ -45,6 +45,16 @@ def test_published_forward_by_hand():
       cond="eim+linear",
       cond_alphas=(0.03, 0.3),
     ),
+    dict(
+      patch_size=8,
+      hidden_size=32,
+      num_heads=4,
+      num_scales=1,
+      cond="linear",
+      cond_alphas=(0.03, 0.3),
+      cond_grid=16,
+      removals="-;3",
+    ),
   ],
 )
 @pytest.mark.parametrize("impl", ["xla", "blocked"])
@@ -57,7 +67,7 @@ def test_forward_matches_jaxpr(kw, impl):
     state,
     jax.ShapeDtypeStruct((3, size, size, 1), jnp.float32),
     jax.ShapeDtypeStruct((3,), jnp.int32),
-    jax.ShapeDtypeStruct((3, 16, 16, 1), jnp.float32),
+    jax.ShapeDtypeStruct((3, *model.cond_shape), jnp.float32),
   )
   assert flops.jaxpr_matmul_flops(jaxpr) == 3 * flops.forward_flops(**kw)
 

@@ -30,6 +30,9 @@ def forward_flops(
   freq_dim: int = 256,
   cond: str = "eim",
   cond_alphas=(),
+  cond_grid: int = 32,
+  layout: str = "cdeit16",
+  removals: str = "none",
   **_: Any,
 ) -> float:
   """Matmul FLOPs of one image's forward pass (takes `config.model` as keywords)."""
@@ -47,7 +50,19 @@ def forward_flops(
   pixels = image_size**2
   # physics-informed condition: U^T y, then one (208 x pixels) product per level
   total = 2 * 208 * 208 + levels * 2 * 208 * pixels if levels else 0
-  total += 2 * grid**2 * (patch_size**2 * (2 * in_channels + levels)) * c  # patch embedding
+  eim = in_channels
+  if cond == "linear":  # any system: one (R x coarse pixels) product per removal set and level
+    from cdeit_jax.eit import layout as layout_lib
+    from cdeit_jax.eit import phantom
+
+    values = layout_lib.resolve(layout).num_values
+    sets = len(layout_lib.removal_sets(removals))
+    coarse = int(phantom.disk_mask(cond_grid).sum())
+    total = 2 * values * sets * levels * coarse + 2 * sets * levels * coarse  # + the set's pick
+    g = cond_grid  # bilinear upsampling to the image, one axis after the other
+    total += 2 * levels * (image_size * g * g + image_size * image_size * g)
+    eim = 0
+  total += 2 * grid**2 * (patch_size**2 * (in_channels + eim + levels)) * c  # patch embedding
   total += 2 * freq_dim * c + 2 * c * c  # timestep MLP
   total += 4 * block(grid**2, window**2)  # swinIn1/2, swinOut1/2
   for s in range(1, num_scales + 1):

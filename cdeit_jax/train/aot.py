@@ -162,13 +162,15 @@ def _compile_simulator(cfg, mesh, step_flops: float) -> dict[str, Any]:
       ).num_unknowns,
       2,
     )
-  fn = simulator_source.batch_fn(cfg, mesh, np.zeros(208, np.float32), np.ones(208, np.float32))
+  lay = synthetic.layout_of(cfg.simulator)
+  r = lay.num_values  # the measuring system's values (208 for CDEIT's)
+  fn = simulator_source.batch_fn(cfg, mesh, np.zeros(r, np.float32), np.ones(r, np.float32))
   t0 = time.perf_counter()
   step = jax.ShapeDtypeStruct((), np.int32, sharding=shd.replicated(mesh))
   with jax.set_mesh(mesh):
     compiled = fn.lower(step).compile()
   mem = dm.memory_of(compiled)
-  sim_flops = simulation_flops(unknowns) * solves * cfg.batch_size
+  sim_flops = simulation_flops(unknowns, lay.num_patterns) * solves * cfg.batch_size
   return {
     "global_batch": cfg.batch_size,
     "unknowns": unknowns,
