@@ -16,13 +16,15 @@ identifiable). Each training example loses one level's electrodes (drawn uniform
 """
 
 import dataclasses
+import os
 
 from cdeit_jax import config_lib
 from cdeit_jax.eit.spec import SystemSpec
 
 
 def get_config():
-  c = config_lib.default_config()
+  # the demo's network and recipe (configs/demo.py); what differs is the system and its condition
+  c = config_lib.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py"))
   c.simulator.update(
     layout="ktc2023",
     removals="ktc2023",
@@ -32,23 +34,7 @@ def get_config():
   c.simulator.phantom.update(
     min_inclusions=1, max_inclusions=3, min_size=0.1, max_size=0.3, v_min=0.5, v_max=1.5
   )
-  c.model.update(
-    patch_size=8,
-    hidden_size=64,
-    num_heads=4,
-    num_scales=2,
-    cond="linear",
-    cond_alphas=(0.03, 0.3),
-  )
-  c.data.update(num_threads=2, prefetch=4)
-  c.batch_size = 16
-  c.steps = 5000
-  c.optimizer.update(lr=1e-3, schedule="warmup_cosine", warmup_steps=100, end_lr_factor=0.05)
-  c.ema.update(update_every=1, update_after_step=50)
-  c.log_every = 50
-  c.eval_every = 1000
-  c.eval_max_batches = 4
-  c.keep_checkpoints = 2
-  c.sampling.steps = 2
+  c.model.cond = "linear"  # the Tikhonov images of the values each frame has (no EIM)
+  c.sampling.symmetric = False  # the tank's symmetries act on CDEIT's EIM only
   c.sampling.num_samples = 8  # the answer thresholds the mean of 8 samples
   return c

@@ -119,25 +119,11 @@ class SimulatorData:
           xs.append(x)
       self.mean, self.std = running.result("config.simulator.stats_examples")
       ys, xs = np.concatenate(ys), np.concatenate(xs)
-      self.calibration = ArraySource(
-        ys,
-        xs,
-        self.mean,
-        self.std,
-        name=f"simulator train examples 0..{len(ys) - 1}",
-        vector_cond=vector_cond(cfg),
-      )
+      self.calibration = self._examples(cfg, "train", ys, xs)
     else:
       self.mean, self.std = checkpoint_stats
     ys, xs = fixed_examples(cfg, "valid", int(s.valid_examples), mesh)
-    self.valid = ArraySource(
-      ys,
-      xs,
-      self.mean,
-      self.std,
-      name=f"simulator valid examples 0..{len(ys) - 1}",
-      vector_cond=vector_cond(cfg),
-    )
+    self.valid = self._examples(cfg, "valid", ys, xs)
     made = (
       f"{int(s.stats_examples)} statistics and"
       if self.calibration is not None
@@ -148,6 +134,10 @@ class SimulatorData:
       f"in {time.perf_counter() - t0:.1f} s"
     )
     self._batch = batch_fn(cfg, mesh, self.mean, self.std)
+
+  def _examples(self, cfg, split: str, ys: np.ndarray, xs: np.ndarray) -> ArraySource:
+    name = f"simulator {split} examples 0..{len(ys) - 1}"
+    return ArraySource(ys, xs, self.mean, self.std, name=name, vector_cond=vector_cond(cfg))
 
   def batch(self, step: jax.Array) -> dict[str, jax.Array]:
     return self._batch(step)

@@ -172,10 +172,8 @@ def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
 def model_images(rec, cases: list[Case], fits: dict[bytes, calibration.Calibration]):
   """(images, stds) (128 x 128 each, label units) of every case by a CDEIT trained for the
   cases' measuring system (`reconstructor.Reconstructor` with cond "linear"): each difference
-  divided by its level's calibrated gain, the removed electrodes' values NaN. A model of
-  another system is refused, naming both."""
-
-  check_model(rec, cases)
+  divided by its level's calibrated gain, the removed electrodes' values NaN (`check_model`
+  first: `evaluate` runs it before making --out)."""
   values = np.stack([c.difference / fits[_reference_key(c)].gain for c in cases])
   r = rec.reconstruct_values(values, where=os.path.dirname(cases[0].path))
   return list(r.images), list(r.std) if r.std is not None else None
