@@ -15,7 +15,6 @@ def __getattr__(name: str):
     from cdeit_jax.infer import reconstructor
 
     return getattr(reconstructor, name)
-  if f"cdeit_jax.{name}" in moved_modules.MOVED:
-    old = f"cdeit_jax.{name}"
-    raise ImportError(moved_modules.moved_message(old), name=old)
+  if f"cdeit_jax.{name}" in moved_modules.MOVED:  # an attribute error: hasattr() says False
+    raise AttributeError(moved_modules.moved_message(f"cdeit_jax.{name}"))
   raise AttributeError(f"module 'cdeit_jax' has no attribute {name!r}")

@@ -82,7 +82,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   except (KeyError, AttributeError) as e:  # an unknown key: config files, config dicts
     unknown_config_key(argv, e)
   except ImportError as e:  # a config file of the flat layout imports a moved module
-    if getattr(e, "name", None) not in moved_modules.MOVED:
+    if not isinstance(e, moved_modules.MovedModuleError):
       raise
     given = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
     given += [b for a, b in zip(argv, argv[1:]) if a == "--config"]

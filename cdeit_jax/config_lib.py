@@ -350,14 +350,17 @@ def _get(cfg, key):
   return node
 
 
-def model_kwargs(cfg: ml_collections.ConfigDict, platform: str | None = None) -> dict[str, Any]:
+def model_kwargs(
+  cfg: ml_collections.ConfigDict, platform: str | None = None, layout: Any = None
+) -> dict[str, Any]:
   """`CDEIT(**model_kwargs(cfg), rngs=...)` arguments from a config's `model` section and the
-  measuring system of `config.simulator` (the physics-informed condition's Jacobian), with the
-  attention backend resolved for `platform` (default: the default backend's)."""
+  measuring system of `config.simulator` (the physics-informed condition's Jacobian; `layout`:
+  the system resolved already, e.g. a checkpoint's), with the attention backend resolved for
+  `platform` (default: the default backend's)."""
   kw = dict(cfg.model)
   kw["contact_impedance"] = float(cfg.simulator.contact_impedance)
   # (`none_strings` reads a "none" given on a command line as None)
-  kw["layout"] = str(cfg.simulator.layout or "cdeit16")
+  kw["layout"] = layout if layout is not None else str(cfg.simulator.layout or "cdeit16")
   kw["removals"] = str(cfg.simulator.removals or "none")
   if kw.get("cond", "eim") not in COND_MODES:
     raise InputError(f"config.model.cond: {kw.get('cond')!r} is not one of {COND_MODES}")
@@ -389,7 +392,7 @@ def load(path: str) -> ml_collections.ConfigDict:
   try:
     spec.loader.exec_module(module)
   except ImportError as e:
-    if getattr(e, "name", None) in moved_modules.MOVED:  # a config of the flat layout
+    if isinstance(e, moved_modules.MovedModuleError):  # a config of the flat layout
       raise InputError(f"config file {path}: {e}") from None
     raise
   if not hasattr(module, "get_config"):

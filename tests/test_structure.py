@@ -186,3 +186,31 @@ def test_old_module_paths_name_their_new_home(tmp_path):
   )
   assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
   assert f"error: --config {cfg}: cdeit_jax.stats moved to cdeit_jax.data.stats" in r.stderr
+
+
+def test_old_paths_answer_lookups_without_raising():
+  """`importlib.util.find_spec` of an old path answers None and `hasattr` False (nothing is
+  there), the flat layout's trainer and protocol name their new homes, and `python -m
+  cdeit_jax.data stats` names the command that replaced it."""
+  code = (
+    "import importlib.util, cdeit_jax\n"
+    "print(importlib.util.find_spec('cdeit_jax.evaluate'), hasattr(cdeit_jax, 'evaluate'))\n"
+    "for stmt in ('import cdeit_jax.trainer', 'from cdeit_jax.protocol import Protocol'):\n"
+    "  try:\n    exec(stmt)\n  except ImportError as e:\n    print(e)\n"
+  )
+  r = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  lines = r.stdout.splitlines()
+  assert lines[0] == "None False"
+  assert "cdeit_jax.trainer moved to cdeit_jax.train.train_loop" in lines[1]
+  assert "cdeit_jax.protocol moved to cdeit_jax.eit.measurement" in lines[2]
+  r = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.data", "stats", "--data_path=x"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    cwd=PACKAGE.parent,
+  )
+  assert r.returncode == 2 and "python -m cdeit_jax.data.stats" in r.stderr, r.stderr

@@ -16,9 +16,12 @@ removes those that do not decompress; JAX then writes them again at their next c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import stat
+import tempfile
 import threading
 import time
 import zlib
@@ -65,7 +68,14 @@ def enable(path: str | None = None) -> str | None:
     jax.config.update("jax_enable_compilation_cache", False)
     _folder = None
     return None
-  _folder = folder = path or os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT
+  folder = path or os.environ.get("JAX_COMPILATION_CACHE_DIR") or DEFAULT
+  problem = None if fileio.is_remote(folder) else _unusable(folder)
+  if problem:  # a broken cache costs compile time, never the command
+    log.warning(f"compilation cache {folder}: {problem}; running without it")
+    jax.config.update("jax_enable_compilation_cache", False)
+    _folder = None
+    return None
+  _folder = folder
   jax.config.update("jax_enable_compilation_cache", True)
   jax.config.update("jax_compilation_cache_dir", folder)
   # every program, not only those that took a second to compile: start-up runs dozens of small
@@ -74,6 +84,21 @@ def enable(path: str | None = None) -> str | None:
   if not fileio.is_remote(folder):
     sweep(folder)
   return folder
+
+
+def _unusable(folder: str) -> str | None:
+  """Why the local folder cannot hold the cache (a file, not writable, a link loop), or None;
+  made when missing, as JAX would at its first write."""
+  if os.path.lexists(folder) and not os.path.isdir(folder):
+    return "not a folder"
+  try:
+    os.makedirs(folder, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
+  except OSError as e:
+    return f"not usable ({e.strerror or e})"
+  return None
 
 
 _ENTRY = "-cache"  # JAX's names: "<module>-<hash>-cache", and "<module>-<hash>-atime" beside it
@@ -128,7 +153,9 @@ def sweep(path: str) -> list[str]:
   for name in names:
     p = os.path.join(path, name)
     try:
-      st = os.stat(p)
+      st = os.lstat(p)
+      if not stat.S_ISREG(st.st_mode):
+        continue  # not an entry JAX wrote (a folder, a link): never read, never removed
       if [st.st_size, st.st_mtime_ns] == checked.get(name):
         found[name] = checked[name]
         continue
@@ -138,13 +165,14 @@ def sweep(path: str) -> list[str]:
         whole = _whole(f.read())
       if whole is False:
         for q in (p, p[: -len(_ENTRY)] + "-atime"):
-          if os.path.exists(q):
-            os.remove(q)
+          with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISREG(os.lstat(q).st_mode):
+              os.remove(q)
         removed.append(name)
       elif whole:
         found[name] = [st.st_size, st.st_mtime_ns]
-    except FileNotFoundError:
-      continue  # evicted or removed by another process meanwhile
+    except OSError:
+      continue  # evicted or removed by another process meanwhile, or unreadable: left alone
   if removed:
     log.warning(
       f"compilation cache {path}: removed {len(removed)} damaged entr"

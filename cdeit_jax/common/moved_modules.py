@@ -33,6 +33,7 @@ MOVED = {
   "cdeit_jax.models": "cdeit_jax.checkpoints.loading",
   "cdeit_jax.outputs": "cdeit_jax.infer.outputs",
   "cdeit_jax.pipeline": "cdeit_jax.data.pipeline",
+  "cdeit_jax.protocol": "cdeit_jax.eit.measurement",
   "cdeit_jax.reconstructor": "cdeit_jax.infer.reconstructor",
   "cdeit_jax.sampling": "cdeit_jax.infer.sampling",
   "cdeit_jax.sharding": "cdeit_jax.common.sharding",
@@ -42,6 +43,7 @@ MOVED = {
   "cdeit_jax.symmetry": "cdeit_jax.eit.symmetry",
   "cdeit_jax.synthetic": "cdeit_jax.data.synthetic",
   "cdeit_jax.train_loop": "cdeit_jax.train.train_loop",
+  "cdeit_jax.trainer": "cdeit_jax.train.train_loop",
   "cdeit_jax.training": "cdeit_jax.train.training",
   "cdeit_jax.variables": "cdeit_jax.common.variables",
   "cdeit_jax.workdir_lock": "cdeit_jax.train.workdir_lock",
@@ -55,12 +57,30 @@ def moved_message(old: str) -> str:
   )
 
 
+class MovedModuleError(ModuleNotFoundError):
+  """Importing a module of the flat layout (`moved_from`). Its `name` is not the module's, so
+  that `from cdeit_jax import evaluate` reports it too (the import system passes over a missing
+  submodule of that very name and then looks for an attribute, losing the message)."""
+
+  def __init__(self, old: str):
+    super().__init__(moved_message(old))
+    self.moved_from = old
+
+
+def _asked_by_util_find_spec() -> bool:
+  """Whether `importlib.util.find_spec` (which should answer None for a module that is not
+  there), not an import statement, asks the finder: util.find_spec -> _find_spec -> finder."""
+  frame = sys._getframe(3)
+  return frame is not None and frame.f_code is importlib.util.find_spec.__code__
+
+
 class _MovedModules(importlib.abc.MetaPathFinder):
-  """Consulted after every other finder: an old module path fails with `moved_message`."""
+  """Consulted after every other finder: importing an old module path fails with
+  `moved_message`; `importlib.util.find_spec` of it answers None (it is not there)."""
 
   def find_spec(self, name, path=None, target=None):
-    if name in MOVED:
-      raise ModuleNotFoundError(moved_message(name), name=name)
+    if name in MOVED and not _asked_by_util_find_spec():
+      raise MovedModuleError(name)
     return None
 
 
