@@ -16,7 +16,7 @@ import scipy.io
 import scipy.signal
 
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import calibration, fem, measurement, mesh
+from cdeit_jax.eit import fem, measurement, mesh
 from cdeit_jax.eit import layout as lay
 from cdeit_jax.infer import ktc_score
 
@@ -101,6 +101,32 @@ def test_bad_rules_are_one_line_errors():
       lay.from_rules(**kwargs)
 
 
+def test_rules_take_any_integer_and_refuse_what_is_not_a_ring():
+  """A numpy integer is an electrode count; a missing rule, a pattern that would measure
+  nothing, an electrode width that is not positive, NaN or wider than the gaps, and removed
+  electrodes that are not numbers 0..E-1 are each one line; a boolean mask of the electrodes
+  removes what its indices remove."""
+  assert lay.from_rules(np.int64(16)).num_values == 208
+  for kwargs, words in (
+    (dict(injection=None), "injection=None: give a rule's name"),
+    (dict(num_electrodes=4, injection="opposite"), "pattern 0 measures nothing"),
+    (dict(width_deg=0), "electrode width 0 degrees must be > 0"),
+    (dict(width_deg=-1.0), "electrode width -1 degrees must be > 0"),
+    (dict(width_deg=float("nan")), "electrode width nan degrees"),
+    (dict(width_deg=30.0), r"below the narrowest gap between centres \(22.5 degrees\)"),
+  ):
+    with pytest.raises(InputError, match=words):
+      lay.from_rules(**kwargs)
+  ktc = lay.preset("ktc2023")
+  for electrodes in ([32], [-1], [0.5], np.ones(3, bool)):
+    with pytest.raises(InputError, match="electrode numbers from 0 to 31|must have 32 entries"):
+      ktc.without(electrodes)
+  mask = np.zeros(32, bool)
+  mask[[0, 1, 5]] = True
+  np.testing.assert_array_equal(ktc.without(mask), ktc.without([0, 1, 5]))
+  assert ktc.without(mask).sum() == ktc.without([0, 1, 5]).sum() > 0
+
+
 def _device_arrays(layout):
   """The currents and one Mpat column per measured pair of a layout that measures the same
   pairs under every pattern."""
@@ -146,7 +172,7 @@ def test_device_file_errors_name_the_file_and_what_is_wrong(tmp_path):
   with pytest.raises(InputError, match=r"bad\.mat: no measuring system found.*it has \['U'\]"):
     lay.from_device_file(path)
   scipy.io.savemat(path, {"Inj": inj, "Mpat": mpat, "Uel": np.zeros((5, 1))})
-  with pytest.raises(InputError, match=r"Uel holds 5 values, the patterns give 16 x 16 = 256"):
+  with pytest.raises(InputError, match=r"Uel \(5, 1\) is not one frame of these patterns: give"):
     lay.from_device_file(path)
 
 
@@ -164,25 +190,6 @@ def test_any_layouts_forward_model_obeys_reciprocity():
   z = layout.currents.T @ u  # (32, 32): pattern q's currents against pattern p's potentials
   assert np.abs(z).max() > 0
   np.testing.assert_allclose(z, z.T, rtol=0, atol=1e-9 * np.abs(z).max())
-
-
-def test_calibration_recovers_a_simulated_device_and_fits_the_real_tank():
-  """The fit finds the gain and contact impedance that made a reference frame (simulated with
-  known values for a 16-electrode skip-2 device, 0.2 % noise, one electrode's values NaN), and
-  on KTC2023's empty tank a gain within 1 % of the reference conversion's 1978
-  (docs/reference/eit-conventions.md) at a residual under 10 %."""
-  layout = lay.from_rules(16, injection="skip-2", measure_injecting=True)
-  frame = 1234.0 * calibration.homogeneous(layout, 0.05)
-  frame *= 1 + 0.002 * np.random.default_rng(2).standard_normal(frame.shape)
-  removed = (layout.rows[:, 1] == 5) | (layout.rows[:, 2] == 5)
-  frame[removed] = np.nan
-  fit = calibration.fit(layout, frame)
-  assert fit.values == (~removed).sum()
-  assert fit.gain == pytest.approx(1234.0, rel=2e-3)
-  assert fit.contact_impedance == pytest.approx(0.05, rel=0.1) and fit.identifiable
-  real, ref = lay.from_device_file(str(LEVELS / "level_1" / "ref.mat"))
-  fit = calibration.fit(real, ref)
-  assert fit.gain == pytest.approx(1978.0, rel=0.01) and fit.residual < 0.1, fit
 
 
 def test_score_is_the_organisers_ssim():
@@ -323,3 +330,75 @@ def test_frames_of_another_system_are_named_in_the_refusal(tmp_path):
   np.save(tmp_path / "ktc.npy", values[None])
   with pytest.raises(InputError, match=r"got shape \(1, 2356\) \(2356 values: as ktc2023 \(32"):
     frames.read(str(tmp_path / "ktc.npy"))
+
+
+def _v73(path):
+  """A file with a MATLAB v7.3 (HDF5) header, as MATLAB's save -v7.3 writes it."""
+  text = b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Wed Nov 25 2026 HDF5 schema 1.00 ."
+  path.write_bytes(text.ljust(116, b" ") + b"\0" * 8 + b"\x00\x02IM" + b"\0" * 512)
+
+
+def test_device_files_hold_numbers_of_the_documented_shapes(tmp_path):
+  """A device file's arrays are refused in one line naming the file and the key when they are
+  complex, NaN or infinite currents, text, empty, or of fewer than 4 electrodes; an empty file,
+  a folder, a damaged or object .npz and a v7.3 .mat too (advising .npz); `.MAT` reads as
+  `.mat`."""
+  rule = lay.from_rules(16, injection="skip-2", measure_injecting=True)
+  inj, mpat = _device_arrays(rule)
+  good = {"Inj": inj, "Mpat": mpat, "Uel": np.ones((rule.num_values, 1))}
+  nan_inj, inf_inj = inj.copy(), inj.copy()
+  nan_inj[0, 0], inf_inj[0, 0] = np.nan, np.inf
+  inf_uel = good["Uel"].copy()
+  inf_uel[3] = np.inf
+  cases = [
+    ({**good, "Inj": inj + 1j}, "Inj holds complex numbers; give the real"),
+    ({**good, "Uel": good["Uel"] * (1 + 1j)}, r"Uel holds complex numbers; give the real"),
+    ({**good, "Inj": nan_inj}, "Inj holds 1 NaN or infinite values"),
+    ({**good, "Inj": inf_inj}, "Inj holds 1 NaN or infinite values"),
+    ({**good, "Uel": inf_uel}, r"Uel holds 1 infinite values \(a missing value is NaN\)"),
+    ({**good, "Mpat": np.array(["abc"])}, "Mpat holds <U3 values, not numbers"),
+    ({**good, "Inj": np.zeros((16, 0))}, "Inj is empty"),
+    ({"Inj": inj[:3, :1] - inj[:3, :1].mean(), "Mpat": mpat[:3, :1]}, "Inj has 3 electrodes"),
+  ]
+  for i, (arrays, words) in enumerate(cases):
+    path = tmp_path / f"d{i}.npz"
+    np.savez(path, **arrays)
+    with pytest.raises(InputError, match=f"{path.name}: {words}"):
+      lay.from_device_file(str(path))
+  (tmp_path / "empty.npz").write_bytes(b"")
+  (tmp_path / "garbage.npz").write_bytes(b"PK\x03\x04 not a zip at all")
+  np.savez(tmp_path / "object.npz", Inj=np.array([{"a": 1}], dtype=object), Mpat=mpat)
+  (tmp_path / "folder.mat").mkdir()
+  _v73(tmp_path / "v73.mat")
+  for name, words in (
+    ("empty.npz", "not a readable .npz"),
+    ("garbage.npz", "not a readable .npz"),
+    ("object.npz", "not a readable .npz"),
+    ("folder.mat", "a folder; a device file is a .mat or .npz file"),
+    ("v73.mat", r"a MATLAB v7.3 \(HDF5\) file; save it with save\(..., '-v7'\) or as .npz"),
+  ):
+    with pytest.raises(InputError, match=f"{name}: {words}"):
+      lay.from_device_file(str(tmp_path / name))
+  scipy.io.savemat(tmp_path / "lower.mat", good)
+  shutil.copy(tmp_path / "lower.mat", tmp_path / "UPPER.MAT")
+  lower = lay.resolve(str(tmp_path / "lower.mat"))
+  assert lay.resolve(str(tmp_path / "UPPER.MAT")).signature == lower.signature
+
+
+@pytest.mark.parametrize("keys", ["KTC", "UEF"])
+def test_values_as_one_column_per_pattern_read_in_pattern_order(tmp_path, keys):
+  """A frame stored as a matrix of one column per pattern (M, P) reads as the same values as
+  one column pattern by pattern, in either key convention (KTC2023's Uel of 31 x 76 among
+  them); a matrix of one row per pattern (P, M) is refused, not read in the wrong order."""
+  _, ref = lay.from_device_file(str(LEVELS / "level_1" / "ref.mat"))
+  raw = scipy.io.loadmat(LEVELS / "level_1" / "ref.mat")
+  names = (
+    ("Injref", "Mpat", "Uelref") if keys == "KTC" else ("CurrentPattern", "MeasPattern", "Uel")
+  )
+  inj, mpat = raw["Injref"], raw["Mpat"]
+  columns = ref.reshape(76, 31).T  # (M, P)
+  scipy.io.savemat(tmp_path / "columns.mat", dict(zip(names, (inj, mpat, columns))))
+  np.testing.assert_array_equal(lay.from_device_file(str(tmp_path / "columns.mat"))[1], ref)
+  scipy.io.savemat(tmp_path / "rows.mat", dict(zip(names, (inj, mpat, columns.T))))
+  with pytest.raises(InputError, match=r"rows.mat: Uel(ref)? \(76, 31\) is not one frame"):
+    lay.from_device_file(str(tmp_path / "rows.mat"))

@@ -91,9 +91,10 @@ class Writer:
     os.close(self._fd)
 
 
-def read(path: str, raw: bytes | None = None) -> dict[str, np.ndarray]:
+def read(path: str, raw: bytes | None = None, other: str = ".csv") -> dict[str, np.ndarray]:
   """The variables of a user's MAT file (v4-v7; `raw`: its bytes, already read), with one-line
-  errors naming the file for a v7.3 (HDF5) file or a damaged one."""
+  errors naming the file for a folder, a v7.3 (HDF5) file (advising `-v7` or `other`, the other
+  format the caller reads) or a damaged one."""
   import scipy.io
 
   if raw is None:
@@ -102,11 +103,13 @@ def read(path: str, raw: bytes | None = None) -> dict[str, np.ndarray]:
         raw = f.read()
     except FileNotFoundError:
       raise MissingFile(f"{path}: no such file") from None
+    except IsADirectoryError:
+      raise InputError(f"{path}: a folder, not a .mat file") from None
   try:
     m = scipy.io.loadmat(io.BytesIO(raw))
   except NotImplementedError:  # scipy: "Please use HDF reader for matlab v7.3 files"
     raise InputError(
-      f"{path}: a MATLAB v7.3 (HDF5) file; save it with save(..., '-v7') or as .csv"
+      f"{path}: a MATLAB v7.3 (HDF5) file; save it with save(..., '-v7') or as {other}"
     ) from None
   except (ValueError, TypeError, OSError) as e:
     short = " ".join(str(e).split())[:200]

@@ -54,12 +54,38 @@ def _level_folders(path: str) -> list[tuple[int, str]]:
     for n in os.listdir(path)
     if (m := _LEVEL.match(n)) and os.path.isdir(os.path.join(path, n))
   )
+  _distinct(path, [(k, os.path.basename(f)) for k, f in found], "level")
   if not found:
     raise MissingFile(
       f"--data_path {path}: no level_K folders; give the challenge's folder of levels (each "
       "with ref.mat and dataN.mat) or one level folder"
     )
   return found
+
+
+def _distinct(where: str, numbered: list[tuple[int, str]], what: str) -> None:
+  """Refuse two names for one number (level_1 and level_01, data1.mat and data01.mat): their
+  scores would be counted twice under one name."""
+  seen: dict[int, str] = {}
+  for k, name in numbered:
+    if k in seen:
+      raise InputError(f"{where}: {seen[k]} and {name} are both {what} {k}; keep one of them")
+    seen[k] = name
+
+
+def _truth(path: str) -> np.ndarray:
+  """A trueN.mat's (256, 256) classes: 0 water, 1 resistive, 2 conductive, nothing else."""
+  t = matfile.read(path)
+  if "truth" not in t or np.shape(t["truth"]) != (256, 256):
+    raise InputError(f"{path}: expected a (256, 256) array 'truth'")
+  truth = np.asarray(t["truth"])
+  if truth.dtype.kind not in "iuf" or not np.isin(truth, (0, 1, 2)).all():
+    others = np.unique(truth[~np.isin(truth, (0, 1, 2))]) if truth.dtype.kind in "iuf" else []
+    raise InputError(
+      f"{path}: 'truth' holds values other than 0 (water), 1 (resistive) and 2 (conductive)"
+      + (f": {', '.join(f'{v:g}' for v in others[:5])}" if len(others) else "")
+    )
+  return truth.astype(np.uint8)
 
 
 def read_cases(path: str) -> list[Case]:
@@ -72,14 +98,22 @@ def read_cases(path: str) -> list[Case]:
     layout, reference = lay.from_device_file(ref_path)
     if reference is None:
       raise InputError(f"{ref_path}: no Uelref (the empty tank's voltages)")
-    targets = sorted(int(m.group(1)) for n in os.listdir(folder) if (m := _DATA.match(n)))
-    if not targets:
+    if cases and layout.signature != cases[0].layout.signature:
+      raise InputError(
+        f"{ref_path}: the level is of {layout.describe()}, {cases[0].path}'s of "
+        f"{cases[0].layout.describe()}; give the levels of one measuring system"
+      )
+    named = sorted((int(m.group(1)), n) for n in os.listdir(folder) if (m := _DATA.match(n)))
+    _distinct(folder, named, "target")
+    if not named:
       raise MissingFile(f"{folder}: no dataN.mat files")
-    for n in targets:
-      data_path = os.path.join(folder, f"data{n}.mat")
+    for n, name in named:
+      data_path = os.path.join(folder, name)
       data_layout, frame = lay.from_device_file(data_path)
       if frame is None:
         raise InputError(f"{data_path}: no Uel (the target's voltages)")
+      if not np.isfinite(frame).any():
+        raise InputError(f"{data_path}: every value of Uel is NaN; give the target's voltages")
       if not np.array_equal(np.sign(data_layout.currents), np.sign(layout.currents)) or (
         not np.array_equal(data_layout.rows, layout.rows)
       ):
@@ -87,9 +121,6 @@ def read_cases(path: str) -> list[Case]:
       truth = None
       truth_path = os.path.join(folder, f"true{n}.mat")
       if os.path.exists(truth_path):
-        t = matfile.read(truth_path)
-        if "truth" not in t or np.shape(t["truth"]) != (256, 256):
-          raise InputError(f"{truth_path}: expected a (256, 256) array 'truth'")
-        truth = np.asarray(t["truth"], np.uint8)
+        truth = _truth(truth_path)
       cases.append(Case(level, n, layout, reference, frame, truth, data_path))
   return cases

@@ -24,8 +24,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import numbers
 import os
 import re
+import zipfile
 
 import numpy as np
 
@@ -61,6 +63,18 @@ class Layout:
       raise InputError(f"layout {self.name}: a row's electrodes are outside 0..{e - 1} or equal")
     if np.any(np.abs(cur.sum(0)) > 1e-9 * np.abs(cur).max(0).clip(1e-300)):
       raise InputError(f"layout {self.name}: each pattern's currents must sum to zero")
+    angles = np.asarray(self.angles, np.float64)
+    if e < 4 or angles.shape != (e,) or not np.all(np.isfinite(angles)):
+      raise InputError(f"layout {self.name}: needs 4 or more electrodes at finite angles")
+    gaps = np.diff(
+      np.sort(np.mod(angles, 2 * np.pi)), append=np.min(np.mod(angles, 2 * np.pi)) + 2 * np.pi
+    )
+    width = self.width if isinstance(self.width, numbers.Real) else float("nan")
+    if not 0 < width < gaps.min():
+      raise InputError(
+        f"layout {self.name}: electrode width {float(np.rad2deg(width)):.4g} degrees must be > 0 "
+        f"and below the narrowest gap between centres ({np.rad2deg(gaps.min()):.4g} degrees)"
+      )
     for name, value in (("angles", self.angles), ("currents", cur), ("rows", rows)):
       value = np.array(value, np.float64 if name != "rows" else np.int32)
       value.setflags(write=False)
@@ -89,6 +103,32 @@ class Layout:
     h.update(np.ascontiguousarray(self.rows).tobytes())
     return h.hexdigest()[:16]
 
+  def record(self) -> dict:
+    """The layout as JSON-able arrays (a checkpoint keeps it: the model needs no device file)."""
+    return {
+      "name": self.name,
+      "angles": self.angles.tolist(),
+      "width": float(self.width),
+      "currents": self.currents.tolist(),
+      "rows": self.rows.tolist(),
+    }
+
+  @classmethod
+  def from_record(cls, record: dict, where: str = "the stored measuring system") -> Layout:
+    """`record`'s layout; an InputError naming `where` when it is not one."""
+    try:
+      return cls(
+        str(record["name"]),
+        np.asarray(record["angles"], np.float64),
+        float(record["width"]),
+        np.asarray(record["currents"], np.float64),
+        np.asarray(record["rows"], np.int64),
+      )
+    except (KeyError, TypeError, ValueError) as e:
+      raise InputError(
+        f"{where}: not a measuring system ({' '.join(str(e).split())[:160]})"
+      ) from None
+
   def describe(self) -> str:
     return (
       f"{self.name} ({self.num_electrodes} electrodes, {self.num_patterns} patterns, "
@@ -110,12 +150,30 @@ class Layout:
       )
     return np.isfinite(frame)
 
+  def electrode_mask(self, electrodes) -> np.ndarray:
+    """(E,) bool of `electrodes`: numbers 0..E-1, or a boolean mask of the E electrodes; any
+    other value (negative, fractional, beyond E) is an InputError."""
+    e = self.num_electrodes
+    a = np.asarray(electrodes)
+    if a.dtype == bool:
+      if a.shape != (e,):
+        raise InputError(f"a mask of removed electrodes must have {e} entries, got {a.shape}")
+      return a.copy()
+    if a.size and (
+      a.dtype.kind not in "iuf" or np.any(a != np.round(a)) or a.min() < 0 or a.max() >= e
+    ):
+      raise InputError(
+        f"electrodes {a.tolist()!r}: give electrode numbers from 0 to {e - 1} ({self.describe()})"
+      )
+    gone = np.zeros(e, bool)
+    gone[a.astype(int).reshape(-1)] = True
+    return gone
+
   def without(self, electrodes) -> np.ndarray:
     """(R,) bool: the values a device loses when `electrodes` are removed: every pair that
     touches one, and every pattern that drives current through one (KTC2023's levels: level K
     removes electrodes 0 .. 2K-3, tests/test_layout.py)."""
-    gone = np.zeros(self.num_electrodes, bool)
-    gone[np.asarray(electrodes, int)] = True
+    gone = self.electrode_mask(electrodes)
     driven = (self.currents != 0)[gone].any(0)  # (P,) patterns through a removed electrode
     p, a, b = self.rows.T
     return gone[a] | gone[b] | driven[p]
@@ -175,8 +233,12 @@ def from_rules(
   unless `measure_injecting` (the EIDORS/CDEIT convention: 16 electrodes, adjacent: 208 values).
   `width_deg`: 4 for 16 electrodes (CDEIT's), else half the spacing."""
   n = num_electrodes
-  if not (isinstance(n, int) and n >= 4):
+  if not (isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 4):
     raise InputError(f"num_electrodes={n!r} must be an integer >= 4")
+  n = int(n)
+  for what, rule in (("injection", injection), ("measurement", measurement)):
+    if not isinstance(rule, str):
+      raise InputError(f"{what}={rule!r}: give a rule's name, e.g. 'adjacent' or 'skip-2'")
   m = _SKIP.match("skip-0" if measurement == "adjacent" else measurement)
   if not m or not 0 <= int(m.group(1)) <= n - 2:
     raise InputError(f"measurement {measurement!r}: use 'adjacent' or 'skip-K', K in 0..{n - 2}")
@@ -190,6 +252,12 @@ def from_rules(
       pair = {e, (e + ms) % n}
       if measure_injecting or not pair & {lo, hi}:
         rows.append((p, e, (e + ms) % n))
+    if not rows or rows[-1][0] != p:
+      raise InputError(
+        f"{n} electrodes, {injection} injection, {measurement} measurement: pattern {p} "
+        "measures nothing (every pair touches a current-carrying electrode); measure on them "
+        "too (measure_injecting=True) or choose other rules"
+      )
   if width_deg is None:
     width_deg = _default_width(n)
   label = name or f"{n} electrodes, {injection} injection, {measurement} measurement" + (
@@ -246,11 +314,16 @@ def removal_sets(rule: str | None) -> tuple[tuple[int, ...], ...]:
   return sets
 
 
+def as_layout(system: str | Layout) -> Layout:
+  """A layout as it is, or a preset's name or device file resolved (`resolve`)."""
+  return system if isinstance(system, Layout) else resolve(system)
+
+
 def resolve(name: str) -> Layout:
   """A preset's name or a device's reference file (`from_device_file`) as a layout."""
   if name in PRESETS:
     return preset(name)
-  if str(name).endswith((".mat", ".npz")):
+  if str(name).lower().endswith((".mat", ".npz")):
     return from_device_file(name)[0]
   raise InputError(
     f"measuring system {name!r}: give a preset ({', '.join(sorted(PRESETS))}) or a device's "
@@ -266,15 +339,19 @@ def preset(name: str) -> Layout:
   return PRESETS[name]()
 
 
-def frames_shape_error(where: str, shape: tuple[int, ...], m: int) -> InputError:
-  """The one refusal of frames that are not rows of `m` values, naming the presets whose
-  system measures as many values as the frames hold (another device's frames)."""
+def frames_shape_error(
+  where: str, shape: tuple[int, ...], m: int, system: str | None = None
+) -> InputError:
+  """The one refusal of frames that are not rows of `m` values (of the measuring system
+  `system`, where one reads them), naming the presets whose system measures as many values as
+  the frames hold (another device's frames)."""
   n = shape[-1] if shape else 0
   names = [preset(k).describe() for k in PRESETS if preset(k).num_values == n]
   fits = f" ({n} values: as {' or '.join(names)}; see docs/ktc2023.md)" if names else ""
+  reader = f" of {system}, the model's system," if system else ""
   return InputError(
-    f"{where}: frames must be rows of {m} voltages (N, {m}) in the protocol's order, got shape "
-    f"{shape}{fits}"
+    f"{where}: frames must be rows of {m} voltages{reader} (N, {m}) in the protocol's order, "
+    f"got shape {shape}{fits}"
   )
 
 
@@ -286,12 +363,42 @@ UEF_KEYS = (("CurrentPattern",), ("MeasPattern",), ("Uel",))
 def _load(path: str) -> dict[str, np.ndarray]:
   if not os.path.exists(path):
     raise MissingFile(f"{path}: no such device file")
-  if path.endswith(".npz"):
-    with np.load(path, allow_pickle=False) as z:
-      return {k: z[k] for k in z.files}
-  if path.endswith(".mat"):
-    return matfile.read(path)
+  if os.path.isdir(path):
+    raise InputError(f"{path}: a folder; a device file is a .mat or .npz file")
+  suffix = os.path.splitext(path)[1].lower()
+  if suffix == ".npz":
+    try:
+      with np.load(path, allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+      short = " ".join(str(e).split())[:160]
+      raise InputError(f"{path}: not a readable .npz of numeric arrays ({short})") from None
+  if suffix == ".mat":
+    return matfile.read(path, other=".npz")
   raise InputError(f"{path}: a device file is a .mat or .npz file")
+
+
+def _numbers(path: str, key: str, a, missing_ok: bool = False) -> np.ndarray:
+  """Array `key` of a device file as float64: real numbers, not empty, finite (NaN allowed
+  where `missing_ok`: a removed electrode's values); else an InputError naming both."""
+  a = np.asarray(a)
+  if a.dtype.kind == "c":
+    raise InputError(
+      f"{path}: {key} holds complex numbers; give the real (in-phase) part, e.g. real({key})"
+    )
+  if a.dtype.kind not in "fiu":
+    raise InputError(f"{path}: {key} holds {a.dtype} values, not numbers")
+  if a.size == 0:
+    raise InputError(f"{path}: {key} is empty")
+  a = a.astype(np.float64)
+  bad = np.isinf(a) if missing_ok else ~np.isfinite(a)
+  if bad.any():
+    what = "infinite" if missing_ok else "NaN or infinite"
+    raise InputError(
+      f"{path}: {key} holds {int(bad.sum())} {what} values"
+      + (" (a missing value is NaN)" if missing_ok else "")
+    )
+  return a
 
 
 def _first(d: dict, keys: tuple[str, ...]) -> tuple[str, np.ndarray] | None:
@@ -308,9 +415,11 @@ def from_device_file(
   width_deg: float | None = None,
 ) -> tuple[Layout, np.ndarray | None]:
   """(layout, the file's values (R,) in the layout's order, or None) of a device's reference
-  file. KTC's keys (`Inj`/`Injref` (E, P), `Mpat` (E, M), `Uel`/`Uelref` (M*P, 1) pattern by
-  pattern) or UEF's (`CurrentPattern` (E, P), `MeasPattern` (E, M), `Uel` (M, P), one column per
-  pattern); measurement column m of pattern p is `Mpat[:, m] . U`, one +1 and one -1 each.
+  file. KTC's keys (`Inj`/`Injref` (E, P), `Mpat` (E, M), `Uel`/`Uelref`) or UEF's
+  (`CurrentPattern` (E, P), `MeasPattern` (E, M), `Uel`); the values in either are (M*P, 1)
+  pattern by pattern or (M, P), one column per pattern (`_frame_values`); measurement column m
+  of pattern p is `Mpat[:, m] . U`, one +1 and one -1 each. Complex, non-finite (NaN values:
+  missing) or non-numeric arrays, and fewer than 4 electrodes, are refused in one line.
   Electrodes are evenly spaced from `first_deg` (default: the top, or KTC2023's tank geometry
   for KTC's keys with 32 electrodes), numbered counter-clockwise for KTC's keys and clockwise for
   UEF's unless `clockwise` says; currents are relative to the largest."""
@@ -327,13 +436,15 @@ def from_device_file(
     )
   keys = conventions[convention]
   (ck, inj), (mk, mpat) = _first(d, keys[0]), _first(d, keys[1])
-  inj, mpat = np.asarray(inj, np.float64), np.asarray(mpat, np.float64)
+  inj, mpat = _numbers(path, ck, inj), _numbers(path, mk, mpat)
   if inj.ndim != 2 or mpat.ndim != 2 or inj.shape[0] != mpat.shape[0]:
     raise InputError(
       f"{path}: {ck} {inj.shape} and {mk} {mpat.shape} must both be (electrodes, ...) with the "
       "same electrode count"
     )
   n, (num_p, num_m) = inj.shape[0], (inj.shape[1], mpat.shape[1])
+  if n < 4:
+    raise InputError(f"{path}: {ck} has {n} electrodes (rows); EIT needs at least 4")
   plus, minus = np.argmax(mpat, 0), np.argmin(mpat, 0)
   pm = np.zeros_like(mpat)
   pm[plus, np.arange(num_m)], pm[minus, np.arange(num_m)] = 1.0, -1.0
@@ -361,12 +472,19 @@ def from_device_file(
   if values is None:
     return layout, None
   vk, v = values
-  v = np.asarray(v, np.float64)
-  if convention == "UEF" and v.ndim == 2 and v.shape == (num_m, num_p):
-    v = v.T  # one column per pattern -> pattern by pattern
-  v = v.reshape(-1)
-  if v.size != len(rows):
-    raise InputError(
-      f"{path}: {vk} holds {v.size} values, the patterns give {num_p} x {num_m} = {len(rows)}"
-    )
-  return layout, v
+  return layout, _frame_values(path, vk, _numbers(path, vk, v, missing_ok=True), num_p, num_m)
+
+
+def _frame_values(path: str, key: str, v: np.ndarray, num_p: int, num_m: int) -> np.ndarray:
+  """A device file's frame (R,) pattern by pattern: the values in one row or column, or a
+  matrix of one column per pattern (num_m, num_p), in either key convention; other shapes
+  are refused (a matrix of one row per pattern would be read in the wrong order)."""
+  r = num_p * num_m
+  if v.ndim == 2 and v.shape == (num_m, num_p) and 1 not in v.shape:
+    return v.T.reshape(-1)  # one column per pattern -> pattern by pattern
+  if v.ndim <= 2 and v.size == r and (v.ndim < 2 or 1 in v.shape):
+    return v.reshape(-1)
+  raise InputError(
+    f"{path}: {key} {v.shape} is not one frame of these patterns: give the {r} values in one "
+    f"column, pattern by pattern, or one column per pattern ({num_m}, {num_p})"
+  )

@@ -146,8 +146,8 @@ class Tikhonov:
     noser_exponent: float = NOSER_EXPONENT,
     jac: np.ndarray | None = None,
   ):
-    if alpha <= 0:
-      raise InputError(f"alpha must be > 0, got {alpha}")
+    if not (np.isfinite(alpha) and alpha > 0):
+      raise InputError(f"alpha must be a finite number > 0, got {alpha}")
     if jac is None:
       jac = default_jacobian() if sim is None else jacobian(sim)
     self.disk, jd, w_inv, gram = weighted_system(jac, noser_exponent)
