@@ -13,8 +13,6 @@ removed electrodes' values are left out of the reconstruction (docs/ktc2023.md).
 
 from __future__ import annotations
 
-import time
-
 from absl import flags
 
 FLAGS = flags.FLAGS
@@ -22,41 +20,13 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> None:
   from cdeit_jax.common import logs
-  from cdeit_jax.data import ktc2023
-  from cdeit_jax.infer import challenge, outputs
+  from cdeit_jax.infer import challenge
 
   logs.console()
-  log = logs.log
-  t0 = time.perf_counter()
-  cases = ktc2023.read_cases(FLAGS.data_path)  # first: a refused input leaves no empty --out
-  outputs.check_out(FLAGS.out, FLAGS.data_path)
-  layout = cases[0].layout
-  log.info(f"{len(cases)} targets of {layout.describe()}")
-  fits = challenge.calibrate(cases)
-  for fit in fits.values():
-    log.info(f"calibration from the reference frame: {fit.describe()}")
-  images = challenge.linear_images(cases, fits, FLAGS.alpha)
-  methods = [
-    challenge.Method("tikhonov", images, challenge.answers_of(images, FLAGS.segment_level)),
-    challenge.water(cases),
-  ]
-  results = {m.name: challenge.scores(cases, m) for m in methods}
-  metrics = {
-    "metrics": {k: v for k, v in results.items() if v is not None},
-    "settings": {
-      "data": "ktc2023_challenge",
-      "data_path": FLAGS.data_path,
-      "layout": layout.describe(),
-      "alpha": FLAGS.alpha,
-      "segment_level": FLAGS.segment_level,
-      "seconds": time.perf_counter() - t0,
-    },
-    "calibration": [vars(f) for f in fits.values()],
-  }
-  challenge.write(FLAGS.out, cases, methods, metrics)
-  if all(r is not None for r in results.values()):
-    print(challenge.table(cases, results))
-  print(f"wrote {len(cases)} answers to {FLAGS.out} in {time.perf_counter() - t0:.1f} s")
+  r = challenge.linear_answers(FLAGS.data_path, FLAGS.out, FLAGS.alpha, FLAGS.segment_level)
+  if "table" in r:
+    print(r["table"])
+  print(f"wrote {r['targets']} answers to {FLAGS.out} in {r['settings']['seconds']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from flax import nnx
 
 from cdeit_jax import config_lib, convert
 from cdeit_jax.common import device_memory
+from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.phantom import disk_mask
 from cdeit_jax.infer import evaluate, metrics, outputs, reconstructor, sampling
 from cdeit_jax.model.network import CDEIT
@@ -177,22 +178,29 @@ def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
 
 
 def test_a_new_evaluation_replaces_every_old_output(tiny_run, tmp_path):
-  """An evaluation without a figure into a folder holding an older one's outputs (and a user's
-  own file): no old figure is left beside the new metrics; non-numbers are JSON null."""
+  """An evaluation without a figure into a folder holding an earlier one's outputs (and a
+  user's own file): no old figure is left beside the new metrics, the user's file is kept;
+  a user's file of an output's name (not in the folder's manifest) stops the evaluation before
+  any work and stays; non-numbers are JSON null."""
   out = tmp_path / "out"
-  out.mkdir()
-  for f in outputs.OUTPUTS:
-    (out / f).write_text("old")
+  evaluate.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 2})
+  before = {f: (out / f).read_bytes() for f in outputs.OUTPUTS}
   (out / "notes.txt").write_text("mine")
   r = evaluate.evaluate(
-    tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 2, "eval.figure": False}
+    tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 3, "eval.figure": False}
   )
   assert not (out / "reconstructions.png").exists() and (out / "notes.txt").read_text() == "mine"
   for f in outputs.OUTPUTS[1:]:
-    assert (out / f).read_bytes() != b"old", f
-  assert json.loads((out / "metrics.json").read_text())["settings"]["examples"] == 2
+    assert (out / f).read_bytes() != before[f], f
+  assert json.loads((out / "metrics.json").read_text())["settings"]["examples"] == 3
   r["metrics"]["cdeit"]["psnr"] = float("nan")
   assert outputs.json_clean(r)["metrics"]["cdeit"]["psnr"] is None
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "metrics.csv").write_text("the user's")
+  with pytest.raises(InputError, match="metrics.csv is there and was not written by cdeit-jax"):
+    evaluate.evaluate(tiny_run, "uef2017", UEF, str(mine), {"eval.max_examples": 2})
+  assert os.listdir(mine) == ["metrics.csv"] and (mine / "metrics.csv").read_text() == "the user's"
 
 
 def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypatch):
@@ -202,7 +210,7 @@ def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypa
   out = tmp_path / "out"
   evaluate.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 2})
   before = {f: (out / f).read_bytes() for f in os.listdir(out)}
-  assert sorted(before) == sorted(outputs.OUTPUTS)
+  assert sorted(before) == sorted([*outputs.OUTPUTS, outputs.MANIFEST])
 
   def full(*args, **kwargs):
     raise OSError(errno.ENOSPC, "No space left on device")

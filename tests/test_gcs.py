@@ -111,7 +111,7 @@ def test_train_killed_resumed_and_evaluated_in_a_bucket(gcs, bucket_data, straig
   for r in runs:
     _, e = r.communicate(timeout=300)
     assert r.returncode == 0, e[-3000:]
-  assert sorted(o for o in _objects(out)) == sorted(outputs.OUTPUTS)
+  assert sorted(o for o in _objects(out)) == sorted([*outputs.OUTPUTS, outputs.MANIFEST])
   with fileio.open_binary(f"{out}/predictions.npz") as fh:
     remote = dict(np.load(fh))
   local = np.load(tmp_path / "local" / "predictions.npz")

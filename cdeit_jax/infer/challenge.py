@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from cdeit_jax.common import fileio
+from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.ktc2023 import Case
 from cdeit_jax.eit import calibration, measurement, tikhonov
@@ -27,6 +27,7 @@ from cdeit_jax.infer import ktc_score, outputs
 
 SEGMENT_LEVEL = 0.4
 METRICS = "metrics.json"
+log = logs.log.getChild("challenge")
 
 
 @dataclasses.dataclass
@@ -42,13 +43,14 @@ class Method:
 
 
 def calibrate(cases: list[Case]) -> dict[bytes, calibration.Calibration]:
-  """The fit of every distinct reference frame among `cases` (the challenge's levels share one)."""
+  """The fit of every distinct reference frame among `cases` (the challenge's levels share one),
+  each logged; a reference that cannot be the empty tank's is refused (`calibration.fit`)."""
   fits: dict[bytes, calibration.Calibration] = {}
   for c in cases:
     if _reference_key(c) not in fits:
-      fits[_reference_key(c)] = calibration.fit(
-        c.layout, c.reference, f"{c.path}: the level's ref.mat"
-      )
+      ref = os.path.join(os.path.dirname(c.path), "ref.mat")
+      fits[_reference_key(c)] = fit = calibration.fit(c.layout, c.reference, ref)
+      log.info(f"calibration from {ref}: {fit.describe()}")
   return fits
 
 
@@ -114,19 +116,25 @@ def table(cases: list[Case], results: dict[str, dict]) -> str:
   return "\n".join(lines)
 
 
+def output_names(cases: list[Case]) -> list[str]:
+  """What `write` publishes in OUT: each target's answer, the figure, metrics.json last."""
+  return [f"level_{c.level}/{c.target}.mat" for c in cases] + ["answers.png", METRICS]
+
+
 def write(out: str, cases: list[Case], methods: list[Method], metrics: dict) -> list[str]:
   """OUT/level_K/N.mat per target (`reconstruction`: the first method's answer, uint8 0/1/2;
   `image`: its continuous image on the challenge's grid, rows from the top; `std`: a sampler's
-  std over its samples), figures, and
-  metrics.json last; staged and published whole (`outputs.publish`)."""
+  std over its samples), figures, and metrics.json last; staged and published whole
+  (`outputs.publish`: files of an earlier run's levels that this one lacks are removed, a
+  user's own files in OUT are kept)."""
   import scipy.io
 
   first = methods[0]
-  levels = sorted({f"level_{c.level}" for c in cases})
 
   def write_all(folder: str) -> list[str]:
-    for i, (c, image, answer) in enumerate(zip(cases, first.images, first.answers)):
-      path = fileio.join(folder, f"level_{c.level}", f"{c.target}.mat")
+    names = output_names(cases)
+    for i, (name, image, answer) in enumerate(zip(names, first.images, first.answers)):
+      path = fileio.join(folder, name)
       fileio.makedirs(fileio.dirname(path))
       arrays = {"reconstruction": np.asarray(answer, np.uint8)}
       if image is not None:
@@ -138,9 +146,9 @@ def write(out: str, cases: list[Case], methods: list[Method], metrics: dict) -> 
     fileio.write_text(
       fileio.join(folder, METRICS), json.dumps(outputs.json_clean(metrics), indent=1)
     )
-    return [*levels, "answers.png", METRICS]
+    return names
 
-  return outputs.publish(out, write_all, (*levels, "answers.png", METRICS))
+  return outputs.publish(out, write_all)
 
 
 def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
@@ -171,29 +179,82 @@ def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
 
 def model_images(rec, cases: list[Case], fits: dict[bytes, calibration.Calibration]):
   """(images, stds) (128 x 128 each, label units) of every case by a CDEIT trained for the
-  cases' measuring system (`reconstructor.Reconstructor` with cond "linear"): each difference
-  divided by its level's calibrated gain, the removed electrodes' values NaN (`check_model`
-  first: `evaluate` runs it before making --out)."""
+  cases' measuring system (`reconstructor.Reconstructor` of a model of any system): each
+  difference divided by its level's calibrated gain, the removed electrodes' values NaN
+  (`check_model` first: `evaluate` runs it before loading the model). Targets whose images come
+  out NaN are named in a warning (their answers are all water)."""
   values = np.stack([c.difference / fits[_reference_key(c)].gain for c in cases])
   r = rec.reconstruct_values(values, where=os.path.dirname(cases[0].path))
+  bad = [cases[i].name for i in r.nonfinite]
+  if bad:
+    log.warning(f"{len(bad)} targets gave NaN images (answered as all water): {', '.join(bad)}")
   return list(r.images), list(r.std) if r.std is not None else None
 
 
-def check_model(rec, cases: list[Case]) -> None:
-  """Refuse, naming both, cases of another measuring system than the model's, and name a case
-  whose removed values are none of the model's removal sets."""
+def check_model(device, removed: np.ndarray, cases: list[Case]) -> None:
+  """Refuse, naming both, cases of another measuring system than the model's (`device`), and
+  name a case whose removed values are none of the model's removal sets (`removed` (K, R))."""
   from cdeit_jax.eit import conditioning
-  from cdeit_jax.eit import layout as layout_lib
 
-  trained = layout_lib.resolve(rec.layout)
   given = cases[0].layout
-  if trained.signature != given.signature:
+  if device.signature != given.signature:
     raise InputError(
       f"{cases[0].path}: the data are of {given.describe()}, the model was trained for "
-      f"{trained.describe()}: train a model for this system (config.simulator.layout)"
+      f"{device.describe()}: train a model for this system (config.simulator.layout)"
     )
   for c in cases:
-    conditioning.removal_set(rec.removed, c.difference[None], c.path)
+    conditioning.removal_set(removed, c.difference[None], c.path)
+
+
+def linear_answers(
+  data_path: str,
+  out: str,
+  alpha: float = tikhonov.DEFAULT_ALPHA,
+  segment_level: float = SEGMENT_LEVEL,
+) -> dict:
+  """`python -m cdeit_jax.challenge`: the linearised answers (`linear_images`, segmented at
+  `segment_level` of each image's largest magnitude) and all water's for every case under
+  `data_path`, written into `out` (`write`); returns metrics.json's content, with `table` when
+  every truth is known and `targets`, the number of answers."""
+  import math
+  import time
+
+  from cdeit_jax.data import ktc2023
+
+  t0 = time.perf_counter()
+  if not (math.isfinite(alpha) and alpha > 0):
+    raise InputError(f"--alpha={alpha}: must be a finite number > 0")
+  if not 0 < segment_level < 1:
+    raise InputError(
+      f"--segment_level={segment_level}: must be between 0 and 1 (a fraction of the image's "
+      "largest magnitude)"
+    )
+  cases = ktc2023.read_cases(data_path)  # every input first: a refused one leaves no --out
+  layout = cases[0].layout
+  log.info(f"{len(cases)} targets of {layout.describe()}")
+  fits = calibrate(cases)
+  outputs.check_out(out, data_path, names=output_names(cases))
+  images = linear_images(cases, fits, alpha)
+  methods = [Method("tikhonov", images, answers_of(images, segment_level)), water(cases)]
+  results = {m.name: scores(cases, m) for m in methods}
+  metrics = {
+    "metrics": {k: v for k, v in results.items() if v is not None},
+    "settings": {
+      "data": "ktc2023_challenge",
+      "data_path": data_path,
+      "layout": layout.describe(),
+      "alpha": alpha,
+      "segment_level": segment_level,
+      "seconds": time.perf_counter() - t0,
+    },
+    "calibration": [vars(f) for f in fits.values()],
+  }
+  write(out, cases, methods, metrics)
+  metrics["settings"]["seconds"] = time.perf_counter() - t0
+  metrics["targets"] = len(cases)
+  if all(r is not None for r in results.values()):
+    metrics["table"] = table(cases, results)
+  return metrics
 
 
 def answers_above(images: list[np.ndarray], threshold: float) -> list[np.ndarray]:
@@ -209,20 +270,32 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
   into `out` and returns metrics.json's content (with `table` when every truth is known)."""
   import time
 
+  from cdeit_jax.checkpoints import loading, reader
   from cdeit_jax.data import ktc2023
+  from cdeit_jax.eit import conditioning
   from cdeit_jax.infer import reconstructor
 
   t0 = time.perf_counter()
-  cases = ktc2023.read_cases(data_path)  # first: a refused input leaves no --out
-  rec = reconstructor.Reconstructor.from_workdir(workdir, overrides=overrides)
-  check_model(rec, cases)
-  outputs.check_out(out, data_path, workdir)
-  e = rec.config.eval
-  if not e.segment_threshold > 0:
-    raise InputError(
-      f"--config.eval.segment_threshold={e.segment_threshold!r}: must be > 0 (label units)"
-    )
-  fits = calibrate(cases)
+  # every input checked first, the model loaded last of them: a refused one leaves no --out
+  cases = ktc2023.read_cases(data_path)
+  overrides = dict(overrides or {})
+  reconstructor.check_overrides(overrides)
+  with reader.open_run(workdir, overrides.get("eval.step")) as run:
+    outputs.check_place(out, data_path, run.workdir)
+    meta, skipped, cfg = reconstructor.choose(run, overrides)
+    device = loading.device_of(cfg, meta.record)
+    linear = cfg.model.get("cond", "eim") == "linear"
+    removals = cfg.simulator.removals if linear else "none"
+    check_model(device, conditioning.removed_values(device, removals), cases)
+    e = cfg.eval
+    if not (isinstance(e.segment_threshold, (int, float)) and 0 < e.segment_threshold < 1e3):
+      raise InputError(
+        f"--config.eval.segment_threshold={e.segment_threshold!r}: must be a finite number > 0 "
+        "(label units: log10 of the conductivity ratio)"
+      )
+    fits = calibrate(cases)
+    rec = reconstructor.Reconstructor.from_run(run, meta, skipped, cfg, overrides)
+    outputs.check_out(out, data_path, run.workdir, output_names(cases))
   t1 = time.perf_counter()
   images, stds = model_images(rec, cases, fits)
   sampled = time.perf_counter() - t1

@@ -108,7 +108,7 @@ class Evaluator:
 
   def _check_request(self, workdir: str) -> None:
     if self.primary:
-      outputs.check_out(self.out, self.data_path, workdir)
+      outputs.check_out(self.out, self.data_path, workdir, outputs.OUTPUTS)
       logs.debug_log(self.out)
     s, e = self.cfg.sampling, self.cfg.eval
     if e.fit_uncertainty and (self.data_name != "simulated" or s.num_samples < 2):
@@ -120,13 +120,13 @@ class Evaluator:
 
   def _open_data(self, meta: reader.Meta) -> None:
     """The data, conditioned as in training, in the units resolved once."""
-    from cdeit_jax.data import synthetic
+    from cdeit_jax.checkpoints import loading
     from cdeit_jax.data.simulator_source import vector_cond
     from cdeit_jax.eit import layout
 
     e = self.cfg.eval
     self.units = measurement.units(self.data_name, e.voltage_ratio, e.current_ratio)
-    self.layout = synthetic.layout_of(self.cfg.simulator)
+    self.layout = loading.device_of(self.cfg, meta.record)
     sets = layout.removal_sets(self.cfg.simulator.removals)
     if not (isinstance(e.removal, int) and 0 <= e.removal < len(sets)):
       raise InputError(

@@ -1,13 +1,17 @@
 """What an evaluation writes: metrics.json (last: it marks a complete evaluation), metrics.csv,
 predictions.npz and .mat, and the figure of reconstructions. All are written beside the folder's
 earlier outputs first (a hidden staging folder, `Staged`) and replace them only once every one is
-complete, so a failed evaluation (a full disk, a kill) leaves the previous one whole.
+complete, so a failed evaluation (a full disk, a kill) leaves the previous one whole. Publishing
+replaces and removes only files that an earlier run wrote there, which it knows from the folder's
+manifest (`MANIFEST`); a user's own file is kept, or, where it has an output's name, the command
+stops before any work (`check_out`).
 
 The arrays are written as the examples come (`Predictions`: files filled in place a chunk at a
 time, os.pwrite), so an evaluation's memory does not grow with its test set."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import io
@@ -35,22 +39,100 @@ OUTPUTS = (
 SHOWN = 32  # examples in the figure
 
 
-def check_out(out: str, data_path: str | None = None, workdir: str | None = None) -> None:
-  """Fail before any work when `out` cannot take the outputs (a file, read-only, the data folder
-  itself, inside the checkpoints of `workdir`, whose retention may delete it, ...)."""
+MANIFEST = ".cdeit-outputs.json"  # in OUT: the files this project wrote there (`Staged.commit`)
+
+
+def _real(p: str) -> str:
+  """`p` resolved through symbolic links (local), or the URL as given."""
+  return fileio.resolve(p) if fileio.is_remote(p) else os.path.realpath(fileio.resolve(p))
+
+
+def _within(inner: str, outer: str) -> bool:
+  return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def check_place(out: str, data_path: str | None = None, workdir: str | None = None) -> None:
+  """Refuse an `out` equal to, inside or around the data folder or the checkpoints of `workdir`
+  (links resolved: publishing there could replace the data, and checkpoint retention may
+  delete it); reads and makes nothing."""
+  real = _real(out)
+  guarded = []
+  if data_path is not None:
+    guarded.append(("the data folder", _real(data_path)))
   if workdir is not None:
-    ckpts = fileio.join(fileio.resolve(workdir), "checkpoints")
-    if fileio.resolve(out) == ckpts or fileio.resolve(out).startswith(ckpts + "/"):
+    guarded.append(("the run's checkpoints", fileio.join(_real(workdir), "checkpoints")))
+  for what, folder in guarded:
+    if _within(real, folder) or _within(folder, real):
+      where = "is" if real == folder else ("lies inside" if _within(real, folder) else "contains")
       raise InputError(
-        f"--out {out} is inside the run's checkpoints ({ckpts}): checkpoint retention may delete "
-        "it; give a folder outside it"
+        f"--out {out} {where} {what} ({folder}): the outputs could replace or be replaced by "
+        "what is there; give a folder outside it"
       )
-  if data_path is not None and fileio.resolve(out) == fileio.resolve(data_path):
-    raise InputError(
-      f"--out {out} is the data folder: the outputs (predictions.npz) would be read "
-      "as a test case by the next evaluation of it; give another folder"
-    )
+
+
+def check_out(
+  out: str,
+  data_path: str | None = None,
+  workdir: str | None = None,
+  names: tuple[str, ...] | list[str] = (),
+) -> None:
+  """Fail before any work when `out` cannot take the outputs `names` (paths inside it): placed
+  around the data or the checkpoints (`check_place`), a file, read-only, or holding a file of
+  those names that this project did not write there (`check_names`). Makes `out`."""
+  check_place(out, data_path, workdir)
   fileio.writable_folder(out, "--out")
+  check_names(out, names)
+
+
+def read_manifest(out: str) -> set[str]:
+  """The files an earlier run published in `out` (paths inside it; none without a manifest)."""
+  p = fileio.join(out, MANIFEST)
+  fileio.refuse_link(p)
+  text = fileio.read_text(p)
+  if text is None:
+    return set()
+  try:
+    files = json.loads(text)["files"]
+    if not all(isinstance(f, str) for f in files):
+      raise ValueError
+  except (ValueError, KeyError, TypeError):
+    raise InputError(
+      f"{p}: damaged (it lists the files cdeit-jax wrote in {out}); remove it and the outputs "
+      "it listed, or give another --out"
+    ) from None
+  return set(files)
+
+
+def check_names(out: str, names, manifest: set[str] | None = None) -> None:
+  """Refuse, in one line before any work, to publish `names` (paths inside `out`) where `out`
+  holds a file of one of those names that no earlier run of ours wrote (not in `MANIFEST`), a
+  folder of that name, or a symbolic link on the way (nothing is written through a link)."""
+  if manifest is None:
+    manifest = read_manifest(out)
+  for name in names:
+    parts = name.split("/")
+    for depth in range(1, len(parts) + 1):
+      p = fileio.join(out, *parts[:depth])
+      last = depth == len(parts)
+      if not fileio.is_remote(p) and os.path.islink(fileio.resolve(p)):
+        raise InputError(
+          f"--out {out}: {'/'.join(parts[:depth])} is a symbolic link: cdeit-jax writes no "
+          "output through a link; remove the link or give another --out"
+        )
+      target = fileio.path(p)
+      if not target.exists():
+        break
+      if not last and not target.is_dir():
+        raise InputError(
+          f"--out {out}: {'/'.join(parts[:depth])} is a file where the outputs need a folder; "
+          "move it away or give another --out"
+        )
+      if last and (target.is_dir() or name not in manifest):
+        raise InputError(
+          f"--out {out}: {name} is there and was not written by cdeit-jax (it is not in "
+          f"{MANIFEST}); move it away or give another --out: outputs never replace files they "
+          "did not write"
+        )
 
 
 def json_clean(tree):
@@ -80,22 +162,31 @@ class Staged:
     fileio.makedirs(self.dir)
     self.work = tempfile.mkdtemp(prefix="cdeit-eval-") if fileio.is_remote(out) else self.dir
 
-  def commit(self, written: list[str], known: tuple[str, ...]) -> None:
-    """Replace every name of `known` in `out` with the staged `written` (the old marker, the last
-    of `known`, goes first: the folder is incomplete until the new one lands)."""
+  def commit(self, written: list[str]) -> None:
+    """Put the staged files `written` (paths inside the staging folder; the last one marks a
+    complete set) in place in `out`, replacing what an earlier run published there (`MANIFEST`)
+    and removing the files of it that this set lacks (a stale level folder, an old figure).
+    Nothing else in `out` is touched: a file of ours that is not in the manifest is refused
+    (`check_names`). The old marker goes first and the manifest lists old and new files until
+    the new set is complete, so a failure half-way leaves no file unaccounted for."""
+    old = read_manifest(self.out)
+    check_names(self.out, written, old)  # again: a file may have appeared since the start
     if self.work != self.dir:  # made locally: upload into the bucket's staging folder
       for name in written:
         src = os.path.join(self.work, name)
         fileio.atomic_write(
           fileio.join(self.dir, name), lambda tmp, src=src: shutil.copyfile(src, tmp)
         )
-    marker = known[-1]
-    for name in (marker, *[n for n in known if n not in written]):
-      _remove(fileio.join(self.out, name))
-    for name in sorted(written, key=lambda n: n == marker):
-      if fileio.path(fileio.join(self.dir, name)).is_dir():  # a folder replaces a folder whole
-        _remove(fileio.join(self.out, name))
+    marker = written[-1]
+    if marker in old:
+      _remove(fileio.join(self.out, marker))
+    _write_manifest(self.out, old | set(written))
+    for name in written:
       fileio.move(fileio.join(self.dir, name), fileio.join(self.out, name))
+    for name in sorted(old - set(written)):
+      _remove(fileio.join(self.out, name))
+      _remove_empty_parents(self.out, name)
+    _write_manifest(self.out, set(written))
     self.abort()
 
   def abort(self) -> None:
@@ -106,10 +197,26 @@ class Staged:
 
 
 def _remove(p: str) -> None:
-  if fileio.path(p).is_dir():
-    fileio.remove_tree(p)
-  else:
+  if not fileio.path(p).is_dir():  # a folder is not ours: the manifest lists files
     fileio.path(p).unlink(missing_ok=True)
+
+
+def _remove_empty_parents(out: str, name: str) -> None:
+  """Remove the folders of `name` inside local `out` that are left empty (a stale level folder)."""
+  if fileio.is_remote(out):
+    return  # an object store has no folders
+  parts = name.split("/")[:-1]
+  while parts:
+    with contextlib.suppress(OSError):  # not empty (a user's file), or gone
+      os.rmdir(fileio.resolve(fileio.join(out, *parts)))
+    parts.pop()
+
+
+def _write_manifest(out: str, files: set[str]) -> None:
+  fileio.write_text(
+    fileio.join(out, MANIFEST),
+    json.dumps({"written_by": "cdeit-jax", "files": sorted(files)}, indent=1),
+  )
 
 
 def stale_staging(out: str) -> list[str]:
@@ -138,15 +245,15 @@ def _alive(pid: int) -> bool:
   return True
 
 
-def publish(out: str, write_all, known: tuple[str, ...]) -> list[str]:
-  """Call write_all(folder) (a fresh local folder; it returns the names it wrote, the one that
-  marks a complete set last in `known`), then replace `out`'s earlier outputs (every name in
-  `known`) with them: a failure before that leaves the earlier outputs whole and no temporary
-  file; a full disk is one line naming `out`. Returns the names written."""
+def publish(out: str, write_all) -> list[str]:
+  """Call write_all(folder) (a fresh local folder; it returns the paths it wrote inside it, the
+  one that marks a complete set last), then put them in place of `out`'s earlier outputs
+  (`Staged.commit`): a failure before that leaves the earlier outputs whole and no temporary
+  file; a full disk is one line naming `out`. Returns the paths written."""
   staged = Staged(out)
   with failing(staged):
     written = write_all(staged.work)
-    staged.commit(written, known)
+    staged.commit(written)
   return written
 
 
@@ -282,7 +389,7 @@ def write_outputs(
   fileio.write_text(
     os.path.join(folder, "metrics.json"), json.dumps(json_clean(result), indent=2, allow_nan=False)
   )
-  staged.commit([*written, "metrics.json"], OUTPUTS)
+  staged.commit([*written, "metrics.json"])
 
 
 def save_figure(path: str, names, target, pred, std, baselines, max_rows: int = 32) -> None:

@@ -1,0 +1,198 @@
+"""KTC2023-style folders answered (`cdeit_jax.infer.challenge`, `cdeit_jax.data.ktc2023`, the
+`python -m cdeit_jax.challenge` command): the data and a user's files are never touched, inputs
+that cannot be a measurement are refused in one line before --out is made, and a frame stored
+as one column per pattern gives the same answers. The device is a 16-electrode skip-2 system in
+KTC's keys (`conftest.challenge_folder`), so that every case runs in seconds."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.io
+from conftest import REPO, SKIP2, challenge_folder
+
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import layout as lay
+from cdeit_jax.infer import challenge
+
+LAYOUT = lay.from_rules(16, **SKIP2)
+
+
+@pytest.fixture(scope="module")
+def levels(tmp_path_factory):
+  """levels/level_1 (every value) and levels/level_2 (electrode 3 removed)."""
+  root = tmp_path_factory.mktemp("levels") / "levels"
+  challenge_folder(root / "level_1", LAYOUT, [])
+  challenge_folder(root / "level_2", LAYOUT, [3])
+  return root
+
+
+def _tree(root) -> dict[str, bytes]:
+  out = {}
+  for d, _, files in os.walk(root):
+    for f in files:
+      p = os.path.join(d, f)
+      out[os.path.relpath(p, root)] = open(p, "rb").read()
+  return out
+
+
+def _copy(levels, tmp_path, *names) -> str:
+  data = tmp_path / "data"
+  for name in names:
+    shutil.copytree(levels / name, data / name)
+  return str(data)
+
+
+def test_outputs_never_touch_the_data_or_a_users_files(levels, tmp_path):
+  """--out as the data's parent or as a link to the data is refused and every data file stays
+  byte for byte; a user's file inside OUT/level_1 survives a rerun; a later run over fewer
+  levels removes the earlier run's level folder it lacks."""
+  data = _copy(levels, tmp_path, "level_1", "level_2")
+  before = _tree(data)
+  link = tmp_path / "link"
+  link.symlink_to(os.path.join(data, "level_1"))
+  for path, out, words in (
+    (os.path.join(data, "level_1"), data, "contains the data folder"),
+    (os.path.join(data, "level_1"), str(link), "is the data folder"),
+    (data, os.path.join(data, "level_1"), "lies inside the data folder"),
+  ):
+    with pytest.raises(InputError, match=words):
+      challenge.linear_answers(path, out)
+  assert _tree(data) == before
+  out = tmp_path / "out"
+  r = challenge.linear_answers(data, str(out))
+  assert r["targets"] == 2 and sorted(os.listdir(out / "level_2")) == ["1.mat"]
+  (out / "level_1" / "notes.txt").write_text("mine")
+  challenge.linear_answers(os.path.join(data, "level_1"), str(out))
+  assert (out / "level_1" / "notes.txt").read_text() == "mine"
+  assert not (out / "level_2").exists()  # the earlier run's level, not this one's
+  assert _tree(data) == before
+
+
+def test_a_frame_of_pattern_columns_answers_as_its_column(levels, tmp_path):
+  """A target's Uel saved as one column per pattern (16, 16) gives the answer of the same
+  values in one column; the calibration is logged."""
+  data = _copy(levels, tmp_path, "level_1")
+  out_a, out_b = tmp_path / "a", tmp_path / "b"
+  challenge.linear_answers(data, str(out_a))
+  f = os.path.join(data, "level_1", "data1.mat")
+  d = scipy.io.loadmat(f)
+  d["Uel"] = d["Uel"].reshape(16, 16).T  # pattern p's values in column p
+  scipy.io.savemat(f, {k: v for k, v in d.items() if not k.startswith("__")})
+  challenge.linear_answers(data, str(out_b))
+  a = scipy.io.loadmat(out_a / "level_1" / "1.mat")
+  b = scipy.io.loadmat(out_b / "level_1" / "1.mat")
+  np.testing.assert_array_equal(a["reconstruction"], b["reconstruction"])
+  np.testing.assert_allclose(a["image"], b["image"], rtol=0, atol=1e-12)
+
+
+def _edit(folder, name, **arrays):
+  path = os.path.join(folder, name)
+  d = {k: v for k, v in scipy.io.loadmat(path).items() if not k.startswith("__")}
+  scipy.io.savemat(path, {**d, **arrays})
+
+
+def test_inputs_that_cannot_be_a_measurement_are_refused_before_out(levels, tmp_path):
+  """Each in one line naming the file, with no --out made: a negated and a constant empty-tank
+  frame, an all-zero one, a target of NaN only, truths other than 0/1/2, one level or target
+  under two names, levels of two measuring systems, and flags out of range."""
+  cases = []
+  ref = scipy.io.loadmat(levels / "level_1" / "ref.mat")["Uelref"]
+  for i, (name, arrays, words) in enumerate(
+    (
+      ("ref.mat", {"Uelref": -ref}, r"ref.mat: gain -\d+.* the frame's sign is flipped"),
+      ("ref.mat", {"Uelref": np.full_like(ref, 0.3)}, r"ref.mat: .*a residual beyond 0.3"),
+      ("ref.mat", {"Uelref": 0 * ref}, "ref.mat: every value is zero"),
+      ("data1.mat", {"Uel": np.full_like(ref, np.nan)}, "data1.mat: every value of Uel is NaN"),
+      ("true1.mat", {"truth": np.full((256, 256), 7.0)}, r"true1.mat: 'truth' holds .*: 7"),
+      ("true1.mat", {"truth": -np.ones((256, 256))}, r"true1.mat: 'truth' holds .*: -1"),
+      ("true1.mat", {"truth": np.full((256, 256), np.nan)}, r"true1.mat: .* nan"),
+    )
+  ):
+    data = _copy(levels, tmp_path / f"c{i}", "level_1")
+    _edit(os.path.join(data, "level_1"), name, **arrays)
+    cases.append((data, words))
+  twice = _copy(levels, tmp_path / "twice", "level_1")
+  shutil.copytree(os.path.join(twice, "level_1"), os.path.join(twice, "level_01"))
+  cases.append((twice, "level_01 and level_1 are both level 1"))
+  targets = _copy(levels, tmp_path / "targets", "level_1")
+  shutil.copy(
+    os.path.join(targets, "level_1", "data1.mat"), os.path.join(targets, "level_1", "data01.mat")
+  )
+  cases.append((targets, "data01.mat and data1.mat are both target 1"))
+  mixed = _copy(levels, tmp_path / "mixed", "level_1")
+  other = lay.from_rules(16, injection="skip-3", measure_injecting=True, clockwise=False)
+  challenge_folder(tmp_path / "mixed" / "data" / "level_2", other, [])
+  cases.append((mixed, "give the levels of one measuring system"))
+  for data, words in cases:
+    out = tmp_path / "never"
+    with pytest.raises(InputError, match=words) as e:
+      challenge.linear_answers(data, str(out))
+    assert "\n" not in str(e.value) and not out.exists(), words
+  data = str(levels)
+  for kwargs, words in (
+    ({"alpha": float("nan")}, "--alpha=nan: must be a finite number > 0"),
+    ({"segment_level": float("nan")}, "--segment_level=nan: must be between 0 and 1"),
+    ({"segment_level": -0.5}, "--segment_level=-0.5"),
+    ({"segment_level": 0.0}, "--segment_level=0.0"),
+    ({"segment_level": 1.5}, "--segment_level=1.5"),
+  ):
+    with pytest.raises(InputError, match=words):
+      challenge.linear_answers(data, str(tmp_path / "never"), **kwargs)
+  assert not (tmp_path / "never").exists()
+
+
+def test_the_command_says_a_refusal_in_one_line(levels, tmp_path):
+  """python -m cdeit_jax.challenge: a negated reference is one line on stderr, rc 1, no --out."""
+  data = _copy(levels, tmp_path, "level_1")
+  ref = scipy.io.loadmat(os.path.join(data, "level_1", "ref.mat"))["Uelref"]
+  _edit(os.path.join(data, "level_1"), "ref.mat", Uelref=-ref)
+  out = tmp_path / "out"
+  p = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.challenge", f"--data_path={data}", f"--out={out}"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=300,
+  )
+  assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+  assert p.stderr.count("error:") == 1 and "sign is flipped" in p.stderr
+  assert not out.exists()
+
+
+def test_a_models_answers_keep_the_data_and_refuse_what_cannot_be(device_run, levels, tmp_path):
+  """eval.py's challenge path (`challenge.evaluate`, a tiny model of the device): --out as the
+  data's parent and as a link to the data are refused with every data file byte for byte; a
+  user's file in OUT/level_1 is kept; a negated and a constant reference are refused in one
+  line with no answers written; a target stored as one column per pattern answers as before."""
+  common = {"sampling.num_samples": 1, "eval.figure": False}
+  data = _copy(levels, tmp_path, "level_1")
+  level = os.path.join(data, "level_1")
+  before = _tree(data)
+  link = tmp_path / "link"
+  link.symlink_to(level)
+  for out, words in ((data, "contains the data folder"), (str(link), "is the data folder")):
+    with pytest.raises(InputError, match=words):
+      challenge.evaluate(device_run.run, level, out, common)
+  assert _tree(data) == before
+  out = tmp_path / "out"
+  first = challenge.evaluate(device_run.run, level, str(out), common)
+  (out / "level_1" / "notes.txt").write_text("mine")
+  answer = scipy.io.loadmat(out / "level_1" / "1.mat")["reconstruction"]
+  d = scipy.io.loadmat(os.path.join(level, "data1.mat"))
+  _edit(level, "data1.mat", Uel=d["Uel"].reshape(16, 16).T)
+  again = challenge.evaluate(device_run.run, level, str(out), common)
+  assert (out / "level_1" / "notes.txt").read_text() == "mine"
+  np.testing.assert_array_equal(
+    scipy.io.loadmat(out / "level_1" / "1.mat")["reconstruction"], answer
+  )
+  assert again["metrics"]["cdeit"] == first["metrics"]["cdeit"]
+  ref = scipy.io.loadmat(os.path.join(level, "ref.mat"))["Uelref"]
+  for bad, words in ((-ref, "sign is flipped"), (np.full_like(ref, 0.3), "a residual beyond")):
+    _edit(level, "ref.mat", Uelref=bad)
+    with pytest.raises(InputError, match=words) as e:
+      challenge.evaluate(device_run.run, level, str(tmp_path / "never"), common)
+    assert "\n" not in str(e.value) and not (tmp_path / "never").exists()
