@@ -32,7 +32,12 @@ flags.DEFINE_string(
   "a run directory (local or gs://): its best validated "
   "checkpoint, else the latest; or one RUN/checkpoints/STEP",
 )
-flags.DEFINE_string("frames", None, "frames file: .npy, .npz, .mat or .csv, rows of 208 voltages")
+flags.DEFINE_string(
+  "frames",
+  None,
+  "frames file: .npy, .npz, .mat or .csv, rows of the model's measuring system's voltages "
+  "(208 for CDEIT's; NaN: a removed electrode's)",
+)
 flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_string(
   "preset",
@@ -48,7 +53,7 @@ flags.DEFINE_float(
 flags.DEFINE_string(
   "reference",
   None,
-  "a file with the reference frame (one row of 208): the images are of frames minus it",
+  "a file with the reference frame (one row): the images are of frames minus it",
 )
 flags.DEFINE_integer("reference_row", None, "the frames file's row that is the reference frame")
 flags.DEFINE_boolean(
@@ -92,24 +97,31 @@ def _main(argv):
 
   import numpy as np
 
+  from cdeit_jax.checkpoints import loading, reader
   from cdeit_jax.common import compile_cache, logs
-  from cdeit_jax.infer import frames, outputs
+  from cdeit_jax.infer import frames, outputs, reconstructor
   from cdeit_jax.infer.reconstructor import Reconstructor, listed
 
   t_start = time.perf_counter()
   overrides = cli.checkpoint_overrides()
-  v, reference, targets = _frames_and_reference()
+  reconstructor.check_overrides(overrides)
+  with reader.open_run(FLAGS.workdir, overrides.get("eval.step")) as run:
+    meta, skipped, cfg = reconstructor.choose(run, overrides)
+    system = loading.device_of(cfg, meta.record)  # the frames are this system's values
+    v, reference, targets = _frames_and_reference(system, run.workdir)
+    t0 = time.perf_counter()
+    with compile_cache.Watch() as cache:
+      rec = Reconstructor.from_run(
+        run,
+        meta,
+        skipped,
+        cfg,
+        overrides,
+        preset=FLAGS.preset,
+        voltage_ratio=FLAGS.voltage_ratio,
+        current_ratio=FLAGS.current_ratio,
+      )
   where = FLAGS.frames
-
-  t0 = time.perf_counter()
-  with compile_cache.Watch() as cache:
-    rec = Reconstructor.from_workdir(
-      FLAGS.workdir,
-      preset=FLAGS.preset,
-      voltage_ratio=FLAGS.voltage_ratio,
-      current_ratio=FLAGS.current_ratio,
-      overrides=overrides,
-    )
   dv = rec.difference(frames=v, reference=reference, where=where)
   ok = rec.check_frames(dv, where, skip_bad=FLAGS.skip_bad_frames)
   # Calls of at most --chunk consecutive rows; each row's example index is its row number (its
@@ -157,7 +169,7 @@ def _main(argv):
           f"{where}: rows {listed(sink.nonfinite)} gave NaN or infinite images "
           "(listed in frames.npz's and frames.mat's `skipped`); check those frames' voltages"
         )
-      staged.commit(written, frames.OUTPUTS)
+      staged.commit(written)
   rate = len(ok) / sample_s
   print(
     f"reconstructed {len(ok)} frames ({k} sample{'s' if k > 1 else ''} each, {rec.steps} "
@@ -167,10 +179,10 @@ def _main(argv):
   )
 
 
-def _frames_and_reference():
-  """(frames, reference frame or None, true images or None) from --frames, --reference and
-  --reference_row, the flags checked first."""
-  from cdeit_jax.checkpoints import checkpoint
+def _frames_and_reference(system, workdir: str):
+  """(frames, reference frame or None, true images or None) of the measuring system `system`
+  (the model's: its values per frame) from --frames, --reference and --reference_row, the
+  flags checked first; --out checked against `workdir`'s checkpoints."""
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.infer import frames, outputs
 
@@ -178,15 +190,16 @@ def _frames_and_reference():
     raise InputError(f"--chunk={FLAGS.chunk}: must be >= 1")
   if not FLAGS.fps > 0:
     raise InputError(f"--fps={FLAGS.fps}: must be > 0")
-  v, reference, targets = frames.read(FLAGS.frames)
-  outputs.check_out(FLAGS.out, workdir=checkpoint.locate(FLAGS.workdir)[0])
+  r, described = system.num_values, system.describe()
+  v, reference, targets = frames.read(FLAGS.frames, r, described)
+  outputs.check_out(FLAGS.out, workdir=workdir, names=frames.OUTPUTS)
   if FLAGS.reference is not None:
     if reference is not None:
       raise InputError(
         f"--reference {FLAGS.reference}: {FLAGS.frames} holds a reference frame "
         "already; give one of them"
       )
-    ref = frames.read(FLAGS.reference)[0]
+    ref = frames.read(FLAGS.reference, r, described)[0]
     if len(ref) != 1:
       raise InputError(f"--reference {FLAGS.reference}: holds {len(ref)} frames; give one")
     reference = ref[0]

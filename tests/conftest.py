@@ -298,3 +298,120 @@ def gcs(tmp_path_factory):
   server.terminate()
   server.wait(timeout=30)
   logfile.close()
+
+
+# ----------------------------------------------------------------------------- another device
+
+SKIP2 = dict(injection="skip-2", measure_injecting=True, clockwise=False)
+DEVICE_MODEL = dict(hidden_size=32, num_scales=1, cond_grid=16)  # tiny, for another device
+
+
+def device_file(path, layout) -> None:
+  """A device's reference file in KTC's keys (currents and measurement pattern, no values) of
+  a layout that measures the same pairs under every pattern."""
+  import scipy.io
+
+  pairs = layout.rows[layout.rows[:, 0] == 0][:, 1:]
+  mpat = np.zeros((layout.num_electrodes, len(pairs)))
+  mpat[pairs[:, 0], np.arange(len(pairs))] = 1
+  mpat[pairs[:, 1], np.arange(len(pairs))] = -1
+  scipy.io.savemat(path, {"Injref": 2e-3 * layout.currents, "Mpat": mpat})
+
+
+def device_volts(layout, xs, gain: float = 500.0, contact_impedance: float = 0.05):
+  """(the empty tank's frame, the frame of label image `xs`) of a device of `layout`, in its
+  own volts (`gain` times the simulator's)."""
+  import jax.numpy as jnp
+
+  from cdeit_jax.eit import measurement, simulator
+
+  system = measurement.System(contact_impedance=contact_impedance)
+  sim = simulator.Simulator(layout=layout, system=system)
+  volts = lambda sigma: gain * np.asarray(sim.cem.voltages(sigma), np.float64)
+  return volts(jnp.ones(sim.mesh.num_elements)), volts(sim.image_conductivity(jnp.asarray(xs)))
+
+
+def disc(cx: float = 0.35, cy: float = 0.3, r: float = 0.25, value: float = 1.0) -> np.ndarray:
+  """A label image (128, 128) of one disc (rows grow with +y, the simulator's grid)."""
+  yy, xx = (np.mgrid[:128, :128] - 63.5) / 64
+  return np.where((xx - cx) ** 2 + (yy - cy) ** 2 < r**2, value, 0.0).astype(np.float32)
+
+
+def challenge_folder(folder, layout, removed: list[int]) -> None:
+  """KTC2023-style files (ref.mat, data1.mat, true1.mat) of the device: a conductive disc, the
+  values of `removed` electrodes NaN."""
+  import scipy.io
+
+  from cdeit_jax.infer import ktc_score
+
+  xs = disc()
+  ref, target = device_volts(layout, xs)
+  target = np.where(layout.without(removed), np.nan, target)
+  pairs = layout.rows[layout.rows[:, 0] == 0][:, 1:]
+  mpat = np.zeros((16, len(pairs)))
+  mpat[pairs[:, 0], np.arange(len(pairs))], mpat[pairs[:, 1], np.arange(len(pairs))] = 1, -1
+  inj = 2e-3 * layout.currents
+  folder.mkdir(parents=True)
+  scipy.io.savemat(folder / "ref.mat", {"Injref": inj, "Mpat": mpat, "Uelref": ref[:, None]})
+  scipy.io.savemat(folder / "data1.mat", {"Inj": inj, "Mpat": mpat, "Uel": target[:, None]})
+  truth = ktc_score.to_challenge_grid(np.where(xs > 0, 2, 0).astype(np.uint8))
+  scipy.io.savemat(folder / "true1.mat", {"truth": truth})
+
+
+@pytest.fixture(scope="session")
+def device_run(tmp_path_factory):
+  """A tiny CDEIT for a 16-electrode skip-2 device (counter-clockwise, measuring on its
+  current-carrying electrodes; KTC's keys) trained one step with electrode 3 removed or not
+  (removals '-;3'), in one process: its device file, simulated data (16 train, 8 test), the
+  config, the first step's metrics and model, and the saved run (its weights made random and
+  non-zero, as `tiny_run`'s)."""
+  import types
+
+  import jax
+  import jax.numpy as jnp
+
+  from cdeit_jax import config_lib, simulate
+  from cdeit_jax.checkpoints import checkpoint
+  from cdeit_jax.common import sharding as shd
+  from cdeit_jax.data import sources
+  from cdeit_jax.eit import layout as lay
+  from cdeit_jax.train import training
+
+  root = tmp_path_factory.mktemp("device_run")
+  layout = lay.from_rules(16, **SKIP2)
+  device = root / "device.mat"
+  device_file(device, layout)
+  cfg = config_lib.load(str(REPO / "configs" / "ktc2023.py"))
+  cfg.simulator.update(layout=str(device), removals="-;3", contact_impedance=0.05)
+  cfg.model.update(DEVICE_MODEL)
+  cfg.batch_size = 8
+  data = root / "data"
+  simulate.generate(str(data), {"train": 16, "test": 8}, cfg.simulator, 8, ("test",), False)
+  train = sources.NpzSource(str(data / "train"), num_values=256, vector_cond=True)
+  ts = training.setup(cfg, shd.make_mesh(), calibration_source=train)
+  batch = {
+    "cond": jnp.asarray(np.stack([train[i]["cond"] for i in range(8)])),
+    "target": jnp.asarray(np.stack([train[i]["target"] for i in range(8)])),
+  }
+  state, metrics = jax.jit(ts.step_fn)(ts.state, batch, jax.random.key(0), ts.constants)
+  model = training.nnx.merge(ts.graphdef, state.params, ts.constants)
+  # saved with random non-zero weights: one step leaves the zero-initialised output layer near 0
+  rng = np.random.default_rng(5)
+  noisy = jax.tree.map(
+    lambda a: a + 0.05 * rng.standard_normal(a.shape).astype(np.float32), state.params
+  )
+  run = root / "run"
+  saved = training.nnx.merge(ts.graphdef, noisy, ts.constants)
+  checkpoint.save_inference(str(run), saved, cfg, mean=train.mean, std=train.std)
+  return types.SimpleNamespace(
+    root=root,
+    layout=layout,
+    device=device,
+    cfg=cfg,
+    data=data,
+    train=train,
+    state=state,
+    metrics=metrics,
+    model=model,
+    run=str(run),
+  )

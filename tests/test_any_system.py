@@ -13,16 +13,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.io
+from conftest import DEVICE_MODEL, SKIP2, challenge_folder, device_file
 
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files
 from cdeit_jax.data import stats as stats_lib
-from cdeit_jax.eit import conditioning, measurement, tikhonov
+from cdeit_jax.eit import conditioning, tikhonov
 from cdeit_jax.eit import layout as lay
 
 REPO = pathlib.Path(__file__).parent.parent
 LEVELS = REPO / "data" / "ktc2023" / "levels"
-SKIP2 = dict(injection="skip-2", measure_injecting=True, clockwise=False)
 
 
 def test_the_condition_is_tikhonov_of_the_values_each_removal_leaves():
@@ -93,14 +93,6 @@ def test_statistics_and_files_of_another_count_of_values(tmp_path):
     npz_files.check_folder(str(tmp_path), ["0.npz", "1.npz", "2.npz"], num_values=256)
 
 
-def _device_file(path: pathlib.Path, layout) -> None:
-  pairs = layout.rows[layout.rows[:, 0] == 0][:, 1:]
-  mpat = np.zeros((layout.num_electrodes, len(pairs)))
-  mpat[pairs[:, 0], np.arange(len(pairs))] = 1
-  mpat[pairs[:, 1], np.arange(len(pairs))] = -1
-  scipy.io.savemat(path, {"Injref": 2e-3 * layout.currents, "Mpat": mpat})
-
-
 def _run(*args, timeout=900):
   p = subprocess.run(
     [sys.executable, *map(str, args)], capture_output=True, text=True, cwd=REPO, timeout=timeout
@@ -116,7 +108,7 @@ def _skip2_pipeline(tmp_path, num_train: int, steps: int, model: dict):
   Returns (workdir, device file, {removal: metrics})."""
   layout = lay.from_rules(16, **SKIP2)
   device = tmp_path / "device.mat"
-  _device_file(device, layout)
+  device_file(device, layout)
   data, run = tmp_path / "data", tmp_path / "run"
   cfg = [
     "--config",
@@ -153,89 +145,35 @@ def _skip2_pipeline(tmp_path, num_train: int, steps: int, model: dict):
   return run, device, results, layout
 
 
-def _challenge_folder(folder: pathlib.Path, layout, removed: list[int]) -> None:
-  """KTC2023-style files (ref.mat, data1.mat, true1.mat) of the device: a conductive disc, the
-  values of `removed` electrodes NaN."""
-  import jax.numpy as jnp
-
-  from cdeit_jax.eit import simulator
-  from cdeit_jax.infer import ktc_score
-
-  sim = simulator.Simulator(layout=layout, system=measurement.System(contact_impedance=0.05))
-  yy, xx = (np.mgrid[:128, :128] - 63.5) / 64
-  xs = np.where((xx - 0.35) ** 2 + (yy - 0.3) ** 2 < 0.25**2, 1.0, 0.0).astype(np.float32)
-  volts = lambda sigma: 500.0 * np.asarray(sim.cem.voltages(sigma), np.float64)
-  ref = volts(jnp.ones(sim.mesh.num_elements))
-  target = np.where(layout.without(removed), np.nan, volts(sim.image_conductivity(xs)))
-  pairs = layout.rows[layout.rows[:, 0] == 0][:, 1:]
-  mpat = np.zeros((16, len(pairs)))
-  mpat[pairs[:, 0], np.arange(len(pairs))], mpat[pairs[:, 1], np.arange(len(pairs))] = 1, -1
-  inj = 2e-3 * layout.currents
-  folder.mkdir(parents=True)
-  scipy.io.savemat(folder / "ref.mat", {"Injref": inj, "Mpat": mpat, "Uelref": ref[:, None]})
-  scipy.io.savemat(folder / "data1.mat", {"Inj": inj, "Mpat": mpat, "Uel": target[:, None]})
-  truth = ktc_score.to_challenge_grid(np.where(xs > 0, 2, 0).astype(np.uint8))
-  scipy.io.savemat(folder / "true1.mat", {"truth": truth})
-
-
-TINY_MODEL = dict(hidden_size=32, num_scales=1, cond_grid=16)
-
-
-def test_a_tiny_model_for_another_device_in_one_process(tmp_path):
-  """In-process and tiny: the device's simulations and statistics (256 values), the train
-  step with the removal drawn per example (finite loss; the NaN values never reach the
-  network), the checkpoint, eval.py's simulated path at removal 1 (CDEIT beside the Tikhonov of
-  the 208 values left), the challenge path writing answers, and KTC2023's data refused naming
-  both systems."""
-  import jax
-
-  from cdeit_jax import config_lib, simulate
-  from cdeit_jax.checkpoints import checkpoint
-  from cdeit_jax.common import sharding as shd
-  from cdeit_jax.data import sources
+def test_a_tiny_model_for_another_device_in_one_process(device_run, tmp_path):
+  """In-process and tiny (`device_run`): the device's simulations and statistics (256 values),
+  the train step with the removal drawn per example (finite loss; the NaN values never reach
+  the network), the checkpoint, eval.py's simulated path at removal 1 (CDEIT beside the
+  Tikhonov of the 208 values left), the challenge path writing answers, and KTC2023's data
+  refused naming both systems."""
   from cdeit_jax.infer import challenge, evaluate
-  from cdeit_jax.train import training
 
-  layout = lay.from_rules(16, **SKIP2)
-  device = tmp_path / "device.mat"
-  _device_file(device, layout)
-  cfg = config_lib.load(str(REPO / "configs" / "ktc2023.py"))
-  cfg.simulator.update(layout=str(device), removals="-;3", contact_impedance=0.05)
-  cfg.model.update(TINY_MODEL)
-  cfg.batch_size = 8
-  data = tmp_path / "data"
-  simulate.generate(str(data), {"train": 16, "test": 8}, cfg.simulator, 8, ("test",), False)
-  train = sources.NpzSource(str(data / "train"), num_values=256, vector_cond=True)
-  assert train.mean.shape == (1, 256) and train[0]["cond"].shape == (256,)
-  mesh = shd.make_mesh()
-  ts = training.setup(cfg, mesh, calibration_source=train)
-  batch = {
-    "cond": jnp.asarray(np.stack([train[i]["cond"] for i in range(8)])),
-    "target": jnp.asarray(np.stack([train[i]["target"] for i in range(8)])),
-  }
-  state, m = jax.jit(ts.step_fn)(ts.state, batch, jax.random.key(0), ts.constants)
-  assert bool(m["finite"]) and int(state.step) == 1
-  model = training.nnx.merge(ts.graphdef, state.params, ts.constants)
-  assert model.removes_values and model.x_embedder.kernel.shape[2] == 1 + 2  # x + 2 levels
-  run = tmp_path / "run"
-  checkpoint.save_inference(str(run), model, cfg, mean=train.mean, std=train.std)
+  d = device_run
+  assert d.train.mean.shape == (1, 256) and d.train[0]["cond"].shape == (256,)
+  assert bool(d.metrics["finite"]) and int(d.state.step) == 1
+  assert d.model.removes_values and d.model.x_embedder.kernel.shape[2] == 1 + 2  # x + 2 levels
   out = tmp_path / "eval"
   common = {"sampling.num_samples": 1, "eval.tikhonov": True, "eval.figure": False}
   evaluate.evaluate(
-    str(run), "simulated", str(data / "test"), str(out), common | {"eval.removal": 1}
+    d.run, "simulated", str(d.data / "test"), str(out), common | {"eval.removal": 1}
   )
   r = json.loads((out / "metrics.json").read_text())
   assert {"cdeit", "tikhonov", "empty"} <= set(r["metrics"]) and "TR" not in r["metrics"]
   assert r["settings"]["config"]["eval"]["removal"] == 1
   levels = tmp_path / "levels"
-  _challenge_folder(levels / "level_2", layout, [3])
-  m = challenge.evaluate(str(run), str(levels), str(tmp_path / "answers"), common)
+  challenge_folder(levels / "level_2", d.layout, [3])
+  m = challenge.evaluate(d.run, str(levels), str(tmp_path / "answers"), common)
   assert set(m["metrics"]) == {"cdeit", "tikhonov", "water"} and "| cdeit |" in m["table"]
   answer = scipy.io.loadmat(tmp_path / "answers" / "level_2" / "1.mat")["reconstruction"]
   assert answer.shape == (256, 256) and set(np.unique(answer)) <= {0, 1, 2}
   words = r"the data are of ktc2023 .*\(32 electrodes.*trained for device.mat .*\(16 electrodes"
   with pytest.raises(InputError, match=words):
-    challenge.evaluate(str(run), str(LEVELS / "level_1"), str(tmp_path / "no"), common)
+    challenge.evaluate(d.run, str(LEVELS / "level_1"), str(tmp_path / "no"), common)
   assert not (tmp_path / "no").exists()
 
 
@@ -246,14 +184,14 @@ def test_a_model_for_another_device_trains_evaluates_and_refuses_other_systems(t
   and without the removed electrode (CDEIT beside the Tikhonov of the same values), its
   challenge-style folders answered; KTC2023's data, and a frame missing another electrode, are
   refused in one line that names what fits and what does not, leaving no --out."""
-  run, device, results, layout = _skip2_pipeline(tmp_path, 24, 2, TINY_MODEL)
+  run, device, results, layout = _skip2_pipeline(tmp_path, 24, 2, DEVICE_MODEL)
   for removal in (0, 1):
     assert {"cdeit", "tikhonov"} <= set(results[removal]), results[removal].keys()
   # the Tikhonov baseline of removal 1 is made from the 208 values left, and differs
   assert results[0]["tikhonov"]["rmse"] != results[1]["tikhonov"]["rmse"]
   levels = tmp_path / "levels"
-  _challenge_folder(levels / "level_1", layout, [])
-  _challenge_folder(levels / "level_2", layout, [3])
+  challenge_folder(levels / "level_1", layout, [])
+  challenge_folder(levels / "level_2", layout, [3])
   out = tmp_path / "answers"
   common = ["eval.py", f"--workdir={run}", "--data=ktc2023_challenge"]
   p = _run(*common, f"--data_path={levels}", f"--out={out}", "--config.eval.tikhonov=True")
@@ -262,7 +200,7 @@ def test_a_model_for_another_device_trains_evaluates_and_refuses_other_systems(t
   answer = scipy.io.loadmat(out / "level_2" / "1.mat")["reconstruction"]
   assert answer.shape == (256, 256) and set(np.unique(answer)) <= {0, 1, 2}
   # a frame that lost electrode 5, which the model never saw removed
-  _challenge_folder(tmp_path / "other" / "level_3", layout, [5])
+  challenge_folder(tmp_path / "other" / "level_3", layout, [5])
   for data, words in (
     (
       LEVELS / "level_1",
@@ -296,3 +234,46 @@ def test_a_model_for_a_skip_2_device_beats_tikhonov_on_its_held_out_simulations(
       f"removal {removal}:", {k: round(m[k]["rmse"], 4) for k in ("cdeit", "tikhonov", "empty")}
     )
     assert m["cdeit"]["rmse"] < m["tikhonov"]["rmse"], (removal, m["cdeit"], m["tikhonov"])
+
+
+def test_a_model_keeps_its_device_when_the_file_moves_or_changes(device_run, tmp_path):
+  """The checkpoint keeps the device's electrodes and patterns: with the device file gone, or
+  replaced by another device's, the model loads as the system it was trained for; training
+  refuses to resume under the other device (naming both); an older checkpoint without the
+  record names the file to put back instead of advising to throw the steps away."""
+  from cdeit_jax.checkpoints import checkpoint, loading
+  from cdeit_jax.infer.reconstructor import Reconstructor
+  from cdeit_jax.train import train_loop
+
+  d = device_run
+  kept = tmp_path / "kept.mat"
+  d.device.rename(kept)
+  try:
+    rec = Reconstructor.from_workdir(d.run, overrides={"sampling.num_samples": 1})
+    assert rec.layout.signature == d.layout.signature and rec.num_values == 256
+    other = lay.from_rules(16, injection="skip-3", measure_injecting=True, clockwise=False)
+    device_file(d.device, other)
+    rec = Reconstructor.from_workdir(d.run, overrides={"sampling.num_samples": 1})
+    assert rec.layout.signature == d.layout.signature
+    meta = checkpoint.read_meta(d.run)
+    with pytest.raises(checkpoint.CheckpointError, match="trained for device.mat .* now gives"):
+      train_loop.check_device(meta, lay.resolve(str(d.device)), "RUN/0")
+    d.device.unlink()
+    old = {k: v for k, v in meta.items() if k != "device"}
+    with pytest.raises(InputError, match="saved before checkpoints kept .* put the file back"):
+      loading.device_of(loading.model_config(old), old)
+  finally:
+    d.device.unlink(missing_ok=True)
+    kept.rename(d.device)
+
+
+def test_removal_rules_without_the_full_set_and_rules_that_remove_everything(device_run):
+  """A rule whose sets all remove something ('3;5') scales its channels on the device's whole
+  training frames without each set in turn (finite scales, as training sees them); a set
+  removing every electrode is one line naming it."""
+  layout = lay.from_rules(16, **SKIP2)
+  c = conditioning.LayoutConditioner(layout, (0.1,), removals="3;5", grid=16)
+  scale = conditioning.calibrate(c, device_run.train)
+  assert np.all(np.isfinite(scale)) and np.all(scale > 0)
+  with pytest.raises(InputError, match=r"removing electrodes \[0, 1, .* 15\] leaves none"):
+    conditioning.LayoutConditioner(layout, (0.1,), removals=",".join(map(str, range(16))), grid=16)

@@ -15,7 +15,7 @@ from cdeit_jax import sequence
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files
 from cdeit_jax.eit import measurement
-from cdeit_jax.infer import evaluate, frames, sampling
+from cdeit_jax.infer import evaluate, frames, outputs, sampling
 from cdeit_jax.infer.reconstructor import Reconstructor
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -140,7 +140,7 @@ def test_frames_files_read_alike(tmp_path, uef_ys):
 
 def _cli(*args):
   return subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.reconstruct", *args],
+    [sys.executable, "-m", "cdeit_jax.reconstruct", *map(str, args)],
     capture_output=True,
     text=True,
     cwd=REPO,
@@ -174,7 +174,7 @@ def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, eval
     z = np.load(tmp_path / name / "frames.npz")
     np.testing.assert_allclose(z["images"], pred, atol=1e-6, rtol=0)
     np.testing.assert_allclose(z["std"], std, atol=1e-6, rtol=0)
-    assert sorted(os.listdir(tmp_path / name)) == sorted(frames.OUTPUTS)
+    assert sorted(os.listdir(tmp_path / name)) == sorted([*frames.OUTPUTS, outputs.MANIFEST])
   m = scipy.io.loadmat(tmp_path / "mat" / "frames.mat")
   np.testing.assert_allclose(m["images"], pred * 2 / 1040.856, rtol=1e-5, atol=1e-9)
 
@@ -320,7 +320,7 @@ def test_counts_indices_ratios_and_paths_are_checked_in_one_line(rec, uef_ys, tm
     "uef2017",
   )
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
-  assert "is inside the run's checkpoints" in r.stderr and not inside.exists()
+  assert "lies inside the run's checkpoints" in r.stderr and not inside.exists()
 
 
 def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef_ys, tmp_path):
@@ -386,3 +386,64 @@ def test_moving_sequence_is_the_simulators_voltages_of_its_phantoms():
   radius = np.hypot(params[:8, 2, 2], params[:8, 2, 3])
   np.testing.assert_allclose(radius, 0.78)
   assert measurement.NUM_MEASUREMENTS == seq["frames"].shape[1]
+
+
+def test_a_model_of_another_system_has_the_same_guards_everywhere(device_run, tmp_path):
+  """A model of a 16-electrode skip-2 device (`device_run`): `reconstruct` in the device's
+  units (gain 500) and `reconstruct_values` in the simulator's give the same images, also
+  without electrode 3; both refuse values in other units, absolute frames, infinite values and
+  NaN that is none of the model's removal sets, one line each; the command images the device's
+  frames of 256 values with a reference frame as the API does, and names the model's system
+  when given 208 values."""
+  from conftest import device_volts, disc
+
+  d = device_run
+  rec = Reconstructor.from_workdir(
+    d.run, voltage_ratio=500.0, current_ratio=2.0, overrides={"sampling.num_samples": 1}
+  )
+  ref, target = device_volts(d.layout, disc())
+  gone = d.layout.without([3])
+  frames_ = np.stack([target, np.where(gone, np.nan, target)])
+  a = rec.reconstruct(frames=frames_, reference=ref)
+  b = rec.reconstruct_values((frames_ - ref) / 500.0)
+  np.testing.assert_allclose(a.images, b.images, atol=1e-5, rtol=0)
+  assert np.isfinite(a.images).all() and a.images.std() > 1e-4
+  inf, other_nan = frames_[:1] - ref, frames_[:1] - ref
+  inf[0, 4] = np.inf
+  other_nan[0, d.layout.without([5])] = np.nan
+  for call, words in (
+    (lambda: rec.reconstruct_values(frames_[:1] - ref), "standard deviations .* simulation units"),
+    (lambda: rec.reconstruct_values(1e30 * (frames_[:1] - ref)), "standard deviations"),
+    (lambda: rec.reconstruct_values(ref[None] / 500.0), "are absolute voltages"),
+    (lambda: rec.reconstruct(frames=frames_), "rows 0, 1 are absolute voltages"),
+    (lambda: rec.reconstruct_values(inf / 500.0), "rows 0 hold NaN, infinite"),
+    (lambda: rec.reconstruct(other_nan), "only as one of the model's 2 electrode-removal sets"),
+  ):
+    with pytest.raises(InputError, match=words) as e:
+      call()
+    assert "\n" not in str(e.value)
+  np.save(tmp_path / "frames.npy", frames_)
+  np.save(tmp_path / "ref.npy", ref)
+  units = ["--voltage_ratio=500", "--current_ratio=2", "--config.sampling.num_samples=1"]
+  common = ["--workdir", d.run, *units, "--figures=false"]
+  r = _cli(
+    *common,
+    "--frames",
+    tmp_path / "frames.npy",
+    "--reference",
+    tmp_path / "ref.npy",
+    "--out",
+    tmp_path / "out",
+  )
+  assert r.returncode == 0, r.stderr[-2000:]
+  np.testing.assert_allclose(
+    np.load(tmp_path / "out" / "frames.npz")["images"], a.images, atol=1e-5
+  )
+  np.save(tmp_path / "cdeit16.npy", np.zeros((2, 208)))
+  r = _cli(*common, "--frames", tmp_path / "cdeit16.npy", "--out", tmp_path / "no")
+  assert r.returncode == 1 and r.stderr.count("error:") == 1, r.stderr[-2000:]
+  assert "rows of 256 voltages of device.mat (KTC keys) (16 electrodes" in r.stderr
+  assert "(208 values: as cdeit16" in r.stderr and not (tmp_path / "no").exists()
+  words = r"uef2017 \(1_1.npz's ys\): frames must be rows of 256 .*\(208 values"
+  with pytest.raises(InputError, match=words):
+    evaluate.evaluate(d.run, "uef2017", str(UEF), str(tmp_path / "e"))

@@ -8,7 +8,8 @@ items shaped like the training state:
   opt_state  the optimizer state (training only)
   data       the grain iterator's position (training only)
   meta       JSON: format, step, the full config, normalisation statistics, the physics-informed
-             calibration, which weight sets are present, where the weights came from
+             calibration, which weight sets are present, where the weights came from, the
+             measuring system (`device`: electrodes and patterns as arrays)
   metrics    orbax's own record of the validation loss; the retention policy and `best_step`
              read it, so the best step survives any number of restarts
 Variables recomputed from the config (the sin-cos position table, the linear operator of the
@@ -129,8 +130,11 @@ def make_meta(
   weights: list[str],
   calibration: dict[str, list[float]] | None = None,
   source: str = "",
+  device: dict[str, Any] | None = None,
   **extra: Any,
 ) -> dict[str, Any]:
+  """A step's metadata; `device`: the model's measuring system as arrays (`Layout.record`), so
+  that the model loads without the device file it was trained for."""
   mean, std = stats.check_stats(mean, std, source="statistics to save")
   return {
     "format": FORMAT,
@@ -142,6 +146,7 @@ def make_meta(
     "calibration": calibration or {},
     "weights": sorted(weights),
     "source": source,
+    **({"device": device} if device is not None else {}),
     **extra,
   }
 
@@ -176,6 +181,7 @@ def save_inference(
     weights=[weights],
     source=source,
     calibration=calibration_of(model),
+    device=model.layout.record(),
   )
   with manager(workdir) as mngr:
     if step in mngr.all_steps():

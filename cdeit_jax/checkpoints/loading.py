@@ -14,24 +14,51 @@ from flax import nnx
 from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint
 from cdeit_jax.checkpoints.checkpoint import CHECKPOINTS, FORMAT_V1, WEIGHT_ITEMS
-from cdeit_jax.common.errors import InputError
+from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.common.variables import Fixed
 from cdeit_jax.model.network import CDEIT
 
 _WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
 
 
-def build(cfg: ml_collections.ConfigDict, *, seed: int = 0, platform: str | None = None) -> CDEIT:
-  """`CDEIT(**config.model)` with the measuring system of `config.simulator`, the attention
-  backend resolved for `platform`."""
-  return CDEIT(**config_lib.model_kwargs(cfg, platform), rngs=nnx.Rngs(seed))
+def device_of(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None):
+  """The measuring system (`eit.layout.Layout`) whose values a model of `cfg` reads: the one
+  its checkpoint keeps (`meta["device"]`, arrays: the device file may move or change after
+  training), else the config's (`config.simulator.layout` for a model of any system, a preset
+  or a device file; CDEIT's 208 voltages for the EIM)."""
+  from cdeit_jax.data import synthetic
+  from cdeit_jax.eit import layout
+
+  if meta is not None and isinstance(meta.get("device"), dict):
+    return layout.Layout.from_record(
+      meta["device"], f"checkpoint metadata of step {meta.get('step')!r}: device"
+    )
+  if cfg.model.get("cond", "eim") != "linear":
+    return layout.preset("cdeit16")
+  try:
+    return synthetic.layout_of(cfg.simulator)
+  except MissingFile as e:
+    if meta is None:
+      raise
+    raise InputError(
+      f"{e}: this checkpoint (step {meta.get('step')!r}) was saved before checkpoints kept "
+      "their measuring system and reads it from that file; put the file back there"
+    ) from None
 
 
-def fixed_variables(cfg: ml_collections.ConfigDict, sharding) -> nnx.State:
+def build(
+  cfg: ml_collections.ConfigDict, *, seed: int = 0, platform: str | None = None, layout=None
+) -> CDEIT:
+  """`CDEIT(**config.model)` with the measuring system `layout` (default: `config.simulator`'s),
+  the attention backend resolved for `platform`."""
+  return CDEIT(**config_lib.model_kwargs(cfg, platform, layout), rngs=nnx.Rngs(seed))
+
+
+def fixed_variables(cfg: ml_collections.ConfigDict, sharding, layout=None) -> nnx.State:
   """The model's Fixed variables (the physics-informed model's linear operator, uncalibrated;
-  empty for the published model) computed from the config alone; jit drops the unused weight
-  initialisation."""
-  make = lambda: nnx.state(build(cfg), Fixed)
+  empty for the published model) computed from the config and the measuring system `layout`
+  alone; jit drops the unused weight initialisation."""
+  make = lambda: nnx.state(build(cfg, layout=layout), Fixed)
   return jax.jit(make, out_shardings=sharding)()
 
 
@@ -107,14 +134,15 @@ def load_weights(
       cfg.model[k] = v
   if sharding is None:
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  model = nnx.eval_shape(lambda: build(cfg))
+  device = device_of(cfg, meta)
+  model = nnx.eval_shape(lambda: build(cfg, layout=device))
   if meta["format"] == FORMAT_V1:
     return _load_v1(model, workdir, step, weights, sharding, mngr)
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   restored = checkpoint.restore_item(
     workdir, step, WEIGHT_ITEMS[weights], params, sharding, mngr=mngr
   )
-  model = nnx.merge(graphdef, restored, fixed_variables(cfg, sharding))
+  model = nnx.merge(graphdef, restored, fixed_variables(cfg, sharding, device))
   checkpoint.set_calibration(model, meta.get("calibration", {}))
   return model
 

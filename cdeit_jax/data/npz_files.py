@@ -74,6 +74,19 @@ def _problem(z: dict[str, np.ndarray], num_values: int = NUM_MEASUREMENTS) -> st
   return None
 
 
+def check_count(directory: str, name: str, num_values: int) -> None:
+  """Refuse in one line a folder whose first file holds another measuring system's count of
+  values than `num_values` (every file would be bad for the same reason)."""
+  from cdeit_jax.eit import layout
+
+  try:
+    n = int(read_npz(fileio.join(directory, name), ("ys",))["ys"].size)
+  except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+    return  # a damaged file: `check_folder` names it with the others
+  if n != num_values:
+    raise layout.frames_shape_error(f"data folder {directory} ({name}'s ys)", (n,), num_values)
+
+
 def list_files(directory: str) -> list[str]:
   d = fileio.path(directory)
   if not d.is_dir():

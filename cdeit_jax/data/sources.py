@@ -73,6 +73,7 @@ class NpzSource:
     self.preset = self.units.name
     self.voltage_ratio, self.current_ratio = self.units.voltage_ratio, self.units.current_ratio
     names = npz_files.list_files(self.path)
+    npz_files.check_count(self.path, names[0], num_values)
     arrays = None
     if validate_files and cache:  # validation reads each file; keep what it read
       self.files, arrays = npz_files.check_folder(

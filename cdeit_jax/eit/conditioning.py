@@ -135,8 +135,18 @@ def calibrate(
   total = np.zeros(len(conditioner.alphas))
   total_sq = np.zeros(len(conditioner.alphas))
   count = 0
+  # A model of any system with no full set among its removal sets sees example i without the
+  # electrodes of set i mod K, as training draws one per example (with the full set, whole
+  # frames, as they come).
+  removed = getattr(conditioner, "removed", None)
+  if removed is not None and np.asarray(removed[...]).any(1).all():
+    removed = np.asarray(removed[...])
+  else:
+    removed = None
   for lo in range(0, n, batch):
     cond = np.stack([source[i]["cond"] for i in range(lo, min(n, lo + batch))])
+    if removed is not None:
+      cond = np.where(removed[np.arange(lo, lo + len(cond)) % len(removed)], np.nan, cond)
     ch = np.asarray(fn(conditioner, jnp.asarray(cond)), np.float64)[:, disk]  # (b, pixels, k)
     total += ch.sum((0, 1))
     total_sq += (ch * ch).sum((0, 1))
@@ -200,14 +210,38 @@ def pooled_jacobian(jac: np.ndarray, grid: int) -> np.ndarray:
   return np.asarray(jac, np.float64).reshape(len(jac), grid, f, grid, f).sum((2, 4))
 
 
-@functools.lru_cache(maxsize=2)
+_layout_factors: dict = {}
+
+
 def layout_factors(
-  layout_name: str,
+  lay,
   removals: str,
   alphas: tuple[float, ...],
   contact_impedance: float,
   grid: int,
   noser_exponent: float = tikhonov.NOSER_EXPONENT,
+) -> dict[str, np.ndarray]:
+  """`_layout_factors_of` of the measuring system `lay` (an `eit.layout.Layout`), kept in
+  memory for the last two settings (a process builds one model's, or a model's and its
+  evaluation's)."""
+  key = (lay.signature, lay.currents.tobytes(), removals, tuple(alphas), contact_impedance, grid)
+  key += (noser_exponent,)
+  if key not in _layout_factors:
+    while len(_layout_factors) >= 2:
+      _layout_factors.pop(next(iter(_layout_factors)))
+    _layout_factors[key] = _layout_factors_of(
+      lay, removals, alphas, contact_impedance, grid, noser_exponent
+    )
+  return _layout_factors[key]
+
+
+def _layout_factors_of(
+  lay,
+  removals: str,
+  alphas: tuple[float, ...],
+  contact_impedance: float,
+  grid: int,
+  noser_exponent: float,
 ) -> dict[str, np.ndarray]:
   """For each electrode-removal set k of the rule `removals` and each level alpha: the
   NOSER-weighted Tikhonov matrix of the values that set leaves, on a coarse `grid` (`disk`
@@ -216,7 +250,6 @@ def layout_factors(
   lambda = alpha * trace(G) / (values left), as `eit.tikhonov.Tikhonov`."""
   from cdeit_jax.eit import layout as layout_lib
 
-  lay = layout_lib.resolve(layout_name)
   system = measurement.System(contact_impedance=float(np.float32(contact_impedance)))
   jac = pooled_jacobian(tikhonov.layout_jacobian(lay, system), grid)
   sets = layout_lib.removal_sets(removals)
@@ -228,7 +261,13 @@ def layout_factors(
     )
   disk = ph.disk_mask(grid).reshape(-1)
   out = np.zeros((len(sets), len(alphas), lay.num_values, int(disk.sum())), np.float32)
-  removed = np.stack([lay.without(s) for s in sets])
+  removed = removed_values(lay, removals)
+  empty = [s for s, gone in zip(sets, removed) if gone.all()]
+  if empty:
+    raise InputError(
+      f"electrode removal {removals!r}: removing electrodes {list(empty[0])} leaves none of "
+      f"{lay.describe()}'s values (config.simulator.removals)"
+    )
   for k, gone in enumerate(removed):
     _, jd, w_inv, gram = tikhonov.weighted_system(jac[~gone], noser_exponent)
     s, u = np.linalg.eigh((gram + gram.T) / 2)
@@ -238,8 +277,17 @@ def layout_factors(
   return {"matrices": out, "removed": removed, "disk": disk}
 
 
+def removed_values(lay, removals: str) -> np.ndarray:
+  """(K, R) bool: the values each electrode set of the removal rule `removals` takes from the
+  measuring system `lay` (`eit.layout.Layout.without`)."""
+  from cdeit_jax.eit import layout as layout_lib
+
+  return np.stack([lay.without(s) for s in layout_lib.removal_sets(removals)])
+
+
 class LayoutConditioner(nnx.Module):
-  """Standardised voltages (B, R) of any measuring system (`eit.layout`), NaN where a value is
+  """Standardised voltages (B, R) of any measuring system (`layout`: an `eit.layout.Layout`, or
+  a preset's name or device file), NaN where a value is
   missing -> (B, 128, 128, levels) linear reconstructions in simulation units, each divided by
   its training-set std. A frame's missing values must be those of one of the removal rule's
   electrode sets (`eit.layout.removal_sets`); that set's matrices reconstruct it from the values
@@ -251,7 +299,7 @@ class LayoutConditioner(nnx.Module):
 
   def __init__(
     self,
-    layout_name: str,
+    layout,
     alphas,
     *,
     removals: str = "none",
@@ -265,8 +313,11 @@ class LayoutConditioner(nnx.Module):
         "e.g. (0.03, 0.3) (config.model.cond_alphas)"
       )
     self.alphas = tuple(float(a) for a in alphas)
+    from cdeit_jax.eit import layout as layout_lib
+
+    self.layout = layout_lib.as_layout(layout)
     f = layout_factors(
-      layout_name, removals, self.alphas, float(contact_impedance), grid, float(noser_exponent)
+      self.layout, removals, self.alphas, float(contact_impedance), grid, float(noser_exponent)
     )
     self.grid = grid
     k, a, self.num_values, p = f["matrices"].shape

@@ -1,7 +1,8 @@
 """Voltage frames files in, image sequences out (`python -m cdeit_jax.reconstruct`).
 
 In: `.npy`, `.npz`, `.mat` (MATLAB up to v7; v7.3 is HDF5) or `.csv`/`.txt`, frames as rows
-(N, 208) in the protocol's order (columns (208, N), as EIDORS keeps them, are turned). An `.npz`
+(N, R) in the measuring system's order (R = 208 for CDEIT's; columns (R, N), as EIDORS keeps
+them, are turned; NaN: a missing value). An `.npz`
 or `.mat` holds them under `frames` (or `voltages`, or as its only array) and may hold a
 reference frame under `reference`. A `.csv` may start with one header line.
 
@@ -32,10 +33,14 @@ SUFFIXES = (".npy", ".npz", ".mat", ".csv", ".txt")
 OUTPUTS = ("montage.png", "frames.gif", "frames.mat", "frames.npz")  # frames.npz last: complete
 
 
-def read(path: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-  """(frames (N, 208) float64, reference frame (208,) or None, true images (N, 128, 128) or
-  None) of a frames file (the true images: an npz's `targets`, as simulated sequences carry);
-  a bad file is an InputError naming it (and the row, where one is at fault)."""
+def read(
+  path: str, num_values: int = NUM_MEASUREMENTS, system: str | None = None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+  """(frames (N, R) float64, reference frame (R,) or None, true images (N, 128, 128) or None)
+  of a frames file of `num_values` values per frame (CDEIT's 208, or the measuring system
+  `system`'s; NaN: a missing value) (the true images: an npz's `targets`, as simulated
+  sequences carry); a bad file is an InputError naming it (and the row, where one is at
+  fault)."""
   if fileio.path(path).is_dir():
     raise InputError(f"{path}: a folder; give one frames file ({', '.join(SUFFIXES)})")
   suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in fileio.basename(path) else ""
@@ -61,15 +66,14 @@ def read(path: str) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     arrays = matfile.read(path, raw)
   frames = _pick(path, arrays, FRAME_KEYS, required=True)
   reference = _pick(path, arrays, REFERENCE_KEYS, required=False)
-  frames = _as_rows(path, frames)
+  frames = _as_rows(path, frames, num_values, system)
   if reference is not None:
     reference = np.asarray(reference)
-    if reference.size != NUM_MEASUREMENTS:
+    if reference.size != num_values:
       raise InputError(
-        f"{path}: the reference frame must hold {NUM_MEASUREMENTS} voltages, got "
-        f"shape {reference.shape}"
+        f"{path}: the reference frame must hold {num_values} voltages, got shape {reference.shape}"
       )
-    reference = _numeric(path, reference, "the reference frame").reshape(NUM_MEASUREMENTS)
+    reference = _numeric(path, reference, "the reference frame").reshape(num_values)
   targets = arrays.get("targets")
   if targets is not None:
     targets = np.asarray(targets)
@@ -141,15 +145,14 @@ def _numeric(path: str, a: np.ndarray, what: str) -> np.ndarray:
   return a.astype(np.float64)
 
 
-def _as_rows(path: str, a: np.ndarray) -> np.ndarray:
+def _as_rows(path: str, a: np.ndarray, m: int, system: str | None) -> np.ndarray:
   a = _numeric(path, np.asarray(a), "the frames")
-  m = NUM_MEASUREMENTS
   if a.ndim == 1 and a.size == m:
     a = a[None]
   elif a.ndim == 2 and a.shape[1] != m and a.shape[0] == m:
     a = a.T  # columns are frames (EIDORS)
   if a.ndim != 2 or a.shape[1] != m:
-    raise layout.frames_shape_error(path, a.shape, m)
+    raise layout.frames_shape_error(path, a.shape, m, system)
   if len(a) == 0:
     raise InputError(f"{path}: no frames (0 rows of {m} voltages)")
   return a

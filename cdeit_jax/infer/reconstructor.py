@@ -55,19 +55,23 @@ MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 6
 
 
 def absolute_rows(ys: np.ndarray, vh: np.ndarray) -> np.ndarray:
-  """Which rows of `ys` (N, 208), in simulation units, are absolute voltages or carry a constant
-  offset rather than being differences: the empty tank's voltages `vh` dominate an absolute frame
-  at any gain (a cosine of at least ABSOLUTE_COS, and a coefficient along `vh` of at least
-  ABSOLUTE_COEF, which a small uniform change of a difference frame stays under), and a constant
-  dominates an offset (a cosine of at least OFFSET_COS)."""
+  """Which rows of `ys` (N, R), in simulation units (NaN: a missing value, left out of the
+  row's sums), are absolute voltages or carry a constant offset rather than being differences:
+  the empty tank's voltages `vh` (R,) dominate an absolute frame at any gain (a cosine of at
+  least ABSOLUTE_COS, and a coefficient along `vh` of at least ABSOLUTE_COEF, which a small
+  uniform change of a difference frame stays under), and a constant dominates an offset (a
+  cosine of at least OFFSET_COS)."""
   x = np.asarray(ys, np.float64)
-  vh = np.asarray(vh, np.float64)
+  present = np.isfinite(x)
+  x = np.where(present, x, 0.0)
+  h = np.where(present, np.asarray(vh, np.float64)[None], 0.0)  # vh at each row's values
   norm = np.linalg.norm(x, axis=1)
   norm = np.where(norm > 0, norm, np.inf)
-  along = np.abs(x @ vh)
-  cos_vh = along / (norm * np.linalg.norm(vh))
-  coef = along / (vh @ vh)
-  cos_one = np.abs(x.sum(1)) / (norm * np.sqrt(x.shape[1]))
+  hh = np.maximum((h * h).sum(1), 1e-300)
+  along = np.abs((x * h).sum(1))
+  cos_vh = along / (norm * np.sqrt(hh))
+  coef = along / hh
+  cos_one = np.abs(x.sum(1)) / (norm * np.sqrt(np.maximum(present.sum(1), 1)))
   return ((cos_vh >= ABSOLUTE_COS) & (coef >= ABSOLUTE_COEF)) | (cos_one >= OFFSET_COS)
 
 
@@ -187,6 +191,11 @@ class Reconstruction:
   std: np.ndarray | None = None
   samples: np.ndarray | None = None
 
+  @property
+  def nonfinite(self) -> np.ndarray:
+    """The frames (indices) whose image holds NaN or infinite pixels."""
+    return np.flatnonzero(~np.isfinite(self.images).all(axis=(1, 2)))
+
 
 def summarise(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
   """(mean, std) over the samples' first axis (K): the one rule for eval.py and the API (float32
@@ -234,15 +243,21 @@ class Reconstructor:
     self.mesh = mesh if mesh is not None else shd.make_mesh()
     self.shape = (model.image_size, model.image_size, model.in_channels)
     self.cond_shape = model.cond_shape
-    self.layout = config.simulator.get("layout", "cdeit16")
-    if model.cond_mode == "linear" and (s.data_consistency or s.symmetric):
+    # the measuring system whose values the model reads, as a vector (`vector`) or as CDEIT's
+    # EIM; `removed` (K, R): the values each of its electrode-removal sets leaves out
+    self.vector = model.cond_mode == "linear"
+    self.layout = model.layout
+    self.num_values = self.layout.num_values
+    if self.vector and (s.data_consistency or s.symmetric):
       raise InputError(
         "--config.sampling.data_consistency and --config.sampling.symmetric read CDEIT's "
-        f"16-electrode EIM; this model (cond 'linear', measuring system {self.layout!r}) "
-        "samples without them: set them to 0 and False"
+        f"16-electrode EIM; this model (measuring system {self.layout.describe()}) samples "
+        "without them: set them to 0 and False"
       )
     self.removed = (
-      np.asarray(model.conditioner.removed[...]) if model.cond_mode == "linear" else None
+      np.asarray(model.conditioner.removed[...])
+      if self.vector
+      else np.zeros((1, self.num_values), bool)
     )
     graphdef, weights = nnx.split(model)
     correction_graphdef = None
@@ -297,12 +312,40 @@ class Reconstructor:
     """The checkpoint at `path` (local or gs://; a run: its best validated step, else the
     latest; or one `RUN/checkpoints/STEP`), with eval.py's overrides (dotted keys:
     `{"sampling.num_samples": 8, "model.dtype": "bfloat16"}`)."""
-    mesh = mesh if mesh is not None else shd.make_mesh()
     overrides = dict(overrides or {})
     check_overrides(overrides)
     with reader.open_run(path, overrides.get("eval.step")) as run:
       meta, skipped, cfg = choose(run, overrides)
-      loaded = load(run, meta, skipped, cfg, overrides, mesh)
+      return cls.from_run(
+        run,
+        meta,
+        skipped,
+        cfg,
+        overrides,
+        preset=preset,
+        voltage_ratio=voltage_ratio,
+        current_ratio=current_ratio,
+        mesh=mesh,
+      )
+
+  @classmethod
+  def from_run(
+    cls,
+    run: reader.Run,
+    meta: reader.Meta,
+    skipped: dict[int, str],
+    cfg: ml_collections.ConfigDict,
+    overrides: dict[str, Any],
+    *,
+    preset: str | measurement.Units = "simulated",
+    voltage_ratio: float | None = None,
+    current_ratio: float | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+  ) -> Reconstructor:
+    """`from_workdir` of an open run whose candidate `meta` and config `cfg` are chosen
+    already (`choose`: a command may read the model's system before loading it)."""
+    mesh = mesh if mesh is not None else shd.make_mesh()
+    loaded = load(run, meta, skipped, cfg, overrides, mesh)
     rec = cls(
       loaded.model,
       cfg,
@@ -403,10 +446,17 @@ class Reconstructor:
   # --------------------------------------------------------------------------- the API
 
   def condition(self, dv: np.ndarray) -> np.ndarray:
-    """EIM conditions (N, 16, 16, 1) of difference voltages (N, 208) in the device's units."""
-    return measurement.condition(
-      np.asarray(dv, np.float32), self.voltage_ratio, self.mean, self.std
-    )[0]
+    """The model's conditions of difference voltages (N, R) in the device's units (`preset` or
+    the ratios): the EIM (N, 16, 16, 1) of CDEIT's 208 voltages, or another system's
+    standardised values (N, R), NaN where missing."""
+    return self._condition(_float32(dv) / np.float32(self.voltage_ratio))
+
+  def _condition(self, values: np.ndarray) -> np.ndarray:
+    """`condition` of values in simulation units."""
+    values = _float32(values)
+    if self.vector:
+      return sources.condition(values, 1.0, self.mean, self.std, vector=True)[0]
+    return measurement.condition(values, 1.0, self.mean, self.std)[0]
 
   def difference(
     self,
@@ -416,24 +466,24 @@ class Reconstructor:
     reference: np.ndarray | None = None,
     where: str = "voltages",
   ) -> np.ndarray:
-    """(N, 208) float32 difference voltages: `voltages` as given, or `frames - reference`
-    (time-difference imaging); `check_frames` checks them."""
+    """(N, R) float32 difference voltages in the device's units: `voltages` as given, or
+    `frames - reference` (time-difference imaging); `check_frames` checks them."""
     if (voltages is None) == (frames is None):
       raise InputError("give the difference voltages, or frames (and a reference frame)")
     if voltages is not None:
       if reference is not None:
         raise InputError("a reference frame goes with `frames`, not with difference voltages")
-      return _float32(_rows(voltages, where))
-    dv = _rows(frames, where)
+      return _float32(self._rows(voltages, where))
+    dv = self._rows(frames, where)
     if reference is not None:
       # in float64: frames and reference are large beside their difference
-      ref = _rows(reference, f"{where}: the reference frame")
+      ref = self._rows(reference, f"{where}: the reference frame")
       if len(ref) != 1:
         raise InputError(
-          f"{where}: the reference frame must be one frame of "
-          f"{measurement.NUM_MEASUREMENTS} voltages, got {len(ref)} frames"
+          f"{where}: the reference frame must be one frame of {self.num_values} voltages, got "
+          f"{len(ref)} frames"
         )
-      bad = ~np.isfinite(ref[0])
+      bad = np.isinf(ref[0]) | (np.isnan(ref[0]) & (not self.vector))
       if bad.any():
         raise InputError(
           f"{where}: the reference frame holds NaN or infinite voltages (at "
@@ -445,24 +495,40 @@ class Reconstructor:
   def check_frames(
     self, dv: np.ndarray, where: str = "voltages", skip_bad: bool = False
   ) -> np.ndarray:
-    """The rows of `dv` (N, 208) that can be imaged (indices). NaN or infinite rows are refused
+    """The rows of `dv` (N, R), in the device's units, that can be imaged (indices):
+    `check_values` of them in simulation units."""
+    return self.check_values(np.asarray(dv) / self.voltage_ratio, where, skip_bad, self.preset)
+
+  def check_values(
+    self, values: np.ndarray, where: str = "values", skip_bad: bool = False, units: str = ""
+  ) -> np.ndarray:
+    """The rows of `values` (N, R), in simulation units, that can be imaged (indices): the one
+    set of guards of every entry point. Rows with infinite values, or NaN where no value is
+    missing under any of the model's electrode-removal sets (CDEIT's 208: none), are refused
     (listed in the error), or with `skip_bad` left out; absolute frames (no reference frame
-    subtracted) and rows far off the statistics' scale (other units than the preset's) are
-    refused."""
-    if len(dv) == 0:
-      raise InputError(f"{where}: no frames (0 rows of {measurement.NUM_MEASUREMENTS} voltages)")
-    finite = np.isfinite(dv).all(1)
+    subtracted) and rows far off the statistics' scale (other units) are refused."""
+    v = np.asarray(values)
+    if len(v) == 0:
+      raise InputError(f"{where}: no frames (0 rows of {self.num_values} values)")
+    missing = np.isnan(v)
+    fits = np.all(missing[:, None] == self.removed[None], axis=-1).any(1)
+    finite = fits & ~np.isinf(v).any(1)
     if not finite.all() and not skip_bad:
+      sets_note = (
+        f"; a missing value is NaN, and only as one of the model's {len(self.removed)} "
+        "electrode-removal sets (config.simulator.removals)"
+        if self.vector
+        else ""
+      )
       raise InputError(
         f"{where}: rows {listed(np.flatnonzero(~finite))} hold NaN, infinite or out-of-range "
-        "(beyond float32's 3.4e38) "
-        "voltages; remove them, or skip them (--skip_bad_frames: they are listed "
-        "and their images are NaN)"
+        f"(beyond float32's 3.4e38) voltages{sets_note}; remove them, or skip them "
+        "(--skip_bad_frames: they are listed and their images are NaN)"
       )
     ok = np.flatnonzero(finite)
     if len(ok) == 0:
       raise InputError(f"{where}: every row holds NaN or infinite voltages")
-    absolute = ok[absolute_rows(dv[ok] / self.voltage_ratio, self.vh)]
+    absolute = ok[absolute_rows(v[ok], self.vh)]
     if len(absolute):
       raise InputError(
         f"{where}: rows {listed(absolute)} are absolute voltages (the empty tank's pattern "
@@ -470,22 +536,31 @@ class Reconstructor:
         "empty-tank frame as the reference (--reference REF or --reference_row N; the API's "
         "`reference=`), so that each frame minus it is imaged"
       )
-    v = measurement.standardise(dv[ok], self.voltage_ratio, self.mean, self.std)[0]
-    typical = np.median(np.abs(v.reshape(len(ok), -1)), axis=1)
+    with np.errstate(over="ignore", invalid="ignore"):
+      z = (v[ok] - np.ravel(self.mean)) / np.ravel(self.std)
+    typical = np.nanmedian(np.abs(z), axis=1)
     far = ok[~(typical < FAR_OFF)]
     if len(far):
       raise InputError(
         f"{where}: rows {listed(far)} are ~{float(np.max(typical)):.3g} standard deviations "
-        f"from the training data's voltages (expected a few): they are in other units than "
-        f"preset {self.preset!r} (voltage ratio {self.voltage_ratio:g}) says; give the "
-        "device's preset (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
-        "difference voltages (frames minus a reference frame) if these are absolute"
+        "from the training data's voltages (expected a few): they are in other units than "
+        + (
+          f"preset {units!r} (voltage ratio {self.voltage_ratio:g}) says; give the device's "
+          "preset (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
+          "difference voltages (frames minus a reference frame) if these are absolute"
+          if units
+          else "simulation units (a device's values divided by its calibrated gain)"
+        )
       )
     return ok
 
   @functools.cached_property
   def vh(self) -> np.ndarray:
-    """The empty tank's voltages (208,) of the model's measuring system, in simulation units."""
+    """The empty tank's values (R,) of the model's measuring system, in simulation units."""
+    if self.vector:
+      from cdeit_jax.eit import calibration
+
+      return calibration.homogeneous(self.layout, float(self.config.simulator.contact_impedance))
     sim = eit.default_simulator(system=measurement.system_of(self.config.simulator))
     return np.asarray(sim.vh, np.float64)
 
@@ -500,20 +575,17 @@ class Reconstructor:
     keep_samples: bool = False,
     progress: Callable[[int], None] | None = None,
   ) -> Reconstruction:
-    """Images of difference voltages `voltages` (N, 208) or (208,), or of `frames` (N, 208)
-    minus a `reference` frame (208,), in the device's units, measurements in the protocol's
-    order. Frame i's noise is that of example `first_index + i` (eval.py's example index), so
-    the same voltages and seed give eval.py's predictions. `num_samples` (default
-    config.sampling.num_samples) samples per frame, all in the same batches."""
-    if self.removed is not None:
-      raise InputError(
-        f"this model reads the measuring system {self.layout!r} (cond 'linear'): give its "
-        "values in simulation units to `reconstruct_values`, or KTC2023-style folders to "
-        "eval.py --data ktc2023_challenge"
-      )
+    """Images of difference voltages `voltages` (N, R) or (R,), or of `frames` (N, R) minus a
+    `reference` frame (R,), in the device's units (`preset` or the ratios), values in the
+    measuring system's order (CDEIT's 208, or the model's system's R, NaN where a removal set
+    of the model leaves a value out). Frame i's noise is that of example `first_index + i`
+    (eval.py's example index), so the same voltages and seed give eval.py's predictions.
+    `num_samples` (default config.sampling.num_samples) samples per frame, all in the same
+    batches."""
     dv = self.difference(voltages, frames=frames, reference=reference)
-    self.check_frames(dv)
-    return self._sample(self.condition(dv), num_samples, first_index, keep_samples, progress)
+    values = dv / np.float32(self.voltage_ratio)
+    self.check_values(values, "voltages", units=self.preset)
+    return self._sample(self._condition(values), num_samples, first_index, keep_samples, progress)
 
   def reconstruct_values(
     self,
@@ -523,21 +595,28 @@ class Reconstructor:
     first_index: int = 0,
     where: str = "values",
   ) -> Reconstruction:
-    """Images of another measuring system's difference values (N, R) in simulation units
-    (a model with cond "linear"; `eit.calibration` turns a device's units into them), NaN
-    where a value is missing: each frame's missing values must be one of the model's
-    electrode-removal sets."""
-    if self.removed is None:
-      raise InputError(f"{where}: this model reads CDEIT's 208 voltages: use `reconstruct`")
-    values = np.asarray(values, np.float32)
-    r = self.removed.shape[1]
-    if values.ndim != 2 or values.shape[1] != r:
-      raise layout.frames_shape_error(where, values.shape, r)
-    from cdeit_jax.eit import conditioning
+    """Images of difference values (N, R) already in simulation units (a device's values
+    divided by its calibrated gain, `eit.calibration`; the sign as the simulator's, electrode
+    + minus electrode -), NaN where a removal set of the model leaves a value out: `reconstruct`
+    without the units, through the same guards (`check_values`)."""
+    values = _float32(self._rows(values, where))
+    self.check_values(values, where)
+    return self._sample(self._condition(values), num_samples, first_index, False, None)
 
-    conditioning.removal_set(self.removed, values, where)
-    cond = sources.condition(values, 1.0, self.mean, self.std, vector=True)[0]
-    return self._sample(cond.reshape(len(values), r), num_samples, first_index, False, None)
+  def _rows(self, a: Any, where: str) -> np.ndarray:
+    """`a` as float64 rows (N, R): one frame (R,) or (R, 1) is one row."""
+    try:
+      a = np.asarray(a)
+    except (ValueError, TypeError) as e:
+      raise InputError(f"{where}: not an array of voltages ({e})") from None
+    if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
+      raise InputError(f"{where}: voltages must be real numbers, got dtype {a.dtype}")
+    m = self.num_values
+    if a.shape in ((m,), (m, 1)):
+      a = a.reshape(1, m)
+    if a.ndim != 2 or a.shape[1] != m:
+      raise layout.frames_shape_error(where, a.shape, m, self.layout.describe())
+    return a.astype(np.float64)
 
   def _sample(
     self,
@@ -582,22 +661,6 @@ def _float32(a: np.ndarray) -> np.ndarray:
 
 def _is_int(v: Any) -> bool:
   return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def _rows(a: Any, where: str) -> np.ndarray:
-  """`a` as float64 rows (N, 208): one frame (208,) or (208, 1) is one row."""
-  try:
-    a = np.asarray(a)
-  except (ValueError, TypeError) as e:
-    raise InputError(f"{where}: not an array of voltages ({e})") from None
-  if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
-    raise InputError(f"{where}: voltages must be real numbers, got dtype {a.dtype}")
-  m = measurement.NUM_MEASUREMENTS
-  if a.shape in ((m,), (m, 1)):
-    a = a.reshape(1, m)
-  if a.ndim != 2 or a.shape[1] != m:
-    raise layout.frames_shape_error(where, a.shape, m)
-  return a.astype(np.float64)
 
 
 def listed(rows, most: int = 10) -> str:

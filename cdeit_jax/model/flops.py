@@ -31,7 +31,7 @@ def forward_flops(
   cond: str = "eim",
   cond_alphas=(),
   cond_grid: int = 32,
-  layout: str = "cdeit16",
+  layout: Any = "cdeit16",
   removals: str = "none",
   **_: Any,
 ) -> float:
@@ -55,7 +55,7 @@ def forward_flops(
     from cdeit_jax.eit import layout as layout_lib
     from cdeit_jax.eit import phantom
 
-    values = layout_lib.resolve(layout).num_values
+    values = layout_lib.as_layout(layout).num_values
     sets = len(layout_lib.removal_sets(removals))
     coarse = int(phantom.disk_mask(cond_grid).sum())
     total = 2 * values * sets * levels * coarse + 2 * sets * levels * coarse  # + the set's pick

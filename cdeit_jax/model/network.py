@@ -328,7 +328,7 @@ def cond_shape(kw: dict) -> tuple[int, ...]:
   if kw.get("cond", "eim") == "linear":
     from cdeit_jax.eit import layout
 
-    return (layout.resolve(kw.get("layout", "cdeit16")).num_values,)
+    return (layout.as_layout(kw.get("layout", "cdeit16")).num_values,)
   size = kw.get("cond_size", 16)
   return (size, size, 1)
 
@@ -336,12 +336,14 @@ def cond_shape(kw: dict) -> tuple[int, ...]:
 def _conditioner(cond: str, alphas, contact_impedance, layout, removals, grid):
   """The physics-informed condition's module (None for the published "eim"), built only when
   asked for."""
+  from cdeit_jax.eit import layout as layout_lib
+
+  if cond != "linear" and layout.signature != layout_lib.preset("cdeit16").signature:
+    raise InputError(
+      f"cond {cond!r} reads CDEIT's 16-electrode EIM; the measuring system "
+      f'{layout.describe()} needs cond "linear" (config.model.cond)'
+    )
   if cond == "eim":
-    if layout != "cdeit16":
-      raise InputError(
-        f"cond {cond!r} reads CDEIT's 16-electrode EIM; the measuring system {layout!r} needs "
-        'cond "linear" (config.model.cond)'
-      )
     return None
   from cdeit_jax.eit import conditioning
 
@@ -365,8 +367,9 @@ class CDEIT(nnx.Module):
   `attention_impl` picks the attention backend (see `cdeit_jax.model.attention`; default: the best
   for the platform). `attention_query_chunk` computes global attention over query chunks of that
   many tokens in turn (lower peak memory with the `xla` backend).
-  `cond="linear"` takes the standardised voltages (B, R) of the measuring system `layout` (a
-  preset or a device file, `cdeit_jax.eit.layout`), NaN where a value is missing (one of the
+  `cond="linear"` takes the standardised voltages (B, R) of the measuring system `layout` (an
+  `eit.layout.Layout`, or a preset or a device file; `self.layout` holds it resolved), NaN where
+  a value is missing (one of the
   electrode sets of the rule `removals`), and conditions on their linear reconstructions alone.
   Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM (or (B, R) voltages) ->
   (B, H, W, 1) float32 (the physics-informed channels are computed inside the model).
@@ -393,7 +396,7 @@ class CDEIT(nnx.Module):
     remat: bool = False,
     cond_grid: int = 32,
     contact_impedance: float = CONTACT_IMPEDANCE,
-    layout: str = "cdeit16",
+    layout: str | Any = "cdeit16",
     removals: str = "none",
     rngs: nnx.Rngs,
   ):
@@ -419,8 +422,11 @@ class CDEIT(nnx.Module):
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
     self.cond_mode = cond
     dtype = jnp.dtype(dtype)
+    from cdeit_jax.eit import layout as layout_lib
+
+    self.layout = layout_lib.as_layout(layout)  # the measuring system whose values it reads
     self.conditioner = conditioner = _conditioner(
-      cond, tuple(cond_alphas), contact_impedance, layout, removals, cond_grid
+      cond, tuple(cond_alphas), contact_impedance, self.layout, removals, cond_grid
     )
     extra = 0 if self.conditioner is None else len(self.conditioner.alphas)
     eim_channels = 0 if cond == "linear" else in_channels

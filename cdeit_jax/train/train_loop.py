@@ -175,6 +175,22 @@ def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list
   ]
 
 
+def check_device(meta: dict, device, where: str) -> None:
+  """Refuse to resume when the config's measuring system is not the one the checkpoint was
+  trained for (a device file changed or replaced since)."""
+  from cdeit_jax.eit import layout
+
+  if not isinstance(meta.get("device"), dict):
+    return  # saved before checkpoints kept their system
+  was = layout.Layout.from_record(meta["device"], f"{where}: its device")
+  if was.signature != device.signature or not np.array_equal(was.currents, device.currents):
+    raise checkpoint.CheckpointError(
+      f"cannot resume from {where}: it was trained for {was.describe()}, the config now gives "
+      f"{device.describe()} (config.simulator.layout; a device file changed?); give the "
+      "device it was trained for, or a new --workdir"
+    )
+
+
 # ----------------------------------------------------------------------------- phases
 
 
@@ -406,8 +422,11 @@ def _prepare(
   """The resume plan, the data, the model and its compiled step, and the state: fresh, or the
   newest intact step. `stop` may end the data's start-up early (`simulator_source.Stopped`)."""
   plan = plan_resume(mngr, cfg, workdir)
+  device = loading.device_of(cfg)
+  if plan.meta is not None:
+    check_device(plan.meta, device, f"{mngr.directory}/{plan.meta['step']}")
   data = training_data.open_training_data(cfg, mesh, plan.checkpoint_stats, stop)
-  ts = training.setup(cfg, mesh, calibration_source=data.calibration)
+  ts = training.setup(cfg, mesh, calibration_source=data.calibration, device=device)
   compiled, cached = compile_step(ts, cfg, mesh)
   how = "loaded from the persistent compilation cache" if cached else "compiled"
   report = [
@@ -444,6 +463,7 @@ def _prepare(
       weights=["ema", "raw"],
       source="train.py",
       calibration=calibration,
+      device=ts.device.record(),
       rng=np.asarray(jax.random.key_data(rng)).tolist(),
     )
 

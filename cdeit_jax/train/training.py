@@ -224,6 +224,7 @@ class Setup:
   diffusion: Diffusion
   num_params: int
   model_kwargs: dict
+  device: Any  # the measuring system (`eit.layout.Layout`) the model reads, resolved once
 
 
 def setup(
@@ -233,19 +234,22 @@ def setup(
   platform: str | None = None,
   abstract: bool = False,
   calibration_source=None,
+  device=None,
 ) -> Setup:
   """Model, optimizer, state and the pure train step of `cfg` for `mesh`'s platform; `abstract`
   builds shapes only (no parameters are materialised: compile-only checks). A physics-informed
-  model is calibrated on `calibration_source` (the training `NpzSource`) when given."""
+  model is calibrated on `calibration_source` (the training `NpzSource`) when given. `device`:
+  the measuring system resolved already (default: the config's, `loading.device_of`)."""
   from cdeit_jax import config_lib
   from cdeit_jax.checkpoints import loading
   from cdeit_jax.model.network import count_params
 
   platform = platform or mesh.devices.flat[0].platform
-  kw = config_lib.model_kwargs(cfg, platform)
+  device = device if device is not None else loading.device_of(cfg)
+  kw = config_lib.model_kwargs(cfg, platform, device)
   tx, schedule = make_optimizer(cfg)
 
-  make = lambda: loading.build(cfg, seed=cfg.seed, platform=platform)
+  make = lambda: loading.build(cfg, seed=cfg.seed, platform=platform, layout=device)
   if abstract:
     model = nnx.eval_shape(make)
     graphdef = nnx.split(model, nnx.Param, Fixed)[0]
@@ -260,7 +264,7 @@ def setup(
   num_params = count_params(model)
   diffusion = Diffusion(**cfg.diffusion)
   step_fn = make_train_step(graphdef, diffusion, tx, schedule, cfg.accum_steps, cfg.ema, mesh)
-  return Setup(graphdef, state, constants, step_fn, diffusion, num_params, kw)
+  return Setup(graphdef, state, constants, step_fn, diffusion, num_params, kw, device)
 
 
 @dataclasses.dataclass
