@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install lint test test-all demo demo-model ktc-demo moving-demo train-test bench clean
+.PHONY: install lint test test-all demo demo-model ktc-demo device-model moving-demo train-test bench clean
 
 install: $(BIN)/.installed
 
@@ -66,7 +66,7 @@ demo-model: install
 # training set once (cached), train the small CDEIT of configs/ktc2023.py on 2 CPU cores (each
 # example loses one level's electrodes), answer the 28 public cases as the challenge asks and
 # print the score per level beside the in-tool Tikhonov and all water (docs/ktc2023.md).
-KTC_DATA ?= $(HOME)/.cache/cdeit-jax/ktc-sim-v1
+KTC_DATA ?= $(HOME)/.cache/cdeit-jax/ktc-sim-v2
 KTC_RUN ?= runs/ktc2023
 ktc-demo: install
 	@start=$$(date +%s) && \
@@ -77,6 +77,24 @@ ktc-demo: install
 	$(BIN)/python eval.py --workdir $(KTC_RUN) --data ktc2023_challenge \
 	  --data_path data/ktc2023/levels --out $(KTC_RUN)/eval_ktc2023 --config.eval.tikhonov=True && \
 	echo "make ktc-demo: $$(( $$(date +%s) - start )) s (answers: $(KTC_RUN)/eval_ktc2023)"
+
+# Your own device (docs/your_device.md): calibrate it from its reference file (electrode width,
+# contact impedance and gain fitted to the empty tank; CALIBRATE: more flags, e.g.
+# --patterns 0-15), simulate its training set with the measuring system drawn around the
+# calibration, and train the demo's network for it (configs/device.py) into RUN; rerunning
+# resumes. Then: python -m cdeit_jax.reconstruct --workdir RUN --frames F --reference REF --out O
+DEVICE ?=
+RUN ?= runs/device
+CALIBRATE ?=
+device-model: install
+	@test -n "$(DEVICE)" || { echo "make device-model: give DEVICE=ref.mat (the device's reference file)"; exit 2; }
+	@start=$$(date +%s) && \
+	$(BIN)/python -m cdeit_jax.calibrate --device $(DEVICE) --out $(RUN)/device.npz $(CALIBRATE) && \
+	$(BIN)/python -m cdeit_jax.simulate --config configs/device.py:$(RUN)/device.npz \
+	  --out $(RUN)/data --num_train 3000 --num_valid 64 --num_test 64 --tr_splits valid,test && \
+	$(BIN)/python train.py --config configs/device.py:$(RUN)/device.npz --workdir $(RUN) \
+	  --config.data.path=$(RUN)/data && \
+	echo "make device-model: $$(( $$(date +%s) - start )) s (the model: $(RUN))"
 
 # A moving sequence as a device records it (a reference frame, then 90 frames: two lung-like
 # regions filling and emptying, a conductive disc going round the wall and across the centre),

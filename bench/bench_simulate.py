@@ -13,12 +13,13 @@ Times (1) generation of training examples as `python -m cdeit_jax.simulate` does
 phantoms, 40 dB noise, 128 x 128 target; no disk I/O, no TR), measured by the one nominal system
 (the condensed fast path) and by a system drawn per example (`config.simulator.system`: the
 boundary stays in the solve and each example solves its homogeneous voltages too), (2)
-`eit.simulate_voltages` on label images (full system), (3) the Tikhonov matrix (autodiff
+`eit.simulate_voltages` on label images (full system), (3) the Tikhonov matrix (adjoint
 Jacobian + 208 x 208 solve). Uses one device (see synthetic.per_example on CPU).
 
 `--layout NAME`: another measuring system (`cdeit_jax.eit.layout` preset, e.g. KTC2023's 32
 electrodes and 2,356 values): random phantoms' noisy difference values per second on a mesh made
-for its electrodes, and the seconds its Jacobian takes (all rows, autodiff).
+for its electrodes, and the seconds its Jacobian takes (all rows; bench/bench_jacobian.py
+measures it alone, with its memory).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def main():
       cem = (
         sim.support_cem(gen.spec.max_radius)
         if gen.nominal
-        else sim.variable_cem(True, gen.spec.max_radius)
+        else sim.drawn_cem(True, gen.spec.max_radius).drawn(True)
       )
       print(
         json.dumps(

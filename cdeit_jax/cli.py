@@ -73,6 +73,8 @@ def parse_flags(argv: list[str]) -> list[str]:
     return rest
   except flags.Error as e:
     print(f"error: {e}\nPass --help for the flags.", file=sys.stderr)
+  except CdeitError as e:  # a config file's own refusal (configs/device.py without its device)
+    print(f"error: {e}", file=sys.stderr)
   except OSError as e:
     path = getattr(FLAGS["config"], "config_filename", None) if "config" in FLAGS else None
     if path and not os.path.isfile(path.split(":")[0]):

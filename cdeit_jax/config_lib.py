@@ -384,7 +384,10 @@ def model_kwargs(
 
 
 def load(path: str) -> ml_collections.ConfigDict:
-  """`get_config()` of a config file (command lines use ml_collections' config_flags instead)."""
+  """`get_config()` of a config file, or `get_config(ARG)` of `FILE.py:ARG` as config_flags
+  reads it (command lines use config_flags)."""
+  path, sep, arg = path.partition(".py:")
+  path += ".py" if sep else ""
   if not os.path.isfile(path):
     raise MissingFile(f"config file {path}: no such file")
   spec = importlib.util.spec_from_file_location(f"_cdeit_config_{abs(hash(path))}", path)
@@ -397,4 +400,4 @@ def load(path: str) -> ml_collections.ConfigDict:
     raise
   if not hasattr(module, "get_config"):
     raise InputError(f"config file {path}: defines no get_config()")
-  return module.get_config()
+  return module.get_config(arg) if arg else module.get_config()

@@ -4,9 +4,12 @@
   python -m cdeit_jax.reconstruct --workdir RUN --frames F --out O --reference_row 0 \\
       --voltage_ratio 1040.856 --current_ratio 2 --config.sampling.num_samples=8
 
-F: `.npy`, `.npz`, `.mat` or `.csv`, frames as rows (N, 208) in the protocol's order
-(`cdeit_jax.infer.frames`). They are difference voltages, or frames with a reference frame (the
-file's `reference`, --reference FILE or --reference_row K): dv = v - v_ref. Writes
+F: `.npy`, `.npz`, `.mat` or `.csv`, frames as rows (N, R) of the model's measuring system's
+values in its order (CDEIT's 208, or a device's, NaN where a removal set leaves one out), or
+the device's own file (`cdeit_jax.infer.frames`). They are difference voltages, or frames with
+a reference frame (the file's `reference`, --reference FILE or --reference_row K): dv = v -
+v_ref. Their units: --preset or the ratios, else a calibrated device's own (its gain: `make
+device-model`), else the simulator's. Writes
 O/frames.npz (`images`, `std` for K > 1), O/frames.mat, O/montage.png and O/frames.gif.
 Row i is sampled as eval.py samples example i: the same voltages, seed and settings give
 eval.py's `pred`. The sampling settings are eval.py's (--config.sampling.*, --config.eval.weights,
@@ -41,8 +44,9 @@ flags.DEFINE_string(
 flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_string(
   "preset",
-  "simulated",
-  "the device's units: simulated, uef2017, ktc2023 (or give --voltage_ratio and --current_ratio)",
+  None,
+  "the device's units: simulated, uef2017, ktc2023 (or give --voltage_ratio and "
+  "--current_ratio); default: a calibrated device's own (make device-model), else simulated",
 )
 flags.DEFINE_float(
   "voltage_ratio", None, "measured / simulated voltage units (overrides the preset's)"

@@ -57,14 +57,23 @@ def _check_settings(out: str, sim: ml_collections.ConfigDict, tr_splits=SPLITS) 
       have = json.loads(fileio.path(path).read_text())
     except (OSError, ValueError) as e:
       raise InputError(f"{path}: unreadable ({e}); restore it or choose a new --out") from None
-    # Records written before tr_splits was recorded do not say; they are not rewritten.
+    # Records written before tr_splits and the device were recorded do not say; they are not
+    # rewritten.
     diff = {
       k: (have.get(k), v)
       for k, v in want.items()
-      if have.get(k) != v and (k in have or k != "tr_splits")
+      if have.get(k) != v and (k in have or k not in ("tr_splits", "device"))
     }
     if diff:
-      listing = ", ".join(f"{k}: folder has {a!r}, asked {b!r}" for k, (a, b) in diff.items())
+      short = lambda k, v: (  # a device record by its name and calibration, not its arrays
+        f"{v.get('name')!r} (width {np.rad2deg(v.get('width', 0.0)):.4g} degrees, gain "
+        f"{v.get('gain')}, contact impedance {v.get('contact_impedance')})"
+        if k == "device" and isinstance(v, dict)
+        else repr(v)
+      )
+      listing = ", ".join(
+        f"{k}: folder has {short(k, a)}, asked {short(k, b)}" for k, (a, b) in diff.items()
+      )
       hint = {
         1: " (format 1: made by cdeit-jax 0.1, whose phantoms were drawn with numpy; this "
         "version cannot extend it)",
@@ -116,12 +125,7 @@ class Generator:
 
       alpha = self.sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA
       system = measurement.system_of(self.sim)
-      lay = synthetic.layout_of(self.sim)
-      self.tikhonov = (
-        tikhonov.default_tikhonov(alpha, system)
-        if lay.name == "cdeit16"
-        else tikhonov.Tikhonov(alpha=alpha, jac=tikhonov.layout_jacobian(lay, system))
-      )
+      self.tikhonov = tikhonov.of_values(synthetic.layout_of(self.sim), None, system, alpha)
     return self.tikhonov(ys)
 
   def __call__(self, split: str, indices: np.ndarray, with_tr: bool = True) -> dict:

@@ -19,6 +19,7 @@ import dataclasses
 import os
 
 from cdeit_jax import config_lib
+from cdeit_jax.eit.layout import KTC_WIDTH_DEG
 from cdeit_jax.eit.spec import SystemSpec
 
 
@@ -29,7 +30,7 @@ def get_config():
     layout="ktc2023",
     removals="ktc2023",
     contact_impedance=1e-4,
-    system=dataclasses.asdict(SystemSpec.nominal()),
+    system=dataclasses.asdict(SystemSpec.nominal(width_deg=KTC_WIDTH_DEG)),
   )
   c.simulator.phantom.update(
     min_inclusions=1, max_inclusions=3, min_size=0.1, max_size=0.3, v_min=0.5, v_max=1.5

@@ -10,6 +10,7 @@ import pytest
 from conftest import FIXTURES
 
 from cdeit_jax import eit
+from cdeit_jax.eit import layout as lay
 from cdeit_jax.eit import measurement, tikhonov
 from cdeit_jax.eit import phantom as ph
 
@@ -133,6 +134,28 @@ def test_jacobian_matches_finite_differences(sim64):
     g = jax.grad(lambda x: f(x)[17])(x0)
   assert rel_l2(jd, fd) < 1e-6
   assert np.isclose(float(jnp.vdot(g, d)), float(jd[17]), rtol=1e-8)
+
+
+def test_adjoint_jacobian_is_autodiffs(sim64):
+  """The adjoint Jacobian (`tikhonov.jacobian`) equals autodiff through the CEM in float64: its
+  product with a random image direction against the forward-mode derivative (every row), for
+  CDEIT's system and a 16-electrode skip-2 device measuring on its current-carrying electrodes
+  (counter-clockwise, another contact impedance); a float32 simulator gets it in float32."""
+  from cdeit_jax.eit import layout as lay
+  from cdeit_jax.eit import simulator
+
+  d = np.random.default_rng(1).standard_normal((ph.IMAGE_SIZE, ph.IMAGE_SIZE))
+  device = lay.from_rules(16, injection="skip-2", measure_injecting=True, clockwise=False)
+  with jax.enable_x64(True):
+    system = measurement.System(contact_impedance=0.05)
+    sims = [sim64, simulator.Simulator(layout=device, system=system, dtype="float64")]
+    for sim in sims:
+      jac = tikhonov.jacobian(sim)
+      f = jax.jit(lambda x, sim=sim: sim.difference(sim.image_conductivity(x)))
+      _, jd = jax.jvp(f, (jnp.zeros(d.shape),), (jnp.asarray(d),))
+      assert jac.dtype == np.float64 and jac.shape[0] == len(jd)
+      assert rel_l2(jac.reshape(len(jac), -1) @ d.reshape(-1), jd) < 1e-9
+  assert tikhonov.jacobian(eit.default_simulator()).dtype == np.float32
 
 
 def test_images_drive_the_same_model_as_phantoms(sim64):
@@ -290,7 +313,7 @@ def test_tikhonov_finds_a_disc():
   assert np.corrcoef(rec.ravel(), target.ravel())[0, 1] > 0.5
 
 
-# --- the measuring system drawn per example (eit.system, fem.VariableCEM) ---
+# --- the measuring system drawn per example (eit.system, fem.CEM with a drawn system) ---
 
 
 def gap_model(centres, half_widths, terms=4000):
@@ -313,6 +336,10 @@ def gap_model(centres, half_widths, terms=4000):
   return u[proto.pairs.reshape(-1), k] - u[proto.second_electrodes().reshape(-1), k]
 
 
+CENTRES = eit.nominal_centres(lay.preset("cdeit16"))
+CENTRES32 = eit.nominal_centres(lay.preset("cdeit16"), passive=True)
+
+
 def system_of(centres, half_widths, z):
   return {
     "centres": np.asarray(centres),
@@ -327,11 +354,11 @@ def test_variable_cem_with_the_nominal_system_is_the_fixed_cem(sim64):
   half = np.full(16, np.deg2rad(2.0))
   with jax.enable_x64(True):
     fixed = np.asarray(sim64.cem.voltages(sigma))
-    var = eit.VariableCEM(sim64.mesh, dtype="float64")
-    got = np.asarray(var.voltages(sigma, system_of(eit.nominal_centres(), half, 0.01)))
+    var = eit.CEM(sim64.mesh, dtype="float64")
+    got = np.asarray(var.voltages(sigma, system_of(CENTRES, half, 0.01)))
     # 32 slots whose passive electrodes are absent (weight 0): the same 16-electrode system
-    var32 = eit.VariableCEM(sim64.mesh, passive=True, dtype="float64")
-    sys32 = system_of(eit.nominal_centres(32), np.full(32, np.deg2rad(2.0)), 0.01)
+    var32 = eit.CEM(sim64.mesh, dtype="float64")
+    sys32 = system_of(CENTRES32, np.full(32, np.deg2rad(2.0)), 0.01)
     sys32["weights"][16:] = 0
     got32 = np.asarray(var32.voltages(sigma, sys32))
   assert np.max(np.abs(got - fixed)) < 1e-10 * np.max(np.abs(fixed))
@@ -343,15 +370,15 @@ def test_electrodes_anywhere_match_the_gap_model(sim64):
   with a large contact impedance the CEM tends to the analytic gap model (0.25 % at the nominal
   electrodes, test_gap_model...)."""
   rng = np.random.default_rng(1)
-  centres = eit.nominal_centres() + np.deg2rad(3.0 + rng.uniform(-2, 2, 16))
+  centres = CENTRES + np.deg2rad(3.0 + rng.uniform(-2, 2, 16))
   half = np.deg2rad(rng.uniform(3, 10, 16)) / 2
   with jax.enable_x64(True):
-    var = eit.VariableCEM(sim64.mesh, dtype="float64")
+    var = eit.CEM(sim64.mesh, dtype="float64")
     v = np.asarray(var.voltages(np.ones(sim64.mesh.num_elements), system_of(centres, half, 100.0)))
   ref = gap_model(centres, half)
   assert np.max(np.abs(v / ref - 1)) < 0.005
   # and it is not the nominal layout's answer
-  assert np.max(np.abs(gap_model(eit.nominal_centres(), np.full(16, half.mean())) / ref - 1)) > 0.05
+  assert np.max(np.abs(gap_model(CENTRES, np.full(16, half.mean())) / ref - 1)) > 0.05
 
 
 def test_passive_electrodes_shunt_and_keep_reciprocity(sim64):
@@ -361,8 +388,8 @@ def test_passive_electrodes_shunt_and_keep_reciprocity(sim64):
   rng = np.random.default_rng(2)
   sigma = np.exp(0.5 * rng.standard_normal(sim64.mesh.num_elements))
   with jax.enable_x64(True):
-    var32 = eit.VariableCEM(sim64.mesh, passive=True, dtype="float64")
-    present = system_of(eit.nominal_centres(32), np.full(32, np.deg2rad(4.0)), 0.01)
+    var32 = eit.CEM(sim64.mesh, dtype="float64")
+    present = system_of(CENTRES32, np.full(32, np.deg2rad(4.0)), 0.01)
     absent = {**present, "weights": np.where(np.arange(32) < 16, present["weights"], 0.0)}
     with_p = np.asarray(var32.voltages(sigma, present)).reshape(16, 13)
     without = np.asarray(var32.voltages(np.ones_like(sigma), absent)).reshape(16, 13)
@@ -383,10 +410,10 @@ def test_background_and_radius_are_contact_impedance_and_gain(sim64):
   half = np.full(16, np.deg2rad(5.0))
   s, z = 2.5, 0.02
   with jax.enable_x64(True):
-    scaled = eit.VariableCEM(sim64.mesh, dtype="float64", sigma_bg=s)
-    unit = eit.VariableCEM(sim64.mesh, dtype="float64")
-    a = np.asarray(scaled.voltages(s * sigma, system_of(eit.nominal_centres(), half, z)))
-    b = np.asarray(unit.voltages(sigma, system_of(eit.nominal_centres(), half, z * s))) / s
+    scaled = eit.CEM(sim64.mesh, dtype="float64", sigma_bg=s)
+    unit = eit.CEM(sim64.mesh, dtype="float64")
+    a = np.asarray(scaled.voltages(s * sigma, system_of(CENTRES, half, z)))
+    b = np.asarray(unit.voltages(sigma, system_of(CENTRES, half, z * s))) / s
   np.testing.assert_allclose(a, b, rtol=1e-9)
 
 
@@ -407,7 +434,7 @@ def test_system_draws_stay_in_their_ranges_and_apart():
     assert np.all(gaps > 0) and np.all(gaps < np.pi)  # clockwise, never touching
   width = np.rad2deg(2 * d["half_widths"])
   assert width.max() <= 12 * 1.15 + 1e-9 and width.min() >= 3 * 0.85 - 1e-9
-  move = np.rad2deg(d["centres"][:, :16] - eit.nominal_centres()[None])
+  move = np.rad2deg(d["centres"][:, :16] - CENTRES[None])
   assert np.abs(move).max() <= 4.0 + 1.5 + 1e-6 and np.abs(move).std() > 1.0
   assert np.all(np.abs(d["snr_offset_db"]) <= 10)
   gain_lo, gain_hi = 0.8 / 1.4, 1.4 / 0.7  # gain / background

@@ -402,3 +402,35 @@ def test_values_as_one_column_per_pattern_read_in_pattern_order(tmp_path, keys):
   scipy.io.savemat(tmp_path / "rows.mat", dict(zip(names, (inj, mpat, columns.T))))
   with pytest.raises(InputError, match=r"rows.mat: Uel(ref)? \(76, 31\) is not one frame"):
     lay.from_device_file(str(tmp_path / "rows.mat"))
+
+
+def test_a_file_of_two_protocols_narrows_to_one_and_a_device_round_trips(tmp_path):
+  """UEF2017's files hold several protocols' patterns: `patterns` keeps the columns asked for
+  (the values of those patterns, in order); `save_device` writes a device with its geometry and
+  calibration that reads back as the same device, in either key convention's order; bad
+  selections are one line."""
+  adjacent = lay.from_rules(16, measure_injecting=True)
+  skip2 = lay.from_rules(16, injection="skip-2", measure_injecting=True)
+  inj = np.concatenate([adjacent.currents, skip2.currents], 1)
+  _, mpat = _device_arrays(skip2)
+  values = np.arange(32 * 16, dtype=np.float64)  # pattern p's values: 16 p .. 16 p + 15
+  scipy.io.savemat(
+    tmp_path / "both.mat",
+    {"CurrentPattern": inj, "MeasPattern": mpat, "Uel": values.reshape(32, 16).T},
+  )
+  one, v = lay.from_device_file(str(tmp_path / "both.mat"), patterns="16-31")
+  assert one.signature == skip2.signature
+  np.testing.assert_array_equal(v, values[256:])
+  for bad in ("16-32", "3,3", "x"):
+    with pytest.raises(InputError, match="patterns .*: give distinct columns of CurrentPattern"):
+      lay.from_device_file(str(tmp_path / "both.mat"), patterns=bad)
+  import dataclasses
+
+  calibrated = dataclasses.replace(one, width=np.deg2rad(9.5), gain=812.5, contact_impedance=2e-3)
+  lay.save_device(str(tmp_path / "device.npz"), calibrated, v)
+  back, w = lay.from_device_file(str(tmp_path / "device.npz"))
+  assert back.signature == calibrated.signature and back.measures_as(one)
+  assert (back.gain, back.contact_impedance) == (812.5, 2e-3)
+  np.testing.assert_allclose(back.angles, calibrated.angles, atol=1e-12)
+  np.testing.assert_array_equal(w, v)
+  assert not back.measures_as(adjacent)

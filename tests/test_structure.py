@@ -214,3 +214,23 @@ def test_old_paths_answer_lookups_without_raising():
     cwd=PACKAGE.parent,
   )
   assert r.returncode == 2 and "python -m cdeit_jax.data.stats" in r.stderr, r.stderr
+
+
+def test_one_forward_model_and_no_system_names_compared():
+  """The measuring system is a value, not a name: no code compares a string to "cdeit16" or to
+  "linear" outside the preset table (eit/layout.py) and the config (config_lib.py) (the values'
+  condition is one predicate, `network.reads_values`, over a named constant); one forward model
+  (`fem.CEM`, its system fixed or drawn per call: no second CEM class)."""
+  found = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    rel = path.relative_to(PACKAGE).as_posix()
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Compare):
+        names = [n.value for n in (node.left, *node.comparators) if isinstance(n, ast.Constant)]
+        if {"cdeit16", "linear"} & set(names) and rel not in ("eit/layout.py", "config_lib.py"):
+          found.append(f"{rel}:{node.lineno}")
+  assert found == [], found
+  fem = ast.parse((PACKAGE / "eit" / "fem.py").read_text())
+  public = [n.name for n in fem.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
+  assert public == ["CEM"], public

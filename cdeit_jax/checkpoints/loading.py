@@ -16,6 +16,7 @@ from cdeit_jax.checkpoints import checkpoint
 from cdeit_jax.checkpoints.checkpoint import CHECKPOINTS, FORMAT_V1, WEIGHT_ITEMS
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.common.variables import Fixed
+from cdeit_jax.model import network
 from cdeit_jax.model.network import CDEIT
 
 _WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
@@ -33,7 +34,7 @@ def device_of(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None
     return layout.Layout.from_record(
       meta["device"], f"checkpoint metadata of step {meta.get('step')!r}: device"
     )
-  if cfg.model.get("cond", "eim") != "linear":
+  if not network.reads_values(cfg.model.get("cond", "eim")):
     return layout.preset("cdeit16")
   try:
     return synthetic.layout_of(cfg.simulator)

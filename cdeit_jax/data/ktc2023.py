@@ -98,7 +98,7 @@ def read_cases(path: str) -> list[Case]:
     layout, reference = lay.from_device_file(ref_path)
     if reference is None:
       raise InputError(f"{ref_path}: no Uelref (the empty tank's voltages)")
-    if cases and layout.signature != cases[0].layout.signature:
+    if cases and not layout.measures_as(cases[0].layout):
       raise InputError(
         f"{ref_path}: the level is of {layout.describe()}, {cases[0].path}'s of "
         f"{cases[0].layout.describe()}; give the levels of one measuring system"
@@ -114,9 +114,7 @@ def read_cases(path: str) -> list[Case]:
         raise InputError(f"{data_path}: no Uel (the target's voltages)")
       if not np.isfinite(frame).any():
         raise InputError(f"{data_path}: every value of Uel is NaN; give the target's voltages")
-      if not np.array_equal(np.sign(data_layout.currents), np.sign(layout.currents)) or (
-        not np.array_equal(data_layout.rows, layout.rows)
-      ):
+      if not data_layout.measures_as(layout):
         raise InputError(f"{data_path}: its Inj/Mpat are not those of {ref_path}")
       truth = None
       truth_path = os.path.join(folder, f"true{n}.mat")

@@ -32,6 +32,7 @@ from cdeit_jax.common.errors import CdeitError, InputError
 from cdeit_jax.data import synthetic
 from cdeit_jax.data.sources import ArraySource
 from cdeit_jax.eit import measurement
+from cdeit_jax.model import network
 
 _CHUNK = 256  # examples per call when making the fixed sets
 PRESET = "simulated"  # the simulator's units
@@ -39,7 +40,7 @@ PRESET = "simulated"  # the simulator's units
 
 def vector_cond(cfg: ml_collections.ConfigDict) -> bool:
   """Whether the model reads the voltages as a vector (cond "linear", any measuring system)."""
-  return cfg.model.get("cond", "eim") == "linear"
+  return network.reads_values(cfg.model.get("cond", "eim"))
 
 
 class Stopped(CdeitError):

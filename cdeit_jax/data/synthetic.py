@@ -90,9 +90,18 @@ def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
       for k, v in dataclasses.asdict(system_spec(sim)).items()
     },
     "tikhonov_alpha": float(sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA),
-    # another measuring system than CDEIT's (recorded only then: older folders stay valid)
-    **({} if _layout_name(sim) == "cdeit16" else {"layout": _layout_name(sim)}),
+    # another measuring system than CDEIT's (recorded only then: older folders stay valid), with
+    # its electrodes and patterns as arrays (a device file changed since is not the folder's)
+    **(
+      {} if _is_cdeit16(sim) else {"layout": _layout_name(sim), "device": layout_of(sim).record()}
+    ),
   }
+
+
+def _is_cdeit16(sim: ml_collections.ConfigDict) -> bool:
+  from cdeit_jax.eit import layout
+
+  return layout_of(sim).signature == layout.preset("cdeit16").signature
 
 
 def _layout_name(sim: ml_collections.ConfigDict) -> str:
@@ -125,18 +134,13 @@ class Generator:
     self.spec = phantom_spec(sim)
     self.system = system_spec(sim)
     self.contact_impedance = float(sim.contact_impedance)
-    if _layout_name(sim) == "cdeit16":
+    self.layout = layout_of(sim)
+    if _is_cdeit16(sim):  # CDEIT's 16 electrodes: one simulator shared, compiled once
       self.sim = eit.default_simulator(system=measurement.system_of(sim))
-    else:  # another measuring system: its own mesh and patterns, the system fixed
-      if not self.nominal:
-        raise InputError(
-          f"config.simulator.layout={_layout_name(sim)!r}: a measuring system drawn per "
-          "example is only made for CDEIT's 16 electrodes; set config.simulator.system to "
-          "SystemSpec.nominal() (configs/ktc2023.py)"
-        )
+    else:  # another measuring system: its own mesh and patterns
       from cdeit_jax.eit.simulator import Simulator
 
-      self.sim = Simulator(system=measurement.system_of(sim), layout=layout_of(sim))
+      self.sim = Simulator(system=measurement.system_of(sim), layout=self.layout)
     # Built now, outside any trace: built first inside shard_map they would carry its mesh.
     jax.block_until_ready(self.sim.vh)
     if self.nominal:
@@ -144,14 +148,15 @@ class Generator:
     else:
       from cdeit_jax.eit import system
 
-      self.sim.variable_cem(system.num_electrodes(self.system) > 16, self.spec.max_radius)
+      passive = system.num_electrodes(self.system, self.layout) > self.layout.num_electrodes
+      self.sim.drawn_cem(passive, self.spec.max_radius)
 
   @property
   def nominal(self) -> bool:
     """Whether every example is measured by the one fixed system (the condensed fast path)."""
-    from cdeit_jax.eit import MeshSpec
+    from cdeit_jax.eit.mesh import spec_for
 
-    return self.system.is_nominal(MeshSpec().width_deg)
+    return self.system.is_nominal(spec_for(self.layout).width_deg)
 
   def systems(self, keys: jax.Array) -> dict[str, jax.Array]:
     """The measuring systems (`eit.system.draw`) of the examples with these keys: each its own,
@@ -160,7 +165,8 @@ class Generator:
 
     seed = self.system.device_seed
     key = (lambda k: jax.random.key(seed)) if seed >= 0 else (lambda k: jax.random.fold_in(k, 2))
-    return jax.vmap(lambda k: system.draw(key(k), self.system, self.contact_impedance))(keys)
+    draw = lambda k: system.draw(key(k), self.system, self.contact_impedance, self.layout)
+    return jax.vmap(draw)(keys)
 
   def _batch(self, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
     from cdeit_jax.eit import phantom as ph

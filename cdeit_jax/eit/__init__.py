@@ -16,7 +16,6 @@ import importlib
 
 _WHERE = {
   "CEM": "fem",
-  "VariableCEM": "fem",
   "nominal_centres": "fem",
   "SystemSpec": "spec",
   "DiskMesh": "mesh",

@@ -28,10 +28,11 @@ import numpy as np
 
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.fem import CEM
-from cdeit_jax.eit.layout import Layout
+from cdeit_jax.eit.layout import Layout, spacing
 from cdeit_jax.eit.measurement import CURRENT
 from cdeit_jax.eit.mesh import make_mesh, spec_for
 
+WIDTH_RANGE = (0.05, 0.9)  # the electrode widths searched, as fractions of the spacing
 LOG10_Z = (-4.0, 0.0)  # the contact impedances searched (simulator units; below 1e-4 the
 # electrodes short their boundary already, and float32 solves lose digits)
 # The largest relative residual of a reference frame accepted as the empty tank: real tanks fit
@@ -51,7 +52,9 @@ class Calibration:
   contact_impedance: float  # simulator units (z s / R)
   residual: float  # ||u - gain v|| / ||u|| over the present values
   values: int  # values fitted
-  identifiable: bool  # whether z changes the residual by more than 1 % of itself in its range
+  identifiable: bool  # whether the frame determines z (not at its search's bound, 1 % residual)
+  width_deg: float | None = None  # the electrodes' angular width (fitted, given or the layout's)
+  errors: dict = dataclasses.field(default_factory=dict)  # one sigma: gain, log10_z, width_deg
 
   def check(self, what: str) -> Calibration:
     """Itself, or an InputError naming `what` when the fit cannot be the empty tank's (module
@@ -77,25 +80,93 @@ class Calibration:
     return self
 
   def describe(self) -> str:
-    z = f"{self.contact_impedance:.3g}" + ("" if self.identifiable else " (not identifiable)")
+    e = self.errors
+    z = f"{self.contact_impedance:.3g}"
+    if "log10_z" in e:
+      z += f" (x/ 10^{e['log10_z']:.2f})"
+    if not self.identifiable:
+      z += " (not identifiable)"
+    gain = f"{self.gain:.6g}" + (f" +- {e['gain']:.3g}" if "gain" in e else "")
+    width = ""
+    if self.width_deg is not None:
+      spread = f" +- {e['width_deg']:.2g}" if "width_deg" in e else ""
+      vague = e.get("width_deg", 0.0) > 0.2 * self.width_deg
+      width = f", electrode width {self.width_deg:.4g}{spread} degrees"
+      width += " (not identifiable)" if vague else ""
     return (
-      f"gain {self.gain:.6g} (measured / simulated volts), contact impedance {z}, "
-      f"relative residual {self.residual:.4f} over {self.values} values"
+      f"gain {gain} (measured / simulated volts), contact impedance {z}{width}, relative "
+      f"residual {self.residual:.4f} over {self.values} values"
     )
+
+
+class Homogeneous:
+  """The simulator's homogeneous (sigma = 1) values (R,) of `layout` in float64 for any contact
+  impedance and electrode width: one compiled solve of the layout's electrodes placed on its
+  mesh's boundary (`fem.CEM` with a drawn system), the interior condensed away once."""
+
+  def __init__(self, layout: Layout, current: float = CURRENT):
+    mesh = make_mesh(spec_for(layout))
+    centroid = mesh.nodes[mesh.triangles].mean(1)
+    support = np.zeros(mesh.num_elements, bool)
+    support[np.argmin(np.hypot(*centroid.T))] = True  # sigma = 1 everywhere: one element left
+    self.layout = layout
+    self.spacing = spacing(layout.angles)
+    with jax.enable_x64(True):
+      cem = CEM(mesh, 1.0, current, dtype=jnp.float64, support=support, layout=layout)
+      drawn = cem.drawn(False)
+      ones = jnp.ones(mesh.num_elements, jnp.float64)
+      angles = jnp.asarray(layout.angles, jnp.float64)
+
+      def values(log10_z, width):
+        e = layout.num_electrodes
+        system = {
+          "centres": angles,
+          "half_widths": jnp.full(e, width / 2),
+          "weights": jnp.full(e, 10.0**-log10_z),
+        }
+        return layout.measure(drawn.electrode_potentials(ones, system))
+
+      self._values = jax.jit(values)
+
+  def __call__(self, contact_impedance: float, width: float | None = None) -> np.ndarray:
+    """Values (R,) at contact impedance z and electrode width (radians; default the layout's)."""
+    w = self.layout.width if width is None else width
+    with jax.enable_x64(True):
+      return np.asarray(self._values(np.log10(contact_impedance), w), np.float64)
+
+
+_homogeneous: dict = {}
+
+
+def homogeneous_model(layout: Layout, current: float = CURRENT) -> Homogeneous:
+  """`Homogeneous` of a layout, kept for the last two layouts (a fit tries hundreds of systems)."""
+  key = (layout.signature, layout.currents.tobytes(), current)
+  if key not in _homogeneous:
+    while len(_homogeneous) >= 2:
+      _homogeneous.pop(next(iter(_homogeneous)))
+    _homogeneous[key] = Homogeneous(layout, current)
+  return _homogeneous[key]
 
 
 def homogeneous(layout: Layout, contact_impedance: float, current: float = CURRENT) -> np.ndarray:
   """The simulator's homogeneous (sigma = 1) values (R,) of `layout`, in float64."""
-  mesh = make_mesh(spec_for(layout))
-  with jax.enable_x64(True):
-    cem = CEM(mesh, contact_impedance, current, dtype=jnp.float64, layout=layout)
-    return cem.host_voltages(np.ones(cem.num_elements))
+  return homogeneous_model(layout, current)(contact_impedance)
 
 
-def fit(layout: Layout, reference: np.ndarray, what: str = "the reference frame") -> Calibration:
-  """Fit gain and contact impedance to `reference` (R,), NaN where a value is missing; a frame
-  that cannot be this system's empty tank is an InputError naming `what` (`Calibration.check`)."""
-  from scipy.optimize import minimize_scalar
+def fit(
+  layout: Layout,
+  reference: np.ndarray,
+  what: str = "the reference frame",
+  *,
+  width: bool = False,
+  contact_impedance: float | None = None,
+  width_deg: float | None = None,
+) -> Calibration:
+  """Fit gain and contact impedance (unless `contact_impedance` is given) and, with `width`, the
+  electrodes' width (unless `width_deg` is given; else the layout's) to `reference` (R,), NaN
+  where a value is missing; a frame that cannot be this system's empty tank is an InputError
+  naming `what` (`Calibration.check`)."""
+  from scipy.optimize import least_squares, minimize_scalar
 
   u = np.asarray(reference, np.float64).reshape(-1)
   present = layout.present(u)
@@ -109,18 +180,106 @@ def fit(layout: Layout, reference: np.ndarray, what: str = "the reference frame"
   u = u[present]
   if not np.any(u != 0):
     raise InputError(f"{what}: every value is zero; give the empty tank's measurement")
+  model = homogeneous_model(layout)
+  widths = tuple(model.spacing * f for f in WIDTH_RANGE)
+  for name, value, ok in (
+    ("contact_impedance", contact_impedance, lambda v: v > 0),
+    ("width_deg", width_deg, lambda v: widths[0] <= np.deg2rad(v) <= widths[1]),
+  ):
+    if value is not None and not (np.isfinite(value) and ok(value)):
+      raise InputError(f"{what}: {name}={value!r} cannot be (a width must lie within the gaps)")
+  fixed_w = np.deg2rad(width_deg) if width_deg is not None else (None if width else layout.width)
+  free_z = contact_impedance is None
 
-  def gain_residual(log10_z: float) -> tuple[float, float]:
-    v = homogeneous(layout, 10.0**log10_z)[present]
+  def gain_residual(log10_z: float, w: float) -> tuple[float, float, np.ndarray]:
+    v = model(10.0**log10_z, w)[present]
     g = float(v @ u / (v @ v))
-    return g, float(np.linalg.norm(u - g * v) / np.linalg.norm(u))
+    return g, float(np.linalg.norm(u - g * v) / np.linalg.norm(u)), v
 
-  ends = [gain_residual(x)[1] for x in LOG10_Z]
-  best = minimize_scalar(
-    lambda x: gain_residual(x)[1], bounds=LOG10_Z, method="bounded", options={"xatol": 0.005}
+  res = lambda x, w: gain_residual(x, w)[1]
+  if fixed_w is not None:  # z alone (or nothing)
+    w = fixed_w
+    if free_z:
+      ends = [res(x, w) for x in LOG10_Z]
+      best = minimize_scalar(
+        lambda x: res(x, w), bounds=LOG10_Z, method="bounded", options={"xatol": 0.005}
+      )
+      log10_z = float(best.x) if best.fun <= min(ends) else LOG10_Z[int(np.argmin(ends))]
+    else:
+      log10_z = float(np.log10(contact_impedance))
+  elif not free_z:  # the width alone
+    log10_z = float(np.log10(contact_impedance))
+    best = minimize_scalar(
+      lambda w: res(log10_z, w), bounds=widths, method="bounded", options={"xatol": 1e-4}
+    )
+    w = float(best.x)
+  else:  # both: the best of a coarse grid, then least squares within the bounds (z and the
+    # width trade off along a curved valley, which a scalar minimiser stops short in)
+    grid = [(x, w) for x in np.linspace(*LOG10_Z, 9) for w in np.linspace(*widths, 9)]
+    start = min(grid, key=lambda p: res(*p))
+    scale = np.linalg.norm(u)
+
+    def residuals(p):
+      g, _, v = gain_residual(*p)
+      return (u - g * v) / scale
+
+    best = least_squares(
+      residuals, np.asarray(start), bounds=tuple(zip(LOG10_Z, widths)), x_scale=(1.0, 0.01)
+    )
+    log10_z, w = (float(v) for v in best.x)
+  gain, residual, v = gain_residual(log10_z, w)
+  free = [k for k, on in (("log10_z", free_z), ("width", fixed_w is None)) if on]
+  errors = _errors(model, u, v, gain, present, log10_z, w, free)
+  at_bound = min(abs(log10_z - b) for b in LOG10_Z) < 0.01
+  if free_z and fixed_w is not None:  # the residual over z's whole range
+    identifiable = max(ends) - residual > 0.01 * residual and min(ends) - residual > 0.01 * residual
+  else:
+    identifiable = free_z and not at_bound and errors.get("log10_z", np.inf) < 0.25
+  fit = Calibration(
+    gain,
+    10.0**log10_z,
+    residual,
+    int(present.sum()),
+    bool(identifiable or not free_z),
+    float(np.rad2deg(w)),
+    errors,
   )
-  log10_z = float(best.x) if best.fun <= min(ends) else LOG10_Z[int(np.argmin(ends))]
-  gain, residual = gain_residual(log10_z)
-  identifiable = max(ends) - residual > 0.01 * residual and min(ends) - residual > 0.01 * residual
-  fit = Calibration(gain, 10.0**log10_z, residual, int(present.sum()), identifiable)
   return fit.check(what)
+
+
+def _errors(model, u, v, gain, present, log10_z, w, free) -> dict[str, float]:
+  """One-sigma uncertainties of the gain and the free values (`free`: log10_z, width) from the
+  residual's Jacobian by central differences: s^2 (J^T J)^-1."""
+  cols, names = [-v], ["gain"]
+  steps = {"log10_z": 1e-3, "width": 1e-4}
+
+  def at(name: str, d: float) -> np.ndarray:
+    x, ww = (log10_z + d, w) if name == "log10_z" else (log10_z, w + d)
+    return model(10.0**x, ww)[present]
+
+  for name in free:
+    h = steps[name]
+    cols.append(-gain * (at(name, h) - at(name, -h)) / (2 * h))
+    names.append(name)
+  jac = np.stack(cols, 1)
+  r = u - gain * v
+  dof = max(len(u) - len(names), 1)
+  try:
+    cov = (r @ r / dof) * np.linalg.inv(jac.T @ jac)
+  except np.linalg.LinAlgError:
+    return {}
+  sd = np.sqrt(np.maximum(np.diag(cov), 0.0))
+  out = dict(zip(names, (float(x) for x in sd)))
+  if "width" in out:
+    out["width_deg"] = float(np.rad2deg(out.pop("width")))
+  return out
+
+
+def calibrated(layout: Layout, fit: Calibration) -> Layout:
+  """The layout as the fit found the device: its electrode width, gain and contact impedance."""
+  return dataclasses.replace(
+    layout,
+    width=np.deg2rad(fit.width_deg) if fit.width_deg is not None else layout.width,
+    gain=fit.gain,
+    contact_impedance=fit.contact_impedance,
+  )

@@ -14,10 +14,17 @@ this makes autodiff Jacobians cheap.
 Dense rather than sparse: JAX has no portable sparse direct solver (jax.experimental.sparse's
 spsolve is GPU-only), and for the ~2k unknowns of the default mesh a batched dense Cholesky is fast
 on accelerators and acceptable on CPU.
+
+One forward model for every measuring system (`eit.layout`; CDEIT's 16 electrodes by default) and
+for the system fixed or drawn per call: `CEM.voltages(sigma)` solves the system it was built for,
+condensed onto the nodes whose conductivity may vary; `CEM.voltages(sigma, system)` solves the
+electrodes of a drawn system (`eit.system.draw`: positions, widths, contact impedances, passive
+electrodes in the gaps), whose boundary nodes then stay unknowns (`_Drawn`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -25,10 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE, CURRENT
-from cdeit_jax.eit.measurement import DEFAULT as PROTOCOL
-from cdeit_jax.eit.mesh import NUM_ELECTRODES, DiskMesh, MeshSpec, make_mesh
+from cdeit_jax.eit.mesh import DiskMesh, MeshSpec, make_mesh
 
 
 def boundary_geometry(mesh: DiskMesh) -> dict[str, np.ndarray]:
@@ -68,15 +75,22 @@ def electrode_terms(theta, span, h, centres, half_widths, weights, xp=np):
   return zz, w, (wt * d1).sum(0)
 
 
-def nominal_centres(num: int = NUM_ELECTRODES) -> np.ndarray:
-  """Polar angles of `num` evenly spaced electrodes, electrode 0 at (0, 1), numbered clockwise
-  (16: the CDEIT layout; 32: the 16 and one in the middle of each gap, at 16 + l after l)."""
-  l = np.arange(num)
-  if num == NUM_ELECTRODES:
-    return np.pi / 2 - 2 * np.pi * l / NUM_ELECTRODES
-  return np.concatenate(
-    [nominal_centres(), np.pi / 2 - 2 * np.pi * (l[: num - NUM_ELECTRODES] + 0.5) / NUM_ELECTRODES]
-  )
+def nominal_centres(lay: Layout, passive: bool = False) -> np.ndarray:
+  """Polar angles of the layout's electrodes, and with `passive` one more in the middle of each
+  gap, at E + l after electrode l (CDEIT's 16: electrode 0 at (0, 1), numbered clockwise)."""
+  a = np.asarray(lay.angles, np.float64)
+  if not passive:
+    return a
+  step = np.mod(np.roll(a, -1) - a + np.pi, 2 * np.pi) - np.pi  # to the next electrode
+  return np.concatenate([a, a + step / 2])
+
+
+def default_layout(mesh: DiskMesh) -> Layout:
+  """CDEIT's 16 electrodes with the mesh's electrode width (the layout of `CEM(mesh)`)."""
+  lay = layout_lib.preset("cdeit16")
+  if mesh.spec.width_deg == 4.0:
+    return lay
+  return dataclasses.replace(lay, width=np.deg2rad(mesh.spec.width_deg))
 
 
 def _checked_dtype(dtype) -> jnp.dtype:
@@ -116,19 +130,6 @@ def _spd_solve(matrix: Callable[[], jax.Array], rhs: jax.Array) -> jax.Array:
   return jax.lax.custom_linear_solve(lambda v: matrix() @ v, rhs, solve=solve, symmetric=True)
 
 
-class _Measurements:
-  """The 208 measurements of the CDEIT protocol from electrode potentials (16 electrodes, 16
-  injections), in CDEIT order and sign."""
-
-  def __init__(self):
-    self._m = jnp.asarray(PROTOCOL.pairs.reshape(-1), jnp.int32)
-    self._m2 = jnp.asarray(PROTOCOL.second_electrodes().reshape(-1), jnp.int32)
-    self._k = jnp.asarray(np.repeat(np.arange(NUM_ELECTRODES), PROTOCOL.per_injection), jnp.int32)
-
-  def __call__(self, u: jax.Array) -> jax.Array:
-    return u[self._m, self._k] - u[self._m2, self._k]
-
-
 class CEM:
   """Forward model of one mesh: element conductivities (..., E) -> 208 voltages (..., 208), or
   any measuring system's values with `layout` (`cdeit_jax.eit.layout`).
@@ -152,8 +153,9 @@ class CEM:
   ):
     self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
     self.dtype = _checked_dtype(dtype)
-    self.layout = layout
-    ne = NUM_ELECTRODES if layout is None else layout.num_electrodes
+    self.layout = layout = layout if layout is not None else default_layout(mesh)
+    self.current, self.sigma_bg, self.support = float(current), float(sigma_bg), support
+    ne = layout.num_electrodes
     z = np.broadcast_to(np.asarray(contact_impedance, np.float64), (ne,))
     if np.any(z <= 0):
       raise InputError(f"contact_impedance must be > 0, got {contact_impedance}")
@@ -166,8 +168,8 @@ class CEM:
       g["theta"],
       g["span"],
       g["h"],
-      nominal_centres() if layout is None else layout.angles,
-      np.full(ne, np.deg2rad(mesh.spec.width_deg) / 2 if layout is None else layout.width / 2),
+      layout.angles,
+      np.full(ne, layout.width / 2),
       1 / z,
     )
     for (a, b), col in (
@@ -190,7 +192,7 @@ class CEM:
     f_idx = np.setdiff1d(np.arange(size), v_nodes)
     # Schur complement onto V (constant part) and the maps back to electrode potentials
     a_ff, a_vf = full[np.ix_(f_idx, f_idx)], full[np.ix_(v_nodes, f_idx)]
-    currents = PROTOCOL.currents(current).T if layout is None else layout.currents * current
+    currents = layout.currents * current
     rhs = np.zeros((size, currents.shape[1]))
     rhs[n:] = currents[: ne - 1]  # column k: injection k
     inv_ff_fv = np.linalg.solve(a_ff, a_vf.T)  # (F, V)
@@ -208,9 +210,10 @@ class CEM:
     self._ke = jnp.asarray(ke[var], self.dtype)
     self._rows = jnp.asarray(np.repeat(vt, 3, axis=1).reshape(-1), jnp.int32)
     self._cols = jnp.asarray(np.tile(vt, (1, 3)).reshape(-1), jnp.int32)
-    self._measure = _Measurements() if layout is None else layout.measure
+    self._measure = layout.measure
     self.num_electrodes = ne
     self.num_unknowns = len(v_nodes)
+    self._drawn: dict[bool, _Drawn] = {}
 
   @property
   def num_elements(self) -> int:
@@ -238,48 +241,50 @@ class CEM:
     u = np.asarray(self._elec_c, np.float64) - np.asarray(self._elec_t, np.float64) @ x
     return np.asarray(self._measure(np.concatenate([u, np.zeros((1, u.shape[1]))], 0)))
 
-  def voltages(self, sigma: jax.Array) -> jax.Array:
-    """The measurements for element conductivities sigma (..., E): CDEIT's 208 in its order and
-    sign, or the `layout`'s values in its order."""
+  def voltages(self, sigma: jax.Array, system: dict[str, jax.Array] | None = None) -> jax.Array:
+    """The measurements for element conductivities sigma (..., E), the `layout`'s values in its
+    order and sign (CDEIT's 208 by default): of the system this CEM was built for, or of one
+    drawn system (`eit.system.draw`: `centres`, `half_widths`, `weights` (electrodes,), the
+    layout's electrodes then, with more, the passive ones; sigma (E,)). A drawn system's gain
+    is the caller's to apply (`eit.simulator`)."""
     sigma = jnp.asarray(sigma, self.dtype)
+    if system is not None:
+      passive = system["centres"].shape[-1] > self.num_electrodes
+      system = {k: jnp.asarray(v, self.dtype) for k, v in system.items()}
+      return self._measure(self.drawn(passive).electrode_potentials(sigma, system))
     if sigma.ndim > 1:
       flat = sigma.reshape(-1, sigma.shape[-1])
       return jax.vmap(self.voltages)(flat).reshape(*sigma.shape[:-1], -1)
     return self._measure(self.electrode_potentials(sigma))
 
+  def drawn(self, passive: bool = False) -> _Drawn:
+    """The operators of drawn systems (with `passive`: one passive electrode in each gap), made
+    once; build them outside a trace (constants made inside one would belong to it)."""
+    if passive not in self._drawn:
+      self._drawn[passive] = _Drawn(self, passive)
+    return self._drawn[passive]
 
-class VariableCEM:
-  """Forward model whose measuring system is an argument of every call: electrode positions,
-  widths and contact impedances (`electrode_terms`), optionally with a passive (floating, no
-  current) electrode in each gap. `voltages(sigma, system)` with `system` from
-  `cdeit_jax.eit.system.draw`; vmap it over a batch of examples, each with its own system.
 
-  The electrode blocks change per call, so the boundary nodes stay unknowns; every other node
-  outside the elements whose conductivity may vary (`support`) is condensed away once, as in
-  `CEM`. Electrode 15 is the ground; electrodes 16..31 (with `passive`) are the passive ones.
-  """
+class _Drawn:
+  """The operators of a CEM's drawn systems: the electrode blocks change per call, so the
+  boundary nodes stay unknowns; every other node outside the elements whose conductivity may
+  vary (the CEM's `support`) is condensed away once. The layout's last electrode is the ground;
+  electrodes E..2E-1 (with `passive`) are the passive ones, which carry no current."""
 
-  def __init__(
-    self,
-    mesh: DiskMesh | None = None,
-    passive: bool = False,
-    current: float = CURRENT,
-    dtype=jnp.float32,
-    support: np.ndarray | None = None,
-    sigma_bg: float = 1.0,
-  ):
-    self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
-    self.dtype = _checked_dtype(dtype)
-    self.num_electrodes = ne = 2 * NUM_ELECTRODES if passive else NUM_ELECTRODES
+  def __init__(self, cem: CEM, passive: bool):
+    mesh, lay = cem.mesh, cem.layout
+    self.dtype = cem.dtype
+    e = lay.num_electrodes
+    self.num_electrodes = ne = 2 * e if passive else e
     n, tri = mesh.num_nodes, mesh.triangles
     ke = element_stiffness(mesh)
-    var = _support_mask(mesh, support)
+    var = _support_mask(mesh, cem.support)
     g = boundary_geometry(mesh)
     keep = np.union1d(np.unique(tri[var]), g["i"])
     drop = np.setdiff1d(np.arange(n), keep)
     a = np.zeros((n, n))
     fixed = np.flatnonzero(~var)
-    np.add.at(a, (tri[fixed][:, :, None], tri[fixed][:, None, :]), sigma_bg * ke[fixed])
+    np.add.at(a, (tri[fixed][:, :, None], tri[fixed][:, None, :]), cem.sigma_bg * ke[fixed])
     schur = a[np.ix_(keep, keep)]
     if len(drop):
       schur = schur - a[np.ix_(keep, drop)] @ np.linalg.solve(
@@ -292,15 +297,12 @@ class VariableCEM:
     local = np.full(n, -1)
     local[keep] = np.arange(nv)
     vt = local[tri[var]]
-    # electrode l's row; the ground (15) gets `size`, out of bounds: scatters drop it
+    # electrode l's row; the ground (e - 1) gets `size`, out of bounds: scatters drop it
     erow = np.array(
-      [
-        nv + l if l < NUM_ELECTRODES - 1 else (size if l == NUM_ELECTRODES - 1 else nv + l - 1)
-        for l in range(ne)
-      ]
+      [nv + l if l < e - 1 else (size if l == e - 1 else nv + l - 1) for l in range(ne)]
     )
-    rhs = np.zeros((size, NUM_ELECTRODES))
-    rhs[erow[: NUM_ELECTRODES - 1]] = PROTOCOL.currents(current).T[: NUM_ELECTRODES - 1]
+    rhs = np.zeros((size, lay.num_patterns))
+    rhs[erow[: e - 1]] = (lay.currents * cem.current)[: e - 1]
     f = lambda x: jnp.asarray(x, self.dtype)
     i32 = lambda x: jnp.asarray(x, jnp.int32)
     self._const, self._rhs, self._ke = f(const), f(rhs), f(ke[var])
@@ -309,7 +311,7 @@ class VariableCEM:
     self._cols = i32(np.tile(vt, (1, 3)).reshape(-1))
     self._theta, self._span, self._h = f(g["theta"]), f(g["span"]), f(g["h"])
     self._bi, self._bj, self._erow = i32(local[g["i"]]), i32(local[g["j"]]), i32(erow)
-    self._measure = _Measurements()
+    self._ground = e - 1
     self.num_unknowns = size
 
   def system_matrix(self, sigma: jax.Array, system: dict[str, jax.Array]) -> jax.Array:
@@ -338,13 +340,8 @@ class VariableCEM:
     # an absent electrode (weight 0) gets a 1 on its diagonal: U = 0, coupled to nothing
     return m.at[er, er].add(d + (system["weights"] == 0), mode="drop")
 
-  def voltages(self, sigma: jax.Array, system: dict[str, jax.Array]) -> jax.Array:
-    """The 208 measurements (CDEIT order and sign) for element conductivities sigma (E,) seen by
-    one system; apply the system's gain yourself (`cdeit_jax.eit.system`)."""
-    sigma = jnp.asarray(sigma, self.dtype)
-    system = {k: jnp.asarray(v, self.dtype) for k, v in system.items()}
+  def electrode_potentials(self, sigma: jax.Array, system: dict[str, jax.Array]) -> jax.Array:
+    """(the layout's electrodes, patterns) potentials for sigma (E,) seen by one system."""
     x = _spd_solve(lambda: self.system_matrix(sigma, system), self._rhs)
-    u = jnp.concatenate(
-      [x[self._erow[: NUM_ELECTRODES - 1]], jnp.zeros((1, NUM_ELECTRODES), x.dtype)], 0
-    )
-    return self._measure(u)
+    e = self._ground + 1
+    return jnp.concatenate([x[self._erow[: e - 1]], jnp.zeros((1, x.shape[1]), x.dtype)], 0)

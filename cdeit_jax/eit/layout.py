@@ -40,6 +40,12 @@ KTC_FIRST_DEG, KTC_WIDTH_DEG = 84.375, 5.625
 CDEIT_WIDTH_DEG = 4.0  # the CDEIT simulations' electrodes (docs/reference/eit-conventions.md)
 
 
+def spacing(angles: np.ndarray) -> float:
+  """The narrowest angle (radians) between two neighbouring electrode centres."""
+  a = np.sort(np.mod(np.asarray(angles, np.float64), 2 * np.pi))
+  return float(np.diff(a, append=a[0] + 2 * np.pi).min())
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Layout:
   """Electrodes and patterns (module docstring). Arrays are read-only numpy arrays."""
@@ -49,6 +55,10 @@ class Layout:
   width: float  # angular width, radians
   currents: np.ndarray  # (E, P) relative currents, "+" into the body
   rows: np.ndarray  # (R, 3) int32: pattern, electrode +, electrode -
+  # a calibrated device's (`eit.calibration`): measured / simulated volts, and the contact
+  # impedance in simulator units (None: not calibrated; the config's value holds)
+  gain: float = 1.0
+  contact_impedance: float | None = None
 
   def __post_init__(self):
     e = len(self.angles)
@@ -66,14 +76,16 @@ class Layout:
     angles = np.asarray(self.angles, np.float64)
     if e < 4 or angles.shape != (e,) or not np.all(np.isfinite(angles)):
       raise InputError(f"layout {self.name}: needs 4 or more electrodes at finite angles")
-    gaps = np.diff(
-      np.sort(np.mod(angles, 2 * np.pi)), append=np.min(np.mod(angles, 2 * np.pi)) + 2 * np.pi
-    )
+    if not (isinstance(self.gain, numbers.Real) and 0 < self.gain < float("inf")):
+      raise InputError(f"layout {self.name}: gain {self.gain!r} must be a positive number")
+    z = self.contact_impedance
+    if z is not None and not (isinstance(z, numbers.Real) and 0 < z < float("inf")):
+      raise InputError(f"layout {self.name}: contact impedance {z!r} must be a positive number")
     width = self.width if isinstance(self.width, numbers.Real) else float("nan")
-    if not 0 < width < gaps.min():
+    if not 0 < width < spacing(angles):
       raise InputError(
         f"layout {self.name}: electrode width {float(np.rad2deg(width)):.4g} degrees must be > 0 "
-        f"and below the narrowest gap between centres ({np.rad2deg(gaps.min()):.4g} degrees)"
+        f"and below the narrowest gap between centres ({np.rad2deg(spacing(angles)):.4g} degrees)"
       )
     for name, value in (("angles", self.angles), ("currents", cur), ("rows", rows)):
       value = np.array(value, np.float64 if name != "rows" else np.int32)
@@ -103,6 +115,16 @@ class Layout:
     h.update(np.ascontiguousarray(self.rows).tobytes())
     return h.hexdigest()[:16]
 
+  def measures_as(self, other: Layout) -> bool:
+    """Whether `other` measures the same values in the same order as this device (its
+    electrodes, current directions and rows), whatever either's geometry or calibration: data
+    of one fit a model of the other (a device and its calibration)."""
+    return (
+      self.num_electrodes == other.num_electrodes
+      and np.array_equal(np.sign(self.currents), np.sign(other.currents))
+      and np.array_equal(self.rows, other.rows)
+    )
+
   def record(self) -> dict:
     """The layout as JSON-able arrays (a checkpoint keeps it: the model needs no device file)."""
     return {
@@ -111,6 +133,8 @@ class Layout:
       "width": float(self.width),
       "currents": self.currents.tolist(),
       "rows": self.rows.tolist(),
+      "gain": float(self.gain),
+      "contact_impedance": self.contact_impedance,
     }
 
   @classmethod
@@ -123,6 +147,8 @@ class Layout:
         float(record["width"]),
         np.asarray(record["currents"], np.float64),
         np.asarray(record["rows"], np.int64),
+        float(record.get("gain", 1.0)),
+        None if record.get("contact_impedance") is None else float(record["contact_impedance"]),
       )
     except (KeyError, TypeError, ValueError) as e:
       raise InputError(
@@ -413,6 +439,7 @@ def from_device_file(
   first_deg: float | None = None,
   clockwise: bool | None = None,
   width_deg: float | None = None,
+  patterns=None,
 ) -> tuple[Layout, np.ndarray | None]:
   """(layout, the file's values (R,) in the layout's order, or None) of a device's reference
   file. KTC's keys (`Inj`/`Injref` (E, P), `Mpat` (E, M), `Uel`/`Uelref`) or UEF's
@@ -422,7 +449,10 @@ def from_device_file(
   missing) or non-numeric arrays, and fewer than 4 electrodes, are refused in one line.
   Electrodes are evenly spaced from `first_deg` (default: the top, or KTC2023's tank geometry
   for KTC's keys with 32 electrodes), numbered counter-clockwise for KTC's keys and clockwise for
-  UEF's unless `clockwise` says; currents are relative to the largest."""
+  UEF's unless `clockwise` says; currents are relative to the largest. A calibrated device file
+  (`save_device`) also holds `angles_deg`, `width_deg`, `gain` and `contact_impedance`, which
+  hold unless an argument says otherwise. `patterns`: the current patterns (columns) to keep,
+  for a file of several protocols (UEF2017's 79 patterns)."""
   d = _load(path)
   conventions = {"KTC": KTC_KEYS, "UEF": UEF_KEYS}
   convention = next(
@@ -443,6 +473,7 @@ def from_device_file(
       "same electrode count"
     )
   n, (num_p, num_m) = inj.shape[0], (inj.shape[1], mpat.shape[1])
+  keep = np.arange(num_p) if patterns is None else _patterns(path, ck, patterns, num_p)
   if n < 4:
     raise InputError(f"{path}: {ck} has {n} electrodes (rows); EIT needs at least 4")
   plus, minus = np.argmax(mpat, 0), np.argmin(mpat, 0)
@@ -457,22 +488,87 @@ def from_device_file(
   scale = np.abs(inj).max()
   if not scale > 0:
     raise InputError(f"{path}: {ck} holds no current")
-  rows = np.array([(p, plus[m], minus[m]) for p in range(num_p) for m in range(num_m)])
+  rows = np.array([(p, plus[m], minus[m]) for p in range(len(keep)) for m in range(num_m)])
+  placed = first_deg is not None or clockwise is not None  # the caller's geometry
   cw = (convention == "UEF") if clockwise is None else clockwise
   ktc_tank = convention == "KTC" and n == 32
   if first_deg is None:
     first_deg = KTC_FIRST_DEG if ktc_tank else 90.0
+  angles = evenly_spaced(n, first_deg, cw)
+  given = {k: _numbers(path, k, d[k]) for k in DEVICE_KEYS if k in d}
+  if "angles_deg" in given and not placed:
+    angles = np.deg2rad(given["angles_deg"].reshape(-1))
+  if width_deg is None:
+    width_deg = float(given["width_deg"].reshape(-1)[0]) if "width_deg" in given else None
   if width_deg is None:
     width_deg = KTC_WIDTH_DEG if ktc_tank else _default_width(n)
   name = f"{os.path.basename(path)} ({convention} keys)"
-  layout = Layout(name, evenly_spaced(n, first_deg, cw), np.deg2rad(width_deg), inj / scale, rows)
+  cal = {k: float(given[k].reshape(-1)[0]) for k in ("gain", "contact_impedance") if k in given}
+  layout = Layout(name, angles, np.deg2rad(width_deg), inj[:, keep] / scale, rows, **cal)
   if layout.signature == preset("ktc2023").signature:
     layout = dataclasses.replace(layout, name=f"ktc2023 ({os.path.basename(path)})")
   values = _first(d, keys[2])
   if values is None:
     return layout, None
   vk, v = values
-  return layout, _frame_values(path, vk, _numbers(path, vk, v, missing_ok=True), num_p, num_m)
+  v = _frame_values(path, vk, _numbers(path, vk, v, missing_ok=True), num_p, num_m)
+  return layout, v.reshape(num_p, num_m)[keep].reshape(-1)
+
+
+# A calibrated device file's own keys beside KTC's (`save_device`).
+DEVICE_KEYS = ("angles_deg", "width_deg", "gain", "contact_impedance")
+
+
+def _patterns(path: str, key: str, patterns, num_p: int) -> np.ndarray:
+  """The pattern columns `patterns` selects: indices, or text such as "0-15,32"."""
+  try:
+    if isinstance(patterns, str):
+      out = []
+      for part in patterns.replace(" ", "").split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    else:
+      out = [int(p) for p in np.asarray(patterns).reshape(-1)]
+  except ValueError:
+    out = []
+  if not out or len(set(out)) != len(out) or min(out) < 0 or max(out) >= num_p:
+    raise InputError(
+      f"{path}: patterns {patterns!r}: give distinct columns of {key} from 0 to {num_p - 1}, "
+      "e.g. '0-15'"
+    )
+  return np.asarray(out)
+
+
+def save_device(path: str, layout: Layout, reference: np.ndarray | None = None) -> None:
+  """Write `layout` (calibrated or not) as a device file in KTC's keys with its own geometry and
+  calibration (`DEVICE_KEYS`), which `from_device_file` reads back as the same device; the
+  reference frame as `Uelref`. Every pattern must measure the same pairs (one `Mpat`)."""
+  from cdeit_jax.common import fileio
+
+  first = layout.rows[layout.rows[:, 0] == 0][:, 1:]
+  pairs = np.tile(first, (layout.num_patterns, 1))
+  if len(pairs) != layout.num_values or not np.array_equal(pairs, layout.rows[:, 1:]):
+    raise InputError(f"{layout.describe()}: its patterns measure different pairs; no Mpat holds it")
+  mpat = np.zeros((layout.num_electrodes, len(first)))
+  mpat[first[:, 0], np.arange(len(first))] = 1.0
+  mpat[first[:, 1], np.arange(len(first))] = -1.0
+  arrays = {
+    "Injref": layout.currents,
+    "Mpat": mpat,
+    "angles_deg": np.rad2deg(layout.angles),
+    "width_deg": np.float64(np.rad2deg(layout.width)),
+    "gain": np.float64(layout.gain),
+  }
+  if layout.contact_impedance is not None:
+    arrays["contact_impedance"] = np.float64(layout.contact_impedance)
+  if reference is not None:
+    arrays["Uelref"] = np.asarray(reference, np.float64)[:, None]
+
+  def write(tmp):
+    with open(tmp, "wb") as fh:  # a handle: np.savez would append ".npz" to the temporary name
+      np.savez(fh, **arrays)
+
+  fileio.atomic_write(path, write)
 
 
 def _frame_values(path: str, key: str, v: np.ndarray, num_p: int, num_m: int) -> np.ndarray:

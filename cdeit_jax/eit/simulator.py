@@ -17,9 +17,8 @@ import numpy as np
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import measurement
 from cdeit_jax.eit import phantom as ph
-from cdeit_jax.eit.fem import CEM, VariableCEM
+from cdeit_jax.eit.fem import CEM
 from cdeit_jax.eit.layout import Layout
-from cdeit_jax.eit.measurement import NUM_ELECTRODES
 from cdeit_jax.eit.mesh import MeshSpec, make_mesh, spec_for
 from cdeit_jax.eit.spec import ROW
 
@@ -131,21 +130,14 @@ class Simulator:
     flat = lambda a: a.reshape(-1, a.shape[-1])
     return jax.vmap(noisy)(flat(vi), flat(vh), key.reshape(-1)).reshape(vi.shape)
 
-  @functools.lru_cache(maxsize=4)  # noqa: B019 (few long-lived simulators; bounded)
-  def variable_cem(self, passive: bool, max_radius: float = 1.0) -> VariableCEM:
-    """A CEM whose measuring system is drawn per example (`system_difference`); with
-    max_radius < 1 it condenses the elements outside |p| <= max_radius as `support_cem`."""
-    r = np.hypot(*np.moveaxis(np.asarray(self.sample_points, np.float64), -1, 0)).min(-1)
-    support = None if max_radius >= 1 else r <= max_radius
+  def drawn_cem(self, passive: bool, max_radius: float = 1.0) -> CEM:
+    """The CEM that solves systems drawn per example (`system_difference`), its operators for
+    `passive` made now (outside any trace); with max_radius < 1 the elements outside
+    |p| <= max_radius are condensed away as in `support_cem`."""
+    cem = self.support_cem(max_radius) if max_radius < 1 else self.cem
     with jax.ensure_compile_time_eval():
-      return VariableCEM(
-        self.mesh,
-        passive=passive,
-        current=self.system.current,
-        dtype=self.dtype,
-        support=support,
-        sigma_bg=self.sigma_bg,
-      )
+      cem.drawn(passive)
+    return cem
 
   def system_difference(
     self,
@@ -158,15 +150,17 @@ class Simulator:
     """ys (B, 208) for element conductivities (B, E), each example measured by its own system
     (`eit.system.draw`, leading axis B): the gain on both vectors, then (with snr_db) noise at
     snr_db + the system's offset on each, from the example's key (one per example)."""
-    passive = systems["centres"].shape[-1] > NUM_ELECTRODES
-    cem = self.variable_cem(bool(passive), float(max_radius))
+    passive = systems["centres"].shape[-1] > self.cem.num_electrodes
+    cem = self.drawn_cem(bool(passive), float(max_radius))
     homogeneous = jnp.full((self.mesh.num_elements,), self.sigma_bg, self.dtype)
     if snr_db is not None and keys is None:
       raise InputError("snr_db needs one PRNG key per example")
 
     def one(s, system, key):
-      vi = cem.voltages(s, system) * system["gain"]
-      vh = cem.voltages(homogeneous, system) * system["gain"]
+      gain = system["gain"]
+      electrodes = {k: system[k] for k in ("centres", "half_widths", "weights")}
+      vi = cem.voltages(s, electrodes) * gain
+      vh = cem.voltages(homogeneous, electrodes) * gain
       if snr_db is None:
         return vi - vh
       snr = snr_db + system["snr_offset_db"]

@@ -34,25 +34,50 @@ NOSER_EXPONENT = 0.5
 log = logging.getLogger("cdeit_jax.eit")
 
 
-def jacobian(sim: Simulator, chunk: int = 208) -> np.ndarray:
-  """(values, 128, 128) d ys / d xs at xs = 0, by reverse-mode autodiff through the CEM (208
-  values for CDEIT's system, the layout's for another). Rows go `chunk` at a time: the batched
-  pull-back's memory grows by about one unknowns x unknowns matrix per row (XLA asked for 28 GB
-  for KTC2023's 2,356 rows at once)."""
-  size = ph.IMAGE_SIZE
-  fn = lambda x: sim.difference(sim.image_conductivity(x))
-  x0 = jnp.zeros((size, size), sim.dtype)
-  rows = sim.vh.shape[-1]  # the homogeneous values, computed once per simulator
-  if rows <= chunk:
-    return np.asarray(jax.jit(jax.jacrev(fn))(x0))
-  rows_of = jax.jit(lambda x, cts: jax.vmap(jax.vjp(fn, x)[1])(cts)[0])
-  out = np.zeros((rows, size, size), np.float32 if sim.dtype == jnp.float32 else np.float64)
-  for lo in range(0, rows, chunk):
-    n = min(chunk, rows - lo)
-    cts = np.zeros((chunk, rows), sim.dtype)
-    cts[np.arange(n), lo + np.arange(n)] = 1.0
-    out[lo : lo + n] = np.asarray(rows_of(x0, cts))[:n]
-  return out
+def jacobian(sim: Simulator) -> np.ndarray:
+  """(values, 128, 128) d ys / d xs at xs = 0 (208 values for CDEIT's system, the layout's for
+  another), by the adjoint method on the host in float64 (KTC2023's 2,356 rows in about a
+  second, memory growing with the rows; autodiff's batched pull-back asked for one unknowns x
+  unknowns matrix per row). With the homogeneous system matrix M (one Cholesky factorisation),
+  the fields X of the current patterns and, by reciprocity, the fields Y of a unit current
+  through each measured pair (m: +1 at electrode +, -1 at electrode -), value r's sensitivity to
+  element e is y_r[e]^T K_e x_p[e] (K_e its stiffness; the electrode potentials are a linear map
+  of the nodes, so d U = E M^-1 dM X). The partial-volume map (a triangle's conductivity is the
+  mean of 10^x over its sample points' pixels) takes it to the pixels. Checked against autodiff
+  through the CEM (tests/test_eit.py)."""
+  import scipy.linalg
+  import scipy.sparse
+
+  lay = sim.layout if sim.layout is not None else layout.preset("cdeit16")
+  args = {k: v for k, v in sim._cem_args.items() if k not in ("dtype", "layout")}
+  with jax.enable_x64(True):
+    cem = fem.CEM(sim.mesh, dtype=jnp.float64, layout=sim.layout, **args)
+    m = np.asarray(cem.system_matrix(jnp.full(sim.mesh.num_elements, sim.sigma_bg)))
+    ops = {k: np.asarray(getattr(cem, k)) for k in ("_rhs", "_elec_t", "_ke", "_var", "_rows")}
+  factor = scipy.linalg.cho_factor(m)
+  x = scipy.linalg.cho_solve(factor, ops["_rhs"])  # (V, P): the patterns' fields
+  pairs, pair_of = np.unique(lay.rows[:, 1:], axis=0, return_inverse=True)
+  ne, q = cem.num_electrodes, np.arange(len(pairs))
+  unit = np.zeros((ne, len(pairs)))
+  unit[pairs[:, 0], q] += 1.0
+  unit[pairs[:, 1], q] -= 1.0
+  y = scipy.linalg.cho_solve(factor, ops["_elec_t"].T @ unit[: ne - 1])  # (V, Q); ground dropped
+  nodes = ops["_rows"].reshape(-1, 9)[:, ::3]  # (E_var, 3): each element's local nodes
+  kx = np.einsum("eij,ejp->eip", ops["_ke"], x[nodes])
+  per_element = np.einsum("eiq,eip->eqp", y[nodes], kx)  # (E_var, pairs, patterns)
+  by_element = per_element[:, pair_of.reshape(-1), lay.rows[:, 0]]  # (E_var, R)
+  pix = np.asarray(sim.pixel_index)[ops["_var"]]  # (E_var, S)
+  e, samples = pix.shape
+  pull = scipy.sparse.csr_matrix(
+    (
+      np.full(e * samples, sim.sigma_bg * np.log(10.0) / samples),
+      (pix.reshape(-1), np.repeat(np.arange(e), samples)),
+    ),
+    shape=(ph.IMAGE_SIZE**2, e),
+  )
+  jac = np.asarray(pull @ by_element).T  # (R, pixels)
+  dtype = np.float32 if sim.dtype == jnp.float32 else np.float64
+  return jac.reshape(len(lay.rows), ph.IMAGE_SIZE, ph.IMAGE_SIZE).astype(dtype)
 
 
 def default_jacobian(system: measurement.System = measurement.NOMINAL) -> np.ndarray:
@@ -168,6 +193,33 @@ class Tikhonov:
     out[..., self.disk] = ys @ self.matrix.T
     side = int(round(np.sqrt(self.disk.size)))  # 128, or the Jacobian's coarser grid
     return out.reshape(ys.shape[:-1] + (side, side))
+
+
+_of_values: dict = {}
+
+
+def of_values(
+  lay: layout.Layout,
+  present: np.ndarray | None = None,
+  system: measurement.System = measurement.NOMINAL,
+  alpha: float = DEFAULT_ALPHA,
+):
+  """The one Tikhonov/NOSER reconstruction of a measuring system from the values `present`
+  (R,) bool (default: all), a function of difference values (..., R) in simulation units whose
+  other values are left out, not zero-filled: the same matrix for the simulated files' `TR`, the
+  evaluation's baseline and the challenge's linearised answers. Matrices are kept for the last
+  eight (system, values) pairs (one per removal pattern of a device)."""
+  keep = np.ones(lay.num_values, bool) if present is None else np.asarray(present, bool)
+  key = (lay.signature, lay.currents.tobytes(), system, float(alpha), keep.tobytes())
+  if key not in _of_values:
+    while len(_of_values) >= 8:
+      _of_values.pop(next(iter(_of_values)))
+    if keep.all() and lay.signature == layout.preset("cdeit16").signature:
+      matrix = default_tikhonov(alpha, system)  # its Jacobian kept on disk and shared
+    else:
+      matrix = Tikhonov(jac=layout_jacobian(lay, system)[keep], alpha=alpha)
+    _of_values[key] = lambda ys: matrix(np.asarray(ys)[..., keep])
+  return _of_values[key]
 
 
 @functools.lru_cache(maxsize=4)

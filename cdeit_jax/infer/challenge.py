@@ -65,17 +65,13 @@ def linear_images(
 ) -> list[np.ndarray]:
   """Each case's Tikhonov/NOSER image (128 x 128) of its present values, in the simulator's
   units (the difference divided by the calibrated gain)."""
-  images, matrices = [], {}
+  images = []
   for c in cases:
     fit = fits[_reference_key(c)]
     system = measurement.System(contact_impedance=float(np.float32(fit.contact_impedance)))
-    jac = tikhonov.layout_jacobian(c.layout, system)
     diff = c.difference / fit.gain
-    present = np.isfinite(diff)
-    key = (c.layout.signature, system, present.tobytes())
-    if key not in matrices:  # one per removal pattern (a level's targets share it)
-      matrices[key] = tikhonov.Tikhonov(jac=jac[present], alpha=alpha)
-    images.append(matrices[key](diff[present]))
+    present = np.isfinite(diff)  # one matrix per removal pattern (a level's targets share it)
+    images.append(tikhonov.of_values(c.layout, present, system, alpha)(diff))
   return images
 
 
@@ -197,7 +193,7 @@ def check_model(device, removed: np.ndarray, cases: list[Case]) -> None:
   from cdeit_jax.eit import conditioning
 
   given = cases[0].layout
-  if device.signature != given.signature:
+  if not device.measures_as(given):
     raise InputError(
       f"{cases[0].path}: the data are of {given.describe()}, the model was trained for "
       f"{device.describe()}: train a model for this system (config.simulator.layout)"
@@ -274,6 +270,7 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
   from cdeit_jax.data import ktc2023
   from cdeit_jax.eit import conditioning
   from cdeit_jax.infer import reconstructor
+  from cdeit_jax.model import network
 
   t0 = time.perf_counter()
   # every input checked first, the model loaded last of them: a refused one leaves no --out
@@ -284,8 +281,8 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
     outputs.check_place(out, data_path, run.workdir)
     meta, skipped, cfg = reconstructor.choose(run, overrides)
     device = loading.device_of(cfg, meta.record)
-    linear = cfg.model.get("cond", "eim") == "linear"
-    removals = cfg.simulator.removals if linear else "none"
+    reads_values = network.reads_values(cfg.model.get("cond", "eim"))
+    removals = cfg.simulator.removals if reads_values else "none"
     check_model(device, conditioning.removed_values(device, removals), cases)
     e = cfg.eval
     if not (isinstance(e.segment_threshold, (int, float)) and 0 < e.segment_threshold < 1e3):

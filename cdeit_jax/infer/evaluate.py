@@ -23,7 +23,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from cdeit_jax import eit
 from cdeit_jax.checkpoints import reader
 from cdeit_jax.common import compile_cache, fileio, logs
 from cdeit_jax.common import sharding as shd
@@ -227,16 +226,11 @@ class Evaluator:
     self.scale = None if e.fit_uncertainty else reconstructor.uncertainty_scale(self.calibration)
     self.coverage = metrics.Coverage(self.scale) if s.num_samples > 1 else None
     self.tikhonov = None
-    if e.tikhonov:
-      system = measurement.system_of(self.cfg.simulator)
-      if self.layout.name == "cdeit16" and not self.removed.any():
-        self.tikhonov = eit.default_tikhonov(system=system)
-      else:  # another system, or the values a removal leaves (left out, not zero-filled)
-        from cdeit_jax.eit import tikhonov
+    if e.tikhonov:  # of the values the removal leaves (left out, not zero-filled)
+      from cdeit_jax.eit import tikhonov
 
-        keep = ~self.removed
-        matrix = tikhonov.Tikhonov(jac=tikhonov.layout_jacobian(self.layout, system)[keep])
-        self.tikhonov = lambda ys: matrix(np.asarray(ys)[..., keep])
+      system = measurement.system_of(self.cfg.simulator)
+      self.tikhonov = tikhonov.of_values(self.layout, ~self.removed, system)
     self.shown: dict[str, Any] = {}
 
   def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 In: `.npy`, `.npz`, `.mat` (MATLAB up to v7; v7.3 is HDF5) or `.csv`/`.txt`, frames as rows
 (N, R) in the measuring system's order (R = 208 for CDEIT's; columns (R, N), as EIDORS keeps
-them, are turned; NaN: a missing value). An `.npz`
+them, are turned; NaN: a missing value), or the device's own file (`Mpat` and `Uel`, KTC's or
+UEF's keys: its one frame, `eit.layout.from_device_file`). An `.npz`
 or `.mat` holds them under `frames` (or `voltages`, or as its only array) and may hold a
 reference frame under `reference`. A `.csv` may start with one header line.
 
@@ -64,6 +65,11 @@ def read(
       raise InputError(f"{path}: not a readable .npz of numeric arrays ({_short(e)})") from None
   else:
     arrays = matfile.read(path, raw)
+  if "Mpat" in arrays or "MeasPattern" in arrays:  # the device's own file: its one frame
+    frame = layout.from_device_file(path)[1]
+    if frame is None:
+      raise InputError(f"{path}: a device file without a frame (Uel or Uelref)")
+    arrays = {"frames": frame[None]}
   frames = _pick(path, arrays, FRAME_KEYS, required=True)
   reference = _pick(path, arrays, REFERENCE_KEYS, required=False)
   frames = _as_rows(path, frames, num_values, system)

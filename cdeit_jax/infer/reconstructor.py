@@ -8,8 +8,9 @@ units -> images, with a trained or imported CDEIT.
 
 eval.py and `python -m cdeit_jax.reconstruct` sample through this object, so a test set's
 predictions and a stream's frames come from one conditioning (`measurement.condition` with the
-checkpoint's statistics and the preset's ratios), one compiled sampler (`sampling`) and one
-noise rule (row r: fold_in(fold_in(key(seed), sample k), example index)).
+checkpoint's statistics and the preset's ratios; a model of another measuring system reads its
+R standardised values), one set of guards (`check_values`), one compiled sampler (`sampling`)
+and one noise rule (row r: fold_in(fold_in(key(seed), sample k), example index)).
 
 Batches are padded to a bucket (the devices times 1, 2, 4, ... up to the largest batch that
 fits), each compiled once, so a stream of batches of any size never recompiles.
@@ -117,6 +118,14 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
   return cfg
 
 
+def device_units(device: layout.Layout) -> measurement.Units | str:
+  """The units of a model's measuring system when none are given: a calibrated device's own
+  (its fitted gain; currents as the simulator's), else the simulator's."""
+  if device.contact_impedance is None and device.gain == 1.0:
+    return "simulated"
+  return measurement.Units(f"{device.name}, calibrated", float(device.gain), 1.0)
+
+
 def uncertainty_scale(path: str) -> float:
   """The calibration factor kept at `path` (a step folder's UNCERTAINTY_FILE); 1 if none."""
   try:
@@ -210,7 +219,8 @@ class Reconstructor:
   overrides): `config.sampling` (steps, eta, num_samples, seed, batch_size, data consistency),
   `config.diffusion`, `config.simulator.contact_impedance`. `mean`, `std` (1, 16, 13) are the
   statistics the model's condition is standardised with (the checkpoint's). `preset` or the
-  ratios say in which units the voltages are (`measurement.PRESETS`). `uncertainty_scale`
+  ratios say in which units the voltages are (`measurement.PRESETS`; neither: a calibrated
+  device's own, `device_units`, else the simulator's). `uncertainty_scale`
   multiplies the std (`eval.py --config.eval.fit_uncertainty=True` fits it)."""
 
   checkpoint: str | None = None  # where the weights came from (from_workdir)
@@ -222,7 +232,7 @@ class Reconstructor:
     mean: np.ndarray,
     std: np.ndarray,
     *,
-    preset: str | measurement.Units = "simulated",
+    preset: str | measurement.Units | None = None,
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -233,7 +243,9 @@ class Reconstructor:
     s = config.sampling
     self.steps, self.eta = int(s.steps), float(s.eta)
     self.num_samples, self.seed = int(s.num_samples), int(s.seed)
-    self.units = measurement.units(preset, voltage_ratio, current_ratio)
+    if preset is None and voltage_ratio is None and current_ratio is None:
+      preset = device_units(model.layout)
+    self.units = measurement.units(preset or "simulated", voltage_ratio, current_ratio)
     self.preset = self.units.name
     self.voltage_ratio, self.current_ratio = self.units.voltage_ratio, self.units.current_ratio
     self.mean, self.std = stats_lib.check_stats(
@@ -245,7 +257,7 @@ class Reconstructor:
     self.cond_shape = model.cond_shape
     # the measuring system whose values the model reads, as a vector (`vector`) or as CDEIT's
     # EIM; `removed` (K, R): the values each of its electrode-removal sets leaves out
-    self.vector = model.cond_mode == "linear"
+    self.vector = model.reads_values
     self.layout = model.layout
     self.num_values = self.layout.num_values
     if self.vector and (s.data_consistency or s.symmetric):
@@ -303,7 +315,7 @@ class Reconstructor:
     cls,
     path: str,
     *,
-    preset: str | measurement.Units = "simulated",
+    preset: str | measurement.Units | None = None,
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     overrides: dict[str, Any] | None = None,
@@ -337,7 +349,7 @@ class Reconstructor:
     cfg: ml_collections.ConfigDict,
     overrides: dict[str, Any],
     *,
-    preset: str | measurement.Units = "simulated",
+    preset: str | measurement.Units | None = None,
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     mesh: jax.sharding.Mesh | None = None,

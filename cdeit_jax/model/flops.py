@@ -51,7 +51,11 @@ def forward_flops(
   # physics-informed condition: U^T y, then one (208 x pixels) product per level
   total = 2 * 208 * 208 + levels * 2 * 208 * pixels if levels else 0
   eim = in_channels
-  if cond == "linear":  # any system: one (R x coarse pixels) product per removal set and level
+  from cdeit_jax.model import network
+
+  if network.reads_values(
+    cond
+  ):  # any system: one (R x coarse pixels) product per removal set and level
     from cdeit_jax.eit import layout as layout_lib
     from cdeit_jax.eit import phantom
 

@@ -30,6 +30,15 @@ DType = Any
 # reconstruction of the voltages per regularisation level, cdeit_jax.eit.conditioning), or
 # "linear": those reconstructions alone, of any measuring system's voltages (B, R) (`layout`).
 COND_MODES = ("eim", "eim+linear", "linear")
+VALUES = "linear"  # the condition of a model of any measuring system: its values (B, R)
+
+
+def reads_values(cond: str) -> bool:
+  """Whether a model of condition `cond` reads its measuring system's values (B, R) (any
+  system's), rather than CDEIT's EIM of 208 voltages."""
+  return cond == VALUES
+
+
 # Arguments that describe the measuring system, not the network: configs set them in
 # `config.simulator` (the system the data come from), not in `config.model`.
 SYSTEM_ARGS = ("contact_impedance", "layout", "removals")
@@ -325,7 +334,7 @@ class FinalLayer(nnx.Module):
 def cond_shape(kw: dict) -> tuple[int, ...]:
   """One example's condition shape for CDEIT's keyword arguments `kw`: the EIM (16, 16, 1), or
   with cond "linear" the layout's values (R,)."""
-  if kw.get("cond", "eim") == "linear":
+  if reads_values(kw.get("cond", "eim")):
     from cdeit_jax.eit import layout
 
     return (layout.as_layout(kw.get("layout", "cdeit16")).num_values,)
@@ -338,7 +347,7 @@ def _conditioner(cond: str, alphas, contact_impedance, layout, removals, grid):
   asked for."""
   from cdeit_jax.eit import layout as layout_lib
 
-  if cond != "linear" and layout.signature != layout_lib.preset("cdeit16").signature:
+  if not reads_values(cond) and layout.signature != layout_lib.preset("cdeit16").signature:
     raise InputError(
       f"cond {cond!r} reads CDEIT's 16-electrode EIM; the measuring system "
       f'{layout.describe()} needs cond "linear" (config.model.cond)'
@@ -429,9 +438,9 @@ class CDEIT(nnx.Module):
       cond, tuple(cond_alphas), contact_impedance, self.layout, removals, cond_grid
     )
     extra = 0 if self.conditioner is None else len(self.conditioner.alphas)
-    eim_channels = 0 if cond == "linear" else in_channels
+    eim_channels = 0 if reads_values(cond) else in_channels
     self.hidden_size, self.grid, self.window, self.cond_size = hidden_size, grid, window, cond_size
-    self.cond_shape = (conditioner.num_values,) if cond == "linear" else (cond_size, cond_size, 1)
+    self.cond_shape = (conditioner.num_values,) if reads_values(cond) else (cond_size, cond_size, 1)
     self.freq_dim, self.dtype, self.remat = freq_dim, jnp.dtype(dtype), remat
     # "auto" (or None) picks the backend of the default device; callers compiling for another
     # platform (train.py --compile_topology) resolve it first (config_lib.model_kwargs).
@@ -492,9 +501,14 @@ class CDEIT(nnx.Module):
     return blk(x, c)
 
   @property
+  def reads_values(self) -> bool:
+    """Whether it reads its measuring system's values (B, R) (`reads_values`)."""
+    return reads_values(self.cond_mode)
+
+  @property
   def removes_values(self) -> bool:
     """Whether training removes values from the condition (`remove_values`)."""
-    return self.cond_mode == "linear" and self.conditioner.removed.shape[0] > 1
+    return self.reads_values and self.conditioner.removed.shape[0] > 1
 
   def remove_values(self, cond: Array, key: Array) -> Array:
     """Training: each example's condition loses the values of one of the electrode sets the
@@ -505,7 +519,7 @@ class CDEIT(nnx.Module):
     size = self.image_size
     if x.shape[1:] != (size, size, self.in_channels):
       raise InputError(f"x must be (B, {size}, {size}, {self.in_channels}), got {x.shape}")
-    if self.cond_mode == "linear":
+    if self.reads_values:
       if cond.shape[1:] != (self.conditioner.num_values,):
         raise InputError(
           f"cond must be (B, {self.conditioner.num_values}) voltages, got {cond.shape}"

@@ -156,13 +156,10 @@ def _compile_simulator(cfg, mesh, step_flops: float) -> dict[str, Any]:
   if gen.nominal:  # one solve per example on the condensed fixed system
     unknowns, solves = gen.sim.support_cem(gen.spec.max_radius).num_unknowns, 1
   else:  # a system per example: its own homogeneous voltages too
-    unknowns, solves = (
-      gen.sim.variable_cem(
-        system.num_electrodes(gen.system) > 16, gen.spec.max_radius
-      ).num_unknowns,
-      2,
-    )
-  lay = synthetic.layout_of(cfg.simulator)
+    passive = system.num_electrodes(gen.system, gen.layout) > gen.layout.num_electrodes
+    drawn = gen.sim.drawn_cem(passive, gen.spec.max_radius).drawn(passive)
+    unknowns, solves = drawn.num_unknowns, 2
+  lay = gen.layout
   r = lay.num_values  # the measuring system's values (208 for CDEIT's)
   fn = simulator_source.batch_fn(cfg, mesh, np.zeros(r, np.float32), np.ones(r, np.float32))
   t0 = time.perf_counter()

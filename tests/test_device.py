@@ -1,0 +1,180 @@
+"""Your device (docs/your_device.md): `python -m cdeit_jax.calibrate` writes the calibrated device
+that `configs/device.py` trains for, its measuring system drawn per example around the
+calibration (`eit.system.draw` for any layout), and a model of it reconstructs the device's own
+frames in its own units after the device file is gone (`make device-model`, slow)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.io
+
+from cdeit_jax import config_lib
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import calibration
+from cdeit_jax.eit import layout as lay
+
+REPO = pathlib.Path(__file__).parent.parent
+WIDTH, Z, GAIN = 10.0, 1e-3, 800.0
+
+
+def _device(path: pathlib.Path, layout, values) -> None:
+  """A device file in UEF's keys: currents, the shared measurement pattern, the values as one
+  column per pattern."""
+  pairs = layout.rows[layout.rows[:, 0] == 0][:, 1:]
+  mpat = np.zeros((layout.num_electrodes, len(pairs)))
+  mpat[pairs[:, 0], np.arange(len(pairs))], mpat[pairs[:, 1], np.arange(len(pairs))] = 1, -1
+  v = np.asarray(values).reshape(layout.num_patterns, len(pairs)).T
+  scipy.io.savemat(path, {"CurrentPattern": 2e-3 * layout.currents, "MeasPattern": mpat, "Uel": v})
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory):
+  """A 16-electrode skip-2 device (UEF's keys, 10-degree electrodes, z = 1e-3, gain 800) and the
+  calibrated device the command makes of its empty tank."""
+  root = tmp_path_factory.mktemp("device")
+  layout = lay.from_rules(16, injection="skip-2", measure_injecting=True)
+  ref = GAIN * calibration.homogeneous_model(layout)(Z, np.deg2rad(WIDTH))
+  _device(root / "ref.mat", layout, ref)
+  p = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "cdeit_jax.calibrate",
+      f"--device={root / 'ref.mat'}",
+      f"--out={root / 'device.npz'}",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=300,
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  return root, layout, ref, json.loads(p.stdout.splitlines()[-1]), p.stderr
+
+
+def test_the_calibrated_device_is_what_every_command_reads(calibrated):
+  """The command logs and prints the fit (gain within 1 %, the width within 25 %); the device
+  file it writes reads back as the device (its rows, the fitted width, gain and contact
+  impedance), and configs/device.py trains for it with its system drawn around the fit."""
+  root, layout, _, fit, err = calibrated
+  assert "calibration of ref.mat (UEF keys)" in err and "electrode width" in err, err
+  assert fit["gain"] == pytest.approx(GAIN, rel=0.01) and fit["width_deg"] == pytest.approx(
+    WIDTH, rel=0.25
+  )
+  device, values = lay.from_device_file(str(root / "device.npz"))
+  np.testing.assert_array_equal(device.rows, layout.rows)
+  np.testing.assert_allclose(device.angles, layout.angles, atol=1e-12)
+  assert np.rad2deg(device.width) == pytest.approx(fit["width_deg"])
+  assert device.gain == fit["gain"] and device.contact_impedance == fit["contact_impedance"]
+  assert values.shape == (256,)
+  cfg = config_lib.load(f"{REPO / 'configs' / 'device.py'}:{root / 'device.npz'}")
+  s = cfg.simulator
+  assert s.layout == str(root / "device.npz") and s.contact_impedance == fit["contact_impedance"]
+  assert tuple(s.system.width_deg) == pytest.approx(
+    (0.9 * fit["width_deg"], 1.1 * fit["width_deg"])
+  )
+  assert cfg.model.cond == "linear"
+  with pytest.raises(InputError, match="configs/device.py needs the calibrated device"):
+    config_lib.load(str(REPO / "configs" / "device.py"))
+
+
+def test_systems_drawn_around_a_device(calibrated):
+  """The simulated examples of configs/device.py: each measured by its own system drawn around
+  the calibrated device (finite, of the device's 256 values, differing between two draws of the
+  same phantom's system), the homogeneous part cancelled (the difference of an empty phantom is
+  the noise alone)."""
+  import jax
+
+  from cdeit_jax.common import sharding as shd
+  from cdeit_jax.data import synthetic
+
+  root = calibrated[0]
+  cfg = config_lib.load(f"{REPO / 'configs' / 'device.py'}:{root / 'device.npz'}")
+  gen = synthetic.generator(cfg.simulator)
+  assert not gen.nominal and gen.layout.num_values == 256
+  keys = jax.random.split(jax.random.key(0), 3)
+  systems = gen.systems(keys)
+  width = np.rad2deg(2 * np.asarray(systems["half_widths"]))
+  lo, hi = cfg.simulator.system.width_deg
+  assert width.shape == (3, 16) and lo * 0.95 - 1e-6 <= width.min() and width.max() <= hi * 1.05
+  ys, xs = synthetic.example_arrays(
+    cfg.simulator, "train", np.arange(2), shd.make_mesh(jax.devices()[:1])
+  )
+  assert ys.shape == (2, 256) and np.isfinite(ys).all() and np.abs(ys).max() > 0
+  assert xs.shape == (2, 128, 128)
+
+
+@pytest.mark.slow  # about 4 minutes on 2 cores: calibrate, simulate, train (tiny), reconstruct
+def test_make_device_model_then_reconstruct_without_the_device_file(tmp_path):
+  """`make device-model`'s three commands for the device (tiny model, 40 steps), the device
+  file moved away, then `python -m cdeit_jax.reconstruct` of absolute frames in the device's
+  units with --reference: images of every frame, in the device's units by default, and the
+  frames' own device file read as a frame."""
+  from cdeit_jax.eit import simulator
+
+  layout = lay.from_rules(16, injection="skip-2", measure_injecting=True, width_deg=WIDTH)
+  sim = simulator.Simulator(layout=layout)
+  yy, xx = (np.mgrid[:128, :128] - 63.5) / 64
+  xs = np.stack([np.where((xx - c) ** 2 + yy**2 < 0.3**2, 1.0, 0.0) for c in (-0.4, 0.4)])
+  frames = np.stack([GAIN * np.asarray(sim.cem.voltages(sim.image_conductivity(x))) for x in xs])
+  ref = GAIN * np.asarray(sim.vh, np.float64)
+  _device(tmp_path / "ref.mat", layout, ref)
+  run = tmp_path / "W"
+  tiny = ["--config.model.hidden_size=32", "--config.model.num_scales=1", "--config.steps=40"]
+  tiny += ["--config.eval_every=40", "--config.log_every=10", "--config.model.cond_grid=16"]
+  device = f"configs/device.py:{run / 'device.npz'}"
+  for args in (
+    [
+      "-m",
+      "cdeit_jax.calibrate",
+      f"--device={tmp_path / 'ref.mat'}",
+      f"--out={run / 'device.npz'}",
+    ],
+    ["-m", "cdeit_jax.simulate", f"--config={device}", f"--out={run / 'data'}", "--num_train=32"]
+    + ["--num_valid=8", "--num_test=8", "--tr_splits=test"],
+    ["train.py", f"--config={device}", f"--workdir={run}", f"--config.data.path={run / 'data'}"]
+    + tiny,
+  ):
+    p = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+  (tmp_path / "ref.mat").rename(tmp_path / "moved.mat")
+  (run / "device.npz").rename(tmp_path / "moved.npz")
+  np.save(tmp_path / "frames.npy", frames)
+  np.save(tmp_path / "ref.npy", ref)
+  out = tmp_path / "out"
+  p = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.reconstruct", f"--workdir={run}"]
+    + [f"--frames={tmp_path / 'frames.npy'}", f"--reference={tmp_path / 'ref.npy'}"]
+    + [f"--out={out}", "--config.sampling.num_samples=1", "--figures=false"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  z = np.load(out / "frames.npz")
+  assert z["images"].shape == (2, 128, 128) and np.isfinite(z["images"]).all()
+  info = json.loads(str(z["info"]))
+  assert info["preset"].endswith(", calibrated") and info["voltage_ratio"] == pytest.approx(
+    GAIN, rel=0.01
+  )
+  # the same frames given as the device's own file (its one frame), minus the same reference
+  _device(tmp_path / "frame1.mat", layout, frames[1])
+  p = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.reconstruct", f"--workdir={run}"]
+    + [f"--frames={tmp_path / 'frame1.mat'}", f"--reference={tmp_path / 'ref.npy'}"]
+    + [f"--out={tmp_path / 'one'}", "--config.sampling.num_samples=1", "--figures=false"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  from cdeit_jax.infer.reconstructor import Reconstructor
+
+  rec = Reconstructor.from_workdir(str(run), overrides={"sampling.num_samples": 1})
+  api = rec.reconstruct(frames=frames[1], reference=ref).images  # frame 1 as row 0
+  one = np.load(tmp_path / "one" / "frames.npz")["images"]
+  np.testing.assert_allclose(one, api, atol=1e-5)
