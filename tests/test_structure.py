@@ -2,6 +2,7 @@
 functions, configs readable without the physics."""
 
 import ast
+import dataclasses
 import pathlib
 import subprocess
 import sys
@@ -129,14 +130,21 @@ def test_no_import_circle():
   assert circles(graph) == []
 
 
-def test_configs_read_without_the_physics():
+def test_configs_read_without_the_physics(tmp_path):
   """Loading every shipped config imports neither the simulator nor the conditioning (only the
-  physics' plain descriptions: `eit.spec`, `eit.measurement`)."""
+  physics' plain descriptions: `eit.spec`, `eit.measurement`, `eit.layout`, which import no
+  JAX); configs/device.py reads its calibrated device file."""
+  from cdeit_jax.eit import layout
+
+  device = tmp_path / "device.npz"
+  lay = layout.from_rules(16, injection="skip-2", measure_injecting=True)
+  layout.save_device(str(device), dataclasses.replace(lay, gain=900.0, contact_impedance=1e-3))
   code = (
     "import glob, sys; from cdeit_jax import config_lib\n"
-    "for f in sorted(glob.glob('configs/*.py')): config_lib.load(f)\n"
+    "for f in sorted(glob.glob('configs/*.py')):\n"
+    f"  config_lib.load(f + (':{device}' if f.endswith('device.py') else ''))\n"
     "print(sorted(m for m in sys.modules if m.startswith('cdeit_jax.eit.') and m not in "
-    "('cdeit_jax.eit.spec', 'cdeit_jax.eit.measurement')))"
+    "('cdeit_jax.eit.spec', 'cdeit_jax.eit.measurement', 'cdeit_jax.eit.layout')))"
   )
   r = subprocess.run(
     [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent
