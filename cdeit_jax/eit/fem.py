@@ -231,16 +231,6 @@ class CEM:
     u = self._elec_c - self._elec_t @ x
     return jnp.concatenate([u, jnp.zeros((1, u.shape[1]), u.dtype)], 0)
 
-  def host_voltages(self, sigma: np.ndarray) -> np.ndarray:
-    """`voltages` of one sigma (E,) solved on the host in float64 (scipy's Cholesky): nothing
-    to compile, for a calibration that tries many contact impedances, each a new CEM."""
-    import scipy.linalg
-
-    m = np.asarray(self.system_matrix(jnp.asarray(sigma, self.dtype)), np.float64)
-    x = scipy.linalg.cho_solve(scipy.linalg.cho_factor(m), np.asarray(self._rhs, np.float64))
-    u = np.asarray(self._elec_c, np.float64) - np.asarray(self._elec_t, np.float64) @ x
-    return np.asarray(self._measure(np.concatenate([u, np.zeros((1, u.shape[1]))], 0)))
-
   def voltages(self, sigma: jax.Array, system: dict[str, jax.Array] | None = None) -> jax.Array:
     """The measurements for element conductivities sigma (..., E), the `layout`'s values in its
     order and sign (CDEIT's 208 by default): of the system this CEM was built for, or of one

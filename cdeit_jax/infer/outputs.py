@@ -166,9 +166,10 @@ class Staged:
     """Put the staged files `written` (paths inside the staging folder; the last one marks a
     complete set) in place in `out`, replacing what an earlier run published there (`MANIFEST`)
     and removing the files of it that this set lacks (a stale level folder, an old figure).
-    Nothing else in `out` is touched: a file of ours that is not in the manifest is refused
-    (`check_names`). The old marker goes first and the manifest lists old and new files until
-    the new set is complete, so a failure half-way leaves no file unaccounted for."""
+    Nothing else in `out` is touched: a file of one of these names that no manifest lists (not
+    ours) is refused (`check_names`). The old marker goes first and the manifest lists old and
+    new files until the new set is complete, so a failure half-way leaves no file unaccounted
+    for."""
     old = read_manifest(self.out)
     check_names(self.out, written, old)  # again: a file may have appeared since the start
     if self.work != self.dir:  # made locally: upload into the bucket's staging folder
