@@ -106,7 +106,7 @@ def _data_config() -> ml_collections.ConfigDict:
       # from `config.simulator` (no files, no epochs; cdeit_jax.data.simulator_source)
       source=SOURCES[0],
       path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
-      preset="simulated",  # a name of measurement.PRESETS (sets the two ratios)
+      preset="simulated",  # "simulated" or a system of layout.PRESETS (sets the two ratios)
       voltage_ratio=config_dict.placeholder(float),
       current_ratio=config_dict.placeholder(float),
       stats=config_dict.placeholder(str),  # folder with mean/std; default: the dataset root
@@ -267,10 +267,10 @@ def check_training_config(
   need(cfg.sampling.steps >= 1, "sampling.steps", "must be >= 1")
   need(cfg.diffusion.num_steps >= 1, "diffusion.num_steps", "must be >= 1")
   need(
-    cfg.data.preset in measurement.PRESETS
+    measurement.preset_ratios(cfg.data.preset) is not None
     or (cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None),
     "data.preset",
-    f"unknown preset: use one of {', '.join(measurement.PRESETS)}, or set data.voltage_ratio "
+    f"unknown preset: use one of {', '.join(measurement.unit_names())}, or set data.voltage_ratio "
     "and data.current_ratio",
   )
   need(

@@ -242,3 +242,30 @@ def test_one_forward_model_and_no_system_names_compared():
   fem = ast.parse((PACKAGE / "eit" / "fem.py").read_text())
   public = [n.name for n in fem.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
   assert public == ["CEM"], public
+
+
+def test_one_table_of_named_systems():
+  """Named measuring systems live in one table, `layout.PRESETS`, which holds each device's
+  electrodes, patterns and units (no second table of data units): a data set named after a
+  preset is read in that preset's units, "simulated" in the simulator's."""
+  tables = []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    for node in ast.parse(path.read_text()).body:
+      targets = node.targets if isinstance(node, ast.Assign) else []
+      if isinstance(node, ast.AnnAssign):
+        targets = [node.target]
+      for t in targets:
+        if isinstance(t, ast.Name) and t.id.endswith("PRESETS"):
+          tables.append(f"{path.relative_to(PACKAGE).as_posix()}:{t.id}")
+  assert tables == ["eit/layout.py:PRESETS"], tables
+  from cdeit_jax.eit import layout, measurement
+
+  # the reference document's ratios (shared/README: UEF2017 1040.856 and 2; KTC2023 1978 and 2)
+  ratios = lambda name: (
+    measurement.units(name).voltage_ratio,
+    measurement.units(name).current_ratio,
+  )
+  assert ratios("uef2017") == (1040.856, 2.0)
+  assert ratios("ktc2023") == (1978.0, 2.0)
+  assert ratios("simulated") == ratios("cdeit16") == (1.0, 1.0)
+  assert layout.preset("uef2017").measures_as(layout.preset("cdeit16"))

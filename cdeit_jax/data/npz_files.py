@@ -1,6 +1,6 @@
 """The CDEIT npz file format: one example per file, `ys` (208, 1) difference voltages (another
 measuring system's: (R, 1), `config.simulator.layout`) in the measuring system's units
-(`measurement.PRESETS`) and `xs` (128, 128) the conductivity-change target, optionally `TR` and
+(`measurement.units`) and `xs` (128, 128) the conductivity-change target, optionally `TR` and
 `xs_gn` (classical reconstructions, kept for evaluation); reading and validating a folder of
 them.
 """

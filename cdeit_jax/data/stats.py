@@ -334,7 +334,9 @@ if __name__ == "__main__":  # the command (the top layer: nothing imports this b
 
   from cdeit_jax import cli
 
-  flags.DEFINE_string("preset", "simulated", f"the split's units: {', '.join(measurement.PRESETS)}")
+  flags.DEFINE_string(
+    "preset", "simulated", f"the split's units: {', '.join(measurement.unit_names())}"
+  )
   flags.DEFINE_float(
     "voltage_ratio", None, "measured / simulated voltage units (overrides the preset's)"
   )

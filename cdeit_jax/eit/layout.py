@@ -12,7 +12,8 @@ A `Layout` holds
 
 Build one from rules (`from_rules`: adjacent, skip-k, opposite, against-k injections; adjacent or
 skip-k measurements, with or without current-carrying electrodes), from a preset (`preset`:
-"cdeit16", CDEIT's 16-electrode system exactly as `measurement.Protocol`, and "ktc2023"), or from
+"cdeit16", CDEIT's 16-electrode system exactly as `measurement.Protocol`, "uef2017", the same in
+the UEF2017 tank's units, and "ktc2023"), or from
 a device's reference file (`from_device_file`: `.mat`/`.npz` with KTC's keys `Inj`/`Injref`,
 `Mpat`, `Uel`/`Uelref`, or UEF's `CurrentPattern`, `MeasPattern`, `Uel`). Missing values (a
 removed electrode) are NaN in a frame, never part of the layout: `present` tells which rows a
@@ -55,10 +56,12 @@ class Layout:
   width: float  # angular width, radians
   currents: np.ndarray  # (E, P) relative currents, "+" into the body
   rows: np.ndarray  # (R, 3) int32: pattern, electrode +, electrode -
-  # a calibrated device's (`eit.calibration`): measured / simulated volts, and the contact
-  # impedance in simulator units (None: not calibrated; the config's value holds)
+  # the device's units: measured / simulated volts (a preset's, or fitted by `eit.calibration`)
+  # and measured / simulated current; the contact impedance in simulator units (None: not
+  # calibrated; the config's value holds)
   gain: float = 1.0
   contact_impedance: float | None = None
+  current_ratio: float = 1.0
 
   def __post_init__(self):
     e = len(self.angles)
@@ -76,8 +79,10 @@ class Layout:
     angles = np.asarray(self.angles, np.float64)
     if e < 4 or angles.shape != (e,) or not np.all(np.isfinite(angles)):
       raise InputError(f"layout {self.name}: needs 4 or more electrodes at finite angles")
-    if not (isinstance(self.gain, numbers.Real) and 0 < self.gain < float("inf")):
-      raise InputError(f"layout {self.name}: gain {self.gain!r} must be a positive number")
+    for what in ("gain", "current_ratio"):
+      v = getattr(self, what)
+      if isinstance(v, bool) or not (isinstance(v, numbers.Real) and 0 < v < float("inf")):
+        raise InputError(f"layout {self.name}: {what} {v!r} must be a positive number")
     z = self.contact_impedance
     if z is not None and not (isinstance(z, numbers.Real) and 0 < z < float("inf")):
       raise InputError(f"layout {self.name}: contact impedance {z!r} must be a positive number")
@@ -135,6 +140,7 @@ class Layout:
       "rows": self.rows.tolist(),
       "gain": float(self.gain),
       "contact_impedance": self.contact_impedance,
+      "current_ratio": float(self.current_ratio),
     }
 
   @classmethod
@@ -149,6 +155,7 @@ class Layout:
         np.asarray(record["rows"], np.int64),
         float(record.get("gain", 1.0)),
         None if record.get("contact_impedance") is None else float(record["contact_impedance"]),
+        float(record.get("current_ratio", 1.0)),
       )
     except (KeyError, TypeError, ValueError) as e:
       raise InputError(
@@ -306,10 +313,29 @@ def ktc2023() -> Layout:
     currents[plus, p], currents[minus, p] = 1.0, -1.0
   rows = np.array([(p, m, m + 1) for p in range(len(pairs)) for m in range(n - 1)])
   angles = evenly_spaced(n, KTC_FIRST_DEG, clockwise=False)
-  return Layout("ktc2023", angles, np.deg2rad(KTC_WIDTH_DEG), currents, rows)
+  gain, current = KTC2023_UNITS
+  return Layout(
+    "ktc2023", angles, np.deg2rad(KTC_WIDTH_DEG), currents, rows, gain, current_ratio=current
+  )
 
 
-PRESETS = {"cdeit16": lambda: from_rules(16, name="cdeit16"), "ktc2023": ktc2023}
+def _uef2017() -> Layout:
+  """The UEF2017 tank as CDEIT's authors measured it: CDEIT's 16 electrodes and patterns, in the
+  tank's units (the reference document's voltage and current ratios)."""
+  return dataclasses.replace(
+    from_rules(16, name="uef2017"), gain=UEF2017_UNITS[0], current_ratio=UEF2017_UNITS[1]
+  )
+
+
+# The one table of named measuring systems (the units of a data set named so too, with
+# "simulated" for the simulator's own): electrodes, patterns and the device's units. cdeit16 is
+# in simulation units; uef2017 and ktc2023 in their tanks' (measured / simulated volts, current).
+UEF2017_UNITS, KTC2023_UNITS = (1040.856, 2.0), (1978.0, 2.0)
+PRESETS = {
+  "cdeit16": lambda: from_rules(16, name="cdeit16"),
+  "uef2017": _uef2017,
+  "ktc2023": ktc2023,
+}
 
 # Electrode-removal rules: the sets of removed electrodes a model is trained and used with, one
 # drawn per training example. "ktc2023": the challenge's 7 levels (level K removes electrodes
@@ -359,7 +385,8 @@ def resolve(name: str) -> Layout:
 
 @functools.lru_cache(maxsize=8)
 def preset(name: str) -> Layout:
-  """A named layout: "cdeit16" (`measurement.Protocol()`'s 208 values) or "ktc2023"."""
+  """A named measuring system (`PRESETS`): "cdeit16" (`measurement.Protocol()`'s 208 values),
+  "uef2017" (the same in the UEF2017 tank's units) or "ktc2023"."""
   if name not in PRESETS:
     raise InputError(f"measuring system {name!r}: known presets are {sorted(PRESETS)}")
   return PRESETS[name]()
@@ -372,7 +399,10 @@ def frames_shape_error(
   `system`, where one reads them), naming the presets whose system measures as many values as
   the frames hold (another device's frames)."""
   n = shape[-1] if shape else 0
-  names = [preset(k).describe() for k in PRESETS if preset(k).num_values == n]
+  shapes = {}  # one name per system's shape (uef2017 is cdeit16 in other units)
+  for k in PRESETS:
+    shapes.setdefault(preset(k).signature, preset(k))
+  names = [lay.describe() for lay in shapes.values() if lay.num_values == n]
   fits = f" ({n} values: as {' or '.join(names)}; see docs/ktc2023.md)" if names else ""
   reader = f" of {system}, the model's system," if system else ""
   return InputError(
@@ -450,9 +480,9 @@ def from_device_file(
   Electrodes are evenly spaced from `first_deg` (default: the top, or KTC2023's tank geometry
   for KTC's keys with 32 electrodes), numbered counter-clockwise for KTC's keys and clockwise for
   UEF's unless `clockwise` says; currents are relative to the largest. A calibrated device file
-  (`save_device`) also holds `angles_deg`, `width_deg`, `gain` and `contact_impedance`, which
-  hold unless an argument says otherwise. `patterns`: the current patterns (columns) to keep,
-  for a file of several protocols (UEF2017's 79 patterns)."""
+  (`save_device`) also holds `angles_deg`, `width_deg`, `gain`, `contact_impedance` and
+  `current_ratio`, which hold unless an argument says otherwise. `patterns`: the current
+  patterns (columns) to keep, for a file of several protocols (UEF2017's 79 patterns)."""
   d = _load(path)
   conventions = {"KTC": KTC_KEYS, "UEF": UEF_KEYS}
   convention = next(
@@ -503,7 +533,7 @@ def from_device_file(
   if width_deg is None:
     width_deg = KTC_WIDTH_DEG if ktc_tank else _default_width(n)
   name = f"{os.path.basename(path)} ({convention} keys)"
-  cal = {k: float(given[k].reshape(-1)[0]) for k in ("gain", "contact_impedance") if k in given}
+  cal = {k: float(given[k].reshape(-1)[0]) for k in DEVICE_KEYS[2:] if k in given}
   layout = Layout(name, angles, np.deg2rad(width_deg), inj[:, keep] / scale, rows, **cal)
   if layout.signature == preset("ktc2023").signature:
     layout = dataclasses.replace(layout, name=f"ktc2023 ({os.path.basename(path)})")
@@ -516,7 +546,7 @@ def from_device_file(
 
 
 # A calibrated device file's own keys beside KTC's (`save_device`).
-DEVICE_KEYS = ("angles_deg", "width_deg", "gain", "contact_impedance")
+DEVICE_KEYS = ("angles_deg", "width_deg", "gain", "contact_impedance", "current_ratio")
 
 
 def _patterns(path: str, key: str, patterns, num_p: int) -> np.ndarray:
@@ -558,6 +588,7 @@ def save_device(path: str, layout: Layout, reference: np.ndarray | None = None) 
     "angles_deg": np.rad2deg(layout.angles),
     "width_deg": np.float64(np.rad2deg(layout.width)),
     "gain": np.float64(layout.gain),
+    "current_ratio": np.float64(layout.current_ratio),
   }
   if layout.contact_impedance is not None:
     arrays["contact_impedance"] = np.float64(layout.contact_impedance)

@@ -3,7 +3,8 @@
 - `Protocol`: electrodes, the current injection and voltage measurement patterns (which
   measurements exist and in which order); 16 electrodes, adjacent-adjacent, is the CDEIT default.
 - `Units`: a data set's voltages are in its measuring system's units; `voltage_ratio` (measured /
-  simulated) brings them to the simulator's (the presets); `units` resolves them once.
+  simulated) brings them to the simulator's (a preset of `layout.PRESETS` holds its device's);
+  `units` resolves them once.
 - Standardisation with the training set's statistics (`mean`, `std`, shaped (1, 16, 13) as the
   authors'), and the electrode interaction matrix (EIM, (16, 16)) built from the standardised
   voltages (`condition`), and read back (`voltages_from_eim`).
@@ -28,8 +29,27 @@ IMAGE_SIZE = 128  # the label images' grid (CDEIT's data format)
 CONTACT_IMPEDANCE = 0.01  # the simulated system's contact impedance (reference conventions)
 CURRENT = 1e-3  # injected current (A) of the simulated system
 
-# name -> (voltage_ratio, current_ratio): measured / simulated units (reference document).
-PRESETS = {"simulated": (1.0, 1.0), "uef2017": (1040.856, 2.0), "ktc2023": (1978.0, 2.0)}
+SIMULATED = "simulated"  # the units of the simulator's own data, whatever the system
+
+
+def unit_names() -> list[str]:
+  """The names `units` knows: "simulated" and the measuring systems' presets
+  (`layout.PRESETS`: each holds its device's units)."""
+  from cdeit_jax.eit import layout
+
+  return [SIMULATED, *layout.PRESETS]
+
+
+def preset_ratios(name: str) -> tuple[float, float] | None:
+  """(voltage_ratio, current_ratio) of a named system's data (`unit_names`), else None."""
+  from cdeit_jax.eit import layout
+
+  if name == SIMULATED:
+    return 1.0, 1.0
+  if name in layout.PRESETS:
+    lay = layout.preset(name)
+    return float(lay.gain), float(lay.current_ratio)
+  return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,12 +175,13 @@ def resolve_ratios(
   preset: str, voltage_ratio: float | None = None, current_ratio: float | None = None
 ) -> tuple[float, float]:
   """(voltage_ratio, current_ratio) of a preset, each overridden where given."""
-  if preset not in PRESETS and (voltage_ratio is None or current_ratio is None):
+  known = preset_ratios(preset) if isinstance(preset, str) else None
+  if known is None and (voltage_ratio is None or current_ratio is None):
     raise InputError(
-      f"unknown data preset {preset!r}: use one of {sorted(PRESETS)}, or give both "
+      f"unknown data preset {preset!r}: use one of {unit_names()}, or give both "
       "voltage_ratio and current_ratio"
     )
-  v, c = PRESETS.get(preset, (None, None))
+  v, c = known or (None, None)
   ratios = {
     "voltage_ratio": voltage_ratio if voltage_ratio is not None else v,
     "current_ratio": current_ratio if current_ratio is not None else c,
@@ -194,7 +215,8 @@ def units(
   voltage_ratio: float | None = None,
   current_ratio: float | None = None,
 ) -> Units:
-  """The `Units` of a preset (`PRESETS`), each ratio overridden where given; a `Units` as it is."""
+  """The `Units` of a name (`unit_names`), each ratio overridden where given; a `Units` as it
+  is."""
   if isinstance(preset, Units):
     if voltage_ratio is not None or current_ratio is not None:
       raise InputError(f"units {preset.name!r} are resolved already: give ratios or Units")

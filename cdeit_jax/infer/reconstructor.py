@@ -119,11 +119,12 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
 
 
 def device_units(device: layout.Layout) -> measurement.Units | str:
-  """The units of a model's measuring system when none are given: a calibrated device's own
-  (its fitted gain; currents as the simulator's), else the simulator's."""
-  if device.contact_impedance is None and device.gain == 1.0:
-    return "simulated"
-  return measurement.Units(f"{device.name}, calibrated", float(device.gain), 1.0)
+  """The units of a model's measuring system when none are given: its device's own (a preset's,
+  e.g. ktc2023's, or a calibrated device's fitted gain), else the simulator's."""
+  if device.contact_impedance is None and device.gain == 1.0 and device.current_ratio == 1.0:
+    return measurement.SIMULATED
+  name = device.name + (", calibrated" if device.contact_impedance is not None else "")
+  return measurement.Units(name, float(device.gain), float(device.current_ratio))
 
 
 def uncertainty_scale(path: str) -> float:
@@ -219,8 +220,8 @@ class Reconstructor:
   overrides): `config.sampling` (steps, eta, num_samples, seed, batch_size, data consistency),
   `config.diffusion`, `config.simulator.contact_impedance`. `mean`, `std` (1, 16, 13) are the
   statistics the model's condition is standardised with (the checkpoint's). `preset` or the
-  ratios say in which units the voltages are (`measurement.PRESETS`; neither: a calibrated
-  device's own, `device_units`, else the simulator's). `uncertainty_scale`
+  ratios say in which units the voltages are (`measurement.units`; neither: the model's
+  device's own, `device_units`). `uncertainty_scale`
   multiplies the std (`eval.py --config.eval.fit_uncertainty=True` fits it)."""
 
   checkpoint: str | None = None  # where the weights came from (from_workdir)
