@@ -5,6 +5,10 @@
       --config.sampling.num_samples=8 --config.eval.tikhonov=True
   python eval.py --workdir runs/ktc2023 --data ktc2023_challenge --data_path DIR --out OUT \\
       --config.eval.tikhonov=True
+  python eval.py --workdir runs/device --data recording --data_path frames.npz --out OUT
+
+--data is the kind of test data (cdeit_jax/infer/data_kinds.py), --units the units it is in
+(default: the kind's).
 
 The settings are the checkpoint's config (`config.sampling`, `config.eval`, see
 cdeit_jax/config_lib.py), changed with --config.KEY=VALUE; the model's runtime keys too
@@ -34,13 +38,24 @@ flags.DEFINE_string(
 flags.DEFINE_string(
   "data",
   None,
-  "preset of the test set: simulated, uef2017, ktc2023 (or any "
-  "name with --config.eval.voltage_ratio and --config.eval.current_ratio); or "
-  "ktc2023_challenge: KTC2023's level_K folders, answered as the challenge asks "
-  "(a model trained with configs/ktc2023.py)",
+  "kind of test data (cdeit_jax/infer/data_kinds.py): simulated (npz files of python -m "
+  "cdeit_jax.simulate), uef2017 (npz files in the UEF2017 tank's units), recording (one frames "
+  "file of the model's device with its true images as `targets`), ktc2023_challenge "
+  "(KTC2023's level_K folders, answered as the challenge asks); or a named system's npz files "
+  "(e.g. ktc2023)",
 )
 flags.DEFINE_string(
-  "data_path", None, "folder of CDEIT npz files (ktc2023_challenge: of level_K folders)"
+  "data_path",
+  None,
+  "the data: a folder of npz files, a frames file (recording), a folder of level_K folders "
+  "(ktc2023_challenge)",
+)
+flags.DEFINE_string(
+  "units",
+  None,
+  "the data's units: simulated, or a named system's (cdeit16, uef2017, ktc2023); default: the "
+  "kind's (recording: the model's device's own, e.g. its calibrated gain); "
+  "--config.eval.voltage_ratio and --config.eval.current_ratio override either ratio",
 )
 flags.DEFINE_string("out", None, "output folder")
 cli.define_cluster_flags()
@@ -55,8 +70,10 @@ def main(argv):
   from cdeit_jax.infer import evaluate
 
   overrides = cli.checkpoint_overrides()
-  r = evaluate.evaluate(FLAGS.workdir, FLAGS.data, FLAGS.data_path, FLAGS.out, overrides)
-  if FLAGS.data == "ktc2023_challenge":
+  r = evaluate.evaluate(
+    FLAGS.workdir, FLAGS.data, FLAGS.data_path, FLAGS.out, overrides, FLAGS.units
+  )
+  if "images_per_s" not in r:  # the challenge's answers
     print(r.get("table", "no truths: the answers are written, not scored"))
     print(f"answers, figure and metrics.json in {FLAGS.out} ({r['settings']['seconds']:.1f} s)")
     return

@@ -8,8 +8,8 @@ F: `.npy`, `.npz`, `.mat` or `.csv`, frames as rows (N, R) of the model's measur
 values in its order (CDEIT's 208, or a device's, NaN where a removal set leaves one out), or
 the device's own file (`cdeit_jax.infer.frames`). They are difference voltages, or frames with
 a reference frame (the file's `reference`, --reference FILE or --reference_row K): dv = v -
-v_ref. Their units: --preset or the ratios, else a calibrated device's own (its gain: `make
-device-model`), else the simulator's. Writes
+v_ref. Their units: --preset or the ratios, else the model's device's own (a calibrated device's
+gain, `make device-model`; a preset's, e.g. ktc2023's), else the simulator's. Writes
 O/frames.npz (`images`, `std` for K > 1), O/frames.mat, O/montage.png and O/frames.gif.
 Row i is sampled as eval.py samples example i: the same voltages, seed and settings give
 eval.py's `pred`. The sampling settings are eval.py's (--config.sampling.*, --config.eval.weights,
@@ -22,7 +22,6 @@ if __name__ == "__main__":
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
 import contextlib
-import os
 
 from absl import flags
 
@@ -46,7 +45,8 @@ flags.DEFINE_string(
   "preset",
   None,
   "the device's units: simulated, uef2017, ktc2023 (or give --voltage_ratio and "
-  "--current_ratio); default: a calibrated device's own (make device-model), else simulated",
+  "--current_ratio); default: the model's device's own (a calibrated device's, make "
+  "device-model; a preset's), else simulated",
 )
 flags.DEFINE_float(
   "voltage_ratio", None, "measured / simulated voltage units (overrides the preset's)"
@@ -82,16 +82,10 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   """The command; an --out folder it made is removed again when a refusal leaves it empty."""
-  from cdeit_jax.common import fileio
+  from cdeit_jax.infer import outputs
 
-  made = not fileio.path(FLAGS.out).exists()
-  try:
+  with outputs.left_as_found(FLAGS.out):
     _main(argv)
-  except BaseException:
-    if made and not fileio.is_remote(FLAGS.out):
-      with contextlib.suppress(OSError):
-        os.rmdir(fileio.resolve(FLAGS.out))  # only if empty
-    raise
 
 
 def _main(argv):

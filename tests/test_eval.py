@@ -382,7 +382,7 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
     settings = {"eval.figure": False, "eval.max_examples": 2, **over}
     return evaluate.evaluate(checkpoint, data, data_path, out, settings)
 
-  with pytest.raises(ValueError, match="unknown data preset 'tank'"):
+  with pytest.raises(ValueError, match="--data 'tank': give one of simulated, uef2017, recording"):
     run(data="tank")
   (tmp_path / "empty").mkdir()
   with pytest.raises(ValueError, match="holds no .npz files"):
@@ -431,7 +431,7 @@ def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
       run(out=str(tmp_path / "ro"))
   with pytest.raises(
     ValueError,
-    match="standardised for preset 'simulated', are ~.* standard deviations.*--data uef2017",
+    match="standardised in the units 'simulated', are ~.* standard deviations.*--units simulated",
   ):
     run(data="simulated")
   r = _eval_cli(

@@ -259,6 +259,11 @@ def answers_above(images: list[np.ndarray], threshold: float) -> list[np.ndarray
   return [ktc_score.to_challenge_grid(ktc_score.segment_absolute(im, threshold)) for im in images]
 
 
+def run(kind, workdir: str, data_path: str, out: str, overrides=None, units=None) -> dict:
+  """`data_kinds`' ktc2023_challenge (it reads no units: each level is calibrated)."""
+  return evaluate(workdir, data_path, out, overrides)
+
+
 def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = None) -> dict:
   """`eval.py --data ktc2023_challenge`: the answers of the CDEIT at `workdir` (trained for the
   challenge's system, `configs/ktc2023.py`) for every case under `data_path`, beside the

@@ -36,36 +36,49 @@ CHUNK = 64  # examples sampled, scored and written at a time (about 32 MB at K =
 assert CHUNK >= outputs.SHOWN
 
 
-def check_scale(src, preset: str, limit: int = 8) -> None:
+def check_scale(src, units: str, limit: int = 8) -> None:
   """Refuse data whose standardised voltages are far off the statistics' scale: the files were
-  made with other voltage/current units than the preset says (e.g. tank data as `simulated`)."""
+  made with other voltage/current units than `units` says (e.g. tank data as `simulated`)."""
   n = min(len(src), limit)
   v = np.concatenate([np.ravel(src[i]["voltages"]) for i in range(n)])
-  typical = float(np.median(np.abs(v)))
+  typical = float(np.median(np.abs(v[np.isfinite(v)]))) if np.isfinite(v).any() else np.inf
   if not typical < reconstructor.FAR_OFF:
     raise InputError(
-      f"{src.path}: its voltages, standardised for preset {preset!r}, are ~{typical:.3g} "
-      "standard deviations from the training mean (expected a few): the files are in other "
-      "units than this preset; give the preset they were made with (--data uef2017, ktc2023, "
-      "simulated) or --config.eval.voltage_ratio and --config.eval.current_ratio"
+      f"{src.path}: its voltages, standardised in the units {units!r}, are ~{typical:.3g} "
+      "standard deviations from the training mean (expected a few): the data are in other "
+      "units; give the units they were made in (--units simulated, uef2017, ktc2023, or "
+      "--config.eval.voltage_ratio and --config.eval.current_ratio)"
     )
 
 
 def evaluate(
-  path: str, data_name: str, data_path: str, out: str, overrides: dict[str, Any] | None = None
+  path: str,
+  data_name: str,
+  data_path: str,
+  out: str,
+  overrides: dict[str, Any] | None = None,
+  units: str | None = None,
 ) -> dict[str, Any]:
-  """Reconstruct the npz files of `data_path` (preset `data_name`) with the checkpoint at `path`
-  (a run: its best validated step that loads, else the latest; or one `RUN/checkpoints/STEP`)
-  and write every output into `out`; returns metrics.json's content.
+  """Reconstruct the test data at `data_path`, of kind `data_name` (`data_kinds`: simulated,
+  uef2017, recording, ktc2023_challenge), with the checkpoint at `path` (a run: its best
+  validated step that loads, else the latest; or one `RUN/checkpoints/STEP`) and write every
+  output into `out`; returns metrics.json's content. `units`: the data's units (a name of
+  `measurement.unit_names`), else the kind's.
 
   `overrides` (dotted keys, as `--config.sampling.steps=2` gives them) change the sampling and
-  evaluation settings and the model's runtime keys of the checkpoint's config.
-  `data_name` "ktc2023_challenge": the challenge's folders (`infer.challenge.evaluate`)."""
-  if data_name == "ktc2023_challenge":
-    from cdeit_jax.infer import challenge
+  evaluation settings and the model's runtime keys of the checkpoint's config."""
+  from cdeit_jax.infer import data_kinds
 
-    return challenge.evaluate(path, data_path, out, overrides)
-  ev = Evaluator(path, data_name, data_path, out, overrides).prepare()
+  with outputs.left_as_found(out):  # a refusal leaves no empty --out behind
+    return data_kinds.run(data_name, path, data_path, out, overrides, units)
+
+
+def run(
+  kind, path: str, data_path: str, out: str, overrides=None, units=None, evaluator=None
+) -> dict[str, Any]:
+  """A folder of npz files (`data_kinds`' simulated, uef2017 and named systems), or with
+  `evaluator` (an `Evaluator` class) its kind of data."""
+  ev = (evaluator or Evaluator)(path, kind, data_path, out, overrides, units).prepare()
   with ev.staging():
     ev.run()
     return ev.finish()
@@ -78,12 +91,14 @@ class Evaluator:
   def __init__(
     self,
     path: str,
-    data_name: str,
+    kind,
     data_path: str,
     out: str,
     overrides: dict[str, Any] | None = None,
+    units: str | None = None,
   ):
-    self.path, self.data_name, self.data_path, self.out = path, data_name, data_path, out
+    self.path, self.kind, self.data_path, self.out = path, kind, data_path, out
+    self.data_name, self.given_units = kind.name, units
     self.overrides, self.given_overrides = dict(overrides or {}), overrides
     self.primary = jax.process_index() == 0
     self.t_start = time.perf_counter()
@@ -122,10 +137,13 @@ class Evaluator:
     from cdeit_jax.checkpoints import loading
     from cdeit_jax.data.simulator_source import vector_cond
     from cdeit_jax.eit import layout
+    from cdeit_jax.infer import data_kinds
 
     e = self.cfg.eval
-    self.units = measurement.units(self.data_name, e.voltage_ratio, e.current_ratio)
     self.layout = loading.device_of(self.cfg, meta.record)
+    self.units = data_kinds.units_of(
+      self.kind, self.given_units, self.layout, e.voltage_ratio, e.current_ratio
+    )
     sets = layout.removal_sets(self.cfg.simulator.removals)
     if not (isinstance(e.removal, int) and 0 <= e.removal < len(sets)):
       raise InputError(
@@ -133,7 +151,18 @@ class Evaluator:
         f"0..{len(sets) - 1} (config.simulator.removals={self.cfg.simulator.removals!r})"
       )
     self.removed = self.layout.without(sets[e.removal])
-    self.src = sources.NpzSource(
+    self.src = self.open_source(meta, vector_cond(self.cfg))
+    self.n = len(self.src) if e.max_examples is None else min(len(self.src), e.max_examples)
+    self.check_data()
+
+  def check_data(self) -> None:
+    """Data in other units than they are read in are refused before compilation."""
+    check_scale(self.src, self.units.name)
+
+  def open_source(self, meta: reader.Meta, vector: bool):
+    """The examples (a folder of npz files here; `infer.recording` reads a frames file)."""
+    e = self.cfg.eval
+    return sources.NpzSource(
       self.data_path,
       self.units,
       e.stats,
@@ -141,11 +170,9 @@ class Evaluator:
       baselines=not self.removed.any(),  # the files' baselines saw every value
       skip_bad=e.skip_bad_files,
       num_values=self.layout.num_values,
-      vector_cond=vector_cond(self.cfg),
+      vector_cond=vector,
       removed=self.removed,
     )
-    self.n = len(self.src) if e.max_examples is None else min(len(self.src), e.max_examples)
-    check_scale(self.src, self.data_name)
 
   def _check_statistics(self, model) -> None:
     c = model.conditioner
@@ -333,6 +360,7 @@ class Evaluator:
       "weights": e.weights,
       "data": self.data_name,
       "data_path": fileio.resolve(self.data_path),
+      "units": self.units.name,
       "voltage_ratio": self.units.voltage_ratio,
       "current_ratio": self.units.current_ratio,
       "sampling_steps": s.steps,

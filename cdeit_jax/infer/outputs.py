@@ -258,6 +258,21 @@ def publish(out: str, write_all) -> list[str]:
   return written
 
 
+@contextlib.contextmanager
+def left_as_found(out: str):
+  """Context of a command that writes into `out`: when it fails (a refusal, an error), an `out`
+  folder it made is removed again if it is still empty (a local folder: nothing else is
+  touched), so a refused command leaves nothing behind."""
+  made = not fileio.path(out).exists()
+  try:
+    yield
+  except BaseException:
+    if made and not fileio.is_remote(out):
+      with contextlib.suppress(OSError):
+        os.rmdir(fileio.resolve(out))  # only if empty
+    raise
+
+
 class failing:
   """Context: on any failure, `staged.abort()`; a full disk becomes one line naming the folder."""
 

@@ -1,0 +1,116 @@
+"""eval.py's kinds of test data, behind one small registry (big_vision's evaluators, MaxText's
+`dataset_type`): a kind names the module that reads its format and the units it is read in
+unless `--units` says otherwise.
+
+  simulated          a folder of npz files in the simulator's units (`infer.evaluate`)
+  uef2017            a folder of npz files in the UEF2017 tank's units (`infer.evaluate`)
+  recording          one frames file of a device, with its true images (`infer.recording`)
+  ktc2023_challenge  KTC2023's level_K folders, answered as the challenge asks
+                     (`infer.challenge`; each level calibrated from its ref.mat)
+
+A name of another named system (`measurement.unit_names`, e.g. ktc2023) is a folder of npz files
+in that system's units, as before. Each module has `run(kind, workdir, data_path, out,
+overrides, units)`; `data_kinds.run` resolves the kind once and calls it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import measurement
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+  """One kind of test data: its name, the module that evaluates it, its default units (a name of
+  `measurement.unit_names`; None: the model's device's own, `reconstructor.device_units`) and
+  whether other units may be given (the challenge calibrates each level itself)."""
+
+  name: str
+  module: str
+  units: str | None
+  summary: str
+  takes_units: bool = True
+
+
+_NPZ = "cdeit_jax.infer.evaluate"
+KINDS = {
+  k.name: k
+  for k in (
+    Kind("simulated", _NPZ, "simulated", "a folder of npz files (python -m cdeit_jax.simulate)"),
+    Kind("uef2017", _NPZ, "uef2017", "a folder of npz files in the UEF2017 tank's units"),
+    Kind(
+      "recording",
+      "cdeit_jax.infer.recording",
+      None,
+      "one frames file of the model's device (frames, reference, targets), in its units",
+    ),
+    Kind(
+      "ktc2023_challenge",
+      "cdeit_jax.infer.challenge",
+      None,
+      "KTC2023's level_K folders, answered as the challenge asks",
+      takes_units=False,
+    ),
+  )
+}
+
+
+def names() -> list[str]:
+  return list(KINDS)
+
+
+def get(name: str) -> Kind:
+  """The kind `name`; a named system's (`measurement.unit_names`) is npz files in its units."""
+  if name in KINDS:
+    return KINDS[name]
+  if isinstance(name, str) and measurement.preset_ratios(name) is not None:
+    return Kind(name, _NPZ, name, f"a folder of npz files in {name}'s units")
+  raise InputError(
+    f"--data {name!r}: give one of {', '.join(KINDS)} (or a folder of npz files in a named "
+    f"system's units: {', '.join(measurement.unit_names())})"
+  )
+
+
+def units_of(kind: Kind, units: str | None, device, voltage_ratio=None, current_ratio=None):
+  """The units the data are read in, resolved once: `units` (--units), else the kind's, else
+  the model's device's own (`device`, a layout); `voltage_ratio`/`current_ratio`
+  (--config.eval.*) override either ratio."""
+  from cdeit_jax.infer import reconstructor
+
+  if units is not None and not kind.takes_units:
+    raise InputError(
+      f"--units {units}: --data {kind.name} reads no units (each level is calibrated from its "
+      "reference frame); leave --units out"
+    )
+  base = units if units is not None else kind.units
+  if base is None:
+    base = reconstructor.device_units(device)
+  if isinstance(base, measurement.Units):
+    if voltage_ratio is None and current_ratio is None:
+      return base
+    base, voltage_ratio, current_ratio = (
+      base.name,
+      base.voltage_ratio if voltage_ratio is None else voltage_ratio,
+      base.current_ratio if current_ratio is None else current_ratio,
+    )
+  return measurement.units(base, voltage_ratio, current_ratio)
+
+
+def run(
+  name: str,
+  workdir: str,
+  data_path: str,
+  out: str,
+  overrides: dict[str, Any] | None = None,
+  units: str | None = None,
+) -> dict[str, Any]:
+  """Evaluate the model at `workdir` on `data_path` of kind `name` into `out` (metrics.json's
+  content)."""
+  kind = get(name)
+  if units is not None and not kind.takes_units:
+    units_of(kind, units, None)  # the refusal, before any work
+  return importlib.import_module(kind.module).run(kind, workdir, data_path, out, overrides, units)

@@ -1,0 +1,111 @@
+"""`eval.py --data recording`: one frames file of the model's device, scored as a test set.
+
+The file is what `python -m cdeit_jax.reconstruct` reads (`infer.frames.read`): frames in the
+device's order and units, a reference frame (`reference`; without one the frames are
+differences), and here also the true images (`targets`, (N, 128, 128) in label units). The one
+`evaluate.Evaluator` samples, scores (beside Tikhonov of the same values and the empty image)
+and writes it as it does a folder of npz files; the frames pass the Reconstructor's guards
+(units, absolute frames, missing values) first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.data import sources
+from cdeit_jax.data import stats as stats_lib
+from cdeit_jax.eit import measurement
+from cdeit_jax.eit.measurement import IMAGE_SIZE
+from cdeit_jax.infer import evaluate, frames
+from cdeit_jax.infer.reconstructor import listed
+
+
+class RecordingSource:
+  """The examples of a frames file (`evaluate.NpzSource`'s items): each frame's difference
+  from the reference, in the device's `units`, conditioned with the model's statistics; NaN
+  only where the evaluated removal set (`removed`, (R,) bool) leaves a value out."""
+
+  baselines = False  # no stored classical reconstructions (Tikhonov is computed)
+
+  def __init__(
+    self,
+    path: str,
+    system,
+    units: measurement.Units,
+    mean: np.ndarray,
+    std: np.ndarray,
+    removed: np.ndarray,
+    vector_cond: bool,
+  ):
+    self.path, self.units, self.vector_cond = fileio.resolve(path), units, vector_cond
+    v, reference, targets = frames.read(path, system.num_values, system.describe())
+    if targets is None:
+      raise InputError(
+        f"{path}: no `targets` (the true images, (N, {IMAGE_SIZE}, {IMAGE_SIZE})), which eval.py "
+        "scores the images against; image a recording without them with python -m "
+        "cdeit_jax.reconstruct"
+      )
+    if targets.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE):
+      raise InputError(
+        f"{path}: `targets` must be (N, {IMAGE_SIZE}, {IMAGE_SIZE}) images in label units, got "
+        f"{targets.shape}"
+      )
+    if reference is not None and not np.isfinite(reference[~removed]).all():
+      raise InputError(
+        f"{path}: the reference frame holds NaN or infinite values; give the empty tank's frame"
+      )
+    # in float64: frames and reference are large beside their difference
+    self.dv = (v if reference is None else v - reference[None]).astype(np.float32)
+    wrong = np.flatnonzero((np.isnan(self.dv) != removed[None]).any(1))
+    if len(wrong):
+      raise InputError(
+        f"{path}: rows {listed(wrong)} miss other values than the evaluated electrode-removal "
+        f"set leaves out ({int(removed.sum())} values, --config.eval.removal); give frames of "
+        "one set and its --config.eval.removal"
+      )
+    self.targets = targets
+    self.mean, self.std = stats_lib.check_stats(mean, std, source="the checkpoint's statistics")
+    self.voltage_ratio = units.voltage_ratio
+    self.files = [f"frame_{i:05d}" for i in range(len(self.dv))]
+
+  def __len__(self) -> int:
+    return len(self.dv)
+
+  def __getitem__(self, i: int) -> dict[str, Any]:
+    cond, v, scaled = sources.condition(
+      self.dv[i], self.voltage_ratio, self.mean, self.std, self.vector_cond
+    )
+    return {
+      "cond": cond,
+      "voltages": v,
+      "ys": scaled,
+      "target": self.targets[i].reshape(IMAGE_SIZE, IMAGE_SIZE, 1),
+      "index": np.int32(i),
+      "name": self.files[i],
+    }
+
+
+class RecordingEvaluator(evaluate.Evaluator):
+  """`evaluate.Evaluator` over a frames file: its source, and the Reconstructor's guards."""
+
+  def open_source(self, meta, vector: bool) -> RecordingSource:
+    return RecordingSource(
+      self.data_path, self.layout, self.units, meta.mean, meta.std, self.removed, vector
+    )
+
+  def check_data(self) -> None:
+    """The Reconstructor's guards, once it is compiled (`_compile`): an absolute frame is told
+    by its likeness to the simulated empty tank, not by its scale."""
+
+  def _compile(self, model) -> None:
+    super()._compile(model)
+    self.rec.check_frames(self.src.dv[: self.n], self.data_path)
+
+
+def run(kind, path: str, data_path: str, out: str, overrides=None, units=None) -> dict[str, Any]:
+  """`data_kinds`' recording."""
+  return evaluate.run(kind, path, data_path, out, overrides, units, evaluator=RecordingEvaluator)
