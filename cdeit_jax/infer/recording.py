@@ -25,7 +25,7 @@ from cdeit_jax.infer.reconstructor import listed
 
 
 class RecordingSource:
-  """The examples of a frames file (`evaluate.NpzSource`'s items): each frame's difference
+  """The examples of a frames file (`sources.NpzSource`'s items): each frame's difference
   from the reference, in the device's `units`, conditioned with the model's statistics; NaN
   only where the evaluated removal set (`removed`, (R,) bool) leaves a value out."""
 
