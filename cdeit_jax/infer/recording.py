@@ -17,17 +17,17 @@ import numpy as np
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
-from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit import measurement
 from cdeit_jax.eit.measurement import IMAGE_SIZE
 from cdeit_jax.infer import evaluate, frames
 from cdeit_jax.infer.reconstructor import listed
 
 
-class RecordingSource:
-  """The examples of a frames file (`sources.NpzSource`'s items): each frame's difference
-  from the reference, in the device's `units`, conditioned with the model's statistics; NaN
-  only where the evaluated removal set (`removed`, (R,) bool) leaves a value out."""
+class RecordingSource(sources.ArraySource):
+  """The examples of a frames file (`sources.ArraySource`'s items, as `sources.NpzSource`'s):
+  each frame's difference from the reference, in the device's `units`, conditioned with the
+  model's statistics; NaN only where the evaluated removal set (`removed`, (R,) bool) leaves a
+  value out."""
 
   baselines = False  # no stored classical reconstructions (Tikhonov is computed)
 
@@ -41,7 +41,6 @@ class RecordingSource:
     removed: np.ndarray,
     vector_cond: bool,
   ):
-    self.path, self.units, self.vector_cond = fileio.resolve(path), units, vector_cond
     v, reference, targets = frames.read(path, system.num_values, system.describe())
     if targets is None:
       raise InputError(
@@ -59,34 +58,18 @@ class RecordingSource:
         f"{path}: the reference frame holds NaN or infinite values; give the empty tank's frame"
       )
     # in float64: frames and reference are large beside their difference
-    self.dv = (v if reference is None else v - reference[None]).astype(np.float32)
-    wrong = np.flatnonzero((np.isnan(self.dv) != removed[None]).any(1))
+    dv = (v if reference is None else v - reference[None]).astype(np.float32)
+    wrong = np.flatnonzero((np.isnan(dv) != removed[None]).any(1))
     if len(wrong):
       raise InputError(
         f"{path}: rows {listed(wrong)} miss other values than the evaluated electrode-removal "
         f"set leaves out ({int(removed.sum())} values, --config.eval.removal); give frames of "
         "one set and its --config.eval.removal"
       )
-    self.targets = targets
-    self.mean, self.std = stats_lib.check_stats(mean, std, source="the checkpoint's statistics")
-    self.voltage_ratio = units.voltage_ratio
-    self.files = [f"frame_{i:05d}" for i in range(len(self.dv))]
-
-  def __len__(self) -> int:
-    return len(self.dv)
-
-  def __getitem__(self, i: int) -> dict[str, Any]:
-    cond, v, scaled = sources.condition(
-      self.dv[i], self.voltage_ratio, self.mean, self.std, self.vector_cond
-    )
-    return {
-      "cond": cond,
-      "voltages": v,
-      "ys": scaled,
-      "target": self.targets[i].reshape(IMAGE_SIZE, IMAGE_SIZE, 1),
-      "index": np.int32(i),
-      "name": self.files[i],
-    }
+    super().__init__(dv, targets, mean, std, name=fileio.resolve(path), vector_cond=vector_cond)
+    self.units, self.preset, self.voltage_ratio = units, units.name, units.voltage_ratio
+    self.dv = self._ys
+    self.files = [f"frame_{i:05d}" for i in range(len(dv))]
 
 
 class RecordingEvaluator(evaluate.Evaluator):
