@@ -22,6 +22,7 @@ from ml_collections import config_dict
 
 from cdeit_jax.common import moved_modules
 from cdeit_jax.common.errors import InputError, MissingFile
+from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import measurement
 from cdeit_jax.eit.spec import KINDS, PhantomSpec, SystemSpec
 from cdeit_jax.model import attention
@@ -350,17 +351,24 @@ def _get(cfg, key):
   return node
 
 
+def measuring_system(sim: ml_collections.ConfigDict, lay: Any = None) -> layout_lib.Layout:
+  """The one measuring-system value of `config.simulator`: `lay` (a layout resolved already,
+  e.g. a checkpoint's) or the config's `layout` (a preset or a device file), with the config's
+  contact impedance, which the simulator, the Jacobian and the conditioning all use."""
+  # (`none_strings` reads a "none" given on a command line as None)
+  lay = layout_lib.as_layout(lay if lay is not None else str(sim.layout or "cdeit16"))
+  return lay.with_contact_impedance(float(sim.contact_impedance))
+
+
 def model_kwargs(
   cfg: ml_collections.ConfigDict, platform: str | None = None, layout: Any = None
 ) -> dict[str, Any]:
   """`CDEIT(**model_kwargs(cfg), rngs=...)` arguments from a config's `model` section and the
-  measuring system of `config.simulator` (the physics-informed condition's Jacobian; `layout`:
-  the system resolved already, e.g. a checkpoint's), with the attention backend resolved for
-  `platform` (default: the default backend's)."""
+  measuring system of `config.simulator` (`measuring_system`; `layout`: the system resolved
+  already, e.g. a checkpoint's), with the attention backend resolved for `platform` (default:
+  the default backend's)."""
   kw = dict(cfg.model)
-  kw["contact_impedance"] = float(cfg.simulator.contact_impedance)
-  # (`none_strings` reads a "none" given on a command line as None)
-  kw["layout"] = layout if layout is not None else str(cfg.simulator.layout or "cdeit16")
+  kw["layout"] = measuring_system(cfg.simulator, layout)
   kw["removals"] = str(cfg.simulator.removals or "none")
   if kw.get("cond", "eim") not in COND_MODES:
     raise InputError(f"config.model.cond: {kw.get('cond')!r} is not one of {COND_MODES}")

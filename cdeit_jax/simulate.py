@@ -120,12 +120,13 @@ class Generator:
 
   def reconstruct(self, ys: np.ndarray) -> np.ndarray:
     if self.tikhonov is None:
+      from cdeit_jax import config_lib
       from cdeit_jax.data import synthetic
-      from cdeit_jax.eit import measurement, tikhonov
+      from cdeit_jax.eit import tikhonov
 
       alpha = self.sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA
-      system = measurement.system_of(self.sim)
-      self.tikhonov = tikhonov.of_values(synthetic.layout_of(self.sim), None, system, alpha)
+      device = config_lib.measuring_system(self.sim, synthetic.layout_of(self.sim))
+      self.tikhonov = tikhonov.of_values(device, None, alpha)
     return self.tikhonov(ys)
 
   def __call__(self, split: str, indices: np.ndarray, with_tr: bool = True) -> dict:

@@ -323,10 +323,9 @@ def device_volts(layout, xs, gain: float = 500.0, contact_impedance: float = 0.0
   own volts (`gain` times the simulator's)."""
   import jax.numpy as jnp
 
-  from cdeit_jax.eit import measurement, simulator
+  from cdeit_jax.eit import simulator
 
-  system = measurement.System(contact_impedance=contact_impedance)
-  sim = simulator.Simulator(layout=layout, system=system)
+  sim = simulator.Simulator(layout=layout.with_contact_impedance(contact_impedance))
   volts = lambda sigma: gain * np.asarray(sim.cem.voltages(sigma), np.float64)
   return volts(jnp.ones(sim.mesh.num_elements)), volts(sim.image_conductivity(jnp.asarray(xs)))
 

@@ -16,7 +16,7 @@ from cdeit_jax.checkpoints import checkpoint, loading
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.data import sources
 from cdeit_jax.data import stats as stats_lib
-from cdeit_jax.eit import conditioning, measurement
+from cdeit_jax.eit import conditioning, layout, measurement
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.infer import evaluate, metrics
 from cdeit_jax.model.diffusion import Diffusion
@@ -80,7 +80,7 @@ def test_conditioner_follows_the_simulators_contact_impedance(conditioner, cond_
   model.conditioner.voltage_std[...] = jnp.asarray(uef.std.ravel())
   got = np.asarray(model.conditioner.channels(cond, scaled=False))
   default = np.asarray(conditioner.channels(cond, scaled=False))
-  jac = tikhonov.default_jacobian(measurement.System(contact_impedance=0.05))
+  jac = tikhonov.layout_jacobian(layout.preset("cdeit16").with_contact_impedance(0.05))
   for k, alpha in enumerate(ALPHAS):
     want = eit.Tikhonov(alpha=alpha, jac=jac)(ys)
     assert np.abs(got[..., k] - want).max() <= 1e-5 * np.abs(want).max()
@@ -119,7 +119,7 @@ def test_data_consistency_step(uef, cond_and_ys):
     np.random.default_rng(1).normal(size=(6, 128, 128, 1)) * DISK[..., None], jnp.float32
   )
   y = np.asarray(dc.op.forward(x))
-  eim = measurement.DEFAULT.eim(
+  eim = measurement.eim(
     ((y / 1.0 - uef.mean.reshape(208)) / uef.std.reshape(208)).reshape(6, 16, 13)
   )
   fixed = np.asarray(dc(x, jnp.asarray(eim[..., None], jnp.float32)))

@@ -68,13 +68,13 @@ def test_uef2017_conditioning_matches_reference():
 
 def test_eim_layout_by_hand():
   v = np.arange(16 * 13, dtype=np.float32).reshape(16, 13) + 1
-  m = measurement.DEFAULT.eim(v)
+  m = measurement.eim(v)
   assert (m == 0).sum() == 48
   np.testing.assert_array_equal(m[0, 2:15], v[0])  # row 0 skips 15, 0, 1
   assert m[0, 15] == m[0, 0] == m[0, 1] == 0
   np.testing.assert_array_equal(m[5, [0, 1, 2, 3, 7]], v[5, :5])  # row 5 skips 4, 5, 6
   np.testing.assert_array_equal(m[15, 1:14], v[15])  # row 15 skips 14, 15, 0
-  np.testing.assert_array_equal(measurement.DEFAULT.from_eim(m), v)  # and back
+  np.testing.assert_array_equal(measurement.from_eim(m), v)  # and back
 
 
 def test_presets_and_custom_ratios(folder):
@@ -230,6 +230,44 @@ def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
   for x, y in zip(a, want):
     np.testing.assert_array_equal(x["cond"], y["cond"])
     np.testing.assert_array_equal(x["target"], y["target"])
+
+
+def test_another_devices_examples_are_augmented_with_its_own_symmetries(tmp_path):
+  """A 32-electrode device's files (its values conditioned as a vector): each augmented row is
+  its example's values under one of the device's 8 symmetries (`symmetry.turn`: index and sign,
+  checked against the simulator in test_eit) with the target turned alike; a device without
+  the tank's symmetries (KTC2023's: no pair closes the ring) is refused before any batch."""
+  from cdeit_jax.eit import layout, symmetry
+
+  device = layout.from_rules(32, "skip-3", measure_injecting=True, clockwise=False)
+  r = device.num_values
+  rng = np.random.default_rng(0)
+  for i in range(8):
+    np.savez(
+      tmp_path / f"{i:05d}.npz",
+      ys=rng.normal(0, 1e-4, (r, 1)).astype(np.float32),
+      xs=rng.uniform(-1, 1, (128, 128)).astype(np.float32),
+    )
+  stats_ = (np.full((1, r), 1e-6, np.float32), np.full((1, r), 1e-4, np.float32))
+  src = sources.NpzSource(str(tmp_path), stats=stats_, num_values=r, vector_cond=True)
+  it = iter(pipeline.train_dataset(src, 4, _loader(seed=5, augment=True), device))
+  used = set()
+  for _ in range(6):
+    b = next(it)
+    for row, i in enumerate(b["index"]):
+      ex = src[int(i)]
+      g = next(
+        g
+        for g in symmetry.GROUP
+        if np.array_equal(b["target"][row], symmetry.image(ex["target"], *g))
+      )
+      used.add(g)
+      index, sign = symmetry.turn(*g, device)
+      raw = np.load(tmp_path / src.files[int(i)])["ys"][:, 0]
+      np.testing.assert_allclose(b["cond"][row], src.condition(raw[index] * sign)[0], rtol=1e-6)
+  assert len(used) >= 6
+  with pytest.raises(ValueError, match="ktc2023.*not symmetries"):
+    pipeline.train_dataset(src, 4, _loader(augment=True), layout.preset("ktc2023"))
 
 
 def test_worker_processes_give_the_same_batches(folder):

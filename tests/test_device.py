@@ -98,7 +98,7 @@ def test_systems_drawn_around_a_device(calibrated):
   assert not gen.nominal and gen.layout.num_values == 256
   keys = jax.random.split(jax.random.key(0), 3)
   systems = gen.systems(keys)
-  width = np.rad2deg(2 * np.asarray(systems["half_widths"]))
+  width = np.rad2deg(2 * np.asarray(systems.half_widths))
   lo, hi = cfg.simulator.system.width_deg
   assert width.shape == (3, 16) and lo * 0.95 - 1e-6 <= width.min() and width.max() <= hi * 1.05
   ys, xs = synthetic.example_arrays(

@@ -1,5 +1,6 @@
 """The EIT simulator against EIDORS, analytic solutions and the real UEF2017 tank data."""
 
+import dataclasses
 import glob
 import os
 
@@ -47,24 +48,25 @@ def test_mesh_electrodes_and_area():
   assert np.allclose(ends[:, 1] - ends[:, 0], np.deg2rad(4.0))
 
 
-def test_protocol_by_hand():
-  p = measurement.Protocol()
-  pairs = p.pairs
-  assert pairs.shape == (16, 13) and p.num_measurements == 208 and p.stats_shape == (1, 16, 13)
-  assert list(pairs[0]) == list(range(2, 15))  # injection 0 skips 15, 0, 1
-  assert list(pairs[5]) == [0, 1, 2, 3] + list(range(7, 16))
-  cur = p.currents()
-  assert cur[3, 3] == -1e-3 and cur[3, 4] == 1e-3 and cur[15, 0] == 1e-3 and cur.sum() == 0
+def test_patterns_by_hand():
+  """CDEIT's system and two other rules' patterns, written out by hand (EIDORS's convention:
+  pairs touching a current-carrying electrode are not measured)."""
+  first = lambda lay, p: list(lay.rows[lay.rows[:, 0] == p, 1])
+  c = lay.preset("cdeit16")
+  assert c.num_values == 208 and measurement.stats_shape(c) == (1, 16, 13)
+  assert first(c, 0) == list(range(2, 15))  # injection 0 skips 15, 0, 1
+  assert first(c, 5) == [0, 1, 2, 3] + list(range(7, 16))
+  cur = c.currents * measurement.CURRENT
+  assert cur[3, 3] == -1e-3 and cur[4, 3] == 1e-3 and cur[0, 15] == 1e-3 and cur.sum() == 0
   # skip 1 ("opposite-ish"): injection 0 drives 0 -> 2; pairs (m, m+2) touching 0 or 2 are
   # m = 0, 2 and 14 (14, 0)
-  skip = measurement.Protocol(injection_skip=1, measurement_skip=1)
-  assert list(skip.pairs[0]) == [1] + list(range(3, 14)) + [15]
-  assert list(skip.second_electrodes()[0][:2]) == [3, 5]
-  assert skip.currents()[0, 2] == 1e-3
-  wide = measurement.Protocol(num_electrodes=32)
-  assert wide.num_measurements == 32 * 29 and list(wide.pairs[31]) == list(range(1, 30))
-  with pytest.raises(ValueError, match="measurement_skip=20"):
-    measurement.Protocol(measurement_skip=20)
+  skip = lay.from_rules(16, injection="skip-1", measurement="skip-1")
+  assert first(skip, 0) == [1] + list(range(3, 14)) + [15]
+  assert list(skip.rows[:2, 2]) == [3, 5] and skip.currents[2, 0] == 1.0
+  wide = lay.from_rules(32)
+  assert wide.num_values == 32 * 29 and first(wide, 31) == list(range(1, 30))
+  with pytest.raises(ValueError, match="skip-20"):
+    lay.from_rules(16, measurement="skip-20")
 
 
 def test_homogeneous_matches_eidors(sim64):
@@ -81,7 +83,8 @@ def test_large_contact_impedance_tends_to_gap_model():
   with jax.enable_x64(True):
     err = {}
     for z in (0.01, 100.0):
-      sim = eit.Simulator(dtype="float64", system=measurement.System(contact_impedance=z))
+      device = lay.preset("cdeit16").with_contact_impedance(z)
+      sim = eit.Simulator(dtype="float64", layout=device)
       err[z] = np.max(np.abs(np.asarray(sim.vh) / gap - 1))
   assert err[100.0] < 0.01
   assert err[100.0] < err[0.01]
@@ -146,9 +149,9 @@ def test_adjoint_jacobian_is_autodiffs(sim64):
 
   d = np.random.default_rng(1).standard_normal((ph.IMAGE_SIZE, ph.IMAGE_SIZE))
   device = lay.from_rules(16, injection="skip-2", measure_injecting=True, clockwise=False)
+  device = device.with_contact_impedance(0.05)
   with jax.enable_x64(True):
-    system = measurement.System(contact_impedance=0.05)
-    sims = [sim64, simulator.Simulator(layout=device, system=system, dtype="float64")]
+    sims = [sim64, simulator.Simulator(layout=device, dtype="float64")]
     for sim in sims:
       jac = tikhonov.jacobian(sim)
       f = jax.jit(lambda x, sim=sim: sim.difference(sim.image_conductivity(x)))
@@ -278,6 +281,35 @@ def test_turned_and_mirrored_tanks_permute_the_voltages():
   np.testing.assert_array_equal(symmetry.image(symmetry.image(xs, 1, False), 3, False), xs)
 
 
+def test_another_devices_turns_and_mirror_are_the_simulators():
+  """`symmetry.turn` of other devices, found from their geometry, against the simulator: a
+  32-electrode skip-3 device numbered counter-clockwise from 84.375 degrees that measures on its
+  current-carrying electrodes (turns and mirror, signs +1), and a 16-electrode device driving
+  against electrode 0 (the mirror through electrode 0 keeps the currents' direction but
+  reverses each pair: every value negated); that device has no quarter turn (refused, naming
+  what to switch off)."""
+  from cdeit_jax.eit import simulator, symmetry
+
+  c = (np.arange(128) - 63.5) / 64
+  x, y = np.meshgrid(c, c)
+  xs = np.zeros((128, 128), np.float32)
+  xs[(x - 0.35) ** 2 + (y - 0.5) ** 2 < 0.04] = 1.0
+  xs[(x + 0.5) ** 2 + (y + 0.1) ** 2 < 0.02] = -1.0
+  ring = lay.from_rules(32, "skip-3", measure_injecting=True, first_deg=84.375, clockwise=False)
+  against = lay.from_rules(16, "against-0", measure_injecting=True)
+  for device, group in ((ring, [(1, False), (0, True), (3, True)]), (against, [(0, True)])):
+    sim = simulator.Simulator(layout=device)
+    dv = np.asarray(sim.image_voltages(np.stack([xs] + [symmetry.image(xs, *g) for g in group])))
+    for i, g in enumerate(group, 1):
+      index, sign = symmetry.turn(*g, device)
+      assert rel_l2(dv[0][index] * sign, dv[i]) < 0.03, (device.name, g)
+      assert rel_l2(dv[0], dv[i]) > 0.3  # and the turned tank measures something else
+  assert np.all(symmetry.turn(0, True, against)[1] == -1)
+  assert np.all(symmetry.turn(1, False, ring)[1] == 1)
+  with pytest.raises(ValueError, match="not symmetries of this device.*augment=False"):
+    symmetry.turn(1, False, against)
+
+
 def test_simulate_voltages_checks_shape():
   with pytest.raises(ValueError, match="xs_images must be"):
     eit.simulate_voltages(np.zeros((128, 128)))
@@ -330,10 +362,9 @@ def gap_model(centres, half_widths, terms=4000):
     / (np.pi * n)
     * np.cos(n * (centres[:, None] - centres[None, :])[None])
   ).sum(0)
-  proto = measurement.DEFAULT
-  u = kernel @ proto.currents(1e-3).T  # (electrodes, injections)
-  k = np.repeat(np.arange(16), proto.per_injection)
-  return u[proto.pairs.reshape(-1), k] - u[proto.second_electrodes().reshape(-1), k]
+  p, plus, minus = lay.preset("cdeit16").rows.T
+  u = kernel @ (lay.preset("cdeit16").currents * 1e-3)  # (electrodes, injections)
+  return u[plus, p] - u[minus, p]
 
 
 CENTRES = eit.nominal_centres(lay.preset("cdeit16"))
@@ -341,11 +372,13 @@ CENTRES32 = eit.nominal_centres(lay.preset("cdeit16"), passive=True)
 
 
 def system_of(centres, half_widths, z):
-  return {
-    "centres": np.asarray(centres),
-    "half_widths": np.asarray(half_widths),
-    "weights": 1 / np.asarray(z, np.float64) * np.ones(len(centres)),
-  }
+  return eit.system.DrawnSystem(
+    centres=np.asarray(centres),
+    half_widths=np.asarray(half_widths),
+    weights=1 / np.asarray(z, np.float64) * np.ones(len(centres)),
+    gain=np.float64(1.0),
+    snr_offset_db=np.float64(0.0),
+  )
 
 
 def test_variable_cem_with_the_nominal_system_is_the_fixed_cem(sim64):
@@ -359,7 +392,7 @@ def test_variable_cem_with_the_nominal_system_is_the_fixed_cem(sim64):
     # 32 slots whose passive electrodes are absent (weight 0): the same 16-electrode system
     var32 = eit.CEM(sim64.mesh, dtype="float64")
     sys32 = system_of(CENTRES32, np.full(32, np.deg2rad(2.0)), 0.01)
-    sys32["weights"][16:] = 0
+    sys32.weights[16:] = 0
     got32 = np.asarray(var32.voltages(sigma, sys32))
   assert np.max(np.abs(got - fixed)) < 1e-10 * np.max(np.abs(fixed))
   assert np.max(np.abs(got32 - fixed)) < 1e-10 * np.max(np.abs(fixed))
@@ -390,12 +423,14 @@ def test_passive_electrodes_shunt_and_keep_reciprocity(sim64):
   with jax.enable_x64(True):
     var32 = eit.CEM(sim64.mesh, dtype="float64")
     present = system_of(CENTRES32, np.full(32, np.deg2rad(4.0)), 0.01)
-    absent = {**present, "weights": np.where(np.arange(32) < 16, present["weights"], 0.0)}
+    absent = dataclasses.replace(
+      present, weights=np.where(np.arange(32) < 16, present.weights, 0.0)
+    )
     with_p = np.asarray(var32.voltages(sigma, present)).reshape(16, 13)
     without = np.asarray(var32.voltages(np.ones_like(sigma), absent)).reshape(16, 13)
     with_h = np.asarray(var32.voltages(np.ones_like(sigma), present)).reshape(16, 13)
   assert np.all(with_h < without)  # every homogeneous voltage drops
-  pairs = measurement.DEFAULT.pairs
+  pairs = lay.preset("cdeit16").rows[:, 1].reshape(16, 13)
   for k in range(16):
     for j, m in enumerate(pairs[k]):
       jj = list(pairs[m]).index(k)  # drive (m, m+1), measure (k, k+1)
@@ -422,7 +457,7 @@ def test_system_draws_stay_in_their_ranges_and_apart():
   draws = jax.jit(jax.vmap(lambda k: eit.system.draw(k, spec, 0.01)))(
     jax.random.split(jax.random.key(0), 500)
   )
-  d = {k: np.asarray(v, np.float64) for k, v in draws.items()}
+  d = {k: np.asarray(v, np.float64) for k, v in dataclasses.asdict(draws).items()}
   assert d["centres"].shape == (500, 32)
   start, end = d["centres"] - d["half_widths"], d["centres"] + d["half_widths"]
   present = d["weights"] > 0

@@ -16,7 +16,7 @@ import scipy.io
 import scipy.signal
 
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import fem, measurement, mesh
+from cdeit_jax.eit import fem, mesh
 from cdeit_jax.eit import layout as lay
 from cdeit_jax.infer import ktc_score
 
@@ -24,15 +24,21 @@ REPO = pathlib.Path(__file__).parent.parent
 LEVELS = REPO / "data" / "ktc2023" / "levels"
 
 
-def test_cdeit16_preset_is_the_protocol_and_its_forward_model_the_fixed_one():
-  """The 16-electrode path is unchanged: the preset lists `Protocol`'s 208 pairs and currents,
-  and the CEM given it computes what the fixed CEM does (float64, bit for bit)."""
-  c, p = lay.preset("cdeit16"), measurement.DEFAULT
+def test_cdeit16_preset_is_the_eidors_protocol_and_its_forward_model_the_fixed_one():
+  """The 16-electrode path is unchanged: the preset lists EIDORS's adjacent protocol (written
+  out here: injection k drives -I at k and +I at k+1, measures U_m - U_m+1 for every m whose pair
+  touches neither) and the CEM given it computes what the fixed CEM does (float64, bit for
+  bit)."""
+  c = lay.preset("cdeit16")
+  pairs = [[m for m in range(16) if not {m, (m + 1) % 16} & {k, (k + 1) % 16}] for k in range(16)]
+  currents = np.zeros((16, 16))
+  currents[np.arange(16), np.arange(16)] = -1.0
+  currents[(np.arange(16) + 1) % 16, np.arange(16)] = 1.0
   assert c.num_values == 208 and c.num_patterns == 16
   np.testing.assert_array_equal(c.rows[:, 0], np.repeat(np.arange(16), 13))
-  np.testing.assert_array_equal(c.rows[:, 1], p.pairs.ravel())
-  np.testing.assert_array_equal(c.rows[:, 2], p.second_electrodes().ravel())
-  np.testing.assert_array_equal(c.currents * measurement.CURRENT, p.currents().T)
+  np.testing.assert_array_equal(c.rows[:, 1], np.ravel(pairs))
+  np.testing.assert_array_equal(c.rows[:, 2], (np.ravel(pairs) + 1) % 16)
+  np.testing.assert_array_equal(c.currents, currents)
   assert mesh.spec_for(c) == mesh.MeshSpec()
   with jax.enable_x64(True):
     a, b = fem.CEM(dtype=jnp.float64), fem.CEM(dtype=jnp.float64, layout=c)
@@ -267,7 +273,7 @@ def test_a_skip_2_device_through_the_challenge_command(tmp_path):
   from cdeit_jax.eit import simulator
 
   layout = lay.from_rules(16, injection="skip-2", measure_injecting=True, clockwise=False)
-  sim = simulator.Simulator(layout=layout, system=measurement.System(contact_impedance=0.05))
+  sim = simulator.Simulator(layout=layout.with_contact_impedance(0.05))
   yy, xx = (np.mgrid[:128, :128] - 63.5) / 64  # rows grow with +y (the simulator's grid)
   xs = np.zeros((128, 128), np.float32)
   xs[(xx - 0.35) ** 2 + (yy - 0.3) ** 2 < 0.25**2] = 1.0  # conductive, upper right

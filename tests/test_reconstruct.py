@@ -223,14 +223,15 @@ def _ktc_208(uel) -> np.ndarray:
   to CDEIT's 208 (docs/reference/eit-conventions.md): the first 16 patterns, the potentials of
   the 16 injecting electrodes, KTC's counter-clockwise numbering reflected, adjacent pairs that
   touch no injecting electrode."""
-  from cdeit_jax.eit import measurement
+  from cdeit_jax.eit import layout
 
+  pairs = layout.preset("cdeit16").rows[:, 1].reshape(16, 13)
   d = np.asarray(uel, np.float64).reshape(76, 31)[:16]
   out = np.zeros((16, 13))
   for k in range(16):
     u = np.concatenate([[0.0], -np.cumsum(d[(15 - k) % 16])])  # U_0..U_31 from U_m - U_m+1
     u16 = np.array([u[2 * ((16 - j) % 16)] for j in range(16)])
-    m = measurement.DEFAULT.pairs[k]
+    m = pairs[k]
     out[k] = u16[m] - u16[(m + 1) % 16]
   return out.ravel()
 

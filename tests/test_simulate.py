@@ -1,5 +1,6 @@
 """`python -m cdeit_jax.simulate`: layout, determinism, extension, statistics."""
 
+import dataclasses
 import glob
 import json
 import os
@@ -229,18 +230,16 @@ def test_foreign_config_is_one_system_the_default_draws_one_per_example():
 
   keys = jax.random.split(jax.random.key(0), 4)
   foreign = synthetic.generator(_config("foreign.py").simulator)
-  f = {k: np.asarray(v) for k, v in foreign.systems(keys).items()}
+  f = {k: np.asarray(v) for k, v in dataclasses.asdict(foreign.systems(keys)).items()}
   for v in f.values():
     np.testing.assert_array_equal(v, np.broadcast_to(v[:1], v.shape))
   assert f["centres"].shape == (4, 32) and np.all(f["weights"][0] > 0)  # passive present
   assert f["gain"][0] == pytest.approx(1.3 / 0.9, rel=1e-6)
   default = synthetic.generator(config_lib.default_config().simulator)
-  d = {k: np.asarray(v) for k, v in default.systems(keys).items()}
+  d = {k: np.asarray(v) for k, v in dataclasses.asdict(default.systems(keys)).items()}
   assert not foreign.nominal and not default.nominal
   assert len({tuple(row) for row in d["centres"]}) == 4 and len(set(d["gain"])) == 4
   nominal = config_lib.default_config().simulator
-  import dataclasses
-
   from cdeit_jax.eit.spec import SystemSpec
 
   nominal.system.update(dataclasses.asdict(SystemSpec.nominal()))

@@ -224,24 +224,43 @@ def test_old_paths_answer_lookups_without_raising():
   assert r.returncode == 2 and "python -m cdeit_jax.data.stats" in r.stderr, r.stderr
 
 
-def test_one_forward_model_and_no_system_names_compared():
-  """The measuring system is a value, not a name: no code compares a string to "cdeit16" or to
-  "linear" outside the preset table (eit/layout.py) and the config (config_lib.py) (the values'
-  condition is one predicate, `network.reads_values`, over a named constant); one forward model
-  (`fem.CEM`, its system fixed or drawn per call: no second CEM class)."""
-  found = []
+def test_one_forward_model_one_system_value_and_no_system_names_compared():
+  """The measuring system is a value, not a name: no code compares a string to a preset's name
+  ("cdeit16", "uef2017", "ktc2023") or to "linear" outside the preset table (eit/layout.py) and
+  the config (config_lib.py) (the values' condition is one predicate, `network.reads_values`,
+  over a named constant); one forward model (`fem.CEM`, its system fixed or drawn per call: no
+  second class that assembles and solves it); one measuring-system value (`layout.Layout`: no
+  `Protocol` or `System` class beside it), and a drawn system is a typed value
+  (`system.DrawnSystem`), not a dict."""
+  from cdeit_jax.eit import layout
+
+  names_of_systems = {"linear", *layout.PRESETS}
+  found, classes = [], {}
   for path in sorted(PACKAGE.rglob("*.py")):
     rel = path.relative_to(PACKAGE).as_posix()
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
       if isinstance(node, ast.Compare):
         names = [n.value for n in (node.left, *node.comparators) if isinstance(n, ast.Constant)]
-        if {"cdeit16", "linear"} & set(names) and rel not in ("eit/layout.py", "config_lib.py"):
+        if names_of_systems & set(names) and rel not in ("eit/layout.py", "config_lib.py"):
           found.append(f"{rel}:{node.lineno}")
+      if isinstance(node, ast.ClassDef):
+        methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        classes[f"{rel}:{node.name}"] = methods
   assert found == [], found
-  fem = ast.parse((PACKAGE / "eit" / "fem.py").read_text())
-  public = [n.name for n in fem.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")]
-  assert public == ["CEM"], public
+  forward = sorted(  # a class that assembles and solves the CEM (its private operators aside)
+    c
+    for c, methods in classes.items()
+    if {"system_matrix", "electrode_potentials"} & methods and not c.split(":")[1].startswith("_")
+  )
+  assert forward == ["eit/fem.py:CEM"], forward
+  assert [c for c in classes if c.split(":")[1] in ("Protocol", "System")] == []
+  draw = next(
+    n
+    for n in ast.parse((PACKAGE / "eit" / "system.py").read_text()).body
+    if isinstance(n, ast.FunctionDef) and n.name == "draw"
+  )
+  assert ast.unparse(draw.returns) == "DrawnSystem"
 
 
 def test_one_table_of_named_systems():

@@ -23,21 +23,22 @@ _WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
 
 
 def device_of(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None):
-  """The measuring system (`eit.layout.Layout`) whose values a model of `cfg` reads: the one
-  its checkpoint keeps (`meta["device"]`, arrays: the device file may move or change after
-  training), else the config's (`config.simulator.layout` for a model of any system, a preset
-  or a device file; CDEIT's 208 voltages for the EIM)."""
+  """The measuring system (`eit.layout.Layout`, `config_lib.measuring_system`) whose values a
+  model of `cfg` reads: the one its checkpoint keeps (`meta["device"]`, arrays: the device file
+  may move or change after training), else the config's (`config.simulator.layout` for a model
+  of any system, a preset or a device file; CDEIT's 208 voltages for the EIM)."""
   from cdeit_jax.data import synthetic
   from cdeit_jax.eit import layout
 
   if meta is not None and isinstance(meta.get("device"), dict):
-    return layout.Layout.from_record(
+    kept = layout.Layout.from_record(
       meta["device"], f"checkpoint metadata of step {meta.get('step')!r}: device"
     )
+    return config_lib.measuring_system(cfg.simulator, kept)
   if not network.reads_values(cfg.model.get("cond", "eim")):
-    return layout.preset("cdeit16")
+    return config_lib.measuring_system(cfg.simulator, layout.preset("cdeit16"))
   try:
-    return synthetic.layout_of(cfg.simulator)
+    return config_lib.measuring_system(cfg.simulator, synthetic.layout_of(cfg.simulator))
   except MissingFile as e:
     if meta is None:
       raise

@@ -55,13 +55,16 @@ class _HostRows(grain.MapDataset):
     return self._parents[0][k * self._g + self._p * self._b + j]
 
 
-def train_dataset(source: NpzSource, global_batch: int, opts: Any) -> grain.IterDataset:
+def train_dataset(
+  source: NpzSource, global_batch: int, opts: Any, layout: Any = None
+) -> grain.IterDataset:
   """Shuffled (seeded, reshuffled each epoch), repeated, batched host share of the global batch.
 
   `opts` is `config.data`: `seed`, `num_threads` (reader threads per process), `prefetch`
   (batches per process), `num_workers` (grain worker processes; 0 = in-process), `augment`
-  (each example turned and mirrored by one of the tank's eight symmetries,
-  `cdeit_jax.eit.symmetry`).
+  (each example turned and mirrored by one of the tank's eight symmetries of the measuring
+  system `layout`, CDEIT's by default, `cdeit_jax.eit.symmetry`; a device without them is
+  refused).
 
   The example order depends only on the seed, not on the number of hosts: each host reads only
   the examples of its rows of each global batch.
@@ -73,7 +76,7 @@ def train_dataset(source: NpzSource, global_batch: int, opts: Any) -> grain.Iter
     )
   ds = grain.MapDataset.source(source).shuffle(seed=opts.seed).repeat()
   if opts.augment:  # a fresh symmetry each epoch: grain seeds it by stream index
-    ds = ds.random_map(symmetry.Augment(source), seed=opts.seed)
+    ds = ds.random_map(symmetry.Augment(source, layout), seed=opts.seed)
   ds = ds.map(_drop_name)
   ds = _HostRows(ds, global_batch, per_host, jax.process_index())
   ds = ds.batch(per_host, drop_remainder=True)

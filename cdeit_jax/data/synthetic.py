@@ -22,7 +22,6 @@ import ml_collections
 import numpy as np
 
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import measurement
 
 SPLITS = ("train", "valid", "test")
 # 1: phantoms drawn with numpy (cdeit-jax 0.1); 2: drawn in JAX (draw_params); 3: seven kinds,
@@ -127,20 +126,15 @@ class Generator:
   images; traceable, for use inside jit and shard_map."""
 
   def __init__(self, sim: ml_collections.ConfigDict):
-    from cdeit_jax import eit
+    from cdeit_jax import config_lib, eit
 
     self.seed = int(sim.seed)
     self.snr_db = None if sim.snr_db is None else float(sim.snr_db)
     self.spec = phantom_spec(sim)
     self.system = system_spec(sim)
-    self.contact_impedance = float(sim.contact_impedance)
-    self.layout = layout_of(sim)
-    if _is_cdeit16(sim):  # CDEIT's 16 electrodes: one simulator shared, compiled once
-      self.sim = eit.default_simulator(system=measurement.system_of(sim))
-    else:  # another measuring system: its own mesh and patterns
-      from cdeit_jax.eit.simulator import Simulator
-
-      self.sim = Simulator(system=measurement.system_of(sim), layout=self.layout)
+    self.layout = config_lib.measuring_system(sim, layout_of(sim))
+    # one simulator per measuring system, shared in the process (compiled once)
+    self.sim = eit.default_simulator(layout=self.layout)
     # Built now, outside any trace: built first inside shard_map they would carry its mesh.
     jax.block_until_ready(self.sim.vh)
     if self.nominal:
@@ -158,14 +152,14 @@ class Generator:
 
     return self.system.is_nominal(spec_for(self.layout).width_deg)
 
-  def systems(self, keys: jax.Array) -> dict[str, jax.Array]:
+  def systems(self, keys: jax.Array):
     """The measuring systems (`eit.system.draw`) of the examples with these keys: each its own,
     or with `device_seed` >= 0 the one system of that seed."""
     from cdeit_jax.eit import system
 
     seed = self.system.device_seed
     key = (lambda k: jax.random.key(seed)) if seed >= 0 else (lambda k: jax.random.fold_in(k, 2))
-    draw = lambda k: system.draw(key(k), self.system, self.contact_impedance, self.layout)
+    draw = lambda k: system.draw(key(k), self.system, self.layout.z, self.layout)
     return jax.vmap(draw)(keys)
 
   def _batch(self, keys: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -46,12 +46,13 @@ class FileData:
     from cdeit_jax.data import synthetic
     from cdeit_jax.data.simulator_source import vector_cond
 
+    device = synthetic.layout_of(cfg.simulator)  # the measuring system, resolved once
     common = dict(
       voltage_ratio=d.voltage_ratio,
       current_ratio=d.current_ratio,
       skip_bad=d.skip_bad_files,
       cache=d.cache,
-      num_values=synthetic.layout_of(cfg.simulator).num_values,
+      num_values=device.num_values,
       vector_cond=vector_cond(cfg),
     )
     train = sources.NpzSource(
@@ -70,7 +71,7 @@ class FileData:
       f"data: {len(train)} training and {len(self.valid)} validation examples from {d.path}"
     )
     self._mesh = mesh
-    self.checkpoint_item = iter(pipeline.train_dataset(train, cfg.batch_size, d))
+    self.checkpoint_item = iter(pipeline.train_dataset(train, cfg.batch_size, d, device))
 
   def batch(self, step: jax.Array) -> dict[str, jax.Array]:
     del step  # the stream's position is the iterator's (checkpointed)

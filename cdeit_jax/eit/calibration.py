@@ -28,9 +28,9 @@ import numpy as np
 
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.fem import CEM
-from cdeit_jax.eit.layout import Layout, spacing
-from cdeit_jax.eit.measurement import CURRENT
+from cdeit_jax.eit.layout import CURRENT, Layout, spacing
 from cdeit_jax.eit.mesh import make_mesh, spec_for
+from cdeit_jax.eit.system import DrawnSystem
 
 WIDTH_RANGE = (0.05, 0.9)  # the electrode widths searched, as fractions of the spacing
 LOG10_Z = (-4.0, 0.0)  # the contact impedances searched (simulator units; below 1e-4 the
@@ -119,11 +119,13 @@ class Homogeneous:
 
       def values(log10_z, width):
         e = layout.num_electrodes
-        system = {
-          "centres": angles,
-          "half_widths": jnp.full(e, width / 2),
-          "weights": jnp.full(e, 10.0**-log10_z),
-        }
+        system = DrawnSystem(
+          centres=angles,
+          half_widths=jnp.full(e, width / 2),
+          weights=jnp.full(e, 10.0**-log10_z),
+          gain=jnp.ones(()),
+          snr_offset_db=jnp.zeros(()),
+        )
         return layout.measure(drawn.electrode_potentials(ones, system))
 
       self._values = jax.jit(values)

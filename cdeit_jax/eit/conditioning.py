@@ -30,22 +30,28 @@ from flax import nnx
 
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.common.variables import Calibration, Fixed
+from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import measurement, tikhonov
 from cdeit_jax.eit import phantom as ph
+from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import NUM_MEASUREMENTS
 
 CALIBRATION_EXAMPLES = 1024  # training examples whose channel std sets the channel scale
 
 
-@functools.lru_cache(maxsize=4)
 def linear_factors(
-  noser_exponent: float = tikhonov.NOSER_EXPONENT,
-  system: measurement.System = measurement.NOMINAL,
+  noser_exponent: float = tikhonov.NOSER_EXPONENT, lay: Layout | None = None
 ) -> dict[str, np.ndarray]:
   """U (208, 208), s (208,), B^T (208, 128*128) and W (128*128,) of the simulator's
-  Jacobian of `system` (float64; zero outside the disk), computed once per process."""
+  Jacobian of CDEIT's system with `lay`'s contact impedance (float64; zero outside the disk),
+  computed once per process and system."""
+  return _linear_factors(float(noser_exponent), (lay or measurement.cdeit16()).physics)
+
+
+@functools.lru_cache(maxsize=4)
+def _linear_factors(noser_exponent: float, physics: Layout) -> dict[str, np.ndarray]:
   disk, jd, w_inv, gram = tikhonov.weighted_system(
-    tikhonov.default_jacobian(system), noser_exponent
+    tikhonov.layout_jacobian(physics), noser_exponent
   )
   s, u = np.linalg.eigh((gram + gram.T) / 2)
   s = np.maximum(s, 0.0)
@@ -65,21 +71,22 @@ def filters(spectrum: np.ndarray, alphas) -> np.ndarray:
 
 class LinearConditioner(nnx.Module):
   """EIM (B, 16, 16, 1) of standardised voltages -> (B, 128, 128, levels) linear reconstructions
-  of the voltages in simulation units, each divided by its training-set std."""
+  of the voltages in simulation units, each divided by its training-set std (CDEIT's system, or
+  `layout`: the same with another contact impedance)."""
 
   def __init__(
     self,
     alphas,
     *,
     noser_exponent: float = tikhonov.NOSER_EXPONENT,
-    system: measurement.System = measurement.NOMINAL,
+    layout: Layout | None = None,
   ):
     if not alphas or any(not a > 0 for a in alphas):
       raise InputError(
         f"regularisation levels {tuple(alphas)!r}: give one or more numbers > 0, "
         "e.g. (0.03, 0.3) (config.model.cond_alphas)"
       )
-    f = linear_factors(float(noser_exponent), system)
+    f = linear_factors(float(noser_exponent), layout)
     self.alphas = tuple(float(a) for a in alphas)
     self.rotation = Fixed(jnp.asarray(f["rotation"], jnp.float32))
     self.basis_t = Fixed(jnp.asarray(f["basis_t"], jnp.float32))
@@ -181,12 +188,12 @@ class DataConsistency(nnx.Module):
     strength: float = 1.0,
     alpha: float = 0.1,
     noser_exponent: float = tikhonov.NOSER_EXPONENT,
-    system: measurement.System = measurement.NOMINAL,
+    layout: Layout | None = None,
   ):
     if not strength > 0:
       raise InputError(f"data consistency strength must be > 0, got {strength}")
     self.strength = float(strength)
-    self.op = LinearConditioner((alpha,), noser_exponent=noser_exponent, system=system)
+    self.op = LinearConditioner((alpha,), noser_exponent=noser_exponent, layout=layout)
     self.op.voltage_mean[...] = jnp.asarray(np.ravel(mean), jnp.float32)
     self.op.voltage_std[...] = jnp.asarray(np.ravel(std), jnp.float32)
 
@@ -210,48 +217,20 @@ def pooled_jacobian(jac: np.ndarray, grid: int) -> np.ndarray:
   return np.asarray(jac, np.float64).reshape(len(jac), grid, f, grid, f).sum((2, 4))
 
 
-_layout_factors: dict = {}
-
-
 def layout_factors(
-  lay,
+  lay: Layout,
   removals: str,
   alphas: tuple[float, ...],
-  contact_impedance: float,
   grid: int,
   noser_exponent: float = tikhonov.NOSER_EXPONENT,
 ) -> dict[str, np.ndarray]:
-  """`_layout_factors_of` of the measuring system `lay` (an `eit.layout.Layout`), kept in
-  memory for the last two settings (a process builds one model's, or a model's and its
-  evaluation's)."""
-  key = (lay.signature, lay.currents.tobytes(), removals, tuple(alphas), contact_impedance, grid)
-  key += (noser_exponent,)
-  if key not in _layout_factors:
-    while len(_layout_factors) >= 2:
-      _layout_factors.pop(next(iter(_layout_factors)))
-    _layout_factors[key] = _layout_factors_of(
-      lay, removals, alphas, contact_impedance, grid, noser_exponent
-    )
-  return _layout_factors[key]
-
-
-def _layout_factors_of(
-  lay,
-  removals: str,
-  alphas: tuple[float, ...],
-  contact_impedance: float,
-  grid: int,
-  noser_exponent: float,
-) -> dict[str, np.ndarray]:
   """For each electrode-removal set k of the rule `removals` and each level alpha: the
-  NOSER-weighted Tikhonov matrix of the values that set leaves, on a coarse `grid` (`disk`
-  pixels), with zero columns for the values it removes (they are left out of the system, not
-  read as zeros): `matrices` (K, levels, R, disk pixels) float32, `removed` (K, R) bool.
-  lambda = alpha * trace(G) / (values left), as `eit.tikhonov.Tikhonov`."""
-  from cdeit_jax.eit import layout as layout_lib
-
-  system = measurement.System(contact_impedance=float(np.float32(contact_impedance)))
-  jac = pooled_jacobian(tikhonov.layout_jacobian(lay, system), grid)
+  NOSER-weighted Tikhonov matrix of the values that set leaves of the measuring system `lay`
+  (its contact impedance included, as float32 holds it), on a coarse `grid` (`disk` pixels),
+  with zero columns for the values it removes (they are left out of the system, not read as
+  zeros): `matrices` (K, levels, R, disk pixels) float32, `removed` (K, R) bool.
+  lambda = alpha * trace(G) / (values left), as `eit.tikhonov.Tikhonov`. Kept in memory for the
+  last two settings (a process builds one model's, or a model's and its evaluation's)."""
   sets = layout_lib.removal_sets(removals)
   beyond = sorted({e for s in sets for e in s if e >= lay.num_electrodes})
   if beyond:
@@ -259,15 +238,24 @@ def _layout_factors_of(
       f"electrode removal {removals!r}: electrodes {beyond} are not among {lay.describe()}'s "
       f"0..{lay.num_electrodes - 1} (config.simulator.removals)"
     )
-  disk = ph.disk_mask(grid).reshape(-1)
-  out = np.zeros((len(sets), len(alphas), lay.num_values, int(disk.sum())), np.float32)
-  removed = removed_values(lay, removals)
-  empty = [s for s, gone in zip(sets, removed) if gone.all()]
+  empty = [s for s, gone in zip(sets, removed_values(lay, removals)) if gone.all()]
   if empty:
     raise InputError(
       f"electrode removal {removals!r}: removing electrodes {list(empty[0])} leaves none of "
       f"{lay.describe()}'s values (config.simulator.removals)"
     )
+  physics = lay.with_contact_impedance(float(np.float32(lay.z))).physics
+  return _layout_factors(physics, removals, tuple(alphas), grid, float(noser_exponent))
+
+
+@functools.lru_cache(maxsize=2)
+def _layout_factors(
+  lay: Layout, removals: str, alphas: tuple[float, ...], grid: int, noser_exponent: float
+) -> dict[str, np.ndarray]:
+  jac = pooled_jacobian(tikhonov.layout_jacobian(lay), grid)
+  disk = ph.disk_mask(grid).reshape(-1)
+  removed = removed_values(lay, removals)
+  out = np.zeros((len(removed), len(alphas), lay.num_values, int(disk.sum())), np.float32)
   for k, gone in enumerate(removed):
     _, jd, w_inv, gram = tikhonov.weighted_system(jac[~gone], noser_exponent)
     s, u = np.linalg.eigh((gram + gram.T) / 2)
@@ -277,17 +265,15 @@ def _layout_factors_of(
   return {"matrices": out, "removed": removed, "disk": disk}
 
 
-def removed_values(lay, removals: str) -> np.ndarray:
+def removed_values(lay: Layout, removals: str) -> np.ndarray:
   """(K, R) bool: the values each electrode set of the removal rule `removals` takes from the
   measuring system `lay` (`eit.layout.Layout.without`)."""
-  from cdeit_jax.eit import layout as layout_lib
-
   return np.stack([lay.without(s) for s in layout_lib.removal_sets(removals)])
 
 
 class LayoutConditioner(nnx.Module):
-  """Standardised voltages (B, R) of any measuring system (`layout`: an `eit.layout.Layout`, or
-  a preset's name or device file), NaN where a value is
+  """Standardised voltages (B, R) of any measuring system (`layout`: an `eit.layout.Layout`, its
+  contact impedance included, or a preset's name or device file), NaN where a value is
   missing -> (B, 128, 128, levels) linear reconstructions in simulation units, each divided by
   its training-set std. A frame's missing values must be those of one of the removal rule's
   electrode sets (`eit.layout.removal_sets`); that set's matrices reconstruct it from the values
@@ -305,7 +291,6 @@ class LayoutConditioner(nnx.Module):
     removals: str = "none",
     grid: int = 32,
     noser_exponent: float = tikhonov.NOSER_EXPONENT,
-    contact_impedance: float = measurement.CONTACT_IMPEDANCE,
   ):
     if not alphas or any(not a > 0 for a in alphas):
       raise InputError(
@@ -313,12 +298,8 @@ class LayoutConditioner(nnx.Module):
         "e.g. (0.03, 0.3) (config.model.cond_alphas)"
       )
     self.alphas = tuple(float(a) for a in alphas)
-    from cdeit_jax.eit import layout as layout_lib
-
     self.layout = layout_lib.as_layout(layout)
-    f = layout_factors(
-      self.layout, removals, self.alphas, float(contact_impedance), grid, float(noser_exponent)
-    )
+    f = layout_factors(self.layout, removals, self.alphas, grid, noser_exponent)
     self.grid = grid
     k, a, self.num_values, p = f["matrices"].shape
     # (R, K * levels * pixels): one matrix product makes every set's images, with no copy of

@@ -1,15 +1,16 @@
 """Complete electrode model (CEM) on the disk mesh, in JAX: jit-able, vmap-able, differentiable.
 
-Unknowns are the nodal potentials u (N) and the electrode potentials U (16), with U_15 = 0 as the
-ground (electrode differences do not depend on it). The system (docs/reference/eit-conventions.md)
+Unknowns are the nodal potentials u (N) and the electrode potentials U (L), with the last
+electrode's U = 0 as the ground (electrode differences do not depend on it). The system
+(docs/reference/eit-conventions.md)
 
     [ A_M(sigma) + A_Z   A_W ] [u]   [0]
     [ A_W^T              A_D ] [U] = [I]
 
-is symmetric positive definite once grounded. One dense Cholesky factorisation serves the 16
-injections. The solve is a `lax.custom_linear_solve`, so gradients with respect to sigma reuse the
-factorisation (one triangular solve per cotangent) instead of differentiating the factorisation;
-this makes autodiff Jacobians cheap.
+is symmetric positive definite once grounded. One dense Cholesky factorisation serves every
+current pattern. The solve is a `lax.custom_linear_solve`, so gradients with respect to sigma
+reuse the factorisation (one triangular solve per cotangent) instead of differentiating the
+factorisation; this makes autodiff Jacobians cheap.
 
 Dense rather than sparse: JAX has no portable sparse direct solver (jax.experimental.sparse's
 spsolve is GPU-only), and for the ~2k unknowns of the default mesh a batched dense Cholesky is fast
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Protocol
 
 import jax
 import jax.numpy as jnp
@@ -33,9 +35,17 @@ import numpy as np
 
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import layout as layout_lib
-from cdeit_jax.eit.layout import Layout
-from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE, CURRENT
+from cdeit_jax.eit.layout import CURRENT, Layout
 from cdeit_jax.eit.mesh import DiskMesh, MeshSpec, make_mesh
+
+
+class Electrodes(Protocol):
+  """What a drawn system gives the forward model (`eit.system.DrawnSystem` has it): the
+  electrodes' polar angles, half-widths (radians) and weights 1 / z (0: absent), (electrodes,)."""
+
+  centres: jax.Array
+  half_widths: jax.Array
+  weights: jax.Array
 
 
 def boundary_geometry(mesh: DiskMesh) -> dict[str, np.ndarray]:
@@ -131,8 +141,9 @@ def _spd_solve(matrix: Callable[[], jax.Array], rhs: jax.Array) -> jax.Array:
 
 
 class CEM:
-  """Forward model of one mesh: element conductivities (..., E) -> 208 voltages (..., 208), or
-  any measuring system's values with `layout` (`cdeit_jax.eit.layout`).
+  """Forward model of one mesh and measuring system (`layout`, `cdeit_jax.eit.layout`: its
+  electrodes, patterns and contact impedance; CDEIT's 16 electrodes by default): element
+  conductivities (..., E) -> the system's values (..., R).
 
   Everything that does not depend on sigma is precomputed in float64 numpy at construction and
   condensed away: the electrode potentials (and, with `support`, every node outside the elements
@@ -144,18 +155,21 @@ class CEM:
   def __init__(
     self,
     mesh: DiskMesh | None = None,
-    contact_impedance: float = CONTACT_IMPEDANCE,
+    contact_impedance: float | np.ndarray | None = None,
     current: float = CURRENT,
     dtype=jnp.float32,
     support: np.ndarray | None = None,
     sigma_bg: float = 1.0,
     layout: Layout | None = None,
   ):
+    """`contact_impedance`: one value or one per electrode in place of the layout's (`z`)."""
     self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
     self.dtype = _checked_dtype(dtype)
     self.layout = layout = layout if layout is not None else default_layout(mesh)
     self.current, self.sigma_bg, self.support = float(current), float(sigma_bg), support
     ne = layout.num_electrodes
+    if contact_impedance is None:
+      contact_impedance = layout.z
     z = np.broadcast_to(np.asarray(contact_impedance, np.float64), (ne,))
     if np.any(z <= 0):
       raise InputError(f"contact_impedance must be > 0, got {contact_impedance}")
@@ -231,16 +245,15 @@ class CEM:
     u = self._elec_c - self._elec_t @ x
     return jnp.concatenate([u, jnp.zeros((1, u.shape[1]), u.dtype)], 0)
 
-  def voltages(self, sigma: jax.Array, system: dict[str, jax.Array] | None = None) -> jax.Array:
+  def voltages(self, sigma: jax.Array, system: Electrodes | None = None) -> jax.Array:
     """The measurements for element conductivities sigma (..., E), the `layout`'s values in its
     order and sign (CDEIT's 208 by default): of the system this CEM was built for, or of one
-    drawn system (`eit.system.draw`: `centres`, `half_widths`, `weights` (electrodes,), the
-    layout's electrodes then, with more, the passive ones; sigma (E,)). A drawn system's gain
-    is the caller's to apply (`eit.simulator`)."""
+    drawn system (`eit.system.DrawnSystem`, or any value with its `centres`, `half_widths` and
+    `weights` (electrodes,): the layout's electrodes then, with more, the passive ones; sigma
+    (E,)). A drawn system's gain is the caller's to apply (`eit.simulator`)."""
     sigma = jnp.asarray(sigma, self.dtype)
     if system is not None:
-      passive = system["centres"].shape[-1] > self.num_electrodes
-      system = {k: jnp.asarray(v, self.dtype) for k, v in system.items()}
+      passive = system.centres.shape[-1] > self.num_electrodes
       return self._measure(self.drawn(passive).electrode_potentials(sigma, system))
     if sigma.ndim > 1:
       flat = sigma.reshape(-1, sigma.shape[-1])
@@ -304,17 +317,13 @@ class _Drawn:
     self._ground = e - 1
     self.num_unknowns = size
 
-  def system_matrix(self, sigma: jax.Array, system: dict[str, jax.Array]) -> jax.Array:
+  def system_matrix(self, sigma: jax.Array, system: Electrodes) -> jax.Array:
     """The SPD matrix (unknowns, unknowns) for element conductivities sigma (E,) and one
-    system (`centres`, `half_widths`, `weights` (electrodes,))."""
+    system's electrodes (`centres`, `half_widths`, `weights` (electrodes,))."""
+    f = lambda a: jnp.asarray(a, self.dtype)
+    weights = f(system.weights)
     zz, w, d = electrode_terms(
-      self._theta,
-      self._span,
-      self._h,
-      system["centres"],
-      system["half_widths"],
-      system["weights"],
-      jnp,
+      self._theta, self._span, self._h, f(system.centres), f(system.half_widths), weights, jnp
     )
     bi, bj, er = self._bi, self._bj, self._erow
     m = self._const.at[self._rows, self._cols].add(
@@ -328,9 +337,9 @@ class _Drawn:
       cols = jnp.broadcast_to(er[None, :], w[:, k].shape)
       m = m.at[rows, cols].add(-w[:, k], mode="drop").at[cols, rows].add(-w[:, k], mode="drop")
     # an absent electrode (weight 0) gets a 1 on its diagonal: U = 0, coupled to nothing
-    return m.at[er, er].add(d + (system["weights"] == 0), mode="drop")
+    return m.at[er, er].add(d + (weights == 0), mode="drop")
 
-  def electrode_potentials(self, sigma: jax.Array, system: dict[str, jax.Array]) -> jax.Array:
+  def electrode_potentials(self, sigma: jax.Array, system: Electrodes) -> jax.Array:
     """(the layout's electrodes, patterns) potentials for sigma (E,) seen by one system."""
     x = _spd_solve(lambda: self.system_matrix(sigma, system), self._rhs)
     e = self._ground + 1

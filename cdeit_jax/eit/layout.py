@@ -12,12 +12,18 @@ A `Layout` holds
 
 Build one from rules (`from_rules`: adjacent, skip-k, opposite, against-k injections; adjacent or
 skip-k measurements, with or without current-carrying electrodes), from a preset (`preset`:
-"cdeit16", CDEIT's 16-electrode system exactly as `measurement.Protocol`, "uef2017", the same in
-the UEF2017 tank's units, and "ktc2023"), or from
+"cdeit16", CDEIT's 16-electrode system, adjacent injections and measurements: 208 values;
+"uef2017", the same in the UEF2017 tank's units; and "ktc2023"), from
 a device's reference file (`from_device_file`: `.mat`/`.npz` with KTC's keys `Inj`/`Injref`,
 `Mpat`, `Uel`/`Uelref`, or UEF's `CurrentPattern`, `MeasPattern`, `Uel`). Missing values (a
 removed electrode) are NaN in a frame, never part of the layout: `present` tells which rows a
 frame has.
+
+A `Layout` is the one measuring-system value: it also holds the device's units (`gain`,
+`current_ratio`) and its contact impedance (`z`), and the simulator, the forward model, the
+Jacobian, the Tikhonov baseline, the conditioning and the checkpoint all take it. Two layouts are
+equal when every field is; `physics` is what the forward model depends on (no name, no units),
+the key of the per-system caches.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from cdeit_jax.common.errors import InputError, MissingFile
 # from +x, 5.625 degrees wide (the organisers' Mesh_sparse.mat: `elfaces` and its nodes).
 KTC_FIRST_DEG, KTC_WIDTH_DEG = 84.375, 5.625
 CDEIT_WIDTH_DEG = 4.0  # the CDEIT simulations' electrodes (docs/reference/eit-conventions.md)
+CONTACT_IMPEDANCE = 0.01  # the simulated system's contact impedance (reference conventions)
+CURRENT = 1e-3  # the injected current (A) of the simulation units: `currents` are relative to it
 
 
 def spacing(angles: np.ndarray) -> float:
@@ -49,7 +57,8 @@ def spacing(angles: np.ndarray) -> float:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Layout:
-  """Electrodes and patterns (module docstring). Arrays are read-only numpy arrays."""
+  """Electrodes and patterns, units and contact impedance (module docstring). Arrays are
+  read-only numpy arrays; equal and hashable by value."""
 
   name: str
   angles: np.ndarray  # (E,) electrode centres, radians
@@ -96,6 +105,53 @@ class Layout:
       value = np.array(value, np.float64 if name != "rows" else np.int32)
       value.setflags(write=False)
       object.__setattr__(self, name, value)
+
+  def _fields(self) -> tuple:
+    return (
+      self.name,
+      self.angles.tobytes(),
+      float(self.width),
+      self.currents.tobytes(),
+      self.rows.tobytes(),
+      float(self.gain),
+      self.contact_impedance,
+      float(self.current_ratio),
+    )
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, Layout) and self._fields() == other._fields()
+
+  def __hash__(self) -> int:
+    return hash(self._fields())
+
+  @property
+  def z(self) -> float:
+    """The contact impedance the physics uses: the device's, else the simulations' nominal."""
+    return CONTACT_IMPEDANCE if self.contact_impedance is None else float(self.contact_impedance)
+
+  @functools.cached_property
+  def physics(self) -> Layout:
+    """This system as the forward model sees it: no name, simulation units, its contact
+    impedance spelled out (layouts that measure alike share one, the caches' key)."""
+    return Layout(
+      "", self.angles, float(self.width), self.currents, self.rows, contact_impedance=self.z
+    )
+
+  def with_contact_impedance(self, z: float | None) -> Layout:
+    """This device with contact impedance `z` (None: itself)."""
+    return self if z is None else dataclasses.replace(self, contact_impedance=float(z))
+
+  @functools.cached_property
+  def pattern_table(self) -> np.ndarray | None:
+    """(patterns, values per pattern) row indices when every pattern measures as many values
+    in pattern order (CDEIT's 16 x 13: the authors' statistics' shape), else None."""
+    p = self.rows[:, 0]
+    counts = np.bincount(p, minlength=self.num_patterns)
+    if counts.min() != counts.max() or np.any(np.diff(p) < 0):
+      return None
+    out = np.arange(self.num_values).reshape(self.num_patterns, counts[0])
+    out.setflags(write=False)
+    return out
 
   @property
   def num_electrodes(self) -> int:
@@ -385,7 +441,7 @@ def resolve(name: str) -> Layout:
 
 @functools.lru_cache(maxsize=8)
 def preset(name: str) -> Layout:
-  """A named measuring system (`PRESETS`): "cdeit16" (`measurement.Protocol()`'s 208 values),
+  """A named measuring system (`PRESETS`): "cdeit16" (CDEIT's 208 values),
   "uef2017" (the same in the UEF2017 tank's units) or "ktc2023"."""
   if name not in PRESETS:
     raise InputError(f"measuring system {name!r}: known presets are {sorted(PRESETS)}")

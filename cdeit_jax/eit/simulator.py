@@ -1,6 +1,7 @@
 """CDEIT-convention simulation: label images or phantoms -> noisy difference voltages.
 
-Units: I = 1 mA, sigma_bg = 1, volts; `ys = v(sigma) - v(sigma_bg)` (208,) in CDEIT order and sign.
+Units: I = 1 mA, sigma_bg = 1, volts; `ys = v(sigma) - v(sigma_bg)`: CDEIT's 208 values in its
+order and sign, or any measuring system's (`eit.layout.Layout`) in its order.
 Label images follow the CDEIT convention: sigma = sigma_bg * 10^xs pixel-wise, xs[row, col] at
 ((col - 63.5) / 64, (row - 63.5) / 64); a triangle's conductivity is the mean over its sample
 points of the pixel they fall in (partial volume), so the map from 10^xs to the mesh is linear.
@@ -15,12 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import measurement
+from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit.fem import CEM
 from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.mesh import MeshSpec, make_mesh, spec_for
 from cdeit_jax.eit.spec import ROW
+from cdeit_jax.eit.system import DrawnSystem
 
 
 def add_noise(v: jax.Array, snr_db: float, key: jax.Array) -> jax.Array:
@@ -36,32 +38,20 @@ class Simulator:
   def __init__(
     self,
     mesh_spec: MeshSpec = MeshSpec(),
-    system: measurement.System = measurement.NOMINAL,
+    layout: Layout | None = None,
     sigma_bg: float = 1.0,
     dtype=jnp.float32,
     samples_per_edge: int = 8,
-    layout: Layout | None = None,
   ):
-    """`layout`: any measuring system's electrodes and patterns (`eit.layout`), on a mesh made
-    for its electrodes unless `mesh_spec` is given; None: CDEIT's 208 values (`system`'s
-    protocol, which must be the default)."""
-    if system.protocol != measurement.DEFAULT:
-      raise InputError(
-        f"the simulator models CDEIT's protocol ({measurement.DEFAULT}), not {system.protocol}; "
-        "give other systems as a layout (cdeit_jax.eit.layout)"
-      )
+    """`layout`: the measuring system (`eit.layout`: electrodes, patterns, contact impedance),
+    on a mesh made for its electrodes unless `mesh_spec` is given; None: CDEIT's 208 values
+    with the mesh's electrodes and the nominal contact impedance."""
     if layout is not None and mesh_spec == MeshSpec():
       mesh_spec = spec_for(layout)
     self.mesh = make_mesh(mesh_spec)
-    self.system, self.layout = system, layout
-    self._cem_args = dict(
-      contact_impedance=system.contact_impedance,
-      current=system.current,
-      dtype=dtype,
-      sigma_bg=sigma_bg,
-      layout=layout,
-    )
+    self._cem_args = dict(dtype=dtype, sigma_bg=sigma_bg, layout=layout)
     self.cem = CEM(self.mesh, **self._cem_args)
+    self.layout = self.cem.layout
     self.dtype = self.cem.dtype
     self.sigma_bg = float(sigma_bg)
     pts = self.mesh.sample_points(samples_per_edge)  # (E, S, 2)
@@ -71,7 +61,7 @@ class Simulator:
 
   @property
   def vh(self) -> jax.Array:
-    """Homogeneous voltages (208,)."""
+    """Homogeneous voltages (R,)."""
     if self._vh is None:
       with jax.ensure_compile_time_eval():  # computed once, also when first asked under a trace
         self._vh = jax.jit(self.cem.voltages)(
@@ -109,7 +99,7 @@ class Simulator:
     key: jax.Array | None = None,
     cem: CEM | None = None,
   ) -> jax.Array:
-    """ys (..., 208) for element conductivities (..., E); with snr_db, noise on both vectors
+    """ys (..., R) for element conductivities (..., E); with snr_db, noise on both vectors
     from `key` (one key, or one per example for batch-independent noise)."""
     vi = (cem or self.cem).voltages(sigma)
     vh = jnp.broadcast_to(self.vh, vi.shape)
@@ -142,28 +132,26 @@ class Simulator:
   def system_difference(
     self,
     sigma: jax.Array,
-    systems: dict[str, jax.Array],
+    systems: DrawnSystem,
     snr_db: float | None = None,
     keys: jax.Array | None = None,
     max_radius: float = 1.0,
   ) -> jax.Array:
-    """ys (B, 208) for element conductivities (B, E), each example measured by its own system
+    """ys (B, R) for element conductivities (B, E), each example measured by its own system
     (`eit.system.draw`, leading axis B): the gain on both vectors, then (with snr_db) noise at
     snr_db + the system's offset on each, from the example's key (one per example)."""
-    passive = systems["centres"].shape[-1] > self.cem.num_electrodes
+    passive = systems.centres.shape[-1] > self.cem.num_electrodes
     cem = self.drawn_cem(bool(passive), float(max_radius))
     homogeneous = jnp.full((self.mesh.num_elements,), self.sigma_bg, self.dtype)
     if snr_db is not None and keys is None:
       raise InputError("snr_db needs one PRNG key per example")
 
     def one(s, system, key):
-      gain = system["gain"]
-      electrodes = {k: system[k] for k in ("centres", "half_widths", "weights")}
-      vi = cem.voltages(s, electrodes) * gain
-      vh = cem.voltages(homogeneous, electrodes) * gain
+      vi = cem.voltages(s, system) * system.gain
+      vh = cem.voltages(homogeneous, system) * system.gain
       if snr_db is None:
         return vi - vh
-      snr = snr_db + system["snr_offset_db"]
+      snr = snr_db + system.snr_offset_db
       return add_noise(vi, snr, jax.random.fold_in(key, 0)) - add_noise(
         vh, snr, jax.random.fold_in(key, 1)
       )
@@ -176,7 +164,7 @@ class Simulator:
   def image_voltages(
     self, xs: jax.Array, snr_db: float | None = None, key: jax.Array | None = None
   ) -> jax.Array:
-    """ys (..., 208) of label images (..., 128, 128), sigma = sigma_bg * 10^xs pixel-wise."""
+    """ys (..., R) of label images (..., 128, 128), sigma = sigma_bg * 10^xs pixel-wise."""
     return self.difference(self.image_conductivity(xs), snr_db, key)
 
   @functools.partial(jax.jit, static_argnames=("self", "snr_db", "max_radius"))
@@ -187,17 +175,23 @@ class Simulator:
     key: jax.Array | None = None,
     max_radius: float = 1.0,
   ) -> jax.Array:
-    """ys (..., 208) of phantoms (..., MAX_INCLUSIONS, 8) lying inside |p| <= max_radius."""
+    """ys (..., R) of phantoms (..., MAX_INCLUSIONS, ROW) lying inside |p| <= max_radius."""
     cem = self.support_cem(max_radius) if max_radius < 1 else self.cem
     return self.difference(self.phantom_conductivity(params), snr_db, key, cem)
 
 
+def default_simulator(dtype: str = "float32", layout: Layout | None = None) -> Simulator:
+  """One shared instance per measuring system (default: CDEIT's) and dtype: its jitted
+  functions compile once per process. Systems that measure alike (`Layout.physics`: a device
+  and its units) share one."""
+  return _shared(str(jnp.dtype(dtype)), None if layout is None else layout.physics)
+
+
 @functools.lru_cache(maxsize=4)
-def default_simulator(
-  dtype: str = "float32", system: measurement.System = measurement.NOMINAL
-) -> Simulator:
-  """One shared instance per setting (its jitted functions compile once per process)."""
-  return Simulator(dtype=dtype, system=system)
+def _shared(dtype: str, physics: Layout | None) -> Simulator:
+  if physics is not None and physics == layout_lib.preset("cdeit16").physics:
+    physics = None  # CDEIT's own: the default mesh, one simulator for both spellings
+  return Simulator(dtype=dtype, layout=physics)
 
 
 def simulate_voltages(

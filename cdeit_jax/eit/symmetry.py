@@ -1,14 +1,16 @@
 """The symmetries of a circular tank that map the pixel grid onto itself: training augmentation,
 and symmetric sampling (each of a frame's samples sees the tank turned or mirrored another way).
 
-With n electrodes evenly spaced (n divisible by 4), a quarter turn moves electrode e to e + n/4
-and a mirror (x -> -x, the axis through electrode 0) moves e to -e; the 128 x 128 grid, centred
-on the disk, maps onto itself under both. An example (voltages, image) turned or mirrored is an
-exact example of the turned or mirrored tank, so the eight elements of the square's group make
-eight examples of one simulation. The voltages are permuted (the signs cancel: a mirrored pair
-reverses both the injection and the measurement), the image is turned with `np.rot90` (rows grow
-with +y, docs/reference/eit-conventions.md, so a quarter turn of the array is a clockwise quarter
-turn of the tank, the direction electrodes are numbered).
+For a device whose electrodes the tank's turns and mirror map onto one another (CDEIT's 16: a
+quarter turn moves electrode e to e + 4, the mirror x -> -x, the axis through electrode 0, moves e
+to -e; KTC2023's 32 likewise), the 128 x 128 grid, centred on the disk, maps onto itself under
+both. An example (voltages, image) turned or mirrored is an exact example of the turned or
+mirrored tank, so the eight elements of the square's group make eight examples of one simulation.
+The values are permuted, each times the signs of its pattern's and its pair's images (CDEIT's
+signs cancel: a mirrored pair reverses both the injection and the measurement; KTC2023's
+patterns against one electrode keep their direction, so a mirror negates their values); the
+image is turned with `np.rot90` (rows grow with +y, docs/reference/eit-conventions.md, so a
+quarter turn of the array is a clockwise quarter turn of the tank).
 """
 
 from __future__ import annotations
@@ -21,38 +23,75 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import measurement
 
 GROUP = tuple((q, m) for m in (False, True) for q in range(4))  # (quarter turns, mirrored)
 
 
 @functools.lru_cache(maxsize=64)
-def permutation(
-  quarter_turns: int, mirrored: bool, protocol: measurement.Protocol = measurement.DEFAULT
-) -> np.ndarray:
-  """Index p with `ys[..., p]` the voltages of the tank mirrored (first, if `mirrored`) and
-  turned clockwise by `quarter_turns` quarter turns, for `ys` in the protocol's order."""
-  n = protocol.num_electrodes
-  if n % 4:
+def turn(
+  quarter_turns: int, mirrored: bool, lay: layout_lib.Layout | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+  """(index, sign) with `ys[..., index] * sign` the values of the tank mirrored (first, if
+  `mirrored`) and turned clockwise by `quarter_turns` quarter turns, for `ys` in the device's
+  order (CDEIT's 16 electrodes by default). Found from the geometry: electrode e at angle a goes
+  to the electrode at the image of a, its patterns and pairs with it; an InputError for a device
+  whose electrodes, patterns or pairs have no images among its own."""
+  lay = lay or layout_lib.preset("cdeit16")
+  a = np.asarray(lay.angles, np.float64)
+  image_of = (np.pi - a if mirrored else a) - quarter_turns * np.pi / 2
+  gap = np.abs(np.angle(np.exp(1j * (image_of[:, None] - a[None, :]))))  # (E, E)
+  to = np.argmin(gap, 1)
+  problem = None
+  if gap[np.arange(len(a)), to].max() > 1e-6 or len(set(to)) != len(a):
+    problem = "its electrodes do not map onto one another"
+  else:
+    moved = np.zeros_like(lay.currents)
+    moved[to] = lay.currents  # pattern p's currents on the turned tank's electrodes
+    pattern, p_sign = np.empty(lay.num_patterns, np.int64), np.empty(lay.num_patterns)
+    free = np.ones(lay.num_patterns, bool)  # a device may repeat a pattern (KTC2023 does)
+    for p in range(lay.num_patterns):
+      for s in (1.0, -1.0):
+        same = np.all(np.abs(lay.currents - s * moved[:, p : p + 1]) < 1e-9, 0)
+        hit = np.flatnonzero(same & free)
+        if hit.size:
+          pattern[p], p_sign[p], free[hit[0]] = hit[0], s, False
+          break
+      else:
+        problem = f"pattern {p} has no image among its patterns"
+        break
+  if problem is None:
+    where = {tuple(r): i for i, r in enumerate(lay.rows.tolist())}
+    index = np.empty(lay.num_values, np.int64)
+    sign = np.empty(lay.num_values, np.float32)
+    for i, (p, plus, minus) in enumerate(lay.rows.tolist()):
+      q, a_, b_ = int(pattern[p]), int(to[plus]), int(to[minus])
+      j, m_sign = (where.get((q, a_, b_)), 1.0)
+      if j is None:
+        j, m_sign = (where.get((q, b_, a_)), -1.0)
+      if j is None:
+        problem = f"value {i}'s pair has no image among its values"
+        break
+      index[j], sign[j] = i, p_sign[p] * m_sign
+  if problem is not None:
     raise InputError(
-      f"protocol {protocol}: quarter turns need a number of electrodes divisible by 4"
+      f"{lay.describe()}: the tank's turns and mirror are not symmetries of this device "
+      f"({problem}); set config.data.augment=False and config.sampling.symmetric=False"
     )
-  shift, sign = quarter_turns * n // 4, -1 if mirrored else 1
-  di, dm = protocol.injection_skip + 1, protocol.measurement_skip + 1
+  for arr in (index, sign):
+    arr.setflags(write=False)
+  return index.astype(np.int32), sign
 
-  def first(e: int, d: int) -> int:
-    """The first electrode of the pair (e, e + d) after the map e -> sign * e + shift: a
-    mirrored pair runs the other way round, so it starts at the image of e + d."""
-    return (sign * (e if sign > 0 else e + d) + shift) % n
 
-  where = {
-    (k, m): i for i, (k, m) in enumerate((k, m) for k in range(n) for m in protocol.pairs[k])
-  }
-  p = np.empty(len(where), np.int32)
-  for (k, m), i in where.items():
-    p[where[first(k, di), first(m, dm)]] = i
-  p.setflags(write=False)
-  return p
+def permutation(
+  quarter_turns: int, mirrored: bool, lay: layout_lib.Layout | None = None
+) -> np.ndarray:
+  """`turn`'s index, for a device whose values keep their signs (CDEIT's)."""
+  index, sign = turn(quarter_turns, mirrored, lay)
+  if np.any(sign < 0):
+    raise InputError(f"{(lay or layout_lib.preset('cdeit16')).describe()}: use symmetry.turn")
+  return index
 
 
 def _axes(xs) -> tuple[int, int]:
@@ -76,20 +115,16 @@ def image_back(xs, quarter_turns: int, mirrored: bool):
 
 
 def turn_conditions(
-  cond: jax.Array,
-  element: jax.Array,
-  mean: np.ndarray,
-  std: np.ndarray,
-  protocol: measurement.Protocol = measurement.DEFAULT,
+  cond: jax.Array, element: jax.Array, mean: np.ndarray, std: np.ndarray
 ) -> jax.Array:
-  """EIM conditions (B, n, n, 1), standardised with (mean, std), of the tanks turned by
-  `GROUP[element]` (B,): the voltages read back, permuted, standardised again (exact: the
-  statistics need not be symmetric)."""
+  """EIM conditions (B, 16, 16, 1) of CDEIT's system, standardised with (mean, std), of the
+  tanks turned by `GROUP[element]` (B,): the voltages read back, permuted, standardised again
+  (exact: the statistics need not be symmetric)."""
   mean, std = (np.asarray(a, np.float32) for a in (mean, std))
-  table = np.stack([permutation(q, m, protocol) for q, m in GROUP])
-  v = measurement.voltages_from_eim(cond, mean, std, protocol)
+  table = np.stack([permutation(q, m) for q, m in GROUP])
+  v = measurement.voltages_from_eim(cond, mean, std)
   v = jnp.take_along_axis(v, jnp.asarray(table)[element], axis=-1)
-  return measurement.condition(v, 1.0, mean, std, protocol)[0].astype(cond.dtype)
+  return measurement.condition(v, 1.0, mean, std)[0].astype(cond.dtype)
 
 
 def turn_back(images: jax.Array, element: jax.Array) -> jax.Array:
@@ -100,21 +135,23 @@ def turn_back(images: jax.Array, element: jax.Array) -> jax.Array:
 
 class Augment:
   """grain random map: one of the eight symmetries per example (drawn from grain's per-index
-  generator, so a resumed run draws the same), applied to the scaled voltages `ys` and the
-  `target`, and the conditioning recomputed from the turned voltages."""
+  generator, so a resumed run draws the same), applied to the scaled voltages `ys` of the
+  device `lay` (CDEIT's by default) and the `target`, and the condition recomputed from the
+  turned voltages by the source (`source.condition`: the EIM, or any device's values)."""
 
-  def __init__(self, source: Any):
-    self.source = source
+  def __init__(self, source: Any, lay: layout_lib.Layout | None = None):
+    self.source, self.layout = source, lay
+    for q, m in GROUP:  # a device without these symmetries is refused before training
+      turn(q, m, lay)
 
   def __call__(self, ex: dict, rng: np.random.Generator) -> dict:
     q, m = GROUP[int(rng.integers(len(GROUP)))]
     if (q, m) == (0, False):
       return ex
-    ys = ex["ys"][permutation(q, m)]
+    index, sign = turn(q, m, self.layout)
+    ys = ex["ys"][index] * sign
     src = self.source
-    cond, v, scaled = measurement.condition(
-      ys * np.float32(src.voltage_ratio), src.voltage_ratio, src.mean, src.std
-    )
+    cond, v, scaled = src.condition(ys * np.float32(src.voltage_ratio))
     return {
       **ex,
       "cond": cond,

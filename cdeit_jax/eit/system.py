@@ -1,17 +1,20 @@
 """The measuring system as a random variable: one draw per example of `SystemSpec`.
 
-A draw holds what `fem.CEM.voltages` takes as a drawn system (electrode centres, half-widths and
-weights 1 / z, 0 for an absent passive electrode) and what acts on its output (gain, SNR
-offset), for any measuring system's electrodes (`eit.layout`; CDEIT's 16 by default): they are
-turned and moved around the layout's own positions. The tank radius R
-and background conductivity s enter through the 2-D scalings (docs/reference/eit-conventions.md, the
-voltages do not depend on the radius): the electrode terms scale with R (edge lengths) and the
-stiffness with s, so the system (R, s, z) measures the voltages of (1, 1, z s / R) divided by s:
-weights R / (s z), gain g / s. Nothing here needs a new mesh or Jacobian, so a draw costs the
-same as the fixed system's solve (plus the boundary's unknowns, `bench/bench_simulate.py`).
+A draw (`DrawnSystem`, a pytree) holds what `fem.CEM.voltages` takes as a drawn system
+(electrode centres, half-widths and weights 1 / z, 0 for an absent passive electrode) and what
+acts on its output (gain, SNR offset), for any measuring system's electrodes (`eit.layout`;
+CDEIT's 16 by default): they are turned and moved around the layout's own positions. The tank
+radius R and background conductivity s enter through the 2-D scalings
+(docs/reference/eit-conventions.md, the voltages do not depend on the radius): the electrode
+terms scale with R (edge lengths) and the stiffness with s, so the system (R, s, z) measures the
+voltages of (1, 1, z s / R) divided by s: weights R / (s z), gain g / s. Nothing here needs a
+new mesh or Jacobian, so a draw costs the same as the fixed system's solve (plus the boundary's
+unknowns, `bench/bench_simulate.py`).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +25,25 @@ from cdeit_jax.eit.fem import nominal_centres
 from cdeit_jax.eit.spec import SystemSpec
 
 MIN_GAP = 0.1  # each electrode keeps at most this fraction of the distance to its neighbours free
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DrawnSystem:
+  """One measuring system as drawn (or a batch of them, leading axes alike): the electrodes'
+  polar angles, half-widths (radians) and weights radius / (background z) (electrodes,), the
+  layout's electrodes first, then any passive ones; the gain on the voltages; the SNR's
+  offset (dB)."""
+
+  centres: jax.Array
+  half_widths: jax.Array
+  weights: jax.Array
+  gain: jax.Array
+  snr_offset_db: jax.Array
+
+  def host(self) -> DrawnSystem:
+    """The same as host (numpy) arrays."""
+    return jax.tree.map(np.asarray, self)
 
 
 def num_electrodes(spec: SystemSpec, lay: layout_lib.Layout | None = None) -> int:
@@ -43,9 +65,9 @@ def draw(
   spec: SystemSpec,
   contact_impedance: float,
   lay: layout_lib.Layout | None = None,
-) -> dict[str, jax.Array]:
-  """One system of `spec` from `key` (jit/vmap-able) for the layout's electrodes (CDEIT's 16 by
-  default). `contact_impedance`: the nominal value, used when `spec.contact_impedance` is
+) -> DrawnSystem:
+  """One system of `spec` from `key` (jit/vmap-able) around the layout's electrodes (CDEIT's 16
+  by default). `contact_impedance`: the nominal value, used when `spec.contact_impedance` is
   (0, 0)."""
   lay = lay or layout_lib.preset("cdeit16")
   e = lay.num_electrodes
@@ -80,19 +102,18 @@ def draw(
   radius = _log_uniform(ks[6], spec.radius)
   background = _log_uniform(ks[7], spec.background)
   gain = _log_uniform(ks[8], spec.gain)
-  return {
-    "centres": centres,
-    "half_widths": half,
-    "weights": present * radius / (background * z),
-    "gain": gain / background,
-    "snr_offset_db": u(ks[9], spec.snr_spread_db),
-  }
+  return DrawnSystem(
+    centres=centres,
+    half_widths=half,
+    weights=present * radius / (background * z),
+    gain=gain / background,
+    snr_offset_db=u(ks[9], spec.snr_spread_db),
+  )
 
 
 def fixed(
   spec: SystemSpec, contact_impedance: float, seed: int = 0, lay: layout_lib.Layout | None = None
-) -> dict[str, np.ndarray]:
+) -> DrawnSystem:
   """One draw as host arrays: a single system (e.g. a foreign test system whose ranges are
   points)."""
-  drawn = draw(jax.random.key(seed), spec, contact_impedance, lay)
-  return {k: np.asarray(v) for k, v in drawn.items()}
+  return draw(jax.random.key(seed), spec, contact_impedance, lay).host()

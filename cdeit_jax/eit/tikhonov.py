@@ -2,8 +2,9 @@
 
     x = (J^T J + lambda W)^(-1) J^T ys = W^-1 J^T (J W^-1 J^T + lambda I)^(-1) ys
 
-J (208, pixels in the disk) is the autodiff Jacobian of the simulator at the homogeneous
-background with respect to the label image xs (sigma = 10^xs); W = diag(J^T J)^p (p = 1: NOSER,
+J (values, pixels in the disk) is the Jacobian of the simulator of a measuring system (CDEIT's 208
+values by default) at the homogeneous background with respect to the label image xs
+(sigma = 10^xs); W = diag(J^T J)^p (p = 1: NOSER,
 Cheney et al. 1990; p = 0: plain Tikhonov) and lambda = alpha * trace(J W^-1 J^T) / 208. The right
 side is the 208 x 208 form, so the reconstruction matrix (pixels x 208) is built once and applied
 to any measurement as one matrix product. Outputs are in label units, zero outside the disk.
@@ -24,10 +25,10 @@ import numpy as np
 
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import fem, layout, measurement, mesh, simulator
+from cdeit_jax.eit import fem, layout, mesh, simulator
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.eit.mesh import MeshSpec
-from cdeit_jax.eit.simulator import Simulator, default_simulator
+from cdeit_jax.eit.simulator import Simulator
 
 DEFAULT_ALPHA = 0.1  # with noser_exponent 0.5: best RMSE on 128 simulated validation phantoms
 NOSER_EXPONENT = 0.5
@@ -48,10 +49,9 @@ def jacobian(sim: Simulator) -> np.ndarray:
   import scipy.linalg
   import scipy.sparse
 
-  lay = sim.layout if sim.layout is not None else layout.preset("cdeit16")
-  args = {k: v for k, v in sim._cem_args.items() if k not in ("dtype", "layout")}
+  lay = sim.layout
   with jax.enable_x64(True):
-    cem = fem.CEM(sim.mesh, dtype=jnp.float64, layout=sim.layout, **args)
+    cem = fem.CEM(sim.mesh, dtype=jnp.float64, layout=lay, sigma_bg=sim.sigma_bg)
     m = np.asarray(cem.system_matrix(jnp.full(sim.mesh.num_elements, sim.sigma_bg)))
     ops = {k: np.asarray(getattr(cem, k)) for k in ("_rhs", "_elec_t", "_ke", "_var", "_rows")}
   factor = scipy.linalg.cho_factor(m)
@@ -80,39 +80,28 @@ def jacobian(sim: Simulator) -> np.ndarray:
   return jac.reshape(len(lay.rows), ph.IMAGE_SIZE, ph.IMAGE_SIZE).astype(dtype)
 
 
-def default_jacobian(system: measurement.System = measurement.NOMINAL) -> np.ndarray:
-  """`jacobian` of the default simulator, computed once per process (~4-7 s on a CPU) and shared
-  by the Tikhonov baseline and the physics-informed conditioning; kept on disk beside the
-  compilation cache when a command enabled one (`compile_cache.folder()`), under a name that
-  hashes the simulator's settings and source, so no other code's Jacobian is ever read."""
-  return _default_jacobian(system)
+def default_jacobian() -> np.ndarray:
+  """`layout_jacobian` of CDEIT's system (the nominal contact impedance)."""
+  return layout_jacobian(layout.preset("cdeit16"))
 
 
-@functools.lru_cache(maxsize=4)
-def _default_jacobian(system: measurement.System) -> np.ndarray:
-  return _stored(system, None, lambda: jacobian(default_simulator(system=system)))
+def layout_jacobian(lay: layout.Layout) -> np.ndarray:
+  """`jacobian` (values, 128, 128) of a measuring system (`eit.layout.Layout`: its electrodes,
+  patterns and contact impedance) on a mesh made for its electrodes, computed once per process
+  and system and shared by the Tikhonov baseline and the physics-informed conditioning (systems
+  that measure alike share it: `Layout.physics`); kept on disk beside the compilation cache when
+  a command enabled one (`compile_cache.folder()`), under a name that hashes the system and the
+  simulator's source, so no other code's Jacobian is ever read."""
+  return _layout_jacobian(lay.physics)
 
 
-_layout_jacobians: dict = {}
+@functools.lru_cache(maxsize=2)  # one or two systems in a process: 150 MB each for KTC2023
+def _layout_jacobian(physics: layout.Layout) -> np.ndarray:
+  return _stored(physics, lambda: jacobian(simulator.default_simulator(layout=physics)))
 
 
-def layout_jacobian(
-  lay: layout.Layout, system: measurement.System = measurement.NOMINAL
-) -> np.ndarray:
-  """`jacobian` (values, 128, 128) of any measuring system's layout (`eit.layout`) on a mesh
-  made for its electrodes, with `system`'s contact impedance and current; kept in memory and on
-  disk as `default_jacobian` (KTC2023's 2,356 rows: ~35 s on 2 CPU cores, once)."""
-  key = (lay.signature, lay.currents.tobytes(), system)
-  if key not in _layout_jacobians:
-    _layout_jacobians.clear()  # one system at a time in a process: 150 MB each
-    _layout_jacobians[key] = _stored(
-      system, lay, lambda: jacobian(simulator.Simulator(system=system, layout=lay))
-    )
-  return _layout_jacobians[key]
-
-
-def _stored(system: measurement.System, lay: layout.Layout | None, compute) -> np.ndarray:
-  path = _jacobian_file(system, lay)
+def _stored(physics: layout.Layout, compute) -> np.ndarray:
+  path = _jacobian_file(physics)
   if path is not None:
     try:
       with fileio.open_binary(path) as fh:
@@ -135,15 +124,14 @@ def _stored(system: measurement.System, lay: layout.Layout | None, compute) -> n
   return jac
 
 
-def _jacobian_file(system: measurement.System, lay: layout.Layout | None = None) -> str | None:
+def _jacobian_file(physics: layout.Layout) -> str | None:
   from cdeit_jax.common import compile_cache
 
   folder = compile_cache.folder()
   if folder is None:
     return None
-  h = hashlib.sha256(repr((system, dataclasses.astuple(MeshSpec()))).encode())
-  if lay is not None:
-    h.update(lay.signature.encode() + lay.currents.tobytes())
+  h = hashlib.sha256(repr((physics.z, dataclasses.astuple(MeshSpec()))).encode())
+  h.update(physics.signature.encode() + physics.currents.tobytes())
   for module in (fem, mesh, simulator, ph, layout, sys.modules[__name__]):  # the code behind it
     h.update(pathlib.Path(module.__file__).read_bytes())
   return fileio.join(folder, "derived", f"jacobian-{h.hexdigest()[:20]}.npy")
@@ -174,7 +162,7 @@ class Tikhonov:
     if not (np.isfinite(alpha) and alpha > 0):
       raise InputError(f"alpha must be a finite number > 0, got {alpha}")
     if jac is None:
-      jac = default_jacobian() if sim is None else jacobian(sim)
+      jac = default_jacobian() if sim is None else layout_jacobian(sim.layout)
     self.disk, jd, w_inv, gram = weighted_system(jac, noser_exponent)
     lam = alpha * np.trace(gram) / len(gram)
     self.matrix = (w_inv[:, None] * jd.T) @ np.linalg.inv(gram + lam * np.eye(len(gram)))
@@ -201,29 +189,29 @@ _of_values: dict = {}
 def of_values(
   lay: layout.Layout,
   present: np.ndarray | None = None,
-  system: measurement.System = measurement.NOMINAL,
   alpha: float = DEFAULT_ALPHA,
 ):
-  """The one Tikhonov/NOSER reconstruction of a measuring system from the values `present`
-  (R,) bool (default: all), a function of difference values (..., R) in simulation units whose
-  other values are left out, not zero-filled: the same matrix for the simulated files' `TR`, the
-  evaluation's baseline and the challenge's linearised answers. Matrices are kept for the last
-  eight (system, values) pairs (one per removal pattern of a device)."""
+  """The one Tikhonov/NOSER reconstruction of a measuring system (its contact impedance
+  included) from the values `present` (R,) bool (default: all), a function of difference
+  values (..., R) in simulation units whose other values are left out, not zero-filled: the
+  same matrix for the simulated files' `TR`, the evaluation's baseline and the challenge's
+  linearised answers. Matrices are kept for the last eight (system, values) pairs (one per
+  removal pattern of a device)."""
   keep = np.ones(lay.num_values, bool) if present is None else np.asarray(present, bool)
-  key = (lay.signature, lay.currents.tobytes(), system, float(alpha), keep.tobytes())
+  key = (lay.physics, float(alpha), keep.tobytes())
   if key not in _of_values:
     while len(_of_values) >= 8:
       _of_values.pop(next(iter(_of_values)))
-    if keep.all() and lay.signature == layout.preset("cdeit16").signature:
-      matrix = default_tikhonov(alpha, system)  # its Jacobian kept on disk and shared
-    else:
-      matrix = Tikhonov(jac=layout_jacobian(lay, system)[keep], alpha=alpha)
+    matrix = Tikhonov(jac=layout_jacobian(lay)[keep], alpha=alpha)
     _of_values[key] = lambda ys: matrix(np.asarray(ys)[..., keep])
   return _of_values[key]
 
 
+def default_tikhonov(alpha: float = DEFAULT_ALPHA, lay: layout.Layout | None = None) -> Tikhonov:
+  """The Tikhonov/NOSER reconstruction of CDEIT's system (or `lay`) from all its values."""
+  return _tikhonov((lay or layout.preset("cdeit16")).physics, float(alpha))
+
+
 @functools.lru_cache(maxsize=4)
-def default_tikhonov(
-  alpha: float = DEFAULT_ALPHA, system: measurement.System = measurement.NOMINAL
-) -> Tikhonov:
-  return Tikhonov(alpha=alpha, jac=default_jacobian(system))
+def _tikhonov(physics: layout.Layout, alpha: float) -> Tikhonov:
+  return Tikhonov(alpha=alpha, jac=layout_jacobian(physics))

@@ -22,7 +22,7 @@ import numpy as np
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.ktc2023 import Case
-from cdeit_jax.eit import calibration, measurement, tikhonov
+from cdeit_jax.eit import calibration, tikhonov
 from cdeit_jax.infer import ktc_score, outputs
 
 SEGMENT_LEVEL = 0.4
@@ -68,10 +68,10 @@ def linear_images(
   images = []
   for c in cases:
     fit = fits[_reference_key(c)]
-    system = measurement.System(contact_impedance=float(np.float32(fit.contact_impedance)))
+    device = c.layout.with_contact_impedance(float(np.float32(fit.contact_impedance)))
     diff = c.difference / fit.gain
     present = np.isfinite(diff)  # one matrix per removal pattern (a level's targets share it)
-    images.append(tikhonov.of_values(c.layout, present, system, alpha)(diff))
+    images.append(tikhonov.of_values(device, present, alpha)(diff))
   return images
 
 

@@ -28,7 +28,6 @@ from cdeit_jax.common import compile_cache, fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files, pipeline, sources
-from cdeit_jax.eit import measurement
 from cdeit_jax.infer import metrics, outputs, reconstructor
 
 log = logs.log.getChild("eval")
@@ -256,8 +255,7 @@ class Evaluator:
     if e.tikhonov:  # of the values the removal leaves (left out, not zero-filled)
       from cdeit_jax.eit import tikhonov
 
-      system = measurement.system_of(self.cfg.simulator)
-      self.tikhonov = tikhonov.of_values(self.layout, ~self.removed, system)
+      self.tikhonov = tikhonov.of_values(self.layout, ~self.removed)
     self.shown: dict[str, Any] = {}
 
   def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:

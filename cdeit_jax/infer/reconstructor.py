@@ -282,7 +282,7 @@ class Reconstructor:
         self.std,
         strength=s.data_consistency,
         alpha=s.data_consistency_alpha,
-        system=measurement.system_of(config.simulator),
+        layout=self.layout,
       )
       correction_graphdef, dc_state = nnx.split(dc)
       weights = (weights, jax.device_put(dc_state, shd.replicated(self.mesh)))
@@ -573,9 +573,8 @@ class Reconstructor:
     if self.vector:
       from cdeit_jax.eit import calibration
 
-      return calibration.homogeneous(self.layout, float(self.config.simulator.contact_impedance))
-    sim = eit.default_simulator(system=measurement.system_of(self.config.simulator))
-    return np.asarray(sim.vh, np.float64)
+      return calibration.homogeneous(self.layout, self.layout.z)
+    return np.asarray(eit.default_simulator(layout=self.layout).vh, np.float64)
 
   def reconstruct(
     self,

@@ -19,8 +19,6 @@ import numpy as np
 from flax import nnx
 
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import measurement
-from cdeit_jax.eit.measurement import CONTACT_IMPEDANCE
 from cdeit_jax.model import attention
 
 Array = jax.Array
@@ -41,7 +39,7 @@ def reads_values(cond: str) -> bool:
 
 # Arguments that describe the measuring system, not the network: configs set them in
 # `config.simulator` (the system the data come from), not in `config.model`.
-SYSTEM_ARGS = ("contact_impedance", "layout", "removals")
+SYSTEM_ARGS = ("layout", "removals")
 
 xavier_uniform = nnx.initializers.xavier_uniform()
 zeros = nnx.initializers.zeros_init()
@@ -342,9 +340,9 @@ def cond_shape(kw: dict) -> tuple[int, ...]:
   return (size, size, 1)
 
 
-def _conditioner(cond: str, alphas, contact_impedance, layout, removals, grid):
+def _conditioner(cond: str, alphas, layout, removals, grid):
   """The physics-informed condition's module (None for the published "eim"), built only when
-  asked for."""
+  asked for, of the measuring system `layout` (its contact impedance included)."""
   from cdeit_jax.eit import layout as layout_lib
 
   if not reads_values(cond) and layout.signature != layout_lib.preset("cdeit16").signature:
@@ -357,11 +355,8 @@ def _conditioner(cond: str, alphas, contact_impedance, layout, removals, grid):
   from cdeit_jax.eit import conditioning
 
   if cond == "eim+linear":
-    system = measurement.System(contact_impedance=contact_impedance)
-    return conditioning.LinearConditioner(alphas, system=system)
-  return conditioning.LayoutConditioner(
-    layout, alphas, removals=removals, grid=grid, contact_impedance=contact_impedance
-  )
+    return conditioning.LinearConditioner(alphas, layout=layout)
+  return conditioning.LayoutConditioner(layout, alphas, removals=removals, grid=grid)
 
 
 class CDEIT(nnx.Module):
@@ -371,13 +366,15 @@ class CDEIT(nnx.Module):
   defaults are the config's (`config_lib.default_config` reads them from this signature).
   `cond` is the condition: "eim" (published) or "eim+linear", which adds one linear
   reconstruction of the same voltages per level in `cond_alphas` as input channels
-  (`cdeit_jax.eit.conditioning`), with the Jacobian of a system of this `contact_impedance`.
+  (`cdeit_jax.eit.conditioning`), with the Jacobian of the measuring system `layout` (CDEIT's,
+  with its contact impedance).
   `dtype` is the compute dtype (a name or a dtype); parameters stay float32.
   `attention_impl` picks the attention backend (see `cdeit_jax.model.attention`; default: the best
   for the platform). `attention_query_chunk` computes global attention over query chunks of that
   many tokens in turn (lower peak memory with the `xla` backend).
   `cond="linear"` takes the standardised voltages (B, R) of the measuring system `layout` (an
-  `eit.layout.Layout`, or a preset or a device file; `self.layout` holds it resolved), NaN where
+  `eit.layout.Layout` with its contact impedance, or a preset or a device file; `self.layout`
+  holds it resolved), NaN where
   a value is missing (one of the
   electrode sets of the rule `removals`), and conditions on their linear reconstructions alone.
   Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM (or (B, R) voltages) ->
@@ -404,7 +401,6 @@ class CDEIT(nnx.Module):
     attention_query_chunk: int | None = None,
     remat: bool = False,
     cond_grid: int = 32,
-    contact_impedance: float = CONTACT_IMPEDANCE,
     layout: str | Any = "cdeit16",
     removals: str = "none",
     rngs: nnx.Rngs,
@@ -435,7 +431,7 @@ class CDEIT(nnx.Module):
 
     self.layout = layout_lib.as_layout(layout)  # the measuring system whose values it reads
     self.conditioner = conditioner = _conditioner(
-      cond, tuple(cond_alphas), contact_impedance, self.layout, removals, cond_grid
+      cond, tuple(cond_alphas), self.layout, removals, cond_grid
     )
     extra = 0 if self.conditioner is None else len(self.conditioner.alphas)
     eim_channels = 0 if reads_values(cond) else in_channels
