@@ -6,6 +6,7 @@
   python eval.py --workdir runs/ktc2023 --data ktc2023_challenge --data_path DIR --out OUT \\
       --config.eval.tikhonov=True
   python eval.py --workdir runs/device --data recording --data_path frames.npz --out OUT
+  python eval.py --data ktc2023_challenge --data_path DIR --out OUT   # no model: linearised
 
 --data is the kind of test data (cdeit_jax/infer/data_kinds.py), --units the units it is in
 (default: the kind's).
@@ -33,7 +34,8 @@ flags.DEFINE_string(
   None,
   "a run directory (train.py or python -m cdeit_jax.convert): "
   "its best validated checkpoint that loads, else the latest; or one "
-  "RUN/checkpoints/STEP",
+  "RUN/checkpoints/STEP; left out with --data ktc2023_challenge: the linearised answers "
+  "(--config.simulator.tikhonov_alpha, --config.eval.tikhonov_segment_level)",
 )
 flags.DEFINE_string(
   "data",
@@ -60,7 +62,7 @@ flags.DEFINE_string(
 flags.DEFINE_string("out", None, "output folder")
 cli.define_cluster_flags()
 cli.define_cache_flag()
-flags.mark_flags_as_required(["workdir", "data", "data_path", "out"])
+flags.mark_flags_as_required(["data", "data_path", "out"])
 FLAGS = flags.FLAGS
 
 

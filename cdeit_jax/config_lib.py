@@ -91,6 +91,9 @@ def _eval_config() -> ml_collections.ConfigDict:
       # --data ktc2023_challenge: the challenge's answer marks conductive where the image
       # (label units, log10 of the conductivity ratio) is above +this, resistive below -this
       segment_threshold=0.3,
+      # --data ktc2023_challenge: the Tikhonov answer (the linearised one, and the baseline
+      # beside a model's) keeps the pixels beyond this fraction of its image's largest magnitude
+      tikhonov_segment_level=0.4,
       # a model with electrode removals (config.simulator.removals): --data simulated images
       # every example without the electrodes of this set (0: none removed; ktc2023: level K is
       # set K - 1); the Tikhonov baseline uses the same values

@@ -1,8 +1,9 @@
 """KTC2023-style folders answered (`cdeit_jax.infer.challenge`, `cdeit_jax.data.ktc2023`, the
-`python -m cdeit_jax.challenge` command): the data and a user's files are never touched, inputs
-that cannot be a measurement are refused in one line before --out is made, and a frame stored
-as one column per pattern gives the same answers. The device is a 16-electrode skip-2 system in
-KTC's keys (`conftest.challenge_folder`), so that every case runs in seconds."""
+linearised answers of `eval.py --data ktc2023_challenge` without a model): the data and a
+user's files are never touched, inputs that cannot be a measurement are refused in one line
+before --out is made, and a frame stored as one column per pattern gives the same answers. The
+device is a 16-electrode skip-2 system in KTC's keys (`conftest.challenge_folder`), so that
+every case runs in seconds."""
 
 import os
 import shutil
@@ -133,34 +134,42 @@ def test_inputs_that_cannot_be_a_measurement_are_refused_before_out(levels, tmp_
       challenge.linear_answers(data, str(out))
     assert "\n" not in str(e.value) and not out.exists(), words
   data = str(levels)
-  for kwargs, words in (
-    ({"alpha": float("nan")}, "--alpha=nan: must be a finite number > 0"),
-    ({"segment_level": float("nan")}, "--segment_level=nan: must be between 0 and 1"),
-    ({"segment_level": -0.5}, "--segment_level=-0.5"),
-    ({"segment_level": 0.0}, "--segment_level=0.0"),
-    ({"segment_level": 1.5}, "--segment_level=1.5"),
+  alpha, level = "simulator.tikhonov_alpha", "eval.tikhonov_segment_level"
+  for overrides, words in (
+    ({alpha: float("nan")}, "--config.simulator.tikhonov_alpha=nan: must be a finite number > 0"),
+    ({level: float("nan")}, "--config.eval.tikhonov_segment_level=nan: must be between 0 and 1"),
+    ({level: -0.5}, "--config.eval.tikhonov_segment_level=-0.5"),
+    ({level: 0.0}, "--config.eval.tikhonov_segment_level=0.0"),
+    ({level: 1.5}, "--config.eval.tikhonov_segment_level=1.5"),
+    ({"eval.no_such_key": 1}, "--config.eval.no_such_key=1: no such key"),
   ):
     with pytest.raises(InputError, match=words):
-      challenge.linear_answers(data, str(tmp_path / "never"), **kwargs)
+      challenge.linear_answers(data, str(tmp_path / "never"), overrides)
   assert not (tmp_path / "never").exists()
 
 
 def test_the_command_says_a_refusal_in_one_line(levels, tmp_path):
-  """python -m cdeit_jax.challenge: a negated reference is one line on stderr, rc 1, no --out."""
+  """eval.py --data ktc2023_challenge without a model (the linearised answers): a negated
+  reference is one line on stderr, rc 1, no --out; another kind without --workdir is one line
+  too; the old command `python -m cdeit_jax.challenge` names eval.py's in one line."""
   data = _copy(levels, tmp_path, "level_1")
   ref = scipy.io.loadmat(os.path.join(data, "level_1", "ref.mat"))["Uelref"]
   _edit(os.path.join(data, "level_1"), "ref.mat", Uelref=-ref)
   out = tmp_path / "out"
-  p = subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.challenge", f"--data_path={data}", f"--out={out}"],
-    capture_output=True,
-    text=True,
-    cwd=REPO,
-    timeout=300,
+  run = lambda *args: subprocess.run(
+    [sys.executable, *args], capture_output=True, text=True, cwd=REPO, timeout=300
   )
+  p = run("eval.py", "--data=ktc2023_challenge", f"--data_path={data}", f"--out={out}")
   assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
   assert p.stderr.count("error:") == 1 and "sign is flipped" in p.stderr
   assert not out.exists()
+  p = run("eval.py", "--data=uef2017", "--data_path=data/uef2017", f"--out={out}")
+  assert p.returncode == 1 and p.stderr.count("error:") == 1, p.stderr[-2000:]
+  assert "--data uef2017: give the model to evaluate with --workdir" in p.stderr
+  assert not out.exists()
+  p = run("-m", "cdeit_jax.challenge", f"--data_path={data}", f"--out={out}")
+  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+  assert "python eval.py --data ktc2023_challenge --data_path DIR --out OUT" in p.stderr
 
 
 def test_a_models_answers_keep_the_data_and_refuse_what_cannot_be(device_run, levels, tmp_path):

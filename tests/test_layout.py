@@ -230,16 +230,17 @@ def test_score_is_the_organisers_ssim():
 @pytest.mark.slow  # the 2,356-row Jacobian: ~45 s; the same command on a 16-electrode device
 # runs by default (test_a_skip_2_device_through_the_challenge_command)
 def test_challenge_command_writes_answers_that_beat_all_water(tmp_path):
-  """python -m cdeit_jax.challenge on two of the public levels: OUT/level_K/N.mat answers of
-  0/1/2 on the 256 x 256 grid, metrics.json with the challenge scores, the linearised
-  reconstruction far ahead of the all-water floor at both levels (measured: 3.31 and 2.15 of 4
-  against 1.06) and images the right way round (a turned answer scores less)."""
+  """eval.py --data ktc2023_challenge without a model on two of the public levels:
+  OUT/level_K/N.mat answers of 0/1/2 on the 256 x 256 grid, metrics.json with the challenge
+  scores, the linearised reconstruction far ahead of the all-water floor at both levels
+  (measured: 3.31 and 2.15 of 4 against 1.06) and images the right way round (a turned answer
+  scores less)."""
   data = tmp_path / "levels"
   for k in (1, 7):
     shutil.copytree(LEVELS / f"level_{k}", data / f"level_{k}")
   out = tmp_path / "out"
   p = subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.challenge", f"--data_path={data}", f"--out={out}"],
+    [sys.executable, "eval.py", "--data=ktc2023_challenge", f"--data_path={data}", f"--out={out}"],
     capture_output=True,
     text=True,
     cwd=REPO,
@@ -268,7 +269,7 @@ def test_a_skip_2_device_through_the_challenge_command(tmp_path):
   """A 16-electrode skip-2 device that measures on its current-carrying electrodes, numbered
   counter-clockwise, with its own units (gain 500): its absolute frames simulated for a
   conductive and a resistive disc, written as the challenge's files (KTC's keys; level 2 with
-  electrode 3 removed), go through `python -m cdeit_jax.challenge`: the linearised answers find
+  electrode 3 removed), go through eval.py without a model: the linearised answers find
   both discs where they are, far ahead of all water, also with the electrode removed."""
   from cdeit_jax.eit import simulator
 
@@ -297,8 +298,8 @@ def test_a_skip_2_device_through_the_challenge_command(tmp_path):
   p = subprocess.run(
     [
       sys.executable,
-      "-m",
-      "cdeit_jax.challenge",
+      "eval.py",
+      "--data=ktc2023_challenge",
       f"--data_path={tmp_path / 'levels'}",
       f"--out={out}",
     ],
@@ -318,7 +319,7 @@ def test_a_skip_2_device_through_the_challenge_command(tmp_path):
   assert answer.shape == (256, 256) and answer[60, 180] == 2 and answer[170, 60] == 1
   missing = [f"--data_path={tmp_path / 'nothing'}", f"--out={tmp_path / 'out2'}"]
   p = subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.challenge", *missing],
+    [sys.executable, "eval.py", "--data=ktc2023_challenge", *missing],
     capture_output=True,
     text=True,
     cwd=REPO,

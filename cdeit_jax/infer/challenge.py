@@ -2,13 +2,16 @@
 challenge's answer (a 256 x 256 array of 0/1/2), the score per target, per level and in total,
 and the outputs, written whole or not at all.
 
-The linearised method (`linear_images`) calibrates the device from each level's `ref.mat`
+Without a model (`eval.py --data ktc2023_challenge` with no `--workdir`, `linear_answers`) the
+answers are the linearised method's. The linearised method (`linear_images`) calibrates the
+device from each level's `ref.mat`
 (`eit.calibration`: gain and contact impedance), builds the Jacobian of the challenge's
 measuring system (`eit.layout.ktc2023` geometry, the file's patterns and currents) and
 reconstructs each target's difference from the rows it has: a removed electrode's values are
 left out of the Tikhonov system, not zero-filled. The segmentation keeps the pixels beyond
-`SEGMENT_LEVEL` of the image's largest magnitude (chosen on the 28 public cases: 0.3 18.0, 0.4
-20.3, 0.5 about 19; docs/ktc2023.md). The all-water answer is the floor.
+`config.eval.tikhonov_segment_level` (0.4) of the image's largest magnitude (chosen on the 28
+public cases: 0.3 18.0, 0.4 20.3, 0.5 about 19; docs/ktc2023.md). The all-water answer is the
+floor.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from cdeit_jax.data.ktc2023 import Case
 from cdeit_jax.eit import calibration, tikhonov
 from cdeit_jax.infer import ktc_score, outputs
 
-SEGMENT_LEVEL = 0.4
 METRICS = "metrics.json"
 log = logs.log.getChild("challenge")
 
@@ -75,7 +77,7 @@ def linear_images(
   return images
 
 
-def answers_of(images: list[np.ndarray], level: float = SEGMENT_LEVEL) -> list[np.ndarray]:
+def answers_of(images: list[np.ndarray], level: float) -> list[np.ndarray]:
   return [ktc_score.to_challenge_grid(ktc_score.segment(im, level)) for im in images]
 
 
@@ -202,29 +204,40 @@ def check_model(device, removed: np.ndarray, cases: list[Case]) -> None:
     conditioning.removal_set(removed, c.difference[None], c.path)
 
 
-def linear_answers(
-  data_path: str,
-  out: str,
-  alpha: float = tikhonov.DEFAULT_ALPHA,
-  segment_level: float = SEGMENT_LEVEL,
-) -> dict:
-  """`python -m cdeit_jax.challenge`: the linearised answers (`linear_images`, segmented at
-  `segment_level` of each image's largest magnitude) and all water's for every case under
-  `data_path`, written into `out` (`write`); returns metrics.json's content, with `table` when
-  every truth is known and `targets`, the number of answers."""
+def linear_settings(cfg) -> tuple[float, float]:
+  """(alpha, segment level) of the linearised answers, each checked: a config's
+  `simulator.tikhonov_alpha` (None: `tikhonov.DEFAULT_ALPHA`) and
+  `eval.tikhonov_segment_level`."""
   import math
+
+  alpha = cfg.simulator.tikhonov_alpha
+  alpha = tikhonov.DEFAULT_ALPHA if alpha is None else alpha
+  level = cfg.eval.tikhonov_segment_level
+  if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
+    raise InputError(f"--config.simulator.tikhonov_alpha={alpha}: must be a finite number > 0")
+  if not (isinstance(level, (int, float)) and 0 < level < 1):
+    raise InputError(
+      f"--config.eval.tikhonov_segment_level={level}: must be between 0 and 1 (a fraction of "
+      "the image's largest magnitude)"
+    )
+  return float(alpha), float(level)
+
+
+def linear_answers(data_path: str, out: str, overrides: dict | None = None) -> dict:
+  """`eval.py --data ktc2023_challenge` without a model: the linearised answers
+  (`linear_images`, segmented at `linear_settings`' level of each image's largest magnitude)
+  and all water's for every case under `data_path`, written into `out` (`write`); returns
+  metrics.json's content, with `table` when every truth is known and `targets`, the number of
+  answers."""
   import time
 
+  from cdeit_jax import config_lib
   from cdeit_jax.data import ktc2023
 
   t0 = time.perf_counter()
-  if not (math.isfinite(alpha) and alpha > 0):
-    raise InputError(f"--alpha={alpha}: must be a finite number > 0")
-  if not 0 < segment_level < 1:
-    raise InputError(
-      f"--segment_level={segment_level}: must be between 0 and 1 (a fraction of the image's "
-      "largest magnitude)"
-    )
+  cfg = config_lib.default_config()
+  config_lib.override(cfg, dict(overrides or {}))
+  alpha, segment_level = linear_settings(cfg)
   cases = ktc2023.read_cases(data_path)  # every input first: a refused one leaves no --out
   layout = cases[0].layout
   log.info(f"{len(cases)} targets of {layout.describe()}")
@@ -259,8 +272,11 @@ def answers_above(images: list[np.ndarray], threshold: float) -> list[np.ndarray
   return [ktc_score.to_challenge_grid(ktc_score.segment_absolute(im, threshold)) for im in images]
 
 
-def run(kind, workdir: str, data_path: str, out: str, overrides=None, units=None) -> dict:
-  """`data_kinds`' ktc2023_challenge (it reads no units: each level is calibrated)."""
+def run(kind, workdir: str | None, data_path: str, out: str, overrides=None, units=None) -> dict:
+  """`data_kinds`' ktc2023_challenge (it reads no units: each level is calibrated): the answers
+  of the model at `workdir`, or without one the linearised answers."""
+  if workdir is None:
+    return linear_answers(data_path, out, overrides)
   return evaluate(workdir, data_path, out, overrides)
 
 
@@ -303,8 +319,9 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
   sampled = time.perf_counter() - t1
   methods = [Method("cdeit", images, answers_above(images, e.segment_threshold), stds)]
   if e.tikhonov:
-    linear = linear_images(cases, fits)
-    methods.append(Method("tikhonov", linear, answers_of(linear)))
+    alpha, level = linear_settings(cfg)
+    linear = linear_images(cases, fits, alpha)
+    methods.append(Method("tikhonov", linear, answers_of(linear, level)))
   methods.append(water(cases))
   results = {m.name: scores(cases, m) for m in methods}
   metrics = {
@@ -317,7 +334,7 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
       "num_samples": rec.num_samples,
       "sampling_steps": rec.steps,
       "segment_threshold": float(e.segment_threshold),
-      "tikhonov_segment_level": SEGMENT_LEVEL,
+      "tikhonov_segment_level": float(e.tikhonov_segment_level),
       "sampling_seconds": sampled,
       "seconds": time.perf_counter() - t0,
     },

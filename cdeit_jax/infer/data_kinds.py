@@ -6,7 +6,8 @@ unless `--units` says otherwise.
   uef2017            a folder of npz files in the UEF2017 tank's units (`infer.evaluate`)
   recording          one frames file of a device, with its true images (`infer.recording`)
   ktc2023_challenge  KTC2023's level_K folders, answered as the challenge asks
-                     (`infer.challenge`; each level calibrated from its ref.mat)
+                     (`infer.challenge`; each level calibrated from its ref.mat); without a
+                     model (no --workdir), the linearised answers
 
 A name of another named system (`measurement.unit_names`, e.g. ktc2023) is a folder of npz files
 in that system's units, as before. Each module has `run(kind, workdir, data_path, out,
@@ -26,14 +27,16 @@ from cdeit_jax.eit import measurement
 @dataclasses.dataclass(frozen=True)
 class Kind:
   """One kind of test data: its name, the module that evaluates it, its default units (a name of
-  `measurement.unit_names`; None: the model's device's own, `reconstructor.device_units`) and
-  whether other units may be given (the challenge calibrates each level itself)."""
+  `measurement.unit_names`; None: the model's device's own, `reconstructor.device_units`),
+  whether other units may be given (the challenge calibrates each level itself) and whether it
+  answers without a model (the challenge's linearised answers)."""
 
   name: str
   module: str
   units: str | None
   summary: str
   takes_units: bool = True
+  needs_model: bool = True
 
 
 _NPZ = "cdeit_jax.infer.evaluate"
@@ -52,8 +55,10 @@ KINDS = {
       "ktc2023_challenge",
       "cdeit_jax.infer.challenge",
       None,
-      "KTC2023's level_K folders, answered as the challenge asks",
+      "KTC2023's level_K folders, answered as the challenge asks (the linearised answers "
+      "without --workdir)",
       takes_units=False,
+      needs_model=False,
     ),
   )
 }
@@ -102,15 +107,20 @@ def units_of(kind: Kind, units: str | None, device, voltage_ratio=None, current_
 
 def run(
   name: str,
-  workdir: str,
+  workdir: str | None,
   data_path: str,
   out: str,
   overrides: dict[str, Any] | None = None,
   units: str | None = None,
 ) -> dict[str, Any]:
-  """Evaluate the model at `workdir` on `data_path` of kind `name` into `out` (metrics.json's
-  content)."""
+  """Evaluate the model at `workdir` (None: no model, for a kind that answers without one) on
+  `data_path` of kind `name` into `out` (metrics.json's content)."""
   kind = get(name)
+  if workdir is None and kind.needs_model:
+    raise InputError(
+      f"--data {name}: give the model to evaluate with --workdir (a run directory); only "
+      f"{', '.join(k.name for k in KINDS.values() if not k.needs_model)} answers without one"
+    )
   if units is not None and not kind.takes_units:
     units_of(kind, units, None)  # the refusal, before any work
   return importlib.import_module(kind.module).run(kind, workdir, data_path, out, overrides, units)

@@ -51,7 +51,7 @@ def check_scale(src, units: str, limit: int = 8) -> None:
 
 
 def evaluate(
-  path: str,
+  path: str | None,
   data_name: str,
   data_path: str,
   out: str,
@@ -60,7 +60,8 @@ def evaluate(
 ) -> dict[str, Any]:
   """Reconstruct the test data at `data_path`, of kind `data_name` (`data_kinds`: simulated,
   uef2017, recording, ktc2023_challenge), with the checkpoint at `path` (a run: its best
-  validated step that loads, else the latest; or one `RUN/checkpoints/STEP`) and write every
+  validated step that loads, else the latest; or one `RUN/checkpoints/STEP`; None: no model,
+  the challenge's linearised answers) and write every
   output into `out`; returns metrics.json's content. `units`: the data's units (a name of
   `measurement.unit_names`), else the kind's.
 
