@@ -50,7 +50,7 @@ class Stopped(CdeitError):
 def fixed_examples(
   cfg: ml_collections.ConfigDict, split: str, n: int, mesh: jax.sharding.Mesh
 ) -> tuple[np.ndarray, np.ndarray]:
-  """(ys (n, 208), xs (n, 128, 128)) host arrays of examples 0..n-1 of `split`."""
+  """(ys (n, R), xs (n, 128, 128)) host arrays of examples 0..n-1 of `split`."""
   ys, xs = [], []
   for lo in range(0, n, _CHUNK):
     idx = np.arange(lo, min(n, lo + _CHUNK))

@@ -140,7 +140,7 @@ class NpzSource:
 
 
 class ArraySource:
-  """In-memory examples with `NpzSource`'s items: voltages `ys` (n, 208) in simulation units (the
+  """In-memory examples with `NpzSource`'s items: voltages `ys` (n, R) in simulation units (the
   "simulated" preset) and label images `xs` (n, 128, 128), standardised with (mean, std). The
   simulator source's fixed sets (statistics, validation) are ArraySources."""
 

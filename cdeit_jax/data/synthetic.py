@@ -229,7 +229,7 @@ def example_arrays(
   mesh: jax.sharding.Mesh,
   pad_to: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Host arrays (ys (n, 208), xs (n, 128, 128)) of examples `indices` of `split`, computed on
+  """Host arrays (ys (n, R), xs (n, 128, 128)) of examples `indices` of `split`, computed on
   the devices of `mesh` (each its share of the batch), replicated to every host. Batches are
   padded to `pad_to` (and to a multiple of the devices) so that one compilation serves all."""
   from cdeit_jax.common import sharding as shd

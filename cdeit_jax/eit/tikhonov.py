@@ -2,12 +2,12 @@
 
     x = (J^T J + lambda W)^(-1) J^T ys = W^-1 J^T (J W^-1 J^T + lambda I)^(-1) ys
 
-J (values, pixels in the disk) is the Jacobian of the simulator of a measuring system (CDEIT's 208
-values by default) at the homogeneous background with respect to the label image xs
-(sigma = 10^xs); W = diag(J^T J)^p (p = 1: NOSER,
-Cheney et al. 1990; p = 0: plain Tikhonov) and lambda = alpha * trace(J W^-1 J^T) / 208. The right
-side is the 208 x 208 form, so the reconstruction matrix (pixels x 208) is built once and applied
-to any measurement as one matrix product. Outputs are in label units, zero outside the disk.
+J (R values, pixels in the disk) is the Jacobian of the simulator of a measuring system
+(CDEIT's 208 values by default) at the homogeneous background with respect to the label image
+xs (sigma = 10^xs); W = diag(J^T J)^p (p = 1: NOSER, Cheney et al. 1990; p = 0: plain Tikhonov)
+and lambda = alpha * trace(J W^-1 J^T) / R. The right side is the R x R form, so the
+reconstruction matrix (pixels x R) is built once and applied to any measurement as one matrix
+product. Outputs are in label units, zero outside the disk.
 """
 
 from __future__ import annotations
