@@ -15,11 +15,12 @@ $(BIN)/.installed: pyproject.toml
 
 # The linter and formatter first (pyproject.toml's settings), then the suite in TEST_WORKERS
 # processes (pytest-xdist; 2 suits 2 cores: 3 was slower there; each worker holds 8 fake devices
-# and its own session fixtures, so more workers need more memory). Huge-page-backed malloc:
+# and its own session fixtures, so more workers need more memory); tests sharing an expensive
+# fixture go to one worker (--dist loadgroup, tests/conftest.py's SHARED_FIXTURES). Huge-page-backed malloc:
 # XLA:CPU's large temporaries fault in far faster (cdeit_jax/common/cpu_tuning.py).
 TEST_WORKERS ?= 2
 test: install lint
-	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: install
 	$(BIN)/ruff check .
@@ -27,7 +28,8 @@ lint: install
 
 # Every test, the slow ones too (about 3 minutes more on 2 cores).
 test-all: install
-	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "slow or not slow"
+	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
+	  -m "slow or not slow"
 
 # The embedded default: simulate a training set once (cached), whose measuring system is drawn per
 # example (config.simulator.system), and a foreign system's test set (configs/foreign.py); train

@@ -26,6 +26,28 @@ def nhwc(a: np.ndarray) -> np.ndarray:
   return np.moveaxis(np.asarray(a), -3, -1)
 
 
+# Tests that share an expensive fixture run in one pytest-xdist worker (`make test` distributes
+# with --dist loadgroup), so that it is built once, not once per worker: fixture -> group. The
+# bucket's tests share the uninterrupted training run with test_training's.
+SHARED_FIXTURES = {
+  "gcs": "straight_run",
+  "straight_run": "straight_run",
+  "device_run": "device_run",
+  "small_set": "small_set",
+  "fixture_run": "fixture_run",
+  "step8": "step8",
+  "profiled": "profiled",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
+def pytest_collection_modifyitems(config, items):
+  for item in items:
+    group = next((g for f, g in SHARED_FIXTURES.items() if f in item.fixturenames), None)
+    if group is not None:
+      item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> pathlib.Path:
   return FIXTURES

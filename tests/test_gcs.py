@@ -65,6 +65,8 @@ def _eval(*args: str) -> subprocess.Popen:
   )
 
 
+@pytest.mark.slow  # 95 s; by default a bucket workdir trains and resumes in the lease test and
+# eval.py reads and writes a bucket in test_eval_reads_a_bucket_run_and_writes_the_bucket
 def test_train_killed_resumed_and_evaluated_in_a_bucket(gcs, bucket_data, straight_run, tmp_path):
   """train.py reads its data from the bucket and keeps its workdir there; after a SIGTERM the
   rerun resumes from the bucket's checkpoint and ends bit-equal to the uninterrupted local run;
@@ -111,16 +113,43 @@ def test_train_killed_resumed_and_evaluated_in_a_bucket(gcs, bucket_data, straig
   for r in runs:
     _, e = r.communicate(timeout=300)
     assert r.returncode == 0, e[-3000:]
-  assert sorted(o for o in _objects(out)) == sorted([*outputs.OUTPUTS, outputs.MANIFEST])
-  with fileio.open_binary(f"{out}/predictions.npz") as fh:
-    remote = dict(np.load(fh))
-  local = np.load(tmp_path / "local" / "predictions.npz")
-  np.testing.assert_array_equal(remote["pred"], local["pred"])
-  r_metrics = json.loads(fileio.read_text(f"{out}/metrics.json"))
-  l_metrics = json.loads((tmp_path / "local" / "metrics.json").read_text())
-  assert r_metrics["metrics"] == l_metrics["metrics"]
+  r_metrics = _evaluated_alike(out, tmp_path / "local")
   assert r_metrics["settings"]["checkpoint"] == wd
   assert r_metrics["settings"]["data_path"] == f"{bucket_data}/uef2017"
+
+
+def _evaluated_alike(remote_out: str, local_out: pathlib.Path) -> dict:
+  """The outputs eval.py wrote into the bucket are all there and equal the local ones."""
+  assert sorted(_objects(remote_out)) == sorted([*outputs.OUTPUTS, outputs.MANIFEST])
+  with fileio.open_binary(f"{remote_out}/predictions.npz") as fh:
+    remote = dict(np.load(fh))
+  local = np.load(local_out / "predictions.npz")
+  np.testing.assert_array_equal(remote["pred"], local["pred"])
+  r_metrics = json.loads(fileio.read_text(f"{remote_out}/metrics.json"))
+  l_metrics = json.loads((local_out / "metrics.json").read_text())
+  assert r_metrics["metrics"] == l_metrics["metrics"]
+  return r_metrics
+
+
+def test_eval_reads_a_bucket_run_and_writes_the_bucket(gcs, bucket_data, straight_run, tmp_path):
+  """eval.py with the workdir (a trained run's files copied into the bucket), the test set and
+  --out all in the bucket writes every output there, equal to evaluating the local run."""
+  wd = f"{gcs}/runs/copied"
+  for f in sorted(p for p in straight_run.rglob("*") if p.is_file()):
+    fileio.path(f"{wd}/{f.relative_to(straight_run).as_posix()}").write_bytes(f.read_bytes())
+  out = f"{wd}/eval"
+  runs = [
+    _eval("--workdir", wd, "--data_path", f"{bucket_data}/uef2017", "--out", out),
+    _eval(
+      "--workdir", str(straight_run), "--data_path", str(UEF), "--out", str(tmp_path / "local")
+    ),
+  ]
+  for r in runs:
+    _, e = r.communicate(timeout=300)
+    assert r.returncode == 0, e[-3000:]
+  m = _evaluated_alike(out, tmp_path / "local")
+  assert m["settings"]["checkpoint"] == wd
+  assert m["settings"]["data_path"] == f"{bucket_data}/uef2017"
 
 
 def test_statistics_of_a_bucket_folder(gcs, bucket_data):
