@@ -30,6 +30,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from cdeit_jax.checkpoints import shipped
 from cdeit_jax.common import compat, fileio, logs
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.common.variables import Calibration
@@ -216,6 +217,7 @@ def locate(path: str) -> tuple[str, int | None]:
   if not p.exists():
     raise MissingFile(f"checkpoint {path}: no such file or directory")
   if step_folder(path) is not None:
+    shipped.verify(str(p.parent.parent))
     return str(p.parent.parent), step_folder(path)
   if p.name == CHECKPOINTS:
     p = p.parent
@@ -225,6 +227,7 @@ def locate(path: str) -> tuple[str, int | None]:
       f"checkpoint {path}: no {CHECKPOINTS}/ folder here (give a workdir "
       "written by train.py or `python -m cdeit_jax.convert`)"
     )
+  shipped.verify(path)  # a model folder that ships with the code: its files as its manifest's
   return path, None
 
 

@@ -1,0 +1,156 @@
+"""`python -m cdeit_jax.ship`: a trained run made into a model folder that ships with the code
+(`models/cdeit16`, `models/ktc2023`; `cdeit_jax.checkpoints.shipped`).
+
+  python -m cdeit_jax.ship --workdir runs/cdeit16 --out models/cdeit16 --recipe "make ..." \\
+      --scores uef2017=runs/cdeit16/eval_uef2017/metrics.json
+
+The run's best validated step (or --step) is loaded with its EMA weights and written as one
+inference step (EMA only; the step's uncertainty scale beside it), with `manifest.json`: the
+config, the device, the recipe, the steps, the training time (every invocation's wall time
+summed from metrics.jsonl) and the machine, the data seeds, the scores given, and the SHA-256 of
+the step's files. The folder is written beside --out and put in its place whole; an --out that
+is not a model folder (no manifest) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+
+def training_record(workdir: str) -> dict:
+  """(seconds, invocations) of a run: each invocation's wall time (its last metrics.jsonl record
+  with `run`), summed."""
+  from cdeit_jax.common import fileio
+
+  text = fileio.read_text(fileio.join(workdir, "metrics.jsonl")) or ""
+  runs, last = [], None
+  for line in text.splitlines():
+    record = json.loads(line)
+    if "run" in record and (last is None or record["run"]["wall_s"] >= last["wall_s"]):
+      last = record["run"]
+    elif "run" in record:  # a new invocation's first record: its clock restarted
+      runs.append(last)
+      last = record["run"]
+  runs += [last] if last is not None else []
+  return {"seconds": round(sum(r["wall_s"] for r in runs), 1), "invocations": len(runs)}
+
+
+def machine() -> str:
+  """This machine in one line: CPU, cores, JAX's devices."""
+  import jax
+
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as fh:
+      cpu = next(ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  d = jax.devices()
+  return f"{cpu}, {os.cpu_count()} cores; jax {jax.__version__}, {len(d)} x {d[0].device_kind}"
+
+
+def scores(pairs: list[str]) -> dict:
+  """{name: the metrics (and settings) of an evaluation's metrics.json} of NAME=PATH pairs."""
+  from cdeit_jax.common.errors import InputError
+
+  out = {}
+  for pair in pairs or []:
+    name, sep, path = pair.partition("=")
+    if not sep or not name:
+      raise InputError(f"--scores {pair!r}: give NAME=PATH to an evaluation's metrics.json")
+    try:
+      with open(path) as fh:
+        m = json.load(fh)
+    except (OSError, ValueError) as e:
+      raise InputError(f"--scores {name}={path}: not a readable metrics.json ({e})") from None
+    out[name] = {k: m[k] for k in ("metrics", "settings") if k in m}
+  return out
+
+
+def ship(workdir: str, out: str, recipe: str, score_pairs: list[str], step: int | None) -> dict:
+  """Write the model folder `out` of the run at `workdir` (module docstring); its manifest."""
+  from cdeit_jax.checkpoints import checkpoint, reader, shipped
+  from cdeit_jax.common import fileio
+  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.infer import reconstructor
+
+  given = scores(score_pairs)  # every input checked before anything is written
+  out = os.path.abspath(out)
+  if os.path.exists(out) and os.listdir(out) and shipped.read(out) is None:
+    raise InputError(f"--out {out}: holds files and no {shipped.MANIFEST}; give a new folder")
+  with reader.open_run(workdir, step) as run:
+    meta, skipped = run.first_readable()
+    loaded = run.load(weights="ema", passed=skipped)
+    meta = loaded.meta
+    scale_file = reconstructor.calibration_file(run, meta.step)
+    stage = f"{out}.shipping"
+    shutil.rmtree(stage, ignore_errors=True)
+    checkpoint.save_inference(
+      stage,
+      loaded.model,
+      meta.config,
+      mean=meta.mean,
+      std=meta.std,
+      step=meta.step,
+      source=f"{run.workdir} step {meta.step} (EMA weights)",
+    )
+    scale = fileio.read_text(scale_file)
+    if scale is not None:
+      step_dir = fileio.join(stage, checkpoint.CHECKPOINTS, str(meta.step))
+      fileio.write_text(fileio.join(step_dir, reconstructor.UNCERTAINTY_FILE), scale)
+  cfg = meta.config
+  record = {
+    "name": os.path.basename(out),
+    "recipe": recipe,
+    "config": json.loads(cfg.to_json_best_effort()),
+    "device": meta.record.get("device") or loaded.model.layout.record(),
+    "training": {
+      "steps": meta.step,
+      **training_record(workdir),
+      "machine": machine(),
+      "data_seed": {"simulator": int(cfg.simulator.seed), "data": int(cfg.data.seed)},
+      "source": f"{os.path.abspath(workdir)} step {meta.step}",
+      "shipped": time.strftime("%Y-%m-%d"),
+    },
+    "scores": given,
+  }
+  manifest = shipped.write(stage, meta.step, record)
+  old = f"{out}.old"
+  if os.path.exists(out):
+    os.replace(out, old)
+  os.replace(stage, out)
+  shutil.rmtree(old, ignore_errors=True)
+  shipped.verify(out)
+  return manifest
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  from cdeit_jax.common import logs
+
+  logs.console()
+  m = ship(FLAGS.workdir, FLAGS.out, FLAGS.recipe, FLAGS.scores, FLAGS.step)
+  size = sum(os.path.getsize(os.path.join(FLAGS.out, f)) for f in m["files"])
+  print(
+    f"shipped step {m['step']} of {FLAGS.workdir} to {FLAGS.out}: {len(m['files'])} files, "
+    f"{size / 1e6:.1f} MB, sha256 {m['sha256'][:16]}..."
+  )
+
+
+if __name__ == "__main__":
+  from cdeit_jax import cli
+
+  flags.DEFINE_string("workdir", None, "the trained run", required=True)
+  flags.DEFINE_string("out", None, "the model folder (e.g. models/cdeit16)", required=True)
+  flags.DEFINE_string("recipe", "", "how the run was made (a make target, its commands)")
+  flags.DEFINE_multi_string("scores", [], "NAME=PATH of an evaluation's metrics.json, repeated")
+  flags.DEFINE_integer("step", None, "the step to ship (default: the best validated)")
+  cli.run(main)

@@ -1,0 +1,133 @@
+"""Model folders that ship with the code (`cdeit_jax.checkpoints.shipped`, `python -m
+cdeit_jax.ship`): a trained run's best step, EMA weights only, with a manifest whose SHA-256 every
+reader checks before it reads a byte of the model."""
+
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import REPO, run_train
+from flax import nnx
+
+from cdeit_jax.checkpoints import checkpoint, loading, shipped
+
+UEF = REPO / "data" / "uef2017"
+
+
+def _run(*args):
+  return subprocess.run(
+    [sys.executable, *map(str, args)], capture_output=True, text=True, cwd=REPO, timeout=300
+  )
+
+
+def _by_hand(folder: pathlib.Path, files: list[str]) -> str:
+  """The manifest's digest written out again: each file's path, size and bytes, in order."""
+  h = hashlib.sha256()
+  for rel in files:
+    data = (folder / rel).read_bytes()
+    h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+  return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def model_folder(straight_run, tmp_path_factory):
+  """The uninterrupted 24-step run evaluated on UEF2017 and shipped with that score."""
+  root = tmp_path_factory.mktemp("shipped")
+  ev = _run(
+    "eval.py",
+    f"--workdir={straight_run}",
+    "--data=uef2017",
+    f"--data_path={UEF}",
+    f"--out={root / 'eval'}",
+    "--config.sampling.steps=2",
+    "--config.eval.max_examples=4",
+    "--config.eval.figure=False",
+  )
+  assert ev.returncode == 0, ev.stderr[-3000:]
+  out = root / "models" / "tiny"
+  p = _run(
+    "-m",
+    "cdeit_jax.ship",
+    f"--workdir={straight_run}",
+    f"--out={out}",
+    "--recipe=make train-test",
+    f"--scores=uef2017={root / 'eval' / 'metrics.json'}",
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "shipped step" in p.stdout
+  return out, root
+
+
+def test_the_folder_holds_the_best_steps_ema_weights_and_its_manifest(straight_run, model_folder):
+  """One step (the run's best validated), EMA weights and metadata only; the manifest names the
+  config, device, recipe, steps, time, machine and seeds, the score given, every file, and a
+  SHA-256 equal to one computed by hand; the model loaded from the folder is the run's EMA."""
+  out, root = model_folder
+  m = json.loads((out / "manifest.json").read_text())
+  best = checkpoint.best_step(str(straight_run))
+  assert m["step"] == best and os.listdir(out / "checkpoints") == [str(best)]
+  items = sorted(os.listdir(out / "checkpoints" / str(best)))
+  assert "ema" in items and "params" not in items and "opt_state" not in items, items
+  assert m["sha256"] == _by_hand(out, m["files"])
+  assert m["files"] == sorted(
+    str(p.relative_to(out)) for p in (out / "checkpoints").rglob("*") if p.is_file()
+  )
+  assert m["recipe"] == "make train-test" and m["training"]["steps"] == best
+  assert m["training"]["seconds"] > 0 and m["training"]["invocations"] == 1
+  assert "cores" in m["training"]["machine"] and m["training"]["data_seed"]["data"] == 0
+  assert m["config"]["model"]["hidden_size"] == 32 and m["device"]["name"] == "cdeit16"
+  want = json.loads((root / "eval" / "metrics.json").read_text())["metrics"]
+  assert m["scores"]["uef2017"]["metrics"] == want
+  shipped_model, meta = loading.load(str(out))
+  run_model, _ = loading.load(str(straight_run), step=best, weights="ema")
+  a = jax.tree.leaves(nnx.state(shipped_model, nnx.Param))
+  b = jax.tree.leaves(nnx.state(run_model, nnx.Param))
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert meta["weights"] == ["ema"]
+
+
+def test_a_changed_byte_or_file_is_refused_in_one_line(model_folder, tmp_path):
+  """One byte of a weight file changed, a file added, the manifest damaged: every reader
+  (loading, eval.py) refuses in one line naming the folder; training into a model folder is
+  refused too; ship will not write over a folder that is not a model folder."""
+  import shutil
+
+  out, _ = model_folder
+  bad = tmp_path / "bad"
+  shutil.copytree(out, bad)
+  weights = sorted(p for p in (bad / "checkpoints").rglob("*") if p.is_file() and "ema" in str(p))
+  big = max(weights, key=lambda p: p.stat().st_size)
+  original = big.read_bytes()
+  changed = bytearray(original)
+  changed[len(changed) // 2] ^= 1
+  big.write_bytes(bytes(changed))
+  with pytest.raises(shipped.ManifestError, match=r"model folder .*bad: its weights' SHA-256"):
+    loading.load(str(bad))
+  args = [f"--workdir={bad}", "--data=uef2017", f"--data_path={UEF}", f"--out={tmp_path / 'e'}"]
+  p = _run("eval.py", *args)
+  assert p.returncode == 1 and p.stderr.count("error:") == 1, p.stderr[-2000:]
+  assert "SHA-256 is not the manifest's" in p.stderr and "Traceback" not in p.stderr
+  assert not (tmp_path / "e").exists()
+  big.write_bytes(original)
+  loading.load(str(bad))  # restored: it reads again
+  step = json.loads((bad / "manifest.json").read_text())["step"]
+  (bad / "checkpoints" / str(step) / "extra.txt").write_text("x")
+  with pytest.raises(shipped.ManifestError, match="files added"):
+    loading.load(str(bad))
+  (bad / "manifest.json").write_text("{")
+  with pytest.raises(shipped.ManifestError, match="manifest.json: unreadable"):
+    loading.load(str(bad))
+  rc, _, err = run_train(out, "--config.steps=2")
+  assert rc == 1 and "a model folder that ships with the code" in err, err[-2000:]
+  (tmp_path / "notes").mkdir()
+  (tmp_path / "notes" / "mine.txt").write_text("keep")
+  p = _run("-m", "cdeit_jax.ship", f"--workdir={out}", f"--out={tmp_path / 'notes'}")
+  assert p.returncode == 1 and "holds files and no manifest.json" in p.stderr, p.stderr[-2000:]
+  assert (tmp_path / "notes" / "mine.txt").read_text() == "keep"
