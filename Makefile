@@ -3,7 +3,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install lint test test-all demo demo-model ktc-demo device-model moving-demo train-test bench clean
+.PHONY: install lint test test-all demo demo-model ktc-demo cdeit16-model device-model moving-demo \
+  train-test bench clean
 
 install: $(BIN)/.installed
 
@@ -82,6 +83,38 @@ ktc-demo: install
 	$(BIN)/python eval.py --workdir $(KTC_RUN) --data ktc2023_challenge \
 	  --data_path data/ktc2023/levels --out $(KTC_RUN)/eval_ktc2023 --config.eval.tikhonov=True && \
 	echo "make ktc-demo: $$(( $$(date +%s) - start )) s (answers: $(KTC_RUN)/eval_ktc2023)"
+
+# The model that ships for CDEIT's 16-electrode system (models/cdeit16, configs/cdeit16.py):
+# simulate 24,000 training examples once (cached), train 30,000 steps (rerunning resumes), fit
+# the uncertainty scale, evaluate on held-out simulations, the foreign system and UEF2017, and
+# write the model folder with those scores (python -m cdeit_jax.ship).
+CDEIT16_DATA ?= $(HOME)/.cache/cdeit-jax/cdeit16-sim-v1
+CDEIT16_RUN ?= runs/cdeit16
+CDEIT16_EVAL = --config.eval.tikhonov=True --config.eval.figure=False
+cdeit16-model: install
+	@start=$$(date +%s) && \
+	$(BIN)/python -m cdeit_jax.simulate --out $(CDEIT16_DATA) --num_train 24000 --num_valid 256 \
+	  --num_test 64 --tr_splits valid,test && \
+	$(BIN)/python -m cdeit_jax.simulate --config configs/foreign.py --out $(DEMO_FOREIGN) \
+	  --num_test 64 && \
+	$(BIN)/python train.py --config configs/cdeit16.py --workdir $(CDEIT16_RUN) \
+	  --config.data.path=$(CDEIT16_DATA) && \
+	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data simulated --data_path $(CDEIT16_DATA)/valid \
+	  --out $(CDEIT16_RUN)/eval_valid $(CDEIT16_EVAL) --config.eval.fit_uncertainty=True && \
+	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data simulated --data_path $(CDEIT16_DATA)/test \
+	  --out $(CDEIT16_RUN)/eval_simulated $(CDEIT16_EVAL) && \
+	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data simulated --data_path $(DEMO_FOREIGN)/test \
+	  --out $(CDEIT16_RUN)/eval_foreign $(CDEIT16_EVAL) && \
+	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data uef2017 --data_path data/uef2017 \
+	  --out $(CDEIT16_RUN)/eval_uef2017 $(CDEIT16_EVAL) && \
+	$(BIN)/python -m cdeit_jax.report $(CDEIT16_RUN)/eval_simulated $(CDEIT16_RUN)/eval_foreign \
+	  $(CDEIT16_RUN)/eval_uef2017 && \
+	$(BIN)/python -m cdeit_jax.ship --workdir $(CDEIT16_RUN) --out models/cdeit16 \
+	  --recipe "make cdeit16-model (configs/cdeit16.py)" \
+	  --scores simulated=$(CDEIT16_RUN)/eval_simulated/metrics.json \
+	  --scores foreign=$(CDEIT16_RUN)/eval_foreign/metrics.json \
+	  --scores uef2017=$(CDEIT16_RUN)/eval_uef2017/metrics.json && \
+	echo "make cdeit16-model: $$(( $$(date +%s) - start )) s (the model: models/cdeit16)"
 
 # Your own device (docs/your_device.md): calibrate it from its reference file (electrode width,
 # contact impedance and gain fitted to the empty tank; CALIBRATE: more flags, e.g.
