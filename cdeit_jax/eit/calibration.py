@@ -33,6 +33,7 @@ from cdeit_jax.eit.mesh import make_mesh, spec_for
 from cdeit_jax.eit.system import DrawnSystem
 
 WIDTH_RANGE = (0.05, 0.9)  # the electrode widths searched, as fractions of the spacing
+PROFILE_POINTS = 41  # widths of the profile over the width (a fit of z at each)
 LOG10_Z = (-4.0, 0.0)  # the contact impedances searched (simulator units; below 1e-4 the
 # electrodes short their boundary already, and float32 solves lose digits)
 # The largest relative residual of a reference frame accepted as the empty tank: real tanks fit
@@ -215,10 +216,18 @@ def fit(
       lambda w: res(log10_z, w), bounds=widths, method="bounded", options={"xatol": 1e-4}
     )
     w = float(best.x)
-  else:  # both: the best of a coarse grid, then least squares within the bounds (z and the
-    # width trade off along a curved valley, which a scalar minimiser stops short in)
-    grid = [(x, w) for x in np.linspace(*LOG10_Z, 9) for w in np.linspace(*widths, 9)]
-    start = min(grid, key=lambda p: res(*p))
+  else:  # both: z and the width trade off along a curved valley, rippled where the electrodes'
+    # edges cross the mesh's boundary nodes, so a local search stops in the nearest ripple (a
+    # noise-free 10-degree device fitted at 12.4). The profile over the width (z at its best for
+    # each) finds the valley's lowest part, least squares then polishes it, and the profile's
+    # spread gives the width's uncertainty along the valley (`_profile_errors`).
+    profile = []
+    for wk in np.linspace(*widths, PROFILE_POINTS):
+      b = minimize_scalar(
+        lambda x, wk=wk: res(x, wk), bounds=LOG10_Z, method="bounded", options={"xatol": 0.01}
+      )
+      profile.append((float(b.fun), float(b.x), float(wk)))
+    start = min(profile)[1:]
     scale = np.linalg.norm(u)
 
     def residuals(p):
@@ -229,9 +238,13 @@ def fit(
       residuals, np.asarray(start), bounds=tuple(zip(LOG10_Z, widths)), x_scale=(1.0, 0.01)
     )
     log10_z, w = (float(v) for v in best.x)
+    if res(log10_z, w) > min(profile)[0]:  # polishing cannot lose what the profile found
+      log10_z, w = start
   gain, residual, v = gain_residual(log10_z, w)
   free = [k for k, on in (("log10_z", free_z), ("width", fixed_w is None)) if on]
   errors = _errors(model, u, v, gain, present, log10_z, w, free)
+  if free_z and fixed_w is None:
+    errors = _profile_errors(errors, profile, residual, len(u))
   at_bound = min(abs(log10_z - b) for b in LOG10_Z) < 0.01
   if free_z and fixed_w is not None:  # the residual over z's whole range
     identifiable = max(ends) - residual > 0.01 * residual and min(ends) - residual > 0.01 * residual
@@ -247,6 +260,22 @@ def fit(
     errors,
   )
   return fit.check(what)
+
+
+def _profile_errors(errors: dict, profile: list, residual: float, n: int) -> dict[str, float]:
+  """The width's and z's one-sigma uncertainties along the valley: the spread of the profile's
+  points (z at its best for each width) whose chi-square exceeds the best fit's by at most 1,
+  chi-square = (n - 3) residual^2 / the best residual^2 (the noise estimated from the fit), where
+  that is wider than the local estimate (`_errors`, which sees one ripple only)."""
+  floor = max(residual, 1e-9) ** 2
+  near = [(x, wk) for r, x, wk in profile if (n - 3) * (r * r - floor) / floor <= 1.0]
+  if len(near) < 2:
+    return errors
+  xs, ws = np.asarray(near).T
+  out = dict(errors)
+  out["width_deg"] = max(out.get("width_deg", 0.0), float(np.rad2deg(np.ptp(ws))) / 2)
+  out["log10_z"] = max(out.get("log10_z", 0.0), float(np.ptp(xs)) / 2)
+  return out
 
 
 def _errors(model, u, v, gain, present, log10_z, w, free) -> dict[str, float]:
