@@ -103,23 +103,21 @@ def test_train_killed_resumed_and_evaluated_in_a_bucket(gcs, bucket_data, straig
   assert not [o for o in objects if o.endswith(".tmp") or "/.write-test" in o], objects
 
   # eval.py: the bucket's workdir and data, outputs into the bucket; and the local equivalent
-  out = f"{wd}/eval"
+  _evaluated_alike(wd, bucket_data, straight_run, tmp_path / "local")
+
+
+def _evaluated_alike(wd: str, bucket_data: str, local_run: pathlib.Path, local_out: pathlib.Path):
+  """eval.py of the bucket's workdir `wd` on the bucket's test set into WD/eval, and of the same
+  run kept locally on the local files: the bucket's outputs are all there and equal the local
+  ones, its metrics name the bucket's workdir and data."""
+  remote_out = f"{wd}/eval"
   runs = [
-    _eval("--workdir", wd, "--data_path", f"{bucket_data}/uef2017", "--out", out),
-    _eval(
-      "--workdir", str(straight_run), "--data_path", str(UEF), "--out", str(tmp_path / "local")
-    ),
+    _eval("--workdir", wd, "--data_path", f"{bucket_data}/uef2017", "--out", remote_out),
+    _eval("--workdir", str(local_run), "--data_path", str(UEF), "--out", str(local_out)),
   ]
   for r in runs:
     _, e = r.communicate(timeout=300)
     assert r.returncode == 0, e[-3000:]
-  r_metrics = _evaluated_alike(out, tmp_path / "local")
-  assert r_metrics["settings"]["checkpoint"] == wd
-  assert r_metrics["settings"]["data_path"] == f"{bucket_data}/uef2017"
-
-
-def _evaluated_alike(remote_out: str, local_out: pathlib.Path) -> dict:
-  """The outputs eval.py wrote into the bucket are all there and equal the local ones."""
   assert sorted(_objects(remote_out)) == sorted([*outputs.OUTPUTS, outputs.MANIFEST])
   with fileio.open_binary(f"{remote_out}/predictions.npz") as fh:
     remote = dict(np.load(fh))
@@ -128,7 +126,8 @@ def _evaluated_alike(remote_out: str, local_out: pathlib.Path) -> dict:
   r_metrics = json.loads(fileio.read_text(f"{remote_out}/metrics.json"))
   l_metrics = json.loads((local_out / "metrics.json").read_text())
   assert r_metrics["metrics"] == l_metrics["metrics"]
-  return r_metrics
+  assert r_metrics["settings"]["checkpoint"] == wd
+  assert r_metrics["settings"]["data_path"] == f"{bucket_data}/uef2017"
 
 
 def test_eval_reads_a_bucket_run_and_writes_the_bucket(gcs, bucket_data, straight_run, tmp_path):
@@ -137,19 +136,7 @@ def test_eval_reads_a_bucket_run_and_writes_the_bucket(gcs, bucket_data, straigh
   wd = f"{gcs}/runs/copied"
   for f in sorted(p for p in straight_run.rglob("*") if p.is_file()):
     fileio.path(f"{wd}/{f.relative_to(straight_run).as_posix()}").write_bytes(f.read_bytes())
-  out = f"{wd}/eval"
-  runs = [
-    _eval("--workdir", wd, "--data_path", f"{bucket_data}/uef2017", "--out", out),
-    _eval(
-      "--workdir", str(straight_run), "--data_path", str(UEF), "--out", str(tmp_path / "local")
-    ),
-  ]
-  for r in runs:
-    _, e = r.communicate(timeout=300)
-    assert r.returncode == 0, e[-3000:]
-  m = _evaluated_alike(out, tmp_path / "local")
-  assert m["settings"]["checkpoint"] == wd
-  assert m["settings"]["data_path"] == f"{bucket_data}/uef2017"
+  _evaluated_alike(wd, bucket_data, straight_run, tmp_path / "local")
 
 
 def test_statistics_of_a_bucket_folder(gcs, bucket_data):
