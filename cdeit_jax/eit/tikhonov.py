@@ -162,7 +162,7 @@ class Tikhonov:
     if not (np.isfinite(alpha) and alpha > 0):
       raise InputError(f"alpha must be a finite number > 0, got {alpha}")
     if jac is None:
-      jac = default_jacobian() if sim is None else layout_jacobian(sim.layout)
+      jac = default_jacobian() if sim is None else jacobian(sim)  # the simulator's own mesh
     self.disk, jd, w_inv, gram = weighted_system(jac, noser_exponent)
     lam = alpha * np.trace(gram) / len(gram)
     self.matrix = (w_inv[:, None] * jd.T) @ np.linalg.inv(gram + lam * np.eye(len(gram)))
