@@ -83,14 +83,15 @@ class Calibration:
   def describe(self) -> str:
     e = self.errors
     z = f"{self.contact_impedance:.3g}"
-    if "log10_z" in e:
+    if "log10_z" in e and e["log10_z"] <= np.ptp(LOG10_Z):  # beyond the range searched: no figure
       z += f" (x/ 10^{e['log10_z']:.2f})"
     if not self.identifiable:
       z += " (not identifiable)"
     gain = f"{self.gain:.6g}" + (f" +- {e['gain']:.3g}" if "gain" in e else "")
     width = ""
     if self.width_deg is not None:
-      spread = f" +- {e['width_deg']:.2g}" if "width_deg" in e else ""
+      # an uncertainty beyond the width itself says nothing more than "not identifiable"
+      spread = f" +- {e['width_deg']:.2g}" if e.get("width_deg", np.inf) < self.width_deg else ""
       vague = e.get("width_deg", 0.0) > 0.2 * self.width_deg
       width = f", electrode width {self.width_deg:.4g}{spread} degrees"
       width += " (not identifiable)" if vague else ""
