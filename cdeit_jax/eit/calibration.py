@@ -170,20 +170,9 @@ def fit(
   electrodes' width (unless `width_deg` is given; else the layout's) to `reference` (R,), NaN
   where a value is missing; a frame that cannot be this system's empty tank is an InputError
   naming `what` (`Calibration.check`)."""
-  from scipy.optimize import least_squares, minimize_scalar
+  from scipy.optimize import minimize_scalar
 
-  u = np.asarray(reference, np.float64).reshape(-1)
-  present = layout.present(u)
-  if np.isinf(u).any():
-    raise InputError(
-      f"{what}: infinite values at {np.flatnonzero(np.isinf(u))[:10].tolist()}; a missing "
-      "value is NaN"
-    )
-  if present.sum() < 2:
-    raise InputError(f"{what}: fewer than 2 finite values; give the empty tank's measurement")
-  u = u[present]
-  if not np.any(u != 0):
-    raise InputError(f"{what}: every value is zero; give the empty tank's measurement")
+  u, present = _frame(layout, reference, what)
   model = homogeneous_model(layout)
   widths = tuple(model.spacing * f for f in WIDTH_RANGE)
   for name, value, ok in (
@@ -217,30 +206,8 @@ def fit(
       lambda w: res(log10_z, w), bounds=widths, method="bounded", options={"xatol": 1e-4}
     )
     w = float(best.x)
-  else:  # both: z and the width trade off along a curved valley, rippled where the electrodes'
-    # edges cross the mesh's boundary nodes, so a local search stops in the nearest ripple (a
-    # noise-free 10-degree device fitted at 12.4). The profile over the width (z at its best for
-    # each) finds the valley's lowest part, least squares then polishes it, and the profile's
-    # spread gives the width's uncertainty along the valley (`_profile_errors`).
-    profile = []
-    for wk in np.linspace(*widths, PROFILE_POINTS):
-      b = minimize_scalar(
-        lambda x, wk=wk: res(x, wk), bounds=LOG10_Z, method="bounded", options={"xatol": 0.01}
-      )
-      profile.append((float(b.fun), float(b.x), float(wk)))
-    start = min(profile)[1:]
-    scale = np.linalg.norm(u)
-
-    def residuals(p):
-      g, _, v = gain_residual(*p)
-      return (u - g * v) / scale
-
-    best = least_squares(
-      residuals, np.asarray(start), bounds=tuple(zip(LOG10_Z, widths)), x_scale=(1.0, 0.01)
-    )
-    log10_z, w = (float(v) for v in best.x)
-    if res(log10_z, w) > min(profile)[0]:  # polishing cannot lose what the profile found
-      log10_z, w = start
+  else:  # both
+    log10_z, w, profile = _z_and_width(gain_residual, u, widths)
   gain, residual, v = gain_residual(log10_z, w)
   free = [k for k, on in (("log10_z", free_z), ("width", fixed_w is None)) if on]
   errors = _errors(model, u, v, gain, present, log10_z, w, free)
@@ -261,6 +228,55 @@ def fit(
     errors,
   )
   return fit.check(what)
+
+
+def _frame(layout: Layout, reference: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+  """The reference's present values (float64) and the present mask; an InputError naming `what`
+  for infinities, fewer than 2 values or an all-zero frame."""
+  u = np.asarray(reference, np.float64).reshape(-1)
+  present = layout.present(u)
+  if np.isinf(u).any():
+    raise InputError(
+      f"{what}: infinite values at {np.flatnonzero(np.isinf(u))[:10].tolist()}; a missing "
+      "value is NaN"
+    )
+  if present.sum() < 2:
+    raise InputError(f"{what}: fewer than 2 finite values; give the empty tank's measurement")
+  u = u[present]
+  if not np.any(u != 0):
+    raise InputError(f"{what}: every value is zero; give the empty tank's measurement")
+  return u, present
+
+
+def _z_and_width(gain_residual, u: np.ndarray, widths: tuple) -> tuple[float, float, list]:
+  """log10 z, the width and the profile when both are free. They trade off along a curved valley,
+  rippled where the electrodes' edges cross the mesh's boundary nodes, so a local search stops in
+  the nearest ripple (a noise-free 10-degree device fitted at 12.4). The profile over the width
+  (z at its best for each) finds the valley's lowest part, least squares then polishes it, and
+  the profile's spread gives the width's uncertainty along the valley (`_profile_errors`)."""
+  from scipy.optimize import least_squares, minimize_scalar
+
+  res = lambda x, w: gain_residual(x, w)[1]
+  profile = []
+  for wk in np.linspace(*widths, PROFILE_POINTS):
+    b = minimize_scalar(
+      lambda x, wk=wk: res(x, wk), bounds=LOG10_Z, method="bounded", options={"xatol": 0.01}
+    )
+    profile.append((float(b.fun), float(b.x), float(wk)))
+  start = min(profile)[1:]
+  scale = np.linalg.norm(u)
+
+  def residuals(p):
+    g, _, v = gain_residual(*p)
+    return (u - g * v) / scale
+
+  best = least_squares(
+    residuals, np.asarray(start), bounds=tuple(zip(LOG10_Z, widths)), x_scale=(1.0, 0.01)
+  )
+  log10_z, w = (float(v) for v in best.x)
+  if res(log10_z, w) > min(profile)[0]:  # polishing cannot lose what the profile found
+    log10_z, w = start
+  return log10_z, w, profile
 
 
 def _profile_errors(errors: dict, profile: list, residual: float, n: int) -> dict[str, float]:
