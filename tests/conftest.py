@@ -171,14 +171,17 @@ def run_train(workdir, *overrides, env=None, wait=True):
   return p
 
 
-def two_processes(script: str, *args: str) -> list:
-  """`python script args` as 2 local processes x 4 CPU devices (jax.distributed on 127.0.0.1,
-  the --coordinator_address/--num_processes/--process_id flags of train.py and eval.py)."""
+def two_processes(script: str, *args: str, devices: int = 4) -> list:
+  """`python script args` as 2 local processes x `devices` CPU devices (jax.distributed on
+  127.0.0.1, the --coordinator_address/--num_processes/--process_id flags of train.py and
+  eval.py)."""
   import subprocess
   import sys
 
   port = free_port()
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+  env = dict(
+    os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu"
+  )
   return [
     subprocess.Popen(
       [
