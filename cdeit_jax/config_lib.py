@@ -204,6 +204,10 @@ def default_config() -> ml_collections.ConfigDict:
   # gs:// workdirs: the lock is a lease renewed every lease/4 s; a run that cannot prove it holds
   # it stops (cdeit_jax/workdir_lock.py), a newcomer takes a lease not renewed for this long
   c.lock_lease_s = 120.0
+  # Weights & Biases (the optional extra cdeit-jax[wandb]; cdeit_jax/common/tracking.py): a project
+  # turns it on. mode: "" = online with credentials, else offline (WANDB_MODE, if set, decides);
+  # "online", "offline" or "disabled".
+  c.wandb = ml_collections.ConfigDict(dict(project="", entity="", name="", tags=(), mode=""))
   return c
 
 
@@ -259,6 +263,12 @@ def check_training_config(
     "profile.num_steps",
     "must be a positive integer",
   )
+  if "wandb" in cfg:
+    need(
+      cfg.wandb.mode in ("", "online", "offline", "disabled"),
+      "wandb.mode",
+      "must be 'online', 'offline', 'disabled' or '' (online with credentials, else offline)",
+    )
   need(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
   need(cfg.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 disables clipping)")
   need(

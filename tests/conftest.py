@@ -439,3 +439,52 @@ def device_run(tmp_path_factory):
     model=model,
     run=str(run),
   )
+
+
+def wandb_offline_runs(root) -> list[dict]:
+  """The offline W&B runs under `root`/wandb, each read from its run-ID.wandb file: {"dir", "id",
+  "project", "config", "history" (one dict a record), "summary" (the updates applied in order)}.
+
+  Read here from the file's own format (wandb 0.31 ships no Python reader: a ':W&B' header of 7
+  bytes, then LevelDB log records in 32 KiB blocks, each a 7-byte header (crc32, length, type
+  1 full / 2 first / 3 middle / 4 last) and a wandb_internal_pb2.Record)."""
+  import json
+  import struct
+
+  from wandb.proto import wandb_internal_pb2 as pb
+
+  def records(data: bytes):
+    assert data[:4] == b":W&B"
+    pos, buf = 7, b""
+    while pos + 7 <= len(data):
+      left = 32768 - pos % 32768
+      crc, n, kind = struct.unpack("<IHB", data[pos : pos + 7])
+      if left < 7 or (n == 0 and kind == 0):
+        pos += left
+        continue
+      buf += data[pos + 7 : pos + 7 + n]
+      pos += 7 + n
+      if kind in (1, 4):
+        r = pb.Record()
+        r.ParseFromString(buf)
+        yield r
+        buf = b""
+
+  key = lambda item: item.key or "/".join(item.nested_key)
+  runs = []
+  for folder in sorted(pathlib.Path(root, "wandb").glob("offline-run-*")):
+    (path,) = folder.glob("run-*.wandb")
+    run = {"dir": folder, "config": {}, "history": [], "summary": {}}
+    for r in records(path.read_bytes()):
+      kind = r.WhichOneof("record_type")
+      if kind == "run":
+        run.update(id=r.run.run_id, project=r.run.project)
+        run["config"].update({key(i): json.loads(i.value_json) for i in r.run.config.update})
+      elif kind == "config":
+        run["config"].update({key(i): json.loads(i.value_json) for i in r.config.update})
+      elif kind == "history":
+        run["history"].append({key(i): json.loads(i.value_json) for i in r.history.item})
+      elif kind == "summary":
+        run["summary"].update({key(i): json.loads(i.value_json) for i in r.summary.update})
+    runs.append(run)
+  return runs

@@ -20,6 +20,7 @@ from conftest import (
   run_train,
   two_processes,
   wait_for_first_log,
+  wandb_offline_runs,
 )
 
 from cdeit_jax import config_lib
@@ -249,26 +250,38 @@ def _two_processes(workdir, *overrides):
   )
 
 
-def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight_run):
+def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight_run, monkeypatch):
   """2 processes x 2 devices: SIGTERM to process 1 only, and JAX's preemption service makes
   both stop after the same step and save it (checked every step, not only at log boundaries);
   the rerun resumes there, and losses and final weights are those of the 1 x 8 straight run
-  (same config, seed and windows)."""
+  (same config, seed and windows). With W&B on (offline): one run, written by process 0 only,
+  kept under one id across the resume, its summary's loss metrics.jsonl's last."""
+  import importlib.util
+
+  tracked = importlib.util.find_spec("wandb") is not None  # the optional extra (test extra)
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  monkeypatch.setenv("WANDB_DIR", str(tmp_path / "D"))
   wd = tmp_path / "two"
-  procs = _two_processes(wd, *RESUME_STEPS)
+  flags = [*RESUME_STEPS, *(["--config.wandb.project=check"] if tracked else [])]
+  procs = _two_processes(wd, *flags)
   wait_for_first_log(wd)
   procs[1].send_signal(signal.SIGTERM)
   errs = finish(procs)
+  run_id = json.loads((wd / "wandb.json").read_text())["id"] if tracked else None
   mngr = checkpoint.train_manager(str(wd))
   stopped = mngr.latest_step()
   mngr.close()
   assert stopped is not None and 2 <= stopped < 24, stopped
   assert f"SIGTERM: saved step {stopped}" in errs[0]  # the primary logs the agreed step
   assert "devices: 4 x cpu over 2 process(es)" in errs[0]
-  errs = finish(_two_processes(wd, *RESUME_STEPS))
+  errs = finish(_two_processes(wd, *flags))
   assert f"resumed from {wd}/checkpoints/{stopped}" in errs[0]
   one = {r["step"]: r for r in map(json.loads, (straight_run / "metrics.jsonl").open())}
   two = [json.loads(line) for line in (wd / "metrics.jsonl").open()]
+  if tracked:
+    (run,) = wandb_offline_runs(tmp_path / "D")
+    assert run["id"] == run_id and run["summary"]["loss"] == two[-1]["loss"]
+    assert run["summary"]["device"].startswith("devices: 4 x cpu over 2 process(es)")
   # one writer: the 2-step windows, and the window that ended at the agreed step
   assert [r["step"] for r in two] == sorted(set(range(2, 25, 2)) | {stopped})
   same = [r for r in two if r["step"] % 2 == 0 and r["step"] - 2 >= stopped or r["step"] <= 2]
@@ -296,6 +309,7 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
     ({"data.preset": "tank"}, r"config.data.preset='tank': unknown preset"),
     ({"steps": 0}, r"config.steps=0: must be a positive integer"),
     ({"eval_batch_size": -8}, r"config.eval_batch_size=-8: must be a positive integer"),
+    ({"wandb.mode": "sometimes"}, r"config.wandb.mode='sometimes': must be 'online', 'offline'"),
   ],
 )
 def test_bad_config_values_are_named(over, match):

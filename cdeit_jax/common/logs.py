@@ -210,6 +210,7 @@ class MetricLogger:
 
   def __init__(self, workdir: str, total_steps: int, start_step: int, enabled: bool = True):
     self.enabled = enabled
+    self.history = ""
     if not enabled:
       return
     from tensorboardX import SummaryWriter
@@ -217,6 +218,7 @@ class MetricLogger:
     fileio.makedirs(workdir)
     path = fileio.join(workdir, "metrics.jsonl")
     kept, self.dropped = cut_jsonl(fileio.read_text(path), start_step)
+    self.history = kept  # the records up to start_step (tracking rewrites an offline run from them)
     self.jsonl = fileio.AppendLog(path, kept)  # rewritten atomically first
     # tensorboardX writes gs:// itself (google-cloud-storage; the whole event file per flush).
     self.tb = SummaryWriter(fileio.join(workdir, "tensorboard"), purge_step=start_step + 1)

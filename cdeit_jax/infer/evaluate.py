@@ -81,7 +81,9 @@ def run(
   ev = (evaluator or Evaluator)(path, kind, data_path, out, overrides, units).prepare()
   with ev.staging():
     ev.run()
-    return ev.finish()
+    r = ev.finish()
+  ev.track(r)
+  return r
 
 
 class Evaluator:
@@ -119,6 +121,20 @@ class Evaluator:
     self._check_statistics(loaded.model)
     self._compile(loaded.model)
     return self
+
+  def track(self, r: dict[str, Any]) -> None:
+    """The metrics and figure into the W&B run of the workdir (process 0): when the training
+    logged to W&B (WORKDIR/wandb.json) or --config.wandb.project is given."""
+    from cdeit_jax.common import tracking
+
+    asked = any(k.startswith("wandb.") for k in self.overrides)
+    if not self.primary or "metrics" not in r:
+      return
+    if asked or tracking.read_run(self.workdir) is not None:
+      figure = fileio.join(self.out, "reconstructions.png")
+      tracking.log_evaluation(
+        self.cfg, self.workdir, self.out, self.data_name, r["metrics"], figure
+      )
 
   def _check_request(self, workdir: str) -> None:
     if self.primary:

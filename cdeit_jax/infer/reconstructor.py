@@ -44,7 +44,12 @@ log = logs.log.getChild("eval")
 
 # What eval.py and the reconstruct command may set; everything else (model, data, diffusion) is
 # the checkpoint's.
-SETTABLE = ("sampling.", "eval.", *(f"model.{k}" for k in loading.RUNTIME_MODEL_KEYS))
+SETTABLE = (
+  "sampling.",
+  "eval.",
+  "wandb.",
+  *(f"model.{k}" for k in loading.RUNTIME_MODEL_KEYS),
+)
 UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
 FAR_OFF = 100.0  # a frame whose median |standardised voltage| exceeds this is in other units
 # Absolute frames (or a constant offset) instead of differences, told apart by their structure
@@ -83,7 +88,7 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
     if not key.startswith(SETTABLE):
       raise InputError(
         f"--config.{key}: evaluation takes the model, data and training settings "
-        "from the checkpoint; only config.sampling.*, config.eval.* and "
+        "from the checkpoint; only config.sampling.*, config.eval.*, config.wandb.* and "
         f"config.model.{{{','.join(loading.RUNTIME_MODEL_KEYS)}}} can be set"
       )
   cfg = loading.model_config(meta)

@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 
 from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint, loading, shipped
-from cdeit_jax.common import compat, compile_cache, fileio, hardware, logs
+from cdeit_jax.common import compat, compile_cache, fileio, hardware, logs, tracking
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import CdeitError, InputError
 from cdeit_jax.data import pipeline, simulator_source, training_data
@@ -508,6 +508,7 @@ def _train(
   logger = logs.MetricLogger(workdir, cfg.steps, p.start, enabled=primary)
   for line in p.report:
     log.info(line)
+  tracker = tracking.Tracker.start(cfg, workdir, p.report[0], p.start, logger.history, primary)
   for line in p.warnings:
     log.warning(line.removeprefix("warning: "))
   if primary and logger.dropped:
@@ -548,11 +549,13 @@ def _train(
         continue
       with clock.phase("step"):  # the one host sync of the window: waits for its steps
         last = window.close(step, last_good, workdir)
+      saved_before = last_good
       last_good = _close_window(
         cfg, step, stop, state, last, last_good, p, schedule, mngr, clock, lock, primary
       )
       with clock.phase("logging"):
         logger.write(step, last, advance=window.steps)
+        tracker.log(step, last, checkpoint=step if last_good != saved_before else None)
       window.reset(step)
       if stop and step < cfg.steps:
         if preempt.signal != signal.SIGINT:  # Ctrl-C: said once the run has stopped
@@ -563,6 +566,7 @@ def _train(
     mngr.wait_until_finished()
     mngr.close()
     logger.close()
+    tracker.finish()
   return dict(last, step=step)
 
 
