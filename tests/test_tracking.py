@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from conftest import REPO, run_train, wandb_offline_runs
 
 pytest.importorskip("wandb")  # the optional extra cdeit-jax[wandb] (in the test extra)
@@ -46,6 +47,9 @@ def test_a_resumed_training_is_one_offline_run_and_eval_logs_into_it(tmp_path):
   assert run["summary"]["loss"] == jsonl[-1]["loss"]
   assert [h["checkpoint_step"] for h in logged if "checkpoint_step" in h] == [10, 20]
   assert run["summary"]["device"].startswith("devices: 8 x cpu over 1 process(es)")
+  files = run["dir"] / "files"  # also as files, as wandb's online runs have them
+  assert json.loads((files / "wandb-summary.json").read_text())["loss"] == jsonl[-1]["loss"]
+  assert yaml.safe_load((files / "config.yaml").read_text())["batch_size"] == {"value": 8}
 
   from cdeit_jax.infer import evaluate
 

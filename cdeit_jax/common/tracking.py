@@ -121,6 +121,7 @@ class Tracker:
   def __init__(self) -> None:
     self.run = None
     self.failed = False
+    self.mode, self.config, self.summary = "disabled", {}, {}
 
   @classmethod
   def start(
@@ -144,10 +145,13 @@ class Tracker:
 
   def _open(self, w, cfg, workdir, device, start_step, history) -> None:
     record = read_run(workdir) if start_step > 0 else None
-    self.run, mode = _start(w, workdir, record["id"] if record else None, cfg.to_dict(), "train")
+    self.config = cfg.to_dict()
+    self.run, self.mode = _start(w, workdir, record["id"] if record else None, self.config, "train")
     if self.run is None:
       return
+    mode = self.mode
     self.run.summary["device"] = device
+    self.summary = {"device": device}
     here = os.path.dirname(self.run.dir)
     saved = [s for s in (record or {}).get("checkpoint_steps", []) if s <= start_step]
     earlier = list((record or {}).get("offline_dirs", []))
@@ -155,7 +159,9 @@ class Tracker:
       for line in (history or "").splitlines():
         r = json.loads(line)
         step = r.pop("step")
-        self.run.log(_numbers(r, step if step in saved else None), step=step)
+        values = _numbers(r, step if step in saved else None)
+        self.run.log(values, step=step)
+        self.summary.update(values)
       for d in earlier:
         if os.path.abspath(d) != os.path.abspath(here):
           shutil.rmtree(d, ignore_errors=True)
@@ -175,7 +181,9 @@ class Tracker:
     kept in wandb.json, so that a rewritten offline run logs it again)."""
     if self.run is None:
       return
-    self._guard("log", self.run.log, _numbers(record, checkpoint), step=step)
+    values = _numbers(record, checkpoint)
+    self._guard("log", self.run.log, values, step=step)
+    self.summary.update(values)
     if checkpoint is not None and self.run is not None:
       self.record["checkpoint_steps"].append(checkpoint)
       self._guard(
@@ -183,9 +191,21 @@ class Tracker:
       )
 
   def finish(self) -> None:
+    """End the run; offline, its config and summary also go into the run's files/ as wandb's
+    online runs have them (config.yaml, wandb-summary.json), readable before any sync."""
+    if self.run is not None:
+      if self.mode == "offline":
+        self._guard("finish", self._write_files, self.run.dir)
     if self.run is not None:
       self._guard("finish", self.run.finish)
       self.run = None
+
+  def _write_files(self, folder: str) -> None:
+    import yaml
+
+    config = {k: {"value": v} for k, v in self.config.items()}
+    fileio.write_text(os.path.join(folder, "config.yaml"), yaml.safe_dump(config))
+    fileio.write_text(os.path.join(folder, "wandb-summary.json"), json.dumps(self.summary))
 
   def _guard(self, what: str, fn, *args, **kwargs) -> None:
     """Call `fn`; a failure is one warning and the end of tracking, never of the training."""
