@@ -193,12 +193,14 @@ class Tracker:
   def finish(self) -> None:
     """End the run; offline, its config and summary also go into the run's files/ as wandb's
     online runs have them (config.yaml, wandb-summary.json), readable before any sync."""
-    if self.run is not None:
-      if self.mode == "offline":
-        self._guard("finish", self._write_files, self.run.dir)
-    if self.run is not None:
-      self._guard("finish", self.run.finish)
-      self.run = None
+    run = self.run
+    if run is None:
+      return
+    if self.mode == "offline":
+      self._guard("finish", self._write_files, run.dir)
+    if self.run is not None:  # (a failure above has finished it)
+      self._guard("finish", run.finish)
+    self.run = None
 
   def _write_files(self, folder: str) -> None:
     import yaml
@@ -216,7 +218,7 @@ class Tracker:
         log.warning(f"W&B {what} failed ({type(e).__name__}: {e}); training goes on without it")
       self.failed = True
       run, self.run = self.run, None
-      if run is not None and what != "finish":
+      if run is not None and fn != run.finish:
         try:
           run.finish(exit_code=1)
         except Exception:  # noqa: BLE001
@@ -224,8 +226,8 @@ class Tracker:
 
 
 def _numbers(record: dict[str, Any], checkpoint: int | None) -> dict[str, float]:
-  """A metrics record's numbers (None for a non-finite value, nested dicts left out), with the
-  checkpoint step saved at it."""
+  """A metrics record's numbers (its None values, written for non-finite ones, and its nested
+  dicts left out), with the checkpoint step saved at it."""
   values = {k: v for k, v in record.items() if isinstance(v, (int, float))}
   if checkpoint is not None:
     values["checkpoint_step"] = checkpoint
