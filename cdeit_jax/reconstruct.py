@@ -103,6 +103,13 @@ def _main(argv):
   t_start = time.perf_counter()
   overrides = cli.checkpoint_overrides()
   reconstructor.check_overrides(overrides)
+  if any(k.startswith("wandb.") for k in overrides):
+    from cdeit_jax.common.errors import InputError
+
+    raise InputError(
+      f"--config.{next(k for k in overrides if k.startswith('wandb.'))}: reconstruct logs nothing "
+      "to W&B; eval.py logs an evaluation into a run's W&B run (docs/training.md)"
+    )
   with reader.open_run(FLAGS.workdir, overrides.get("eval.step")) as run:
     meta, skipped, cfg = reconstructor.choose(run, overrides)
     system = loading.device_of(cfg, meta.record)  # the frames are this system's values

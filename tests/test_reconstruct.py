@@ -332,6 +332,8 @@ def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef
   r = _cli(*flags, "--out", str(tmp_path / "o"))
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
   assert f"error: {path}: rows 2 hold NaN, infinite or out-of-range" in r.stderr
+  r = _cli(*flags, "--out", str(tmp_path / "o"), "--config.wandb.project=x")  # eval.py's, not ours
+  assert r.returncode == 1 and "--config.wandb.project: reconstruct logs nothing" in r.stderr
   r = _cli(*flags, "--out", str(tmp_path / "o"), "--skip_bad_frames")
   assert r.returncode == 0, r.stderr[-2000:]
   assert "skipping 1 rows with NaN or infinite voltages (their images are NaN): 2" in r.stderr
