@@ -31,12 +31,7 @@ def nhwc(a: np.ndarray) -> np.ndarray:
 # bucket's tests share the uninterrupted training run with test_training's.
 SHARED_FIXTURES = {
   "gcs": "straight_run",
-  "straight_run": "straight_run",
-  "device_run": "device_run",
-  "small_set": "small_set",
-  "fixture_run": "fixture_run",
-  "step8": "step8",
-  "profiled": "profiled",
+  **{f: f for f in ("straight_run", "device_run", "small_set", "fixture_run", "step8", "profiled")},
 }
 
 

@@ -149,19 +149,16 @@ class Tracker:
     self.run, self.mode = _start(w, workdir, record["id"] if record else None, self.config, "train")
     if self.run is None:
       return
-    mode = self.mode
     self.run.summary["device"] = device
     self.summary = {"device": device}
     here = os.path.dirname(self.run.dir)
     saved = [s for s in (record or {}).get("checkpoint_steps", []) if s <= start_step]
     earlier = list((record or {}).get("offline_dirs", []))
-    if mode == "offline" and record:  # rewritten whole: W&B cannot resume an offline run
+    if self.mode == "offline" and record:  # rewritten whole: W&B cannot resume an offline run
       for line in (history or "").splitlines():
         r = json.loads(line)
         step = r.pop("step")
-        values = _numbers(r, step if step in saved else None)
-        self.run.log(values, step=step)
-        self.summary.update(values)
+        self._log(_numbers(r, step if step in saved else None), step)
       for d in earlier:
         if os.path.abspath(d) != os.path.abspath(here):
           shutil.rmtree(d, ignore_errors=True)
@@ -171,7 +168,7 @@ class Tracker:
       "id": self.run.id,
       "project": w.project,
       "entity": w.entity,
-      "offline_dirs": earlier + ([here] if mode == "offline" else []),
+      "offline_dirs": earlier + ([here] if self.mode == "offline" else []),
       "checkpoint_steps": saved,
     }
     fileio.write_text(fileio.join(workdir, RUN_FILE), json.dumps(self.record))
@@ -181,14 +178,17 @@ class Tracker:
     kept in wandb.json, so that a rewritten offline run logs it again)."""
     if self.run is None:
       return
-    values = _numbers(record, checkpoint)
-    self._guard("log", self.run.log, values, step=step)
-    self.summary.update(values)
+    self._guard("log", self._log, _numbers(record, checkpoint), step)
     if checkpoint is not None and self.run is not None:
       self.record["checkpoint_steps"].append(checkpoint)
       self._guard(
         "log", fileio.write_text, fileio.join(self.workdir, RUN_FILE), json.dumps(self.record)
       )
+
+  def _log(self, values: dict[str, float], step: int) -> None:
+    """Log `values` at `step`, kept as the summary that an offline run's files get."""
+    self.run.log(values, step=step)
+    self.summary.update(values)
 
   def finish(self) -> None:
     """End the run; offline, its config and summary also go into the run's files/ as wandb's
