@@ -88,9 +88,11 @@ def _eval_config() -> ml_collections.ConfigDict:
       # (metrics.fit_uncertainty_scale) and keep it in the checkpoint's step folder, where
       # every later evaluation of that step applies it
       fit_uncertainty=False,
-      # --data ktc2023_challenge: the challenge's answer marks conductive where the image
-      # (label units, log10 of the conductivity ratio) is above +this, resistive below -this
-      segment_threshold=0.3,
+      # --data ktc2023_challenge: how the samples become the challenge's answer
+      # (cdeit_jax.infer.answer_rules: "mean:T" conductive where the mean image, in label units,
+      # is above +T, resistive below -T; "vote:T:Q" per-pixel class fractions of the samples;
+      # ":area=A" drops a class covering under A of the tank)
+      answer_rule="mean:0.3",
       # --data ktc2023_challenge: the Tikhonov answer (the linearised one, and the baseline
       # beside a model's) keeps the pixels beyond this fraction of its image's largest magnitude
       tikhonov_segment_level=0.4,

@@ -167,10 +167,18 @@ def test_a_tiny_model_for_another_device_in_one_process(device_run, tmp_path):
   assert r["settings"]["config"]["eval"]["removal"] == 1
   levels = tmp_path / "levels"
   challenge_folder(levels / "level_2", d.layout, [3])
-  m = challenge.evaluate(d.run, str(levels), str(tmp_path / "answers"), common)
+  rule = {"sampling.num_samples": 4, "eval.answer_rule": "vote:0.05:0.5"}
+  m = challenge.evaluate(d.run, str(levels), str(tmp_path / "answers"), common | rule)
   assert set(m["metrics"]) == {"cdeit", "tikhonov", "water"} and "| cdeit |" in m["table"]
-  answer = scipy.io.loadmat(tmp_path / "answers" / "level_2" / "1.mat")["reconstruction"]
+  assert m["settings"]["answer_rule"] == "vote:0.05:0.5" and m["settings"]["num_samples"] == 4
+  written = scipy.io.loadmat(tmp_path / "answers" / "level_2" / "1.mat")
+  answer, p_res, p_con = (written[k] for k in ("reconstruction", "p_resistive", "p_conductive"))
   assert answer.shape == (256, 256) and set(np.unique(answer)) <= {0, 1, 2}
+  assert (answer > 0).any()  # the tiny model's samples pass 0.05 somewhere
+  # the written fractions are of 4 samples, and the answer is their vote
+  assert set(np.unique(np.concatenate([p_res, p_con]))) <= {0, 0.25, 0.5, 0.75, 1}
+  np.testing.assert_array_equal(answer == 2, (p_con >= 0.5) & (p_con > p_res))
+  np.testing.assert_array_equal(answer == 1, (p_res >= 0.5) & (p_res > p_con))
   words = r"the data are of ktc2023 .*\(32 electrodes.*trained for device.mat .*\(16 electrodes"
   with pytest.raises(InputError, match=words):
     challenge.evaluate(d.run, str(LEVELS / "level_1"), str(tmp_path / "no"), common)

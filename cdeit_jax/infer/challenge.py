@@ -26,7 +26,7 @@ from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.ktc2023 import Case
 from cdeit_jax.eit import calibration, tikhonov
-from cdeit_jax.infer import ktc_score, outputs
+from cdeit_jax.infer import answer_rules, ktc_score, outputs
 
 METRICS = "metrics.json"
 log = logs.log.getChild("challenge")
@@ -36,12 +36,14 @@ log = logs.log.getChild("challenge")
 class Method:
   """One method's results over the cases: continuous images (128 x 128, label units, None for
   the all-water floor), answers (256 x 256, 0/1/2) and, for a sampler, each image's std over
-  its samples."""
+  its samples and the class fractions of its samples."""
 
   name: str
   images: list[np.ndarray | None]
   answers: list[np.ndarray]
   stds: list[np.ndarray] | None = None
+  # a sampler's per-pixel (resistive, conductive) fractions of samples beyond the rule's threshold
+  probabilities: list[tuple[np.ndarray, np.ndarray]] | None = None
 
 
 def calibrate(cases: list[Case]) -> dict[bytes, calibration.Calibration]:
@@ -122,7 +124,8 @@ def output_names(cases: list[Case]) -> list[str]:
 def write(out: str, cases: list[Case], methods: list[Method], metrics: dict) -> list[str]:
   """OUT/level_K/N.mat per target (`reconstruction`: the first method's answer, uint8 0/1/2;
   `image`: its continuous image on the challenge's grid, rows from the top; `std`: a sampler's
-  std over its samples), figures, and metrics.json last; staged and published whole
+  std over its samples; `p_resistive`, `p_conductive`: the fractions of its samples beyond the
+  answer rule's threshold), figures, and metrics.json last; staged and published whole
   (`outputs.publish`: files of an earlier run's levels that this one lacks are removed, a
   user's own files in OUT are kept)."""
   import scipy.io
@@ -139,6 +142,9 @@ def write(out: str, cases: list[Case], methods: list[Method], metrics: dict) -> 
         arrays["image"] = ktc_score.to_challenge_grid(image).astype(np.float64)
       if first.stds is not None:
         arrays["std"] = ktc_score.to_challenge_grid(first.stds[i]).astype(np.float64)
+      if first.probabilities is not None:
+        for key, p in zip(("p_resistive", "p_conductive"), first.probabilities[i]):
+          arrays[key] = ktc_score.to_challenge_grid(p).astype(np.float32)
       scipy.io.savemat(path, arrays)
     figure(fileio.join(folder, "answers.png"), cases, methods)
     fileio.write_text(
@@ -175,18 +181,24 @@ def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
 # ----------------------------------------------------------------------------- CDEIT
 
 
-def model_images(rec, cases: list[Case], fits: dict[bytes, calibration.Calibration]):
-  """(images, stds) (128 x 128 each, label units) of every case by a CDEIT trained for the
-  cases' measuring system (`reconstructor.Reconstructor` of a model of any system): each
-  difference divided by its level's calibrated gain, the removed electrodes' values NaN
+def model_samples(rec, cases: list[Case], fits: dict[bytes, calibration.Calibration]):
+  """The `reconstructor.Reconstruction` (mean images, stds and samples (K, N, 128, 128), label
+  units) of every case by a CDEIT trained for the cases' measuring system: each difference
+  divided by its level's calibrated gain, the removed electrodes' values NaN
   (`check_model` first: `evaluate` runs it before loading the model). Targets whose images come
   out NaN are named in a warning (their answers are all water)."""
-  values = np.stack([c.difference / fits[_reference_key(c)].gain for c in cases])
-  r = rec.reconstruct_values(values, where=os.path.dirname(cases[0].path))
+  values = calibrated_values(cases, fits)
+  r = rec.reconstruct_values(values, where=os.path.dirname(cases[0].path), keep_samples=True)
   bad = [cases[i].name for i in r.nonfinite]
   if bad:
     log.warning(f"{len(bad)} targets gave NaN images (answered as all water): {', '.join(bad)}")
-  return list(r.images), list(r.std) if r.std is not None else None
+  return r
+
+
+def calibrated_values(cases: list[Case], fits: dict[bytes, calibration.Calibration]) -> np.ndarray:
+  """(N, R) each case's difference divided by its level's calibrated gain (simulation units),
+  NaN where its level removed a value."""
+  return np.stack([c.difference / fits[_reference_key(c)].gain for c in cases])
 
 
 def check_model(device, removed: np.ndarray, cases: list[Case]) -> None:
@@ -266,12 +278,6 @@ def linear_answers(data_path: str, out: str, overrides: dict | None = None) -> d
   return metrics
 
 
-def answers_above(images: list[np.ndarray], threshold: float) -> list[np.ndarray]:
-  """Answers of images in label units (log10 of the conductivity ratio): conductive above
-  +threshold, resistive below -threshold."""
-  return [ktc_score.to_challenge_grid(ktc_score.segment_absolute(im, threshold)) for im in images]
-
-
 def run(kind, workdir: str | None, data_path: str, out: str, overrides=None, units=None) -> dict:
   """`data_kinds`' ktc2023_challenge (it reads no units: each level is calibrated): the answers
   of the model at `workdir`, or without one the linearised answers."""
@@ -306,18 +312,19 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
     removals = cfg.simulator.removals if reads_values else "none"
     check_model(device, conditioning.removed_values(device, removals), cases)
     e = cfg.eval
-    if not (isinstance(e.segment_threshold, (int, float)) and 0 < e.segment_threshold < 1e3):
-      raise InputError(
-        f"--config.eval.segment_threshold={e.segment_threshold!r}: must be a finite number > 0 "
-        "(label units: log10 of the conductivity ratio)"
-      )
+    rule = answer_rules.AnswerRule.parse(e.answer_rule)
     fits = calibrate(cases)
     rec = reconstructor.Reconstructor.from_run(run, meta, skipped, cfg, overrides)
     outputs.check_out(out, data_path, run.workdir, output_names(cases))
   t1 = time.perf_counter()
-  images, stds = model_images(rec, cases, fits)
+  r = model_samples(rec, cases, fits)
   sampled = time.perf_counter() - t1
-  methods = [Method("cdeit", images, answers_above(images, e.segment_threshold), stds)]
+  answers = ktc_score.to_challenge_grid(rule.answer(r.samples))
+  p_res, p_con = answer_rules.probabilities(r.samples, rule.threshold)
+  stds = list(r.std) if r.std is not None else None
+  methods = [
+    Method("cdeit", list(r.images), list(answers), stds, list(zip(p_res, p_con))),
+  ]
   if e.tikhonov:
     alpha, level = linear_settings(cfg)
     linear = linear_images(cases, fits, alpha)
@@ -333,7 +340,7 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
       "layout": cases[0].layout.describe(),
       "num_samples": rec.num_samples,
       "sampling_steps": rec.steps,
-      "segment_threshold": float(e.segment_threshold),
+      "answer_rule": str(rule),
       "tikhonov_segment_level": float(e.tikhonov_segment_level),
       "sampling_seconds": sampled,
       "seconds": time.perf_counter() - t0,

@@ -83,11 +83,51 @@ def segment(image: np.ndarray, level: float) -> np.ndarray:
   return out
 
 
-def segment_absolute(image: np.ndarray, threshold: float) -> np.ndarray:
-  """Three classes from an image in label units: 2 above +threshold, 1 below -threshold, else 0
-  (uint8)."""
-  image = np.asarray(image, np.float64)
-  out = np.zeros(image.shape, np.uint8)
-  out[image > threshold] = 2
-  out[image < -threshold] = 1
-  return out
+def _smoothing_matrix(n: int = SIZE, r: float = RADIUS) -> np.ndarray:
+  """M (n, n) with M @ a @ M.T == `_smooth(a, _window(r))`: the correlation with the window,
+  zero outside the image, as a matrix (row i: the window centred on pixel i)."""
+  w = _window(r)
+  half = len(w) // 2
+  d = np.arange(n)[None, :] - np.arange(n)[:, None]
+  return np.where(np.abs(d) <= half, w[np.clip(d + half, 0, len(w) - 1)], 0.0)
+
+
+def score_many(truths: np.ndarray, answers: np.ndarray, dtype=np.float64) -> np.ndarray:
+  """(N,) `score` of many targets at once: truths and answers (N, 256, 256) of 0/1/2 on the
+  challenge's grid, or both (N, 128, 128) on ours (scored as `to_challenge_grid` of each,
+  whose 2 x 2 blocks fold into the smoothing matrix). The same SSIM as matrix products, so a
+  batch costs a few BLAS calls instead of N x 12 pairs of 1-D correlations (answer rules are
+  chosen over thousands of simulated answers); equal to `score` to 1e-12 in float64
+  (tests/test_answer_rules.py)."""
+  truths, answers = np.asarray(truths), np.asarray(answers)
+  n = truths.shape[-1]
+  if (
+    truths.shape != answers.shape
+    or truths.ndim != 3
+    or truths.shape[-2:]
+    not in (
+      (SIZE, SIZE),
+      (SIZE // 2, SIZE // 2),
+    )
+  ):
+    raise InputError(
+      f"score_many: truths {truths.shape} and answers {answers.shape}: need (N, 256, 256) or "
+      "(N, 128, 128) each"
+    )
+  m = _smoothing_matrix()
+  if n == SIZE // 2:  # each pixel a 2 x 2 block (the rows' order does not change the score)
+    m = m.reshape(SIZE, n, 2).sum(-1)
+  m = m.astype(dtype)
+  norm = m @ np.ones((n, n), dtype) @ m.T
+  smooth = lambda a: (m @ a @ m.T) / norm
+  total = np.zeros(len(truths))
+  for c in (1, 2):
+    t = (truths == c).astype(dtype)
+    g = (answers == c).astype(dtype)
+    mt, mg, mtg = smooth(t), smooth(g), smooth(t * g)
+    # binary masks: t * t == t, so the mean of t^2 is mt
+    st, sg, stg = mt - mt**2, mg - mg**2, mtg - mt * mg
+    num = (2 * mt * mg + C1) * (2 * stg + C2)
+    den = (mt**2 + mg**2 + C1) * (st + sg + C2)
+    total += (num / den).mean(axis=(-2, -1), dtype=np.float64)
+  return 0.5 * total

@@ -611,6 +611,7 @@ class Reconstructor:
     num_samples: int | None = None,
     first_index: int = 0,
     where: str = "values",
+    keep_samples: bool = False,
   ) -> Reconstruction:
     """Images of difference values (N, R) already in simulation units (a device's values
     divided by its calibrated gain, `eit.calibration`; the sign as the simulator's, electrode
@@ -618,7 +619,7 @@ class Reconstructor:
     without the units, through the same guards (`check_values`)."""
     values = _float32(self._rows(values, where))
     self.check_values(values, where)
-    return self._sample(self._condition(values), num_samples, first_index, False, None)
+    return self._sample(self._condition(values), num_samples, first_index, keep_samples, None)
 
   def _rows(self, a: Any, where: str) -> np.ndarray:
     """`a` as float64 rows (N, R): one frame (R,) or (R, 1) is one row."""

@@ -1,0 +1,106 @@
+"""KTC2023 answers from a sampler's samples: the rules that turn K images (label units, log10 of
+the conductivity ratio) into the challenge's class map (0 water, 1 resistive, 2 conductive).
+
+The challenge scores each class's mask by an SSIM with a window of sigma 80 pixels, so a class
+answered where the truth has none costs up to half the target's point however few its pixels:
+whether each class is there matters as much as where. A rule is written as a string, the
+config's `eval.answer_rule`:
+
+  mean:T            the mean image above +T conductive, below -T resistive (the first rule)
+  vote:T:Q          per pixel, the fraction of samples above +T (conductive) and below -T
+                    (resistive): the class of the larger fraction where it reaches Q
+  ...:area=A        either, then a class covering under A of the tank is dropped (answered as
+                    water)
+
+e.g. `vote:0.3:0.5:area=0.01`. `probabilities` gives the per-pixel class fractions that eval.py
+keeps beside the answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from cdeit_jax.common.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerRule:
+  kind: str  # "mean" or "vote"
+  threshold: float  # label units
+  vote: float = 0.5  # the fraction of samples a class needs (vote)
+  min_area: float = 0.0  # a class covering less of the tank is dropped
+
+  def __post_init__(self):
+    if self.kind not in ("mean", "vote"):
+      raise InputError(f"answer rule {self.kind!r}: mean or vote")
+    if not (np.isfinite(self.threshold) and self.threshold > 0):
+      raise InputError(f"answer rule threshold {self.threshold}: a number > 0 (label units)")
+    if not 0 < self.vote <= 1:
+      raise InputError(f"answer rule vote fraction {self.vote}: between 0 and 1")
+    if not 0 <= self.min_area < 1:
+      raise InputError(f"answer rule area={self.min_area}: a fraction of the tank in [0, 1)")
+
+  @classmethod
+  def parse(cls, text: str, where: str = "--config.eval.answer_rule") -> AnswerRule:
+    """The rule a string names (the module's docstring); an InputError naming `where`."""
+    parts = [p.strip() for p in str(text).split(":")]
+    area = [p for p in parts if p.startswith("area=")]
+    plain = [p for p in parts if not p.startswith("area=")]
+    try:
+      kind, numbers = plain[0], [float(p) for p in plain[1:]]
+      min_area = float(area[0][len("area=") :]) if area else 0.0
+      if len(area) > 1 or not (
+        (kind == "mean" and len(numbers) == 1) or (kind == "vote" and len(numbers) == 2)
+      ):
+        raise ValueError
+      return cls(kind, *numbers, min_area=min_area)
+    except (ValueError, IndexError, InputError) as e:
+      why = f" ({e})" if isinstance(e, InputError) else ""
+      raise InputError(
+        f"{where}={text!r}: not an answer rule{why}; write mean:T or vote:T:Q, optionally "
+        "followed by :area=A (e.g. vote:0.3:0.5:area=0.01)"
+      ) from None
+
+  def __str__(self) -> str:
+    head = (
+      f"mean:{self.threshold:g}"
+      if self.kind == "mean"
+      else f"vote:{self.threshold:g}:{self.vote:g}"
+    )
+    return head + (f":area={self.min_area:g}" if self.min_area else "")
+
+  def answer(self, samples: np.ndarray) -> np.ndarray:
+    """(..., H, W) uint8 class map of samples (K, ..., H, W) in label units."""
+    samples = np.asarray(samples, np.float64)
+    if self.kind == "mean":
+      mean = samples.mean(0)
+      out = np.where(mean > self.threshold, 2, np.where(mean < -self.threshold, 1, 0))
+    else:
+      p_res, p_con = probabilities(samples, self.threshold)
+      out = np.where(
+        (p_con >= self.vote) & (p_con > p_res),
+        2,
+        np.where((p_res >= self.vote) & (p_res > p_con), 1, 0),
+      )
+    out = out.astype(np.uint8)
+    if self.min_area > 0:
+      disk = _disk(out.shape[-1]).sum()
+      for c in (1, 2):
+        small = (out == c).sum(axis=(-2, -1), keepdims=True) < self.min_area * disk
+        out[(out == c) & small] = 0
+    return out
+
+
+def probabilities(samples: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+  """(resistive, conductive) per-pixel fractions of samples (K, ..., H, W) below -threshold and
+  above +threshold."""
+  samples = np.asarray(samples)
+  return (samples < -threshold).mean(0), (samples > threshold).mean(0)
+
+
+def _disk(size: int) -> np.ndarray:
+  from cdeit_jax.eit.phantom import disk_mask
+
+  return disk_mask(size)

@@ -1,0 +1,207 @@
+"""Choose KTC2023's answer rule (`answer_rules`) for a model: every candidate rule scored per
+level on held-out simulations (each level's electrodes removed from every example) and on the
+challenge's public cases, from one set of samples per target.
+
+  python -m cdeit_jax.infer.answer_study --workdir runs/ktc2023_model \\
+      --sims DATA/valid --num 256 --ktc data/ktc2023/levels --out study.json
+
+The simulated target's truth is its label image's classes (`data.phantom_stats.class_map`), its
+values the simulated differences (simulation units, as eval.py gives a calibrated case's); the
+public cases are read, calibrated and sampled as eval.py's ktc2023_challenge does. The rule is
+chosen by the simulations' mean score over the levels (the public cases are four shapes: they
+check the choice, they do not make it). Prints a markdown table per source and writes JSON
+(`metrics`, `settings`, as eval.py's metrics.json: `python -m cdeit_jax.ship --scores` reads it):
+per rule, the mean score per target at each level and over all (simulations), the score summed
+per level and in total (public cases); the Tikhonov/NOSER answers and all water beside.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+
+import numpy as np
+from absl import flags
+
+from cdeit_jax.common import fileio, logs
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.infer.answer_rules import AnswerRule
+
+FLAGS = flags.FLAGS
+log = logs.log.getChild("answer_study")
+
+LEVELS = range(1, 8)
+
+
+def default_rules() -> list[AnswerRule]:
+  """The candidates: the mean or a per-pixel vote of the samples, at four thresholds, with or
+  without dropping a class smaller than 1 % or 2 % of the tank."""
+  rules = []
+  for area in (0.0, 0.01, 0.02):
+    for t in (0.2, 0.3, 0.4, 0.5):
+      rules.append(AnswerRule("mean", t, min_area=area))
+      for q in (0.5, 0.75):
+        rules.append(AnswerRule("vote", t, q, min_area=area))
+  return rules
+
+
+def simulated(folder: str, num: int) -> tuple[np.ndarray, np.ndarray]:
+  """(values (N, R), truths (N, 128, 128) class maps) of the first `num` examples of a
+  simulated split (`ys`, `xs` of each NNNNNNN.npz)."""
+  from cdeit_jax.data.npz_files import read_npz
+  from cdeit_jax.data.phantom_stats import class_map
+
+  paths = sorted(glob.glob(os.path.join(folder, "[0-9]" * 7 + ".npz")))[:num]
+  if not paths:
+    raise InputError(f"--sims {folder}: no simulated examples (NNNNNNN.npz); give a split folder")
+  arrays = [read_npz(p, ("ys", "xs")) for p in paths]
+  values = np.stack([a["ys"][:, 0] for a in arrays]).astype(np.float64)
+  return values, np.stack([class_map(a["xs"]) for a in arrays])
+
+
+def level_removed(lay, level: int) -> np.ndarray:
+  """(R,) bool: the values KTC2023's level `level` removes (electrodes 0 .. 2 level - 3)."""
+  return lay.without(range(2 * (level - 1)))
+
+
+def tikhonov_answers(lay, values: np.ndarray, present: np.ndarray, alpha, segment_level):
+  from cdeit_jax.eit import tikhonov
+  from cdeit_jax.infer import ktc_score
+
+  images = tikhonov.of_values(lay, present, alpha)(values)
+  return ktc_score.segment(images, segment_level)
+
+
+def score_rules(rules, samples: np.ndarray, truths: np.ndarray) -> np.ndarray:
+  """(rules, N) scores of each rule's answers of samples (K, N, 128, 128) against truths: class
+  maps (N, 128, 128) on our grid, or (N, 256, 256) on the challenge's."""
+  from cdeit_jax.infer import ktc_score
+
+  out = []
+  for rule in rules:
+    answers = rule.answer(samples)
+    if truths.shape[-1] != answers.shape[-1]:
+      answers = ktc_score.to_challenge_grid(answers)
+    out.append(ktc_score.score_many(truths, answers))
+  return np.stack(out)
+
+
+def study(
+  workdir: str,
+  sims: str | None,
+  num: int,
+  ktc: str | None,
+  rules: list[AnswerRule],
+  num_samples: int = 8,
+  overrides: dict | None = None,
+) -> dict:
+  from cdeit_jax.infer import challenge, ktc_score, reconstructor
+
+  t0 = time.perf_counter()
+  overrides = {"sampling.num_samples": num_samples, **(overrides or {})}
+  rec = reconstructor.Reconstructor.from_workdir(workdir, overrides=overrides)
+  lay, cfg = rec.layout, rec.cfg
+  alpha, seg = challenge.linear_settings(cfg)
+  names = [str(r) for r in rules] + ["tikhonov", "water"]
+  result: dict = {"workdir": workdir, "checkpoint": rec.checkpoint, "num_samples": num_samples}
+  if sims:
+    values, truths = simulated(sims, num)
+    per = {n: {} for n in names}
+    for level in LEVELS:
+      gone = level_removed(lay, level)
+      v = np.where(gone[None], np.nan, values)
+      r = rec.reconstruct_values(v, keep_samples=True, where=sims)
+      s = score_rules(rules, r.samples, truths)
+      tik = tikhonov_answers(lay, values, ~gone, alpha, seg)
+      extra = [ktc_score.score_many(truths, tik), ktc_score.score_many(truths, 0 * truths)]
+      for n, row in zip(names, list(s) + extra):
+        per[n][f"level_{level}"] = float(np.mean(row))
+      log.info(f"simulations, level {level}: {time.perf_counter() - t0:.0f} s")
+    result["simulations"] = {
+      "folder": sims,
+      "targets": len(values),
+      "mean_per_target": {
+        n: {**p, "all": float(np.mean(list(p.values())))} for n, p in per.items()
+      },
+    }
+  if ktc:
+    from cdeit_jax.data import ktc2023
+
+    cases = ktc2023.read_cases(ktc)
+    fits = challenge.calibrate(cases)
+    values = challenge.calibrated_values(cases, fits)
+    r = rec.reconstruct_values(values, keep_samples=True, where=ktc)
+    truths = np.stack([c.truth for c in cases])
+    s = list(score_rules(rules, r.samples, truths))
+    linear = challenge.linear_images(cases, fits, alpha)
+    tik = np.stack(challenge.answers_of(linear, seg))
+    s += [ktc_score.score_many(truths, tik), ktc_score.score_many(truths, 0 * truths)]
+    pub = {}
+    for n, row in zip(names, s):
+      levels = {
+        f"level_{k}": float(sum(x for x, c in zip(row, cases) if c.level == k)) for k in LEVELS
+      }
+      pub[n] = {**levels, "total": float(np.sum(row))}
+    result["public"] = {"folder": ktc, "targets": len(cases), "score": pub}
+  key = (
+    (lambda n: result["simulations"]["mean_per_target"][n]["all"])
+    if sims
+    else (lambda n: result["public"]["score"][n]["total"])
+  )
+  result["chosen"] = max((str(r) for r in rules), key=key)
+  settings = {k: result.pop(k) for k in ("workdir", "checkpoint", "num_samples")}
+  return {"metrics": result, "settings": {**settings, "seconds": time.perf_counter() - t0}}
+
+
+def tables(study_json: dict) -> str:
+  result = study_json["metrics"]
+  out = []
+  if "simulations" in result:
+    s = result["simulations"]
+    out.append(f"simulations ({s['targets']} targets per level, mean score per target):")
+    out.append(_table(s["mean_per_target"], "all", "{:.3f}"))
+  if "public" in result:
+    out.append(f"public cases ({result['public']['targets']}, score summed per level):")
+    out.append(_table(result["public"]["score"], "total", "{:.2f}"))
+  out.append(f"chosen: {result['chosen']}")
+  return "\n".join(out)
+
+
+def _table(rows: dict, last: str, fmt: str) -> str:
+  head = "| rule | " + " | ".join(f"level {k}" for k in LEVELS) + f" | {last} |"
+  lines = [head, "|---|" + "---|" * (len(LEVELS) + 1)]
+  for name, r in rows.items():
+    cells = [fmt.format(r[f"level_{k}"]) for k in LEVELS] + [fmt.format(r[last])]
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  logs.console()
+  if not (FLAGS.sims or FLAGS.ktc):
+    raise InputError("give --sims, --ktc or both: the targets to score the rules on")
+  rules = (
+    [AnswerRule.parse(r, "--rules") for r in FLAGS.rules.split(",")]
+    if FLAGS.rules
+    else default_rules()
+  )
+  result = study(FLAGS.workdir, FLAGS.sims, FLAGS.num, FLAGS.ktc, rules, FLAGS.samples)
+  print(tables(result))
+  if FLAGS.out:
+    fileio.write_text(FLAGS.out, json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+  from cdeit_jax import cli
+
+  flags.DEFINE_string("workdir", None, "a KTC2023 model (a run or a model folder)", required=True)
+  flags.DEFINE_string("sims", None, "a simulated split of the model's system (e.g. DATA/valid)")
+  flags.DEFINE_integer("num", 256, "simulated targets per level")
+  flags.DEFINE_string("ktc", None, "the challenge's levels folder (data/ktc2023/levels)")
+  flags.DEFINE_integer("samples", 8, "samples per target")
+  flags.DEFINE_string("rules", None, "comma-separated rules instead of the default candidates")
+  flags.DEFINE_string("out", None, "write the JSON here")
+  cli.run(main)

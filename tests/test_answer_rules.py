@@ -1,0 +1,121 @@
+"""KTC2023's answer rules (`cdeit_jax.infer.answer_rules`), the batched challenge score
+(`ktc_score.score_many`) against the one-target score, and the rule study's pieces
+(`cdeit_jax.infer.answer_study`)."""
+
+import pathlib
+
+import numpy as np
+import pytest
+import scipy.io
+
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.data import phantom_stats
+from cdeit_jax.infer import answer_study, ktc_score
+from cdeit_jax.infer.answer_rules import AnswerRule, probabilities
+
+REPO = pathlib.Path(__file__).parent.parent
+LEVEL_1 = REPO / "data" / "ktc2023" / "levels" / "level_1"
+
+
+def _truths() -> np.ndarray:
+  return np.stack([scipy.io.loadmat(LEVEL_1 / f"true{t}.mat")["truth"] for t in range(1, 5)])
+
+
+def test_score_many_is_the_one_target_score_on_both_grids():
+  """The matrix form equals `score` (the organisers' formula, tests/test_layout.py) to 1e-12:
+  the public truths against shifted, emptied and spotted answers on the challenge's grid, and
+  random class maps on ours (scored as their `to_challenge_grid`)."""
+  truths = _truths()
+  answers = np.stack([np.roll(t, 9 * i, axis=1) for i, t in enumerate(truths)])
+  answers[1] = 0
+  answers[2, 100:120, 30:60] = 1
+  want = [ktc_score.score(t, a) for t, a in zip(truths, answers)]
+  np.testing.assert_allclose(ktc_score.score_many(truths, answers), want, rtol=0, atol=1e-12)
+  assert want[0] == pytest.approx(1.0) and max(want[1:]) < 0.99  # unshifted; the others
+  rng = np.random.default_rng(0)
+  small_t = rng.integers(0, 3, (5, 128, 128)).astype(np.uint8)
+  small_a = np.where(rng.random((5, 128, 128)) < 0.7, small_t, 0).astype(np.uint8)
+  small_t[0] = 0  # a target without either class
+  want = [
+    ktc_score.score(ktc_score.to_challenge_grid(t), ktc_score.to_challenge_grid(a))
+    for t, a in zip(small_t, small_a)
+  ]
+  np.testing.assert_allclose(ktc_score.score_many(small_t, small_a), want, rtol=0, atol=1e-12)
+  with pytest.raises(InputError, match="need \\(N, 256, 256\\) or \\(N, 128, 128\\)"):
+    ktc_score.score_many(truths, small_a)
+
+
+def test_rules_by_hand():
+  """Four samples of a 1 x 4 image: the mean rule thresholds their mean, the vote rule the
+  fraction of samples beyond the threshold, each class taken where its fraction reaches Q and
+  beats the other's; probabilities are those fractions."""
+  s = np.array(
+    [[0.5, -0.5, 0.5, 0.0], [0.5, -0.5, -0.5, 0.0], [0.5, 0.5, -0.5, 0.0], [-0.1, -0.5, 0.5, 1.6]]
+  )
+  s = s[:, None, None, :]  # (K=4, N=1, H=1, W=4)
+  # means 0.35, -0.25, 0, 0.4
+  np.testing.assert_array_equal(AnswerRule("mean", 0.3).answer(s)[0, 0], [2, 0, 0, 2])
+  np.testing.assert_array_equal(AnswerRule("mean", 0.2).answer(s)[0, 0], [2, 1, 0, 2])
+  p_res, p_con = probabilities(s, 0.3)
+  np.testing.assert_array_equal(p_con[0, 0], [0.75, 0.25, 0.5, 0.25])
+  np.testing.assert_array_equal(p_res[0, 0], [0.0, 0.75, 0.5, 0.0])
+  # pixel 2: a tie of 0.5 and 0.5 is water; pixel 3: 0.25 < Q
+  np.testing.assert_array_equal(AnswerRule("vote", 0.3, 0.5).answer(s)[0, 0], [2, 1, 0, 0])
+  np.testing.assert_array_equal(AnswerRule("vote", 0.3, 0.25).answer(s)[0, 0], [2, 1, 0, 2])
+  np.testing.assert_array_equal(AnswerRule("vote", 0.3, 0.8).answer(s)[0, 0], [0, 0, 0, 0])
+
+
+def test_small_classes_are_dropped_by_area():
+  """`area=A` answers a class as water where it covers less than A of the tank (the disk's
+  12,892 pixels of 128 x 128): a 100-pixel spot (0.78 %) goes at A = 0.01, stays at 0.005, and
+  the other class's large region stays either way."""
+  image = np.zeros((128, 128))
+  image[20:30, 60:70] = 1.0  # 100 pixels conductive
+  image[50:100, 40:90] = -1.0  # 2,500 pixels resistive
+  samples = np.repeat(image[None, None], 3, 0)
+  assert phantom_stats.objects(np.where(image > 0, 2, 0))[0].area == pytest.approx(100 / 12892)
+  kept = AnswerRule("mean", 0.3, min_area=0.005).answer(samples)[0]
+  dropped = AnswerRule("vote", 0.3, 0.5, min_area=0.01).answer(samples)[0]
+  assert (kept == 2).sum() == 100 and (kept == 1).sum() == 2500
+  assert (dropped == 2).sum() == 0 and (dropped == 1).sum() == 2500
+
+
+def test_rule_strings():
+  for text in ("mean:0.3", "vote:0.3:0.5", "vote:0.25:0.75:area=0.01", "mean:0.4:area=0.02"):
+    assert str(AnswerRule.parse(text)) == text
+  for bad in (
+    "median:0.3",
+    "mean",
+    "vote:0.3",
+    "mean:x",
+    "mean:-1",
+    "vote:0.3:2",
+    "mean:0.3:area=1",
+  ):
+    with pytest.raises(InputError, match="--config.eval.answer_rule=.*write mean:T or vote:T:Q"):
+      AnswerRule.parse(bad)
+
+
+def test_the_study_scores_rules_on_truths_it_can_recover():
+  """Samples equal to the truth's classes (+-1 label units) score 1 under every rule that keeps
+  small classes (and on the challenge's grid as on ours); with one object of each class, a rule
+  dropping classes under 2 % loses the 1 % one; the simulated truth is the label image's
+  classes at +-0.25."""
+  truth = np.zeros((2, 128, 128), np.uint8)
+  truth[0, 30:60, 30:60] = 2  # 900 pixels, 7 %
+  truth[1, 30:60, 30:60] = 2
+  truth[1, 80:91, 80:91] = 1  # 121 pixels, 0.94 %
+  labels = np.where(truth == 2, 1.0, np.where(truth == 1, -1.0, 0.0))
+  samples = np.repeat(labels[None], 4, 0)
+  rules = [
+    AnswerRule("mean", 0.3),
+    AnswerRule("vote", 0.4, 0.75),
+    AnswerRule("mean", 0.3, min_area=0.02),
+  ]
+  s = answer_study.score_rules(rules, samples, truth)
+  np.testing.assert_allclose(s[:2], 1.0, atol=1e-12)
+  assert s[2, 0] == pytest.approx(1.0) and s[2, 1] < 0.6
+  big = ktc_score.to_challenge_grid(truth)
+  np.testing.assert_allclose(answer_study.score_rules(rules, samples, big), s, atol=1e-12)
+  np.testing.assert_array_equal(phantom_stats.class_map(0.3 * labels), truth)
+  np.testing.assert_array_equal(phantom_stats.class_map(0.2 * labels), 0 * truth)
