@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install lint test test-all demo demo-model ktc-demo cdeit16-model device-model moving-demo \
+.PHONY: install lint test test-all demo demo-model ktc-demo ktc-model cdeit16-model device-model moving-demo \
   train-test bench clean
 
 install: $(BIN)/.installed
@@ -115,6 +115,34 @@ cdeit16-model: install
 	  --scores foreign=$(CDEIT16_RUN)/eval_foreign/metrics.json \
 	  --scores uef2017=$(CDEIT16_RUN)/eval_uef2017/metrics.json && \
 	echo "make cdeit16-model: $$(( $$(date +%s) - start )) s (the model: models/cdeit16)"
+
+# The model that ships for KTC2023's device (models/ktc2023, configs/ktc2023_model.py): simulate
+# 12,000 training examples with challenge-like phantoms and the measuring system drawn around the
+# calibrated device (cached), train (rerunning resumes), choose the answer rule on the
+# validation simulations at every level (python -m cdeit_jax.infer.answer_study; the public 28
+# beside), answer the public cases with it, and write the model folder with the rule and scores.
+KTC_MODEL_DATA ?= $(HOME)/.cache/cdeit-jax/ktc-model-sim-v1
+KTC_MODEL_RUN ?= runs/ktc2023_model
+ktc-model: install
+	@start=$$(date +%s) && \
+	$(BIN)/python -m cdeit_jax.simulate --config configs/ktc2023_model.py --out $(KTC_MODEL_DATA) \
+	  --num_train 12000 --num_valid 256 --num_test 256 --tr_splits valid,test && \
+	$(BIN)/python train.py --config configs/ktc2023_model.py --workdir $(KTC_MODEL_RUN) \
+	  --config.data.path=$(KTC_MODEL_DATA) && \
+	$(BIN)/python -m cdeit_jax.infer.answer_study --workdir $(KTC_MODEL_RUN) \
+	  --sims $(KTC_MODEL_DATA)/valid --ktc data/ktc2023/levels --out $(KTC_MODEL_RUN)/answer_study.json && \
+	rule=$$($(BIN)/python -c "import json; print(json.load(open('$(KTC_MODEL_RUN)/answer_study.json'))['metrics']['chosen'])") && \
+	$(BIN)/python -m cdeit_jax.infer.answer_study --workdir $(KTC_MODEL_RUN) --rules $$rule \
+	  --sims $(KTC_MODEL_DATA)/test --out $(KTC_MODEL_RUN)/answer_test.json && \
+	$(BIN)/python eval.py --workdir $(KTC_MODEL_RUN) --data ktc2023_challenge \
+	  --data_path data/ktc2023/levels --out $(KTC_MODEL_RUN)/eval_ktc2023 \
+	  --config.eval.tikhonov=True --config.eval.answer_rule=$$rule && \
+	$(BIN)/python -m cdeit_jax.ship --workdir $(KTC_MODEL_RUN) --out models/ktc2023 \
+	  --recipe "make ktc-model (configs/ktc2023_model.py)" --set eval.answer_rule=$$rule \
+	  --scores ktc2023_public=$(KTC_MODEL_RUN)/eval_ktc2023/metrics.json \
+	  --scores rule_study=$(KTC_MODEL_RUN)/answer_study.json \
+	  --scores simulated_levels=$(KTC_MODEL_RUN)/answer_test.json && \
+	echo "make ktc-model: $$(( $$(date +%s) - start )) s (the model: models/ktc2023, rule $$rule)"
 
 # Your own device (docs/your_device.md): calibrate it from its reference file (electrode width,
 # contact impedance and gain fitted to the empty tank; CALIBRATE: more flags, e.g.

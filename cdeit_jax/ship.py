@@ -8,8 +8,10 @@ The run's best validated step (or --step) is loaded with its EMA weights and wri
 inference step (EMA only; the step's uncertainty scale beside it), with `manifest.json`: the
 config, the device, the recipe, the steps, the training time (every invocation's wall time
 summed from metrics.jsonl) and the machine, the data seeds, the scores given, and the SHA-256 of
-the step's files. The folder is written beside --out and put in its place whole; an --out that
-is not a model folder (no manifest) is refused.
+the step's files. `--set eval.answer_rule=...` (repeatable; eval.* and sampling.* keys) changes
+a setting the model is evaluated with by default, e.g. the KTC2023 answer rule chosen for it by
+`python -m cdeit_jax.infer.answer_study`. The folder is written beside --out and put in its
+place whole; an --out that is not a model folder (no manifest) is refused.
 """
 
 from __future__ import annotations
@@ -75,7 +77,59 @@ def scores(pairs: list[str]) -> dict:
   return out
 
 
-def ship(workdir: str, out: str, recipe: str, score_pairs: list[str], step: int | None) -> dict:
+SETTABLE = ("eval.", "sampling.")
+
+
+def settings(pairs: list[str]) -> dict[str, str]:
+  """{dotted key: text} of KEY=VALUE pairs, each an evaluation setting (eval.*, sampling.*)."""
+  from cdeit_jax.common.errors import InputError
+
+  out = {}
+  for pair in pairs or []:
+    key, sep, text = pair.partition("=")
+    if not sep or not key.startswith(SETTABLE):
+      raise InputError(
+        f"--set {pair!r}: give KEY=VALUE of an evaluation setting (eval.*, sampling.*), e.g. "
+        "--set eval.answer_rule=vote:0.3:0.5"
+      )
+    out[key] = text
+  return out
+
+
+def apply_settings(cfg, given: dict[str, str]) -> None:
+  """Set each text in `cfg` as its key's type (an unknown key or unreadable value: one line
+  naming --set); an answer rule is checked as eval.py reads it."""
+  from cdeit_jax import config_lib
+  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.infer.answer_rules import AnswerRule
+
+  for key, text in given.items():
+    try:
+      old = cfg
+      for k in key.split("."):
+        old = old[k]
+      kind = type(old)
+      if kind is bool:
+        if text not in ("True", "False"):
+          raise ValueError("True or False")
+        value = text == "True"
+      else:
+        value = kind(text) if kind in (int, float, str) else text
+    except (KeyError, ValueError) as e:
+      raise InputError(f"--set {key}={text}: {e}") from None
+    config_lib.override(cfg, {key: value})
+  if "eval.answer_rule" in given:
+    AnswerRule.parse(cfg.eval.answer_rule, "--set eval.answer_rule")
+
+
+def ship(
+  workdir: str,
+  out: str,
+  recipe: str,
+  score_pairs: list[str],
+  step: int | None,
+  set_pairs: list[str] | None = None,
+) -> dict:
   """Write the model folder `out` of the run at `workdir` (module docstring); its manifest."""
   from cdeit_jax.checkpoints import checkpoint, reader, shipped
   from cdeit_jax.common import fileio
@@ -83,6 +137,7 @@ def ship(workdir: str, out: str, recipe: str, score_pairs: list[str], step: int 
   from cdeit_jax.infer import reconstructor
 
   given = scores(score_pairs)  # every input checked before anything is written
+  chosen = settings(set_pairs)
   out = os.path.abspath(out)
   if os.path.exists(out) and os.listdir(out) and shipped.read(out) is None:
     raise InputError(f"--out {out}: holds files and no {shipped.MANIFEST}; give a new folder")
@@ -90,6 +145,7 @@ def ship(workdir: str, out: str, recipe: str, score_pairs: list[str], step: int 
     meta, skipped = run.first_readable()
     loaded = run.load(weights="ema", passed=skipped)
     meta = loaded.meta
+    apply_settings(meta.config, chosen)
     scale_file = reconstructor.calibration_file(run, meta.step)
     stage = f"{out}.shipping"
     shutil.rmtree(stage, ignore_errors=True)
@@ -137,7 +193,7 @@ def main(argv: list[str]) -> None:
   from cdeit_jax.common import logs
 
   logs.console()
-  m = ship(FLAGS.workdir, FLAGS.out, FLAGS.recipe, FLAGS.scores, FLAGS.step)
+  m = ship(FLAGS.workdir, FLAGS.out, FLAGS.recipe, FLAGS.scores, FLAGS.step, FLAGS.set)
   size = sum(os.path.getsize(os.path.join(FLAGS.out, f)) for f in m["files"])
   print(
     f"shipped step {m['step']} of {FLAGS.workdir} to {FLAGS.out}: {len(m['files'])} files, "
@@ -153,4 +209,7 @@ if __name__ == "__main__":
   flags.DEFINE_string("recipe", "", "how the run was made (a make target, its commands)")
   flags.DEFINE_multi_string("scores", [], "NAME=PATH of an evaluation's metrics.json, repeated")
   flags.DEFINE_integer("step", None, "the step to ship (default: the best validated)")
+  flags.DEFINE_multi_string(
+    "set", [], "KEY=VALUE: an evaluation setting the model ships with (eval.*, sampling.*)"
+  )
   cli.run(main)

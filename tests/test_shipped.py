@@ -58,6 +58,8 @@ def model_folder(straight_run, tmp_path_factory):
     f"--out={out}",
     "--recipe=make train-test",
     f"--scores=uef2017={root / 'eval' / 'metrics.json'}",
+    "--set=eval.answer_rule=vote:0.3:0.5:area=0.01",
+    "--set=sampling.num_samples=4",
   )
   assert p.returncode == 0, p.stderr[-3000:]
   assert "shipped step" in p.stdout
@@ -82,9 +84,13 @@ def test_the_folder_holds_the_best_steps_ema_weights_and_its_manifest(straight_r
   assert m["training"]["seconds"] > 0 and m["training"]["invocations"] == 1
   assert "cores" in m["training"]["machine"] and m["training"]["data_seed"]["data"] == 0
   assert m["config"]["model"]["hidden_size"] == 32 and m["device"]["name"] == "cdeit16"
+  # the settings shipped with it (--set) are the folder's config, which eval.py starts from
+  assert m["config"]["eval"]["answer_rule"] == "vote:0.3:0.5:area=0.01"
+  assert m["config"]["sampling"]["num_samples"] == 4
   want = json.loads((root / "eval" / "metrics.json").read_text())["metrics"]
   assert m["scores"]["uef2017"]["metrics"] == want
   shipped_model, meta = loading.load(str(out))
+  assert loading.model_config(meta).sampling.num_samples == 4
   run_model, _ = loading.load(str(straight_run), step=best, weights="ema")
   a = jax.tree.leaves(nnx.state(shipped_model, nnx.Param))
   b = jax.tree.leaves(nnx.state(run_model, nnx.Param))
@@ -131,3 +137,13 @@ def test_a_changed_byte_or_file_is_refused_in_one_line(model_folder, tmp_path):
   p = _run("-m", "cdeit_jax.ship", f"--workdir={out}", f"--out={tmp_path / 'notes'}")
   assert p.returncode == 1 and "holds files and no manifest.json" in p.stderr, p.stderr[-2000:]
   assert (tmp_path / "notes" / "mine.txt").read_text() == "keep"
+  for setting, words in (
+    ("model.hidden_size=64", "give KEY=VALUE of an evaluation setting"),
+    ("eval.answer_rule=median:0.3", "--set eval.answer_rule='median:0.3': not an answer rule"),
+    ("sampling.num_samples=four", "--set sampling.num_samples=four: invalid literal"),
+  ):
+    p = _run(
+      "-m", "cdeit_jax.ship", f"--workdir={out}", f"--out={tmp_path / 'x'}", f"--set={setting}"
+    )
+    assert p.returncode == 1 and p.stderr.count("error:") == 1 and words in p.stderr, p.stderr
+    assert not (tmp_path / "x").exists()
