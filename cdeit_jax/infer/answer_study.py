@@ -37,9 +37,9 @@ LEVELS = range(1, 8)
 
 def default_rules() -> list[AnswerRule]:
   """The candidates: the mean or a per-pixel vote of the samples, at four thresholds, with or
-  without dropping a class smaller than 1 % or 2 % of the tank."""
+  without dropping a class smaller than 0.5 %, 1 % or 2 % of the tank."""
   rules = []
-  for area in (0.0, 0.01, 0.02):
+  for area in (0.0, 0.005, 0.01, 0.02):
     for t in (0.2, 0.3, 0.4, 0.5):
       rules.append(AnswerRule("mean", t, min_area=area))
       for q in (0.5, 0.75):
@@ -102,7 +102,7 @@ def study(
   t0 = time.perf_counter()
   overrides = {"sampling.num_samples": num_samples, **(overrides or {})}
   rec = reconstructor.Reconstructor.from_workdir(workdir, overrides=overrides)
-  lay, cfg = rec.layout, rec.cfg
+  lay, cfg = rec.layout, rec.config
   alpha, seg = challenge.linear_settings(cfg)
   names = [str(r) for r in rules] + ["tikhonov", "water"]
   result: dict = {"workdir": workdir, "checkpoint": rec.checkpoint, "num_samples": num_samples}
