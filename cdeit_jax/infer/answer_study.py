@@ -8,11 +8,14 @@ challenge's public cases, from one set of samples per target.
 The simulated target's truth is its label image's classes (`data.phantom_stats.class_map`), its
 values the simulated differences (simulation units, as eval.py gives a calibrated case's); the
 public cases are read, calibrated and sampled as eval.py's ktc2023_challenge does. The rule is
-chosen by the simulations' mean score over the levels (the public cases are four shapes: they
-check the choice, they do not make it). Prints a markdown table per source and writes JSON
-(`metrics`, `settings`, as eval.py's metrics.json: `python -m cdeit_jax.ship --scores` reads it):
-per rule, the mean score per target at each level and over all (simulations), the score summed
-per level and in total (public cases); the Tikhonov/NOSER answers and all water beside.
+chosen on both sources: each rule's standing in a source is its score above all water's as a
+fraction of the best rule's there, and the rule whose worse standing is highest wins (the
+simulations' distribution and the public cases' four shapes disagree on small objects: the one
+chooses low thresholds that keep them, the other drops small classes). Prints a markdown table
+per source and writes JSON (`metrics`, `settings`, as eval.py's metrics.json: `python -m
+cdeit_jax.ship --scores` reads it): per rule, the mean score per target at each level and over
+all (simulations), the score summed per level and in total (public cases), and its standing;
+the Tikhonov/NOSER answers and all water beside.
 """
 
 from __future__ import annotations
@@ -145,14 +148,28 @@ def study(
       }
       pub[n] = {**levels, "total": float(np.sum(row))}
     result["public"] = {"folder": ktc, "targets": len(cases), "score": pub}
-  key = (
-    (lambda n: result["simulations"]["mean_per_target"][n]["all"])
-    if sims
-    else (lambda n: result["public"]["score"][n]["total"])
-  )
-  result["chosen"] = max((str(r) for r in rules), key=key)
+  result["standing"] = standing(result, [str(r) for r in rules])
+  result["chosen"] = max(result["standing"], key=result["standing"].get)
   settings = {k: result.pop(k) for k in ("workdir", "checkpoint", "num_samples")}
   return {"metrics": result, "settings": {**settings, "seconds": time.perf_counter() - t0}}
+
+
+def standing(result: dict, names: list[str]) -> dict[str, float]:
+  """Each rule's worse standing over the sources scored (simulations, public cases): its score
+  above all water's as a fraction of the best rule's there (1: the best rule on both)."""
+  totals = []
+  if "simulations" in result:
+    totals.append({n: v["all"] for n, v in result["simulations"]["mean_per_target"].items()})
+  if "public" in result:
+    totals.append({n: v["total"] for n, v in result["public"]["score"].items()})
+  out = {}
+  for n in names:
+    fractions = []
+    for t in totals:
+      best = max(t[m] for m in names)
+      fractions.append((t[n] - t["water"]) / max(best - t["water"], 1e-12))
+    out[n] = round(float(min(fractions)), 4)
+  return out
 
 
 def tables(study_json: dict) -> str:
@@ -165,6 +182,12 @@ def tables(study_json: dict) -> str:
   if "public" in result:
     out.append(f"public cases ({result['public']['targets']}, score summed per level):")
     out.append(_table(result["public"]["score"], "total", "{:.2f}"))
+  s = result["standing"]
+  top = sorted(s, key=s.get, reverse=True)[:5]
+  out.append(
+    "standing (the worse of the sources' (score - water) / (best - water)): "
+    + ", ".join(f"{n} {s[n]:.3f}" for n in top)
+  )
   out.append(f"chosen: {result['chosen']}")
   return "\n".join(out)
 
