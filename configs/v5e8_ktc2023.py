@@ -1,5 +1,6 @@
-"""TPU v5e-8, KTC2023's system at the published model's size: configs/ktc2023.py's measuring
-system, phantoms and removals with configs/v5e8.py's model and recipe (global batch 64,
+"""TPU v5e-8, KTC2023's system at the published model's size: configs/ktc2023_model.py's
+measuring system (drawn per example around the calibrated device), challenge-like phantoms and
+removals with configs/v5e8.py's model and recipe (global batch 64,
 bfloat16, splash attention), conditioned on the linear reconstructions of the values each frame
 has (`cond="linear"`, 64 x 64 grid), trained on fresh simulations made on the chips every step
 (`config.data.source="simulator"`, no files). Compile-only check without a TPU:
@@ -17,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def get_config():
   c = config_lib.load(os.path.join(HERE, "v5e8.py"))
-  ktc = config_lib.load(os.path.join(HERE, "ktc2023.py"))
+  ktc = config_lib.load(os.path.join(HERE, "ktc2023_model.py"))
   c.simulator = ktc.simulator
   c.simulator.update(stats_examples=4096, valid_examples=512)
   c.model.update(cond="linear", cond_alphas=(0.03, 0.3), cond_grid=64)
