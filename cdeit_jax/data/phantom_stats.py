@@ -38,10 +38,9 @@ def objects(class_map: np.ndarray) -> list[Object]:
   pixel centres as in `phantom.pixel_centres`, rows in either order)."""
   import scipy.ndimage
 
-  n = class_map.shape[0]
-  c, h = (n - 1) / 2, n / 2
-  yy, xx = np.mgrid[0:n, 0:n]
-  r = np.hypot((xx - c) / h, (yy - c) / h)
+  from cdeit_jax.eit.phantom import pixel_centres
+
+  r = np.hypot(*np.moveaxis(pixel_centres(class_map.shape[0])[:, :, 0], -1, 0))
   disk = float((r <= 1).sum())
   out = []
   for cls in (1, 2):

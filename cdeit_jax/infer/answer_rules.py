@@ -86,7 +86,9 @@ class AnswerRule:
       )
     out = out.astype(np.uint8)
     if self.min_area > 0:
-      disk = _disk(out.shape[-1]).sum()
+      from cdeit_jax.eit.phantom import disk_mask
+
+      disk = disk_mask(out.shape[-1]).sum()
       for c in (1, 2):
         small = (out == c).sum(axis=(-2, -1), keepdims=True) < self.min_area * disk
         out[(out == c) & small] = 0
@@ -98,9 +100,3 @@ def probabilities(samples: np.ndarray, threshold: float) -> tuple[np.ndarray, np
   above +threshold."""
   samples = np.asarray(samples)
   return (samples < -threshold).mean(0), (samples > threshold).mean(0)
-
-
-def _disk(size: int) -> np.ndarray:
-  from cdeit_jax.eit.phantom import disk_mask
-
-  return disk_mask(size)

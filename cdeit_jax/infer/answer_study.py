@@ -65,8 +65,10 @@ def simulated(folder: str, num: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def level_removed(lay, level: int) -> np.ndarray:
-  """(R,) bool: the values KTC2023's level `level` removes (electrodes 0 .. 2 level - 3)."""
-  return lay.without(range(2 * (level - 1)))
+  """(R,) bool: the values KTC2023's level `level` removes (`eit.layout`'s "ktc2023" removals)."""
+  from cdeit_jax.eit import layout
+
+  return lay.without(layout.removal_sets("ktc2023")[level - 1])
 
 
 def tikhonov_answers(lay, values: np.ndarray, present: np.ndarray, alpha, segment_level):
