@@ -208,8 +208,10 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     raise MissingFile(f"--checkpoint {path}: no such file")
   if path.endswith(".npz"):
     try:
-      with fileio.open_binary(path) as fh, np.load(fh, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+      z = fileio.load_numpy(path)
+      if isinstance(z, dict):
+        return z
+      raise ValueError("a single array, not an archive of named arrays")
     except (OSError, ValueError, zipfile.BadZipFile) as e:
       raise InputError(f"{path}: not a readable .npz of arrays ({e})") from e
   with fileio.open_binary(path) as fh:

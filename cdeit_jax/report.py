@@ -91,8 +91,7 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
   from cdeit_jax.infer import metrics, outputs
 
   s = json.loads(fileio.path(fileio.join(folder, "metrics.json")).read_text())["settings"]
-  with fileio.open_binary(fileio.join(folder, "predictions.npz")) as fh:
-    z = dict(np.load(fh, allow_pickle=False))
+  z = npz_files.read_npz(fileio.join(folder, "predictions.npz"))
   names = [str(n) for n in z["names"][:rows]]
   ys = (
     np.stack(

@@ -211,7 +211,7 @@ def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
     b = next(it)
     for r, i in enumerate(b["index"]):
       ex = src[int(i)]
-      raw = np.load(folder / src.files[int(i)])["ys"][:, 0]
+      raw = npz_files.read_npz(str(folder / src.files[int(i)]))["ys"][:, 0]
       hits = [
         g
         for g in symmetry.GROUP
@@ -263,7 +263,7 @@ def test_another_devices_examples_are_augmented_with_its_own_symmetries(tmp_path
       )
       used.add(g)
       index, sign = symmetry.turn(*g, device)
-      raw = np.load(tmp_path / src.files[int(i)])["ys"][:, 0]
+      raw = npz_files.read_npz(str(tmp_path / src.files[int(i)]))["ys"][:, 0]
       np.testing.assert_allclose(b["cond"][row], src.condition(raw[index] * sign)[0], rtol=1e-6)
   assert len(used) >= 6
   with pytest.raises(ValueError, match="ktc2023.*not symmetries"):

@@ -19,12 +19,14 @@ import os
 import pathlib
 import secrets
 import shutil
+import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import fsspec.config
 import fsspec.core
+import numpy as np
 from etils import epath
 
 from cdeit_jax.common.errors import CdeitError, InputError
@@ -153,6 +155,31 @@ def open_binary(p: PathLike) -> io.BufferedIOBase:
   if not is_remote(p):
     return open(resolve(p), "rb")
   return io.BytesIO(path(p).read_bytes())
+
+
+# numpy parses .npy headers with ast.literal_eval, which is not thread-safe before CPython 3.13
+# ("SystemError: AST constructor recursion depth mismatch": seen on 3.11.7 when a test read an
+# npz while grain's reader threads read others). Every numpy file this package reads is decoded
+# here, under one lock; worker processes (num_workers) are unaffected.
+_NUMPY_LOCK = threading.Lock() if sys.version_info < (3, 13) else contextlib.nullcontext()
+
+
+def load_numpy(
+  source: PathLike | bytes, keys: Sequence[str] | None = None
+) -> np.ndarray | dict[str, np.ndarray]:
+  """A .npy's array or a .npz's arrays (all, or `keys` where present; a path, or the file's
+  bytes), fully decoded under the lock.
+
+  numpy's own errors (ValueError, OSError, EOFError, zipfile.BadZipFile) pass through for the
+  caller to name its file and field.
+  """
+  fh = io.BytesIO(source) if isinstance(source, bytes) else open_binary(source)
+  with fh, _NUMPY_LOCK:
+    loaded = np.load(fh, allow_pickle=False)
+    if isinstance(loaded, np.ndarray):
+      return loaded
+    with loaded as z:
+      return {k: z[k] for k in (z.files if keys is None else [k for k in keys if k in z.files])}
 
 
 class DiskFull(CdeitError, OSError):

@@ -8,10 +8,7 @@ them.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
-import sys
-import threading
 import zipfile
 from collections.abc import Sequence
 
@@ -26,16 +23,12 @@ log = logging.getLogger(__name__)
 BASELINE_KEYS = ("TR", "xs_gn")
 
 
-# numpy parses .npy headers with ast.literal_eval, which is not thread-safe on CPython 3.11
-# ("SystemError: AST constructor recursion depth mismatch", seen here on 3.11.7 with grain's
-# reader threads). Decoding is serialised there; worker processes (num_workers) are unaffected.
-_NPZ_LOCK = threading.Lock() if sys.version_info < (3, 13) else contextlib.nullcontext()
-
-
 def read_npz(path: str, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
-  """The arrays of an npz (all, or `keys` where present), decoded under the lock."""
-  with fileio.open_binary(path) as fh, _NPZ_LOCK, np.load(fh, allow_pickle=False) as z:
-    return {k: z[k] for k in (z.files if keys is None else [k for k in keys if k in z.files])}
+  """The arrays of an npz (all, or `keys` where present), decoded under `fileio`'s numpy lock."""
+  z = fileio.load_numpy(path, keys)
+  if not isinstance(z, dict):
+    raise ValueError(f"{path}: a single .npy array, not an npz archive")
+  return z
 
 
 # ----------------------------------------------------------------------------- validation

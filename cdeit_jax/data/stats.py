@@ -153,8 +153,7 @@ def read_array(path: str) -> np.ndarray:
   """A `.npy` or a single-tensor `.pth`."""
   if path.endswith(".npy"):
     try:
-      with fileio.open_binary(path) as fh:
-        return np.load(fh, allow_pickle=False)
+      return fileio.load_numpy(path)
     except (OSError, ValueError) as e:
       raise InputError(f"{path}: not a readable .npy array ({e})") from e
   if path.endswith((".pth", ".pt")):
@@ -227,7 +226,9 @@ def authors_stats() -> tuple[np.ndarray, np.ndarray]:
   """The CDEIT authors' statistics of their simulated training set (shipped with the package)."""
   assets = resources.files("cdeit_jax") / "assets"
   return check_stats(
-    np.load(str(assets / "mean.npy")), np.load(str(assets / "std.npy")), source="cdeit_jax/assets"
+    fileio.load_numpy(str(assets / "mean.npy")),
+    fileio.load_numpy(str(assets / "std.npy")),
+    source="cdeit_jax/assets",
   )
 
 

@@ -38,7 +38,7 @@ import zipfile
 
 import numpy as np
 
-from cdeit_jax.common import matfile
+from cdeit_jax.common import fileio, matfile
 from cdeit_jax.common.errors import InputError, MissingFile
 
 # KTC2023's tank: 32 electrodes numbered counter-clockwise, electrode 0 centred 84.375 degrees
@@ -480,8 +480,10 @@ def _load(path: str) -> dict[str, np.ndarray]:
   suffix = os.path.splitext(path)[1].lower()
   if suffix == ".npz":
     try:
-      with np.load(path, allow_pickle=False) as z:
-        return {k: z[k] for k in z.files}
+      z = fileio.load_numpy(path)
+      if isinstance(z, dict):
+        return z
+      raise ValueError("a single array, not an archive of named arrays")
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
       short = " ".join(str(e).split())[:160]
       raise InputError(f"{path}: not a readable .npz of numeric arrays ({short})") from None
@@ -629,8 +631,6 @@ def save_device(path: str, layout: Layout, reference: np.ndarray | None = None) 
   """Write `layout` (calibrated or not) as a device file in KTC's keys with its own geometry and
   calibration (`DEVICE_KEYS`), which `from_device_file` reads back as the same device; the
   reference frame as `Uelref`. Every pattern must measure the same pairs (one `Mpat`)."""
-  from cdeit_jax.common import fileio
-
   first = layout.rows[layout.rows[:, 0] == 0][:, 1:]
   pairs = np.tile(first, (layout.num_patterns, 1))
   if len(pairs) != layout.num_values or not np.array_equal(pairs, layout.rows[:, 1:]):

@@ -104,8 +104,7 @@ def _stored(physics: layout.Layout, compute) -> np.ndarray:
   path = _jacobian_file(physics)
   if path is not None:
     try:
-      with fileio.open_binary(path) as fh:
-        return np.load(fh, allow_pickle=False)
+      return fileio.load_numpy(path)
     except (OSError, ValueError):  # absent or unreadable: computed (and written) again
       pass
   with jax.ensure_compile_time_eval():  # concrete also when first asked under a trace

@@ -59,8 +59,9 @@ def read(
     arrays = {"frames": _read_npy(path, raw)}
   elif suffix == ".npz":
     try:
-      with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
+      arrays = fileio.load_numpy(raw)
+      if not isinstance(arrays, dict):
+        raise ValueError("a single array, not an archive of named arrays")
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
       raise InputError(f"{path}: not a readable .npz of numeric arrays ({_short(e)})") from None
   else:
@@ -123,7 +124,10 @@ def _read_text(path: str, raw: bytes) -> np.ndarray:
 
 def _read_npy(path: str, raw: bytes) -> np.ndarray:
   try:
-    return np.load(io.BytesIO(raw), allow_pickle=False)
+    a = fileio.load_numpy(raw)
+    if isinstance(a, dict):
+      raise ValueError("an .npz archive of named arrays: name it .npz")
+    return a
   except ValueError as e:
     raise InputError(f"{path}: not a .npy of numbers ({_short(e)})") from None
   except (OSError, EOFError) as e:
