@@ -6,10 +6,11 @@
 
 The run's best validated step (or --step) is loaded with its EMA weights and written as one
 inference step (EMA only; the step's uncertainty scale beside it), with `manifest.json`: the
-config, the device, the recipe, the steps, the training time (every invocation's wall time
-summed from metrics.jsonl) and the machine, the data seeds, the scores given, and the SHA-256 of
-the step's files. `--set eval.answer_rule=...` (repeatable; eval.* and sampling.* keys) changes
-a setting the model is evaluated with by default, e.g. the KTC2023 answer rule chosen for it by
+config, the device, the recipe, the steps, the training time (`training_record`: every
+logged window of metrics.jsonl, killed invocations' included, with the ended ones' start-up) and
+the machine, the data seeds, the scores given, and the SHA-256 of the step's files.
+`--set eval.answer_rule=...` (repeatable; eval.* and sampling.* keys) changes a setting the model
+is evaluated with by default, e.g. the KTC2023 answer rule chosen for it by
 `python -m cdeit_jax.infer.answer_study`. The folder is written beside --out and put in its
 place whole; an --out that is not a model folder (no manifest) is refused.
 """
@@ -28,21 +29,21 @@ FLAGS = flags.FLAGS
 
 
 def training_record(workdir: str) -> dict:
-  """(seconds, invocations) of a run: each invocation's wall time (its last metrics.jsonl record
-  with `run`), summed."""
+  """The wall time that made a run's model: every logged window in metrics.jsonl (the steps,
+  data waits, validations and checkpoints of each invocation, one that was killed included up to
+  its last committed record) plus the start-up and compilation of the invocations that ended
+  (their last record carries `run`; a killed one's start-up is not recorded anywhere)."""
   from cdeit_jax.common import fileio
 
   text = fileio.read_text(fileio.join(workdir, "metrics.jsonl")) or ""
-  runs, last = [], None
+  windows, setup, ended = 0.0, 0.0, 0
   for line in text.splitlines():
     record = json.loads(line)
-    if "run" in record and (last is None or record["run"]["wall_s"] >= last["wall_s"]):
-      last = record["run"]
-    elif "run" in record:  # a new invocation's first record: its clock restarted
-      runs.append(last)
-      last = record["run"]
-  runs += [last] if last is not None else []
-  return {"seconds": round(sum(r["wall_s"] for r in runs), 1), "invocations": len(runs)}
+    windows += record.get("window_s", 0.0)
+    if "run" in record:
+      setup += record["run"]["startup_s"] + record["run"]["compile_s"]
+      ended += 1
+  return {"seconds": round(windows + setup, 1), "ended_invocations": ended}
 
 
 def machine() -> str:

@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO, run_train
 from flax import nnx
 
+from cdeit_jax import ship
 from cdeit_jax.checkpoints import checkpoint, loading, shipped
 
 UEF = REPO / "data" / "uef2017"
@@ -81,7 +82,11 @@ def test_the_folder_holds_the_best_steps_ema_weights_and_its_manifest(straight_r
     str(p.relative_to(out)) for p in (out / "checkpoints").rglob("*") if p.is_file()
   )
   assert m["recipe"] == "make train-test" and m["training"]["steps"] == best
-  assert m["training"]["seconds"] > 0 and m["training"]["invocations"] == 1
+  records = [json.loads(x) for x in (straight_run / "metrics.jsonl").read_text().splitlines()]
+  run = records[-1]["run"]
+  by_hand = sum(r["window_s"] for r in records) + run["startup_s"] + run["compile_s"]
+  assert m["training"]["seconds"] == pytest.approx(by_hand, abs=0.06)
+  assert m["training"]["ended_invocations"] == 1
   assert "cores" in m["training"]["machine"] and m["training"]["data_seed"]["data"] == 0
   assert m["config"]["model"]["hidden_size"] == 32 and m["device"]["name"] == "cdeit16"
   # the settings shipped with it (--set) are the folder's config, which eval.py starts from
@@ -147,3 +152,17 @@ def test_a_changed_byte_or_file_is_refused_in_one_line(model_folder, tmp_path):
     )
     assert p.returncode == 1 and p.stderr.count("error:") == 1 and words in p.stderr, p.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_training_time_counts_a_killed_invocations_windows(tmp_path):
+  """A run killed after two logged windows and resumed to its end: its time is the four windows
+  plus the one recorded start-up and compilation (3 + 4 + 5 + 6 + 1.5 + 0.5 s), the killed
+  invocation's windows included though it wrote no end record."""
+  lines = [
+    {"step": 2, "window_s": 3.0},
+    {"step": 4, "window_s": 4.0},  # killed after this record
+    {"step": 6, "window_s": 5.0},
+    {"step": 8, "window_s": 6.0, "run": {"wall_s": 13.0, "startup_s": 1.5, "compile_s": 0.5}},
+  ]
+  (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+  assert ship.training_record(str(tmp_path)) == {"seconds": 20.0, "ended_invocations": 1}
