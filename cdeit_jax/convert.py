@@ -208,10 +208,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     raise MissingFile(f"--checkpoint {path}: no such file")
   if path.endswith(".npz"):
     try:
-      z = fileio.load_numpy(path)
-      if isinstance(z, dict):
-        return z
-      raise ValueError("a single array, not an archive of named arrays")
+      return fileio.load_npz(path)
     except (OSError, ValueError, zipfile.BadZipFile) as e:
       raise InputError(f"{path}: not a readable .npz of arrays ({e})") from e
   with fileio.open_binary(path) as fh:

@@ -162,6 +162,8 @@ def test_numpy_files_decode_alike_from_paths_bytes_and_many_threads(tmp_path):
   assert sorted(z) == ["xs", "ys"] and all(np.array_equal(z[k], arrays[k]) for k in z)
   assert list(fileio.load_numpy((tmp_path / "a.npz").read_bytes(), ["ys", "TR"])) == ["ys"]
   np.testing.assert_array_equal(fileio.load_numpy((tmp_path / "b.npy").read_bytes()), arrays["xs"])
+  with pytest.raises(ValueError, match="a single .npy array, not an .npz archive"):
+    fileio.load_npz(str(tmp_path / "b.npy"))
 
   def read(i):
     z = fileio.load_numpy(str(tmp_path / ("a.npz" if i % 2 else "b.npy")))

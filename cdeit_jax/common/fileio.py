@@ -182,6 +182,14 @@ def load_numpy(
       return {k: z[k] for k in (z.files if keys is None else [k for k in keys if k in z.files])}
 
 
+def load_npz(source: PathLike | bytes, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+  """`load_numpy` of a file that must be an .npz archive (ValueError for a single .npy array)."""
+  z = load_numpy(source, keys)
+  if not isinstance(z, dict):
+    raise ValueError("a single .npy array, not an .npz archive of named arrays")
+  return z
+
+
 class DiskFull(CdeitError, OSError):
   """No space left where an output goes (one line naming the folder)."""
 

@@ -25,10 +25,7 @@ BASELINE_KEYS = ("TR", "xs_gn")
 
 def read_npz(path: str, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
   """The arrays of an npz (all, or `keys` where present), decoded under `fileio`'s numpy lock."""
-  z = fileio.load_numpy(path, keys)
-  if not isinstance(z, dict):
-    raise ValueError(f"{path}: a single .npy array, not an npz archive")
-  return z
+  return fileio.load_npz(path, keys)
 
 
 # ----------------------------------------------------------------------------- validation

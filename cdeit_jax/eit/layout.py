@@ -480,10 +480,7 @@ def _load(path: str) -> dict[str, np.ndarray]:
   suffix = os.path.splitext(path)[1].lower()
   if suffix == ".npz":
     try:
-      z = fileio.load_numpy(path)
-      if isinstance(z, dict):
-        return z
-      raise ValueError("a single array, not an archive of named arrays")
+      return fileio.load_npz(path)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
       short = " ".join(str(e).split())[:160]
       raise InputError(f"{path}: not a readable .npz of numeric arrays ({short})") from None

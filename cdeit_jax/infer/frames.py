@@ -59,9 +59,7 @@ def read(
     arrays = {"frames": _read_npy(path, raw)}
   elif suffix == ".npz":
     try:
-      arrays = fileio.load_numpy(raw)
-      if not isinstance(arrays, dict):
-        raise ValueError("a single array, not an archive of named arrays")
+      arrays = fileio.load_npz(raw)
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
       raise InputError(f"{path}: not a readable .npz of numeric arrays ({_short(e)})") from None
   else:
