@@ -97,9 +97,56 @@ def test_files_are_the_simulator_sources_examples(small_set):
     np.testing.assert_array_equal(ex[i]["xs"], xs[i])
 
 
+def test_class_targets_are_the_label_targets_over_each_objects_label(small_set):
+  """phantom.target="class": the same voltages, bit for bit, and each object drawn at +-1: the
+  label image divided, object by object (connected pixels, scipy), by its largest |value| (an
+  interior pixel's label)."""
+  import jax
+  from scipy import ndimage
+
+  from cdeit_jax.common import sharding as shd
+
+  mesh = shd.make_mesh(jax.devices())
+  ys, xs = synthetic.example_arrays(sim(5), "valid", np.arange(4), mesh)
+  c = sim(5)
+  c.phantom.target = "class"
+  ys_c, xs_c = synthetic.example_arrays(c, "valid", np.arange(4), mesh)
+  np.testing.assert_array_equal(ys_c, ys)
+  for x, x_c in zip(np.asarray(xs), np.asarray(xs_c)):
+    objects, n = ndimage.label(x != 0, structure=np.ones((3, 3)))
+    assert n >= 1 and np.abs(x).max() < 1 - 1e-3  # labels in +-[0.5, 1]: not a class map
+    expected = x.copy()
+    for k in range(1, n + 1):
+      expected[objects == k] /= np.abs(x[objects == k]).max()
+    np.testing.assert_allclose(x_c, expected, atol=1e-6)
+    assert set(np.unique(np.sign(x_c))) <= {-1, 0, 1} and np.abs(x_c).max() == 1
+
+
 def test_refuses_to_mix_settings(small_set):
   with pytest.raises(ValueError, match=r"seed: folder has 5, asked 6"):
     simulate.generate(small_set, {"train": 30}, sim(6), progress=False)
+
+
+def test_folders_from_before_phantom_target_extend_with_label_targets_only(small_set, tmp_path):
+  """simulate.json records `phantom.target` only when it is "class": a folder written before the
+  key existed (label targets) still extends, and is refused for class targets."""
+  import shutil
+
+  out = tmp_path / "before"
+  shutil.copytree(small_set, out)
+  record = json.loads((out / "simulate.json").read_text())
+  assert "target" not in record["phantom"]
+  simulate.generate(str(out), {"train": 13}, sim(5), progress=False)
+  assert len(os.listdir(out / "train")) == 13
+  c = sim(5)
+  c.phantom.target = "class"
+  with pytest.raises(ValueError, match=r"phantom: folder has .*, asked .*'target': 'class'"):
+    simulate.generate(str(out), {"train": 14}, c, progress=False)
+  (tmp_path / "class").mkdir()
+  simulate.generate(str(tmp_path / "class"), {"train": 1}, c, progress=False)
+  assert json.loads((tmp_path / "class" / "simulate.json").read_text())["phantom"]["target"] == (
+    "class"
+  )
 
 
 def test_refuses_folders_of_unknown_settings_and_records_tr_splits(small_set, tmp_path):
@@ -156,6 +203,7 @@ def test_extension_replaces_statistics_even_after_a_kill(tmp_path):
     ("snr_db", float("nan"), "snr_db=nan: give a finite number of dB"),
     ("phantom.min_aspect", -1.0, "need 0 < min_aspect <= 1"),
     ("phantom.annulus_inner", 1.5, "need 0 < annulus_inner < 1"),
+    ("phantom.target", "labels", "target='labels': give one of label, class"),
   ],
 )
 def test_nonsense_settings_are_named(key, value, match):

@@ -83,7 +83,7 @@ def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
     "seed": int(sim.seed),
     "snr_db": None if sim.snr_db is None else float(sim.snr_db),
     "contact_impedance": float(sim.contact_impedance),
-    "phantom": dataclasses.asdict(phantom_spec(sim)),
+    "phantom": _phantom_json(phantom_spec(sim)),
     "system": {
       k: list(v) if isinstance(v, tuple) else v
       for k, v in dataclasses.asdict(system_spec(sim)).items()
@@ -95,6 +95,15 @@ def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
       {} if _is_cdeit16(sim) else {"layout": _layout_name(sim), "device": layout_of(sim).record()}
     ),
   }
+
+
+def _phantom_json(spec) -> dict[str, Any]:
+  """The phantom record; `target` only when it is not "label" (folders made before it existed
+  drew label targets and stay extendable)."""
+  record = dataclasses.asdict(spec)
+  if record["target"] == "label":
+    del record["target"]
+  return record
 
 
 def _is_cdeit16(sim: ml_collections.ConfigDict) -> bool:
@@ -178,7 +187,7 @@ class Generator:
         noise,
         self.spec.max_radius,
       )
-    return ys, jax.vmap(ph.render_image)(params)
+    return ys, jax.vmap(lambda p: ph.render_image(p, target=self.spec.target))(params)
 
   def examples(
     self, split: str | jax.Array, indices: jax.Array, *, batched: bool = True

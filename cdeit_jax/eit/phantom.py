@@ -27,6 +27,7 @@ from cdeit_jax.eit.spec import KINDS, MAX_INCLUSIONS, MAX_SIDES, ROW, PhantomSpe
 
 TRIES = 100  # candidate placements per inclusion before the phantom stops growing
 STAR_DEPTH = (0.2, 0.5)
+V = 7  # the label's column in a row
 
 
 def _shape_b(kind, a, aspect, depth, spec: PhantomSpec, xp=jnp):
@@ -196,8 +197,15 @@ def disk_mask(size: int = IMAGE_SIZE) -> np.ndarray:
   return (pixel_centres(size)[:, :, 0] ** 2).sum(-1) <= 1
 
 
-def render_image(params: jax.Array, supersample: int = 4, size: int = IMAGE_SIZE) -> jax.Array:
-  """(size, size) target image: each pixel's area fraction times its label (0 outside the disk)."""
+def render_image(
+  params: jax.Array, supersample: int = 4, size: int = IMAGE_SIZE, target: str = "label"
+) -> jax.Array:
+  """(size, size) target image: each pixel's area fraction times its label (0 outside the disk);
+  `target="class"` draws sign(label) = +-1 instead (`PhantomSpec.target`)."""
+  if target == "class":
+    params = params.at[..., V].set(jnp.sign(params[..., V]))
+  elif target != "label":
+    raise ValueError(f"target={target!r}: 'label' or 'class'")
   pts = jnp.asarray(pixel_centres(size, supersample), params.dtype)
   return label_at(params, pts).mean(-1)
 

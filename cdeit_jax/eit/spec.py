@@ -16,6 +16,7 @@ MAX_INCLUSIONS = 6
 ROW = 9  # a phantom row: [active, kind, cx, cy, a, b, angle, v, p]
 KINDS = ("disc", "ellipse", "half_disc", "annulus", "rectangle", "polygon", "star")
 MAX_SIDES = 6  # polygons have 3..MAX_SIDES sides; stars 3..MAX_SIDES - 1 lobes
+TARGETS = ("label", "class")  # what PhantomSpec.target may be
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,10 @@ class PhantomSpec:
   separation: float = 0.03  # minimum gap between inclusions' bounding circles
   near_wall: float = 0.25  # fraction of candidate placements touching |p| = max_radius
   kinds: str = ",".join(KINDS)  # the kinds drawn (uniformly), comma-separated
+  # what the 128 x 128 target shows inside an inclusion: "label", its v (the contrast's log10);
+  # "class", sign(v) = +-1, the convention of UEF2017's and KTC2023's ground truths (a class map:
+  # the voltages are the same, only the picture the network learns to draw changes)
+  target: str = "label"
 
   def kind_ids(self) -> tuple[int, ...]:
     names = [k.strip() for k in str(self.kinds).split(",") if k.strip()]
@@ -58,6 +63,8 @@ class PhantomSpec:
       raise InputError("need separation >= 0")
     if not 0 <= self.near_wall <= 1:
       raise InputError("need 0 <= near_wall <= 1 (a fraction of the placements)")
+    if self.target not in TARGETS:
+      raise InputError(f"target={self.target!r}: give one of {', '.join(TARGETS)}")
     self.kind_ids()
 
 
