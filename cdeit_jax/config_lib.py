@@ -174,6 +174,10 @@ def default_config() -> ml_collections.ConfigDict:
   c.batch_size = 16  # global, over all devices and hosts
   c.accum_steps = 1  # micro-batches per step (each spread over all devices)
   c.steps = 200_000
+  # Fine-tuning: a workdir or model folder (models/cdeit16) whose EMA weights start a new run
+  # (optimizer and EMA from there afresh); its config.model must be this one's. Ignored once the
+  # workdir has a checkpoint of its own (the run resumes from that).
+  c.init_from = ""
   c.optimizer = ml_collections.ConfigDict(
     dict(
       lr=1e-5,

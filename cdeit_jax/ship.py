@@ -8,7 +8,8 @@ The run's best validated step (or --step) is loaded with its EMA weights and wri
 inference step (EMA only; the step's uncertainty scale beside it), with `manifest.json`: the
 config, the device, the recipe, the steps, the training time (`training_record`: every
 logged window of metrics.jsonl, killed invocations' included, with the ended ones' start-up) and
-the machine, the data seeds, the scores given, and the SHA-256 of the step's files.
+the machine, the data seeds, the scores given, and the SHA-256 of the step's files. A fine-tuned
+run (`config.init_from`) records what it started from and the seconds of both (`seconds_in_all`).
 `--set eval.answer_rule=...` (repeatable; eval.* and sampling.* keys) changes a setting the model
 is evaluated with by default, e.g. the KTC2023 answer rule chosen for it by
 `python -m cdeit_jax.infer.answer_study`. The folder is written beside --out and put in its
@@ -44,6 +45,33 @@ def training_record(workdir: str) -> dict:
       setup += record["run"]["startup_s"] + record["run"]["compile_s"]
       ended += 1
   return {"seconds": round(windows + setup, 1), "ended_invocations": ended}
+
+
+def started_from(path: str) -> dict:
+  """The training behind a run's `config.init_from` (a workdir or a model folder), and the
+  training behind that one's, nested: where, steps, seconds (`training_record`, or a model
+  folder's manifest)."""
+  from cdeit_jax.checkpoints import checkpoint, shipped
+
+  workdir, step = checkpoint.resolve(path)
+  manifest = shipped.read(workdir)
+  if manifest is not None:
+    t = manifest.get("training", {})
+    return {
+      "model": os.path.abspath(workdir),
+      "steps": t.get("steps"),
+      "seconds": t.get("seconds_in_all", t.get("seconds")),
+    }
+  record = {"workdir": os.path.abspath(workdir), "steps": step, **training_record(workdir)}
+  earlier = checkpoint.read_meta(workdir, step).get("config", {}).get("init_from")
+  if earlier:
+    record["started_from"] = started_from(earlier)
+  return record
+
+
+def _seconds_in_all(record: dict) -> float:
+  below = record.get("started_from")
+  return round(record["seconds"] + (_seconds_in_all(below) if below else 0.0), 1)
 
 
 def machine() -> str:
@@ -164,14 +192,17 @@ def ship(
       step_dir = fileio.join(stage, checkpoint.CHECKPOINTS, str(meta.step))
       fileio.write_text(fileio.join(step_dir, reconstructor.UNCERTAINTY_FILE), scale)
   cfg = meta.config
+  training = {"steps": meta.step, **training_record(workdir)}
+  if cfg.get("init_from"):  # fine-tuned: the time of what it started from counts too
+    training["started_from"] = started_from(cfg.init_from)
+    training["seconds_in_all"] = _seconds_in_all(training)
   record = {
     "name": os.path.basename(out),
     "recipe": recipe,
     "config": json.loads(cfg.to_json_best_effort()),
     "device": meta.record.get("device") or loaded.model.layout.record(),
     "training": {
-      "steps": meta.step,
-      **training_record(workdir),
+      **training,
       "machine": machine(),
       "data_seed": {"simulator": int(cfg.simulator.seed), "data": int(cfg.data.seed)},
       "source": f"{os.path.abspath(workdir)} step {meta.step}",

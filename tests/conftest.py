@@ -31,6 +31,7 @@ def nhwc(a: np.ndarray) -> np.ndarray:
 # bucket's tests share the uninterrupted training run with test_training's.
 SHARED_FIXTURES = {
   "gcs": "straight_run",
+  "fine_tuned_run": "straight_run",
   **{f: f for f in ("straight_run", "device_run", "small_set", "fixture_run", "step8", "profiled")},
 }
 
@@ -214,6 +215,18 @@ def straight_run(tmp_path_factory):
   rc, _, err = run_train(wd, *RESUME_STEPS)
   assert rc == 0, err[-3000:]
   return wd
+
+
+@pytest.fixture(scope="session")
+def fine_tuned_run(straight_run, tmp_path_factory):
+  """One step from the uninterrupted run's EMA weights (config.init_from) at a learning rate of
+  1e-30: the weights it started from, kept to 1e-20. (workdir, its train.py output)"""
+  wd = tmp_path_factory.mktemp("fine_tuned")
+  rc, out, err = run_train(
+    wd, "--config.steps=1", "--config.optimizer.lr=1e-30", f"--config.init_from={straight_run}"
+  )
+  assert rc == 0, err[-3000:]
+  return wd, out + err
 
 
 @pytest.fixture(scope="session")

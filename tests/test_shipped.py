@@ -166,3 +166,23 @@ def test_training_time_counts_a_killed_invocations_windows(tmp_path):
   ]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
   assert ship.training_record(str(tmp_path)) == {"seconds": 20.0, "ended_invocations": 1}
+
+
+def test_a_fine_tuned_models_time_counts_what_it_started_from(
+  fine_tuned_run, straight_run, tmp_path
+):
+  """Shipping a config.init_from run: its manifest names the run it started from, with that
+  run's steps and time (training_record by hand), and the seconds of both."""
+  wd, _ = fine_tuned_run
+  p = _run("-m", "cdeit_jax.ship", f"--workdir={wd}", f"--out={tmp_path / 'fine'}", "--recipe=x")
+  assert p.returncode == 0, p.stderr[-3000:]
+  t = json.loads((tmp_path / "fine" / "manifest.json").read_text())["training"]
+  by_hand = lambda w: sum(
+    r.get("window_s", 0.0) + (r["run"]["startup_s"] + r["run"]["compile_s"] if "run" in r else 0)
+    for r in map(json.loads, (w / "metrics.jsonl").read_text().splitlines())
+  )
+  assert t["steps"] == 1 and t["seconds"] == pytest.approx(by_hand(wd), abs=0.1)
+  base = t["started_from"]
+  assert base["workdir"] == str(straight_run) and base["steps"] == 24
+  assert base["seconds"] == pytest.approx(by_hand(straight_run), abs=0.1)
+  assert t["seconds_in_all"] == pytest.approx(t["seconds"] + base["seconds"], abs=0.11)

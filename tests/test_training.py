@@ -22,10 +22,12 @@ from conftest import (
   wait_for_first_log,
   wandb_offline_runs,
 )
+from flax import nnx
 
 from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint, loading
 from cdeit_jax.common import sharding as shd
+from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
 from cdeit_jax.train import training
 
@@ -725,3 +727,26 @@ def test_eval_uses_the_best_intact_step(tmp_path, straight_run, caplog):
   (wd / "checkpoints" / str(ranked[0]) / "meta" / "metadata").write_text("{garbled")
   step, text = run("b")
   assert step == ranked[1] and "meta/metadata: unreadable: JSONDecodeError" in text
+
+
+def test_init_from_starts_a_new_run_at_the_checkpoints_ema_weights(fine_tuned_run, straight_run):
+  """config.init_from: a 1-step run at a learning rate of 1e-30 keeps what it started from (to
+  1e-20), which must be the source's EMA weights (not its raw ones, not a fresh initialisation)."""
+  wd, log = fine_tuned_run
+  assert f"initialised from the EMA weights of {straight_run}/checkpoints/24" in log
+  source_ema, _ = loading.load(str(straight_run), weights="ema", step=24)
+  source_raw, _ = loading.load(str(straight_run), weights="raw", step=24)
+  started, meta = loading.load(str(wd), weights="raw")
+  assert meta["step"] == 1 and meta["config"]["init_from"] == str(straight_run)
+  params = lambda m: leaves(nnx.state(m, nnx.Param))
+  for a, b in zip(params(started), params(source_ema)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-20)
+  # EMA and raw weights are different sets after 24 steps
+  assert any(not np.array_equal(a, b) for a, b in zip(params(started), params(source_raw)))
+
+
+def test_init_from_refuses_another_model_naming_the_keys(straight_run):
+  cfg = cfg_(**{"model.hidden_size": 64, "model.attention_impl": "xla"})
+  with pytest.raises(InputError, match=r"init_from=.*model\.hidden_size: 32 there, 64 here") as e:
+    loading.initial_params(str(straight_run), cfg, None, None)
+  assert "attention_impl" not in str(e.value) and "\n" not in str(e.value)

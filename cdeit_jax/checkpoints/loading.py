@@ -163,3 +163,48 @@ def _load_v1(abstract: CDEIT, workdir: str, step: int, weights: str, sharding, m
   graphdef, state, rest = nnx.split(abstract, nnx.Any(nnx.Param, Fixed), ...)
   nnx.replace_by_pure_dict(state, restored)
   return nnx.merge(graphdef, state, rest)
+
+
+def initial_params(
+  path: str, cfg: ml_collections.ConfigDict, like: nnx.State, sharding
+) -> tuple[nnx.State, str]:
+  """(the EMA weights of the checkpoint at `path`, placed as `like`, a run's freshly
+  initialised params, with `sharding`; one line for the run's log) that start a fine-tuning run
+  of `cfg` (`config.init_from`). The checkpoint's model must be `cfg.model` (the settings that
+  only say how it computes aside); its measuring system may differ (fine-tuning for a new device).
+  """
+  workdir, step = checkpoint.resolve(path)
+  meta = checkpoint.read_meta(workdir, step)
+  if meta.get("format") == FORMAT_V1:
+    raise InputError(
+      f"config.init_from={path!r}: a cdeit-jax 0.1 checkpoint; convert it first "
+      "(python -m cdeit_jax.convert) or start from another"
+    )
+  was = model_config(meta).model.to_dict()
+  now = cfg.model.to_dict()
+  differ = [
+    k
+    for k in sorted(set(was) | set(now))
+    if k not in RUNTIME_MODEL_KEYS and _plain(was.get(k)) != _plain(now.get(k))
+  ]
+  if differ:
+    diff = "; ".join(f"model.{k}: {was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
+    raise InputError(
+      f"config.init_from={path!r}: its model is not this config's ({diff}); give a checkpoint "
+      "of the same model, or change the config's model section to its"
+    )
+  if "ema" not in meta.get("weights", ()):
+    raise InputError(f"config.init_from={path!r}: step {step} has no EMA weights to start from")
+  try:
+    params = checkpoint.restore_item(workdir, step, WEIGHT_ITEMS["ema"], like, sharding)
+  except InputError as e:
+    raise InputError(
+      f"config.init_from={path!r}: {e} (a model for another number of values? fine-tuning "
+      "needs a checkpoint of a model with this config's measuring system size)"
+    ) from None
+  return params, f"initialised from the EMA weights of {workdir}/{CHECKPOINTS}/{step}"
+
+
+def _plain(v: Any) -> Any:
+  """A config value as JSON gives it back (tuples as lists), for comparing."""
+  return list(map(_plain, v)) if isinstance(v, (list, tuple)) else v

@@ -446,6 +446,12 @@ def _prepare(
   warnings = list(plan.warnings)
   state = jax.device_put(ts.state, compiled.state_shardings)
   constants, rng, last_good = ts.constants, jax.random.key(cfg.seed), None
+  if plan.meta is None and cfg.init_from:
+    params, line = loading.initial_params(
+      cfg.init_from, cfg, state.params, compiled.state_shardings.params
+    )
+    state = state.replace(params=params, ema=jax.tree.map(jnp.copy, params))
+    report.append(line)
   if plan.meta is not None:
     state, meta, last_good, skipped, lines = restore(
       mngr, workdir, plan, state, compiled, constants, data.checkpoint_item
