@@ -164,6 +164,9 @@ def test_numpy_files_decode_alike_from_paths_bytes_and_many_threads(tmp_path):
   np.testing.assert_array_equal(fileio.load_numpy((tmp_path / "b.npy").read_bytes()), arrays["xs"])
   with pytest.raises(ValueError, match="a single .npy array, not an .npz archive"):
     fileio.load_npz(str(tmp_path / "b.npy"))
+  with pytest.raises(ValueError, match="an .npz archive of named arrays, not one .npy array"):
+    fileio.load_npy((tmp_path / "a.npz").read_bytes())
+  np.testing.assert_array_equal(fileio.load_npy(str(tmp_path / "b.npy")), arrays["xs"])
 
   def read(i):
     z = fileio.load_numpy(str(tmp_path / ("a.npz" if i % 2 else "b.npy")))

@@ -190,6 +190,14 @@ def load_npz(source: PathLike | bytes, keys: Sequence[str] | None = None) -> dic
   return z
 
 
+def load_npy(source: PathLike | bytes) -> np.ndarray:
+  """`load_numpy` of a file that must be one .npy array (ValueError for an .npz archive)."""
+  a = load_numpy(source)
+  if isinstance(a, dict):
+    raise ValueError("an .npz archive of named arrays, not one .npy array: name it .npz")
+  return a
+
+
 class DiskFull(CdeitError, OSError):
   """No space left where an output goes (one line naming the folder)."""
 

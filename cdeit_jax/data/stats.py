@@ -153,10 +153,7 @@ def read_array(path: str) -> np.ndarray:
   """A `.npy` or a single-tensor `.pth`."""
   if path.endswith(".npy"):
     try:
-      a = fileio.load_numpy(path)
-      if isinstance(a, dict):
-        raise ValueError("an .npz archive, not one .npy array")
-      return a
+      return fileio.load_npy(path)
     except (OSError, ValueError) as e:
       raise InputError(f"{path}: not a readable .npy array ({e})") from e
   if path.endswith((".pth", ".pt")):

@@ -122,10 +122,7 @@ def _read_text(path: str, raw: bytes) -> np.ndarray:
 
 def _read_npy(path: str, raw: bytes) -> np.ndarray:
   try:
-    a = fileio.load_numpy(raw)
-    if isinstance(a, dict):
-      raise ValueError("an .npz archive of named arrays: name it .npz")
-    return a
+    return fileio.load_npy(raw)
   except ValueError as e:
     raise InputError(f"{path}: not a .npy of numbers ({_short(e)})") from None
   except (OSError, EOFError) as e:
