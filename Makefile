@@ -84,33 +84,48 @@ ktc-demo: install
 	  --data_path data/ktc2023/levels --out $(KTC_RUN)/eval_ktc2023 --config.eval.tikhonov=True && \
 	echo "make ktc-demo: $$(( $$(date +%s) - start )) s (answers: $(KTC_RUN)/eval_ktc2023)"
 
-# The model that ships for CDEIT's 16-electrode system (models/cdeit16, configs/cdeit16.py):
-# simulate 24,000 training examples once (cached), train 30,000 steps (rerunning resumes), fit
-# the uncertainty scale, evaluate on held-out simulations, the foreign system and UEF2017, and
-# write the model folder with those scores (python -m cdeit_jax.ship).
+# The model that ships for CDEIT's 16-electrode system (models/cdeit16, docs/checkpoints.md):
+# simulate 24,000 training examples once (cached), twice: with label targets and with class
+# targets (the same voltages); train configs/cdeit16.py 30,000 steps on the labels, fine-tune it
+# 4,000 steps on the classes (configs/cdeit16_class.py), and take the weights half-way between
+# the two (WiSE-FT, python -m cdeit_jax.checkpoints.interpolate; rerunning resumes each stage);
+# fit the uncertainty scale, evaluate on held-out simulations, the foreign system and UEF2017,
+# and write the model folder with those scores (python -m cdeit_jax.ship).
 CDEIT16_DATA ?= $(HOME)/.cache/cdeit-jax/cdeit16-sim-v1
-CDEIT16_RUN ?= runs/cdeit16
+CDEIT16_CLASS_DATA ?= $(HOME)/.cache/cdeit-jax/cdeit16-sim-class-v1
+CDEIT16_FOREIGN ?= $(HOME)/.cache/cdeit-jax/demo-foreign-class-v1
+CDEIT16_BASE ?= runs/cdeit16
+CDEIT16_FINE ?= runs/cdeit16_class
+CDEIT16_RUN ?= runs/cdeit16_wise
+CDEIT16_ALPHA ?= 0.5
 CDEIT16_EVAL = --config.eval.tikhonov=True --config.eval.figure=False
+CDEIT16_SIM = --num_train 24000 --num_valid 256 --num_test 64 --tr_splits valid,test
 cdeit16-model: install
 	@start=$$(date +%s) && \
-	$(BIN)/python -m cdeit_jax.simulate --out $(CDEIT16_DATA) --num_train 24000 --num_valid 256 \
-	  --num_test 64 --tr_splits valid,test && \
-	$(BIN)/python -m cdeit_jax.simulate --config configs/foreign.py --out $(DEMO_FOREIGN) \
-	  --num_test 64 && \
-	$(BIN)/python train.py --config configs/cdeit16.py --workdir $(CDEIT16_RUN) \
+	$(BIN)/python -m cdeit_jax.simulate --out $(CDEIT16_DATA) $(CDEIT16_SIM) && \
+	$(BIN)/python -m cdeit_jax.simulate --out $(CDEIT16_CLASS_DATA) $(CDEIT16_SIM) \
+	  --config.simulator.phantom.target=class && \
+	$(BIN)/python -m cdeit_jax.simulate --config configs/foreign.py --out $(CDEIT16_FOREIGN) \
+	  --num_test 64 --config.simulator.phantom.target=class && \
+	$(BIN)/python train.py --config configs/cdeit16.py --workdir $(CDEIT16_BASE) \
 	  --config.data.path=$(CDEIT16_DATA) && \
-	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data simulated --data_path $(CDEIT16_DATA)/valid \
-	  --out $(CDEIT16_RUN)/eval_valid $(CDEIT16_EVAL) --config.eval.fit_uncertainty=True && \
-	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data simulated --data_path $(CDEIT16_DATA)/test \
-	  --out $(CDEIT16_RUN)/eval_simulated $(CDEIT16_EVAL) && \
-	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data simulated --data_path $(DEMO_FOREIGN)/test \
-	  --out $(CDEIT16_RUN)/eval_foreign $(CDEIT16_EVAL) && \
+	$(BIN)/python train.py --config configs/cdeit16_class.py --workdir $(CDEIT16_FINE) \
+	  --config.data.path=$(CDEIT16_CLASS_DATA) --config.init_from=$(CDEIT16_BASE) && \
+	$(BIN)/python -m cdeit_jax.checkpoints.interpolate --workdir $(CDEIT16_FINE) \
+	  --alpha $(CDEIT16_ALPHA) --out $(CDEIT16_RUN) && \
+	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data simulated \
+	  --data_path $(CDEIT16_CLASS_DATA)/valid --out $(CDEIT16_RUN)/eval_valid $(CDEIT16_EVAL) \
+	  --config.eval.fit_uncertainty=True && \
+	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data simulated \
+	  --data_path $(CDEIT16_CLASS_DATA)/test --out $(CDEIT16_RUN)/eval_simulated $(CDEIT16_EVAL) && \
+	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data simulated \
+	  --data_path $(CDEIT16_FOREIGN)/test --out $(CDEIT16_RUN)/eval_foreign $(CDEIT16_EVAL) && \
 	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data uef2017 --data_path data/uef2017 \
 	  --out $(CDEIT16_RUN)/eval_uef2017 $(CDEIT16_EVAL) && \
 	$(BIN)/python -m cdeit_jax.report $(CDEIT16_RUN)/eval_simulated $(CDEIT16_RUN)/eval_foreign \
 	  $(CDEIT16_RUN)/eval_uef2017 && \
 	$(BIN)/python -m cdeit_jax.ship --workdir $(CDEIT16_RUN) --out models/cdeit16 \
-	  --recipe "make cdeit16-model (configs/cdeit16.py)" \
+	  --recipe "make cdeit16-model (configs/cdeit16.py, configs/cdeit16_class.py, WiSE-FT $(CDEIT16_ALPHA))" \
 	  --scores simulated=$(CDEIT16_RUN)/eval_simulated/metrics.json \
 	  --scores foreign=$(CDEIT16_RUN)/eval_foreign/metrics.json \
 	  --scores uef2017=$(CDEIT16_RUN)/eval_uef2017/metrics.json && \

@@ -192,6 +192,7 @@ def ship(
       step_dir = fileio.join(stage, checkpoint.CHECKPOINTS, str(meta.step))
       fileio.write_text(fileio.join(step_dir, reconstructor.UNCERTAINTY_FILE), scale)
   cfg = meta.config
+  made_of = meta.record.get("source")
   training = {"steps": meta.step, **training_record(workdir)}
   if cfg.get("init_from"):  # fine-tuned: the time of what it started from counts too
     training["started_from"] = started_from(cfg.init_from)
@@ -206,6 +207,8 @@ def ship(
       "machine": machine(),
       "data_seed": {"simulator": int(cfg.simulator.seed), "data": int(cfg.data.seed)},
       "source": f"{os.path.abspath(workdir)} step {meta.step}",
+      # what an imported or interpolated checkpoint says it is made of
+      **({"made_of": made_of} if made_of and made_of != "train.py" else {}),
       "shipped": time.strftime("%Y-%m-%d"),
     },
     "scores": given,

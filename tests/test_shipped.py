@@ -15,8 +15,9 @@ import pytest
 from conftest import REPO, run_train
 from flax import nnx
 
-from cdeit_jax import ship
+from cdeit_jax import config_lib, ship
 from cdeit_jax.checkpoints import checkpoint, loading, shipped
+from cdeit_jax.common.errors import InputError
 
 UEF = REPO / "data" / "uef2017"
 
@@ -186,3 +187,72 @@ def test_a_fine_tuned_models_time_counts_what_it_started_from(
   assert base["workdir"] == str(straight_run) and base["steps"] == 24
   assert base["seconds"] == pytest.approx(by_hand(straight_run), abs=0.1)
   assert t["seconds_in_all"] == pytest.approx(t["seconds"] + base["seconds"], abs=0.11)
+
+
+def _random_step(workdir, cfg, seed, mean_factor=1.0):
+  """An inference checkpoint (step 7) of the test model with random weights (seeded)."""
+  from cdeit_jax.data import stats
+  from cdeit_jax.model.network import CDEIT
+
+  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  graphdef, state = nnx.split(model)
+  rng = np.random.default_rng(seed)
+  state = jax.tree.map(lambda a: a + 0.05 * rng.standard_normal(a.shape).astype(np.float32), state)
+  mean, std = stats.authors_stats()
+  checkpoint.save_inference(
+    str(workdir), nnx.merge(graphdef, state), cfg, mean=mean * mean_factor, std=std, step=7
+  )
+  return loading.load(str(workdir))[0]
+
+
+def test_wise_ft_writes_the_line_between_start_and_fine_tuned(tmp_path):
+  """interpolate --alpha 0.25: the checkpoint's weights are 0.75 x the start's + 0.25 x the
+  fine-tuned run's (by hand from both); a model shipped from it names what it is made of and
+  both runs; refused in one line for a run that did not start from another, one whose inputs
+  are normalised otherwise, or an alpha outside (0, 1]."""
+  from cdeit_jax.checkpoints import interpolate
+
+  cfg = config_lib.load(str(REPO / "configs" / "test.py"))
+  start = _random_step(tmp_path / "start", cfg, 1)
+  cfg.init_from = str(tmp_path / "start")
+  fine = _random_step(tmp_path / "fine", cfg, 2)
+  interpolate.write(str(tmp_path / "fine"), 0.25, str(tmp_path / "wise"))
+  made, meta = loading.load(str(tmp_path / "wise"))
+  assert meta["step"] == 7 and meta["config"]["init_from"] == str(tmp_path / "fine")
+  by_hand = jax.tree.map(
+    lambda s, f: 0.75 * np.asarray(s) + 0.25 * np.asarray(f),
+    nnx.state(start, nnx.Param),
+    nnx.state(fine, nnx.Param),
+  )
+  got = jax.tree.leaves(nnx.state(made, nnx.Param))
+  for a, b in zip(got, jax.tree.leaves(by_hand)):
+    np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-7)
+  assert not np.allclose(got[0], jax.tree.leaves(nnx.state(fine, nnx.Param))[0])
+  m = ship.ship(str(tmp_path / "wise"), str(tmp_path / "out"), "r", [], None)
+  t = m["training"]
+  assert t["made_of"] == (
+    f"WiSE-FT: 0.75 x {tmp_path / 'start'} step 7 + 0.25 x {tmp_path / 'fine'} step 7 (EMA weights)"
+  )
+  assert t["started_from"]["workdir"] == str(tmp_path / "fine")
+  assert t["started_from"]["started_from"]["workdir"] == str(tmp_path / "start")
+
+  interpolate.write(str(tmp_path / "fine"), 0.25, str(tmp_path / "wise"))  # replaced whole
+  assert sorted(os.listdir(tmp_path / "wise")) == ["checkpoints"]
+  with pytest.raises(InputError, match=r"--out .*start: exists and is not a checkpoint written"):
+    interpolate.write(str(tmp_path / "fine"), 0.25, str(tmp_path / "start"))
+  with pytest.raises(InputError, match=r"--alpha 0.5: this run did not start from another"):
+    interpolate.write(str(tmp_path / "start"), 0.5, str(tmp_path / "o2"))
+  _random_step(tmp_path / "other", cfg, 3, mean_factor=2.0)
+  with pytest.raises(InputError, match=r"differ in their normalisation statistics; .*interpolate"):
+    interpolate.write(str(tmp_path / "other"), 0.5, str(tmp_path / "o3"))
+  with pytest.raises(InputError, match=r"--alpha 1.5: give the fine-tuned weights' share"):
+    interpolate.write(str(tmp_path / "fine"), 1.5, str(tmp_path / "o4"))
+
+
+def test_the_models_in_the_repository_match_their_manifests():
+  """Every folder under models/ is a model folder whose files are its manifest's (SHA-256)."""
+  folders = sorted(p for p in (REPO / "models").iterdir() if p.is_dir())
+  assert folders, "models/ holds no model folder"
+  for folder in folders:
+    manifest = shipped.verify(str(folder))
+    assert manifest is not None and manifest["name"] == folder.name

@@ -180,15 +180,8 @@ def initial_params(
       f"config.init_from={path!r}: a cdeit-jax 0.1 checkpoint; convert it first "
       "(python -m cdeit_jax.convert) or start from another"
     )
-  was = model_config(meta).model.to_dict()
-  now = cfg.model.to_dict()
-  differ = [
-    k
-    for k in sorted(set(was) | set(now))
-    if k not in RUNTIME_MODEL_KEYS and _plain(was.get(k)) != _plain(now.get(k))
-  ]
-  if differ:
-    diff = "; ".join(f"model.{k}: {was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
+  diff = model_differences(model_config(meta), cfg)
+  if diff:
     raise InputError(
       f"config.init_from={path!r}: its model is not this config's ({diff}); give a checkpoint "
       "of the same model, or change the config's model section to its"
@@ -203,6 +196,18 @@ def initial_params(
       "needs a checkpoint of a model with this config's measuring system size)"
     ) from None
   return params, f"initialised from the EMA weights of {workdir}/{CHECKPOINTS}/{step}"
+
+
+def model_differences(there: ml_collections.ConfigDict, here: ml_collections.ConfigDict) -> str:
+  """The `model` keys whose values differ between two configs ("model.k: a there, b here; ..."),
+  the settings that only say how the model computes (RUNTIME_MODEL_KEYS) aside; "" if none."""
+  was, now = there.model.to_dict(), here.model.to_dict()
+  differ = [
+    k
+    for k in sorted(set(was) | set(now))
+    if k not in RUNTIME_MODEL_KEYS and _plain(was.get(k)) != _plain(now.get(k))
+  ]
+  return "; ".join(f"model.{k}: {was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
 
 
 def _plain(v: Any) -> Any:

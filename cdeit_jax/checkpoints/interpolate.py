@@ -1,0 +1,138 @@
+"""WiSE-FT (Wortsman et al., "Robust fine-tuning of zero-shot models", CVPR 2022): a fine-tuned
+run's weights interpolated with those it started from, (1 - alpha) start + alpha fine-tuned,
+written as a checkpoint that eval.py, `cdeit_jax.reconstruct` and `cdeit_jax.ship` read.
+
+  python -m cdeit_jax.checkpoints.interpolate --workdir runs/cdeit16_class --alpha 0.5 \\
+      --out runs/cdeit16_wise
+
+A run fine-tuned from another (`config.init_from`) stays in its basin, so the line between the
+two is a family of models, and a point inside it can beat both ends where the data differ from
+both training sets. models/cdeit16 is one (docs/checkpoints.md: the label-target run and its
+class-target fine-tuning, alpha chosen on validation simulations). The checkpoint keeps the
+fine-tuned run's config with `init_from` naming that run, so that a model shipped from it
+records both trainings (`ship.started_from`), and says what it is made of in its `source`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+from absl import flags
+from flax import nnx
+
+from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.common.errors import InputError
+
+FLAGS = flags.FLAGS
+
+
+def wise_ft(model: nnx.Module, meta, alpha: float) -> dict[str, Any]:
+  """Set `model` (a fine-tuned run's EMA weights, `meta` its `reader.Meta`) to (1 - alpha) x the
+  EMA weights of the checkpoint its run started from + alpha x its own; returns {alpha, start}.
+  The two must read their inputs alike: the same model, measuring system, normalisation
+  statistics and condition calibration (else one line says which differ)."""
+  where = f"--alpha {alpha}"
+  if not (isinstance(alpha, (int, float)) and 0 < alpha <= 1):
+    raise InputError(f"{where}: give the fine-tuned weights' share, a number in (0, 1]")
+  start_path = meta.config.get("init_from")
+  if not start_path:
+    raise InputError(
+      f"{where}: this run did not start from another (its config.init_from is empty); "
+      "WiSE-FT interpolates a fine-tuned run with the checkpoint it started from"
+    )
+  workdir, step = checkpoint.resolve(start_path)
+  start, start_record = loading.load(workdir, weights="ema", step=step)
+  start_mean, start_std = checkpoint.meta_stats(start_record)
+  same = {
+    "model": not loading.model_differences(loading.model_config(start_record), meta.config),
+    "measuring system": start.layout.signature == model.layout.signature,
+    "normalisation statistics": np.array_equal(start_mean, meta.mean)
+    and np.array_equal(start_std, meta.std),
+    "condition calibration": checkpoint.calibration_of(start) == checkpoint.calibration_of(model),
+  }
+  differ = [k for k, ok in same.items() if not ok]
+  if differ:
+    raise InputError(
+      f"{where}: {workdir} step {step} (config.init_from) and this run differ in their "
+      f"{', '.join(differ)}; their weights do not read the same inputs, so they do not "
+      "interpolate"
+    )
+  mix = jax.tree.map(
+    lambda s, f: (1 - alpha) * s + alpha * f,
+    nnx.state(start, nnx.Param),
+    nnx.state(model, nnx.Param),
+  )
+  nnx.update(model, mix)
+  return {"alpha": float(alpha), "start": f"{os.path.abspath(workdir)} step {step}"}
+
+
+def write(workdir: str, alpha: float, out: str, step: int | None = None) -> str:
+  """The WiSE-FT checkpoint of the fine-tuned run at `workdir` (its best validated step, or
+  `step`) written to the workdir `out` (new, or an earlier WiSE-FT checkpoint, replaced whole
+  with what was evaluated in it), at the same step; returns its step folder. Local paths."""
+  import shutil
+
+  out = os.path.abspath(out)
+  if os.path.exists(out) and not _is_wise_ft(out):
+    raise InputError(
+      f"--out {out}: exists and is not a checkpoint written by this command; give a new folder"
+    )
+  stage = f"{out}.writing"
+  shutil.rmtree(stage, ignore_errors=True)
+  folder = _write(workdir, alpha, stage, step)
+  if os.path.exists(out):
+    shutil.rmtree(out)
+  os.replace(stage, out)
+  return folder.replace(stage, out, 1)
+
+
+def _is_wise_ft(path: str) -> bool:
+  try:
+    workdir, step = checkpoint.resolve(path)
+    return str(checkpoint.read_meta(workdir, step).get("source", "")).startswith("WiSE-FT:")
+  except InputError:
+    return False
+
+
+def _write(workdir: str, alpha: float, out: str, step: int | None) -> str:
+  from cdeit_jax.checkpoints import reader
+
+  with reader.open_run(workdir, step) as run:
+    meta, skipped = run.first_readable()
+    loaded = run.load(weights="ema", passed=skipped)
+    meta = loaded.meta
+    made = wise_ft(loaded.model, meta, alpha)
+    cfg = meta.config
+    cfg.init_from = os.path.abspath(run.workdir)  # what it was made from: ship counts both
+    return checkpoint.save_inference(
+      out,
+      loaded.model,
+      cfg,
+      mean=meta.mean,
+      std=meta.std,
+      step=meta.step,
+      source=f"WiSE-FT: {1 - alpha:g} x {made['start']} + {alpha:g} x "
+      f"{os.path.abspath(run.workdir)} step {meta.step} (EMA weights)",
+    )
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  from cdeit_jax.common import logs
+
+  logs.console()
+  folder = write(FLAGS.workdir, FLAGS.alpha, FLAGS.out, FLAGS.step)
+  print(f"wrote {folder}")
+
+
+if __name__ == "__main__":
+  from cdeit_jax import cli
+
+  flags.DEFINE_string("workdir", None, "the fine-tuned run (config.init_from set)", required=True)
+  flags.DEFINE_float("alpha", None, "the fine-tuned weights' share, in (0, 1]", required=True)
+  flags.DEFINE_string("out", None, "a new workdir for the interpolated checkpoint", required=True)
+  flags.DEFINE_integer("step", None, "the fine-tuned run's step (default: the best validated)")
+  cli.run(main)
