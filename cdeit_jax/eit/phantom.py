@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax.eit.measurement import IMAGE_SIZE
-from cdeit_jax.eit.spec import KINDS, MAX_INCLUSIONS, MAX_SIDES, ROW, PhantomSpec
+from cdeit_jax.eit.spec import KINDS, MAX_INCLUSIONS, MAX_SIDES, ROW, TARGETS, PhantomSpec
 
 TRIES = 100  # candidate placements per inclusion before the phantom stops growing
 STAR_DEPTH = (0.2, 0.5)
@@ -202,10 +202,10 @@ def render_image(
 ) -> jax.Array:
   """(size, size) target image: each pixel's area fraction times its label (0 outside the disk);
   `target="class"` draws sign(label) = +-1 instead (`PhantomSpec.target`)."""
+  if target not in TARGETS:
+    raise ValueError(f"target={target!r}: one of {TARGETS}")
   if target == "class":
     params = params.at[..., V].set(jnp.sign(params[..., V]))
-  elif target != "label":
-    raise ValueError(f"target={target!r}: 'label' or 'class'")
   pts = jnp.asarray(pixel_centres(size, supersample), params.dtype)
   return label_at(params, pts).mean(-1)
 
