@@ -98,12 +98,14 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     )
   fileio.writable_folder(workdir, "--workdir")
   lock = workdir_lock.WorkdirLock(workdir, lease_s=cfg.lock_lease_s)
-  if jax.process_index() == 0:  # one run per workdir (the other processes belong to this run)
-    lock.acquire()
-  logs.debug_log(workdir, enabled=jax.process_index() == 0)
-  mesh = shd.make_mesh()
-  preempt = _Preemption()  # from the start: a SIGTERM while compiling stops the run cleanly too
+  # from before the lock exists: a SIGTERM once it is visible (while starting or compiling)
+  # stops the run cleanly and releases it, never kills the process with the lock left behind
+  preempt = _Preemption()
   try:
+    if jax.process_index() == 0:  # one run per workdir (the other processes belong to this run)
+      lock.acquire()
+    logs.debug_log(workdir, enabled=jax.process_index() == 0)
+    mesh = shd.make_mesh()
     with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
       result = _train(cfg, workdir, mesh, goodput.Clock(t0), preempt, lock)
     if preempt.signal == signal.SIGINT:
