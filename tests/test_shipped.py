@@ -209,7 +209,8 @@ def test_wise_ft_writes_the_line_between_start_and_fine_tuned(tmp_path):
   """interpolate --alpha 0.25: the checkpoint's weights are 0.75 x the start's + 0.25 x the
   fine-tuned run's (by hand from both); a model shipped from it names what it is made of and
   both runs; refused in one line for a run that did not start from another, one whose inputs
-  are normalised otherwise, or an alpha outside (0, 1]."""
+  are normalised otherwise, an alpha outside (0, 1], or a bucket's --out (os.path.abspath
+  would have made it a local folder named "gs:")."""
   from cdeit_jax.checkpoints import interpolate
 
   cfg = config_lib.load(str(REPO / "configs" / "test.py"))
@@ -247,6 +248,10 @@ def test_wise_ft_writes_the_line_between_start_and_fine_tuned(tmp_path):
     interpolate.write(str(tmp_path / "other"), 0.5, str(tmp_path / "o3"))
   with pytest.raises(InputError, match=r"--alpha 1.5: give the fine-tuned weights' share"):
     interpolate.write(str(tmp_path / "fine"), 1.5, str(tmp_path / "o4"))
+  with pytest.raises(
+    InputError, match=r"--out gs://b/wise: the interpolated checkpoint is written to a lo"
+  ):
+    interpolate.write(str(tmp_path / "fine"), 0.25, "gs://b/wise")
 
 
 def test_the_models_in_the_repository_match_their_manifests():

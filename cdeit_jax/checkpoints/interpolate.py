@@ -24,6 +24,7 @@ from absl import flags
 from flax import nnx
 
 from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 
 FLAGS = flags.FLAGS
@@ -66,16 +67,22 @@ def wise_ft(model: nnx.Module, meta, alpha: float) -> dict[str, Any]:
     nnx.state(model, nnx.Param),
   )
   nnx.update(model, mix)
-  return {"alpha": float(alpha), "start": f"{os.path.abspath(workdir)} step {step}"}
+  return {"alpha": float(alpha), "start": f"{fileio.resolve(workdir)} step {step}"}
 
 
 def write(workdir: str, alpha: float, out: str, step: int | None = None) -> str:
   """The WiSE-FT checkpoint of the fine-tuned run at `workdir` (its best validated step, or
   `step`) written to the workdir `out` (new, or an earlier WiSE-FT checkpoint, replaced whole
-  with what was evaluated in it), at the same step; returns its step folder. Local paths."""
+  with what was evaluated in it), at the same step; returns its step folder. `out` is local (the
+  whole folder is replaced by one rename); `workdir` may be a bucket's."""
   import shutil
 
-  out = os.path.abspath(out)
+  if fileio.is_remote(out):
+    raise InputError(
+      f"--out {out}: the interpolated checkpoint is written to a local folder (it replaces an "
+      "earlier one by a rename); give a local --out and copy it to the bucket afterwards"
+    )
+  out = fileio.resolve(out)
   if os.path.exists(out) and not _is_wise_ft(out):
     raise InputError(
       f"--out {out}: exists and is not a checkpoint written by this command; give a new folder"
@@ -106,7 +113,7 @@ def _write(workdir: str, alpha: float, out: str, step: int | None) -> str:
     meta = loaded.meta
     made = wise_ft(loaded.model, meta, alpha)
     cfg = meta.config
-    cfg.init_from = os.path.abspath(run.workdir)  # what it was made from: ship counts both
+    cfg.init_from = fileio.resolve(run.workdir)  # what it was made from: ship counts both
     return checkpoint.save_inference(
       out,
       loaded.model,
@@ -115,7 +122,7 @@ def _write(workdir: str, alpha: float, out: str, step: int | None) -> str:
       std=meta.std,
       step=meta.step,
       source=f"WiSE-FT: {1 - alpha:g} x {made['start']} + {alpha:g} x "
-      f"{os.path.abspath(run.workdir)} step {meta.step} (EMA weights)",
+      f"{fileio.resolve(run.workdir)} step {meta.step} (EMA weights)",
     )
 
 
