@@ -16,7 +16,7 @@ from conftest import REPO, run_train
 from flax import nnx
 
 from cdeit_jax import config_lib, ship
-from cdeit_jax.checkpoints import checkpoint, loading, shipped
+from cdeit_jax.checkpoints import checkpoint, loading, reader, shipped
 from cdeit_jax.common.errors import InputError
 
 UEF = REPO / "data" / "uef2017"
@@ -219,6 +219,8 @@ def test_wise_ft_writes_the_line_between_start_and_fine_tuned(tmp_path):
   fine = _random_step(tmp_path / "fine", cfg, 2)
   interpolate.write(str(tmp_path / "fine"), 0.25, str(tmp_path / "wise"))
   made, meta = loading.load(str(tmp_path / "wise"))
+  with reader.open_run(str(tmp_path / "wise")) as run:  # one step, no validation loss
+    assert run.reason(7, {}) == "its only step"
   assert meta["step"] == 7 and meta["config"]["init_from"] == str(tmp_path / "fine")
   by_hand = jax.tree.map(
     lambda s, f: 0.75 * np.asarray(s) + 0.25 * np.asarray(f),

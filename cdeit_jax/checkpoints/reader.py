@@ -139,6 +139,8 @@ class Run:
     elif step in self.losses:
       rank = sorted(self.losses, key=self.losses.get).index(step) + 1
       why = f"validation loss {self.losses[step]:.6g}, rank {rank} of {len(self.losses)} validated"
+    elif len(self.candidates) == 1:
+      why = "its only step"  # a model folder, an interpolated or imported checkpoint
     else:
       why = "the newest step without a validation loss"
     if skipped:
