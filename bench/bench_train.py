@@ -23,7 +23,7 @@ import numpy as np
 from cdeit_jax import config_lib
 from cdeit_jax.common import hardware
 from cdeit_jax.common import sharding as shd
-from cdeit_jax.model import attention
+from cdeit_jax.model import attention, network
 from cdeit_jax.train import training
 
 
@@ -67,8 +67,8 @@ def main():
   constants = jax.device_put(ts.constants, c.constants_shardings)
   rng = np.random.default_rng(0)
   size = cfg.model.image_size
-  batch = {
-    "cond": rng.standard_normal((global_batch, 16, 16, 1), np.float32),
+  batch = {  # the condition's shape is the model's: an EIM grid, or a frame's values
+    "cond": rng.standard_normal((global_batch, *network.cond_shape(ts.model_kwargs)), np.float32),
     "target": rng.uniform(-1, 1, (global_batch, size, size, 1)).astype(np.float32),
   }
   batch = {k: jax.device_put(v, shd.batch_sharded(mesh)) for k, v in batch.items()}
