@@ -34,14 +34,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-
-def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
-  """XLA's float32 n^3 matmul rate on this machine's first device (GFLOP/s, best of repeats)."""
-  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
-  f = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
-  f(a, a).block_until_ready()
-  best = min(_timed(lambda: f(a, a).block_until_ready()) for _ in range(repeats))
-  return 2 * n**3 / best / 1e9
+from cdeit_jax.common import hardware  # noqa: E402
 
 
 def _timed(fn) -> float:
@@ -179,7 +172,7 @@ def main():
   from cdeit_jax import sequence
   from cdeit_jax.infer.reconstructor import Reconstructor
 
-  roof = matmul_gflops()
+  roof = hardware.matmul_gflops()
   seq = sequence.simulate(90)
   dv = (seq["frames"] - seq["reference"]).astype(np.float32)
   rec = Reconstructor.from_workdir(a.workdir)

@@ -3,7 +3,8 @@
   python bench/bench_train.py                                   # published size, float32
   python bench/bench_train.py --config configs/v5e8.py --per-device-batch 8
 Reports samples/s, achieved TFLOP/s per device (model FLOPs counted analytically with every loop
-iteration, `cdeit_jax.model.flops`) and the fraction of the device's bf16 peak where known.
+iteration, `cdeit_jax.model.flops`) and the fraction of the device's bf16 peak where known; on a
+CPU, the fraction of the machine's own float32 matmul rate timed in the same run.
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def main():
     jax.block_until_ready(m)
     step_s = step_s_min = (time.perf_counter() - t) / a.steps
   peak = hardware.peak_tflops()
+  # no vendor peak (a CPU): this machine's own float32 matmul rate, timed now, is the roof
+  roof = None if peak else hardware.matmul_gflops()
   # model FLOPs with every loop iteration counted (cdeit_jax.model.flops)
   tflops = c.flops_per_step / n / step_s / 1e12
   print(
@@ -118,6 +121,8 @@ def main():
         "tflops_per_device": tflops,
         "peak_tflops": peak,
         "fraction_of_peak": tflops / peak if (tflops and peak) else None,
+        "matmul_gflops_f32": round(roof, 1) if roof else None,
+        "fraction_of_matmul_rate": round(tflops * 1e3 / roof, 3) if roof else None,
         "memory_per_device": c.memory,
         "peak_rss_bytes": peak_rss(),
         "loss": float(m["loss"]),

@@ -1,8 +1,13 @@
-"""Peak dense bfloat16 matmul throughput per device kind, for achieved-FLOP/s fractions (MFU)."""
+"""Peak dense bfloat16 matmul throughput per device kind, for achieved-FLOP/s fractions (MFU);
+where no peak is known (CPUs differ machine to machine), the machine's own matmul rate, timed."""
 
 from __future__ import annotations
 
+import time
+
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 # TFLOP/s per device (one TPU core as JAX sees it; one GPU), dense bf16, vendor figures.
 PEAK_BF16_TFLOPS = {
@@ -26,3 +31,17 @@ def peak_tflops(device: jax.Device | None = None) -> float | None:
     if kind.startswith(name) or name in kind:
       return PEAK_BF16_TFLOPS[name]
   return None
+
+
+def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
+  """XLA's float32 n^3 matmul rate on the first device (GFLOP/s, best of `repeats`): the roof a
+  benchmark's achieved FLOP/s is compared with in the same run where `peak_tflops` is None."""
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+  f = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
+  f(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - t)
+  return 2 * n**3 / best / 1e9
