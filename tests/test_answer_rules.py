@@ -1,5 +1,5 @@
 """KTC2023's answer rules (`cdeit_jax.infer.answer_rules`), the batched challenge score
-(`ktc_score.score_many`) against the one-target score, and the rule study's pieces
+(`ktc_score.Scorer`) against the one-target score, and the rule study's pieces
 (`cdeit_jax.infer.answer_study`)."""
 
 import pathlib
@@ -21,16 +21,21 @@ def _truths() -> np.ndarray:
   return np.stack([scipy.io.loadmat(LEVEL_1 / f"true{t}.mat")["truth"] for t in range(1, 5)])
 
 
-def test_score_many_is_the_one_target_score_on_both_grids():
-  """The matrix form equals `score` (the organisers' formula, tests/test_layout.py) to 1e-12:
-  the public truths against shifted, emptied and spotted answers on the challenge's grid, and
-  random class maps on ours (scored as their `to_challenge_grid`)."""
+def test_scorer_is_the_one_target_score_on_both_grids():
+  """The matrix form equals `score` (the organisers' formula, tests/test_layout.py) to 1e-12 in
+  float64 and to 1e-7 in float32 (the default): the public truths against shifted, emptied and
+  spotted answers on the challenge's grid, and random class maps on ours (scored as their
+  `to_challenge_grid`); one Scorer scores several answer sets against its truths."""
   truths = _truths()
   answers = np.stack([np.roll(t, 9 * i, axis=1) for i, t in enumerate(truths)])
   answers[1] = 0
   answers[2, 100:120, 30:60] = 1
   want = [ktc_score.score(t, a) for t, a in zip(truths, answers)]
-  np.testing.assert_allclose(ktc_score.score_many(truths, answers), want, rtol=0, atol=1e-12)
+  exact = ktc_score.Scorer(truths, np.float64)
+  np.testing.assert_allclose(exact(answers), want, rtol=0, atol=1e-12)
+  scorer = ktc_score.Scorer(truths)
+  np.testing.assert_allclose(scorer(answers), want, rtol=0, atol=1e-7)
+  np.testing.assert_allclose(scorer(truths), 1.0, rtol=0, atol=1e-7)  # the same scorer again
   assert want[0] == pytest.approx(1.0) and max(want[1:]) < 0.99  # unshifted; the others
   rng = np.random.default_rng(0)
   small_t = rng.integers(0, 3, (5, 128, 128)).astype(np.uint8)
@@ -40,9 +45,14 @@ def test_score_many_is_the_one_target_score_on_both_grids():
     ktc_score.score(ktc_score.to_challenge_grid(t), ktc_score.to_challenge_grid(a))
     for t, a in zip(small_t, small_a)
   ]
-  np.testing.assert_allclose(ktc_score.score_many(small_t, small_a), want, rtol=0, atol=1e-12)
+  np.testing.assert_allclose(
+    ktc_score.Scorer(small_t, np.float64)(small_a), want, rtol=0, atol=1e-12
+  )
+  np.testing.assert_allclose(ktc_score.Scorer(small_t)(small_a), want, rtol=0, atol=1e-7)
   with pytest.raises(InputError, match="need \\(N, 256, 256\\) or \\(N, 128, 128\\)"):
-    ktc_score.score_many(truths, small_a)
+    scorer(small_a)
+  with pytest.raises(InputError, match="need \\(N, 256, 256\\) or \\(N, 128, 128\\)"):
+    ktc_score.Scorer(small_t[0])
 
 
 def test_rules_by_hand():
@@ -112,11 +122,16 @@ def test_the_study_scores_rules_on_truths_it_can_recover():
     AnswerRule("vote", 0.4, 0.75),
     AnswerRule("mean", 0.3, min_area=0.02),
   ]
-  s = answer_study.score_rules(rules, samples, truth)
+  s = answer_study.score_rules(rules, samples, truth, extra=(truth, 0 * truth))
   np.testing.assert_allclose(s[:2], 1.0, atol=1e-12)
   assert s[2, 0] == pytest.approx(1.0) and s[2, 1] < 0.6
+  # the ready answer sets after the rules: the truth itself, and all water (the one-target score)
+  np.testing.assert_allclose(s[3], 1.0, atol=1e-12)
   big = ktc_score.to_challenge_grid(truth)
-  np.testing.assert_allclose(answer_study.score_rules(rules, samples, big), s, atol=1e-12)
+  water = [ktc_score.score(t, 0 * t) for t in big]
+  np.testing.assert_allclose(s[4], water, atol=1e-7)
+  s_big = answer_study.score_rules(rules, samples, big, extra=(big, 0 * big))
+  np.testing.assert_allclose(s_big, s, atol=1e-7)
   np.testing.assert_array_equal(phantom_stats.class_map(0.3 * labels), truth)
   np.testing.assert_array_equal(phantom_stats.class_map(0.2 * labels), 0 * truth)
 

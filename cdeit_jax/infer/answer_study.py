@@ -79,18 +79,21 @@ def tikhonov_answers(lay, values: np.ndarray, present: np.ndarray, alpha, segmen
   return ktc_score.segment(images, segment_level)
 
 
-def score_rules(rules, samples: np.ndarray, truths: np.ndarray) -> np.ndarray:
-  """(rules, N) scores of each rule's answers of samples (K, N, 128, 128) against truths: class
-  maps (N, 128, 128) on our grid, or (N, 256, 256) on the challenge's."""
+def score_rules(rules, samples: np.ndarray, truths: np.ndarray, extra=()) -> np.ndarray:
+  """(rules + extra, N) scores of each rule's answers of samples (K, N, 128, 128), then of each
+  ready answer set in `extra` (the Tikhonov answers, all water), against truths: class maps
+  (N, 128, 128) on our grid, or (N, 256, 256) on the challenge's; the truths are smoothed once
+  (`ktc_score.Scorer`)."""
   from cdeit_jax.infer import ktc_score
 
+  scorer = ktc_score.Scorer(truths)
   out = []
   for rule in rules:
     answers = rule.answer(samples)
     if truths.shape[-1] != answers.shape[-1]:
       answers = ktc_score.to_challenge_grid(answers)
-    out.append(ktc_score.score_many(truths, answers))
-  return np.stack(out)
+    out.append(scorer(answers))
+  return np.stack(out + [scorer(a) for a in extra])
 
 
 def study(
@@ -102,7 +105,7 @@ def study(
   num_samples: int = 8,
   overrides: dict | None = None,
 ) -> dict:
-  from cdeit_jax.infer import challenge, ktc_score, reconstructor
+  from cdeit_jax.infer import challenge, reconstructor
 
   t0 = time.perf_counter()
   overrides = {"sampling.num_samples": num_samples, **(overrides or {})}
@@ -118,10 +121,9 @@ def study(
       gone = level_removed(lay, level)
       v = np.where(gone[None], np.nan, values)
       r = rec.reconstruct_values(v, keep_samples=True, where=sims)
-      s = score_rules(rules, r.samples, truths)
       tik = tikhonov_answers(lay, values, ~gone, alpha, seg)
-      extra = [ktc_score.score_many(truths, tik), ktc_score.score_many(truths, 0 * truths)]
-      for n, row in zip(names, list(s) + extra):
+      s = score_rules(rules, r.samples, truths, extra=(tik, 0 * truths))
+      for n, row in zip(names, s):
         per[n][f"level_{level}"] = float(np.mean(row))
       log.info(f"simulations, level {level}: {time.perf_counter() - t0:.0f} s")
     result["simulations"] = {
@@ -139,10 +141,9 @@ def study(
     values = challenge.calibrated_values(cases, fits)
     r = rec.reconstruct_values(values, keep_samples=True, where=ktc)
     truths = np.stack([c.truth for c in cases])
-    s = list(score_rules(rules, r.samples, truths))
     linear = challenge.linear_images(cases, fits, alpha)
     tik = np.stack(challenge.answers_of(linear, seg))
-    s += [ktc_score.score_many(truths, tik), ktc_score.score_many(truths, 0 * truths)]
+    s = score_rules(rules, r.samples, truths, extra=(tik, 0 * truths))
     pub = {}
     for n, row in zip(names, s):
       levels = {
