@@ -150,3 +150,14 @@ def test_the_rule_chosen_stands_best_on_its_worse_source():
   assert s == {"a": pytest.approx(8 / 15, abs=1e-4), "b": 0.25, "c": 0.75}
   del result["public"]
   assert max(answer_study.standing(result, ["a", "b", "c"]).items(), key=lambda x: x[1])[0] == "a"
+
+
+def test_the_oracle_row_is_the_best_candidate_per_target_and_only_among_the_rules():
+  """By hand: rule 0 wins target 0 (0.9), rule 1 target 1 (0.8), so the oracle scores 0.9 and 0.8,
+  above every single rule's mean; the ready answer sets after the rules (Tikhonov 0.95 on target
+  1) are not candidates."""
+  scores = np.array([[0.9, 0.2], [0.1, 0.8], [0.5, 0.5], [0.3, 0.95], [0.2, 0.2]])
+  out = answer_study.with_oracle(scores, num_rules=3)
+  np.testing.assert_array_equal(out[:5], scores)
+  np.testing.assert_array_equal(out[5], [0.9, 0.8])
+  assert out[5].mean() > out[:3].mean(axis=1).max()

@@ -15,7 +15,9 @@ chooses low thresholds that keep them, the other drops small classes). Prints a 
 per source and writes JSON (`metrics`, `settings`, as eval.py's metrics.json: `python -m
 cdeit_jax.ship --scores` reads it): per rule, the mean score per target at each level and over
 all (simulations), the score summed per level and in total (public cases), and its standing;
-the Tikhonov/NOSER answers and all water beside.
+the Tikhonov/NOSER answers and all water beside, and `oracle`: each target answered by the
+candidate that scores best on it, which needs the truth, so no rule can reach it: it bounds what
+choosing among these candidates, per target or per level, could gain.
 """
 
 from __future__ import annotations
@@ -79,6 +81,12 @@ def tikhonov_answers(lay, values: np.ndarray, present: np.ndarray, alpha, segmen
   return ktc_score.segment(images, segment_level)
 
 
+def with_oracle(scores: np.ndarray, num_rules: int) -> np.ndarray:
+  """scores (rules + extra, N) with one more row: per target, the best of the first `num_rules`
+  rows (each target answered by the candidate that scores best on it)."""
+  return np.concatenate([scores, scores[:num_rules].max(0, keepdims=True)])
+
+
 def score_rules(rules, samples: np.ndarray, truths: np.ndarray, extra=()) -> np.ndarray:
   """(rules + extra, N) scores of each rule's answers of samples (K, N, 128, 128), then of each
   ready answer set in `extra` (the Tikhonov answers, all water), against truths: class maps
@@ -112,7 +120,7 @@ def study(
   rec = reconstructor.Reconstructor.from_workdir(workdir, overrides=overrides)
   lay, cfg = rec.layout, rec.config
   alpha, seg = challenge.linear_settings(cfg)
-  names = [str(r) for r in rules] + ["tikhonov", "water"]
+  names = [str(r) for r in rules] + ["tikhonov", "water", "oracle"]
   result: dict = {"workdir": workdir, "checkpoint": rec.checkpoint, "num_samples": num_samples}
   if sims:
     values, truths = simulated(sims, num)
@@ -122,7 +130,7 @@ def study(
       v = np.where(gone[None], np.nan, values)
       r = rec.reconstruct_values(v, keep_samples=True, where=sims)
       tik = tikhonov_answers(lay, values, ~gone, alpha, seg)
-      s = score_rules(rules, r.samples, truths, extra=(tik, 0 * truths))
+      s = with_oracle(score_rules(rules, r.samples, truths, extra=(tik, 0 * truths)), len(rules))
       for n, row in zip(names, s):
         per[n][f"level_{level}"] = float(np.mean(row))
       log.info(f"simulations, level {level}: {time.perf_counter() - t0:.0f} s")
@@ -143,7 +151,7 @@ def study(
     truths = np.stack([c.truth for c in cases])
     linear = challenge.linear_images(cases, fits, alpha)
     tik = np.stack(challenge.answers_of(linear, seg))
-    s = score_rules(rules, r.samples, truths, extra=(tik, 0 * truths))
+    s = with_oracle(score_rules(rules, r.samples, truths, extra=(tik, 0 * truths)), len(rules))
     pub = {}
     for n, row in zip(names, s):
       levels = {
