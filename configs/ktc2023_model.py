@@ -22,9 +22,9 @@ turned by up to a degree and moved by half a degree each, their width 5-6.5 degr
 Each training example loses one level's electrodes (drawn uniformly), as in configs/ktc2023.py.
 30,000 steps of 16 (40 passes over the 12,000 examples), the learning rate's cosine decay over
 all of them; validated every 2,000 steps on 256 examples. Simulating the 12,512 examples took
-2,916 s on 2 CPU cores beside other work (4.3 examples/s: each example's system is solved
-twice, with and without its objects; the fixed system of configs/ktc2023.py simulates at about
-80 examples/s).
+352 s on 2 CPU cores alone (35.5 examples/s; 2,916 s once beside other work): each example's
+system is solved twice, with and without its objects (the fixed system of configs/ktc2023.py
+simulates at about 80 examples/s).
 """
 
 import dataclasses
