@@ -91,7 +91,14 @@ def test_small_classes_are_dropped_by_area():
 
 
 def test_rule_strings():
-  for text in ("mean:0.3", "vote:0.3:0.5", "vote:0.25:0.75:area=0.01", "mean:0.4:area=0.02"):
+  for text in (
+    "mean:0.3",
+    "vote:0.3:0.5",
+    "vote:0.25:0.75:area=0.01",
+    "mean:0.4:area=0.02",
+    "argmax",
+    "argmax:area=0.005",
+  ):
     assert str(AnswerRule.parse(text)) == text
   for bad in (
     "median:0.3",
@@ -101,8 +108,9 @@ def test_rule_strings():
     "mean:-1",
     "vote:0.3:2",
     "mean:0.3:area=1",
+    "argmax:0.5",
   ):
-    with pytest.raises(InputError, match="--config.eval.answer_rule=.*write mean:T or vote:T:Q"):
+    with pytest.raises(InputError, match="--config.eval.answer_rule=.*write mean:T, vote:T:Q or"):
       AnswerRule.parse(bad)
 
 
@@ -161,3 +169,28 @@ def test_the_oracle_row_is_the_best_candidate_per_target_and_only_among_the_rule
   np.testing.assert_array_equal(out[:5], scores)
   np.testing.assert_array_equal(out[5], [0.9, 0.8])
   assert out[5].mean() > out[:3].mean(axis=1).max()
+
+
+def test_argmax_answers_a_segmenters_most_probable_class_and_reads_nothing_else():
+  """Probabilities (water, resistive, conductive) by hand: each pixel's largest wins, even below
+  one half; `area=` drops a small class as for samples; a rule refuses the other kind of model."""
+  p = np.zeros((1, 128, 128, 3))
+  p[..., 0] = 1.0
+  p[0, 10:50, 10:50] = (0.3, 0.3, 0.4)  # conductive, 1,600 pixels (12 %)
+  p[0, 90:95, 90:95] = (0.2, 0.45, 0.35)  # resistive, 25 pixels (0.2 %)
+  want = np.zeros((1, 128, 128), np.uint8)
+  want[0, 10:50, 10:50] = 2
+  want[0, 90:95, 90:95] = 1
+  np.testing.assert_array_equal(AnswerRule.parse("argmax").answer(p), want)
+  want[0, 90:95, 90:95] = 0
+  np.testing.assert_array_equal(AnswerRule.parse("argmax:area=0.005").answer(p), want)
+  with pytest.raises(InputError, match="argmax: the model is a sampler of images"):
+    AnswerRule.parse("argmax").check_model(segmenter=False)
+  with pytest.raises(InputError, match=r"vote:0.2:0.5: the model is a segmenter .*argmax"):
+    AnswerRule.parse("vote:0.2:0.5").check_model(segmenter=True)
+  AnswerRule.parse("mean:0.3").check_model(segmenter=False)
+  # the study scores a segmenter's rules on its probabilities: the truth's own classes score 1
+  truth = want
+  onehot = np.eye(3)[truth]
+  s = answer_study.score_rules(answer_study.default_rules(segmenter=True), onehot, truth)
+  np.testing.assert_allclose(s, 1.0, atol=1e-12)

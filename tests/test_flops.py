@@ -55,6 +55,17 @@ def test_published_forward_by_hand():
       cond_grid=16,
       removals="-;3",
     ),
+    dict(
+      patch_size=8,
+      hidden_size=32,
+      num_heads=4,
+      num_scales=1,
+      cond="linear",
+      cond_alphas=(0.03, 0.3),
+      cond_grid=16,
+      removals="-;3",
+      output="classes",
+    ),
   ],
 )
 @pytest.mark.parametrize("impl", ["xla", "blocked"])
@@ -63,6 +74,12 @@ def test_forward_matches_jaxpr(kw, impl):
   model = nnx.eval_shape(lambda: CDEIT(**kw, attention_impl=impl, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(model)
   size = model.image_size
+  if model.output == "classes":  # a segmenter: segment(cond)
+    jaxpr = jax.make_jaxpr(lambda s, c: nnx.merge(graphdef, s).segment(c))(
+      state, jax.ShapeDtypeStruct((3, *model.cond_shape), jnp.float32)
+    )
+    assert flops.jaxpr_matmul_flops(jaxpr) == 3 * flops.forward_flops(**kw)
+    return
   jaxpr = jax.make_jaxpr(lambda s, x, t, c: nnx.merge(graphdef, s)(x, t, c))(
     state,
     jax.ShapeDtypeStruct((3, size, size, 1), jnp.float32),

@@ -19,6 +19,8 @@ import os
 import numpy as np
 from absl import flags
 
+from cdeit_jax.eit.phantom import class_map
+
 FLAGS = flags.FLAGS
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
@@ -48,17 +50,6 @@ def objects(class_map: np.ndarray) -> list[Object]:
     for j in range(1, k + 1):
       m = lab == j
       out.append(Object(cls, float(m.sum() / disk), float(1 - r[m].max())))
-  return out
-
-
-def class_map(label_image: np.ndarray) -> np.ndarray:
-  """Classes (0 water, 1 resistive, 2 conductive) of a label image (each pixel's area fraction
-  times its object's log10 conductivity ratio): 2 at +0.25 or more, 1 at -0.25 or less, half of
-  the smallest contrast the phantoms draw (0.5), so a pixel at least half covered by any
-  object counts as that object's."""
-  out = np.zeros(label_image.shape, np.uint8)
-  out[label_image >= 0.25] = 2
-  out[label_image <= -0.25] = 1
   return out
 
 

@@ -192,6 +192,25 @@ def pixel_centres(size: int = IMAGE_SIZE, supersample: int = 1) -> np.ndarray:
   return np.stack([col, row], -1).reshape(size, size, supersample * supersample, 2)
 
 
+# KTC2023's classes of a pixel: 0 water, 1 resistive, 2 conductive
+NUM_CLASSES = 3
+CLASS_LEVEL = 0.25  # half the smallest contrast the phantoms draw (0.5)
+
+
+def class_map(label_image):
+  """Classes (0 water, 1 resistive, 2 conductive) of a label image (each pixel's area fraction
+  times its object's log10 conductivity ratio; numpy in, uint8 out; jax in, int32 out): 2 at
+  +CLASS_LEVEL or more, 1 at -CLASS_LEVEL or less, so a pixel at least half covered by any
+  object counts as that object's. The truth of a simulated target (the challenge's score, the
+  class maps a segmenter learns)."""
+  if isinstance(label_image, jax.Array):
+    return jnp.where(label_image >= CLASS_LEVEL, 2, jnp.where(label_image <= -CLASS_LEVEL, 1, 0))
+  out = np.zeros(np.shape(label_image), np.uint8)
+  out[label_image >= CLASS_LEVEL] = 2
+  out[label_image <= -CLASS_LEVEL] = 1
+  return out
+
+
 def disk_mask(size: int = IMAGE_SIZE) -> np.ndarray:
   """(size, size) True where the pixel centre lies inside the unit disk."""
   return (pixel_centres(size)[:, :, 0] ** 2).sum(-1) <= 1

@@ -1,5 +1,6 @@
 """KTC2023 answers from a sampler's samples: the rules that turn K images (label units, log10 of
-the conductivity ratio) into the challenge's class map (0 water, 1 resistive, 2 conductive).
+the conductivity ratio) into the challenge's class map (0 water, 1 resistive, 2 conductive), or
+a segmenter's class probabilities into it.
 
 The challenge scores each class's mask by an SSIM with a window of sigma 80 pixels, so a class
 answered where the truth has none costs up to half the target's point however few its pixels:
@@ -9,8 +10,10 @@ config's `eval.answer_rule`:
   mean:T            the mean image above +T conductive, below -T resistive (the first rule)
   vote:T:Q          per pixel, the fraction of samples above +T (conductive) and below -T
                     (resistive): the class of the larger fraction where it reaches Q
-  ...:area=A        either, then a class covering under A of the tank is dropped (answered as
-                    water)
+  argmax            a segmenter's (config.model.output "classes"): per pixel its most
+                    probable class
+  ...:area=A        any of them, then a class covering under A of the tank is dropped
+                    (answered as water)
 
 e.g. `vote:0.3:0.5:area=0.01`. `probabilities` gives the per-pixel class fractions that eval.py
 keeps beside the answer.
@@ -27,15 +30,15 @@ from cdeit_jax.common.errors import InputError
 
 @dataclasses.dataclass(frozen=True)
 class AnswerRule:
-  kind: str  # "mean" or "vote"
-  threshold: float  # label units
+  kind: str  # "mean" or "vote" (of samples), "argmax" (of a segmenter's probabilities)
+  threshold: float = 0.0  # label units (mean, vote)
   vote: float = 0.5  # the fraction of samples a class needs (vote)
   min_area: float = 0.0  # a class covering less of the tank is dropped
 
   def __post_init__(self):
-    if self.kind not in ("mean", "vote"):
-      raise InputError(f"answer rule {self.kind!r}: mean or vote")
-    if not (np.isfinite(self.threshold) and self.threshold > 0):
+    if self.kind not in ("mean", "vote", "argmax"):
+      raise InputError(f"answer rule {self.kind!r}: mean, vote or argmax")
+    if self.kind != "argmax" and not (np.isfinite(self.threshold) and self.threshold > 0):
       raise InputError(f"answer rule threshold {self.threshold}: a number > 0 (label units)")
     if not 0 < self.vote <= 1:
       raise InputError(f"answer rule vote fraction {self.vote}: between 0 and 1")
@@ -52,29 +55,55 @@ class AnswerRule:
       kind, numbers = plain[0], [float(p) for p in plain[1:]]
       min_area = float(area[0][len("area=") :]) if area else 0.0
       if len(area) > 1 or not (
-        (kind == "mean" and len(numbers) == 1) or (kind == "vote" and len(numbers) == 2)
+        (kind == "mean" and len(numbers) == 1)
+        or (kind == "vote" and len(numbers) == 2)
+        or (kind == "argmax" and not numbers)
       ):
         raise ValueError
       return cls(kind, *numbers, min_area=min_area)
     except (ValueError, IndexError, InputError) as e:
       why = f" ({e})" if isinstance(e, InputError) else ""
       raise InputError(
-        f"{where}={text!r}: not an answer rule{why}; write mean:T or vote:T:Q, optionally "
-        "followed by :area=A (e.g. vote:0.3:0.5:area=0.01)"
+        f"{where}={text!r}: not an answer rule{why}; write mean:T, vote:T:Q or argmax, "
+        "optionally followed by :area=A (e.g. vote:0.3:0.5:area=0.01)"
       ) from None
 
   def __str__(self) -> str:
-    head = (
-      f"mean:{self.threshold:g}"
-      if self.kind == "mean"
-      else f"vote:{self.threshold:g}:{self.vote:g}"
-    )
+    head = {
+      "mean": f"mean:{self.threshold:g}",
+      "vote": f"vote:{self.threshold:g}:{self.vote:g}",
+      "argmax": "argmax",
+    }[self.kind]
     return head + (f":area={self.min_area:g}" if self.min_area else "")
 
+  @property
+  def of_classes(self) -> bool:
+    """Whether it answers from a segmenter's class probabilities (else from samples)."""
+    return self.kind == "argmax"
+
+  def check_model(self, segmenter: bool, where: str = "--config.eval.answer_rule") -> None:
+    """An InputError naming `where` when the rule does not read what the model gives."""
+    if segmenter != self.of_classes:
+      what = (
+        "a segmenter (config.model.output 'classes'), which answers with argmax[:area=A]"
+        if segmenter
+        else "a sampler of images, which answers with mean:T or vote:T:Q[:area=A]"
+      )
+      raise InputError(f"{where}={self}: the model is {what}")
+
+  def answer_of(self, r) -> np.ndarray:
+    """(N, H, W) uint8 class maps of a `Reconstruction`: its samples, or a segmenter's
+    probabilities."""
+    self.check_model(r.probabilities is not None, "the answer rule")
+    return self.answer(r.probabilities if self.of_classes else r.samples)
+
   def answer(self, samples: np.ndarray) -> np.ndarray:
-    """(..., H, W) uint8 class map of samples (K, ..., H, W) in label units."""
+    """(..., H, W) uint8 class map of samples (K, ..., H, W) in label units, or with argmax of
+    class probabilities (..., H, W, 3)."""
     samples = np.asarray(samples, np.float64)
-    if self.kind == "mean":
+    if self.kind == "argmax":
+      out = np.argmax(samples, axis=-1)
+    elif self.kind == "mean":
       mean = samples.mean(0)
       out = np.where(mean > self.threshold, 2, np.where(mean < -self.threshold, 1, 0))
     else:

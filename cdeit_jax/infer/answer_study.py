@@ -5,7 +5,7 @@ challenge's public cases, from one set of samples per target.
   python -m cdeit_jax.infer.answer_study --workdir runs/ktc2023_model \\
       --sims DATA/valid --num 256 --ktc data/ktc2023/levels --out study.json
 
-The simulated target's truth is its label image's classes (`data.phantom_stats.class_map`), its
+The simulated target's truth is its label image's classes (`eit.phantom.class_map`), its
 values the simulated differences (simulation units, as eval.py gives a calibrated case's); the
 public cases are read, calibrated and sampled as eval.py's ktc2023_challenge does. The rule is
 chosen on both sources: each rule's standing in a source is its score above all water's as a
@@ -40,11 +40,17 @@ log = logs.log.getChild("answer_study")
 LEVELS = range(1, 8)
 
 
-def default_rules() -> list[AnswerRule]:
-  """The candidates: the mean or a per-pixel vote of the samples, at four thresholds, with or
-  without dropping a class smaller than 0.5 %, 1 % or 2 % of the tank."""
+AREAS = (0.0, 0.005, 0.01, 0.02)
+
+
+def default_rules(segmenter: bool = False) -> list[AnswerRule]:
+  """The candidates: the mean or a per-pixel vote of the samples, at four thresholds (a
+  segmenter's: the most probable class), with or without dropping a class smaller than 0.5 %,
+  1 % or 2 % of the tank."""
+  if segmenter:
+    return [AnswerRule("argmax", min_area=area) for area in AREAS]
   rules = []
-  for area in (0.0, 0.005, 0.01, 0.02):
+  for area in AREAS:
     for t in (0.2, 0.3, 0.4, 0.5):
       rules.append(AnswerRule("mean", t, min_area=area))
       for q in (0.5, 0.75):
@@ -56,7 +62,7 @@ def simulated(folder: str, num: int) -> tuple[np.ndarray, np.ndarray]:
   """(values (N, R), truths (N, 128, 128) class maps) of the first `num` examples of a
   simulated split (`ys`, `xs` of each NNNNNNN.npz)."""
   from cdeit_jax.data.npz_files import read_npz
-  from cdeit_jax.data.phantom_stats import class_map
+  from cdeit_jax.eit.phantom import class_map
 
   paths = sorted(glob.glob(os.path.join(folder, "[0-9]" * 7 + ".npz")))[:num]
   if not paths:
@@ -88,7 +94,8 @@ def with_oracle(scores: np.ndarray, num_rules: int) -> np.ndarray:
 
 
 def score_rules(rules, samples: np.ndarray, truths: np.ndarray, extra=()) -> np.ndarray:
-  """(rules + extra, N) scores of each rule's answers of samples (K, N, 128, 128), then of each
+  """(rules + extra, N) scores of each rule's answers of samples (K, N, 128, 128) (a
+  segmenter's rules: of its class probabilities (N, 128, 128, 3)), then of each
   ready answer set in `extra` (the Tikhonov answers, all water), against truths: class maps
   (N, 128, 128) on our grid, or (N, 256, 256) on the challenge's; the truths are smoothed once
   (`ktc_score.Scorer`)."""
@@ -109,7 +116,7 @@ def study(
   sims: str | None,
   num: int,
   ktc: str | None,
-  rules: list[AnswerRule],
+  rules: list[AnswerRule] | None,
   num_samples: int = 8,
   overrides: dict | None = None,
 ) -> dict:
@@ -119,6 +126,9 @@ def study(
   overrides = {"sampling.num_samples": num_samples, **(overrides or {})}
   rec = reconstructor.Reconstructor.from_workdir(workdir, overrides=overrides)
   lay, cfg = rec.layout, rec.config
+  rules = default_rules(rec.segmenter) if rules is None else rules
+  for rule in rules:
+    rule.check_model(rec.segmenter, "--rules")
   alpha, seg = challenge.linear_settings(cfg)
   names = [str(r) for r in rules] + ["tikhonov", "water", "oracle"]
   result: dict = {"workdir": workdir, "checkpoint": rec.checkpoint, "num_samples": num_samples}
@@ -130,7 +140,7 @@ def study(
       v = np.where(gone[None], np.nan, values)
       r = rec.reconstruct_values(v, keep_samples=True, where=sims)
       tik = tikhonov_answers(lay, values, ~gone, alpha, seg)
-      s = with_oracle(score_rules(rules, r.samples, truths, extra=(tik, 0 * truths)), len(rules))
+      s = with_oracle(score_rules(rules, _evidence(r), truths, extra=(tik, 0 * truths)), len(rules))
       for n, row in zip(names, s):
         per[n][f"level_{level}"] = float(np.mean(row))
       log.info(f"simulations, level {level}: {time.perf_counter() - t0:.0f} s")
@@ -151,7 +161,7 @@ def study(
     truths = np.stack([c.truth for c in cases])
     linear = challenge.linear_images(cases, fits, alpha)
     tik = np.stack(challenge.answers_of(linear, seg))
-    s = with_oracle(score_rules(rules, r.samples, truths, extra=(tik, 0 * truths)), len(rules))
+    s = with_oracle(score_rules(rules, _evidence(r), truths, extra=(tik, 0 * truths)), len(rules))
     pub = {}
     for n, row in zip(names, s):
       levels = {
@@ -163,6 +173,11 @@ def study(
   result["chosen"] = max(result["standing"], key=result["standing"].get)
   settings = {k: result.pop(k) for k in ("workdir", "checkpoint", "num_samples")}
   return {"metrics": result, "settings": {**settings, "seconds": time.perf_counter() - t0}}
+
+
+def _evidence(r) -> np.ndarray:
+  """What the rules answer from: a segmenter's class probabilities, or a sampler's samples."""
+  return r.probabilities if r.probabilities is not None else r.samples
 
 
 def standing(result: dict, names: list[str]) -> dict[str, float]:
@@ -217,11 +232,7 @@ def main(argv: list[str]) -> None:
   logs.console()
   if not (FLAGS.sims or FLAGS.ktc):
     raise InputError("give --sims, --ktc or both: the targets to score the rules on")
-  rules = (
-    [AnswerRule.parse(r, "--rules") for r in FLAGS.rules.split(",")]
-    if FLAGS.rules
-    else default_rules()
-  )
+  rules = [AnswerRule.parse(r, "--rules") for r in FLAGS.rules.split(",")] if FLAGS.rules else None
   result = study(FLAGS.workdir, FLAGS.sims, FLAGS.num, FLAGS.ktc, rules, FLAGS.samples)
   print(tables(result))
   if FLAGS.out:

@@ -35,14 +35,15 @@ log = logs.log.getChild("challenge")
 @dataclasses.dataclass
 class Method:
   """One method's results over the cases: continuous images (128 x 128, label units, None for
-  the all-water floor), answers (256 x 256, 0/1/2) and, for a sampler, each image's std over
-  its samples and the class fractions of its samples."""
+  the all-water floor), answers (256 x 256, 0/1/2) and, for a model, each image's std (over a
+  sampler's samples, or a segmenter's class contrast) and its class probabilities (a sampler's:
+  the fractions of its samples beyond the rule's threshold)."""
 
   name: str
   images: list[np.ndarray | None]
   answers: list[np.ndarray]
   stds: list[np.ndarray] | None = None
-  # a sampler's per-pixel (resistive, conductive) fractions of samples beyond the rule's threshold
+  # per pixel (resistive, conductive): a segmenter's probabilities, a sampler's fractions
   probabilities: list[tuple[np.ndarray, np.ndarray]] | None = None
 
 
@@ -123,11 +124,11 @@ def output_names(cases: list[Case]) -> list[str]:
 
 def write(out: str, cases: list[Case], methods: list[Method], metrics: dict) -> list[str]:
   """OUT/level_K/N.mat per target (`reconstruction`: the first method's answer, uint8 0/1/2;
-  `image`: its continuous image on the challenge's grid, rows from the top; `std`: a sampler's
-  std over its samples; `p_resistive`, `p_conductive`: the fractions of its samples beyond the
-  answer rule's threshold), figures, and metrics.json last; staged and published whole
-  (`outputs.publish`: files of an earlier run's levels that this one lacks are removed, a
-  user's own files in OUT are kept)."""
+  `image`: its continuous image on the challenge's grid, rows from the top; `std`: its std;
+  `p_resistive`, `p_conductive`: a segmenter's class probabilities, or the fractions of a
+  sampler's samples beyond the answer rule's threshold), figures, and metrics.json last;
+  staged and published whole (`outputs.publish`: files of an earlier run's levels that this
+  one lacks are removed, a user's own files in OUT are kept)."""
   import scipy.io
 
   first = methods[0]
@@ -183,10 +184,10 @@ def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
 
 def model_samples(rec, cases: list[Case], fits: dict[bytes, calibration.Calibration]):
   """The `reconstructor.Reconstruction` (mean images, stds and samples (K, N, 128, 128), label
-  units) of every case by a CDEIT trained for the cases' measuring system: each difference
-  divided by its level's calibrated gain, the removed electrodes' values NaN
-  (`check_model` first: `evaluate` runs it before loading the model). Targets whose images come
-  out NaN are named in a warning (their answers are all water)."""
+  units; a segmenter's: class probabilities) of every case by a CDEIT trained for the cases'
+  measuring system: each difference divided by its level's calibrated gain, the removed
+  electrodes' values NaN (`check_model` first: `evaluate` runs it before loading the model).
+  Targets whose images come out NaN are named in a warning (their answers are all water)."""
   values = calibrated_values(cases, fits)
   r = rec.reconstruct_values(values, where=os.path.dirname(cases[0].path), keep_samples=True)
   bad = [cases[i].name for i in r.nonfinite]
@@ -313,14 +314,18 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
     check_model(device, conditioning.removed_values(device, removals), cases)
     e = cfg.eval
     rule = answer_rules.AnswerRule.parse(e.answer_rule)
+    rule.check_model(cfg.model.get("output", "image") == "classes")
     fits = calibrate(cases)
     rec = reconstructor.Reconstructor.from_run(run, meta, skipped, cfg, overrides)
     outputs.check_out(out, data_path, run.workdir, output_names(cases))
   t1 = time.perf_counter()
   r = model_samples(rec, cases, fits)
   sampled = time.perf_counter() - t1
-  answers = ktc_score.to_challenge_grid(rule.answer(r.samples))
-  p_res, p_con = answer_rules.probabilities(r.samples, rule.threshold)
+  answers = ktc_score.to_challenge_grid(rule.answer_of(r))
+  if r.probabilities is not None:  # a segmenter's
+    p_res, p_con = r.probabilities[..., 1], r.probabilities[..., 2]
+  else:
+    p_res, p_con = answer_rules.probabilities(r.samples, rule.threshold)
   stds = list(r.std) if r.std is not None else None
   methods = [
     Method("cdeit", list(r.images), list(answers), stds, list(zip(p_res, p_con))),

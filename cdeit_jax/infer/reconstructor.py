@@ -200,11 +200,24 @@ class Reconstruction:
   """What `Reconstructor.reconstruct` returns (label units; the mean over K samples).
 
   `images` (N, 128, 128); `std` (N, 128, 128) the calibrated per-pixel std over the samples,
-  None for K = 1; `samples` (K, N, 128, 128) when asked for."""
+  None for K = 1; `samples` (K, N, 128, 128) when asked for. A segmenter's (`of_classes`):
+  `probabilities` (N, 128, 128, 3) of water, resistive and conductive, and the image and std
+  of its class contrast (-1, 0, +1) under them."""
 
   images: np.ndarray
   std: np.ndarray | None = None
   samples: np.ndarray | None = None
+  probabilities: np.ndarray | None = None
+
+  @classmethod
+  def of_classes(cls, probabilities: np.ndarray, std_scale: float = 1.0) -> Reconstruction:
+    """A segmenter's reconstruction: per pixel the mean p_con - p_res and the std
+    sqrt(p_con + p_res - (p_con - p_res)^2) (times `std_scale`) of a class contrast drawn from
+    its probabilities."""
+    p = np.asarray(probabilities, np.float32)
+    mean = p[..., 2] - p[..., 1]
+    std = np.sqrt(np.maximum(p[..., 2] + p[..., 1] - mean * mean, 0.0)) * np.float32(std_scale)
+    return cls(mean, std, None, p)
 
   @property
   def nonfinite(self) -> np.ndarray:
@@ -249,6 +262,10 @@ class Reconstructor:
     s = config.sampling
     self.steps, self.eta = int(s.steps), float(s.eta)
     self.num_samples, self.seed = int(s.num_samples), int(s.seed)
+    # a segmenter (config.model.output "classes") answers in one deterministic pass
+    self.segmenter = model.output == "classes"
+    if self.segmenter:
+      self.steps, self.num_samples = 0, 1
     if preset is None and voltage_ratio is None and current_ratio is None:
       preset = device_units(model.layout)
     self.units = measurement.units(preset or "simulated", voltage_ratio, current_ratio)
@@ -259,7 +276,7 @@ class Reconstructor:
     )
     self.uncertainty_scale = float(uncertainty_scale)
     self.mesh = mesh if mesh is not None else shd.make_mesh()
-    self.shape = (model.image_size, model.image_size, model.in_channels)
+    self.shape = (model.image_size, model.image_size, model.out_channels)
     self.cond_shape = model.cond_shape
     # the measuring system whose values the model reads, as a vector (`vector`) or as CDEIT's
     # EIM; `removed` (K, R): the values each of its electrode-removal sets leaves out
@@ -647,7 +664,7 @@ class Reconstructor:
     k = self.num_samples if num_samples is None else num_samples
     if not _is_int(k) or not 1 <= k <= MAX_SAMPLES:
       raise InputError(f"num_samples={num_samples!r}: must be an integer from 1 to {MAX_SAMPLES}")
-    k = int(k)
+    k = 1 if self.segmenter else int(k)  # a segmenter is deterministic: one pass is all
     n = len(cond)
     last = np.iinfo(np.int32).max - n  # example indices are int32
     if not _is_int(first_index) or not 0 <= first_index <= last:
@@ -657,6 +674,8 @@ class Reconstructor:
     imgs = self.sample_rows(
       cond[rows_frame], (first_index + rows_frame).astype(np.int32), rows_sample, progress=progress
     )
+    if self.segmenter:
+      return Reconstruction.of_classes(imgs, np.float32(self.uncertainty_scale))
     samples = imgs[..., 0].reshape(n, k, *self.shape[:2]).swapaxes(0, 1)
     images, std = summarise(samples)
     if std is not None:

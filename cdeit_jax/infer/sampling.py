@@ -19,6 +19,7 @@ from cdeit_jax.common import device_memory as dm
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import symmetry
+from cdeit_jax.model import classes
 from cdeit_jax.model.diffusion import Diffusion
 
 log = logs.log.getChild("eval")
@@ -35,7 +36,7 @@ def make_sampler(
   symmetric_stats: tuple | None = None,
 ):
   """One jitted sampler: (weights, cond, example indices, sample indices, key) -> images,
-  batch-sharded.
+  batch-sharded (a segmenter's: its class probabilities (B, H, W, 3), whatever the rest).
 
   With `correction_graphdef` (of a `conditioning.DataConsistency`), `weights` is the pair
   (model state, correction state) and every step's x0 is made consistent with the data. With
@@ -49,6 +50,8 @@ def make_sampler(
       weights, correction = weights
       correct = nnx.merge(correction_graphdef, correction)
     model = nnx.merge(graphdef, weights)
+    if model.output == "classes":  # a segmenter: its class probabilities, one pass, no noise
+      return classes.probabilities(model, cond)
     keys = jax.vmap(lambda k, i: jax.random.fold_in(jax.random.fold_in(key, k), i))(sample, index)
     if symmetric_stats is not None:
       element = sample % len(symmetry.GROUP)

@@ -33,6 +33,7 @@ def forward_flops(
   cond_grid: int = 32,
   layout: Any = "cdeit16",
   removals: str = "none",
+  output: str = "image",
   **_: Any,
 ) -> float:
   """Matmul FLOPs of one image's forward pass (takes `config.model` as keywords)."""
@@ -66,7 +67,8 @@ def forward_flops(
     g = cond_grid  # bilinear upsampling to the image, one axis after the other
     total += 2 * levels * (image_size * g * g + image_size * image_size * g)
     eim = 0
-  total += 2 * grid**2 * (patch_size**2 * (in_channels + eim + levels)) * c  # patch embedding
+  image, out = (in_channels, in_channels) if output == "image" else (0, 3)  # a segmenter's
+  total += 2 * grid**2 * (patch_size**2 * (image + eim + levels)) * c  # patch embedding
   total += 2 * freq_dim * c + 2 * c * c  # timestep MLP
   total += 4 * block(grid**2, window**2)  # swinIn1/2, swinOut1/2
   for s in range(1, num_scales + 1):
@@ -76,7 +78,7 @@ def forward_flops(
   for s in range(num_scales - 1, -1, -1):
     tokens = (grid >> s) ** 2
     total += 2 * tokens * c * c + 2 * tokens * 2 * c * c + 2 * block(tokens, tokens)  # conv, fuse
-  total += 2 * c * 2 * c + 2 * grid**2 * c * patch_size**2 * in_channels  # final layer
+  total += 2 * c * 2 * c + 2 * grid**2 * c * patch_size**2 * out  # final layer
   return float(total)
 
 

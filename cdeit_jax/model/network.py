@@ -28,6 +28,9 @@ DType = Any
 # reconstruction of the voltages per regularisation level, cdeit_jax.eit.conditioning), or
 # "linear": those reconstructions alone, of any measuring system's voltages (B, R) (`layout`).
 COND_MODES = ("eim", "eim+linear", "linear")
+# what the network outputs: "image", the denoiser's clean image x0 (diffusion); "classes", the
+# logits of KTC2023's 3 classes per pixel from the condition alone (a segmenter: `segment`)
+OUTPUTS = ("image", "classes")
 VALUES = "linear"  # the condition of a model of any measuring system: its values (B, R)
 
 
@@ -340,6 +343,16 @@ def cond_shape(kw: dict) -> tuple[int, ...]:
   return (size, size, 1)
 
 
+def _check_output(output: str, cond: str) -> None:
+  if output not in OUTPUTS:
+    raise InputError(f"output {output!r} must be one of {OUTPUTS} (config.model.output)")
+  if output == "classes" and cond == "eim":
+    raise InputError(
+      'output "classes" reads the condition alone: give it the linear reconstructions '
+      '(config.model.cond "eim+linear" or "linear")'
+    )
+
+
 def _conditioner(cond: str, alphas, layout, removals, grid):
   """The physics-informed condition's module (None for the published "eim"), built only when
   asked for, of the measuring system `layout` (its contact impedance included)."""
@@ -379,6 +392,8 @@ class CDEIT(nnx.Module):
   electrode sets of the rule `removals`), and conditions on their linear reconstructions alone.
   Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM (or (B, R) voltages) ->
   (B, H, W, 1) float32 (the physics-informed channels are computed inside the model).
+  `output="classes"` makes the same network a segmenter: no noisy image, no timestep, and
+  `segment(cond)` -> (B, H, W, 3) logits of KTC2023's classes (`model.classes`).
   """
 
   def __init__(
@@ -403,6 +418,7 @@ class CDEIT(nnx.Module):
     cond_grid: int = 32,
     layout: str | Any = "cdeit16",
     removals: str = "none",
+    output: str = "image",
     rngs: nnx.Rngs,
   ):
     if image_size % patch_size:
@@ -420,12 +436,13 @@ class CDEIT(nnx.Module):
       raise InputError(f"image_size {image_size} is not divisible by cond_size {cond_size}")
     if cond not in COND_MODES:
       raise InputError(f"cond {cond!r} must be one of {COND_MODES}")
+    _check_output(output, cond)
     if cond != "eim" and image_size != 128:
       raise InputError(
         f"cond {cond!r} needs image_size 128 (the simulator's grid), got {image_size}"
       )
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
-    self.cond_mode = cond
+    self.cond_mode, self.output = cond, output
     dtype = jnp.dtype(dtype)
     from cdeit_jax.eit import layout as layout_lib
 
@@ -449,8 +466,9 @@ class CDEIT(nnx.Module):
 
     sincos_axis_table(dim, grid)  # checks hidden_size now, not at the first call
     # Patch embedding: the conv is initialised like a Linear over (kh, kw, in) -> out.
+    image_channels = in_channels if output == "image" else 0  # a segmenter has no noisy image
     self.x_embedder = nnx.Conv(
-      in_channels + eim_channels + extra,
+      image_channels + eim_channels + extra,
       dim,
       (patch_size, patch_size),
       strides=patch_size,
@@ -474,7 +492,10 @@ class CDEIT(nnx.Module):
     self.mid = block()
     self.ups = nnx.List([Up(dim, *args, attention_impl, chunk) for _ in range(num_scales)])
     self.swinOut1, self.swinOut2 = block(window), block(window)
-    self.final_layer = FinalLayer(dim, patch_size, in_channels, dtype, rngs)
+    from cdeit_jax.eit.phantom import NUM_CLASSES
+
+    self.out_channels = in_channels if output == "image" else NUM_CLASSES
+    self.final_layer = FinalLayer(dim, patch_size, self.out_channels, dtype, rngs)
 
   def pos_embed(self) -> Array:
     """(grid, grid, hidden) sin-cos position table: [column embedding, row embedding].
@@ -512,22 +533,36 @@ class CDEIT(nnx.Module):
     return self.conditioner.remove_at_random(cond, key)
 
   def __call__(self, x: Array, t: Array, cond: Array) -> Array:
+    """The denoiser: (B, H, W, in_channels) x0 from the noisy image x at timesteps t."""
+    if self.output != "image":
+      raise InputError(f"this network outputs {self.output!r}, not images: call segment(cond)")
     size = self.image_size
     if x.shape[1:] != (size, size, self.in_channels):
       raise InputError(f"x must be (B, {size}, {size}, {self.in_channels}), got {x.shape}")
+    return self._forward([x], t, cond, x.dtype)
+
+  def segment(self, cond: Array) -> Array:
+    """The segmenter (`output="classes"`): (B, H, W, 3) float32 logits of water, resistive and
+    conductive per pixel from the condition alone (the trunk's timestep is 0)."""
+    if self.output != "classes":
+      raise InputError(f"this network outputs {self.output!r}, not classes: call it (x, t, cond)")
+    t = jnp.zeros((cond.shape[0],), jnp.int32)
+    return self._forward([], t, cond, jnp.float32)
+
+  def _forward(self, inputs: list, t: Array, cond: Array, dtype) -> Array:
+    size = self.image_size
     if self.reads_values:
       if cond.shape[1:] != (self.conditioner.num_values,):
         raise InputError(
           f"cond must be (B, {self.conditioner.num_values}) voltages, got {cond.shape}"
         )
-      inputs = [x]
     elif cond.shape[1:] != (self.cond_size, self.cond_size, 1):
       raise InputError(f"cond must be (B, {self.cond_size}, {self.cond_size}, 1), got {cond.shape}")
     else:
       up = size // self.cond_size
-      inputs = [x, jnp.repeat(jnp.repeat(cond.astype(x.dtype), up, axis=1), up, axis=2)]
+      inputs = [*inputs, jnp.repeat(jnp.repeat(cond.astype(dtype), up, axis=1), up, axis=2)]
     if self.conditioner is not None:
-      inputs.append(self.conditioner(cond).astype(x.dtype))
+      inputs.append(self.conditioner(cond).astype(dtype))
     h = self.x_embedder(jnp.concatenate(inputs, axis=-1)).astype(jnp.float32)
     h = h + self.pos_embed()[None]
 
@@ -551,7 +586,7 @@ class CDEIT(nnx.Module):
     out = self.final_layer(h, c).astype(jnp.float32)  # (B, g, g, p*p*C), ordered (p, q, C)
     p = self.patch_size
     return einops.rearrange(
-      out, "b gh gw (ph pw c) -> b (gh ph) (gw pw) c", ph=p, pw=p, c=self.in_channels
+      out, "b gh gw (ph pw c) -> b (gh ph) (gw pw) c", ph=p, pw=p, c=self.out_channels
     )
 
 

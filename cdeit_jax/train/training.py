@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.common.variables import Fixed
+from cdeit_jax.model import classes
 from cdeit_jax.model.diffusion import Diffusion
 from cdeit_jax.model.network import CDEIT
 
@@ -136,6 +137,8 @@ def make_train_step(
 
   def loss_fn(params, constants, mb):
     model = nnx.merge(graphdef, params, constants)
+    if model.output == "classes":  # a segmenter: cross-entropy on the classes, no noise
+      return classes.loss(model, mb["target"], mb["cond"])
     return diffusion.loss(model, mb["target"], mb["t"], mb["cond"], mb["noise"])
 
   grad_fn = jax.value_and_grad(loss_fn)
@@ -197,13 +200,17 @@ def make_train_step(
 
 
 def make_eval_step(graphdef: nnx.GraphDef, diffusion: Diffusion):
-  """(weights, constants, batch with mask, key) -> (sum of per-example L1, number of examples)."""
+  """(weights, constants, batch with mask, key) -> (sum of the per-example losses: L1, or a
+  segmenter's cross-entropy; number of examples)."""
 
   def eval_step(params, constants, batch, key):
-    t, noise = _draws(key, batch["target"], diffusion.num_steps)
     model = nnx.merge(graphdef, params, constants)
-    pred = model(diffusion.q_sample(batch["target"], t, noise), t, batch["cond"])
-    err = jnp.mean(jnp.abs(pred - batch["target"]).reshape(pred.shape[0], -1), axis=1)
+    if model.output == "classes":
+      err = classes.per_example_loss(model, batch["target"], batch["cond"])
+    else:
+      t, noise = _draws(key, batch["target"], diffusion.num_steps)
+      pred = model(diffusion.q_sample(batch["target"], t, noise), t, batch["cond"])
+      err = jnp.mean(jnp.abs(pred - batch["target"]).reshape(pred.shape[0], -1), axis=1)
     return jnp.sum(err * batch["mask"]), jnp.sum(batch["mask"])
 
   return eval_step
