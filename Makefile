@@ -133,9 +133,10 @@ cdeit16-model: install
 
 # The model that ships for KTC2023's device (models/ktc2023, configs/ktc2023_model.py): simulate
 # 12,000 training examples with challenge-like phantoms and the measuring system drawn around the
-# calibrated device (cached), train the segmenter (rerunning resumes; about 50 min on 2 cores), choose the answer rule on the
-# validation simulations at every level (python -m cdeit_jax.infer.answer_study; the public 28
-# beside), answer the public cases with it, and write the model folder with the rule and scores.
+# calibrated device (cached), train the segmenter (rerunning resumes; about 50 min on 2 cores),
+# choose the answer rule on the validation simulations at every level (python -m
+# cdeit_jax.infer.answer_study; the public 28 beside), answer the public cases with it, and write
+# the model folder with the rule and scores.
 KTC_MODEL_DATA ?= $(HOME)/.cache/cdeit-jax/ktc-model-sim-v1
 KTC_MODEL_RUN ?= runs/ktc2023_model
 ktc-model: install
