@@ -31,6 +31,19 @@ def test_published_forward_by_hand():
   assert flops.train_flops_per_example(config_lib.default_config().model) == 3 * fwd
 
 
+# a model of any measuring system (its values, one removal set beside the full one)
+ANY_SYSTEM = dict(
+  patch_size=8,
+  hidden_size=32,
+  num_heads=4,
+  num_scales=1,
+  cond="linear",
+  cond_alphas=(0.03, 0.3),
+  cond_grid=16,
+  removals="-;3",
+)
+
+
 @pytest.mark.parametrize(
   "kw",
   [
@@ -45,27 +58,8 @@ def test_published_forward_by_hand():
       cond="eim+linear",
       cond_alphas=(0.03, 0.3),
     ),
-    dict(
-      patch_size=8,
-      hidden_size=32,
-      num_heads=4,
-      num_scales=1,
-      cond="linear",
-      cond_alphas=(0.03, 0.3),
-      cond_grid=16,
-      removals="-;3",
-    ),
-    dict(
-      patch_size=8,
-      hidden_size=32,
-      num_heads=4,
-      num_scales=1,
-      cond="linear",
-      cond_alphas=(0.03, 0.3),
-      cond_grid=16,
-      removals="-;3",
-      output="classes",
-    ),
+    ANY_SYSTEM,
+    dict(ANY_SYSTEM, output="classes"),  # a segmenter
   ],
 )
 @pytest.mark.parametrize("impl", ["xla", "blocked"])
