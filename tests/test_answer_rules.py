@@ -98,6 +98,8 @@ def test_rule_strings():
     "mean:0.4:area=0.02",
     "argmax",
     "argmax:area=0.005",
+    "argmax:water=0.9",
+    "argmax:water=0.8:area=0.01",
   ):
     assert str(AnswerRule.parse(text)) == text
   for bad in (
@@ -109,6 +111,11 @@ def test_rule_strings():
     "vote:0.3:2",
     "mean:0.3:area=1",
     "argmax:0.5",
+    "argmax:water=0",
+    "argmax:water=x",
+    "argmax:water=0.9:water=0.8",
+    "mean:0.3:water=0.9",
+    "argmax:wet=0.9",
   ):
     with pytest.raises(InputError, match="--config.eval.answer_rule=.*write mean:T, vote:T:Q or"):
       AnswerRule.parse(bad)
@@ -173,7 +180,8 @@ def test_the_oracle_row_is_the_best_candidate_per_target_and_only_among_the_rule
 
 def test_argmax_answers_a_segmenters_most_probable_class_and_reads_nothing_else():
   """Probabilities (water, resistive, conductive) by hand: each pixel's largest wins, even below
-  one half; `area=` drops a small class as for samples; a rule refuses the other kind of model."""
+  one half; `water=` weighs water's probability first; `area=` drops a small class as for
+  samples; a rule refuses the other kind of model."""
   p = np.zeros((1, 128, 128, 3))
   p[..., 0] = 1.0
   p[0, 10:50, 10:50] = (0.3, 0.3, 0.4)  # conductive, 1,600 pixels (12 %)
@@ -184,6 +192,17 @@ def test_argmax_answers_a_segmenters_most_probable_class_and_reads_nothing_else(
   np.testing.assert_array_equal(AnswerRule.parse("argmax").answer(p), want)
   want[0, 90:95, 90:95] = 0
   np.testing.assert_array_equal(AnswerRule.parse("argmax:area=0.005").answer(p), want)
+  # water weighted by 0.8: pixels at (0.45, 0.40, 0.15) answer resistive (0.36 < 0.40; 100
+  # pixels, 0.8 %, kept), pixels at (0.55, 0.40, 0.05) stay water (0.44 > 0.40)
+  q = p.copy()
+  q[0, 60:70, 60:70] = (0.45, 0.40, 0.15)
+  q[0, 70:80, 60:70] = (0.55, 0.40, 0.05)
+  got = AnswerRule.parse("argmax:water=0.8:area=0.005").answer(q)
+  np.testing.assert_array_equal(AnswerRule.parse("argmax:area=0.005").answer(q), want)
+  weighted = want.copy()
+  weighted[0, 60:70, 60:70] = 1
+  weighted[0, 90:95, 90:95] = 1  # the resistive class is now 125 pixels in all: kept
+  np.testing.assert_array_equal(got, weighted)
   with pytest.raises(InputError, match="argmax: the model is a sampler of images"):
     AnswerRule.parse("argmax").check_model(segmenter=False)
   with pytest.raises(InputError, match=r"vote:0.2:0.5: the model is a segmenter .*argmax"):

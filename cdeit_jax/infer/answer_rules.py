@@ -12,11 +12,14 @@ config's `eval.answer_rule`:
                     (resistive): the class of the larger fraction where it reaches Q
   argmax            a segmenter's (config.model.output "classes"): per pixel its most
                     probable class
+  argmax:water=W    the same after water's probability is weighted by W (W < 1 answers an
+                    object where water is only a little more probable: the challenge's score
+                    loses more by a missed object's pixels than by a false rim)
   ...:area=A        any of them, then a class covering under A of the tank is dropped
                     (answered as water)
 
-e.g. `vote:0.3:0.5:area=0.01`. `probabilities` gives the per-pixel class fractions that eval.py
-keeps beside the answer.
+e.g. `vote:0.3:0.5:area=0.01`, `argmax:water=0.9:area=0.005`. `probabilities` gives the
+per-pixel class fractions that eval.py keeps beside the answer.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class AnswerRule:
   threshold: float = 0.0  # label units (mean, vote)
   vote: float = 0.5  # the fraction of samples a class needs (vote)
   min_area: float = 0.0  # a class covering less of the tank is dropped
+  water: float = 1.0  # the weight of water's probability before the argmax (argmax)
 
   def __post_init__(self):
     if self.kind not in ("mean", "vote", "argmax"):
@@ -44,35 +48,44 @@ class AnswerRule:
       raise InputError(f"answer rule vote fraction {self.vote}: between 0 and 1")
     if not 0 <= self.min_area < 1:
       raise InputError(f"answer rule area={self.min_area}: a fraction of the tank in [0, 1)")
+    if not (np.isfinite(self.water) and self.water > 0):
+      raise InputError(f"answer rule water={self.water}: a weight > 0")
+    if self.kind != "argmax" and self.water != 1.0:
+      raise InputError(f"answer rule water={self.water}: only argmax weighs water's probability")
 
   @classmethod
   def parse(cls, text: str, where: str = "--config.eval.answer_rule") -> AnswerRule:
     """The rule a string names (the module's docstring); an InputError naming `where`."""
     parts = [p.strip() for p in str(text).split(":")]
-    area = [p for p in parts if p.startswith("area=")]
-    plain = [p for p in parts if not p.startswith("area=")]
+    named = {"area": [], "water": []}
+    for p in parts:
+      key = p.split("=", 1)[0]
+      if "=" in p and key in named:
+        named[key].append(p[len(key) + 1 :])
+    plain = [p for p in parts if not ("=" in p and p.split("=", 1)[0] in named)]
     try:
       kind, numbers = plain[0], [float(p) for p in plain[1:]]
-      min_area = float(area[0][len("area=") :]) if area else 0.0
-      if len(area) > 1 or not (
+      min_area = float(named["area"][0]) if named["area"] else 0.0
+      water = float(named["water"][0]) if named["water"] else 1.0
+      if any(len(v) > 1 for v in named.values()) or not (
         (kind == "mean" and len(numbers) == 1)
         or (kind == "vote" and len(numbers) == 2)
         or (kind == "argmax" and not numbers)
       ):
         raise ValueError
-      return cls(kind, *numbers, min_area=min_area)
+      return cls(kind, *numbers, min_area=min_area, water=water)
     except (ValueError, IndexError, InputError) as e:
       why = f" ({e})" if isinstance(e, InputError) else ""
       raise InputError(
-        f"{where}={text!r}: not an answer rule{why}; write mean:T, vote:T:Q or argmax, "
-        "optionally followed by :area=A (e.g. vote:0.3:0.5:area=0.01)"
+        f"{where}={text!r}: not an answer rule{why}; write mean:T, vote:T:Q or "
+        "argmax[:water=W], optionally followed by :area=A (e.g. vote:0.3:0.5:area=0.01)"
       ) from None
 
   def __str__(self) -> str:
     head = {
       "mean": f"mean:{self.threshold:g}",
       "vote": f"vote:{self.threshold:g}:{self.vote:g}",
-      "argmax": "argmax",
+      "argmax": "argmax" + (f":water={self.water:g}" if self.water != 1.0 else ""),
     }[self.kind]
     return head + (f":area={self.min_area:g}" if self.min_area else "")
 
@@ -85,7 +98,7 @@ class AnswerRule:
     """An InputError naming `where` when the rule does not read what the model gives."""
     if segmenter != self.of_classes:
       what = (
-        "a segmenter (config.model.output 'classes'), which answers with argmax[:area=A]"
+        "a segmenter (config.model.output 'classes'), which answers with argmax[:water=W][:area=A]"
         if segmenter
         else "a sampler of images, which answers with mean:T or vote:T:Q[:area=A]"
       )
@@ -99,10 +112,10 @@ class AnswerRule:
 
   def answer(self, samples: np.ndarray) -> np.ndarray:
     """(..., H, W) uint8 class map of samples (K, ..., H, W) in label units, or with argmax of
-    class probabilities (..., H, W, 3)."""
+    class probabilities (..., H, W, 3) (water's weighted by `water`)."""
     samples = np.asarray(samples, np.float64)
     if self.kind == "argmax":
-      out = np.argmax(samples, axis=-1)
+      out = np.argmax(samples * np.array([self.water, 1.0, 1.0]), axis=-1)
     elif self.kind == "mean":
       mean = samples.mean(0)
       out = np.where(mean > self.threshold, 2, np.where(mean < -self.threshold, 1, 0))

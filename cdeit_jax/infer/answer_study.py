@@ -41,14 +41,15 @@ LEVELS = range(1, 8)
 
 
 AREAS = (0.0, 0.005, 0.01, 0.02)
+WATER_WEIGHTS = (1.0, 0.9, 0.8)
 
 
 def default_rules(segmenter: bool = False) -> list[AnswerRule]:
   """The candidates: the mean or a per-pixel vote of the samples, at four thresholds (a
-  segmenter's: the most probable class), with or without dropping a class smaller than 0.5 %,
-  1 % or 2 % of the tank."""
+  segmenter's: the most probable class, water's probability weighted by 1, 0.9 or 0.8), with or
+  without dropping a class smaller than 0.5 %, 1 % or 2 % of the tank."""
   if segmenter:
-    return [AnswerRule("argmax", min_area=area) for area in AREAS]
+    return [AnswerRule("argmax", min_area=area, water=w) for w in WATER_WEIGHTS for area in AREAS]
   rules = []
   for area in AREAS:
     for t in (0.2, 0.3, 0.4, 0.5):
