@@ -25,7 +25,8 @@ Each training example loses one level's electrodes (drawn uniformly), as in conf
 all of them; validated every 2,000 steps on 256 examples (the sampler that shipped before, the
 same recipe with `--config.model.output=image --config.steps=30000
 --config.eval.answer_rule=vote:0.2:0.5`, scored 0.734 a target and 22.30 of 28 where this
-scores 0.772 and 22.89). Simulating the 12,512 examples took
+scores 0.772 and 22.89). 24,000 steps scored better on simulations (0.789) and worse on the
+public cases (22.49; docs/ktc2023.md): not shipped. Simulating the 12,512 examples took
 352 s on 2 CPU cores alone (35.5 examples/s; 2,916 s once beside other work): each example's
 system is solved twice, with and without its objects (the fixed system of configs/ktc2023.py
 simulates at about 80 examples/s).
