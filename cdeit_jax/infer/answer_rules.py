@@ -13,8 +13,8 @@ config's `eval.answer_rule`:
   argmax            a segmenter's (config.model.output "classes"): per pixel its most
                     probable class
   argmax:water=W    the same after water's probability is weighted by W (W < 1 answers an
-                    object where water is only a little more probable: the challenge's score
-                    loses more by a missed object's pixels than by a false rim)
+                    object where water is only a little more probable; on KTC2023's
+                    simulations 0.9 scored higher, docs/ktc2023.md)
   ...:area=A        any of them, then a class covering under A of the tank is dropped
                     (answered as water)
 
