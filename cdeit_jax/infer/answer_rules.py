@@ -57,12 +57,13 @@ class AnswerRule:
   def parse(cls, text: str, where: str = "--config.eval.answer_rule") -> AnswerRule:
     """The rule a string names (the module's docstring); an InputError naming `where`."""
     parts = [p.strip() for p in str(text).split(":")]
-    named = {"area": [], "water": []}
+    named, plain = {"area": [], "water": []}, []
     for p in parts:
-      key = p.split("=", 1)[0]
-      if "=" in p and key in named:
-        named[key].append(p[len(key) + 1 :])
-    plain = [p for p in parts if not ("=" in p and p.split("=", 1)[0] in named)]
+      key, eq, value = p.partition("=")
+      if eq and key in named:
+        named[key].append(value)
+      else:
+        plain.append(p)
     try:
       kind, numbers = plain[0], [float(p) for p in plain[1:]]
       min_area = float(named["area"][0]) if named["area"] else 0.0
