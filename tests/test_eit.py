@@ -11,6 +11,7 @@ import pytest
 from conftest import FIXTURES
 
 from cdeit_jax import eit
+from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import layout as lay
 from cdeit_jax.eit import measurement, tikhonov
 from cdeit_jax.eit import phantom as ph
@@ -224,6 +225,29 @@ def test_jax_phantoms_inside_disjoint_and_distributed_as_numpys():
     np.testing.assert_allclose(a, b, atol=0.035, rtol=0.03)
 
 
+def test_resistive_objects_draw_their_own_contrast_range():
+  """`PhantomSpec.resistive_v_min/max`: resistive labels in their own range, conductive ones in
+  [v_min, v_max], both signs about equally often, alike in draw_params and random_params; the
+  defaults (0, 0) keep one range; a range that is not one is refused."""
+  spec = eit.PhantomSpec(v_min=0.75, v_max=2.0, resistive_v_min=1.5, resistive_v_max=3.0)
+  keys = jax.random.split(jax.random.key(2), 600)
+  p = np.asarray(jax.jit(jax.vmap(lambda k: ph.draw_params(k, spec)))(keys))
+  q = np.stack([eit.random_params(np.random.default_rng(i), spec) for i in range(600)])
+  for x in (p, q):
+    v = x[x[..., 0] > 0][:, 7]
+    res, con = -v[v < 0], v[v > 0]
+    assert 0.4 < len(res) / len(v) < 0.6
+    assert res.min() >= 1.5 - 1e-6 and res.max() <= 3.0 + 1e-6 and res.std() > 0.35
+    assert con.min() >= 0.75 - 1e-6 and con.max() <= 2.0 + 1e-6 and con.std() > 0.3
+    assert res.mean() == pytest.approx(2.25, abs=0.08) and con.mean() == pytest.approx(
+      1.375, abs=0.08
+    )
+  assert eit.PhantomSpec().resistive_range() == (0.5, 1.0)
+  for bad in ((2.0, 1.0), (1.0, 0.0)):
+    with pytest.raises(InputError, match="resistive_v_min"):
+      eit.PhantomSpec(resistive_v_min=bad[0], resistive_v_max=bad[1]).validate()
+
+
 def test_noise_is_40db_on_each_vector():
   sim = eit.default_simulator()
   params = np.repeat(disc(0.2, 0.2, 0.3, 10.0)[None], 64, 0)
@@ -378,6 +402,7 @@ def system_of(centres, half_widths, z):
     weights=1 / np.asarray(z, np.float64) * np.ones(len(centres)),
     gain=np.float64(1.0),
     snr_offset_db=np.float64(0.0),
+    drift=np.float64(1.0),
   )
 
 
@@ -476,6 +501,34 @@ def test_system_draws_stay_in_their_ranges_and_apart():
   assert gain_lo - 1e-6 <= d["gain"].min() and d["gain"].max() <= gain_hi + 1e-6
   z = 1 / d["weights"][present]  # z background / radius
   assert z.min() >= 0.003 * 0.7 / 1.1 - 1e-9 and z.max() <= 0.1 * 1.4 / 0.9 + 1e-9
+  np.testing.assert_array_equal(d["drift"], 1.0)  # the default: no drift
+
+
+def test_drift_scales_the_target_frame_alone(sim64):
+  """`SystemSpec.drift`: the target frame's voltages times the drift, the empty tank's not
+  (noise-free: ys = drift * gain * v(sigma) - gain * v(1), both solved here by the CEM); its
+  draws stay in their range, and adding it leaves every other draw of a key as it was."""
+  spec = eit.SystemSpec(drift=(0.9, 1.1))
+  keys = jax.random.split(jax.random.key(1), 200)
+  with_drift = jax.vmap(lambda k: eit.system.draw(k, spec, 0.01))(keys)
+  without = jax.vmap(lambda k: eit.system.draw(k, eit.SystemSpec(), 0.01))(keys)
+  drift = np.asarray(with_drift.drift, np.float64)
+  assert 0.9 - 1e-6 <= drift.min() and drift.max() <= 1.1 + 1e-6 and drift.std() > 0.04
+  for name in ("centres", "half_widths", "weights", "gain", "snr_offset_db"):
+    np.testing.assert_array_equal(getattr(with_drift, name), getattr(without, name))
+  rng = np.random.default_rng(4)
+  sigma = np.exp(0.5 * rng.standard_normal((3, sim64.mesh.num_elements)))
+  with jax.enable_x64(True):
+    systems = jax.tree.map(lambda a: np.asarray(a[:3], np.float64), with_drift)
+    ys = np.asarray(sim64.system_difference(sigma, systems))
+    cem = eit.CEM(sim64.mesh, dtype="float64")
+    for i in range(3):
+      one = jax.tree.map(lambda a: a[i], systems)
+      vi = np.asarray(cem.voltages(sigma[i], one)) * one.gain
+      vh = np.asarray(cem.voltages(np.ones_like(sigma[i]), one)) * one.gain
+      np.testing.assert_allclose(ys[i], one.drift * vi - vh, rtol=1e-9, atol=1e-12)
+  with pytest.raises(InputError, match="drift"):
+    eit.SystemSpec(drift=(0.4, 1.0)).validate()
 
 
 @pytest.mark.parametrize(

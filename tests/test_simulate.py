@@ -281,6 +281,17 @@ def test_foreign_config_is_one_system_the_default_draws_one_per_example():
   f = {k: np.asarray(v) for k, v in dataclasses.asdict(foreign.systems(keys)).items()}
   for v in f.values():
     np.testing.assert_array_equal(v, np.broadcast_to(v[:1], v.shape))
+  # one device, but each measurement drifts on its own (a drift range given)
+  drifting = _config("foreign.py").simulator
+  drifting.system.drift = (0.9, 1.1)
+  g = {
+    k: np.asarray(v)
+    for k, v in dataclasses.asdict(synthetic.generator(drifting).systems(keys)).items()
+  }
+  for k, v in g.items():
+    if k != "drift":
+      np.testing.assert_array_equal(v, f[k])
+  assert len(set(g["drift"])) == 4 and np.all(np.abs(g["drift"] - 1) <= 0.1 + 1e-6)
   assert f["centres"].shape == (4, 32) and np.all(f["weights"][0] > 0)  # passive present
   assert f["gain"][0] == pytest.approx(1.3 / 0.9, rel=1e-6)
   default = synthetic.generator(config_lib.default_config().simulator)

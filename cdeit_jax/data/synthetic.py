@@ -6,8 +6,9 @@ Example i of split s is a function of (seed, s, i) alone: its key is
 fold_in(fold_in(key(seed), s), i); the phantom is drawn from fold_in(key, 0)
 (`eit.phantom.draw_params`), the noise on the homogeneous and inhomogeneous voltages from
 fold_in(key, 1), and the measuring system (`eit.system.draw`, unless `config.simulator.system` is
-the nominal one) from fold_in(key, 2), or from key(device_seed) for every example. The output
-does not depend on the batch, the devices or the hosts that compute it.
+the nominal one) from fold_in(key, 2), or from key(device_seed) for every example (its drift
+still per example, from fold_in(key, 3)). The output does not depend on the batch, the devices
+or the hosts that compute it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -163,13 +165,19 @@ class Generator:
 
   def systems(self, keys: jax.Array):
     """The measuring systems (`eit.system.draw`) of the examples with these keys: each its own,
-    or with `device_seed` >= 0 the one system of that seed."""
+    or with `device_seed` >= 0 the one system of that seed, its drift still per example."""
     from cdeit_jax.eit import system
 
     seed = self.system.device_seed
-    key = (lambda k: jax.random.key(seed)) if seed >= 0 else (lambda k: jax.random.fold_in(k, 2))
-    draw = lambda k: system.draw(key(k), self.system, self.layout.z, self.layout)
-    return jax.vmap(draw)(keys)
+    draw = lambda k: system.draw(k, self.system, self.layout.z, self.layout)
+    if seed < 0:
+      return jax.vmap(lambda k: draw(jax.random.fold_in(k, 2)))(keys)
+    device = draw(jax.random.key(seed))
+    # one device, but each measurement its own drift
+    drift = jax.vmap(lambda k: system.draw_drift(jax.random.fold_in(k, 3), self.system))(keys)
+    return dataclasses.replace(
+      jax.tree.map(lambda a: jnp.broadcast_to(a, (len(keys),) + a.shape), device), drift=drift
+    )
 
   def _batch(self, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
     from cdeit_jax.eit import phantom as ph

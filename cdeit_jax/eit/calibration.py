@@ -127,6 +127,7 @@ class Homogeneous:
           weights=jnp.full(e, 10.0**-log10_z),
           gain=jnp.ones(()),
           snr_offset_db=jnp.zeros(()),
+          drift=jnp.ones(()),
         )
         return layout.measure(drawn.electrode_potentials(ones, system))
 

@@ -10,7 +10,8 @@ shape lies inside the bounding circle |q - c| <= a and is turned by `angle`:
             the short half-side
   polygon   regular, p sides, corners on the circle
   star      r(phi) <= a (1 - b (1 - cos(p phi)) / 2): p lobes, depth b
-with label v in [-1, 1] (|v| >= v_min) and conductivity sigma_bg * 10^v inside. Later rows win
+with label v (`PhantomSpec`: |v| in [v_min, v_max], resistive objects' in their own range if
+given) and conductivity sigma_bg * 10^v inside. Later rows win
 where inclusions overlap (the generator draws them disjoint). The label at a point is what the
 128 x 128 target shows (averaged over each pixel: area fraction times label); the conductivity
 averaged over a triangle's sample points is the partial-volume conductivity the FEM sees.
@@ -61,8 +62,8 @@ def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
   in [min_size, max_size], centre uniform over the disk of radius max_radius - size, or on its
   edge with probability `near_wall`) that keeps `separation` from the inclusions placed before
   it; when none does, the phantom stops there (fewer inclusions). The angle is uniform and the
-  label is +-uniform(v_min, v_max). `random_params` draws the same distribution with numpy,
-  sequentially.
+  label is +uniform(v_min, v_max) or -uniform(`PhantomSpec.resistive_range`), either sign
+  equally likely. `random_params` draws the same distribution with numpy, sequentially.
   """
   kinds = jnp.asarray(spec.kind_ids(), jnp.int32)
   k_n, k_rest = jax.random.split(key)
@@ -91,7 +92,9 @@ def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
     growing = active
     angle = jax.random.uniform(ks[5], (), maxval=2 * np.pi)
     sign = jnp.where(jax.random.bernoulli(ks[6]), 1.0, -1.0)
-    v = sign * jax.random.uniform(ks[7], (), minval=spec.v_min, maxval=spec.v_max)
+    lo = jnp.where(sign > 0, spec.v_min, spec.resistive_range()[0])
+    hi = jnp.where(sign > 0, spec.v_max, spec.resistive_range()[1])
+    v = sign * jax.random.uniform(ks[7], (), minval=lo, maxval=hi)
     row = jnp.stack(
       [
         1.0,
@@ -134,7 +137,8 @@ def random_params(rng: np.random.Generator, spec: PhantomSpec = PhantomSpec()) -
     else:
       break  # no room left: fewer inclusions
     angle = rng.uniform(0, 2 * np.pi)
-    v = rng.choice([-1.0, 1.0]) * rng.uniform(spec.v_min, spec.v_max)
+    sign = rng.choice([-1.0, 1.0])
+    v = sign * rng.uniform(*((spec.v_min, spec.v_max) if sign > 0 else spec.resistive_range()))
     placed.append((cx, cy, a))
     out[i] = [1, kind, cx, cy, a, b, angle, v, float(_shape_p(np.asarray(kind), sides, np))]
   return out

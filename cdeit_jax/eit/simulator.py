@@ -138,8 +138,9 @@ class Simulator:
     max_radius: float = 1.0,
   ) -> jax.Array:
     """ys (B, R) for element conductivities (B, E), each example measured by its own system
-    (`eit.system.draw`, leading axis B): the gain on both vectors, then (with snr_db) noise at
-    snr_db + the system's offset on each, from the example's key (one per example)."""
+    (`eit.system.draw`, leading axis B): the gain on both vectors and the drift on the target's,
+    then (with snr_db) noise at snr_db + the system's offset on each, from the example's key
+    (one per example)."""
     passive = systems.centres.shape[-1] > self.cem.num_electrodes
     cem = self.drawn_cem(bool(passive), float(max_radius))
     homogeneous = jnp.full((self.mesh.num_elements,), self.sigma_bg, self.dtype)
@@ -147,7 +148,7 @@ class Simulator:
       raise InputError("snr_db needs one PRNG key per example")
 
     def one(s, system, key):
-      vi = cem.voltages(s, system) * system.gain
+      vi = cem.voltages(s, system) * (system.gain * system.drift)
       vh = cem.voltages(homogeneous, system) * system.gain
       if snr_db is None:
         return vi - vh

@@ -33,6 +33,11 @@ class PhantomSpec:
   max_radius: float = 0.95  # every inclusion lies inside |p| <= max_radius
   v_min: float = 0.5  # |label| range: sigma = 10^v, v in +-[v_min, v_max]
   v_max: float = 1.0
+  # the resistive objects' own |label| range, v in -[resistive_v_min, resistive_v_max]
+  # (0, 0: v_min, v_max): real tanks' plastic is far more resistive than their metal is
+  # conductive (KTC2023's public targets, docs/ktc2023.md)
+  resistive_v_min: float = 0.0
+  resistive_v_max: float = 0.0
   separation: float = 0.03  # minimum gap between inclusions' bounding circles
   near_wall: float = 0.25  # fraction of candidate placements touching |p| = max_radius
   kinds: str = ",".join(KINDS)  # the kinds drawn (uniformly), comma-separated
@@ -48,6 +53,12 @@ class PhantomSpec:
       raise InputError(f"kinds={self.kinds!r}: name some of {', '.join(KINDS)} (comma-separated)")
     return tuple(sorted({KINDS.index(k) for k in names}))
 
+  def resistive_range(self) -> tuple[float, float]:
+    """The resistive objects' |label| range (`resistive_v_min`, `resistive_v_max`)."""
+    if (self.resistive_v_min, self.resistive_v_max) == (0, 0):
+      return self.v_min, self.v_max
+    return self.resistive_v_min, self.resistive_v_max
+
   def validate(self) -> None:
     if not 1 <= self.min_inclusions <= self.max_inclusions <= MAX_INCLUSIONS:
       raise InputError(f"need 1 <= min_inclusions <= max_inclusions <= {MAX_INCLUSIONS}")
@@ -55,6 +66,12 @@ class PhantomSpec:
       raise InputError("need 0 < min_size <= max_size < max_radius <= 1")
     if not 0 < self.v_min <= self.v_max:
       raise InputError("need 0 < v_min <= v_max")
+    if (self.resistive_v_min, self.resistive_v_max) != (0, 0) and not (
+      0 < self.resistive_v_min <= self.resistive_v_max
+    ):
+      raise InputError(
+        "need 0 < resistive_v_min <= resistive_v_max, or both 0 (the range of v_min, v_max)"
+      )
     if not 0 < self.min_aspect <= 1:
       raise InputError("need 0 < min_aspect <= 1 (an ellipse's minor / major axis)")
     if not 0 < self.annulus_inner < 1:
@@ -84,7 +101,7 @@ class SystemSpec:
   """Distribution of the measuring system, one draw per example. A range (min, max) with
   min == max, or a spread of 0, switches that randomisation off; `nominal()` switches all off
   (the fixed system of `config.simulator.contact_impedance`, 4-degree electrodes, the CDEIT
-  recipe). Log-uniform: gain, contact impedance, radius, background; uniform: the rest.
+  recipe). Log-uniform: gain, contact impedance, radius, background, drift; uniform: the rest.
 
   In 2-D the radius and the background only enter as the contact impedance z / (radius sigma_bg)
   and the voltage scale 1 / sigma_bg (`cdeit_jax.eit.system`), so they are cheap."""
@@ -100,6 +117,9 @@ class SystemSpec:
   radius: tuple = (0.9, 1.1)  # tank radius / the unit disk's
   background: tuple = (0.7, 1.4)  # background conductivity / sigma_bg
   snr_spread_db: float = 10.0  # SNR uniform in snr_db +- this
+  drift: tuple = (1.0, 1.0)  # the target frame's voltages / the empty tank's, one per
+  # example: the background's change between the two measurements (temperature, salt;
+  # KTC2023's public targets 0.92-1.004, docs/ktc2023.md); per example also with device_seed
   device_seed: int = -1  # >= 0: every example is measured by the one
   # system drawn from this seed (one device)
 
@@ -116,6 +136,7 @@ class SystemSpec:
       radius=(1.0, 1.0),
       background=(1.0, 1.0),
       snr_spread_db=0.0,
+      drift=(1.0, 1.0),
       device_seed=-1,
     )
 
@@ -139,6 +160,7 @@ class SystemSpec:
     _range(self, "width_deg", 0.5, 20.0)
     _range(self, "radius", 1e-3)
     _range(self, "background", 1e-6)
+    _range(self, "drift", 0.5, 2.0)
     for name, hi in (
       ("rotation_deg", 180.0),
       ("jitter_deg", 2.5),

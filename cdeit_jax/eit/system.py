@@ -33,13 +33,15 @@ class DrawnSystem:
   """One measuring system as drawn (or a batch of them, leading axes alike): the electrodes'
   polar angles, half-widths (radians) and weights radius / (background z) (electrodes,), the
   layout's electrodes first, then any passive ones; the gain on the voltages; the SNR's
-  offset (dB)."""
+  offset (dB); the drift, a further factor on the target frame's voltages alone (the
+  background's change since the empty tank was measured)."""
 
   centres: jax.Array
   half_widths: jax.Array
   weights: jax.Array
   gain: jax.Array
   snr_offset_db: jax.Array
+  drift: jax.Array
 
   def host(self) -> DrawnSystem:
     """The same as host (numpy) arrays."""
@@ -108,7 +110,15 @@ def draw(
     weights=present * radius / (background * z),
     gain=gain / background,
     snr_offset_db=u(ks[9], spec.snr_spread_db),
+    drift=draw_drift(jax.random.fold_in(key, 10), spec),
   )
+
+
+def draw_drift(key: jax.Array, spec: SystemSpec) -> jax.Array:
+  """The target frame's factor of one example (`SystemSpec.drift`), from its own key so that
+  the other draws of a key do not change with it, and so that one device (`device_seed`) still
+  drifts per measurement."""
+  return _log_uniform(key, spec.drift)
 
 
 def fixed(
