@@ -1,0 +1,85 @@
+"""The background's drift between each target frame and its empty tank's, measured on cases with
+truths (KTC2023's public levels): what `SystemSpec.drift` has to span.
+
+  python -m cdeit_jax.data.frame_drift --data data/ktc2023/levels [--contrast 2]
+
+Per case, the difference frame - reference in simulation units (over the gain that fits the
+reference frame to the empty tank's simulated voltages F(1), least squares) is fitted as
+a * F(truth) + (drift - 1) * F(1): F(truth) the simulator's difference voltages of the truth's
+objects at conductivity 10^(+-contrast) times the water's (plastic and metal, far beyond it),
+`drift` the target frame's voltages over the empty tank's at equal conductivities (a target
+frame measured drift * (F(1) + F(truth)) gives exactly that fit, a = drift). Prints JSON per
+case: the drift, a, and the relative residual with and without the drift's term.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from absl import app, flags
+
+from cdeit_jax.eit.phantom import IMAGE_SIZE
+
+FLAGS = flags.FLAGS
+
+
+def label_of_truth(truth: np.ndarray, contrast: float) -> np.ndarray:
+  """A challenge truth (256, 256; 0 water, 1 resistive, 2 conductive; row 0 at the top) as a
+  label image on our grid (128, 128; row index growing with +y; `infer.ktc_score.
+  to_challenge_grid` is its inverse): each 2 x 2 block's majority class (ties to water) at
+  -contrast, 0, +contrast."""
+  t = np.asarray(truth)[::-1]
+  n = t.shape[0] // IMAGE_SIZE
+  share = lambda k: (t == k).reshape(IMAGE_SIZE, n, IMAGE_SIZE, n).mean(axis=(1, 3))
+  return np.where(share(2) > 0.5, contrast, np.where(share(1) > 0.5, -contrast, 0.0))
+
+
+def fit(simulator, reference: np.ndarray, frame: np.ndarray, truth: np.ndarray, contrast: float):
+  """The drift of one case (module docstring): a dict of drift, a, the gain and the relative
+  residuals with and without the drift's term, over the values both frames have."""
+  import jax.numpy as jnp
+
+  vh = np.asarray(simulator.vh, np.float64)
+  ok = np.isfinite(reference) & np.isfinite(frame)
+  gain = float(reference[ok] @ vh[ok] / (vh[ok] @ vh[ok]))
+  d = ((frame - reference) / gain)[ok]
+  xs = jnp.asarray(label_of_truth(truth, contrast), simulator.dtype)[None]
+  y = np.asarray(simulator.image_voltages(xs), np.float64)[0][ok]
+  both = np.stack([y, vh[ok]], 1)
+  (a, b), *_ = np.linalg.lstsq(both, d, rcond=None)
+  alone = d - y * (d @ y) / (y @ y)
+  rel = lambda r: float(np.linalg.norm(r) / np.linalg.norm(d))
+  return {
+    "drift": round(1.0 + float(b), 5),
+    "a": round(float(a), 4),
+    "gain": round(gain, 3),
+    "residual": round(rel(d - both @ np.array([a, b])), 4),
+    "residual_without_drift": round(rel(alone), 4),
+  }
+
+
+def main(argv: list[str]) -> None:
+  del argv
+  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.data import ktc2023
+  from cdeit_jax.eit.simulator import Simulator
+
+  cases = [c for c in ktc2023.read_cases(FLAGS.data) if c.truth is not None]
+  if not cases:
+    raise InputError(f"--data {FLAGS.data}: no case with a truth (trueN.mat) to fit the drift to")
+  sims, out = {}, {}
+  for c in cases:
+    layout = c.layout.with_contact_impedance(FLAGS.contact_impedance).physics
+    if layout not in sims:
+      sims[layout] = Simulator(layout=layout)
+    out[c.name] = fit(sims[layout], c.reference, c.frame, c.truth, FLAGS.contrast)
+  print(json.dumps({"data": FLAGS.data, "contrast": FLAGS.contrast, "cases": out}, indent=1))
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("data", None, "folder of level_K folders (data/ktc2023/levels)")
+  flags.DEFINE_float("contrast", 2.0, "the objects' log10 conductivity ratio to the water's")
+  flags.DEFINE_float("contact_impedance", 1e-4, "simulator units (KTC2023's calibration: 1e-4)")
+  flags.mark_flag_as_required("data")
+  app.run(main)

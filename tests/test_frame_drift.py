@@ -1,0 +1,42 @@
+"""cdeit_jax.data.frame_drift: the drift between a target frame and its empty tank's, fitted
+with the truth."""
+
+import numpy as np
+
+from cdeit_jax import eit
+from cdeit_jax.data import frame_drift
+from cdeit_jax.infer.ktc_score import to_challenge_grid
+
+
+def _class_map():
+  """Our grid (128, 128): a resistive disc and a conductive square."""
+  c = (np.arange(128) - 63.5) / 64
+  x, y = np.meshgrid(c, c)
+  m = np.zeros((128, 128), np.uint8)
+  m[(x - 0.3) ** 2 + (y + 0.2) ** 2 < 0.2**2] = 1
+  m[(np.abs(x + 0.4) < 0.15) & (np.abs(y - 0.3) < 0.15)] = 2
+  return m
+
+
+def test_label_of_truth_inverts_the_challenge_grid():
+  m = _class_map()
+  got = frame_drift.label_of_truth(to_challenge_grid(m), 2.0)
+  np.testing.assert_array_equal(got, 2.0 * (m == 2) - 2.0 * (m == 1))
+
+
+def test_fit_recovers_an_injected_drift():
+  """A target frame measured drift * (F(1) + F(truth)) in volts of gain g: the fit gives the
+  drift, a = drift, the gain, and no residual; without the drift's term it cannot fit."""
+  sim = eit.default_simulator()
+  m = _class_map()
+  xs = 2.0 * (m == 2) - 2.0 * (m == 1)
+  vh = np.asarray(sim.vh, np.float64)
+  y = np.asarray(sim.image_voltages(xs[None].astype(np.float32)), np.float64)[0]
+  gain, drift = 1500.0, 0.93
+  reference = gain * vh
+  frame = gain * drift * (vh + y)
+  frame[:10] = np.nan  # a removed electrode's values
+  got = frame_drift.fit(sim, reference, frame, to_challenge_grid(m), 2.0)
+  assert abs(got["drift"] - drift) < 1e-4 and abs(got["a"] - drift) < 1e-3
+  assert abs(got["gain"] - gain) < 1e-3 * gain
+  assert got["residual"] < 1e-3 and got["residual_without_drift"] > 0.3
