@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import scipy.io
 
-from cdeit_jax import sequence
+from cdeit_jax import config_lib, eit, sequence
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files
 from cdeit_jax.eit import measurement
@@ -280,6 +280,28 @@ def test_absolute_frames_are_told_from_difference_frames(rec, uef_ys, tmp_path):
   assert r.stderr.count("error:") == 1 and "are absolute voltages" in r.stderr
   assert "give the empty-tank frame as the reference" in r.stderr
   assert not (tmp_path / "out").exists()  # a refusal leaves no empty --out behind
+
+
+def test_the_absolute_guard_allows_for_the_models_drift():
+  """A model trained with the background drifting by up to 10 % (configs/ktc2023_model.py)
+  reads UEF2017's 22 difference frames drifted by 0.9 at its largest gain / background
+  (1.1 / 0.9): the guard of a model without drift refuses 5 of them, the drift's allowance none,
+  and it still refuses absolute frames at gains 0.5-3."""
+  from cdeit_jax.infer.reconstructor import absolute_rows, drift_allowance
+
+  assert drift_allowance(config_lib.load(str(REPO / "configs" / "ktc2023_model.py"))) == (
+    pytest.approx(0.1)
+  )
+  assert drift_allowance(config_lib.load(str(REPO / "configs" / "ktc2023.py"))) == 0.0
+  assert drift_allowance(config_lib.from_json({"simulator": {"seed": 0}})) == 0.0  # stored before
+  names = npz_files.list_files(str(UEF))
+  dv = np.stack([np.load(UEF / n)["ys"].reshape(-1) for n in names]) / 1040.856
+  vh = np.asarray(eit.default_simulator().vh, np.float64)
+  drifted = 1.1 / 0.9 * (0.9 * (vh + dv) - vh)
+  assert absolute_rows(drifted, vh).sum() == 5
+  assert not absolute_rows(drifted, vh, 0.1).any()
+  for gain in (0.5, 1.0, 3.0):
+    assert absolute_rows(gain * (vh + dv), vh, 0.1).all(), gain
 
 
 def test_counts_indices_ratios_and_paths_are_checked_in_one_line(rec, uef_ys, tmp_path):

@@ -57,16 +57,24 @@ FAR_OFF = 100.0  # a frame whose median |standardised voltage| exceeds this is i
 # ones reach 0.90-0.975 along the empty tank's pattern with a coefficient of 0.22-4.1 (gains
 # 0.3-3), difference frames at most 0.70 along it and 0.72 along a constant, offsets 0.98-1.
 ABSOLUTE_COS, ABSOLUTE_COEF, OFFSET_COS = 0.75, 0.2, 0.9
+# A model trained with the background drifting between the empty tank's and the target's
+# frames (`SystemSpec.drift`, up to D either way) reads difference frames that lie up to D x
+# their gain (gain / background up to 1.1 / 0.9 in configs/ktc2023_model.py) further along the
+# empty tank's pattern, so its coefficient's threshold grows by DRIFT_COEF x D (0.35 at
+# D = 0.1: that config's drifted validation simulations reach 0.22 at the higher levels;
+# absolute frames at gains under about 0.4 then pass, at 0.5-3 they are still refused).
+DRIFT_COEF = 1.5
 MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
 
 
-def absolute_rows(ys: np.ndarray, vh: np.ndarray) -> np.ndarray:
+def absolute_rows(ys: np.ndarray, vh: np.ndarray, drift: float = 0.0) -> np.ndarray:
   """Which rows of `ys` (N, R), in simulation units (NaN: a missing value, left out of the
   row's sums), are absolute voltages or carry a constant offset rather than being differences:
   the empty tank's voltages `vh` (R,) dominate an absolute frame at any gain (a cosine of at
-  least ABSOLUTE_COS, and a coefficient along `vh` of at least ABSOLUTE_COEF, which a small
-  uniform change of a difference frame stays under), and a constant dominates an offset (a
-  cosine of at least OFFSET_COS)."""
+  least ABSOLUTE_COS, and a coefficient along `vh` of at least ABSOLUTE_COEF + DRIFT_COEF x
+  `drift`, the model's largest drift (`drift_allowance`), which a small uniform change of a
+  difference frame stays under), and a constant dominates an offset (a cosine of at least
+  OFFSET_COS)."""
   x = np.asarray(ys, np.float64)
   present = np.isfinite(x)
   x = np.where(present, x, 0.0)
@@ -78,7 +86,17 @@ def absolute_rows(ys: np.ndarray, vh: np.ndarray) -> np.ndarray:
   cos_vh = along / (norm * np.sqrt(hh))
   coef = along / hh
   cos_one = np.abs(x.sum(1)) / (norm * np.sqrt(np.maximum(present.sum(1), 1)))
-  return ((cos_vh >= ABSOLUTE_COS) & (coef >= ABSOLUTE_COEF)) | (cos_one >= OFFSET_COS)
+  threshold = ABSOLUTE_COEF + DRIFT_COEF * float(drift)
+  return ((cos_vh >= ABSOLUTE_COS) & (coef >= threshold)) | (cos_one >= OFFSET_COS)
+
+
+def drift_allowance(config: ml_collections.ConfigDict) -> float:
+  """The largest drift |d - 1| that the model's training drew (`SystemSpec.drift`;
+  0 for a model trained without, or stored before it existed)."""
+  from cdeit_jax.data import synthetic
+
+  lo, hi = synthetic.system_spec(config.simulator).drift
+  return max(1.0 - float(lo), float(hi) - 1.0, 0.0)
 
 
 def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -275,6 +293,7 @@ class Reconstructor:
       np.asarray(mean), np.asarray(std), source="the statistics"
     )
     self.uncertainty_scale = float(uncertainty_scale)
+    self.drift = drift_allowance(config)  # the absolute frames' guard allows for it
     self.mesh = mesh if mesh is not None else shd.make_mesh()
     self.shape = (model.image_size, model.image_size, model.out_channels)
     self.cond_shape = model.cond_shape
@@ -563,7 +582,7 @@ class Reconstructor:
     ok = np.flatnonzero(finite)
     if len(ok) == 0:
       raise InputError(f"{where}: every row holds NaN or infinite voltages")
-    absolute = ok[absolute_rows(v[ok], self.vh)]
+    absolute = ok[absolute_rows(v[ok], self.vh, self.drift)]
     if len(absolute):
       raise InputError(
         f"{where}: rows {listed(absolute)} are absolute voltages (the empty tank's pattern "
