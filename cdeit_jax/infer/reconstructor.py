@@ -61,8 +61,8 @@ ABSOLUTE_COS, ABSOLUTE_COEF, OFFSET_COS = 0.75, 0.2, 0.9
 # frames (`SystemSpec.drift`, up to D either way) reads difference frames that lie up to D x
 # their gain (gain / background up to 1.1 / 0.9 in configs/ktc2023_model.py) further along the
 # empty tank's pattern, so its coefficient's threshold grows by DRIFT_COEF x D (0.35 at
-# D = 0.1: that config's drifted validation simulations reach 0.22 at the higher levels;
-# absolute frames at gains under about 0.4 then pass, at 0.5-3 they are still refused).
+# D = 0.1: that config's validation simulations with drift=(0.9, 1.1) reach 0.22 at the higher
+# levels; absolute frames at gains under about 0.4 then pass, at 0.5-3 they are still refused).
 DRIFT_COEF = 1.5
 MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
 
