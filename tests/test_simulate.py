@@ -149,6 +149,26 @@ def test_folders_from_before_phantom_target_extend_with_label_targets_only(small
   )
 
 
+def test_folders_from_before_the_drift_and_resistive_range_extend_without_them(small_set, tmp_path):
+  """simulate.json records `system.drift` and `phantom.resistive_v_min/max` only when they are
+  used: a folder written before they existed still extends, and is refused for either."""
+  import shutil
+
+  out = tmp_path / "before"
+  shutil.copytree(small_set, out)
+  record = json.loads((out / "simulate.json").read_text())
+  assert "drift" not in record["system"] and "resistive_v_min" not in record["phantom"]
+  simulate.generate(str(out), {"train": 13}, sim(5), progress=False)
+  assert len(os.listdir(out / "train")) == 13
+  drifting, resistive = sim(5), sim(5)
+  drifting.system.drift = (0.9, 1.1)
+  resistive.phantom.update(resistive_v_min=1.5, resistive_v_max=3.0)
+  with pytest.raises(ValueError, match=r"system: folder has .*, asked .*'drift': \[0.9, 1.1\]"):
+    simulate.generate(str(out), {"train": 14}, drifting, progress=False)
+  with pytest.raises(ValueError, match=r"phantom: folder has .*, asked .*'resistive_v_min': 1.5"):
+    simulate.generate(str(out), {"train": 14}, resistive, progress=False)
+
+
 def test_refuses_folders_of_unknown_settings_and_records_tr_splits(small_set, tmp_path):
   import shutil
 

@@ -35,7 +35,9 @@ def label_of_truth(truth: np.ndarray, contrast: float) -> np.ndarray:
   return np.where(share(2) > 0.5, contrast, np.where(share(1) > 0.5, -contrast, 0.0))
 
 
-def fit(simulator, reference: np.ndarray, frame: np.ndarray, truth: np.ndarray, contrast: float):
+def fit(
+  simulator, reference: np.ndarray, frame: np.ndarray, truth: np.ndarray, contrast: float
+) -> dict[str, float]:
   """The drift of one case (module docstring): a dict of drift, a, the gain and the relative
   residuals with and without the drift's term, over the values both frames have."""
   import jax.numpy as jnp

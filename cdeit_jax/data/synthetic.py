@@ -86,10 +86,7 @@ def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
     "snr_db": None if sim.snr_db is None else float(sim.snr_db),
     "contact_impedance": float(sim.contact_impedance),
     "phantom": _phantom_json(phantom_spec(sim)),
-    "system": {
-      k: list(v) if isinstance(v, tuple) else v
-      for k, v in dataclasses.asdict(system_spec(sim)).items()
-    },
+    "system": _system_json(system_spec(sim)),
     "tikhonov_alpha": float(sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA),
     # another measuring system than CDEIT's (recorded only then: older folders stay valid), with
     # its electrodes and patterns as arrays (a device file changed since is not the folder's)
@@ -100,11 +97,23 @@ def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
 
 
 def _phantom_json(spec) -> dict[str, Any]:
-  """The phantom record; `target` only when it is not "label" (folders made before it existed
-  drew label targets and stay extendable)."""
+  """The phantom record; `target` only when it is not "label", the resistive range only when
+  it is given (folders made before they existed drew label targets and one range, and stay
+  extendable)."""
   record = dataclasses.asdict(spec)
   if record["target"] == "label":
     del record["target"]
+  if (record["resistive_v_min"], record["resistive_v_max"]) == (0, 0):
+    del record["resistive_v_min"], record["resistive_v_max"]
+  return record
+
+
+def _system_json(spec) -> dict[str, Any]:
+  """The system record, ranges as lists; `drift` only when it is drawn (folders made before
+  it existed drew none and stay extendable)."""
+  record = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(spec).items()}
+  if tuple(record["drift"]) == (1.0, 1.0):
+    del record["drift"]
   return record
 
 
