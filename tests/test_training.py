@@ -750,3 +750,51 @@ def test_init_from_refuses_another_model_naming_the_keys(straight_run):
   with pytest.raises(InputError, match=r"init_from=.*model\.hidden_size: 32 there, 64 here") as e:
     loading.initial_params(str(straight_run), cfg, None, None)
   assert "attention_impl" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_fine_tuning_on_its_starts_system_reads_its_inputs_as_the_start_did(tmp_path):
+  """config.init_from on the same measuring system: the run standardises its voltages with the
+  start's statistics and keeps the start's condition calibration (set here far from what the
+  UEF2017 data would give), so the start's weights see the inputs they learnt and the two runs
+  interpolate; `data.stats` given explicitly wins and the calibration is computed on the data; a
+  start for another system has nothing to keep."""
+  from cdeit_jax.data import stats
+  from cdeit_jax.eit import layout
+  from cdeit_jax.model.network import CDEIT
+
+  pi = {"model.cond": "eim+linear", "model.cond_alphas": (0.03, 0.3)}
+  cfg = cfg_(**pi)
+  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  mean, std = stats.authors_stats()
+  mean, std = mean * 1.5, std * 2.0
+  model.conditioner.voltage_mean[...] = jnp.asarray(mean.ravel(), jnp.float32)
+  model.conditioner.voltage_std[...] = jnp.asarray(std.ravel(), jnp.float32)
+  model.conditioner.scale[...] = jnp.asarray([7.0, 3.0], jnp.float32)
+  start = tmp_path / "start"
+  checkpoint.save_inference(str(start), model, cfg, mean=mean, std=std, step=7)
+  calibration = checkpoint.calibration_of(model)
+
+  kept = loading.start_inputs(str(start), model.layout)
+  np.testing.assert_array_equal(kept[0][0], mean)
+  np.testing.assert_array_equal(kept[0][1], std)
+  assert kept[1] == calibration
+  assert loading.start_inputs(str(start), layout.as_layout("ktc2023")) is None
+
+  flags = ["--config.steps=1", "--config.optimizer.lr=1e-30", f"--config.init_from={start}"]
+  flags += ["--config.model.cond=eim+linear", "--config.model.cond_alphas=(0.03, 0.3)"]
+  runs = {
+    "kept": run_train(tmp_path / "kept", *flags, "--config.data.stats=None", wait=False),
+    "given": run_train(tmp_path / "given", *flags, wait=False),  # the test config's "authors"
+  }
+  logs = dict(zip(runs, finish(list(runs.values()))))
+  assert "its voltage statistics and condition calibration kept" in logs["kept"]
+  assert "calibration kept" not in logs["given"]
+  meta = {k: checkpoint.read_meta(str(tmp_path / k), 1) for k in runs}
+  was, std_was = checkpoint.meta_stats(meta["kept"])
+  np.testing.assert_allclose(was, mean, rtol=1e-7)
+  np.testing.assert_allclose(std_was, std, rtol=1e-7)
+  assert meta["kept"]["calibration"] == calibration
+  authors = stats.authors_stats()
+  np.testing.assert_allclose(checkpoint.meta_stats(meta["given"])[0], authors[0], rtol=1e-7)
+  scale = [v for k, v in meta["given"]["calibration"].items() if k.endswith("scale")][0]
+  assert not np.allclose(scale, [7.0, 3.0], rtol=0.5)  # computed on UEF2017's frames

@@ -198,6 +198,25 @@ def initial_params(
   return params, f"initialised from the EMA weights of {workdir}/{CHECKPOINTS}/{step}"
 
 
+def start_inputs(path: str, device) -> tuple[tuple[np.ndarray, np.ndarray], dict] | None:
+  """((mean, std), condition calibration) of the checkpoint at `path` (`config.init_from`) when
+  it was trained for `device`'s measuring system, else None. A fine-tuning run on the same system
+  standardises its voltages and scales its condition as its start did: the start's weights then
+  see the inputs they learnt, whatever the new data's own statistics (a drifted or otherwise
+  shifted distribution), and the two runs interpolate (`checkpoints.interpolate`). For another
+  system the values differ in number and meaning: the new data's statistics are computed."""
+  from cdeit_jax.eit import layout
+
+  workdir, step = checkpoint.resolve(path)
+  meta = checkpoint.read_meta(workdir, step)
+  if not isinstance(meta.get("device"), dict) or "stats" not in meta:
+    return None  # saved before checkpoints kept their system: nothing says it is this one
+  was = layout.Layout.from_record(meta["device"], f"config.init_from={path!r}: its device")
+  if was.signature != device.signature or not np.array_equal(was.currents, device.currents):
+    return None
+  return checkpoint.meta_stats(meta), meta.get("calibration", {})
+
+
 def model_differences(there: ml_collections.ConfigDict, here: ml_collections.ConfigDict) -> str:
   """The `model` keys whose values differ between two configs ("model.k: a there, b here; ..."),
   the settings that only say how the model computes (RUNTIME_MODEL_KEYS) aside; "" if none."""

@@ -22,7 +22,7 @@ class TrainingData(Protocol):
   std: np.ndarray
   valid: Any  # random-access validation examples (`pipeline.eval_batches`)
   calibration: Any  # random-access training examples for the physics-informed
-  # condition's calibration; None when resuming (the checkpoint has it)
+  # condition's calibration; None when resuming or fine-tuning (the checkpoint has it)
   checkpoint_item: Any  # the iterator whose position is saved with each step, or None
   description: str  # one line for the run's log
 
@@ -41,6 +41,7 @@ class FileData:
     cfg: ml_collections.ConfigDict,
     mesh: jax.sharding.Mesh,
     checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
+    start_stats: tuple[np.ndarray, np.ndarray] | None = None,
   ):
     d = cfg.data
     from cdeit_jax.data import synthetic
@@ -58,7 +59,7 @@ class FileData:
     train = sources.NpzSource(
       fileio.join(d.path, d.train_split),
       d.preset,
-      d.stats,
+      d.stats if start_stats is None else start_stats,  # a fine-tuning's: over the folder's
       checkpoint_stats=checkpoint_stats,
       **common,
     )
@@ -66,7 +67,7 @@ class FileData:
       fileio.join(d.path, d.valid_split), d.preset, (train.mean, train.std), **common
     )
     self.mean, self.std = train.mean, train.std
-    self.calibration = train if checkpoint_stats is None else None
+    self.calibration = train if checkpoint_stats is None and start_stats is None else None
     self.description = (
       f"data: {len(train)} training and {len(self.valid)} validation examples from {d.path}"
     )
@@ -84,12 +85,15 @@ def open_training_data(
   mesh: jax.sharding.Mesh,
   checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
   stop: Callable[[], bool] | None = None,
+  start_stats: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> TrainingData:
-  """The source `config.data.source` names, standardised with `checkpoint_stats` on resume;
-  `stop` (training's signal flag) may end the simulator's statistics early
-  (`simulator_source.Stopped`)."""
+  """The source `config.data.source` names, standardised with `checkpoint_stats` on resume, or
+  with `start_stats`, those of the checkpoint a fine-tuning starts from (`loading.start_inputs`);
+  either way the condition's calibration is the checkpoint's, not computed. `stop` (training's
+  signal flag) may end the simulator's statistics early (`simulator_source.Stopped`)."""
   if cfg.data.source == "simulator":
     from cdeit_jax.data import simulator_source
 
-    return simulator_source.SimulatorData(cfg, mesh, checkpoint_stats, stop)
-  return FileData(cfg, mesh, checkpoint_stats)
+    fixed = checkpoint_stats if checkpoint_stats is not None else start_stats
+    return simulator_source.SimulatorData(cfg, mesh, fixed, stop)
+  return FileData(cfg, mesh, checkpoint_stats, start_stats)

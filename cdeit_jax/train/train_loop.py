@@ -433,7 +433,12 @@ def _prepare(
   device = loading.device_of(cfg)
   if plan.meta is not None:
     check_device(plan.meta, device, f"{mngr.directory}/{plan.meta['step']}")
-  data = training_data.open_training_data(cfg, mesh, plan.checkpoint_stats, stop)
+  inherited = None  # a fine-tuning on its start's system reads its inputs as the start did
+  if plan.meta is None and cfg.init_from and cfg.data.get("stats") is None:
+    inherited = loading.start_inputs(cfg.init_from, device)
+  data = training_data.open_training_data(
+    cfg, mesh, plan.checkpoint_stats, stop, start_stats=inherited[0] if inherited else None
+  )
   ts = training.setup(cfg, mesh, calibration_source=data.calibration, device=device)
   compiled, cached = compile_step(ts, cfg, mesh)
   how = "loaded from the persistent compilation cache" if cached else "compiled"
@@ -454,6 +459,11 @@ def _prepare(
     )
     state = state.replace(params=params, ema=jax.tree.map(jnp.copy, params))
     report.append(line)
+    if inherited is not None:
+      checkpoint.set_calibration(constants, inherited[1])
+      report.append(
+        "its voltage statistics and condition calibration kept (the same measuring system)"
+      )
   if plan.meta is not None:
     state, meta, last_good, skipped, lines = restore(
       mngr, workdir, plan, state, compiled, constants, data.checkpoint_item
