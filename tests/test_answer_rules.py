@@ -213,3 +213,29 @@ def test_argmax_answers_a_segmenters_most_probable_class_and_reads_nothing_else(
   onehot = np.eye(3)[truth]
   s = answer_study.score_rules(answer_study.default_rules(segmenter=True), onehot, truth)
   np.testing.assert_allclose(s, 1.0, atol=1e-12)
+
+
+def test_the_study_reads_several_simulated_splits_in_order(tmp_path):
+  """--sims A,B: the first `num` examples of each split, A's before B's, their values the first
+  column of `ys` and their truths the label images' classes at +-0.25 (by hand: 0.3 conductive,
+  -0.3 resistive, 0.2 water); a folder without examples is named in one line."""
+  rng = np.random.default_rng(0)
+  written = {}
+  for name, n in (("a", 3), ("b", 2)):
+    (tmp_path / name).mkdir()
+    for i in range(n):
+      ys = rng.normal(size=(5, 1))
+      xs = np.zeros((128, 128), np.float32)
+      xs[:10, :10], xs[20:30, :5], xs[40:, 40:] = 0.3, -0.3, 0.2 * (i + 1) / 3
+      np.savez(tmp_path / name / f"{i:07d}.npz", ys=ys, xs=xs)
+      written[name, i] = ys[:, 0], xs
+  values, truths = answer_study.simulated(f"{tmp_path / 'a'},{tmp_path / 'b'}", 2)
+  order = [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+  np.testing.assert_array_equal(values, np.stack([written[k][0] for k in order]))
+  assert truths.shape == (4, 128, 128) and (truths[:, :10, :10] == 2).all()
+  assert (truths[:, 20:30, :5] == 1).all() and (truths[:, 40:, 40:] == 0).all()
+  assert truths.sum() == 4 * (100 * 2 + 50 * 1)
+  with pytest.raises(InputError, match=r"--sims .*empty: no simulated examples") as e:
+    (tmp_path / "empty").mkdir()
+    answer_study.simulated(f"{tmp_path / 'a'},{tmp_path / 'empty'}", 2)
+  assert "\n" not in str(e.value)

@@ -3,7 +3,7 @@ level on held-out simulations (each level's electrodes removed from every exampl
 challenge's public cases, from one set of samples per target.
 
   python -m cdeit_jax.infer.answer_study --workdir runs/ktc2023_model \\
-      --sims DATA/valid --num 256 --ktc data/ktc2023/levels --out study.json
+      --sims DATA/valid[,DATA_DRIFT/valid] --num 256 --ktc data/ktc2023/levels --out study.json
 
 The simulated target's truth is its label image's classes (`eit.phantom.class_map`), its
 values the simulated differences (simulation units, as eval.py gives a calibrated case's); the
@@ -59,15 +59,20 @@ def default_rules(segmenter: bool = False) -> list[AnswerRule]:
   return rules
 
 
-def simulated(folder: str, num: int) -> tuple[np.ndarray, np.ndarray]:
-  """(values (N, R), truths (N, 128, 128) class maps) of the first `num` examples of a
-  simulated split (`ys`, `xs` of each NNNNNNN.npz)."""
+def simulated(folders: str, num: int) -> tuple[np.ndarray, np.ndarray]:
+  """(values (N, R), truths (N, 128, 128) class maps) of the first `num` examples of each
+  simulated split in `folders` (comma-separated, in that order: a model trained on several
+  distributions, e.g. frames with and without drift, is studied on all of them), from the
+  `ys`, `xs` of each NNNNNNN.npz."""
   from cdeit_jax.data.npz_files import read_npz
   from cdeit_jax.eit.phantom import class_map
 
-  paths = sorted(glob.glob(os.path.join(folder, "[0-9]" * 7 + ".npz")))[:num]
-  if not paths:
-    raise InputError(f"--sims {folder}: no simulated examples (NNNNNNN.npz); give a split folder")
+  paths = []
+  for folder in folders.split(","):
+    found = sorted(glob.glob(os.path.join(folder, "[0-9]" * 7 + ".npz")))[:num]
+    if not found:
+      raise InputError(f"--sims {folder}: no simulated examples (NNNNNNN.npz); give a split folder")
+    paths += found
   arrays = [read_npz(p, ("ys", "xs")) for p in paths]
   values = np.stack([a["ys"][:, 0] for a in arrays]).astype(np.float64)
   return values, np.stack([class_map(a["xs"]) for a in arrays])
@@ -244,8 +249,10 @@ if __name__ == "__main__":
   from cdeit_jax import cli
 
   flags.DEFINE_string("workdir", None, "a KTC2023 model (a run or a model folder)", required=True)
-  flags.DEFINE_string("sims", None, "a simulated split of the model's system (e.g. DATA/valid)")
-  flags.DEFINE_integer("num", 256, "simulated targets per level")
+  flags.DEFINE_string(
+    "sims", None, "simulated splits of the model's system, comma-separated (e.g. DATA/valid)"
+  )
+  flags.DEFINE_integer("num", 256, "simulated targets per level from each split")
   flags.DEFINE_string("ktc", None, "the challenge's levels folder (data/ktc2023/levels)")
   flags.DEFINE_integer("samples", 8, "samples per target")
   flags.DEFINE_string("rules", None, "comma-separated rules instead of the default candidates")
