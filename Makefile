@@ -131,33 +131,51 @@ cdeit16-model: install
 	  --scores uef2017=$(CDEIT16_RUN)/eval_uef2017/metrics.json && \
 	echo "make cdeit16-model: $$(( $$(date +%s) - start )) s (the model: models/cdeit16)"
 
-# The model that ships for KTC2023's device (models/ktc2023, configs/ktc2023_model.py): simulate
-# 12,000 training examples with challenge-like phantoms and the measuring system drawn around the
-# calibrated device (cached), train the segmenter (rerunning resumes; about 50 min on 2 cores),
-# choose the answer rule on the validation simulations at every level (python -m
-# cdeit_jax.infer.answer_study; the public 28 beside), answer the public cases with it, and write
-# the model folder with the rule and scores.
+# The model that ships for KTC2023's device (models/ktc2023; configs/ktc2023_model.py, then
+# configs/ktc2023_model_drift.py): simulate 12,000 training examples with challenge-like phantoms
+# and the measuring system drawn around the calibrated device, and the same with the target frame
+# drifting against the empty tank's (both cached); train the segmenter (about 50 min on 2 cores),
+# fine-tune it on the drifting frames (about 14 min; rerunning either resumes) and take the
+# half-way point between the two (WiSE-FT); choose the answer rule on the validation simulations
+# at every level (python -m cdeit_jax.infer.answer_study; the public 28 beside), score it on both
+# test splits, answer the public cases with it, and write the model folder with the rule and scores.
 KTC_MODEL_DATA ?= $(HOME)/.cache/cdeit-jax/ktc-model-sim-v1
-KTC_MODEL_RUN ?= runs/ktc2023_model
+KTC_MODEL_DRIFT_DATA ?= $(HOME)/.cache/cdeit-jax/ktc-model-sim-drift-v1
+KTC_MODEL_BASE ?= runs/ktc2023_model
+KTC_MODEL_FINE ?= runs/ktc2023_model_drift
+KTC_MODEL_ALPHA ?= 0.5
+KTC_MODEL_RUN ?= runs/ktc2023_model_wise
+KTC_MODEL_SIM = --num_train 12000 --num_valid 256 --num_test 256 --tr_splits valid,test
 ktc-model: install
 	@start=$$(date +%s) && \
 	$(BIN)/python -m cdeit_jax.simulate --config configs/ktc2023_model.py --out $(KTC_MODEL_DATA) \
-	  --num_train 12000 --num_valid 256 --num_test 256 --tr_splits valid,test && \
-	$(BIN)/python train.py --config configs/ktc2023_model.py --workdir $(KTC_MODEL_RUN) \
+	  $(KTC_MODEL_SIM) && \
+	$(BIN)/python -m cdeit_jax.simulate --config configs/ktc2023_model_drift.py \
+	  --out $(KTC_MODEL_DRIFT_DATA) $(KTC_MODEL_SIM) && \
+	$(BIN)/python train.py --config configs/ktc2023_model.py --workdir $(KTC_MODEL_BASE) \
 	  --config.data.path=$(KTC_MODEL_DATA) && \
+	$(BIN)/python train.py --config configs/ktc2023_model_drift.py --workdir $(KTC_MODEL_FINE) \
+	  --config.data.path=$(KTC_MODEL_DRIFT_DATA) --config.init_from=$(KTC_MODEL_BASE) && \
+	$(BIN)/python -m cdeit_jax.checkpoints.interpolate --workdir $(KTC_MODEL_FINE) \
+	  --alpha $(KTC_MODEL_ALPHA) --out $(KTC_MODEL_RUN) && \
 	$(BIN)/python -m cdeit_jax.infer.answer_study --workdir $(KTC_MODEL_RUN) \
-	  --sims $(KTC_MODEL_DATA)/valid --ktc data/ktc2023/levels --out $(KTC_MODEL_RUN)/answer_study.json && \
+	  --sims $(KTC_MODEL_DATA)/valid,$(KTC_MODEL_DRIFT_DATA)/valid --ktc data/ktc2023/levels \
+	  --out $(KTC_MODEL_RUN)/answer_study.json && \
 	rule=$$($(BIN)/python -c "import json; print(json.load(open('$(KTC_MODEL_RUN)/answer_study.json'))['metrics']['chosen'])") && \
 	$(BIN)/python -m cdeit_jax.infer.answer_study --workdir $(KTC_MODEL_RUN) --rules $$rule \
 	  --sims $(KTC_MODEL_DATA)/test --out $(KTC_MODEL_RUN)/answer_test.json && \
+	$(BIN)/python -m cdeit_jax.infer.answer_study --workdir $(KTC_MODEL_RUN) --rules $$rule \
+	  --sims $(KTC_MODEL_DRIFT_DATA)/test --out $(KTC_MODEL_RUN)/answer_test_drift.json && \
 	$(BIN)/python eval.py --workdir $(KTC_MODEL_RUN) --data ktc2023_challenge \
 	  --data_path data/ktc2023/levels --out $(KTC_MODEL_RUN)/eval_ktc2023 \
 	  --config.eval.tikhonov=True --config.eval.answer_rule=$$rule && \
 	$(BIN)/python -m cdeit_jax.ship --workdir $(KTC_MODEL_RUN) --out models/ktc2023 \
-	  --recipe "make ktc-model (configs/ktc2023_model.py)" --set eval.answer_rule=$$rule \
+	  --recipe "make ktc-model (configs/ktc2023_model.py, configs/ktc2023_model_drift.py, WiSE-FT $(KTC_MODEL_ALPHA))" \
+	  --set eval.answer_rule=$$rule \
 	  --scores ktc2023_public=$(KTC_MODEL_RUN)/eval_ktc2023/metrics.json \
 	  --scores rule_study=$(KTC_MODEL_RUN)/answer_study.json \
-	  --scores simulated_levels=$(KTC_MODEL_RUN)/answer_test.json && \
+	  --scores simulated_levels=$(KTC_MODEL_RUN)/answer_test.json \
+	  --scores simulated_levels_drift=$(KTC_MODEL_RUN)/answer_test_drift.json && \
 	echo "make ktc-model: $$(( $$(date +%s) - start )) s (the model: models/ktc2023, rule $$rule)"
 
 # Your own device (docs/your_device.md): calibrate it from its reference file (electrode width,

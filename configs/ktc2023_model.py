@@ -1,4 +1,5 @@
-"""The model that ships for KTC2023's device (`models/ktc2023`, `make ktc-model`): the measuring
+"""Stage one of the model that ships for KTC2023's device (`models/ktc2023`, `make ktc-model`;
+stage two, configs/ktc2023_model_drift.py, fine-tunes it on drifting frames): the measuring
 system, condition and network of configs/ktc2023.py (the 25-minute `make ktc-demo`) made a
 segmenter (`model.output="classes"`: the class maps learnt directly, answered by `argmax`;
 docs/ktc2023.md), with phantoms like the challenge's evaluation targets and a measuring system
