@@ -212,7 +212,7 @@ def start_inputs(path: str, device) -> tuple[tuple[np.ndarray, np.ndarray], dict
   if not isinstance(meta.get("device"), dict) or "stats" not in meta:
     return None  # saved before checkpoints kept their system: nothing says it is this one
   was = layout.Layout.from_record(meta["device"], f"config.init_from={path!r}: its device")
-  if was.signature != device.signature or not np.array_equal(was.currents, device.currents):
+  if not was.same_system(device):
     return None
   return checkpoint.meta_stats(meta), meta.get("calibration", {})
 

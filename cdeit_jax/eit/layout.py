@@ -186,6 +186,11 @@ class Layout:
       and np.array_equal(self.rows, other.rows)
     )
 
+  def same_system(self, other: Layout) -> bool:
+    """Whether `other` is this system as a model was trained for it: the same signature and the
+    same currents (a checkpoint's kept device against a config's)."""
+    return self.signature == other.signature and np.array_equal(self.currents, other.currents)
+
   def record(self) -> dict:
     """The layout as JSON-able arrays (a checkpoint keeps it: the model needs no device file)."""
     return {

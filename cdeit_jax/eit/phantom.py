@@ -66,6 +66,7 @@ def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
   equally likely. `random_params` draws the same distribution with numpy, sequentially.
   """
   kinds = jnp.asarray(spec.kind_ids(), jnp.int32)
+  resistive = spec.resistive_range()  # the resistive objects' |label| range
   k_n, k_rest = jax.random.split(key)
   n = jax.random.randint(k_n, (), spec.min_inclusions, spec.max_inclusions + 1)
   rows, placed = [], []  # placed: (cx, cy, a, active) so far
@@ -92,8 +93,8 @@ def draw_params(key: jax.Array, spec: PhantomSpec = PhantomSpec()) -> jax.Array:
     growing = active
     angle = jax.random.uniform(ks[5], (), maxval=2 * np.pi)
     sign = jnp.where(jax.random.bernoulli(ks[6]), 1.0, -1.0)
-    lo = jnp.where(sign > 0, spec.v_min, spec.resistive_range()[0])
-    hi = jnp.where(sign > 0, spec.v_max, spec.resistive_range()[1])
+    lo = jnp.where(sign > 0, spec.v_min, resistive[0])
+    hi = jnp.where(sign > 0, spec.v_max, resistive[1])
     v = sign * jax.random.uniform(ks[7], (), minval=lo, maxval=hi)
     row = jnp.stack(
       [

@@ -191,7 +191,7 @@ def check_device(meta: dict, device, where: str) -> None:
   if not isinstance(meta.get("device"), dict):
     return  # saved before checkpoints kept their system
   was = layout.Layout.from_record(meta["device"], f"{where}: its device")
-  if was.signature != device.signature or not np.array_equal(was.currents, device.currents):
+  if not was.same_system(device):
     raise checkpoint.CheckpointError(
       f"cannot resume from {where}: it was trained for {was.describe()}, the config now gives "
       f"{device.describe()} (config.simulator.layout; a device file changed?); give the "
