@@ -3,18 +3,22 @@ trained on (`configs/device.py`, `make device-model`).
 
   python -m cdeit_jax.calibrate --device ref.mat --out runs/mydevice/device.npz
   python -m cdeit_jax.calibrate --device uef.mat --patterns 0-15 --width_deg 10.2 --out D.npz
+  python -m cdeit_jax.calibrate --device ref.mat --electrode_cm 2.5 --tank_cm 28 --out D.npz
 
 DEVICE is the device's reference file (`.mat`/`.npz`, KTC's or UEF's keys, docs/your_device.md)
 holding its currents, measurement pattern and the empty tank's frame. The fit
 (`cdeit_jax.eit.calibration`) finds the gain (measured / simulated volts), the contact impedance
-and the electrodes' angular width, each with its uncertainty; a value given on the command line
-is held instead. Writes OUT (the device with its geometry and calibration, which every command
-reads as `config.simulator.layout`) and prints the fit as one JSON line.
+and the electrodes' angular width, each with its uncertainty and the range that fits as well; a
+value given on the command line is held instead. A value the frame does not determine is said
+so, with its range, which a model for the device is trained across (configs/device.py). Writes
+OUT (the device with its geometry, calibration and ranges, which every command reads as
+`config.simulator.layout`) and prints the fit as one JSON line.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 from absl import flags
 
@@ -30,6 +34,7 @@ def main(argv: list[str]) -> None:
   logs.console()
   if not FLAGS.out.lower().endswith(".npz"):
     raise InputError(f"--out {FLAGS.out}: the calibrated device is written as an .npz file")
+  width_deg = given_width(FLAGS.width_deg, FLAGS.electrode_cm, FLAGS.tank_cm)
   lay, reference = layout.from_device_file(
     FLAGS.device,
     first_deg=FLAGS.first_deg,
@@ -42,15 +47,57 @@ def main(argv: list[str]) -> None:
     lay,
     reference,
     FLAGS.device,
-    width=FLAGS.width_deg is None,
-    width_deg=FLAGS.width_deg,
+    width=width_deg is None,
+    width_deg=width_deg,
     contact_impedance=FLAGS.contact_impedance,
   )
   logs.log.info(f"calibration of {lay.describe()} from {FLAGS.device}: {fit.describe()}")
+  logs.log.info(what_follows(fit, width_deg))
   device = calibration.calibrated(lay, fit)
   fileio.makedirs(fileio.dirname(FLAGS.out))
-  layout.save_device(FLAGS.out, device, reference)
+  layout.save_device(FLAGS.out, device, reference, ranges=fit.ranges)
   print(json.dumps({"device": device.describe(), "out": FLAGS.out, **vars(fit)}))
+
+
+def given_width(width_deg: float | None, electrode_cm: float | None, tank_cm: float | None):
+  """The electrodes' width in degrees that the user gives (--width_deg, or --electrode_cm on a
+  tank --tank_cm across: the arc 360 e / (pi d)), or None (fitted)."""
+  from cdeit_jax.common.errors import InputError
+
+  if (electrode_cm is None) != (tank_cm is None):
+    raise InputError(
+      "--electrode_cm and --tank_cm go together (the electrodes' width on a tank of that diameter)"
+    )
+  if electrode_cm is None:
+    return width_deg
+  if width_deg is not None:
+    raise InputError("give the width once: --width_deg, or --electrode_cm with --tank_cm")
+  if not (0 < electrode_cm < float("inf") and 0 < tank_cm < float("inf")):
+    raise InputError(
+      f"--electrode_cm {electrode_cm:g} and --tank_cm {tank_cm:g}: both must be above 0"
+    )
+  return float(360.0 * electrode_cm / (math.pi * tank_cm))
+
+
+def what_follows(fit, width_deg: float | None) -> str:
+  """One line: which of the width and contact impedance the model for this device is trained
+  across (what the frame does not determine), which are fitted and which given."""
+  parts = []
+  for name, unit, flag in (
+    ("width_deg", "electrode width", "--width_deg (or --electrode_cm with --tank_cm)"),
+    ("contact_impedance", "contact impedance", "--contact_impedance"),
+  ):
+    if name not in fit.identifiable:
+      parts.append(f"the {unit} is given")
+    elif fit.identifiable[name]:
+      parts.append(f"the {unit} is fitted")
+    else:
+      lo, hi = fit.ranges[name]
+      parts.append(
+        f"the frame does not determine the {unit}: a model for this device (configs/device.py) "
+        f"is trained across {lo:.3g} to {hi:.3g}; give {flag} if you know it"
+      )
+  return "; ".join(parts)
 
 
 if __name__ == "__main__":
@@ -60,6 +107,8 @@ if __name__ == "__main__":
   flags.DEFINE_string("out", None, "the calibrated device (.npz)", required=True)
   flags.DEFINE_string("patterns", None, "the current patterns to keep, e.g. 0-15 (default: all)")
   flags.DEFINE_float("width_deg", None, "the electrodes' angular width if known (else fitted)")
+  flags.DEFINE_float("electrode_cm", None, "the electrodes' width in cm (with --tank_cm)")
+  flags.DEFINE_float("tank_cm", None, "the tank's diameter in cm (with --electrode_cm)")
   flags.DEFINE_float("contact_impedance", None, "the contact impedance if known (else fitted)")
   flags.DEFINE_float("first_deg", None, "electrode 0's angle from +x (default: the top)")
   flags.DEFINE_boolean(

@@ -11,6 +11,17 @@ the simulator's own forward model (the same CEM that makes the training data). W
 residual hardly changes with z (small z: the electrodes then short their boundary), z is not
 identifiable and the fit says so.
 
+Besides the best fit, the fit reports the range of each free value that fits as well
+(`Calibration.ranges`): the points of a profile (z at its best for each width, or z alone)
+whose squared residual exceeds the best one's by at most the best one's own (`MISFIT`). A real
+tank's residual (UEF2017's 1.4 %, KTC2023's 7.7 %) is the model's own error, far above its
+noise and shared by every pattern (held-out patterns' residual differs by 40 % between halves of
+the patterns, and falls by 2 % along the whole valley in each), so a change of the fit below it
+is no evidence. Above the electrodes' true width the contact impedance makes up for any width
+(the valley), so a frame fixes only the narrowest width: a range that reaches the search's
+bound is never "identifiable", and the nominal value of an unidentified width is the middle of
+its range. `configs/device.py` trains across the ranges (the randomised system).
+
 A frame that cannot be the empty tank of this system is refused in one line (`check`): a gain
 that is not positive (the frame's sign is flipped: a reversed measurement or current pattern),
 a relative residual beyond `MAX_RESIDUAL` (not the empty tank's pattern: noise, a constant, a
@@ -34,6 +45,7 @@ from cdeit_jax.eit.system import DrawnSystem
 
 WIDTH_RANGE = (0.05, 0.9)  # the electrode widths searched, as fractions of the spacing
 PROFILE_POINTS = 41  # widths of the profile over the width (a fit of z at each)
+BISECTIONS = 6  # the ranges' ends between the profile's points, to 1/64 of its step
 LOG10_Z = (-4.0, 0.0)  # the contact impedances searched (simulator units; below 1e-4 the
 # electrodes short their boundary already, and float32 solves lose digits)
 # The largest relative residual of a reference frame accepted as the empty tank: real tanks fit
@@ -43,6 +55,11 @@ MAX_RESIDUAL = 0.3
 # Measured / simulated volts of any real device: the simulator's volts at 1 mA and unit
 # conductivity against a device's volts, millivolts or microvolts (KTC2023 1978, UEF2017 1041).
 GAIN_RANGE = (1e-6, 1e12)
+# Points of a profile whose squared residual is within (1 + MISFIT) of the best one's fit as
+# well: a change of the fit below the model's own misfit is no evidence (module docstring).
+MISFIT = 1.0
+MAX_WIDTH_SPREAD = 0.2  # an identified width: half its range at most this fraction of it
+MAX_LOG10_Z_SPREAD = 0.25  # an identified contact impedance: half its range in decades
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +70,12 @@ class Calibration:
   contact_impedance: float  # simulator units (z s / R)
   residual: float  # ||u - gain v|| / ||u|| over the present values
   values: int  # values fitted
-  identifiable: bool  # whether the frame determines z (not at its search's bound, 1 % residual)
+  # per fitted value ("contact_impedance", "width_deg"): whether the frame determines it
+  identifiable: dict = dataclasses.field(default_factory=dict)
   width_deg: float | None = None  # the electrodes' angular width (fitted, given or the layout's)
   errors: dict = dataclasses.field(default_factory=dict)  # one sigma: gain, log10_z, width_deg
+  # per fitted value: (low, high), the values that fit as well as the best (module docstring)
+  ranges: dict = dataclasses.field(default_factory=dict)
 
   def check(self, what: str) -> Calibration:
     """Itself, or an InputError naming `what` when the fit cannot be the empty tank's (module
@@ -82,23 +102,34 @@ class Calibration:
 
   def describe(self) -> str:
     e = self.errors
-    z = f"{self.contact_impedance:.3g}"
-    if "log10_z" in e and e["log10_z"] <= np.ptp(LOG10_Z):  # beyond the range searched: no figure
-      z += f" (x/ 10^{e['log10_z']:.2f})"
-    if not self.identifiable:
-      z += " (not identifiable)"
     gain = f"{self.gain:.6g}" + (f" +- {e['gain']:.3g}" if "gain" in e else "")
+    z = f"{self.contact_impedance:.3g}" + self._unknown("contact_impedance", lambda v: f"{v:.2g}")
+    if "contact_impedance" not in self.identifiable:
+      z += " (given)"
+    elif self.identifiable["contact_impedance"] and "log10_z" in e:
+      z += f" (x/ 10^{e['log10_z']:.2f})"
     width = ""
     if self.width_deg is not None:
-      # an uncertainty beyond the width itself says nothing more than "not identifiable"
-      spread = f" +- {e['width_deg']:.2g}" if e.get("width_deg", np.inf) < self.width_deg else ""
-      vague = e.get("width_deg", 0.0) > 0.2 * self.width_deg
-      width = f", electrode width {self.width_deg:.4g}{spread} degrees"
-      width += " (not identifiable)" if vague else ""
+      width = f", electrode width {self.width_deg:.4g}"
+      if self.identifiable.get("width_deg") and "width_deg" in e:
+        width += f" +- {e['width_deg']:.2g}"
+      width += " degrees" + self._unknown("width_deg", lambda v: f"{v:.3g}")
     return (
       f"gain {gain} (measured / simulated volts), contact impedance {z}{width}, relative "
       f"residual {self.residual:.4f} over {self.values} values"
     )
+
+  def _unknown(self, name: str, fmt) -> str:
+    """' (not identifiable: LOW-HIGH fit as well)' for a value the frame does not determine."""
+    if name not in self.identifiable or self.identifiable[name]:
+      return ""
+    lo, hi = self.ranges[name]
+    return f" (not identifiable: {fmt(lo)} to {fmt(hi)} fit as well)"
+
+  @property
+  def undetermined(self) -> list[str]:
+    """The fitted values the frame does not determine."""
+    return [k for k, ok in self.identifiable.items() if not ok]
 
 
 class Homogeneous:
@@ -169,19 +200,25 @@ def fit(
 ) -> Calibration:
   """Fit gain and contact impedance (unless `contact_impedance` is given) and, with `width`, the
   electrodes' width (unless `width_deg` is given; else the layout's) to `reference` (R,), NaN
-  where a value is missing; a frame that cannot be this system's empty tank is an InputError
-  naming `what` (`Calibration.check`)."""
+  where a value is missing, each fitted value with the range that fits as well; a frame that
+  cannot be this system's empty tank is an InputError naming `what` (`Calibration.check`)."""
   from scipy.optimize import minimize_scalar
 
   u, present = _frame(layout, reference, what)
   model = homogeneous_model(layout)
   widths = tuple(model.spacing * f for f in WIDTH_RANGE)
-  for name, value, ok in (
-    ("contact_impedance", contact_impedance, lambda v: v > 0),
-    ("width_deg", width_deg, lambda v: widths[0] <= np.deg2rad(v) <= widths[1]),
+  for name, value, ok, why in (
+    ("contact_impedance", contact_impedance, lambda v: v > 0, "it must be above 0"),
+    (
+      "width_deg",
+      width_deg,
+      lambda v: widths[0] <= np.deg2rad(v) <= widths[1],
+      f"a width must lie within {np.rad2deg(widths[0]):.3g} to {np.rad2deg(widths[1]):.4g} "
+      "degrees, the gaps between electrodes",
+    ),
   ):
     if value is not None and not (np.isfinite(value) and ok(value)):
-      raise InputError(f"{what}: {name}={value!r} cannot be (a width must lie within the gaps)")
+      raise InputError(f"{what}: {name}={value!r} cannot be ({why})")
   fixed_w = np.deg2rad(width_deg) if width_deg is not None else (None if width else layout.width)
   free_z = contact_impedance is None
 
@@ -191,14 +228,14 @@ def fit(
     return g, float(np.linalg.norm(u - g * v) / np.linalg.norm(u)), v
 
   res = lambda x, w: gain_residual(x, w)[1]
+  best_z = lambda w: _best_log10_z(res, w)
+  profile, at = [], None  # (residual, log10 z, width) of the points that say what else fits
   if fixed_w is not None:  # z alone (or nothing)
     w = fixed_w
     if free_z:
-      ends = [res(x, w) for x in LOG10_Z]
-      best = minimize_scalar(
-        lambda x: res(x, w), bounds=LOG10_Z, method="bounded", options={"xatol": 0.005}
-      )
-      log10_z = float(best.x) if best.fun <= min(ends) else LOG10_Z[int(np.argmin(ends))]
+      log10_z = best_z(w)
+      at = lambda x: (res(x, w), float(x), w)
+      profile = [at(x) for x in np.linspace(*LOG10_Z, PROFILE_POINTS)]
     else:
       log10_z = float(np.log10(contact_impedance))
   elif not free_z:  # the width alone
@@ -207,28 +244,75 @@ def fit(
       lambda w: res(log10_z, w), bounds=widths, method="bounded", options={"xatol": 1e-4}
     )
     w = float(best.x)
+    at = lambda wk: (res(log10_z, wk), log10_z, wk)
+    profile = [at(wk) for wk in np.linspace(*widths, PROFILE_POINTS)]
   else:  # both
     log10_z, w, profile = _z_and_width(gain_residual, u, widths)
+    at = lambda wk: (lambda x: (res(x, wk), x, wk))(_best_log10_z(res, wk))
+  residual = res(log10_z, w)
+  free = {"contact_impedance": free_z, "width_deg": fixed_w is None}
+  ranges, identifiable = _ranges(profile, at, residual, log10_z, w, free, widths)
+  if free["width_deg"] and not identifiable["width_deg"]:  # the middle of what fits
+    w = float(np.deg2rad(np.mean(ranges["width_deg"])))
+    log10_z = best_z(w) if free_z else log10_z
   gain, residual, v = gain_residual(log10_z, w)
-  free = [k for k, on in (("log10_z", free_z), ("width", fixed_w is None)) if on]
-  errors = _errors(model, u, v, gain, present, log10_z, w, free)
-  if free_z and fixed_w is None:
-    errors = _profile_errors(errors, profile, residual, len(u))
-  at_bound = min(abs(log10_z - b) for b in LOG10_Z) < 0.01
-  if free_z and fixed_w is not None:  # the residual over z's whole range
-    identifiable = max(ends) - residual > 0.01 * residual and min(ends) - residual > 0.01 * residual
-  else:
-    identifiable = free_z and not at_bound and errors.get("log10_z", np.inf) < 0.25
+  names = [k for k, on in (("log10_z", free_z), ("width", fixed_w is None)) if on]
+  errors = _errors(model, u, v, gain, present, log10_z, w, names)
+  for name, key, to in (
+    ("width_deg", "width_deg", float),
+    ("contact_impedance", "log10_z", np.log10),
+  ):
+    if name in ranges:  # the range's half-width, where it is wider than the local estimate
+      errors[key] = max(errors.get(key, 0.0), float(np.ptp([to(x) for x in ranges[name]])) / 2)
   fit = Calibration(
     gain,
     10.0**log10_z,
     residual,
     int(present.sum()),
-    bool(identifiable or not free_z),
+    identifiable,
     float(np.rad2deg(w)),
     errors,
+    ranges,
   )
   return fit.check(what)
+
+
+def _best_log10_z(res, w: float) -> float:
+  """log10 z of the least residual at width `w` (a bounded search, or the range's better end)."""
+  from scipy.optimize import minimize_scalar
+
+  ends = [res(x, w) for x in LOG10_Z]
+  best = minimize_scalar(
+    lambda x: res(x, w), bounds=LOG10_Z, method="bounded", options={"xatol": 0.005}
+  )
+  return float(best.x) if best.fun <= min(ends) else LOG10_Z[int(np.argmin(ends))]
+
+
+def _ranges(
+  profile: list, at, residual: float, log10_z: float, w: float, free: dict, widths: tuple
+) -> tuple[dict, dict]:
+  """({value: (low, high)}, {value: identifiable}) of the free values: the profile's points
+  that fit as well as the best (`MISFIT`) and the best itself. A range that reaches the search's
+  bound, or is wide (`MAX_WIDTH_SPREAD`, `MAX_LOG10_Z_SPREAD`), is not identifiable."""
+  floor = (1.0 + MISFIT) * residual**2
+  xs, ws = np.asarray(_near(profile, at, floor) + [(log10_z, w)]).T
+  ranges, identifiable = {}, {}
+  if free["contact_impedance"]:
+    lo, hi = float(xs.min()), float(xs.max())
+    ranges["contact_impedance"] = (10.0**lo, 10.0**hi)
+    identifiable["contact_impedance"] = bool(
+      lo > LOG10_Z[0] + 0.01 and hi < LOG10_Z[1] - 0.01 and (hi - lo) / 2 <= MAX_LOG10_Z_SPREAD
+    )
+  if free["width_deg"]:
+    step = (widths[1] - widths[0]) / (PROFILE_POINTS - 1)
+    lo, hi = float(ws.min()), float(ws.max())
+    ranges["width_deg"] = (float(np.rad2deg(lo)), float(np.rad2deg(hi)))
+    identifiable["width_deg"] = bool(
+      lo > widths[0] + step / 2
+      and hi < widths[1] - step / 2
+      and (hi - lo) / 2 <= MAX_WIDTH_SPREAD * w
+    )
+  return ranges, identifiable
 
 
 def _frame(layout: Layout, reference: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -254,7 +338,7 @@ def _z_and_width(gain_residual, u: np.ndarray, widths: tuple) -> tuple[float, fl
   rippled where the electrodes' edges cross the mesh's boundary nodes, so a local search stops in
   the nearest ripple (a noise-free 10-degree device fitted at 12.4). The profile over the width
   (z at its best for each) finds the valley's lowest part, least squares then polishes it, and
-  the profile's spread gives the width's uncertainty along the valley (`_profile_errors`)."""
+  the profile says which widths fit as well (`_ranges`)."""
   from scipy.optimize import least_squares, minimize_scalar
 
   res = lambda x, w: gain_residual(x, w)[1]
@@ -280,19 +364,23 @@ def _z_and_width(gain_residual, u: np.ndarray, widths: tuple) -> tuple[float, fl
   return log10_z, w, profile
 
 
-def _profile_errors(errors: dict, profile: list, residual: float, n: int) -> dict[str, float]:
-  """The width's and z's one-sigma uncertainties along the valley: the spread of the profile's
-  points (z at its best for each width) whose chi-square exceeds the best fit's by at most 1,
-  chi-square = (n - 3) residual^2 / the best residual^2 (the noise estimated from the fit), where
-  that is wider than the local estimate (`_errors`, which sees one ripple only)."""
-  floor = max(residual, 1e-9) ** 2
-  near = [(x, wk) for r, x, wk in profile if (n - 3) * (r * r - floor) / floor <= 1.0]
-  if len(near) < 2:
-    return errors
-  xs, ws = np.asarray(near).T
-  out = dict(errors)
-  out["width_deg"] = max(out.get("width_deg", 0.0), float(np.rad2deg(np.ptp(ws))) / 2)
-  out["log10_z"] = max(out.get("log10_z", 0.0), float(np.ptp(xs)) / 2)
+def _near(profile: list, at, floor: float) -> list[tuple[float, float]]:
+  """(log10 z, width) of the profile's points whose squared residual is at most `floor`, and
+  where the profile crosses `floor` between a point within and its neighbour without (bisected
+  on `at`, the profile's point at a coordinate: the range's ends between the grid's points)."""
+  if not profile:
+    return []
+  axis = 2 if np.ptp([p[2] for p in profile]) > 0 else 1  # the coordinate the profile varies
+  pts = sorted(profile, key=lambda p: p[axis])
+  inside = [p[0] ** 2 <= floor for p in pts]
+  out = [(p[1], p[2]) for p, ok in zip(pts, inside) if ok]
+  for i in range(len(pts) - 1):
+    if inside[i] != inside[i + 1]:
+      a, b = (pts[i], pts[i + 1]) if inside[i] else (pts[i + 1], pts[i])  # within, without
+      for _ in range(BISECTIONS):
+        mid = at((a[axis] + b[axis]) / 2)
+        a, b = (mid, b) if mid[0] ** 2 <= floor else (a, mid)
+      out.append((a[1], a[2]))
   return out
 
 

@@ -629,10 +629,18 @@ def _patterns(path: str, key: str, patterns, num_p: int) -> np.ndarray:
   return np.asarray(out)
 
 
-def save_device(path: str, layout: Layout, reference: np.ndarray | None = None) -> None:
+# A calibrated device file's ranges of the values its frame allows (`eit.calibration`), which
+# configs/device.py trains across: name -> (low, high).
+RANGE_KEYS = {"width_deg": "width_range_deg", "contact_impedance": "contact_impedance_range"}
+
+
+def save_device(
+  path: str, layout: Layout, reference: np.ndarray | None = None, ranges: dict | None = None
+) -> None:
   """Write `layout` (calibrated or not) as a device file in KTC's keys with its own geometry and
   calibration (`DEVICE_KEYS`), which `from_device_file` reads back as the same device; the
-  reference frame as `Uelref`. Every pattern must measure the same pairs (one `Mpat`)."""
+  reference frame as `Uelref`; `ranges` (the calibration's, `RANGE_KEYS`). Every pattern must
+  measure the same pairs (one `Mpat`)."""
   first = layout.rows[layout.rows[:, 0] == 0][:, 1:]
   pairs = np.tile(first, (layout.num_patterns, 1))
   if len(pairs) != layout.num_values or not np.array_equal(pairs, layout.rows[:, 1:]):
@@ -652,6 +660,8 @@ def save_device(path: str, layout: Layout, reference: np.ndarray | None = None) 
     arrays["contact_impedance"] = np.float64(layout.contact_impedance)
   if reference is not None:
     arrays["Uelref"] = np.asarray(reference, np.float64)[:, None]
+  for name, (lo, hi) in (ranges or {}).items():
+    arrays[RANGE_KEYS[name]] = np.array([lo, hi], np.float64)
 
   def write(tmp):
     with open(tmp, "wb") as fh:  # a handle: np.savez would append ".npz" to the temporary name

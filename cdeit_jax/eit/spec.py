@@ -96,6 +96,9 @@ def _range(spec, name: str, low: float, high: float = math.inf) -> tuple[float, 
   return lo, hi
 
 
+WIDTH_DEG_LIMITS = (0.5, 20.0)  # the electrode widths a SystemSpec may draw (degrees)
+
+
 @dataclasses.dataclass(frozen=True)
 class SystemSpec:
   """Distribution of the measuring system, one draw per example. A range (min, max) with
@@ -157,7 +160,7 @@ class SystemSpec:
     lo, _ = _range(self, "contact_impedance", 0.0)
     if lo == 0 and tuple(self.contact_impedance) != (0.0, 0.0):
       raise InputError("contact_impedance: need 0 < min <= max, or (0, 0) for the nominal value")
-    _range(self, "width_deg", 0.5, 20.0)
+    _range(self, "width_deg", *WIDTH_DEG_LIMITS)
     _range(self, "radius", 1e-3)
     _range(self, "background", 1e-6)
     _range(self, "drift", 0.5, 2.0)
