@@ -178,21 +178,29 @@ ktc-model: install
 	  --scores simulated_levels_drift=$(KTC_MODEL_RUN)/answer_test_drift.json && \
 	echo "make ktc-model: $$(( $$(date +%s) - start )) s (the model: models/ktc2023, rule $$rule)"
 
-# Your own device (docs/your_device.md): calibrate it from its reference file (electrode width,
-# contact impedance and gain fitted to the empty tank; CALIBRATE: more flags, e.g.
-# --patterns 0-15), simulate its training set with the measuring system drawn around the
-# calibration, and train the demo's network for it (configs/device.py) into RUN; rerunning
+# Your own device (docs/your_device.md): calibrate it from its reference file (gain, contact
+# impedance and electrode width fitted to the empty tank, each with the range the frame allows;
+# WIDTH_DEG=10.2, or ELECTRODE_CM=2.5 TANK_CM=28, holds a width you know; CALIBRATE: more
+# flags, e.g. --patterns 0-15), simulate its training set with the measuring system drawn
+# across the calibration's ranges, and fine-tune models/cdeit16 for it (configs/device.py;
+# DEVICE_CONFIG=configs/device_scratch.py trains from random weights) into RUN; rerunning
 # resumes. Then: python -m cdeit_jax.reconstruct --workdir RUN --frames F --reference REF --out O
 DEVICE ?=
 RUN ?= runs/device
 CALIBRATE ?=
+WIDTH_DEG ?=
+ELECTRODE_CM ?=
+TANK_CM ?=
+DEVICE_CONFIG ?= configs/device.py
 device-model: install
 	@test -n "$(DEVICE)" || { echo "make device-model: give DEVICE=ref.mat (the device's reference file)"; exit 2; }
 	@start=$$(date +%s) && \
-	$(BIN)/python -m cdeit_jax.calibrate --device $(DEVICE) --out $(RUN)/device.npz $(CALIBRATE) && \
-	$(BIN)/python -m cdeit_jax.simulate --config configs/device.py:$(RUN)/device.npz \
+	$(BIN)/python -m cdeit_jax.calibrate --device $(DEVICE) --out $(RUN)/device.npz \
+	  $(if $(WIDTH_DEG),--width_deg $(WIDTH_DEG)) $(if $(ELECTRODE_CM),--electrode_cm $(ELECTRODE_CM)) \
+	  $(if $(TANK_CM),--tank_cm $(TANK_CM)) $(CALIBRATE) && \
+	$(BIN)/python -m cdeit_jax.simulate --config $(DEVICE_CONFIG):$(RUN)/device.npz \
 	  --out $(RUN)/data --num_train 3000 --num_valid 64 --num_test 64 --tr_splits valid,test && \
-	$(BIN)/python train.py --config configs/device.py:$(RUN)/device.npz --workdir $(RUN) \
+	$(BIN)/python train.py --config $(DEVICE_CONFIG):$(RUN)/device.npz --workdir $(RUN) \
 	  --config.data.path=$(RUN)/data && \
 	echo "make device-model: $$(( $$(date +%s) - start )) s (the model: $(RUN))"
 

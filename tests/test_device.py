@@ -18,6 +18,7 @@ from cdeit_jax.eit import calibration
 from cdeit_jax.eit import layout as lay
 
 REPO = pathlib.Path(__file__).parent.parent
+PROTOCOLS = REPO / "data" / "uef2017_protocols"
 WIDTH, Z, GAIN = 10.0, 1e-3, 800.0
 
 
@@ -82,6 +83,45 @@ def test_the_calibrated_device_is_what_every_command_reads(calibrated):
     config_lib.load(str(REPO / "configs" / "device.py"))
 
 
+@pytest.mark.parametrize("protocol", ["skip1", "skip3"])
+def test_a_real_device_gets_through_from_its_calibration_to_its_simulations(protocol, tmp_path):
+  """UEF2017's tank under skip-1 and skip-3 patterns (data/uef2017_protocols), calibrated by the
+  command with no width given: the width and z are not identifiable, the log says so and that
+  the model is trained across their ranges; configs/device.py then draws them across those
+  ranges (the width's end clipped to the simulator's 20 degrees, in one log line) instead of
+  stopping on a config error, and the simulator measures examples with them."""
+  import jax
+
+  from cdeit_jax.data import synthetic
+
+  device = tmp_path / "device.npz"
+  p = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.calibrate", f"--device={PROTOCOLS / protocol / 'ref.mat'}"]
+    + [f"--out={device}"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=300,
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  fit = json.loads(p.stdout.splitlines()[-1])
+  assert fit["identifiable"] == {"contact_impedance": False, "width_deg": False}
+  assert "the frame does not determine the electrode width: a model for this device" in p.stderr
+  (w_lo, w_hi), (z_lo, z_hi) = fit["ranges"]["width_deg"], fit["ranges"]["contact_impedance"]
+  assert w_lo < 10.2 < w_hi and w_hi > 20.0
+  with np.load(device) as d:
+    np.testing.assert_allclose(d["width_range_deg"], (w_lo, w_hi))
+  cfg = config_lib.load(f"{REPO / 'configs' / 'device.py'}:{device}")
+  spread = cfg.simulator.system
+  assert tuple(spread.width_deg) == pytest.approx((w_lo, 20.0))
+  lo, hi = spread.contact_impedance
+  assert lo <= z_lo and hi >= z_hi
+  gen = synthetic.generator(cfg.simulator)
+  systems = gen.systems(jax.random.split(jax.random.key(0), 4))
+  width = np.rad2deg(2 * np.asarray(systems.half_widths))
+  assert width.shape == (4, 16) and w_lo * 0.95 <= width.min() and width.max() <= 20.0 * 1.05
+
+
 def test_systems_drawn_around_a_device(calibrated):
   """The simulated examples of configs/device.py: each measured by its own system drawn around
   the calibrated device (finite, of the device's 256 values, differing between two draws of the
@@ -108,9 +148,10 @@ def test_systems_drawn_around_a_device(calibrated):
   assert xs.shape == (2, 128, 128)
 
 
-@pytest.mark.slow  # about 4 minutes on 2 cores: calibrate, simulate, train (tiny), reconstruct
+@pytest.mark.slow  # about 4 minutes on 2 cores: calibrate, simulate, fine-tune, reconstruct
 def test_make_device_model_then_reconstruct_without_the_device_file(tmp_path):
-  """`make device-model`'s three commands for the device (tiny model, 40 steps), the device
+  """`make device-model`'s three commands for the device (models/cdeit16 fine-tuned 4 steps,
+  its log saying so), the device
   file moved away, then `python -m cdeit_jax.reconstruct` of absolute frames in the device's
   units with --reference: images of every frame, in the device's units by default, and the
   frames' own device file read as a frame."""
@@ -124,8 +165,8 @@ def test_make_device_model_then_reconstruct_without_the_device_file(tmp_path):
   ref = GAIN * np.asarray(sim.vh, np.float64)
   _device(tmp_path / "ref.mat", layout, ref)
   run = tmp_path / "W"
-  tiny = ["--config.model.hidden_size=32", "--config.model.num_scales=1", "--config.steps=40"]
-  tiny += ["--config.eval_every=40", "--config.log_every=10", "--config.model.cond_grid=16"]
+  # the recipe's own network, from models/cdeit16's weights, for a few steps
+  tiny = ["--config.steps=4", "--config.eval_every=4", "--config.log_every=2"]
   device = f"configs/device.py:{run / 'device.npz'}"
   for args in (
     [
@@ -141,6 +182,7 @@ def test_make_device_model_then_reconstruct_without_the_device_file(tmp_path):
   ):
     p = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
+  assert "models/cdeit16/checkpoints/4000 (a model of CDEIT's EIM" in p.stderr, p.stderr[-3000:]
   (tmp_path / "ref.mat").rename(tmp_path / "moved.mat")
   (run / "device.npz").rename(tmp_path / "moved.npz")
   np.save(tmp_path / "frames.npy", frames)

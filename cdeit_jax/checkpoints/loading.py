@@ -180,22 +180,65 @@ def initial_params(
       f"config.init_from={path!r}: a cdeit-jax 0.1 checkpoint; convert it first "
       "(python -m cdeit_jax.convert) or start from another"
     )
-  diff = model_differences(model_config(meta), cfg)
-  if diff:
+  start = model_config(meta)
+  diff = model_differences(start, cfg)
+  keep = _condition_channels(start, cfg) if diff else None
+  if diff and keep is None:
     raise InputError(
       f"config.init_from={path!r}: its model is not this config's ({diff}); give a checkpoint "
       "of the same model, or change the config's model section to its"
     )
   if "ema" not in meta.get("weights", ()):
     raise InputError(f"config.init_from={path!r}: step {step} has no EMA weights to start from")
+  embed = lambda kp: (
+    "x_embedder" in jax.tree_util.keystr(kp) and "kernel" in jax.tree_util.keystr(kp)
+  )
+  stored = like
+  if keep is not None:  # the start's patch embedding has the EIM's channel too
+    channels = len(keep) + 1
+    stored = jax.tree_util.tree_map_with_path(
+      lambda kp, a: (
+        jax.ShapeDtypeStruct((*a.shape[:2], channels, a.shape[3]), a.dtype) if embed(kp) else a
+      ),
+      like,
+    )
   try:
-    params = checkpoint.restore_item(workdir, step, WEIGHT_ITEMS["ema"], like, sharding)
+    params = checkpoint.restore_item(workdir, step, WEIGHT_ITEMS["ema"], stored, sharding)
   except InputError as e:
     raise InputError(
       f"config.init_from={path!r}: {e} (a model for another number of values? fine-tuning "
       "needs a checkpoint of a model with this config's measuring system size)"
     ) from None
-  return params, f"initialised from the EMA weights of {workdir}/{CHECKPOINTS}/{step}"
+  line = f"initialised from the EMA weights of {workdir}/{CHECKPOINTS}/{step}"
+  if keep is None:
+    return params, line
+  if isinstance(sharding, jax.sharding.Sharding):
+    sharding = jax.tree.map(lambda _: sharding, params)
+  params = jax.tree_util.tree_map_with_path(
+    lambda kp, a, s: jax.device_put(a[:, :, keep, :], s) if embed(kp) else a,
+    params,
+    sharding,
+  )
+  return params, line + (
+    " (a model of CDEIT's EIM and linear images: the patch embedding's EIM channel dropped, "
+    "the rest kept)"
+  )
+
+
+def _condition_channels(start: ml_collections.ConfigDict, cfg: ml_collections.ConfigDict):
+  """The start's patch-embedding input channels that a model of `cfg` keeps when the two differ
+  only in their condition, the start's "eim+linear" and this "linear" at the same levels (a
+  model of CDEIT's 16 electrodes starts a model of any device: both see the same kind of linear
+  images); else None. Channels: the noisy image (an image model's), the EIM, the levels."""
+  was, now = start.model, cfg.model
+  other = model_differences(start, cfg).split("; ")
+  if [d.split(":")[0] for d in other] != ["model.cond"]:
+    return None
+  if (was.get("cond"), now.get("cond")) != ("eim+linear", "linear"):
+    return None
+  image = 1 if now.get("output", "image") == "image" else 0
+  levels = len(now.get("cond_alphas") or ())
+  return np.asarray([*range(image), *range(image + 1, image + 1 + levels)])
 
 
 def start_inputs(path: str, device) -> tuple[tuple[np.ndarray, np.ndarray], dict] | None:
