@@ -84,7 +84,9 @@ def test_the_calibrated_device_is_what_every_command_reads(calibrated):
 
 
 @pytest.mark.parametrize("protocol", ["skip1", "skip3"])
-def test_a_real_device_gets_through_from_its_calibration_to_its_simulations(protocol, tmp_path):
+def test_a_real_device_gets_through_from_its_calibration_to_its_simulations(
+  protocol, tmp_path, caplog
+):
   """UEF2017's tank under skip-1 and skip-3 patterns (data/uef2017_protocols), calibrated by the
   command with no width given: the width and z are not identifiable, the log says so and that
   the model is trained across their ranges; configs/device.py then draws them across those
@@ -111,7 +113,10 @@ def test_a_real_device_gets_through_from_its_calibration_to_its_simulations(prot
   assert w_lo < 10.2 < w_hi and w_hi > 20.0
   with np.load(device) as d:
     np.testing.assert_allclose(d["width_range_deg"], (w_lo, w_hi))
-  cfg = config_lib.load(f"{REPO / 'configs' / 'device.py'}:{device}")
+  with caplog.at_level("INFO", logger="cdeit_jax"):
+    cfg = config_lib.load(f"{REPO / 'configs' / 'device.py'}:{device}")
+  clipped = [r.getMessage() for r in caplog.records if "the simulator's limits" in r.getMessage()]
+  assert len(clipped) == 1 and f"width_deg drawn from {w_lo:.4g} to 20," in clipped[0], clipped
   spread = cfg.simulator.system
   assert tuple(spread.width_deg) == pytest.approx((w_lo, 20.0))
   lo, hi = spread.contact_impedance
