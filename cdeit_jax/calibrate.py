@@ -23,6 +23,7 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> None:
   del argv
+  from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio, logs
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.eit import calibration, layout
@@ -30,6 +31,7 @@ def main(argv: list[str]) -> None:
   logs.console()
   if not FLAGS.out.lower().endswith(".npz"):
     raise InputError(f"--out {FLAGS.out}: the calibrated device is written as an .npz file")
+  shipped.refuse_write(FLAGS.out, "--out")
   lay, reference = layout.from_device_file(
     FLAGS.device,
     first_deg=FLAGS.first_deg,

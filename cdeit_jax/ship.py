@@ -168,6 +168,8 @@ def ship(
   given = scores(score_pairs)  # every input checked before anything is written
   chosen = settings(set_pairs)
   out = os.path.abspath(out)
+  if shipped.model_folder_of(os.path.dirname(out)) is not None:  # itself: replaced whole
+    shipped.refuse_write(out, "--out")
   if os.path.exists(out) and os.listdir(out) and shipped.read(out) is None:
     raise InputError(f"--out {out}: holds files and no {shipped.MANIFEST}; give a new folder")
   with reader.open_run(workdir, step) as run:

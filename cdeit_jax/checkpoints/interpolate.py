@@ -23,7 +23,7 @@ import numpy as np
 from absl import flags
 from flax import nnx
 
-from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.checkpoints import checkpoint, loading, shipped
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 
@@ -82,6 +82,7 @@ def write(workdir: str, alpha: float, out: str, step: int | None = None) -> str:
       f"--out {out}: the interpolated checkpoint is written to a local folder (it replaces an "
       "earlier one by a rename); give a local --out and copy it to the bucket afterwards"
     )
+  shipped.refuse_write(out, "--out")
   out = fileio.resolve(out)
   if os.path.exists(out) and not _is_wise_ft(out):
     raise InputError(

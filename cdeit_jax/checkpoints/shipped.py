@@ -29,6 +29,56 @@ class ManifestError(InputError):
   """A model folder whose files are not those its manifest names (one line)."""
 
 
+def restore_advice(folder: str) -> str:
+  """The commands that put a model folder back as it was shipped: its tracked files restored
+  and every file added there removed (`git checkout` alone leaves added files behind)."""
+  return (
+    f"git checkout -- {folder} && git clean -fdx {folder} (a copy outside git: copy it again, "
+    "or ship it again with python -m cdeit_jax.ship)"
+  )
+
+
+def _real(p: str) -> str:
+  """`p` resolved (local: links too, for the part that exists), or the URL as given."""
+  return fileio.resolve(p) if fileio.is_remote(p) else os.path.realpath(fileio.resolve(p))
+
+
+def is_model_folder(folder: str) -> bool:
+  """Whether `folder` is a model folder that ships with the code: it holds `manifest.json`
+  (a file, or anything else under that name: a damaged one) beside a `checkpoints/` folder."""
+  p = fileio.path(folder)
+  return (p / MANIFEST).exists() and (p / CHECKPOINTS).is_dir()
+
+
+def model_folder_of(path: str) -> str | None:
+  """The model folder that ships with the code that `path` is or lies inside, at any depth (the
+  nearest from `path` up: links resolved, buckets too); None for any other path. `path` need
+  not exist (an output about to be made)."""
+  p = fileio.path(_real(path))
+  for folder in (p, *p.parents):
+    if str(folder).rstrip("/").endswith(":") or str(folder) in ("/", ""):
+      break  # the root, or a bucket's scheme
+    if is_model_folder(str(folder)):
+      return str(folder)
+  return None
+
+
+def refuse_write(path: str, flag: str) -> None:
+  """The one rule of every command that writes: nothing is written into a model folder that
+  ships with the code, at any depth (its files are its manifest's; a changed or added file makes
+  every command refuse it). An InputError in one line naming `flag` and the folder, raised before
+  any work; reads nothing else."""
+  folder = model_folder_of(path)
+  if folder is None:
+    return
+  where = "is" if _real(path) == folder else "lies inside"
+  raise InputError(
+    f"{flag} {path} {where} the model folder {folder}, which ships with the code and is "
+    f"read-only (every file is checked against its {MANIFEST}): give a path outside it; if "
+    f"anything was written there, restore it: {restore_advice(folder)}"
+  )
+
+
 def files_of(folder: str) -> list[str]:
   """Every file under `folder`, as sorted paths relative to it ('/'-separated)."""
   out = []
@@ -92,8 +142,8 @@ def verify(workdir: str) -> dict[str, Any] | None:
     problem = "its weights' SHA-256 is not the manifest's (a file was changed)"
   if problem:
     raise ManifestError(
-      f"model folder {workdir}: {problem}; the model is damaged or was edited: restore it (git "
-      f"checkout -- {workdir}, or ship it again with python -m cdeit_jax.ship)"
+      f"model folder {workdir}: {problem}; the model is damaged or was edited: restore it: "
+      f"{restore_advice(workdir)}"
     )
   return manifest
 

@@ -30,6 +30,7 @@ import time
 import numpy as np
 from absl import flags
 
+from cdeit_jax.checkpoints import shipped
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.infer.answer_rules import AnswerRule
@@ -239,6 +240,8 @@ def main(argv: list[str]) -> None:
   if not (FLAGS.sims or FLAGS.ktc):
     raise InputError("give --sims, --ktc or both: the targets to score the rules on")
   rules = [AnswerRule.parse(r, "--rules") for r in FLAGS.rules.split(",")] if FLAGS.rules else None
+  if FLAGS.out:
+    shipped.refuse_write(FLAGS.out, "--out")
   result = study(FLAGS.workdir, FLAGS.sims, FLAGS.num, FLAGS.ktc, rules, FLAGS.samples)
   print(tables(result))
   if FLAGS.out:

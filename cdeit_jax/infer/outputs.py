@@ -23,6 +23,7 @@ import zipfile
 
 import numpy as np
 
+from cdeit_jax.checkpoints import shipped
 from cdeit_jax.common import fileio, matfile
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.phantom import disk_mask
@@ -54,7 +55,9 @@ def _within(inner: str, outer: str) -> bool:
 def check_place(out: str, data_path: str | None = None, workdir: str | None = None) -> None:
   """Refuse an `out` equal to, inside or around the data folder or the checkpoints of `workdir`
   (links resolved: publishing there could replace the data, and checkpoint retention may
-  delete it); reads and makes nothing."""
+  delete it), or at any depth in a model folder that ships with the code; reads and makes
+  nothing."""
+  shipped.refuse_write(out, "--out")
   real = _real(out)
   guarded = []
   if data_path is not None:
@@ -379,10 +382,12 @@ def write_outputs(
   names: list[str],
   predictions: Predictions,
   shown: dict[str, np.ndarray] | None,
+  extra: list[str] | tuple[str, ...] = (),
 ) -> None:
   """Finish an evaluation's outputs in `staged` and put them in place: metrics.csv, the
   predictions, the figure of the first examples (`shown`: their target, pred, std and scaled
-  baselines; None: no figure), metrics.json last."""
+  baselines; None: no figure), the files `extra` already written in `staged.work`, metrics.json
+  last."""
   folder = staged.work
 
   def write_csv(p):
@@ -402,6 +407,7 @@ def write_outputs(
       ),
     )
     written.append("reconstructions.png")
+  written += list(extra)
   fileio.write_text(
     os.path.join(folder, "metrics.json"), json.dumps(json_clean(result), indent=2, allow_nan=False)
   )

@@ -26,7 +26,7 @@ from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint, loading, shipped
 from cdeit_jax.common import compat, compile_cache, fileio, hardware, logs, tracking
 from cdeit_jax.common import sharding as shd
-from cdeit_jax.common.errors import CdeitError, InputError
+from cdeit_jax.common.errors import CdeitError
 from cdeit_jax.data import pipeline, simulator_source, training_data
 from cdeit_jax.train import goodput, memory_fit, training, workdir_lock
 
@@ -90,12 +90,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   t0 = time.perf_counter()
   config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
   workdir = fileio.resolve(workdir)
-  if fileio.path(fileio.join(workdir, shipped.MANIFEST)).exists():
-    raise InputError(
-      f"--workdir {workdir}: a model folder that ships with the code ({shipped.MANIFEST}); "
-      "training there would change it: give a new --workdir (its recipe's make target trains "
-      "one from scratch)"
-    )
+  shipped.refuse_write(workdir, "--workdir")  # at any depth: the model's own checkpoints too
   fileio.writable_folder(workdir, "--workdir")
   lock = workdir_lock.WorkdirLock(workdir, lease_s=cfg.lock_lease_s)
   # from before the lock exists: a SIGTERM once it is visible (while starting or compiling)
