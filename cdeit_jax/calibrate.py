@@ -32,6 +32,7 @@ def main(argv: list[str]) -> None:
   if not FLAGS.out.lower().endswith(".npz"):
     raise InputError(f"--out {FLAGS.out}: the calibrated device is written as an .npz file")
   shipped.refuse_write(FLAGS.out, "--out")
+  fileio.refuse_own_input(FLAGS.out, "--out", [("--device", FLAGS.device)], writes=())
   lay, reference = layout.from_device_file(
     FLAGS.device,
     first_deg=FLAGS.first_deg,

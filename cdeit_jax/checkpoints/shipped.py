@@ -38,11 +38,6 @@ def restore_advice(folder: str) -> str:
   )
 
 
-def _real(p: str) -> str:
-  """`p` resolved (local: links too, for the part that exists), or the URL as given."""
-  return fileio.resolve(p) if fileio.is_remote(p) else os.path.realpath(fileio.resolve(p))
-
-
 def is_model_folder(folder: str) -> bool:
   """Whether `folder` is a model folder that ships with the code: it holds `manifest.json`
   (a file, or anything else under that name: a damaged one) beside a `checkpoints/` folder."""
@@ -54,7 +49,7 @@ def model_folder_of(path: str) -> str | None:
   """The model folder that ships with the code that `path` is or lies inside, at any depth (the
   nearest from `path` up: links resolved, buckets too); None for any other path. `path` need
   not exist (an output about to be made)."""
-  p = fileio.path(_real(path))
+  p = fileio.path(fileio.real(path))
   for folder in (p, *p.parents):
     if str(folder).rstrip("/").endswith(":") or str(folder) in ("/", ""):
       break  # the root, or a bucket's scheme
@@ -71,7 +66,7 @@ def refuse_write(path: str, flag: str) -> None:
   folder = model_folder_of(path)
   if folder is None:
     return
-  where = "is" if _real(path) == folder else "lies inside"
+  where = "is" if fileio.real(path) == folder else "lies inside"
   raise InputError(
     f"{flag} {path} {where} the model folder {folder}, which ships with the code and is "
     f"read-only (every file is checked against its {MANIFEST}): give a path outside it; if "

@@ -242,6 +242,9 @@ def main(argv: list[str]) -> None:
   rules = [AnswerRule.parse(r, "--rules") for r in FLAGS.rules.split(",")] if FLAGS.rules else None
   if FLAGS.out:
     shipped.refuse_write(FLAGS.out, "--out")
+    sims = [("--sims", s) for s in (FLAGS.sims or "").split(",") if s]
+    inputs = [*sims, ("--ktc", FLAGS.ktc)]  # the workdir may hold it (not its checkpoints/)
+    fileio.refuse_own_input(FLAGS.out, "--out", inputs, writes=())
   result = study(FLAGS.workdir, FLAGS.sims, FLAGS.num, FLAGS.ktc, rules, FLAGS.samples)
   print(tables(result))
   if FLAGS.out:

@@ -43,34 +43,16 @@ SHOWN = 32  # examples in the figure
 MANIFEST = ".cdeit-outputs.json"  # in OUT: the files this project wrote there (`Staged.commit`)
 
 
-def _real(p: str) -> str:
-  """`p` resolved through symbolic links (local), or the URL as given."""
-  return fileio.resolve(p) if fileio.is_remote(p) else os.path.realpath(fileio.resolve(p))
-
-
-def _within(inner: str, outer: str) -> bool:
-  return inner == outer or inner.startswith(outer.rstrip("/") + "/")
-
-
 def check_place(out: str, data_path: str | None = None, workdir: str | None = None) -> None:
   """Refuse an `out` equal to, inside or around the data folder or the checkpoints of `workdir`
   (links resolved: publishing there could replace the data, and checkpoint retention may
   delete it), or at any depth in a model folder that ships with the code; reads and makes
   nothing."""
   shipped.refuse_write(out, "--out")
-  real = _real(out)
-  guarded = []
-  if data_path is not None:
-    guarded.append(("the data folder", _real(data_path)))
-  if workdir is not None:
-    guarded.append(("the run's checkpoints", fileio.join(_real(workdir), "checkpoints")))
-  for what, folder in guarded:
-    if _within(real, folder) or _within(folder, real):
-      where = "is" if real == folder else ("lies inside" if _within(real, folder) else "contains")
-      raise InputError(
-        f"--out {out} {where} {what} ({folder}): the outputs could replace or be replaced by "
-        "what is there; give a folder outside it"
-      )
+  checkpoints = None if workdir is None else fileio.join(fileio.real(workdir), "checkpoints")
+  fileio.refuse_own_input(
+    out, "--out", [("the data folder", data_path), ("the run's checkpoints", checkpoints)]
+  )
 
 
 def check_out(
