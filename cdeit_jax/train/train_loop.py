@@ -428,9 +428,17 @@ def _prepare(
   device = loading.device_of(cfg)
   if plan.meta is not None:
     check_device(plan.meta, device, f"{mngr.directory}/{plan.meta['step']}")
+  # a fine-tuning's start: the step config.init_from names now, resolved once and recorded in
+  # every step (a start that trains on meanwhile is not mixed later: checkpoints.interpolate)
+  origin = plan.meta.get("init_from") if plan.meta is not None else None
+  if plan.meta is None and cfg.init_from:
+    origin = loading.start_of(cfg.init_from)
+  origin_path = None
+  if origin is not None:
+    origin_path = fileio.join(origin["workdir"], checkpoint.CHECKPOINTS, str(origin["step"]))
   inherited = None  # a fine-tuning on its start's system reads its inputs as the start did
   if plan.meta is None and cfg.init_from and cfg.data.get("stats") is None:
-    inherited = loading.start_inputs(cfg.init_from, device)
+    inherited = loading.start_inputs(origin_path, device)
   data = training_data.open_training_data(
     cfg, mesh, plan.checkpoint_stats, stop, start_stats=inherited[0] if inherited else None
   )
@@ -450,7 +458,7 @@ def _prepare(
   constants, rng, last_good = ts.constants, jax.random.key(cfg.seed), None
   if plan.meta is None and cfg.init_from:
     params, line = loading.initial_params(
-      cfg.init_from, cfg, state.params, compiled.state_shardings.params
+      origin_path, cfg, state.params, compiled.state_shardings.params
     )
     state = state.replace(params=params, ema=jax.tree.map(jnp.copy, params))
     report.append(line)
@@ -484,6 +492,7 @@ def _prepare(
       calibration=calibration,
       device=ts.device.record(),
       rng=np.asarray(jax.random.key_data(rng)).tolist(),
+      **({"init_from": origin} if origin is not None else {}),
     )
 
   return _Prepared(
