@@ -215,3 +215,75 @@ def test_an_uncertainty_fit_on_a_model_folder_keeps_its_scale_beside_the_outputs
   )
   assert "uncertainty.json" in json.loads((out / ".cdeit-outputs.json").read_text())["files"]
   assert f"kept in {out / 'uncertainty.json'}" in p.stderr
+
+
+def test_an_edit_to_the_manifests_own_fields_is_refused(model_copy):
+  """The recipe, a score, a config value changed, or the manifest's own SHA-256 removed: every
+  reader refuses the folder in one line (before: only the step's files were checked)."""
+  from cdeit_jax.checkpoints import loading
+
+  path = model_copy / "manifest.json"
+  original = path.read_text()
+  shipped.verify(str(model_copy))
+  edits = [
+    lambda m: m.update(recipe="make something-else"),
+    lambda m: m["scores"]["uef2017"]["metrics"]["cdeit"].update(rmse=0.01),
+    lambda m: m["config"]["sampling"].update(steps=50),
+    lambda m: m.pop("manifest_sha256"),
+  ]
+  for edit in edits:
+    m = json.loads(original)
+    edit(m)
+    path.write_text(json.dumps(m, indent=1) + "\n")
+    with pytest.raises(shipped.ManifestError, match=r"its manifest.json was edited") as e:
+      loading.load(str(model_copy))
+    assert str(e.value).startswith(f"model folder {model_copy}: ") and "\n" not in str(e.value)
+  assert "which it lacks" in str(e.value)
+  path.write_text(original)
+  shipped.verify(str(model_copy))
+
+
+def test_a_lost_or_folder_manifest_is_one_line_and_still_read_only(model_copy, tmp_path):
+  """manifest.json deleted from a folder that is obviously a model's (in models/, one step as
+  ship writes it): readers refuse it, train.py refuses to train there (before: an ordinary run);
+  the same step elsewhere, or a converted step in models/, is an ordinary checkpoint.
+  manifest.json that is a folder: one line from eval.py, no traceback."""
+  import shutil
+
+  from cdeit_jax.checkpoints import loading
+
+  (model_copy / "manifest.json").unlink()
+  with pytest.raises(shipped.ManifestError, match=r"its manifest.json is missing"):
+    loading.load(str(model_copy))
+  assert shipped.model_folder_of(str(model_copy / "checkpoints")) == str(model_copy)
+  before = _files(model_copy)
+  _refused(
+    _run("train.py", "--config=configs/test.py", f"--workdir={model_copy / 'checkpoints'}"),
+    "--workdir",
+    model_copy / "checkpoints",
+  )
+  assert _files(model_copy) == before
+  elsewhere = tmp_path / "runs" / "cdeit16"
+  shutil.copytree(model_copy, elsewhere)
+  assert shipped.read(str(elsewhere)) is None and not shipped.lost_manifest(str(elsewhere))
+  (model_copy / "manifest.json").mkdir()
+  p = _run(
+    "eval.py",
+    f"--workdir={model_copy}",
+    "--data=uef2017",
+    f"--data_path={UEF}",
+    f"--out={tmp_path / 'e'}",
+  )
+  assert p.returncode == 1 and p.stderr.count("error:") == 1, p.stderr[-3000:]
+  assert "Traceback" not in p.stderr and "its manifest.json is a folder" in p.stderr
+
+
+def test_a_converted_step_in_models_is_not_taken_for_a_lost_model(tiny_run, tmp_path):
+  """A user's own checkpoint kept in a models/ folder (save_inference, as convert writes it) has
+  no manifest and is no model folder: it reads and trains as before."""
+  import shutil
+
+  mine = tmp_path / "models" / "mine"
+  shutil.copytree(tiny_run, mine)
+  assert not shipped.lost_manifest(str(mine)) and shipped.model_folder_of(str(mine)) is None
+  assert shipped.verify(str(mine)) is None

@@ -260,22 +260,10 @@ def fingerprint(workdir: str, step: int) -> str:
   base = fileio.path(fileio.join(workdir, CHECKPOINTS, str(step)))
   h = hashlib.sha256()
   for item in (WEIGHT_ITEMS["ema"], "meta"):
-    for rel in _files_below(base / item, item):
+    for rel in (f"{item}/{f}" for f in fileio.files_below(base / item)):
       data = (base / rel).read_bytes()
       h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
   return h.hexdigest()
-
-
-def _files_below(folder, prefix: str) -> list[str]:
-  """The files below epath `folder` (local or a bucket's), as sorted '/'-joined paths starting
-  with `prefix`."""
-  if not folder.is_dir():
-    return []
-  out = []
-  for p in folder.iterdir():
-    rel = f"{prefix}/{p.name}"
-    out += _files_below(p, rel) if p.is_dir() else [rel]
-  return sorted(out)
 
 
 def all_steps(workdir: str) -> list[int]:

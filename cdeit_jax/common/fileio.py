@@ -149,6 +149,25 @@ def refuse_own_input(
     )
 
 
+def files_below(p: PathLike) -> list[str]:
+  """Every file below folder `p` (local or a bucket's), as sorted '/'-joined paths relative to
+  it; [] where there is no such folder."""
+  root = path(p)
+  if not root.is_dir():
+    return []
+  found = []
+
+  def walk(folder, prefix: str) -> None:
+    for q in folder.iterdir():
+      if q.is_dir():
+        walk(q, f"{prefix}{q.name}/")
+      else:
+        found.append(f"{prefix}{q.name}")
+
+  walk(root, "")
+  return sorted(found)
+
+
 def writable_folder(p: PathLike, flag: str) -> None:
   """Create folder `p` if needed and check that files can be written there; an InputError
   naming `flag` (e.g. "--workdir") when `p` is a file, read-only or cannot be created."""
