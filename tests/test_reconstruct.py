@@ -216,7 +216,8 @@ def test_bad_frames_are_named_by_file_and_row(rec, uef_ys, tmp_path):
     rec.check_frames(uef_ys / 1040.856 + 5.0, "F")
   # far too small: simulation units given as the device's (the ratio applied twice); a frame
   # equal to its reference (zero) and a device's noise alone (0.3 % of the spread) pass
-  with pytest.raises(InputError, match=r"^F: its frames are typically ~0.000[1-9]\d* of the training"):
+  small = r"^F: its frames are typically ~0.000[1-9]\d* of the training"
+  with pytest.raises(InputError, match=small):
     rec.check_frames(uef_ys / 1040.856, "F")
   std_rms = np.sqrt(np.mean(np.ravel(rec.std) ** 2)) * 1040.856
   noise = np.random.default_rng(0).standard_normal((4, 208)) * 0.003 * std_rms
