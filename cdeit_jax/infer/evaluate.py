@@ -130,7 +130,12 @@ class Evaluator:
     asked = any(k.startswith("wandb.") for k in self.overrides)
     if not self.primary or "metrics" not in r:
       return
-    if asked or tracking.read_run(self.workdir) is not None:
+    try:
+      known = tracking.read_run(self.workdir) is not None
+    except InputError as e:  # W&B's failures never stop the command
+      log.warning(f"W&B: {e}; the evaluation is not logged to W&B")
+      return
+    if asked or known:
       figure = fileio.join(self.out, "reconstructions.png")
       tracking.log_evaluation(
         self.cfg, self.workdir, self.out, self.data_name, r["metrics"], figure
@@ -140,6 +145,11 @@ class Evaluator:
     s, e = self.cfg.sampling, self.cfg.eval
     # a model folder that ships with the code is read-only: a scale fitted on it is an output
     self.scale_beside = e.fit_uncertainty and shipped.model_folder_of(workdir) is not None
+    from cdeit_jax.common import tracking
+
+    logs_to_wandb = any(k.startswith("wandb.") for k in self.overrides)
+    if logs_to_wandb or fileio.path(fileio.join(workdir, tracking.RUN_FILE)).exists():
+      tracking.check_mode_env()  # it will log to W&B: WANDB_MODE checked before any work
     if self.primary:
       names = outputs.OUTPUTS + ((reconstructor.UNCERTAINTY_FILE,) if self.scale_beside else ())
       outputs.check_out(self.out, self.data_path, workdir, names)

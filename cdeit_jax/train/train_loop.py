@@ -89,6 +89,7 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Train (or resume) in `workdir`; returns the last logged metrics."""
   t0 = time.perf_counter()
   config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
+  tracking.settings(cfg)  # W&B's environment (WANDB_MODE) checked before any work
   workdir = fileio.resolve(workdir)
   shipped.refuse_write(workdir, "--workdir")  # at any depth: the model's own checkpoints too
   fileio.writable_folder(workdir, "--workdir")
