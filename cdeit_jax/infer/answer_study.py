@@ -161,7 +161,7 @@ def study(
   if ktc:
     from cdeit_jax.data import ktc2023
 
-    cases = ktc2023.read_cases(ktc)
+    cases = ktc2023.read_cases(ktc, "--ktc")
     fits = challenge.calibrate(cases)
     values = challenge.calibrated_values(cases, fits)
     r = rec.reconstruct_values(values, keep_samples=True, where=ktc)
