@@ -161,3 +161,28 @@ def test_a_damaged_wandb_json_is_a_warning_and_eval_finishes(tiny_run, tmp_path)
     assert len(warned) == 1 and f"{wd / 'wandb.json'}: damaged (" in warned[0], p.stderr[-2000:]
     assert "the evaluation is not logged to W&B" in warned[0]
     assert (out / "metrics.json").exists()
+
+
+def test_an_unreachable_server_goes_offline_within_the_start_timeout(tmp_path, monkeypatch):
+  """Online with credentials but no server answering: the run starts offline after the start
+  timeout (INIT_TIMEOUT_S, 15 s; 2 s here), with one warning (before: wandb's 90 s default
+  held the training up for 95 s)."""
+  import time
+
+  import ml_collections
+
+  from cdeit_jax.common import tracking
+
+  assert tracking.INIT_TIMEOUT_S <= 15
+  monkeypatch.setattr(tracking, "INIT_TIMEOUT_S", 2.0)
+  monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: refused
+  monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+  monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+  monkeypatch.delenv("WANDB_MODE", raising=False)
+  monkeypatch.delenv("WANDB_INIT_TIMEOUT", raising=False)
+  w = ml_collections.ConfigDict(dict(project="p", entity="", name="", tags=(), mode="online"))
+  t0 = time.perf_counter()
+  run, mode = tracking._start(w, str(tmp_path), None, {}, "train")
+  took = time.perf_counter() - t0
+  run.finish()
+  assert mode == "offline" and took < 30, took

@@ -29,6 +29,9 @@ log = logs.log.getChild("wandb")
 
 RUN_FILE = "wandb.json"  # in the workdir: {"id", "project", "entity", "offline_dirs"}
 MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline"}
+# How long an online run may take to start before it goes offline (wandb's own default, 90 s,
+# held every training up for 95 s when the server was unreachable); WANDB_INIT_TIMEOUT overrides
+INIT_TIMEOUT_S = 15.0
 
 
 def settings(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict | None:
@@ -119,7 +122,11 @@ def _init(w, mode: str, run_id: str | None, folder: str, config: dict, job_type:
     dir=_local_dir(folder),
     config=config,
     job_type=job_type,
-    settings=wandb.Settings(console="off", silent=True),
+    settings=wandb.Settings(
+      console="off",
+      silent=True,
+      **({} if os.environ.get("WANDB_INIT_TIMEOUT") else {"init_timeout": INIT_TIMEOUT_S}),
+    ),
   )
 
 
