@@ -27,6 +27,7 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> None:
   del argv
+  from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio, logs
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.eit import calibration, layout
@@ -34,6 +35,8 @@ def main(argv: list[str]) -> None:
   logs.console()
   if not FLAGS.out.lower().endswith(".npz"):
     raise InputError(f"--out {FLAGS.out}: the calibrated device is written as an .npz file")
+  shipped.refuse_write(FLAGS.out, "--out")
+  fileio.refuse_own_input(FLAGS.out, "--out", [("--device", FLAGS.device)], writes=())
   width_deg = given_width(FLAGS.width_deg, FLAGS.electrode_cm, FLAGS.tank_cm)
   lay, reference = layout.from_device_file(
     FLAGS.device,

@@ -85,7 +85,8 @@ def _eval_config() -> ml_collections.ConfigDict:
       tikhonov=False,  # also the built-in one-step Tikhonov/NOSER baseline
       figure=True,
       # K > 1 on simulations (the validation split): fit the factor that calibrates the std
-      # (metrics.fit_uncertainty_scale) and keep it in the checkpoint's step folder, where
+      # (metrics.fit_uncertainty_scale) and keep it in the checkpoint's step folder (a model
+      # folder that ships with the code is read-only: beside the outputs instead), where
       # every later evaluation of that step applies it
       fit_uncertainty=False,
       # --data ktc2023_challenge: how the samples become the challenge's answer

@@ -277,6 +277,9 @@ def main(argv: list[str]) -> None:
 
   del argv
   f = flags.FLAGS
+  from cdeit_jax.checkpoints import shipped
+
+  shipped.refuse_write(f.workdir, "--workdir")
   path = convert(
     f.checkpoint, f.config, f.workdir, stats_dir=f.stats, step=f.step, weights=f.weights
   )

@@ -95,12 +95,15 @@ def _main(argv):
 
   import numpy as np
 
-  from cdeit_jax.checkpoints import loading, reader
-  from cdeit_jax.common import compile_cache, logs
+  from cdeit_jax.checkpoints import loading, reader, shipped
+  from cdeit_jax.common import compile_cache, fileio, logs
   from cdeit_jax.infer import frames, outputs, reconstructor
   from cdeit_jax.infer.reconstructor import Reconstructor, listed
 
   t_start = time.perf_counter()
+  shipped.refuse_write(FLAGS.out, "--out")  # before the model or the frames are read
+  inputs = [("--frames", FLAGS.frames), ("--reference", FLAGS.reference)]
+  fileio.refuse_own_input(FLAGS.out, "--out", inputs, writes=frames.OUTPUTS)
   overrides = cli.checkpoint_overrides()
   reconstructor.check_overrides(overrides)
   if any(k.startswith("wandb.") for k in overrides):

@@ -88,9 +88,11 @@ def simulate(
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}: every setting is a flag")
+  from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio
 
   f = FLAGS
+  shipped.refuse_write(f.out, "--out")
   fileio.writable_folder(fileio.dirname(fileio.resolve(f.out)), "--out")
   seq = simulate(f.num_frames, None if np.isinf(f.snr_db) else f.snr_db, f.seed)
 

@@ -47,13 +47,17 @@ def training_record(workdir: str) -> dict:
   return {"seconds": round(windows + setup, 1), "ended_invocations": ended}
 
 
-def started_from(path: str) -> dict:
+def started_from(path: str, start: dict | None = None) -> dict:
   """The training behind a run's `config.init_from` (a workdir or a model folder), and the
   training behind that one's, nested: where, steps, seconds (`training_record`, or a model
-  folder's manifest)."""
-  from cdeit_jax.checkpoints import checkpoint, shipped
+  folder's manifest). `start`: the step the fine-tuning recorded it started from (checked:
+  `loading.start_folder`), else `path`'s newest (a run fine-tuned before starts were recorded)."""
+  from cdeit_jax.checkpoints import checkpoint, loading, shipped
 
-  workdir, step = checkpoint.resolve(path)
+  if start:
+    workdir, step = loading.start_folder(start, f"config.init_from={path!r}")
+  else:
+    workdir, step = checkpoint.resolve(path)
   manifest = shipped.read(workdir)
   if manifest is not None:
     t = manifest.get("training", {})
@@ -63,9 +67,10 @@ def started_from(path: str) -> dict:
       "seconds": t.get("seconds_in_all", t.get("seconds")),
     }
   record = {"workdir": os.path.abspath(workdir), "steps": step, **training_record(workdir)}
-  earlier = checkpoint.read_meta(workdir, step).get("config", {}).get("init_from")
+  meta = checkpoint.read_meta(workdir, step)
+  earlier = meta.get("config", {}).get("init_from")
   if earlier:
-    record["started_from"] = started_from(earlier)
+    record["started_from"] = started_from(earlier, meta.get("init_from"))
   return record
 
 
@@ -168,6 +173,8 @@ def ship(
   given = scores(score_pairs)  # every input checked before anything is written
   chosen = settings(set_pairs)
   out = os.path.abspath(out)
+  if shipped.model_folder_of(os.path.dirname(out)) is not None:  # itself: replaced whole
+    shipped.refuse_write(out, "--out")
   if os.path.exists(out) and os.listdir(out) and shipped.read(out) is None:
     raise InputError(f"--out {out}: holds files and no {shipped.MANIFEST}; give a new folder")
   with reader.open_run(workdir, step) as run:
@@ -194,8 +201,9 @@ def ship(
   cfg = meta.config
   made_of = meta.record.get("source")
   training = {"steps": meta.step, **training_record(workdir)}
-  if cfg.get("init_from"):  # fine-tuned: the time of what it started from counts too
-    training["started_from"] = started_from(cfg.init_from)
+  again = shipped.read(workdir)  # a model folder shipped again (another rule, say)
+  if again is None and cfg.get("init_from"):  # fine-tuned: what it started from counts too
+    training["started_from"] = started_from(cfg.init_from, meta.record.get("init_from"))
     training["seconds_in_all"] = _seconds_in_all(training)
   record = {
     "name": os.path.basename(out),
@@ -213,6 +221,8 @@ def ship(
     },
     "scores": given,
   }
+  if again is not None:  # its training is the one its manifest records, wherever it was built
+    record["training"] = {**again["training"], "shipped": record["training"]["shipped"]}
   manifest = shipped.write(stage, meta.step, record)
   old = f"{out}.old"
   if os.path.exists(out):

@@ -245,6 +245,9 @@ def main(argv: list[str]) -> None:
       f"comma-separated subset of {','.join(SPLITS)}"
     )
   counts = {"train": f.num_train, "valid": f.num_valid, "test": f.num_test}
+  from cdeit_jax.checkpoints import shipped
+
+  shipped.refuse_write(f.out, "--out")
   r = generate(f.out, counts, f.config.simulator, f.batch_size, tr)
   rate = f", {r['examples_per_s']:.1f} examples/s" if r["generated"] else ""
   print(f"{f.out}: generated {r['generated']} examples in {r['seconds']:.1f} s{rate}")

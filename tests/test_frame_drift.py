@@ -40,3 +40,34 @@ def test_fit_recovers_an_injected_drift():
   assert abs(got["drift"] - drift) < 1e-4 and abs(got["a"] - drift) < 1e-3
   assert abs(got["gain"] - gain) < 1e-3 * gain
   assert got["residual"] < 1e-3 and got["residual_without_drift"] > 0.3
+
+
+def test_the_command_says_bad_flags_and_folders_in_one_line(tmp_path):
+  """--contrast 0, nan or negative (before: NaN fits with rc 0, or a LinAlgError),
+  --contact_impedance 0, and a folder without levels: rc 1, one line naming the command's own
+  flag (--data, not eval.py's --data_path), no traceback."""
+  import subprocess
+  import sys
+
+  from conftest import REPO
+
+  levels = REPO / "data" / "ktc2023" / "levels"
+  for args, words in (
+    ([f"--data={levels}", "--contrast=0"], "--contrast 0: must be a positive number (the obj"),
+    ([f"--data={levels}", "--contrast=nan"], "--contrast nan: must be a positive number"),
+    ([f"--data={levels}", "--contrast=-2"], "--contrast -2: must be a positive number"),
+    ([f"--data={levels}", "--contact_impedance=0"], "--contact_impedance 0: must be a positive"),
+    ([f"--data={tmp_path}"], f"--data {tmp_path}: no level_K folders"),
+    ([f"--data={tmp_path / 'none'}"], f"--data {tmp_path / 'none'}: no such folder"),
+  ):
+    p = subprocess.run(
+      [sys.executable, "-m", "cdeit_jax.data.frame_drift", *args],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=120,
+    )
+    lines = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {words}"), p.stderr[-2000:]
+    assert p.stdout == ""

@@ -343,3 +343,38 @@ def test_damaged_step_set_aside_and_debug_log_in_a_bucket(gcs):
   logs.debug_log(wd, enabled=False)  # closes the handler: waits for its upload
   assert fileio.read_text(f"{wd}/debug.log").splitlines()[0] == "earlier run"
   assert fileio.read_text(f"{wd}/debug.log").splitlines()[1].endswith(" step 7 unreadable")
+
+
+def test_a_model_folder_in_a_bucket_is_verified_and_read_only(gcs):
+  """models/cdeit16 copied into the bucket verifies and loads; one byte of a weight file, an
+  edit to the manifest's recipe, or an added file is refused in one line (before: a bucket's
+  model folder was read unchecked); a path below it is refused as an output."""
+  from cdeit_jax.checkpoints import loading, shipped
+  from cdeit_jax.common.errors import InputError
+
+  src, url = REPO / "models" / "cdeit16", f"{gcs}/models/cdeit16"
+  for f in sorted(p for p in src.rglob("*") if p.is_file()):
+    fileio.path(f"{url}/{f.relative_to(src)}").write_bytes(f.read_bytes())
+  assert shipped.verify(url)["name"] == "cdeit16"
+  loading.load(url)
+  step = json.loads((src / "manifest.json").read_text())["step"]
+  with pytest.raises(InputError, match=rf"--out {url}/checkpoints/{step}/x lies inside the model"):
+    shipped.refuse_write(f"{url}/checkpoints/{step}/x", "--out")
+  weights = max(
+    (p for p in src.rglob("*") if p.is_file() and "/ema/" in str(p)), key=lambda p: p.stat().st_size
+  )
+  target = fileio.path(f"{url}/{weights.relative_to(src)}")
+  changed = bytearray(weights.read_bytes())
+  changed[len(changed) // 2] ^= 1
+  target.write_bytes(bytes(changed))
+  with pytest.raises(shipped.ManifestError, match=rf"model folder {url}: its weights' SHA-256"):
+    loading.load(url)
+  target.write_bytes(weights.read_bytes())
+  manifest = json.loads((src / "manifest.json").read_text())
+  fileio.path(f"{url}/manifest.json").write_text(json.dumps({**manifest, "recipe": "x"}))
+  with pytest.raises(shipped.ManifestError, match=r"its manifest.json was edited"):
+    shipped.verify(url)
+  fileio.path(f"{url}/manifest.json").write_bytes((src / "manifest.json").read_bytes())
+  fileio.path(f"{url}/checkpoints/{step}/extra.txt").write_text("x")
+  with pytest.raises(shipped.ManifestError, match=r"files added: \['checkpoints/.*/extra.txt'\]"):
+    shipped.verify(url)

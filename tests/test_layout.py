@@ -441,3 +441,57 @@ def test_a_file_of_two_protocols_narrows_to_one_and_a_device_round_trips(tmp_pat
   np.testing.assert_allclose(back.angles, calibrated.angles, atol=1e-12)
   np.testing.assert_array_equal(w, v)
   assert not back.measures_as(adjacent)
+
+
+def test_a_device_file_with_an_idle_or_contradicting_repeat_is_refused(tmp_path):
+  """KTC2023's reference file with a pattern of no current, a pattern copied over another (its
+  values still the other's), or a measured pair copied over another: each refused in one line
+  naming the key and columns (before: calibrated silently at 2-3 times the residual). KTC's own
+  four repeated patterns (their values agree to 0.1 %) and a pair repeated in reverse with the
+  negated values read as before."""
+  ref = scipy.io.loadmat(str(LEVELS / "level_1" / "ref.mat"))
+  lay.from_device_file(str(LEVELS / "level_1" / "ref.mat"))
+
+  def variant(name, change):
+    d = {k: np.array(ref[k]) for k in ("Injref", "Mpat", "Uelref")}
+    change(d)
+    path = str(tmp_path / f"{name}.mat")
+    scipy.io.savemat(path, d)
+    return path
+
+  def idle(d):
+    d["Injref"][:, 5] = 0
+
+  def copied_pattern(d):
+    d["Injref"][:, 5] = d["Injref"][:, 4]
+
+  def copied_pair(d):
+    d["Mpat"][:, 3] = d["Mpat"][:, 2]
+
+  def reversed_pair(d):
+    d["Mpat"][:, 3] = -d["Mpat"][:, 2]
+    u = d["Uelref"].reshape(76, 31)
+    u[:, 3] = -u[:, 2]
+    d["Uelref"] = u.reshape(-1, 1)
+
+  for name, change, words in (
+    ("idle", idle, r"Injref columns 5 carry no current \(all zero\)"),
+    ("pattern", copied_pattern, r"Injref columns 4 and 5 are the same currents, yet their val"),
+    ("pair", copied_pair, r"Mpat columns 2 and 3 are the same pair, yet their values in Uel"),
+  ):
+    with pytest.raises(InputError, match=rf"^{re.escape(str(tmp_path / name))}\.mat: {words}"):
+      lay.from_device_file(variant(name, change))
+  lay.from_device_file(variant("reversed", reversed_pair))
+  with pytest.raises(InputError, match="carry no current"):  # the kept patterns only
+    lay.from_device_file(variant("idle", idle), patterns="0-5")
+  lay.from_device_file(variant("idle", idle), patterns="0-4")
+  p = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.calibrate", f"--device={tmp_path / 'pair.mat'}"]
+    + [f"--out={tmp_path / 'd.npz'}"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=300,
+  )
+  assert p.returncode == 1 and p.stderr.count("error:") == 1 and "Traceback" not in p.stderr
+  assert "are the same pair" in p.stderr and not (tmp_path / "d.npz").exists()

@@ -214,6 +214,17 @@ def test_bad_frames_are_named_by_file_and_row(rec, uef_ys, tmp_path):
     "carry a constant offset",
   ):
     rec.check_frames(uef_ys / 1040.856 + 5.0, "F")
+  # far too small: simulation units given as the device's (the ratio applied twice); a frame
+  # equal to its reference (zero) and a device's noise alone (0.3 % of the spread) pass
+  small = r"^F: its frames are typically ~0.000[1-9]\d* of the training"
+  with pytest.raises(InputError, match=small):
+    rec.check_frames(uef_ys / 1040.856, "F")
+  std_rms = np.sqrt(np.mean(np.ravel(rec.std) ** 2)) * 1040.856
+  noise = np.random.default_rng(0).standard_normal((4, 208)) * 0.003 * std_rms
+  np.testing.assert_array_equal(
+    rec.check_frames(np.vstack([uef_ys, 0 * uef_ys[:1]]), "F"), range(7)
+  )
+  np.testing.assert_array_equal(rec.check_frames(noise, "F"), range(4))
   with pytest.raises(InputError, match="reference frame holds NaN"):
     rec.difference(frames=uef_ys, reference=np.full(208, np.nan))
 

@@ -137,7 +137,8 @@ def test_a_changed_byte_or_file_is_refused_in_one_line(model_folder, tmp_path):
   with pytest.raises(shipped.ManifestError, match="manifest.json: unreadable"):
     loading.load(str(bad))
   rc, _, err = run_train(out, "--config.steps=2")
-  assert rc == 1 and "a model folder that ships with the code" in err, err[-2000:]
+  refused = f"--workdir {out} is the model folder {out}, which ships with the code"
+  assert rc == 1 and refused in err, err[-2000:]
   (tmp_path / "notes").mkdir()
   (tmp_path / "notes" / "mine.txt").write_text("keep")
   p = _run("-m", "cdeit_jax.ship", f"--workdir={out}", f"--out={tmp_path / 'notes'}")
@@ -241,8 +242,13 @@ def test_wise_ft_writes_the_line_between_start_and_fine_tuned(tmp_path):
 
   interpolate.write(str(tmp_path / "fine"), 0.25, str(tmp_path / "wise"))  # replaced whole
   assert sorted(os.listdir(tmp_path / "wise")) == ["checkpoints"]
-  with pytest.raises(InputError, match=r"--out .*start: exists and is not a checkpoint written"):
+  with pytest.raises(InputError, match=r"--out .*start contains the checkpoints it started from"):
     interpolate.write(str(tmp_path / "fine"), 0.25, str(tmp_path / "start"))
+  (tmp_path / "mine").mkdir()
+  with pytest.raises(InputError, match=r"--out .*mine: exists and is not a checkpoint written"):
+    interpolate.write(str(tmp_path / "fine"), 0.25, str(tmp_path / "mine"))
+  with pytest.raises(InputError, match=r"--out .*fine/checkpoints/w lies inside --workdir's check"):
+    interpolate.write(str(tmp_path / "fine"), 0.25, str(tmp_path / "fine" / "checkpoints" / "w"))
   with pytest.raises(InputError, match=r"--alpha 0.5: this run did not start from another"):
     interpolate.write(str(tmp_path / "start"), 0.5, str(tmp_path / "o2"))
   _random_step(tmp_path / "other", cfg, 3, mean_factor=2.0)
@@ -263,3 +269,76 @@ def test_the_models_in_the_repository_match_their_manifests():
   for folder in folders:
     manifest = shipped.verify(str(folder))
     assert manifest is not None and manifest["name"] == folder.name
+
+
+def test_interpolation_mixes_the_step_the_fine_tuning_started_from(straight_run, tmp_path):
+  """A (a copy of the 24-step run) fine-tuned into B, then A trained on to step 32: B records
+  A's step 24 and its fingerprint, and interpolate mixes step 24 (by hand), not the newest
+  (before: A's step 32). A step 24 whose EMA bytes changed, or that is gone, is refused in one
+  line naming the step and the run. A model shipped from B ships again once A's step is gone
+  (its manifest's training kept)."""
+  import shutil
+
+  from cdeit_jax.checkpoints import interpolate
+
+  a, b = tmp_path / "A", tmp_path / "B"
+  shutil.copytree(straight_run, a)
+  rc, _, err = run_train(b, "--config.steps=1", f"--config.init_from={a}")
+  assert rc == 0, err[-3000:]
+  rc, _, err = run_train(a, "--config.steps=32", "--config.eval_every=8")
+  assert rc == 0, err[-3000:]
+  assert 32 in checkpoint.all_steps(str(a)) and 24 in checkpoint.all_steps(str(a))
+  record = checkpoint.read_meta(str(b), 1)["init_from"]
+  assert (record["workdir"], record["step"]) == (str(a), 24)
+  assert record["sha256"] == checkpoint.fingerprint(str(a), 24)
+  interpolate.write(str(b), 0.5, str(tmp_path / "wise"))
+  made, meta = loading.load(str(tmp_path / "wise"))
+  assert meta["source"].startswith(f"WiSE-FT: 0.5 x {a} step 24 + 0.5 x {b} step 1")
+  start, _ = loading.load(str(a), step=24, weights="ema")
+  fine, _ = loading.load(str(b), weights="ema")
+  by_hand = jax.tree.map(
+    lambda s, f: 0.5 * np.asarray(s) + 0.5 * np.asarray(f),
+    nnx.state(start, nnx.Param),
+    nnx.state(fine, nnx.Param),
+  )
+  for x, y in zip(jax.tree.leaves(nnx.state(made, nnx.Param)), jax.tree.leaves(by_hand)):
+    np.testing.assert_allclose(np.asarray(x), y, rtol=1e-6, atol=1e-7)
+
+  first = ship.ship(str(b), str(tmp_path / "M1"), "r", [], None)  # records A step 24
+  assert first["training"]["started_from"]["steps"] == 24
+
+  big = max(
+    (p for p in (a / "checkpoints" / "24" / "ema").rglob("*") if p.is_file()),
+    key=lambda p: p.stat().st_size,
+  )
+  data = bytearray(big.read_bytes())
+  data[len(data) // 2] ^= 1
+  big.write_bytes(bytes(data))
+  p = _run(
+    "-m",
+    "cdeit_jax.checkpoints.interpolate",
+    f"--workdir={b}",
+    "--alpha=0.5",
+    f"--out={tmp_path / 'w2'}",
+  )
+  assert p.returncode == 1 and p.stderr.count("error:") == 1 and "Traceback" not in p.stderr, (
+    p.stderr
+  )
+  assert (
+    f"fine-tuned from step 24 of {a} (config.init_from), whose EMA weights or metadata changed"
+    in p.stderr
+  )
+  shutil.rmtree(a / "checkpoints" / "24")
+  with pytest.raises(
+    InputError,
+    match=rf"from step 24 of {a} \(config.init_from\), which is gone \(that folder holds \[.*32\]",
+  ):
+    interpolate.write(str(b), 0.5, str(tmp_path / "w3"))
+  assert not (tmp_path / "w2").exists() and not (tmp_path / "w3").exists()
+  # the model shipped from B, away from A (its builder's start is gone): shipped again with
+  # another rule, its manifest keeps the training it records
+  again = ship.ship(
+    str(tmp_path / "M1"), str(tmp_path / "M2"), "r2", [], None, ["sampling.steps=3"]
+  )
+  assert again["training"] == {**first["training"], "shipped": again["training"]["shipped"]}
+  assert again["config"]["sampling"]["steps"] == 3

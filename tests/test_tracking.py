@@ -107,3 +107,82 @@ def test_without_a_project_nothing_imports_wandb(tmp_path):
       assert lines and all(line.startswith("  ") for line in lines)
     else:
       assert lines == [], path
+
+
+def test_wandb_mode_unknown_is_one_line_before_work_and_empty_is_unset(tmp_path, monkeypatch):
+  """WANDB_MODE=garbage with a project: train.py refuses in one line naming the variable and its
+  modes, before anything is written (before: W&B turned itself off with a 4-line validation
+  error); WANDB_MODE left empty counts as unset (removed: wandb refuses an empty one)."""
+  from cdeit_jax.common import tracking
+  from cdeit_jax.common.errors import InputError
+
+  env = dict(os.environ, WANDB_MODE="garbage", WANDB_DIR=str(tmp_path / "D"))
+  rc, _, err = run_train(tmp_path / "run", *FLAGS, "--config.steps=5", env=env)
+  lines = [x for x in err.splitlines() if x.startswith("error:")]
+  assert rc == 1 and "Traceback" not in err, err[-3000:]
+  assert lines == [
+    "error: WANDB_MODE='garbage': not a W&B mode; set it to online, offline or disabled, or "
+    "unset it (then online with credentials, else offline)"
+  ]
+  assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "D").exists()
+  monkeypatch.setenv("WANDB_MODE", "")
+  tracking.check_mode_env()
+  assert "WANDB_MODE" not in os.environ
+  monkeypatch.setenv("WANDB_MODE", "dryrun")
+  tracking.check_mode_env()
+  monkeypatch.setenv("WANDB_MODE", "Offline")
+  with pytest.raises(InputError, match="WANDB_MODE='Offline': not a W&B mode"):
+    tracking.check_mode_env()
+
+
+def test_a_damaged_wandb_json_is_a_warning_and_eval_finishes(tiny_run, tmp_path):
+  """WORKDIR/wandb.json that is not a run record (garbage, a list, no id): eval.py writes its
+  outputs and exits 0 with one warning naming the file (before: rc 1 and a traceback after the
+  outputs were written)."""
+  import shutil
+
+  wd = tmp_path / "run"
+  shutil.copytree(tiny_run, wd)
+  for i, text in enumerate(("{garbage", "[1, 2]", '{"project": "p"}')):
+    (wd / "wandb.json").write_text(text)
+    out = tmp_path / f"e{i}"
+    p = subprocess.run(
+      [sys.executable, "eval.py", f"--workdir={wd}", "--data=uef2017", f"--data_path={UEF}"]
+      + [f"--out={out}", "--config.eval.max_examples=2", "--config.sampling.steps=1"]
+      + ["--config.sampling.num_samples=1", "--config.eval.figure=False"],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      env=dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "D")),
+      timeout=300,
+    )
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    warned = [x for x in p.stderr.splitlines() if "W&B:" in x]
+    assert len(warned) == 1 and f"{wd / 'wandb.json'}: damaged (" in warned[0], p.stderr[-2000:]
+    assert "the evaluation is not logged to W&B" in warned[0]
+    assert (out / "metrics.json").exists()
+
+
+def test_an_unreachable_server_goes_offline_within_the_start_timeout(tmp_path, monkeypatch):
+  """Online with credentials but no server answering: the run starts offline after the start
+  timeout (INIT_TIMEOUT_S, 15 s; 2 s here), with one warning (before: wandb's 90 s default
+  held the training up for 95 s)."""
+  import time
+
+  import ml_collections
+
+  from cdeit_jax.common import tracking
+
+  assert tracking.INIT_TIMEOUT_S <= 15
+  monkeypatch.setattr(tracking, "INIT_TIMEOUT_S", 2.0)
+  monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # the discard port: refused
+  monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+  monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+  monkeypatch.delenv("WANDB_MODE", raising=False)
+  monkeypatch.delenv("WANDB_INIT_TIMEOUT", raising=False)
+  w = ml_collections.ConfigDict(dict(project="p", entity="", name="", tags=(), mode="online"))
+  t0 = time.perf_counter()
+  run, mode = tracking._start(w, str(tmp_path), None, {}, "train")
+  took = time.perf_counter() - t0
+  run.finish()
+  assert mode == "offline" and took < 30, took

@@ -20,6 +20,7 @@ holds one weight set and `meta`.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -250,6 +251,19 @@ def pick_step(path: str, steps: list[int], step: int | None = None) -> int:
   if step not in steps:
     raise MissingFile(f"checkpoint {path}: no step {step} (have {sorted(steps)})")
   return step
+
+
+def fingerprint(workdir: str, step: int) -> str:
+  """SHA-256 of a step's EMA weights and metadata (each file's path, size and bytes, in order):
+  recorded by a fine-tuning for the step it starts from, so that a later use of that start
+  (`checkpoints.interpolate`) knows the step is still the one it trained from."""
+  base = fileio.path(fileio.join(workdir, CHECKPOINTS, str(step)))
+  h = hashlib.sha256()
+  for item in (WEIGHT_ITEMS["ema"], "meta"):
+    for rel in (f"{item}/{f}" for f in fileio.files_below(base / item)):
+      data = (base / rel).read_bytes()
+      h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+  return h.hexdigest()
 
 
 def all_steps(workdir: str) -> list[int]:

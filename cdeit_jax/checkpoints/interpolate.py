@@ -23,9 +23,9 @@ import numpy as np
 from absl import flags
 from flax import nnx
 
-from cdeit_jax.checkpoints import checkpoint, loading
-from cdeit_jax.common import fileio
-from cdeit_jax.common.errors import InputError
+from cdeit_jax.checkpoints import checkpoint, loading, shipped
+from cdeit_jax.common import fileio, logs
+from cdeit_jax.common.errors import CdeitError, InputError
 
 FLAGS = flags.FLAGS
 
@@ -44,7 +44,7 @@ def wise_ft(model: nnx.Module, meta, alpha: float) -> dict[str, Any]:
       f"{where}: this run did not start from another (its config.init_from is empty); "
       "WiSE-FT interpolates a fine-tuned run with the checkpoint it started from"
     )
-  workdir, step = checkpoint.resolve(start_path)
+  workdir, step = start_step(meta.record, where)
   start, start_record = loading.load(workdir, weights="ema", step=step)
   start_mean, start_std = checkpoint.meta_stats(start_record)
   same = {
@@ -70,6 +70,21 @@ def wise_ft(model: nnx.Module, meta, alpha: float) -> dict[str, Any]:
   return {"alpha": float(alpha), "start": f"{fileio.resolve(workdir)} step {step}"}
 
 
+def start_step(record: dict[str, Any], where: str) -> tuple[str, int]:
+  """(workdir, step) a fine-tuned step (`record`: its metadata) started from: the step it
+  recorded when it started (`loading.start_folder`: refused in one line where that step is gone
+  or changed), or, for a run fine-tuned before starts were recorded, its config.init_from's
+  newest step (logged)."""
+  if record.get("init_from"):
+    return loading.start_folder(record["init_from"], where)
+  workdir, step = checkpoint.resolve(record["config"]["init_from"])
+  logs.log.warning(
+    f"{where}: this run records no start step (fine-tuned by an earlier version); mixing "
+    f"{workdir} step {step}, its config.init_from's newest"
+  )
+  return workdir, step
+
+
 def write(workdir: str, alpha: float, out: str, step: int | None = None) -> str:
   """The WiSE-FT checkpoint of the fine-tuned run at `workdir` (its best validated step, or
   `step`) written to the workdir `out` (new, or an earlier WiSE-FT checkpoint, replaced whole
@@ -82,6 +97,8 @@ def write(workdir: str, alpha: float, out: str, step: int | None = None) -> str:
       f"--out {out}: the interpolated checkpoint is written to a local folder (it replaces an "
       "earlier one by a rename); give a local --out and copy it to the bucket afterwards"
     )
+  shipped.refuse_write(out, "--out")
+  fileio.refuse_own_input(out, "--out", _inputs(workdir, step))
   out = fileio.resolve(out)
   if os.path.exists(out) and not _is_wise_ft(out):
     raise InputError(
@@ -96,11 +113,24 @@ def write(workdir: str, alpha: float, out: str, step: int | None = None) -> str:
   return folder.replace(stage, out, 1)
 
 
+def _inputs(workdir: str, step: int | None) -> list[tuple[str, str]]:
+  """The checkpoints the command reads (the fine-tuned run's and its start's), as `--out` must
+  not be, lie in or hold them."""
+  wd, st = checkpoint.resolve(workdir, step)
+  found = [("--workdir's checkpoints", fileio.join(wd, checkpoint.CHECKPOINTS))]
+  record = checkpoint.read_meta(wd, st)
+  start = (record.get("init_from") or {}).get("workdir") or record["config"].get("init_from")
+  if start:
+    start_wd = checkpoint.locate(start)[0] if fileio.path(start).exists() else start
+    found.append(("the checkpoints it started from", fileio.join(start_wd, checkpoint.CHECKPOINTS)))
+  return found
+
+
 def _is_wise_ft(path: str) -> bool:
   try:
     workdir, step = checkpoint.resolve(path)
     return str(checkpoint.read_meta(workdir, step).get("source", "")).startswith("WiSE-FT:")
-  except InputError:
+  except CdeitError:  # not a checkpoint at all (MissingFile), or not one that reads
     return False
 
 
@@ -128,7 +158,6 @@ def _write(workdir: str, alpha: float, out: str, step: int | None) -> str:
 
 def main(argv: list[str]) -> None:
   del argv
-  from cdeit_jax.common import logs
 
   logs.console()
   folder = write(FLAGS.workdir, FLAGS.alpha, FLAGS.out, FLAGS.step)

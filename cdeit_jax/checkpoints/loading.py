@@ -14,6 +14,7 @@ from flax import nnx
 from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint
 from cdeit_jax.checkpoints.checkpoint import CHECKPOINTS, FORMAT_V1, WEIGHT_ITEMS
+from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.common.variables import Fixed
 from cdeit_jax.model import network
@@ -163,6 +164,41 @@ def _load_v1(abstract: CDEIT, workdir: str, step: int, weights: str, sharding, m
   graphdef, state, rest = nnx.split(abstract, nnx.Any(nnx.Param, Fixed), ...)
   nnx.replace_by_pure_dict(state, restored)
   return nnx.merge(graphdef, state, rest)
+
+
+def start_of(path: str) -> dict[str, Any]:
+  """The step a fine-tuning starts from (`config.init_from`: a workdir's newest step, or one
+  step folder), resolved once, when the fine-tuning starts: {given, workdir, step, sha256
+  (`checkpoint.fingerprint`)}. Every step of the run records it (meta["init_from"]), so its start
+  is that step, not whichever is newest later (`start_folder`)."""
+  workdir, step = checkpoint.resolve(path)
+  return {
+    "given": path,
+    "workdir": fileio.resolve(workdir),
+    "step": int(step),
+    "sha256": checkpoint.fingerprint(workdir, step),
+  }
+
+
+def start_folder(record: dict[str, Any], where: str) -> tuple[str, int]:
+  """(workdir, step) of the start a fine-tuning recorded (`start_of`), checked: an InputError
+  naming `where` when that step is gone or is no longer the one trained from."""
+  workdir, step = record["workdir"], int(record["step"])
+  folder = fileio.join(workdir, CHECKPOINTS, str(step))
+  again = "restore that step, or fine-tune again from the start you mean"
+  if not fileio.path(folder).is_dir():
+    have = checkpoint.all_steps(workdir) if fileio.path(workdir).is_dir() else "nothing"
+    raise InputError(
+      f"{where}: this run was fine-tuned from step {step} of {workdir} (config.init_from), "
+      f"which is gone (that folder holds {have}); it is the step that is used, no other: {again}"
+    )
+  if checkpoint.fingerprint(workdir, step) != record["sha256"]:
+    raise InputError(
+      f"{where}: this run was fine-tuned from step {step} of {workdir} (config.init_from), "
+      "whose EMA weights or metadata changed since (their SHA-256 is not the one recorded when "
+      f"the fine-tuning started); it is the step that is used, as it was: {again}"
+    )
+  return workdir, step
 
 
 def initial_params(

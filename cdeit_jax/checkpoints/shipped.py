@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import re
 from typing import Any
 
 from cdeit_jax.common import fileio
@@ -22,6 +22,7 @@ from cdeit_jax.common.errors import InputError
 
 MANIFEST = "manifest.json"
 FORMAT = "cdeit-jax model v1"
+OWN = "manifest_sha256"  # the manifest's own fields' SHA-256 (`own_digest`)
 CHECKPOINTS = "checkpoints"  # as checkpoint.CHECKPOINTS (that module imports this one)
 
 
@@ -29,13 +30,77 @@ class ManifestError(InputError):
   """A model folder whose files are not those its manifest names (one line)."""
 
 
+def restore_advice(folder: str) -> str:
+  """The commands that put a model folder back as it was shipped: its tracked files restored
+  and every file added there removed (`git checkout` alone leaves added files behind)."""
+  return (
+    f"git checkout -- {folder} && git clean -fdx {folder} (a copy outside git: copy it again, "
+    "or ship it again with python -m cdeit_jax.ship)"
+  )
+
+
+def is_model_folder(folder: str) -> bool:
+  """Whether `folder` is a model folder that ships with the code: it holds `manifest.json`
+  (a file, or anything else under that name: a damaged one) beside a `checkpoints/` folder, or
+  it has lost its manifest (`lost_manifest`)."""
+  p = fileio.path(folder)
+  return ((p / MANIFEST).exists() and (p / CHECKPOINTS).is_dir()) or lost_manifest(folder)
+
+
+def lost_manifest(folder: str) -> bool:
+  """Whether `folder` is obviously a model folder whose manifest was deleted: no manifest, a
+  `models/` folder above it, and under `checkpoints/` one step as `python -m cdeit_jax.ship`
+  writes it (EMA weights and metadata only, made of a run's step: "RUN step N (EMA weights)")."""
+  p = fileio.path(folder)
+  if p.parent.name != "models" or (p / MANIFEST).exists() or not (p / CHECKPOINTS).is_dir():
+    return False
+  steps = [q for q in (p / CHECKPOINTS).iterdir()]
+  if len(steps) != 1 or not steps[0].name.isdigit():
+    return False
+  items = {q.name for q in steps[0].iterdir()}
+  if "ema" not in items or {"params", "opt_state"} & items:
+    return False
+  try:
+    source = json.loads((steps[0] / "meta" / "metadata").read_text()).get("source", "")
+  except (OSError, ValueError, AttributeError):
+    return False
+  return bool(re.fullmatch(r".+ step \d+ \(EMA weights\)", source)) and not source.startswith(
+    "WiSE-FT:"
+  )
+
+
+def model_folder_of(path: str) -> str | None:
+  """The model folder that ships with the code that `path` is or lies inside, at any depth (the
+  nearest from `path` up: links resolved, buckets too); None for any other path. `path` need
+  not exist (an output about to be made)."""
+  p = fileio.path(fileio.real(path))
+  for folder in (p, *p.parents):
+    if str(folder).rstrip("/").endswith(":") or str(folder) in ("/", ""):
+      break  # the root, or a bucket's scheme
+    if is_model_folder(str(folder)):
+      return str(folder)
+  return None
+
+
+def refuse_write(path: str, flag: str) -> None:
+  """The one rule of every command that writes: nothing is written into a model folder that
+  ships with the code, at any depth (its files are its manifest's; a changed or added file makes
+  every command refuse it). An InputError in one line naming `flag` and the folder, raised before
+  any work; reads nothing else."""
+  folder = model_folder_of(path)
+  if folder is None:
+    return
+  where = "is" if fileio.real(path) == folder else "lies inside"
+  raise InputError(
+    f"{flag} {path} {where} the model folder {folder}, which ships with the code and is "
+    f"read-only (every file is checked against its {MANIFEST}): give a path outside it; if "
+    f"anything was written there, restore it: {restore_advice(folder)}"
+  )
+
+
 def files_of(folder: str) -> list[str]:
-  """Every file under `folder`, as sorted paths relative to it ('/'-separated)."""
-  out = []
-  for root, _, names in os.walk(folder):
-    for n in names:
-      out.append(os.path.relpath(os.path.join(root, n), folder).replace(os.sep, "/"))
-  return sorted(out)
+  """Every file under `folder` (local or a bucket's), as sorted paths relative to it."""
+  return fileio.files_below(folder)
 
 
 def digest(folder: str, files: list[str]) -> str:
@@ -43,47 +108,73 @@ def digest(folder: str, files: list[str]) -> str:
   a file added, removed, renamed or changed by one byte changes it."""
   h = hashlib.sha256()
   for rel in files:
-    with open(os.path.join(folder, rel), "rb") as fh:
-      data = fh.read()
+    data = fileio.path(fileio.join(folder, rel)).read_bytes()
     h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
   return h.hexdigest()
+
+
+def own_digest(manifest: dict[str, Any]) -> str:
+  """SHA-256 of the manifest's own fields (recipe, config, scores, training... all but
+  `manifest_sha256` itself, as sorted JSON): an edit to any of them changes it."""
+  fields = {k: v for k, v in manifest.items() if k != OWN}
+  return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def step_files(workdir: str, step: int) -> list[str]:
   """The files of a step, relative to the workdir."""
   rel = f"{CHECKPOINTS}/{step}"
-  return [f"{rel}/{f}" for f in files_of(os.path.join(workdir, rel))]
+  return [f"{rel}/{f}" for f in files_of(fileio.join(workdir, rel))]
+
+
+def _damaged(workdir: str, problem: str) -> ManifestError:
+  return ManifestError(
+    f"model folder {workdir}: {problem}; the model is damaged or was edited: restore it: "
+    f"{restore_advice(workdir)}"
+  )
 
 
 def read(workdir: str) -> dict[str, Any] | None:
   """The folder's manifest, or None where it has none (a training run); a manifest that is not
-  JSON is a ManifestError."""
+  JSON, is a folder, or is missing from what is obviously a model folder (`lost_manifest`) is a
+  ManifestError."""
   path = fileio.join(workdir, MANIFEST)
+  if fileio.path(path).is_dir():
+    raise _damaged(workdir, f"its {MANIFEST} is a folder, not the model's manifest")
   text = fileio.read_text(path)
   if text is None:
+    if lost_manifest(workdir):
+      raise _damaged(workdir, f"its {MANIFEST} is missing (one shipped step in a models/ folder)")
     return None
   try:
     manifest = json.loads(text)
     if manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), list):
       raise ValueError(f"not a {FORMAT} manifest")
   except (ValueError, AttributeError) as e:
-    raise ManifestError(f"{path}: unreadable ({e}); restore the model folder") from None
+    raise ManifestError(
+      f"{path}: unreadable ({e}); restore the model folder: {restore_advice(workdir)}"
+    ) from None
   return manifest
 
 
 def verify(workdir: str) -> dict[str, Any] | None:
-  """Check a model folder against its manifest (nothing to check without one): the files of
-  its step must be exactly those listed, with the listed SHA-256; else a ManifestError naming
-  the folder and what differs. Returns the manifest."""
+  """Check a model folder (local or in a bucket) against its manifest (nothing to check without
+  one): the manifest's own fields must match its own SHA-256, and the files of its step must be
+  exactly those listed, with the listed SHA-256; else a ManifestError naming the folder and what
+  differs. Returns the manifest."""
   manifest = read(workdir)
-  if manifest is None or fileio.is_remote(workdir):
+  if manifest is None:
     return manifest
   step = manifest.get("step")
-  have = step_files(workdir, step) if os.path.isdir(f"{workdir}/{CHECKPOINTS}/{step}") else []
+  have = step_files(workdir, step)
   listed = list(manifest["files"])
-  steps = sorted(os.listdir(os.path.join(workdir, CHECKPOINTS)))
+  steps = sorted(q.name for q in fileio.path(fileio.join(workdir, CHECKPOINTS)).iterdir())
   problem = None
-  if steps != [str(step)]:
+  if manifest.get(OWN) != own_digest(manifest):
+    problem = (
+      f"its {MANIFEST} was edited (its fields, recipe, config, scores..., do not match its own "
+      f"{OWN}{'' if OWN in manifest else ', which it lacks'})"
+    )
+  elif steps != [str(step)]:
     problem = f"it holds steps {steps}, its manifest step {step} only"
   elif have != listed:
     extra, missing = sorted(set(have) - set(listed)), sorted(set(listed) - set(have))
@@ -91,16 +182,14 @@ def verify(workdir: str) -> dict[str, Any] | None:
   elif digest(workdir, have) != manifest.get("sha256"):
     problem = "its weights' SHA-256 is not the manifest's (a file was changed)"
   if problem:
-    raise ManifestError(
-      f"model folder {workdir}: {problem}; the model is damaged or was edited: restore it (git "
-      f"checkout -- {workdir}, or ship it again with python -m cdeit_jax.ship)"
-    )
+    raise _damaged(workdir, problem)
   return manifest
 
 
 def write(workdir: str, step: int, record: dict[str, Any]) -> dict[str, Any]:
   """Write the manifest of the model folder `workdir` (its one step `step`): `record` (config,
-  device, recipe, training, scores) with the format, the step, its files and their SHA-256."""
+  device, recipe, training, scores) with the format, the step, its files and their SHA-256, and
+  the SHA-256 of all those fields (`own_digest`)."""
   files = step_files(workdir, step)
   manifest = {
     "format": FORMAT,
@@ -109,5 +198,6 @@ def write(workdir: str, step: int, record: dict[str, Any]) -> dict[str, Any]:
     "files": files,
     "sha256": digest(workdir, files),
   }
+  manifest[OWN] = own_digest(manifest)
   fileio.write_text(fileio.join(workdir, MANIFEST), json.dumps(manifest, indent=1) + "\n")
   return manifest

@@ -102,6 +102,72 @@ def refuse_link(p: PathLike) -> None:
     raise InputError(_is_link_message(resolve(p)))
 
 
+def real(p: PathLike) -> str:
+  """`p` resolved: a local path through its symbolic links (the part that exists), or the URL
+  as given."""
+  return resolve(p) if is_remote(p) else os.path.realpath(resolve(p))
+
+
+def within(inner: str, outer: str) -> bool:
+  """Whether path `inner` is `outer` or lies below it (both resolved alike)."""
+  return inner == outer or inner.startswith(outer.rstrip("/") + "/")
+
+
+def refuse_own_input(
+  out: PathLike,
+  flag: str,
+  inputs: Sequence[tuple[str, PathLike | None]],
+  writes: Sequence[str] | None = None,
+) -> None:
+  """The one check that no command's output replaces its own input: `out` (given as `flag`) is
+  refused in one line, before any work, when it is one of `inputs` ((what, path) pairs, e.g.
+  ("--device", D); None skipped), lies inside one, or holds one: anywhere below it when the
+  command replaces or fills `out` whole (`writes` None), else at one of the paths `writes`
+  (inside `out`) it writes. Links resolved (a hard link to the same file too); reads and makes
+  nothing."""
+  o = real(out)
+  for what, given in inputs:
+    if given is None:
+      continue
+    i = real(given)
+    same = o == i or (
+      not is_remote(o) and os.path.exists(o) and os.path.exists(i) and os.path.samefile(o, i)
+    )
+    if same:
+      where = "is"
+    elif within(o, i):
+      where = "lies inside"
+    elif writes is None and within(i, o):
+      where = "contains"
+    elif writes is not None and any(i == join(o, w) for w in writes):
+      where = f"would replace, as {basename(i)},"
+    else:
+      continue
+    raise InputError(
+      f"{flag} {out} {where} {what} ({given}): a command's output never replaces or mixes "
+      f"with its own input; give another {flag}"
+    )
+
+
+def files_below(p: PathLike) -> list[str]:
+  """Every file below folder `p` (local or a bucket's), as sorted '/'-joined paths relative to
+  it; [] where there is no such folder."""
+  root = path(p)
+  if not root.is_dir():
+    return []
+  found = []
+
+  def walk(folder, prefix: str) -> None:
+    for q in folder.iterdir():
+      if q.is_dir():
+        walk(q, f"{prefix}{q.name}/")
+      else:
+        found.append(f"{prefix}{q.name}")
+
+  walk(root, "")
+  return sorted(found)
+
+
 def writable_folder(p: PathLike, flag: str) -> None:
   """Create folder `p` if needed and check that files can be written there; an InputError
   naming `flag` (e.g. "--workdir") when `p` is a file, read-only or cannot be created."""

@@ -23,11 +23,15 @@ from typing import Any
 import ml_collections
 
 from cdeit_jax.common import fileio, logs
+from cdeit_jax.common.errors import InputError
 
 log = logs.log.getChild("wandb")
 
 RUN_FILE = "wandb.json"  # in the workdir: {"id", "project", "entity", "offline_dirs"}
 MODES = {"online": "online", "run": "online", "offline": "offline", "dryrun": "offline"}
+# How long an online run may take to start before it goes offline (wandb's own default, 90 s,
+# held every training up for 95 s when the server was unreachable); WANDB_INIT_TIMEOUT overrides
+INIT_TIMEOUT_S = 15.0
 
 
 def settings(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict | None:
@@ -36,7 +40,25 @@ def settings(cfg: ml_collections.ConfigDict) -> ml_collections.ConfigDict | None
   w = cfg.get("wandb")
   if w is None or not w.project or w.mode == "disabled":
     return None
+  check_mode_env()
   return w
+
+
+def check_mode_env() -> None:
+  """WANDB_MODE as wandb reads it, checked before any work: left empty it counts as unset (it is
+  removed: wandb itself refuses an empty one); a word that is not a mode is an InputError (wandb
+  would turn itself off with a validation error of several lines)."""
+  mode = os.environ.get("WANDB_MODE")
+  if mode is None:
+    return
+  if not mode.strip():
+    os.environ.pop("WANDB_MODE")
+    return
+  if mode not in MODES and mode != "disabled":
+    raise InputError(
+      f"WANDB_MODE={mode!r}: not a W&B mode; set it to online, offline or disabled, or unset it "
+      "(then online with credentials, else offline)"
+    )
 
 
 def has_credentials() -> bool:
@@ -69,9 +91,21 @@ def _local_dir(folder: str) -> str | None:
 
 
 def read_run(workdir: str) -> dict[str, Any] | None:
-  """The workdir's W&B run record, or None."""
-  text = fileio.read_text(fileio.join(workdir, RUN_FILE))
-  return json.loads(text) if text else None
+  """The workdir's W&B run record, or None; a damaged one is an InputError naming the file (the
+  commands log it as a warning: W&B's failures never stop them)."""
+  path = fileio.join(workdir, RUN_FILE)
+  text = fileio.read_text(path)
+  if not text:
+    return None
+  try:
+    record = json.loads(text)
+    if not (isinstance(record, dict) and isinstance(record.get("id"), str)):
+      raise ValueError("no run id")
+  except ValueError as e:
+    raise InputError(
+      f"{path}: damaged ({e}); remove it (the W&B run it named is then not resumed) or restore it"
+    ) from None
+  return record
 
 
 def _init(w, mode: str, run_id: str | None, folder: str, config: dict, job_type: str):
@@ -88,7 +122,11 @@ def _init(w, mode: str, run_id: str | None, folder: str, config: dict, job_type:
     dir=_local_dir(folder),
     config=config,
     job_type=job_type,
-    settings=wandb.Settings(console="off", silent=True),
+    settings=wandb.Settings(
+      console="off",
+      silent=True,
+      **({} if os.environ.get("WANDB_INIT_TIMEOUT") else {"init_timeout": INIT_TIMEOUT_S}),
+    ),
   )
 
 
@@ -248,8 +286,8 @@ def log_evaluation(
   w = settings(cfg)
   if w is None:
     return
-  record = read_run(workdir)
   try:
+    record = read_run(workdir)
     run, _ = _start(w, out, record["id"] if record else None, {}, "eval")
     if run is None:
       return

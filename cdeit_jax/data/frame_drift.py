@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from cdeit_jax.eit.phantom import IMAGE_SIZE
 
@@ -67,7 +67,13 @@ def main(argv: list[str]) -> None:
   from cdeit_jax.data import ktc2023
   from cdeit_jax.eit.simulator import Simulator
 
-  cases = [c for c in ktc2023.read_cases(FLAGS.data) if c.truth is not None]
+  for flag, value, what in (
+    ("--contrast", FLAGS.contrast, "the objects' log10 conductivity ratio to the water's, e.g. 2"),
+    ("--contact_impedance", FLAGS.contact_impedance, "in the simulator's units, e.g. 1e-4"),
+  ):
+    if not (np.isfinite(value) and value > 0):
+      raise InputError(f"{flag} {value:g}: must be a positive number ({what})")
+  cases = [c for c in ktc2023.read_cases(FLAGS.data, "--data") if c.truth is not None]
   if not cases:
     raise InputError(f"--data {FLAGS.data}: no case with a truth (trueN.mat) to fit the drift to")
   sims, out = {}, {}
@@ -80,8 +86,10 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+  from cdeit_jax import cli
+
   flags.DEFINE_string("data", None, "folder of level_K folders (data/ktc2023/levels)")
   flags.DEFINE_float("contrast", 2.0, "the objects' log10 conductivity ratio to the water's")
   flags.DEFINE_float("contact_impedance", 1e-4, "simulator units (KTC2023's calibration: 1e-4)")
   flags.mark_flag_as_required("data")
-  app.run(main)
+  cli.run(main)

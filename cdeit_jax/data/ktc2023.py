@@ -43,9 +43,9 @@ class Case:
     return self.frame - self.reference
 
 
-def _level_folders(path: str) -> list[tuple[int, str]]:
+def _level_folders(path: str, flag: str) -> list[tuple[int, str]]:
   if not os.path.isdir(path):
-    raise MissingFile(f"--data_path {path}: no such folder (a folder of level_K folders)")
+    raise MissingFile(f"{flag} {path}: no such folder (a folder of level_K folders)")
   m = _LEVEL.match(os.path.basename(os.path.normpath(path)))
   if m:
     return [(int(m.group(1)), path)]
@@ -57,7 +57,7 @@ def _level_folders(path: str) -> list[tuple[int, str]]:
   _distinct(path, [(k, os.path.basename(f)) for k, f in found], "level")
   if not found:
     raise MissingFile(
-      f"--data_path {path}: no level_K folders; give the challenge's folder of levels (each "
+      f"{flag} {path}: no level_K folders; give the challenge's folder of levels (each "
       "with ref.mat and dataN.mat) or one level folder"
     )
   return found
@@ -88,10 +88,10 @@ def _truth(path: str) -> np.ndarray:
   return truth.astype(np.uint8)
 
 
-def read_cases(path: str) -> list[Case]:
-  """Every target of every level under `path`, by level then target."""
+def read_cases(path: str, flag: str = "--data_path") -> list[Case]:
+  """Every target of every level under `path` (given as `flag`), by level then target."""
   cases = []
-  for level, folder in _level_folders(path):
+  for level, folder in _level_folders(path, flag):
     ref_path = os.path.join(folder, "ref.mat")
     if not os.path.exists(ref_path):
       raise MissingFile(f"{folder}: no ref.mat (the empty tank's measurement, Injref/Mpat/Uelref)")

@@ -578,6 +578,12 @@ def from_device_file(
   scale = np.abs(inj).max()
   if not scale > 0:
     raise InputError(f"{path}: {ck} holds no current")
+  idle = keep[~np.any(inj[:, keep] != 0, axis=0)]
+  if len(idle):
+    raise InputError(
+      f"{path}: {ck} columns {', '.join(map(str, idle[:5]))} carry no current (all zero): a "
+      "pattern measures nothing without one; remove them, or leave them out with --patterns"
+    )
   rows = np.array([(p, plus[m], minus[m]) for p in range(len(keep)) for m in range(num_m)])
   placed = first_deg is not None or clockwise is not None  # the caller's geometry
   cw = (convention == "UEF") if clockwise is None else clockwise
@@ -602,7 +608,42 @@ def from_device_file(
     return layout, None
   vk, v = values
   v = _frame_values(path, vk, _numbers(path, vk, v, missing_ok=True), num_p, num_m)
-  return layout, v.reshape(num_p, num_m)[keep].reshape(-1)
+  v = v.reshape(num_p, num_m)[keep]
+  _check_repeats(path, vk, (ck, inj[:, keep].T), mk, np.stack([plus, minus], 1), v)
+  return layout, v.reshape(-1)
+
+
+# KTC2023's four repeated patterns agree to 0.1 %; distinct ones differ by over 70 %
+REPEAT_TOLERANCE = 0.05
+
+
+def _check_repeats(path: str, vk: str, currents, mk: str, pairs, v: np.ndarray) -> None:
+  """Refuse a file whose repeated current patterns (`currents`: (key, (P, E))) or repeated
+  measured pairs (`mk`, `pairs` (M, 2)) disagree in their values `v` (P, M) by more than
+  REPEAT_TOLERANCE: the same currents, or the same pair, measured twice give the same values up
+  to noise (KTC2023's own repeated patterns agree to 0.1 %), so one of them is not the pattern or
+  pair its values were measured with. A pair repeated in reverse measures the negative."""
+  ck, inj = currents
+  cases = [
+    (ck, "currents", "pattern", [(tuple(c), 1.0) for c in inj], v),
+    (mk, "pair", "pair", [((min(a, b), max(a, b)), 1.0 if a < b else -1.0) for a, b in pairs], v.T),
+  ]
+  for key, same, one, rows, values in cases:
+    seen: dict[tuple, tuple[int, float]] = {}
+    for j, (row, sign) in enumerate(rows):
+      first, first_sign = seen.setdefault(row, (j, sign))
+      if first == j:
+        continue
+      a, b = first_sign * values[first], sign * values[j]
+      both = np.isfinite(a) & np.isfinite(b)
+      size = np.linalg.norm(a[both])
+      gap = np.linalg.norm(a[both] - b[both]) / size if size > 0 else 0.0
+      if gap > REPEAT_TOLERANCE:
+        raise InputError(
+          f"{path}: {key} columns {first} and {j} are the same {same}, yet their values in "
+          f"{vk} differ by {100 * gap:.0f} % (a repeat agrees to noise): one of them is not the "
+          f"{one} it was measured with; correct the file"
+        )
 
 
 # A calibrated device file's own keys beside KTC's (`save_device`).

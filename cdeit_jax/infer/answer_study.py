@@ -30,6 +30,7 @@ import time
 import numpy as np
 from absl import flags
 
+from cdeit_jax.checkpoints import shipped
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.infer.answer_rules import AnswerRule
@@ -160,7 +161,7 @@ def study(
   if ktc:
     from cdeit_jax.data import ktc2023
 
-    cases = ktc2023.read_cases(ktc)
+    cases = ktc2023.read_cases(ktc, "--ktc")
     fits = challenge.calibrate(cases)
     values = challenge.calibrated_values(cases, fits)
     r = rec.reconstruct_values(values, keep_samples=True, where=ktc)
@@ -239,6 +240,11 @@ def main(argv: list[str]) -> None:
   if not (FLAGS.sims or FLAGS.ktc):
     raise InputError("give --sims, --ktc or both: the targets to score the rules on")
   rules = [AnswerRule.parse(r, "--rules") for r in FLAGS.rules.split(",")] if FLAGS.rules else None
+  if FLAGS.out:
+    shipped.refuse_write(FLAGS.out, "--out")
+    sims = [("--sims", s) for s in (FLAGS.sims or "").split(",") if s]
+    inputs = [*sims, ("--ktc", FLAGS.ktc)]  # the workdir may hold it (not its checkpoints/)
+    fileio.refuse_own_input(FLAGS.out, "--out", inputs, writes=())
   result = study(FLAGS.workdir, FLAGS.sims, FLAGS.num, FLAGS.ktc, rules, FLAGS.samples)
   print(tables(result))
   if FLAGS.out:

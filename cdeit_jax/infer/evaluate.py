@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from cdeit_jax.checkpoints import reader
+from cdeit_jax.checkpoints import reader, shipped
 from cdeit_jax.common import compile_cache, fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
@@ -130,17 +130,30 @@ class Evaluator:
     asked = any(k.startswith("wandb.") for k in self.overrides)
     if not self.primary or "metrics" not in r:
       return
-    if asked or tracking.read_run(self.workdir) is not None:
+    try:
+      known = tracking.read_run(self.workdir) is not None
+    except InputError as e:  # W&B's failures never stop the command
+      log.warning(f"W&B: {e}; the evaluation is not logged to W&B")
+      return
+    if asked or known:
       figure = fileio.join(self.out, "reconstructions.png")
       tracking.log_evaluation(
         self.cfg, self.workdir, self.out, self.data_name, r["metrics"], figure
       )
 
   def _check_request(self, workdir: str) -> None:
-    if self.primary:
-      outputs.check_out(self.out, self.data_path, workdir, outputs.OUTPUTS)
-      logs.debug_log(self.out)
     s, e = self.cfg.sampling, self.cfg.eval
+    # a model folder that ships with the code is read-only: a scale fitted on it is an output
+    self.scale_beside = e.fit_uncertainty and shipped.model_folder_of(workdir) is not None
+    from cdeit_jax.common import tracking
+
+    logs_to_wandb = any(k.startswith("wandb.") for k in self.overrides)
+    if logs_to_wandb or fileio.path(fileio.join(workdir, tracking.RUN_FILE)).exists():
+      tracking.check_mode_env()  # it will log to W&B: WANDB_MODE checked before any work
+    if self.primary:
+      names = outputs.OUTPUTS + ((reconstructor.UNCERTAINTY_FILE,) if self.scale_beside else ())
+      outputs.check_out(self.out, self.data_path, workdir, names)
+      logs.debug_log(self.out)
     if e.fit_uncertainty and (self.data_name != "simulated" or s.num_samples < 2):
       raise InputError(
         "--config.eval.fit_uncertainty=True fits the uncertainty scale on "
@@ -267,6 +280,7 @@ class Evaluator:
     self.baseline_keys = tuple(npz_files.BASELINE_KEYS) if self.src.baselines else ()
     self.scores = metrics.Scores((("tikhonov",) if e.tikhonov else ()) + self.baseline_keys)
     self.scale = None if e.fit_uncertainty else reconstructor.uncertainty_scale(self.calibration)
+    self.extra: list[str] = []  # outputs beyond outputs.OUTPUTS (a scale fitted beside them)
     self.coverage = metrics.Coverage(self.scale) if s.num_samples > 1 else None
     self.tikhonov = None
     if e.tikhonov:  # of the values the removal leaves (left out, not zero-filled)
@@ -337,17 +351,25 @@ class Evaluator:
       {"metrics": report, "definitions": metrics.DEFINITIONS, "settings": self._settings()}
     )
     names = [self.src.files[i] for i in range(self.n)]
-    outputs.write_outputs(self.staged, result, rows, names, self.predictions, self._figure(report))
+    outputs.write_outputs(
+      self.staged, result, rows, names, self.predictions, self._figure(report), self.extra
+    )
     return result
 
   def _calibrate(self) -> dict[str, float]:
     """The uncertainty's coverage at the kept scale, or at the scale fitted here (then kept in
-    the step folder); the predictions' std scaled by it (the uncertainty offered: calibrated)."""
+    the step folder, or, for a model folder that ships with the code, which is read-only, in
+    the outputs beside metrics.json); the predictions' std scaled by it (the uncertainty
+    offered: calibrated)."""
     s = self.cfg.sampling
     if self.cfg.eval.fit_uncertainty:
       self.scale = self.coverage.fit()
+      kept = self.calibration
+      if self.scale_beside:
+        kept = fileio.join(self.staged.work, reconstructor.UNCERTAINTY_FILE)
+        self.extra.append(reconstructor.UNCERTAINTY_FILE)
       fileio.write_text(
-        self.calibration,
+        kept,
         json.dumps(
           {
             "scale": self.scale,
@@ -360,10 +382,8 @@ class Evaluator:
           indent=1,
         ),
       )
-      log.info(
-        f"uncertainty scale {self.scale:.3f} fitted on {self.n} examples, kept in "
-        f"{self.calibration}"
-      )
+      where = fileio.join(self.out, reconstructor.UNCERTAINTY_FILE) if self.scale_beside else kept
+      log.info(f"uncertainty scale {self.scale:.3f} fitted on {self.n} examples, kept in {where}")
     self.predictions.scale_std(self.scale)
     return self.coverage.result(self.scale)
 

@@ -23,6 +23,7 @@ import zipfile
 
 import numpy as np
 
+from cdeit_jax.checkpoints import shipped
 from cdeit_jax.common import fileio, matfile
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.phantom import disk_mask
@@ -42,32 +43,16 @@ SHOWN = 32  # examples in the figure
 MANIFEST = ".cdeit-outputs.json"  # in OUT: the files this project wrote there (`Staged.commit`)
 
 
-def _real(p: str) -> str:
-  """`p` resolved through symbolic links (local), or the URL as given."""
-  return fileio.resolve(p) if fileio.is_remote(p) else os.path.realpath(fileio.resolve(p))
-
-
-def _within(inner: str, outer: str) -> bool:
-  return inner == outer or inner.startswith(outer.rstrip("/") + "/")
-
-
 def check_place(out: str, data_path: str | None = None, workdir: str | None = None) -> None:
   """Refuse an `out` equal to, inside or around the data folder or the checkpoints of `workdir`
   (links resolved: publishing there could replace the data, and checkpoint retention may
-  delete it); reads and makes nothing."""
-  real = _real(out)
-  guarded = []
-  if data_path is not None:
-    guarded.append(("the data folder", _real(data_path)))
-  if workdir is not None:
-    guarded.append(("the run's checkpoints", fileio.join(_real(workdir), "checkpoints")))
-  for what, folder in guarded:
-    if _within(real, folder) or _within(folder, real):
-      where = "is" if real == folder else ("lies inside" if _within(real, folder) else "contains")
-      raise InputError(
-        f"--out {out} {where} {what} ({folder}): the outputs could replace or be replaced by "
-        "what is there; give a folder outside it"
-      )
+  delete it), or at any depth in a model folder that ships with the code; reads and makes
+  nothing."""
+  shipped.refuse_write(out, "--out")
+  checkpoints = None if workdir is None else fileio.join(fileio.real(workdir), "checkpoints")
+  fileio.refuse_own_input(
+    out, "--out", [("the data folder", data_path), ("the run's checkpoints", checkpoints)]
+  )
 
 
 def check_out(
@@ -379,10 +364,12 @@ def write_outputs(
   names: list[str],
   predictions: Predictions,
   shown: dict[str, np.ndarray] | None,
+  extra: list[str] | tuple[str, ...] = (),
 ) -> None:
   """Finish an evaluation's outputs in `staged` and put them in place: metrics.csv, the
   predictions, the figure of the first examples (`shown`: their target, pred, std and scaled
-  baselines; None: no figure), metrics.json last."""
+  baselines; None: no figure), the files `extra` already written in `staged.work`, metrics.json
+  last."""
   folder = staged.work
 
   def write_csv(p):
@@ -402,6 +389,7 @@ def write_outputs(
       ),
     )
     written.append("reconstructions.png")
+  written += list(extra)
   fileio.write_text(
     os.path.join(folder, "metrics.json"), json.dumps(json_clean(result), indent=2, allow_nan=False)
   )

@@ -52,6 +52,10 @@ SETTABLE = (
 )
 UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
 FAR_OFF = 100.0  # a frame whose median |standardised voltage| exceeds this is in other units
+# frames whose size (RMS) is typically under this fraction of the training data's spread (its
+# std's RMS) are in other units: real differences are 0.1-1 of it, a device's noise alone about
+# 0.003 or more, and simulation units given as a device's (divided by its gain twice) 0.0003-0.0009
+FAR_SMALL = 1e-3
 # Absolute frames (or a constant offset) instead of differences, told apart by their structure
 # (`absolute_rows`); thresholds from real and simulated frames (docs/reconstructing.md): absolute
 # ones reach 0.90-0.975 along the empty tank's pattern with a coefficient of 0.22-4.1 (gains
@@ -594,17 +598,28 @@ class Reconstructor:
       z = (v[ok] - np.ravel(self.mean)) / np.ravel(self.std)
     typical = np.nanmedian(np.abs(z), axis=1)
     far = ok[~(typical < FAR_OFF)]
+    other_units = (
+      f"preset {units!r} (voltage ratio {self.voltage_ratio:g}) says; give the device's "
+      "preset (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
+      "difference voltages (frames minus a reference frame) if these are absolute"
+      if units
+      else "simulation units (a device's values divided by its calibrated gain)"
+    )
     if len(far):
       raise InputError(
         f"{where}: rows {listed(far)} are ~{float(np.max(typical)):.3g} standard deviations "
-        "from the training data's voltages (expected a few): they are in other units than "
-        + (
-          f"preset {units!r} (voltage ratio {self.voltage_ratio:g}) says; give the device's "
-          "preset (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
-          "difference voltages (frames minus a reference frame) if these are absolute"
-          if units
-          else "simulation units (a device's values divided by its calibrated gain)"
-        )
+        f"from the training data's voltages (expected a few): they are in other units than "
+        f"{other_units}"
+      )
+    with np.errstate(over="ignore", invalid="ignore"):
+      size = np.sqrt(np.nanmean(v[ok] ** 2, axis=1) / np.nanmean(np.ravel(self.std) ** 2))
+    changed = size[size > 0]  # a frame equal to its reference is no evidence either way
+    if len(changed) and np.median(changed) < FAR_SMALL:
+      raise InputError(
+        f"{where}: its frames are typically ~{float(np.median(changed)):.2g} of the training "
+        "data's spread of difference voltages (real differences are 0.1-1 of it, a device's "
+        f"noise alone over {FAR_SMALL:g}): far too small, they are in other units than "
+        f"{other_units}"
       )
     return ok
 

@@ -26,7 +26,7 @@ from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint, loading, shipped
 from cdeit_jax.common import compat, compile_cache, fileio, hardware, logs, tracking
 from cdeit_jax.common import sharding as shd
-from cdeit_jax.common.errors import CdeitError, InputError
+from cdeit_jax.common.errors import CdeitError
 from cdeit_jax.data import pipeline, simulator_source, training_data
 from cdeit_jax.train import goodput, memory_fit, training, workdir_lock
 
@@ -89,13 +89,9 @@ def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Train (or resume) in `workdir`; returns the last logged metrics."""
   t0 = time.perf_counter()
   config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
+  tracking.settings(cfg)  # W&B's environment (WANDB_MODE) checked before any work
   workdir = fileio.resolve(workdir)
-  if fileio.path(fileio.join(workdir, shipped.MANIFEST)).exists():
-    raise InputError(
-      f"--workdir {workdir}: a model folder that ships with the code ({shipped.MANIFEST}); "
-      "training there would change it: give a new --workdir (its recipe's make target trains "
-      "one from scratch)"
-    )
+  shipped.refuse_write(workdir, "--workdir")  # at any depth: the model's own checkpoints too
   fileio.writable_folder(workdir, "--workdir")
   lock = workdir_lock.WorkdirLock(workdir, lease_s=cfg.lock_lease_s)
   # from before the lock exists: a SIGTERM once it is visible (while starting or compiling)
@@ -433,9 +429,17 @@ def _prepare(
   device = loading.device_of(cfg)
   if plan.meta is not None:
     check_device(plan.meta, device, f"{mngr.directory}/{plan.meta['step']}")
+  # a fine-tuning's start: the step config.init_from names now, resolved once and recorded in
+  # every step (a start that trains on meanwhile is not mixed later: checkpoints.interpolate)
+  origin = plan.meta.get("init_from") if plan.meta is not None else None
+  if plan.meta is None and cfg.init_from:
+    origin = loading.start_of(cfg.init_from)
+  origin_path = None
+  if origin is not None:
+    origin_path = fileio.join(origin["workdir"], checkpoint.CHECKPOINTS, str(origin["step"]))
   inherited = None  # a fine-tuning on its start's system reads its inputs as the start did
   if plan.meta is None and cfg.init_from and cfg.data.get("stats") is None:
-    inherited = loading.start_inputs(cfg.init_from, device)
+    inherited = loading.start_inputs(origin_path, device)
   data = training_data.open_training_data(
     cfg, mesh, plan.checkpoint_stats, stop, start_stats=inherited[0] if inherited else None
   )
@@ -455,7 +459,7 @@ def _prepare(
   constants, rng, last_good = ts.constants, jax.random.key(cfg.seed), None
   if plan.meta is None and cfg.init_from:
     params, line = loading.initial_params(
-      cfg.init_from, cfg, state.params, compiled.state_shardings.params
+      origin_path, cfg, state.params, compiled.state_shardings.params
     )
     state = state.replace(params=params, ema=jax.tree.map(jnp.copy, params))
     report.append(line)
@@ -489,6 +493,7 @@ def _prepare(
       calibration=calibration,
       device=ts.device.record(),
       rng=np.asarray(jax.random.key_data(rng)).tolist(),
+      **({"init_from": origin} if origin is not None else {}),
     )
 
   return _Prepared(
