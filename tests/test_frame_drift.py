@@ -71,3 +71,20 @@ def test_the_command_says_bad_flags_and_folders_in_one_line(tmp_path):
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(f"error: {words}"), p.stderr[-2000:]
     assert p.stdout == ""
+
+
+def test_a_contrast_the_simulator_cannot_solve_is_one_line():
+  """Objects at 10^8 times the water's conductivity (before: a LinAlgError traceback from
+  --contrast 6 up): the float32 solve's voltages are not finite, and the fit says so naming the
+  flag; 2 still fits."""
+  import pytest
+
+  from cdeit_jax.common.errors import InputError
+
+  sim = eit.default_simulator()
+  m = _class_map()
+  vh = np.asarray(sim.vh, np.float64)
+  frame = 1500.0 * vh * 1.01
+  with pytest.raises(InputError, match=r"--contrast 8: the simulator's voltages .* not finite"):
+    frame_drift.fit(sim, 1500.0 * vh, frame, to_challenge_grid(m), 8.0)
+  assert np.isfinite(frame_drift.fit(sim, 1500.0 * vh, frame, to_challenge_grid(m), 2.0)["a"])

@@ -122,3 +122,37 @@ def test_answer_study_refuses_an_out_inside_its_simulations(tmp_path):
   )
   assert line.startswith(f"error: --out {out} lies inside --sims ({sims}): ")
   assert os.listdir(sims) == []
+
+
+def test_ship_refuses_to_write_a_model_folder_over_itself(tmp_path):
+  """ship --workdir K --out K, K a copy of models/cdeit16 (before: rc 0, the folder rewritten
+  in place with another name, recipe and scores): rc 1, one line naming both flags, every file
+  of K keeps its bytes."""
+  import shutil
+
+  k = tmp_path / "K"
+  shutil.copytree(CDEIT16, k)
+  before = {p: p.read_bytes() for p in sorted(k.rglob("*")) if p.is_file()}
+  line = _one_line(_run("-m", "cdeit_jax.ship", f"--workdir={k}", f"--out={k}", "--recipe=x"))
+  assert line.startswith(f"error: --out {k} is --workdir ({k}): a command's output never"), line
+  assert {p: p.read_bytes() for p in sorted(k.rglob("*")) if p.is_file()} == before
+
+
+def test_interpolating_a_shipped_model_away_from_its_builder_says_why(tmp_path):
+  """A copy of models/cdeit16 (fine-tuned from its builder's run, recorded by path only) on a
+  machine without that run: interpolate refuses in one line that says the start is not here and
+  why (before: a raw 'no such file or directory' naming the builder's path)."""
+  import json
+  import shutil
+
+  start = json.loads((CDEIT16 / "manifest.json").read_text())["config"]["init_from"]
+  if os.path.exists(start):
+    pytest.skip(f"{start} exists on this machine: the builder's own")
+  k = tmp_path / "K"
+  shutil.copytree(CDEIT16, k)
+  out = tmp_path / "o"
+  p = _run(
+    "-m", "cdeit_jax.checkpoints.interpolate", f"--workdir={k}", "--alpha=0.5", f"--out={out}"
+  )
+  line = _one_line(p)
+  assert f"fine-tuned from {start} (config.init_from), which is not here" in line, line

@@ -197,7 +197,9 @@ def test_bad_frames_are_named_by_file_and_row(rec, uef_ys, tmp_path):
   (tmp_path / "words.csv").write_text("a,b\n1,x\n")
   with pytest.raises(InputError, match="words.csv: not a table of numbers"):
     frames.read(str(tmp_path / "words.csv"))
-  with pytest.raises(InputError, match="f.dat: frames files are"):
+  with pytest.raises(
+    InputError, match="f.dat: a frames file is a .npy or .npz or .mat or .csv or .txt file"
+  ):
     frames.read(str(tmp_path / "f.dat"))
   nan = uef_ys.copy()
   nan[[1, 4], 7] = np.nan
@@ -329,7 +331,7 @@ def test_counts_indices_ratios_and_paths_are_checked_in_one_line(rec, uef_ys, tm
   for bad in (0.0, -2.0, float("nan"), float("inf")):
     with pytest.raises(InputError, match="voltage_ratio=.*: must be a positive number"):
       measurement.units("uef2017", voltage_ratio=bad)
-  with pytest.raises(InputError, match=f"{tmp_path}: a folder; give one frames file"):
+  with pytest.raises(InputError, match=f"{tmp_path}: a folder; a frames file is a .npy or"):
     frames.read(str(tmp_path))
   semicolons = tmp_path / "semi.csv"
   semicolons.write_text(";".join(f"{v:.3e}".replace(".", ",") for v in uef_ys[0]) + "\n")

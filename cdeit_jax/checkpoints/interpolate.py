@@ -77,7 +77,14 @@ def start_step(record: dict[str, Any], where: str) -> tuple[str, int]:
   newest step (logged)."""
   if record.get("init_from"):
     return loading.start_folder(record["init_from"], where)
-  workdir, step = checkpoint.resolve(record["config"]["init_from"])
+  given = record["config"]["init_from"]
+  if not fileio.path(given).exists():  # e.g. a shipped model's builder's run, elsewhere
+    raise InputError(
+      f"{where}: this run was fine-tuned from {given} (config.init_from), which is not here (a "
+      "model records the path its builder trained from); interpolate where that run is, or "
+      "fine-tune again from a start on this machine"
+    )
+  workdir, step = checkpoint.resolve(given)
   logs.log.warning(
     f"{where}: this run records no start step (fine-tuned by an earlier version); mixing "
     f"{workdir} step {step}, its config.init_from's newest"

@@ -111,7 +111,7 @@ def read(path: str, raw: bytes | None = None, other: str = ".csv") -> dict[str, 
     raise InputError(
       f"{path}: a MATLAB v7.3 (HDF5) file; save it with save(..., '-v7') or as {other}"
     ) from None
-  except (ValueError, TypeError, OSError) as e:
+  except (ValueError, TypeError, OSError, scipy.io.matlab.MatReadError) as e:  # a damaged file
     short = " ".join(str(e).split())[:200]
     raise InputError(f"{path}: not a readable .mat file ({short})") from None
   return {k: v for k, v in m.items() if not k.startswith("__")}

@@ -34,12 +34,11 @@ import hashlib
 import numbers
 import os
 import re
-import zipfile
 
 import numpy as np
 
-from cdeit_jax.common import fileio, matfile
-from cdeit_jax.common.errors import InputError, MissingFile
+from cdeit_jax.common import array_files, fileio
+from cdeit_jax.common.errors import InputError
 
 # KTC2023's tank: 32 electrodes numbered counter-clockwise, electrode 0 centred 84.375 degrees
 # from +x, 5.625 degrees wide (the organisers' Mesh_sparse.mat: `elfaces` and its nodes).
@@ -472,26 +471,48 @@ def frames_shape_error(
   )
 
 
-# The keys of the two device-file conventions: (currents, measurement pattern, values).
-KTC_KEYS = (("Injref", "Inj"), ("Mpat",), ("Uelref", "Uel"))
-UEF_KEYS = (("CurrentPattern",), ("MeasPattern",), ("Uel",))
+@dataclasses.dataclass(frozen=True)
+class DeviceFormat:
+  """A vendor's keys in a device file (`.mat`/`.npz`, read by `common.array_files`): each a
+  tuple of names, the first present is taken; and how its electrodes are numbered."""
+
+  name: str
+  currents: tuple[str, ...]  # (E, P): the current patterns
+  pattern: tuple[str, ...]  # (E, M): the measured pairs, one +1 and one -1 each
+  values: tuple[str, ...]  # the empty tank's values, pattern by pattern or (M, P)
+  clockwise: bool  # electrode numbers grow clockwise (from the top)
 
 
-def _load(path: str) -> dict[str, np.ndarray]:
-  if not os.path.exists(path):
-    raise MissingFile(f"{path}: no such device file")
-  if os.path.isdir(path):
-    raise InputError(f"{path}: a folder; a device file is a .mat or .npz file")
-  suffix = os.path.splitext(path)[1].lower()
-  if suffix == ".npz":
-    try:
-      return fileio.load_npz(path)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-      short = " ".join(str(e).split())[:160]
-      raise InputError(f"{path}: not a readable .npz of numeric arrays ({short})") from None
-  if suffix == ".mat":
-    return matfile.read(path, other=".npz")
-  raise InputError(f"{path}: a device file is a .mat or .npz file")
+# The registry of device-file formats, in the order they are tried (`device_format`): a new
+# vendor's keys are one more entry (`register_device_format`) and a test.
+DEVICE_FORMATS: dict[str, DeviceFormat] = {}
+
+
+def register_device_format(fmt: DeviceFormat) -> DeviceFormat:
+  DEVICE_FORMATS[fmt.name] = fmt
+  return fmt
+
+
+register_device_format(DeviceFormat("KTC", ("Injref", "Inj"), ("Mpat",), ("Uelref", "Uel"), False))
+register_device_format(DeviceFormat("UEF", ("CurrentPattern",), ("MeasPattern",), ("Uel",), True))
+
+
+def device_format(arrays: dict) -> DeviceFormat | None:
+  """The format whose currents and measurement pattern `arrays` hold (a device file), else None."""
+  return next(
+    (
+      f for f in DEVICE_FORMATS.values() if _first(arrays, f.currents) and _first(arrays, f.pattern)
+    ),
+    None,
+  )
+
+
+def _formats_text() -> str:
+  return " or ".join(
+    f"{f.name}'s keys {' or '.join(f.currents)}, {' or '.join(f.pattern)} (and "
+    f"{' or '.join(f.values)})"
+    for f in DEVICE_FORMATS.values()
+  )
 
 
 def _numbers(path: str, key: str, a, missing_ok: bool = False) -> np.ndarray:
@@ -543,19 +564,14 @@ def from_device_file(
   (`save_device`) also holds `angles_deg`, `width_deg`, `gain`, `contact_impedance` and
   `current_ratio`, which hold unless an argument says otherwise. `patterns`: the current
   patterns (columns) to keep, for a file of several protocols (UEF2017's 79 patterns)."""
-  d = _load(path)
-  conventions = {"KTC": KTC_KEYS, "UEF": UEF_KEYS}
-  convention = next(
-    (c for c, keys in conventions.items() if all(_first(d, k) for k in keys[:2])), None
-  )
-  if convention is None:
+  d = array_files.read(path, (".mat", ".npz"), "device file")
+  fmt = device_format(d)
+  if fmt is None:
     raise InputError(
-      f"{path}: no measuring system found; a device file holds KTC's keys Inj or Injref, Mpat "
-      f"(and Uel or Uelref) or UEF's CurrentPattern, MeasPattern (and Uel); it has "
+      f"{path}: no measuring system found; a device file holds {_formats_text()}; it has "
       f"{sorted(k for k in d if not k.startswith('__'))}"
     )
-  keys = conventions[convention]
-  (ck, inj), (mk, mpat) = _first(d, keys[0]), _first(d, keys[1])
+  (ck, inj), (mk, mpat) = _first(d, fmt.currents), _first(d, fmt.pattern)
   inj, mpat = _numbers(path, ck, inj), _numbers(path, mk, mpat)
   if inj.ndim != 2 or mpat.ndim != 2 or inj.shape[0] != mpat.shape[0]:
     raise InputError(
@@ -586,8 +602,8 @@ def from_device_file(
     )
   rows = np.array([(p, plus[m], minus[m]) for p in range(len(keep)) for m in range(num_m)])
   placed = first_deg is not None or clockwise is not None  # the caller's geometry
-  cw = (convention == "UEF") if clockwise is None else clockwise
-  ktc_tank = convention == "KTC" and n == 32
+  cw = fmt.clockwise if clockwise is None else clockwise
+  ktc_tank = fmt.name == "KTC" and n == 32
   if first_deg is None:
     first_deg = KTC_FIRST_DEG if ktc_tank else 90.0
   angles = evenly_spaced(n, first_deg, cw)
@@ -598,12 +614,12 @@ def from_device_file(
     width_deg = float(given["width_deg"].reshape(-1)[0]) if "width_deg" in given else None
   if width_deg is None:
     width_deg = KTC_WIDTH_DEG if ktc_tank else _default_width(n)
-  name = f"{os.path.basename(path)} ({convention} keys)"
+  name = f"{os.path.basename(path)} ({fmt.name} keys)"
   cal = {k: float(given[k].reshape(-1)[0]) for k in DEVICE_KEYS[2:] if k in given}
   layout = Layout(name, angles, np.deg2rad(width_deg), inj[:, keep] / scale, rows, **cal)
   if layout.signature == preset("ktc2023").signature:
     layout = dataclasses.replace(layout, name=f"ktc2023 ({os.path.basename(path)})")
-  values = _first(d, keys[2])
+  values = _first(d, fmt.values)
   if values is None:
     return layout, None
   vk, v = values

@@ -2,10 +2,11 @@
 
 In: `.npy`, `.npz`, `.mat` (MATLAB up to v7; v7.3 is HDF5) or `.csv`/`.txt`, frames as rows
 (N, R) in the measuring system's order (R = 208 for CDEIT's; columns (R, N), as EIDORS keeps
-them, are turned; NaN: a missing value), or the device's own file (`Mpat` and `Uel`, KTC's or
-UEF's keys: its one frame, `eit.layout.from_device_file`). An `.npz`
-or `.mat` holds them under `frames` (or `voltages`, or as its only array) and may hold a
-reference frame under `reference`. A `.csv` may start with one header line.
+them, are turned; NaN: a missing value), or the device's own file (any `eit.layout.DeviceFormat`,
+KTC's or UEF's keys: its one frame, `eit.layout.from_device_file`). Files are read through the
+one registry of formats, `common.array_files`. An `.npz` or `.mat` holds them under `frames`
+(or `voltages`, or as its only array) and may hold a reference frame under `reference`. A `.csv`
+may start with one header line.
 
 Out: `frames.npz` (`images` (N, 128, 128) in label units, `std` for K > 1, `rows`, `skipped`),
 `frames.mat` (the same in the device's conductivity units, `scale`), a PNG montage and an
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from cdeit_jax.common import fileio, matfile
+from cdeit_jax.common import array_files, fileio, matfile
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import layout
 from cdeit_jax.eit.measurement import NUM_MEASUREMENTS
@@ -42,32 +43,13 @@ def read(
   `system`'s; NaN: a missing value) (the true images: an npz's `targets`, as simulated
   sequences carry); a bad file is an InputError naming it (and the row, where one is at
   fault)."""
-  if fileio.path(path).is_dir():
-    raise InputError(f"{path}: a folder; give one frames file ({', '.join(SUFFIXES)})")
-  suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in fileio.basename(path) else ""
-  if suffix not in SUFFIXES:
-    raise InputError(f"{path}: frames files are {', '.join(SUFFIXES)}; got {suffix or 'no'} suffix")
-  try:
-    raw = fileio.path(path).read_bytes()
-  except FileNotFoundError:
-    raise InputError(f"{path}: no such file") from None
-  except IsADirectoryError:
-    raise InputError(f"{path}: a folder; give one frames file") from None
-  if suffix in (".csv", ".txt"):
-    arrays = {"frames": _read_text(path, raw)}
-  elif suffix == ".npy":
-    arrays = {"frames": _read_npy(path, raw)}
-  elif suffix == ".npz":
-    try:
-      arrays = fileio.load_npz(raw)
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-      raise InputError(f"{path}: not a readable .npz of numeric arrays ({_short(e)})") from None
-  else:
-    arrays = matfile.read(path, raw)
-  if "Mpat" in arrays or "MeasPattern" in arrays:  # the device's own file: its one frame
+  arrays = array_files.read(path, SUFFIXES, "frames file")
+  if array_files.SINGLE in arrays:  # a format of one array: the frames
+    arrays = {"frames": arrays[array_files.SINGLE]}
+  if layout.device_format(arrays) is not None:  # the device's own file: its one frame
     frame = layout.from_device_file(path)[1]
     if frame is None:
-      raise InputError(f"{path}: a device file without a frame (Uel or Uelref)")
+      raise InputError(f"{path}: a device file without a frame (its values, e.g. Uel)")
     arrays = {"frames": frame[None]}
   frames = _pick(path, arrays, FRAME_KEYS, required=True)
   reference = _pick(path, arrays, REFERENCE_KEYS, required=False)
@@ -93,40 +75,6 @@ def read(
       )
     targets = _numeric(path, targets, "'targets'").astype(np.float32)
   return frames, reference, targets
-
-
-def _short(e: BaseException) -> str:
-  return " ".join(str(e).split())[:200]
-
-
-def _read_text(path: str, raw: bytes) -> np.ndarray:
-  text = raw.decode("utf-8", errors="replace")
-  lines = text.splitlines()
-  first = next((ln for ln in lines if ln.strip()), "")
-  delimiter = "," if "," in first else None
-  try:
-    float((first.split(delimiter) if delimiter else first.split())[0])
-    skip = 0
-  except (ValueError, IndexError):
-    skip = 1  # a header line
-  try:
-    a = np.loadtxt(io.StringIO(text), delimiter=delimiter, skiprows=skip, ndmin=2, dtype=np.float64)
-  except ValueError as e:  # numpy names the row and column
-    raise InputError(
-      f"{path}: not a table of numbers ({_short(e)}); frames are rows of "
-      f"{NUM_MEASUREMENTS} voltages separated by commas, spaces or tabs, with a '.' decimal "
-      "point (not ';' with decimal commas), optionally after one header line"
-    ) from None
-  return a
-
-
-def _read_npy(path: str, raw: bytes) -> np.ndarray:
-  try:
-    return fileio.load_npy(raw)
-  except ValueError as e:
-    raise InputError(f"{path}: not a .npy of numbers ({_short(e)})") from None
-  except (OSError, EOFError) as e:
-    raise InputError(f"{path}: not a readable .npy file ({_short(e)})") from None
 
 
 def _pick(path: str, arrays: dict[str, Any], keys, required: bool) -> np.ndarray | None:

@@ -1,0 +1,91 @@
+"""The one registry of file formats (`cdeit_jax.common.array_files`) and of device-file keys
+(`eit.layout.DeviceFormat`): a new format or vendor is one registration and a test, and both
+device files and frames files read through them."""
+
+import json
+
+import numpy as np
+import pytest
+
+from cdeit_jax.common import array_files
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import layout as lay
+from cdeit_jax.infer import frames
+
+
+@pytest.fixture
+def registries(monkeypatch):
+  """The registries as they are, restored after the test."""
+  monkeypatch.setattr(array_files, "READERS", dict(array_files.READERS))
+  monkeypatch.setattr(lay, "DEVICE_FORMATS", dict(lay.DEVICE_FORMATS))
+
+
+def _arrays(layout, values) -> dict:
+  """A vendor's arrays: currents, the shared measured pairs, the empty tank's values."""
+  pairs = layout.rows[layout.rows[:, 0] == 0][:, 1:]
+  mpat = np.zeros((layout.num_electrodes, len(pairs)))
+  mpat[pairs[:, 0], np.arange(len(pairs))], mpat[pairs[:, 1], np.arange(len(pairs))] = 1, -1
+  return {"currents": layout.currents, "pairs": mpat, "empty": values.reshape(-1, 1)}
+
+
+def test_a_new_vendor_and_a_new_format_are_one_registration_each(registries, tmp_path):
+  """A vendor whose files name the arrays `currents`, `pairs` and `empty` and number the
+  electrodes clockwise: unregistered, its file is refused naming the keys that are known;
+  registered, it reads back as the device (rows, currents, values, clockwise angles) and as a
+  frames file (its one frame). A JSON format of its own is refused as a device file until a
+  reader is registered for it."""
+  device = lay.from_rules(16, injection="skip-2", measure_injecting=True)
+  values = np.arange(device.num_values, dtype=np.float64) + 1.0
+  arrays = _arrays(device, values)
+  npz = tmp_path / "ref.npz"
+  np.savez(npz, **arrays)
+  with pytest.raises(InputError, match=r"ref.npz: no measuring system found; .*KTC's keys"):
+    lay.from_device_file(str(npz))
+  lay.register_device_format(lay.DeviceFormat("ACME", ("currents",), ("pairs",), ("empty",), True))
+  got, ref = lay.from_device_file(str(npz))
+  np.testing.assert_array_equal(got.rows, device.rows)
+  np.testing.assert_allclose(got.currents, device.currents / np.abs(device.currents).max())
+  np.testing.assert_array_equal(ref, values)
+  np.testing.assert_allclose(got.angles, lay.evenly_spaced(16, 90.0, clockwise=True))
+  assert got.name == "ref.npz (ACME keys)"
+  v, reference, _ = frames.read(str(npz), device.num_values)
+  np.testing.assert_array_equal(v, values[None])
+  assert reference is None
+
+  path = tmp_path / "ref.json"
+  path.write_text(json.dumps({k: v.tolist() for k, v in arrays.items()}))
+  with pytest.raises(InputError, match=r"ref.json: a device file is a \.mat or \.npz file"):
+    lay.from_device_file(str(path))
+
+  @array_files.reader(".json")
+  def _json(p: str, raw: bytes) -> dict:
+    return {k: np.asarray(v, np.float64) for k, v in json.loads(raw).items()}
+
+  got = array_files.read(str(path), (".json",), "device file")
+  np.testing.assert_array_equal(got["empty"][:, 0], values)
+
+
+def test_every_format_reads_the_same_frames(tmp_path):
+  """The same frames (3 x 5) as .npy, .npz, .mat, .csv (with a header) and .txt read as equal
+  arrays through the registry; a damaged file of each binary format is one line naming it."""
+  import scipy.io
+
+  a = np.arange(15, dtype=np.float64).reshape(3, 5) / 7
+  np.save(tmp_path / "f.npy", a)
+  np.savez(tmp_path / "f.npz", frames=a)
+  scipy.io.savemat(tmp_path / "f.mat", {"frames": a})
+  (tmp_path / "f.csv").write_text(
+    "a,b,c,d,e\n" + "\n".join(",".join(map(repr, r.tolist())) for r in a)
+  )
+  (tmp_path / "f.txt").write_text("\n".join(" ".join(map(repr, r.tolist())) for r in a))
+  for name in ("f.npy", "f.npz", "f.mat", "f.csv", "f.txt"):
+    v, _, _ = frames.read(str(tmp_path / name), 5)
+    np.testing.assert_array_equal(v, a, err_msg=name)
+  for name, words in (
+    ("bad.npy", "bad.npy: not a"),
+    ("bad.npz", "bad.npz: not a readable .npz"),
+    ("bad.mat", "bad.mat: not a readable .mat"),
+  ):
+    (tmp_path / name).write_bytes(b"\x00garbage")
+    with pytest.raises(InputError, match=words):
+      frames.read(str(tmp_path / name), 5)
