@@ -287,3 +287,42 @@ def test_removal_rules_without_the_full_set_and_rules_that_remove_everything(dev
   assert np.all(np.isfinite(scale)) and np.all(scale > 0)
   with pytest.raises(InputError, match=r"removing electrodes \[0, 1, .* 15\] leaves none"):
     conditioning.LayoutConditioner(layout, (0.1,), removals=",".join(map(str, range(16))), grid=16)
+
+
+def test_symmetric_samples_of_a_model_that_reads_its_devices_values(device_run):
+  """`sampling.symmetric` for a model that reads a device's values (`device_run`'s skip-2
+  device, whose turns and mirror are symmetries): sample k of a frame is the plain sampler's
+  sample k of the values turned for the k-th symmetry (`symmetry.turn_values`) with its image
+  turned back; the Reconstructor refuses it in one line for this model, whose electrode-removal
+  sets ('-;3') the turns would not keep."""
+  import jax
+  from flax import nnx
+
+  from cdeit_jax.checkpoints import loading
+  from cdeit_jax.common import sharding as shd
+  from cdeit_jax.eit import symmetry
+  from cdeit_jax.infer import sampling
+  from cdeit_jax.infer.reconstructor import Reconstructor
+  from cdeit_jax.model.diffusion import Diffusion
+
+  d = device_run
+  rec = Reconstructor.from_workdir(d.run, overrides={"sampling.num_samples": 1})
+  with pytest.raises(InputError, match="symmetric: the tank's turns and mirror .*removal sets"):
+    Reconstructor.from_workdir(d.run, overrides={"sampling.symmetric": True})
+  model, meta = loading.load(d.run)
+  graphdef, weights = nnx.split(model)
+  weights = jax.device_put(weights, shd.replicated(rec.mesh))
+  parts = (graphdef, Diffusion(**loading.model_config(meta).diffusion), rec.steps, rec.eta)
+  parts += (rec.shape, rec.mesh)
+  plain = sampling.make_sampler(*parts)
+  sym = sampling.make_sampler(*parts, None, (rec.mean, rec.std), rec.layout)
+  cond = jnp.asarray(np.repeat(np.asarray(d.train[0]["cond"], np.float32)[None], 8, 0))
+  index, sample = jnp.zeros(8, jnp.int32), jnp.arange(8, dtype=jnp.int32)
+  key = jax.random.key(0)
+  got = np.asarray(sym(weights, cond, index, sample, key))
+  turned = symmetry.turn_values(cond, sample, rec.mean, rec.std, rec.layout)
+  want = np.asarray(plain(weights, turned, index, sample, key))
+  for k, g in enumerate(symmetry.GROUP):
+    np.testing.assert_allclose(got[k], symmetry.image_back(want[k], *g), atol=2e-5, rtol=0)
+    if k:  # a turned tank's sample is not the plain one
+      assert np.abs(np.asarray(plain(weights, cond, index, sample, key))[k] - got[k]).max() > 1e-3

@@ -334,6 +334,30 @@ def test_another_devices_turns_and_mirror_are_the_simulators():
     symmetry.turn(1, False, against)
 
 
+def test_a_value_reading_models_conditions_turn_with_their_tank():
+  """`symmetry.turn_values`: standardised values (B, R) of a 16-electrode skip-2 device that
+  measures on its current-carrying electrodes, turned by each element of the group, equal the
+  values turned by `symmetry.turn` (permuted, signed) and standardised again, NaN moving with its
+  value; `symmetric` is True for it and False for a device driving against electrode 0."""
+  from cdeit_jax.eit import symmetry
+
+  device = lay.from_rules(16, "skip-2", measure_injecting=True)
+  rng = np.random.default_rng(0)
+  r = device.num_values
+  mean, std = rng.normal(size=r).astype(np.float32), rng.uniform(0.5, 2, r).astype(np.float32)
+  values = rng.normal(size=(8, r)).astype(np.float32)
+  values[3, 5] = np.nan
+  cond = (values - mean) / std
+  got = np.asarray(symmetry.turn_values(cond, np.arange(8), mean, std, device))
+  for k, (q, m) in enumerate(symmetry.GROUP):
+    index, sign = symmetry.turn(q, m, device)
+    want = (values[k][index] * sign - mean) / std
+    np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-5, equal_nan=True)
+  assert np.isnan(got[3]).sum() == 1
+  assert symmetry.symmetric(device)
+  assert not symmetry.symmetric(lay.from_rules(16, "against-0", measure_injecting=True))
+
+
 def test_simulate_voltages_checks_shape():
   with pytest.raises(ValueError, match="xs_images must be"):
     eit.simulate_voltages(np.zeros((128, 128)))

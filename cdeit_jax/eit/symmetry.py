@@ -127,6 +127,32 @@ def turn_conditions(
   return measurement.condition(v, 1.0, mean, std)[0].astype(cond.dtype)
 
 
+def turn_values(
+  cond: jax.Array, element: jax.Array, mean: np.ndarray, std: np.ndarray, lay: layout_lib.Layout
+) -> jax.Array:
+  """Value conditions (B, R) of the device `lay` (a model that reads its values), standardised
+  with (mean, std), of the tanks turned by `GROUP[element]` (B,): the values read back, turned
+  (`turn`: permuted, signs applied), standardised again; NaN (a missing value) moves with its
+  value."""
+  mean, std = (np.ravel(np.asarray(a, np.float32)) for a in (mean, std))
+  turns = [turn(q, m, lay) for q, m in GROUP]
+  index = jnp.asarray(np.stack([i for i, _ in turns]))[element]  # (B, R)
+  sign = jnp.asarray(np.stack([s for _, s in turns]))[element]
+  v = cond.astype(jnp.float32) * std + mean
+  v = jnp.take_along_axis(v, index, axis=-1) * sign
+  return ((v - mean) / std).astype(cond.dtype)
+
+
+def symmetric(lay: layout_lib.Layout) -> bool:
+  """Whether the tank's 8 turns and mirrors are symmetries of the device `lay` (`turn`)."""
+  try:
+    for q, m in GROUP:
+      turn(q, m, lay)
+  except InputError:
+    return False
+  return True
+
+
 def turn_back(images: jax.Array, element: jax.Array) -> jax.Array:
   """Images (B, H, W, C) sampled for the tanks of `turn_conditions`, each turned back."""
   every = jnp.stack([image_back(images, q, m) for q, m in GROUP])

@@ -36,7 +36,7 @@ from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import pipeline, sources
 from cdeit_jax.data import stats as stats_lib
-from cdeit_jax.eit import layout, measurement
+from cdeit_jax.eit import layout, measurement, symmetry
 from cdeit_jax.infer import sampling
 from cdeit_jax.model.diffusion import Diffusion
 
@@ -306,17 +306,23 @@ class Reconstructor:
     self.vector = model.reads_values
     self.layout = model.layout
     self.num_values = self.layout.num_values
-    if self.vector and (s.data_consistency or s.symmetric):
+    if self.vector and s.data_consistency:
       raise InputError(
-        "--config.sampling.data_consistency and --config.sampling.symmetric read CDEIT's "
-        f"16-electrode EIM; this model (measuring system {self.layout.describe()}) samples "
-        "without them: set them to 0 and False"
+        "--config.sampling.data_consistency reads CDEIT's 16-electrode EIM; this model "
+        f"(measuring system {self.layout.describe()}) samples without it: set it to 0"
       )
     self.removed = (
       np.asarray(model.conditioner.removed[...])
       if self.vector
       else np.zeros((1, self.num_values), bool)
     )
+    if self.vector and s.symmetric and (self.removed.any() or not symmetry.symmetric(self.layout)):
+      raise InputError(
+        f"--config.sampling.symmetric: the tank's turns and mirror are not symmetries of this "
+        f"model's device ({self.layout.describe()}"
+        + (", whose electrode-removal sets they would not keep)" if self.removed.any() else ")")
+        + "; set it to False"
+      )
     graphdef, weights = nnx.split(model)
     correction_graphdef = None
     if s.data_consistency:
@@ -342,6 +348,7 @@ class Reconstructor:
       self.mesh,
       correction_graphdef,
       (self.mean, self.std) if self.symmetric else None,
+      self.layout if self.symmetric and self.vector else None,
     )
     # The largest batch: the one that fits (or config.sampling.batch_size); smaller buckets are
     # compiled when a batch first needs them.
