@@ -84,7 +84,10 @@ def given_width(width_deg: float | None, electrode_cm: float | None, tank_cm: fl
 
 def what_follows(fit, width_deg: float | None) -> str:
   """One line: which of the width and contact impedance the model for this device is trained
-  across (what the frame does not determine), which are fitted and which given."""
+  across (what the frame does not determine, within what the simulator takes), which are fitted
+  and which given."""
+  from cdeit_jax.eit.spec import WIDTH_DEG_LIMITS
+
   parts = []
   for name, unit, flag in (
     ("width_deg", "electrode width", "--width_deg (or --electrode_cm with --tank_cm)"),
@@ -96,9 +99,11 @@ def what_follows(fit, width_deg: float | None) -> str:
       parts.append(f"the {unit} is fitted")
     else:
       lo, hi = fit.ranges[name]
+      top = min(hi, WIDTH_DEG_LIMITS[1]) if name == "width_deg" else hi
+      clip = f" (the simulator's widest; {hi:.3g} fit as well)" if top < hi else ""
       parts.append(
         f"the frame does not determine the {unit}: a model for this device (configs/device.py) "
-        f"is trained across {lo:.3g} to {hi:.3g}; give {flag} if you know it"
+        f"is trained across {lo:.3g} to {top:.3g}{clip}; give {flag} if you know it"
       )
   return "; ".join(parts)
 

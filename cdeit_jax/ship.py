@@ -173,9 +173,9 @@ def ship(
   given = scores(score_pairs)  # every input checked before anything is written
   chosen = settings(set_pairs)
   out = os.path.abspath(out)
-  fileio.refuse_own_input(out, "--out", [("--workdir", workdir)])  # replaced whole
   if shipped.model_folder_of(os.path.dirname(out)) is not None:  # itself: replaced whole
     shipped.refuse_write(out, "--out")
+  fileio.refuse_own_input(out, "--out", [("--workdir", workdir)])  # replaced whole
   if os.path.exists(out) and os.listdir(out) and shipped.read(out) is None:
     raise InputError(f"--out {out}: holds files and no {shipped.MANIFEST}; give a new folder")
   with reader.open_run(workdir, step) as run:

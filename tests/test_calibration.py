@@ -129,7 +129,8 @@ def test_real_skip_devices_are_not_said_to_determine_what_they_cannot(protocol):
   assert lo < 10.5 and 10.2 < hi and 1040 < fit.gain < 1080 and fit.residual < 0.02
   assert "not identifiable: " in fit.describe() and fit.undetermined
   line = calibrate.what_follows(fit, None)
-  assert f"trained across {lo:.3g} to {hi:.3g}" in line and "--width_deg" in line
+  assert f"trained across {lo:.3g} to 20 (the simulator's widest; {hi:.3g} fit as well)" in line
+  assert "--width_deg" in line and fit.errors["width_deg"] == pytest.approx((hi - lo) / 2)
   held = calibration.fit(real, ref, "ref.mat", width=True, width_deg=10.2)
   assert held.width_deg == 10.2 and "the electrode width is given" in calibrate.what_follows(
     held, 10.2

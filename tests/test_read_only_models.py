@@ -68,7 +68,8 @@ def test_a_path_at_any_depth_of_a_model_folder_is_refused(model_copy, tmp_path):
 
 def test_the_refusals_advice_restores_tracked_and_added_files(model_copy, tmp_path):
   """In a git checkout holding the model, a changed weight file, an added file and an added step
-  folder are undone by the commands the refusal gives, run as printed (absolute paths)."""
+  folder are undone by the commands the refusal gives, run as printed (absolute paths) from
+  outside the checkout."""
   env = {
     **os.environ,
     "GIT_AUTHOR_NAME": "t",
@@ -93,8 +94,9 @@ def test_the_refusals_advice_restores_tracked_and_added_files(model_copy, tmp_pa
   with pytest.raises(InputError) as e:
     shipped.refuse_write(str(step_dir / "more"), "--workdir")
   advice = str(e.value).split("restore it: ")[1].split(" (a copy outside git")[0]
-  assert advice == f"git checkout -- {model_copy} && git clean -fdx {model_copy}"
-  subprocess.run(advice, shell=True, cwd=tmp_path, env=env, check=True, capture_output=True)
+  assert advice == f"git -C {model_copy} checkout -- . && git -C {model_copy} clean -fdx ."
+  elsewhere = tmp_path.parent  # run from outside the checkout, as printed
+  subprocess.run(advice, shell=True, cwd=elsewhere, env=env, check=True, capture_output=True)
   assert _files(model_copy) == before
   shipped.verify(str(model_copy))  # reads again
 
@@ -104,7 +106,7 @@ def _refused(p, flag, target):
   lines = [x for x in p.stderr.splitlines() if x.startswith("error:")]
   assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
   assert lines[0].startswith(f"error: {flag} {target} ")
-  assert "the model folder" in lines[0] and "read-only" in lines[0] and "git clean -fdx" in lines[0]
+  assert "the model folder" in lines[0] and "read-only" in lines[0] and "clean -fdx ." in lines[0]
 
 
 def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path):

@@ -32,10 +32,11 @@ class ManifestError(InputError):
 
 def restore_advice(folder: str) -> str:
   """The commands that put a model folder back as it was shipped: its tracked files restored
-  and every file added there removed (`git checkout` alone leaves added files behind)."""
+  and every file added there removed (`git checkout` alone leaves added files behind), run from
+  any folder (`git -C`)."""
   return (
-    f"git checkout -- {folder} && git clean -fdx {folder} (a copy outside git: copy it again, "
-    "or ship it again with python -m cdeit_jax.ship)"
+    f"git -C {folder} checkout -- . && git -C {folder} clean -fdx . (a copy outside git: copy it "
+    "again, or ship it again with python -m cdeit_jax.ship)"
   )
 
 

@@ -262,8 +262,10 @@ def fit(
     ("width_deg", "width_deg", float),
     ("contact_impedance", "log10_z", np.log10),
   ):
-    if name in ranges:  # the range's half-width, where it is wider than the local estimate
-      errors[key] = max(errors.get(key, 0.0), float(np.ptp([to(x) for x in ranges[name]])) / 2)
+    if name in ranges:  # the range's half-width: where it is wider than the local estimate,
+      # and always for a value the frame does not determine (the local one sees a flat valley)
+      half = float(np.ptp([to(x) for x in ranges[name]])) / 2
+      errors[key] = max(errors.get(key, 0.0), half) if identifiable[name] else half
   fit = Calibration(
     gain,
     10.0**log10_z,

@@ -15,7 +15,6 @@ quarter turn of the array is a clockwise quarter turn of the tank).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -26,62 +25,9 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import measurement
 
-GROUP = tuple((q, m) for m in (False, True) for q in range(4))  # (quarter turns, mirrored)
-
-
-@functools.lru_cache(maxsize=64)
-def turn(
-  quarter_turns: int, mirrored: bool, lay: layout_lib.Layout | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-  """(index, sign) with `ys[..., index] * sign` the values of the tank mirrored (first, if
-  `mirrored`) and turned clockwise by `quarter_turns` quarter turns, for `ys` in the device's
-  order (CDEIT's 16 electrodes by default). Found from the geometry: electrode e at angle a goes
-  to the electrode at the image of a, its patterns and pairs with it; an InputError for a device
-  whose electrodes, patterns or pairs have no images among its own."""
-  lay = lay or layout_lib.preset("cdeit16")
-  a = np.asarray(lay.angles, np.float64)
-  image_of = (np.pi - a if mirrored else a) - quarter_turns * np.pi / 2
-  gap = np.abs(np.angle(np.exp(1j * (image_of[:, None] - a[None, :]))))  # (E, E)
-  to = np.argmin(gap, 1)
-  problem = None
-  if gap[np.arange(len(a)), to].max() > 1e-6 or len(set(to)) != len(a):
-    problem = "its electrodes do not map onto one another"
-  else:
-    moved = np.zeros_like(lay.currents)
-    moved[to] = lay.currents  # pattern p's currents on the turned tank's electrodes
-    pattern, p_sign = np.empty(lay.num_patterns, np.int64), np.empty(lay.num_patterns)
-    free = np.ones(lay.num_patterns, bool)  # a device may repeat a pattern (KTC2023 does)
-    for p in range(lay.num_patterns):
-      for s in (1.0, -1.0):
-        same = np.all(np.abs(lay.currents - s * moved[:, p : p + 1]) < 1e-9, 0)
-        hit = np.flatnonzero(same & free)
-        if hit.size:
-          pattern[p], p_sign[p], free[hit[0]] = hit[0], s, False
-          break
-      else:
-        problem = f"pattern {p} has no image among its patterns"
-        break
-  if problem is None:
-    where = {tuple(r): i for i, r in enumerate(lay.rows.tolist())}
-    index = np.empty(lay.num_values, np.int64)
-    sign = np.empty(lay.num_values, np.float32)
-    for i, (p, plus, minus) in enumerate(lay.rows.tolist()):
-      q, a_, b_ = int(pattern[p]), int(to[plus]), int(to[minus])
-      j, m_sign = (where.get((q, a_, b_)), 1.0)
-      if j is None:
-        j, m_sign = (where.get((q, b_, a_)), -1.0)
-      if j is None:
-        problem = f"value {i}'s pair has no image among its values"
-        break
-      index[j], sign[j] = i, p_sign[p] * m_sign
-  if problem is not None:
-    raise InputError(
-      f"{lay.describe()}: the tank's turns and mirror are not symmetries of this device "
-      f"({problem}); set config.data.augment=False and config.sampling.symmetric=False"
-    )
-  for arr in (index, sign):
-    arr.setflags(write=False)
-  return index.astype(np.int32), sign
+GROUP = layout_lib.GROUP
+turn = layout_lib.turn
+symmetric = layout_lib.has_symmetries
 
 
 def permutation(
@@ -141,16 +87,6 @@ def turn_values(
   v = cond.astype(jnp.float32) * std + mean
   v = jnp.take_along_axis(v, index, axis=-1) * sign
   return ((v - mean) / std).astype(cond.dtype)
-
-
-def symmetric(lay: layout_lib.Layout) -> bool:
-  """Whether the tank's 8 turns and mirrors are symmetries of the device `lay` (`turn`)."""
-  try:
-    for q, m in GROUP:
-      turn(q, m, lay)
-  except InputError:
-    return False
-  return True
 
 
 def turn_back(images: jax.Array, element: jax.Array) -> jax.Array:
