@@ -84,11 +84,11 @@ def main(argv):
   """The command; an --out folder it made is removed again when a refusal leaves it empty."""
   from cdeit_jax.infer import outputs
 
-  with outputs.left_as_found(FLAGS.out):
-    _main(argv)
+  with outputs.left_as_found(FLAGS.out), contextlib.ExitStack() as stack:
+    _main(argv, stack)
 
 
-def _main(argv):
+def _main(argv, stack: contextlib.ExitStack):
   del argv
   cli.init_distributed()
   import time
@@ -97,6 +97,7 @@ def _main(argv):
 
   from cdeit_jax.checkpoints import loading, reader, shipped
   from cdeit_jax.common import compile_cache, fileio, logs
+  from cdeit_jax.common.errors import InputError
   from cdeit_jax.infer import frames, outputs, reconstructor
   from cdeit_jax.infer.reconstructor import Reconstructor, listed
 
@@ -107,8 +108,6 @@ def _main(argv):
   overrides = cli.checkpoint_overrides()
   reconstructor.check_overrides(overrides)
   if any(k.startswith("wandb.") for k in overrides):
-    from cdeit_jax.common.errors import InputError
-
     raise InputError(
       f"--config.{next(k for k in overrides if k.startswith('wandb.'))}: reconstruct logs nothing "
       "to W&B; eval.py logs an evaluation into a run's W&B run (docs/training.md)"
@@ -116,7 +115,8 @@ def _main(argv):
   with reader.open_run(FLAGS.workdir, overrides.get("eval.step")) as run:
     meta, skipped, cfg = reconstructor.choose(run, overrides)
     system = loading.device_of(cfg, meta.record)  # the frames are this system's values
-    v, reference, targets = _frames_and_reference(system, run.workdir)
+    recording, reference = _frames_and_reference(system, run.workdir)
+    stack.enter_context(recording)
     t0 = time.perf_counter()
     with compile_cache.Watch() as cache:
       rec = Reconstructor.from_run(
@@ -129,23 +129,19 @@ def _main(argv):
         voltage_ratio=FLAGS.voltage_ratio,
         current_ratio=FLAGS.current_ratio,
       )
-  where = FLAGS.frames
-  dv = rec.difference(frames=v, reference=reference, where=where)
-  ok = rec.check_frames(dv, where, skip_bad=FLAGS.skip_bad_frames)
-  # Calls of at most --chunk consecutive rows; each row's example index is its row number (its
-  # noise is its own, whatever the chunking)
-  calls = [run for lo in range(0, len(ok), FLAGS.chunk) for run in _runs(ok[lo : lo + FLAGS.chunk])]
-  for size in {len(run) for run in calls}:
+  where, n = FLAGS.frames, recording.n
+  ok = rec.check_recording(recording, reference, where, skip_bad=FLAGS.skip_bad_frames)
+  calls = _calls(ok, n, FLAGS.chunk)
+  for size in {len(run) for runs in calls.values() for run in runs}:
     rec.prepare(size * rec.num_samples)  # timing starts after compilation
   setup_s = time.perf_counter() - t0
-  skipped = np.setdiff1d(np.arange(len(dv)), ok)
+  skipped = np.setdiff1d(np.arange(n), ok)
   if len(skipped):
     logs.log.warning(
       f"{where}: skipping {len(skipped)} rows with NaN or infinite voltages "
       f"(their images are NaN): {listed(skipped)}"
     )
   k = rec.num_samples
-  n = len(dv)
   logs.log.info(
     f"{rec!r} from {rec.checkpoint}: ready in {setup_s:.1f} s "
     f"({'compilation cache' if cache.hit else 'compiled'}); {len(ok)} frames"
@@ -160,15 +156,20 @@ def _main(argv):
       )
     bar = logs.progress(len(ok), "reconstructing", "frame", enabled=primary)
     t0 = time.perf_counter()
-    for run in calls:
-      r = rec.reconstruct(dv[run], first_index=int(run[0]), progress=lambda m: bar.update(m / k))
-      if sink is not None:
-        sink.add(int(run[0]), r.images, r.std)
+    for (lo, hi), runs in calls.items():
+      # frames lo .. hi minus the reference, read from the file now (memory stays flat)
+      dv = rec.difference(frames=recording.rows(lo, hi), reference=reference, where=where)
+      for run in runs:
+        r = rec.reconstruct(
+          dv[run - lo], first_index=int(run[0]), progress=lambda m: bar.update(m / k)
+        )
+        if sink is not None:
+          sink.add(int(run[0]), r.images, r.std)
     sample_s = time.perf_counter() - t0
     bar.close()
     written = []
     if sink is not None:
-      shown = None if targets is None else targets[sink.kept]
+      shown = recording.targets(sink.kept)
       written = sink.finish(
         _info(rec, reference, k), fps=FLAGS.fps, figures=FLAGS.figures, targets=shown
       )
@@ -188,18 +189,31 @@ def _main(argv):
 
 
 def _frames_and_reference(system, workdir: str):
-  """(frames, reference frame or None, true images or None) of the measuring system `system`
-  (the model's: its values per frame) from --frames, --reference and --reference_row, the
-  flags checked first; --out checked against `workdir`'s checkpoints."""
+  """(the --frames recording, open (`infer.frames.Recording`), its reference frame or None) of
+  the measuring system `system` (the model's: its values per frame), from --frames, --reference
+  and --reference_row, the flags checked first; --out checked against `workdir`'s checkpoints."""
   from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer import frames, outputs
+  from cdeit_jax.infer import frames
 
   if FLAGS.chunk < 1:
     raise InputError(f"--chunk={FLAGS.chunk}: must be >= 1")
   if not FLAGS.fps > 0:
     raise InputError(f"--fps={FLAGS.fps}: must be > 0")
   r, described = system.num_values, system.describe()
-  v, reference, targets = frames.read(FLAGS.frames, r, described)
+  recording = frames.Recording(FLAGS.frames, r, described)
+  try:
+    return recording, _reference(recording, r, described, workdir)
+  except BaseException:
+    recording.close()
+    raise
+
+
+def _reference(recording, r: int, described: str, workdir: str):
+  """The reference frame of --frames, --reference or --reference_row (one of them), or None."""
+  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.infer import frames, outputs
+
+  reference = recording.reference
   outputs.check_out(FLAGS.out, workdir=workdir, names=frames.OUTPUTS)
   if FLAGS.reference is not None:
     if reference is not None:
@@ -207,23 +221,22 @@ def _frames_and_reference(system, workdir: str):
         f"--reference {FLAGS.reference}: {FLAGS.frames} holds a reference frame "
         "already; give one of them"
       )
-    ref = frames.read(FLAGS.reference, r, described)[0]
-    if len(ref) != 1:
-      raise InputError(f"--reference {FLAGS.reference}: holds {len(ref)} frames; give one")
-    reference = ref[0]
+    with frames.Recording(FLAGS.reference, r, described) as ref:
+      if ref.n != 1:
+        raise InputError(f"--reference {FLAGS.reference}: holds {ref.n} frames; give one")
+      reference = ref.rows(0, 1)[0]
   if FLAGS.reference_row is not None:
     if reference is not None:
       raise InputError(
         "--reference_row: a reference frame is given already (the file's "
         "`reference` or --reference); give one"
       )
-    if not 0 <= FLAGS.reference_row < len(v):
+    if not 0 <= FLAGS.reference_row < recording.n:
       raise InputError(
-        f"--reference_row={FLAGS.reference_row}: {FLAGS.frames} has rows 0 to {len(v) - 1}"
+        f"--reference_row={FLAGS.reference_row}: {FLAGS.frames} has rows 0 to {recording.n - 1}"
       )
-    reference = v[FLAGS.reference_row]
-
-  return v, reference, targets
+    reference = recording.rows(FLAGS.reference_row, FLAGS.reference_row + 1)[0]
+  return reference
 
 
 def _info(rec, reference, k: int) -> dict:
@@ -249,6 +262,21 @@ def jax_primary() -> bool:
   import jax
 
   return jax.process_index() == 0
+
+
+def _calls(ok, n: int, chunk: int) -> dict:
+  """{(lo, hi): runs}: the sampler's calls, for each block lo .. hi of at most `chunk` rows of
+  the file, the runs of consecutive rows `ok` (sorted) in it; each row's example index is its
+  row number (its noise is its own, whatever the chunking)."""
+  import numpy as np
+
+  calls = {}
+  for lo in range(0, n, chunk):
+    hi = min(lo + chunk, n)
+    rows = ok[np.searchsorted(ok, lo) : np.searchsorted(ok, hi)]
+    if len(rows):
+      calls[lo, hi] = _runs(rows)
+  return calls
 
 
 def _runs(rows):

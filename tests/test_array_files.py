@@ -58,8 +58,8 @@ def test_a_new_vendor_and_a_new_format_are_one_registration_each(registries, tmp
     lay.from_device_file(str(path))
 
   @array_files.reader(".json")
-  def _json(p: str, raw: bytes) -> dict:
-    return {k: np.asarray(v, np.float64) for k, v in json.loads(raw).items()}
+  def _json(p: str) -> dict:
+    return {k: np.asarray(v, np.float64) for k, v in json.loads(array_files.raw(p)).items()}
 
   got = array_files.read(str(path), (".json",), "device file")
   np.testing.assert_array_equal(got["empty"][:, 0], values)
@@ -89,3 +89,54 @@ def test_every_format_reads_the_same_frames(tmp_path):
     (tmp_path / name).write_bytes(b"\x00garbage")
     with pytest.raises(InputError, match=words):
       frames.read(str(tmp_path / name), 5)
+
+
+def test_a_recording_is_read_a_block_at_a_time(tmp_path):
+  """The same 50 frames of 5 values and their true images as .npy, np.savez's .npz (each member
+  memory-mapped where it lies in the archive), a compressed .npz (read whole), MATLAB v7.3 files
+  from another writer (hdf5storage; frames as rows and as columns, read from their HDF5
+  datasets) and a .csv with a comment, a header and blank lines (parsed by rows): any block of
+  rows reads as the frames' rows, and the true images of any rows as theirs."""
+  import hdf5storage
+
+  rng = np.random.default_rng(0)
+  a = rng.standard_normal((50, 5))
+  t = rng.standard_normal((50, 4, 4)).astype(np.float32)
+  np.save(tmp_path / "f.npy", a)
+  np.savez(tmp_path / "f.npz", frames=a, targets=t)
+  np.savez_compressed(tmp_path / "z.npz", frames=a, targets=t)
+  for name, arrays in (("f.mat", {"frames": a, "targets": t}), ("c.mat", {"frames": a.T.copy()})):
+    hdf5storage.savemat(str(tmp_path / name), arrays, format="7.3")
+  lines = [",".join(map(repr, r.tolist())) for r in a]
+  (tmp_path / "f.csv").write_text(
+    "# a comment\nm0,m1,m2,m3,m4\n" + "\n".join(lines[:20]) + "\n\n" + "\n".join(lines[20:])
+  )
+  lazy = {"f.npy": np.memmap, "f.npz": np.memmap, "z.npz": np.ndarray}
+  for name in ("f.npy", "f.npz", "z.npz", "f.mat", "c.mat", "f.csv"):
+    with frames.Recording(str(tmp_path / name), 5) as r:
+      assert r.n == 50 and r.reference is None, name
+      if name in lazy:
+        got = r._arrays.get("frames", r._arrays.get(array_files.SINGLE))
+        assert type(got) is lazy[name], name
+      for lo, hi in ((0, 1), (7, 33), (40, 60)):
+        np.testing.assert_array_equal(r.rows(lo, hi), a[lo:hi], err_msg=name)
+      if name in ("f.npz", "z.npz", "f.mat"):
+        np.testing.assert_array_equal(r.targets(np.array([3, 41])), t[[3, 41]], err_msg=name)
+
+
+def test_a_bad_row_far_into_a_text_recording_is_named(tmp_path):
+  """A .csv is parsed by rows: a word or a short row far down is an error naming the data row
+  (counted from 0) when that block is read, and the other blocks read as written."""
+  a = np.arange(200, dtype=np.float64).reshape(40, 5)
+  rows = [",".join(map(repr, r.tolist())) for r in a]
+  rows[37] = rows[37].replace("186.0", "x")
+  rows[30] = "150.0,151.0,152.0,153.0"
+  (tmp_path / "f.csv").write_text("\n".join(rows))
+  with frames.Recording(str(tmp_path / "f.csv"), 5) as r:
+    np.testing.assert_array_equal(r.rows(0, 30), a[:30])
+    with pytest.raises(InputError, match=r"f.csv: not a table of numbers \(data row 30 holds 4"):
+      r.rows(30, 31)
+    with pytest.raises(
+      InputError, match=r"f.csv: .*in the 8 rows from data row 32: could not convert .*x.* row 5"
+    ):
+      r.rows(32, 40)

@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 import pytest
-import scipy.io
 
 from cdeit_jax.common import compat, fileio, matfile
 
@@ -69,7 +68,12 @@ def test_a_full_disk_is_found_inside_wrapped_errors():
 
 
 def test_mat_arrays_written_in_place_read_back(tmp_path):
-  """Rows in any order, two matrices, small variables beside: scipy.io.loadmat reads them."""
+  """Rows in any order, two matrices, small variables beside (a number, a cell of text, an empty
+  array): a MATLAB v7.3 file that a second reader (mat73) and our own read back as written,
+  with MATLAB's header; a v7.3 file from another writer (hdf5storage) reads as it was saved."""
+  import hdf5storage
+  import mat73
+
   rng = np.random.default_rng(0)
   a, b = rng.standard_normal((7, 5, 3)), rng.standard_normal((7, 4))
   path = str(tmp_path / "m.mat")
@@ -77,13 +81,21 @@ def test_mat_arrays_written_in_place_read_back(tmp_path):
   for lo, hi in ((3, 7), (0, 3)):
     w.write("a", lo, a[lo:hi])
   w.write("b", 0, b)
-  w.close()
-  with open(path, "ab") as fh:
-    fh.write(matfile.small_variables({"names": np.asarray(["x", "yy"], dtype=object)}))
-  m = scipy.io.loadmat(path)
+  w.close({"names": np.asarray(["x", "yy"], dtype=object), "none": np.zeros(0)})
+  with open(path, "rb") as fh:
+    assert fh.read(19) == b"MATLAB 7.3 MAT-file"
+  m = mat73.loadmat(path)
   np.testing.assert_array_equal(m["a"], a)
   np.testing.assert_array_equal(m["b"], b)
-  assert m["scale"][0, 0] == 0.5 and [str(v[0]) for v in m["names"][0]] == ["x", "yy"]
+  assert m["scale"] == 0.5 and m["names"] == ["x", "yy"] and m["none"] is None
+  ours = matfile.read(path)  # numbers only, as MATLAB shapes them
+  np.testing.assert_array_equal(ours["a"], a)
+  assert ours["scale"].shape == (1, 1) and ours["none"].size == 0 and "names" not in ours
+  c = rng.standard_normal((4, 6))
+  hdf5storage.savemat(str(tmp_path / "c.mat"), {"c": c, "v": c[0]}, format="7.3")
+  got = matfile.read(str(tmp_path / "c.mat"))
+  np.testing.assert_array_equal(got["c"], c)
+  np.testing.assert_array_equal(got["v"], c[:1])  # a vector is a row, as MATLAB's
 
 
 def test_a_bucket_without_credentials_is_one_line_before_any_work(tmp_path):

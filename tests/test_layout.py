@@ -340,7 +340,7 @@ def test_frames_of_another_system_are_named_in_the_refusal(tmp_path):
 
 
 def _v73(path):
-  """A file with a MATLAB v7.3 (HDF5) header, as MATLAB's save -v7.3 writes it."""
+  """A MATLAB v7.3 header, as MATLAB's save -v7.3 writes it, without the HDF5 data after it."""
   text = b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Wed Nov 25 2026 HDF5 schema 1.00 ."
   path.write_bytes(text.ljust(116, b" ") + b"\0" * 8 + b"\x00\x02IM" + b"\0" * 512)
 
@@ -348,8 +348,8 @@ def _v73(path):
 def test_device_files_hold_numbers_of_the_documented_shapes(tmp_path):
   """A device file's arrays are refused in one line naming the file and the key when they are
   complex, NaN or infinite currents, text, empty, or of fewer than 4 electrodes; an empty file,
-  a folder, a damaged or object .npz and a v7.3 .mat too (advising .npz); `.MAT` reads as
-  `.mat`."""
+  a folder, a damaged or object .npz and a v7.3 .mat's header without its HDF5 data too; `.MAT`
+  reads as `.mat`."""
   rule = lay.from_rules(16, injection="skip-2", measure_injecting=True)
   inj, mpat = _device_arrays(rule)
   good = {"Inj": inj, "Mpat": mpat, "Uel": np.ones((rule.num_values, 1))}
@@ -382,7 +382,7 @@ def test_device_files_hold_numbers_of_the_documented_shapes(tmp_path):
     ("garbage.npz", "not a readable .npz"),
     ("object.npz", "not a readable .npz"),
     ("folder.mat", "a folder; a device file is a .mat or .npz file"),
-    ("v73.mat", r"a MATLAB v7.3 \(HDF5\) file; save it with save\(..., '-v7'\) or as .npz"),
+    ("v73.mat", r"not a readable MATLAB v7.3 \(HDF5\) file"),
   ):
     with pytest.raises(InputError, match=f"{name}: {words}"):
       lay.from_device_file(str(tmp_path / name))
@@ -409,6 +409,20 @@ def test_values_as_one_column_per_pattern_read_in_pattern_order(tmp_path, keys):
   scipy.io.savemat(tmp_path / "rows.mat", dict(zip(names, (inj, mpat, columns.T))))
   with pytest.raises(InputError, match=r"rows.mat: Uel(ref)? \(76, 31\) is not one frame"):
     lay.from_device_file(str(tmp_path / "rows.mat"))
+
+
+def test_a_matlab_v73_device_file_reads_as_its_v5_copy(tmp_path):
+  """KTC2023's ref.mat saved again as MATLAB v7.3 (hdf5storage: HDF5, axes reversed, text
+  beside) reads as the same device and frame as the v5 original."""
+  import hdf5storage
+
+  raw = {k: v for k, v in scipy.io.loadmat(LEVELS / "level_1" / "ref.mat").items() if k[0] != "_"}
+  hdf5storage.savemat(str(tmp_path / "ref.mat"), {**raw, "note": "tank 1"}, format="7.3")
+  device, ref = lay.from_device_file(str(LEVELS / "level_1" / "ref.mat"))
+  got, got_ref = lay.from_device_file(str(tmp_path / "ref.mat"))
+  np.testing.assert_array_equal(got.rows, device.rows)
+  np.testing.assert_array_equal(got.currents, device.currents)
+  np.testing.assert_array_equal(got_ref, ref)
 
 
 def test_a_file_of_two_protocols_narrows_to_one_and_a_device_round_trips(tmp_path):

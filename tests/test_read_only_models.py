@@ -246,9 +246,9 @@ def test_an_edit_to_the_manifests_own_fields_is_refused(model_copy):
 
 
 def test_a_lost_or_folder_manifest_is_one_line_and_still_read_only(model_copy, tmp_path):
-  """manifest.json deleted from a folder that is obviously a model's (in models/, one step as
-  ship writes it): readers refuse it, train.py refuses to train there (before: an ordinary run);
-  the same step elsewhere, or a converted step in models/, is an ordinary checkpoint.
+  """manifest.json deleted from a folder that is obviously a model's (one step as ship writes
+  it), in models/ or a copy elsewhere: readers refuse it, train.py refuses to train there
+  (before: an ordinary run); a converted step in models/ is an ordinary checkpoint.
   manifest.json that is a folder: one line from eval.py, no traceback."""
   import shutil
 
@@ -267,7 +267,10 @@ def test_a_lost_or_folder_manifest_is_one_line_and_still_read_only(model_copy, t
   assert _files(model_copy) == before
   elsewhere = tmp_path / "runs" / "cdeit16"
   shutil.copytree(model_copy, elsewhere)
-  assert shipped.read(str(elsewhere)) is None and not shipped.lost_manifest(str(elsewhere))
+  assert shipped.lost_manifest(str(elsewhere))
+  assert shipped.model_folder_of(str(elsewhere / "checkpoints")) == str(elsewhere)
+  with pytest.raises(shipped.ManifestError, match=r"its manifest.json is missing"):
+    loading.load(str(elsewhere))
   (model_copy / "manifest.json").mkdir()
   p = _run(
     "eval.py",

@@ -7,6 +7,8 @@ import pathlib
 import subprocess
 import sys
 
+import hdf5storage
+import mat73
 import numpy as np
 import pytest
 import scipy.io
@@ -149,8 +151,9 @@ def _cli(*args):
 
 
 def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, evaluated, tmp_path):
-  """A .mat of frames with the file's reference frame, a .csv of difference voltages and a .npy
-  of frames with --reference (K = 2, the seed of eval.py): frames.npz `images` and `std` are
+  """A .mat of frames with the file's reference frame, a .csv of difference voltages, a .npy
+  of frames with --reference and a v7.3 .mat read 4 frames at a time (K = 2, the seed of
+  eval.py): frames.npz `images` and `std` are
   eval.py's `pred` and `std`; the outputs are all written, the .mat in the device's
   conductivity units."""
   pred, std = evaluated
@@ -167,7 +170,14 @@ def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, eval
     "--config.sampling.seed=3",
     "--config.sampling.num_samples=2",
   ]
-  for name, args in (("mat", [mat]), ("csv", [csv]), ("npy", [npy, "--reference", ref])):
+  v73 = str(tmp_path / "v73.mat")  # MATLAB v7.3, read a block (--chunk) at a time
+  hdf5storage.savemat(v73, {"frames": uef_ys + reference, "reference": reference}, format="7.3")
+  for name, args in (
+    ("mat", [mat]),
+    ("csv", [csv]),
+    ("npy", [npy, "--reference", ref]),
+    ("v73", [v73, "--chunk", "4"]),
+  ):
     r = _cli(*flags, "--frames", *args, "--out", str(tmp_path / name))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "reconstructed 6 frames (2 samples each" in r.stdout and "frames/s" in r.stdout
@@ -175,7 +185,7 @@ def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, eval
     np.testing.assert_allclose(z["images"], pred, atol=1e-6, rtol=0)
     np.testing.assert_allclose(z["std"], std, atol=1e-6, rtol=0)
     assert sorted(os.listdir(tmp_path / name)) == sorted([*frames.OUTPUTS, outputs.MANIFEST])
-  m = scipy.io.loadmat(tmp_path / "mat" / "frames.mat")
+  m = mat73.loadmat(tmp_path / "mat" / "frames.mat")  # MATLAB v7.3: a second reader
   np.testing.assert_allclose(m["images"], pred * 2 / 1040.856, rtol=1e-5, atol=1e-9)
 
 
@@ -247,6 +257,27 @@ def _ktc_208(uel) -> np.ndarray:
     m = pairs[k]
     out[k] = u16[m] - u16[(m + 1) % 16]
   return out.ravel()
+
+
+def test_a_recording_checked_a_block_at_a_time_names_its_rows(rec, uef_ys, tmp_path):
+  """`check_recording` in blocks of 2 frames: the rows that can be imaged are those of one
+  check of the whole (a block whose every row is skipped included); a refused row is named by
+  its row in the file, whichever block it is in."""
+  nan = uef_ys.copy()
+  nan[[1, 4, 5], 7] = np.nan
+  np.save(tmp_path / "nan.npy", nan)
+  whole = rec.check_frames(rec.difference(nan), "F", skip_bad=True)
+  with frames.Recording(str(tmp_path / "nan.npy")) as r:
+    np.testing.assert_array_equal(rec.check_recording(r, None, "F", True, block=2), whole)
+    np.testing.assert_array_equal(whole, [0, 2, 3])
+    with pytest.raises(InputError, match=r"F: rows 1 hold NaN"):
+      rec.check_recording(r, None, "F", block=2)
+  absolute = uef_ys.copy()
+  absolute[5] = absolute[5] + 100 * rec.voltage_ratio * rec.vh  # the empty tank's pattern
+  np.save(tmp_path / "abs.npy", absolute)
+  with frames.Recording(str(tmp_path / "abs.npy")) as r:
+    with pytest.raises(InputError, match=r"F: rows 5 are absolute voltages"):
+      rec.check_recording(r, None, "F", block=2)
 
 
 def test_absolute_frames_are_told_from_difference_frames(rec, uef_ys, tmp_path):
@@ -380,7 +411,7 @@ def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef
 def test_frames_writer_lists_frames_whose_images_are_not_finite(tmp_path):
   """Rows skipped for their voltages and rows whose images came out NaN or infinite are both
   listed in `skipped` of frames.npz and frames.mat; the images and std read back as written."""
-  import scipy.io
+  import mat73
 
   rng = np.random.default_rng(0)
   images = rng.standard_normal((5, 8, 8)).astype(np.float32)
@@ -396,9 +427,10 @@ def test_frames_writer_lists_frames_whose_images_are_not_finite(tmp_path):
   np.testing.assert_array_equal(z["images"][[0, 2, 3, 4, 5]], images)
   np.testing.assert_array_equal(z["std"][[0, 2, 3, 4, 5]], std)
   assert np.isnan(z["images"][1]).all()
-  m = scipy.io.loadmat(tmp_path / "frames.mat")
+  m = mat73.loadmat(tmp_path / "frames.mat")
   np.testing.assert_array_equal(m["skipped"].ravel(), [1, 4])
   np.testing.assert_allclose(m["images"][[0, 2]], images[:2] * 2.0)
+  assert np.isnan(m["images"][1]).all() and m["images"].shape == (6, 8, 8)
 
 
 def test_moving_sequence_is_the_simulators_voltages_of_its_phantoms():

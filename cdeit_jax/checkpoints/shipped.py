@@ -49,11 +49,12 @@ def is_model_folder(folder: str) -> bool:
 
 
 def lost_manifest(folder: str) -> bool:
-  """Whether `folder` is obviously a model folder whose manifest was deleted: no manifest, a
-  `models/` folder above it, and under `checkpoints/` one step as `python -m cdeit_jax.ship`
-  writes it (EMA weights and metadata only, made of a run's step: "RUN step N (EMA weights)")."""
+  """Whether `folder` is obviously a model folder whose manifest was deleted, wherever it lies
+  (in `models/` or a copy elsewhere): no manifest, and under `checkpoints/` one step as only
+  `python -m cdeit_jax.ship` writes it (EMA weights and metadata only, made of a run's step:
+  "RUN step N (EMA weights)"; an interpolation's says "WiSE-FT: ...")."""
   p = fileio.path(folder)
-  if p.parent.name != "models" or (p / MANIFEST).exists() or not (p / CHECKPOINTS).is_dir():
+  if (p / MANIFEST).exists() or not (p / CHECKPOINTS).is_dir():
     return False
   steps = [q for q in (p / CHECKPOINTS).iterdir()]
   if len(steps) != 1 or not steps[0].name.isdigit():

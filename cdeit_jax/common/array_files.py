@@ -1,24 +1,32 @@
 """Named numeric arrays from a user's file, one reader per format: the one registry that device
-files (`eit.layout.from_device_file`) and frames files (`infer.frames.read`) read through.
+files (`eit.layout.from_device_file`) and frames files (`infer.frames`) read through.
 
-A new file format is one reader registered here (`@reader(".ext")`: path and bytes in, named
-arrays out, an InputError naming the file when they cannot be read) and a test; a new vendor's
-keys inside those files are one `eit.layout.DeviceFormat`. Formats of one unnamed array (`.npy`,
-`.csv`) give it under `SINGLE`.
+A new file format is one reader registered here (`@reader(".ext")`: a path in, named arrays
+out, an InputError naming the file when they cannot be read; `raw(path)` gives its bytes) and a
+test; a new vendor's keys inside those files are one `eit.layout.DeviceFormat`. Formats of one
+unnamed array (`.npy`, `.csv`) give it under `SINGLE`.
+
+A reader may give arrays that are read a block at a time (`a[lo:hi]`, `a[:, lo:hi]`; `np.asarray`
+reads one whole), so that a recording of any length is read in flat memory (`open`): a local
+`.npy`, and the members of an uncompressed `.npz` (np.savez's), are memory-mapped; a MATLAB v7.3
+variable is read from its HDF5 dataset (`matfile`); a `.csv`/`.txt` is parsed by rows. A v5
+`.mat` and a compressed `.npz` are read whole.
 """
 
 from __future__ import annotations
 
 import io
+import struct
 import zipfile
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from cdeit_jax.common import fileio, matfile
 from cdeit_jax.common.errors import InputError, MissingFile
 
-Reader = Callable[[str, bytes], dict[str, np.ndarray]]
+Reader = Callable[[str], dict[str, Any]]
 READERS: dict[str, Reader] = {}
 SINGLE = ""  # the key of a format's one unnamed array
 
@@ -40,21 +48,54 @@ def suffix(path: str) -> str:
   return "." + name.rsplit(".", 1)[-1].lower() if "." in name else ""
 
 
-def read(path: str, suffixes: tuple[str, ...], what: str) -> dict[str, np.ndarray]:
-  """The named arrays of `path`, a `what` (e.g. "device file") in one of `suffixes`; one-line
-  errors naming the file for a missing file, a folder, another suffix or an unreadable file."""
+class Arrays(dict):
+  """A file's arrays by name, some read on access; `close` (or `with`) releases the file."""
+
+  def __init__(self, arrays: dict, close: Callable[[], None] | None = None):
+    super().__init__(arrays)
+    self._close = close
+
+  def close(self) -> None:
+    if self._close is not None:
+      self._close()
+      self._close = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+def open(path: str, suffixes: tuple[str, ...], what: str) -> Arrays:  # noqa: A001
+  """The named arrays of `path`, a `what` (e.g. "frames file") in one of `suffixes`, those of
+  the formats that allow it read on access (module docstring); one-line errors naming the file
+  for a missing file, a folder, another suffix or an unreadable file."""
   kinds = " or ".join(suffixes)
   if fileio.path(path).is_dir():
     raise InputError(f"{path}: a folder; a {what} is a {kinds} file")
   if suffix(path) not in suffixes:
     raise InputError(f"{path}: a {what} is a {kinds} file; got {suffix(path) or 'no'} suffix")
+  if not fileio.path(path).exists():
+    raise MissingFile(f"{path}: no such {what}")
+  got = READERS[suffix(path)](path)
+  return got if isinstance(got, Arrays) else Arrays(got)
+
+
+def read(path: str, suffixes: tuple[str, ...], what: str) -> dict[str, np.ndarray]:
+  """`open`'s arrays, each read whole."""
+  with open(path, suffixes, what) as arrays:
+    return {k: np.asarray(v) for k, v in arrays.items()}
+
+
+def raw(path: str) -> bytes:
+  """The file's bytes (local or gs://)."""
   try:
-    raw = fileio.path(path).read_bytes()
+    return fileio.path(path).read_bytes()
   except FileNotFoundError:
-    raise MissingFile(f"{path}: no such {what}") from None
+    raise MissingFile(f"{path}: no such file") from None
   except IsADirectoryError:
-    raise InputError(f"{path}: a folder; a {what} is a {kinds} file") from None
-  return READERS[suffix(path)](path, raw)
+    raise InputError(f"{path}: a folder, not a file") from None
 
 
 def _short(e: BaseException) -> str:
@@ -62,45 +103,154 @@ def _short(e: BaseException) -> str:
 
 
 @reader(".npz")
-def _npz(path: str, raw: bytes) -> dict[str, np.ndarray]:
+def _npz(path: str) -> Arrays:
   try:
-    return fileio.load_npz(raw)
-  except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    if fileio.is_remote(path):
+      return Arrays(fileio.load_npz(raw(path)))
+    return _npz_mapped(fileio.resolve(path))
+  except (OSError, ValueError, zipfile.BadZipFile, EOFError, struct.error) as e:
     raise InputError(f"{path}: not a readable .npz of numeric arrays ({_short(e)})") from None
 
 
+def _npz_mapped(path: str) -> Arrays:
+  """An .npz's arrays: each uncompressed member memory-mapped where it lies in the archive (its
+  local header's and its .npy header's lengths skipped), a compressed one read whole."""
+  out = {}
+  with zipfile.ZipFile(path) as z, fileio.numpy_lock():
+    for info in z.infolist():
+      if not info.filename.endswith(".npy"):
+        continue
+      name = info.filename[: -len(".npy")]
+      with z.open(info) as fh:
+        version = np.lib.format.read_magic(fh)
+        read_header = {
+          (1, 0): np.lib.format.read_array_header_1_0,
+          (2, 0): np.lib.format.read_array_header_2_0,
+        }.get(version)
+        stored = info.compress_type == zipfile.ZIP_STORED and read_header is not None
+        if stored:
+          shape, fortran, dtype = read_header(fh)
+          header = fh.tell()
+        if not stored or dtype.hasobject or int(np.prod(shape)) == 0:
+          fh.seek(0)
+          out[name] = np.lib.format.read_array(fh, allow_pickle=False)
+          continue
+      with fileio.open_binary(path) as f:
+        f.seek(info.header_offset)
+        local = f.read(30)
+        names, extra = struct.unpack("<HH", local[26:30])
+      start = info.header_offset + 30 + names + extra + header
+      out[name] = np.memmap(
+        path, dtype=dtype, mode="r", offset=start, shape=shape, order="F" if fortran else "C"
+      )
+  return Arrays(out)
+
+
 @reader(".mat")
-def _mat(path: str, raw: bytes) -> dict[str, np.ndarray]:
-  return matfile.read(path, raw, other=".npz")
+def _mat(path: str) -> Arrays:
+  if not fileio.is_remote(path):
+    with fileio.open_binary(path) as fh:
+      head = fh.read(520)
+    if matfile.is_v73(head):
+      opened = matfile.open_v73(path, fileio.resolve(path))
+      return Arrays(opened, opened.close)
+  return Arrays(matfile.read(path, raw(path)))
 
 
 @reader(".npy")
-def _npy(path: str, raw: bytes) -> dict[str, np.ndarray]:
+def _npy(path: str) -> Arrays:
   try:
-    return {SINGLE: fileio.load_npy(raw)}
+    if fileio.is_remote(path):
+      return Arrays({SINGLE: fileio.load_npy(raw(path))})
+    with fileio.numpy_lock():
+      a = np.load(fileio.resolve(path), mmap_mode="r", allow_pickle=False)
+    if not isinstance(a, np.ndarray):
+      a.close()
+      raise ValueError("an .npz archive of named arrays, not one .npy array: name it .npz")
+    return Arrays({SINGLE: a})
   except ValueError as e:
     raise InputError(f"{path}: not a .npy of numbers ({_short(e)})") from None
   except (OSError, EOFError) as e:
     raise InputError(f"{path}: not a readable .npy file ({_short(e)})") from None
 
 
+ADVICE_TEXT = (
+  "give one row of numbers per frame, separated by commas, spaces or tabs, with a '.' decimal "
+  "point (not ';' with decimal commas), optionally after one header line"
+)
+
+
 @reader(".csv", ".txt")
-def _text(path: str, raw: bytes) -> dict[str, np.ndarray]:
+def _text(path: str) -> Arrays:
   """A table of numbers: commas, spaces or tabs between them, optionally one header line."""
-  text = raw.decode("utf-8", errors="replace")
-  first = next((ln for ln in text.splitlines() if ln.strip()), "")
-  delimiter = "," if "," in first else None
-  try:
-    float((first.split(delimiter) if delimiter else first.split())[0])
-    skip = 0
-  except (ValueError, IndexError):
-    skip = 1  # a header line
-  try:
-    a = np.loadtxt(io.StringIO(text), delimiter=delimiter, skiprows=skip, ndmin=2, dtype=np.float64)
-  except ValueError as e:  # numpy names the row and column
-    raise InputError(
-      f"{path}: not a table of numbers ({_short(e)}); give one row of numbers per frame, "
-      "separated by commas, spaces or tabs, with a '.' decimal point (not ';' with decimal "
-      "commas), optionally after one header line"
-    ) from None
-  return {SINGLE: a}
+  table = _TextTable(path)
+  return Arrays({SINGLE: table}, table.close)
+
+
+class _TextTable:
+  """A table of numbers in a text file, parsed a block of rows at a time (`t[lo:hi]`, by
+  np.loadtxt): one pass over the file finds where each row starts (blank lines are no rows)."""
+
+  ndim, dtype = 2, np.dtype(np.float64)
+
+  def __init__(self, path: str):
+    self.path, self._fh = path, fileio.open_binary(path)
+    starts, lines, at = [], [], 0
+    for line in self._fh:
+      text = line.strip()
+      if text and not text.startswith(b"#"):  # np.loadtxt's comments are no rows either
+        if len(lines) < 2:
+          lines.append(line.decode("utf-8", errors="replace"))
+        starts.append(at)
+      at += len(line)
+    self._end = at
+    first = lines[0] if lines else ""
+    fields = first.split(",") if "," in first else first.split()
+    try:
+      float(fields[0])
+    except (ValueError, IndexError):
+      starts, lines = starts[1:], lines[1:]  # a header line
+    self.delimiter = "," if lines and "," in lines[0] else None
+    self._starts = np.asarray(starts, np.int64)
+    width = self._parse(0, 1).shape[1] if len(starts) else 0
+    self.shape = (len(self._starts), width)
+    self.size = self.shape[0] * self.shape[1]
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def _parse(self, lo: int, hi: int) -> np.ndarray:
+    n = len(self._starts)
+    if hi <= lo:
+      return np.zeros((0, self.shape[1] if hasattr(self, "shape") else 0))
+    self._fh.seek(int(self._starts[lo]))
+    end = int(self._starts[hi]) if hi < n else self._end
+    text = self._fh.read(end - int(self._starts[lo])).decode("utf-8", errors="replace")
+    try:
+      a = np.loadtxt(io.StringIO(text), delimiter=self.delimiter, ndmin=2, dtype=np.float64)
+    except ValueError as e:  # numpy names the row (counted from `lo`) and column
+      where = f"in the {hi - lo} rows from data row {lo}: " if lo else ""
+      raise InputError(
+        f"{self.path}: not a table of numbers ({where}{_short(e)}); {ADVICE_TEXT}"
+      ) from None
+    if hasattr(self, "shape") and a.shape[1] != self.shape[1]:
+      raise InputError(
+        f"{self.path}: not a table of numbers (data row {lo} holds {a.shape[1]} numbers, row 0 "
+        f"{self.shape[1]}); {ADVICE_TEXT}"
+      )
+    return a
+
+  def __getitem__(self, key) -> np.ndarray:
+    key = key if isinstance(key, tuple) else (key,)
+    rows = key[0]
+    if isinstance(rows, slice) and rows.step in (None, 1):
+      lo, hi, _ = rows.indices(len(self))
+      return self._parse(lo, hi)[(slice(None), *key[1:])]
+    return np.asarray(self)[key]
+
+  def __array__(self, dtype=None, copy=None):
+    a = self._parse(0, len(self))
+    return a if dtype is None else a.astype(dtype)
+
+  def close(self) -> None:
+    self._fh.close()

@@ -230,6 +230,11 @@ def open_binary(p: PathLike) -> io.BufferedIOBase:
 _NUMPY_LOCK = threading.Lock() if sys.version_info < (3, 13) else contextlib.nullcontext()
 
 
+def numpy_lock():
+  """The lock that every numpy header parse of this package holds (above)."""
+  return _NUMPY_LOCK
+
+
 def load_numpy(
   source: PathLike | bytes, keys: Sequence[str] | None = None
 ) -> np.ndarray | dict[str, np.ndarray]:

@@ -1,100 +1,148 @@
-"""MAT-file (v5) arrays filled in place, a chunk at a time: evaluation outputs whose memory stays
-flat as the test set grows.
+"""MAT-files: the one writer of big outputs (MATLAB v7.3, filled a block of rows at a time, no
+size limit) and the one reader of users' MAT files (v4 to v7.3, a v7.3 variable readable a block
+at a time).
 
-Hand-written because scipy.io.savemat (the one MAT writer in our dependencies) serialises each
-variable from one array in memory; the few bytes of the format written here are the element
-tags (MathWorks, "MAT-File Format", R2024a, ch. 1), and the file's header and small variables
-still come from savemat itself. Each big variable is an uncompressed double matrix whose data is
-column-major, as MATLAB keeps it: rows lo..hi of an (N, ...) matrix are, for each trailing index,
-one run of hi - lo numbers, each written in place (os.pwrite; not a memory map, whose touched
-pages would count as the process's memory). scipy.io.loadmat reads it back (tests/test_eval.py).
-`read` is the one reader of users' MAT files (device files, frames, the challenge's data).
+Written as MATLAB v7.3, which is HDF5 with a 512-byte MATLAB header: the v5 format holds at most
+2 GiB per variable, which 16,384 images of 128 x 128 doubles reach (5.5 minutes of frames at
+50 frames/s). hdf5storage (MATLAB's layout of HDF5: the header, small variables, strings, cells,
+empty arrays) writes the file and its small variables; the big matrices are HDF5 datasets that
+h5py fills in place, chunked along the examples, so that memory stays flat however many rows.
+MATLAB keeps arrays column-major, so a MATLAB (N, H, W) matrix is an HDF5 dataset (W, H, N):
+the axes reversed (`_Reversed`). MATLAB's `load`, hdf5storage.loadmat, mat73 and h5py read the
+files; scipy.io.loadmat reads only v5.
 """
 
 from __future__ import annotations
 
 import io
-import os
-import struct
 
 import numpy as np
 
 from cdeit_jax.common.errors import InputError, MissingFile
 
-_MI_INT8, _MI_INT32, _MI_UINT32, _MI_DOUBLE, _MI_MATRIX = 1, 5, 6, 9, 14
-_MX_DOUBLE_CLASS = 6
-LIMIT = 2**31 - 1  # bytes of one v5 variable (the tag's 32-bit size; MATLAB's own limit)
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"  # at byte 512 of a v7.3 MAT-file (after MATLAB's header)
+CHUNK_BYTES = 1 << 21  # HDF5 chunks of about 2 MiB: whole ones for a block of 16 images
 
 
-def _padded(b: bytes) -> bytes:
-  return b + b"\0" * (-len(b) % 8)
+def _save(path: str, variables: dict, new: bool) -> None:
+  """`variables` into the MAT-file `path` (a new one, or added to it), MATLAB's layout."""
+  import hdf5storage
 
-
-def _matrix_tags(name: str, shape: tuple[int, ...]) -> tuple[bytes, int]:
-  """The tags of a real double matrix up to its data, and the data's byte count."""
-  data = 8 * int(np.prod(shape))
-  flags = struct.pack("<II", _MI_UINT32, 8) + struct.pack("<II", _MX_DOUBLE_CLASS, 0)
-  dims = struct.pack("<II", _MI_INT32, 4 * len(shape)) + _padded(np.asarray(shape, "<i4").tobytes())
-  label = struct.pack("<II", _MI_INT8, len(name)) + _padded(name.encode("ascii"))
-  body = flags + dims + label + struct.pack("<II", _MI_DOUBLE, data)
-  if len(body) + data > LIMIT:
-    raise ValueError(
-      f"{name} {shape}: {len(body) + data} bytes, over the {LIMIT} bytes a "
-      "MAT-file v5 variable can hold"
-    )
-  return struct.pack("<II", _MI_MATRIX, len(body) + data) + body, data
-
-
-def _encoded(variables: dict) -> bytes:
-  """A whole MAT-file of `variables` as savemat writes it (its 128-byte header first)."""
-  import scipy.io
-
-  buf = io.BytesIO()
-  scipy.io.savemat(buf, variables, do_compression=False)
-  return buf.getvalue()
-
-
-def small_variables(variables: dict) -> bytes:
-  """`variables` as savemat encodes them, without the file header: to append to a MAT-file."""
-  return _encoded(variables)[128:]
+  hdf5storage.savemat(
+    path,
+    variables,
+    appendmat=False,
+    format="7.3",
+    oned_as="row",
+    store_python_metadata=False,
+    truncate_existing=new,
+  )
 
 
 class Writer:
-  """A MAT-file at `path` with the small variables `small` (savemat's own encoding) and, for
-  each {name: shape} of `arrays`, a double matrix filled by rows (`write`). `close` ends it;
-  until then the file is incomplete."""
+  """A MAT-file at `path` with the small variables `small` and, for each {name: shape} of
+  `arrays`, a double matrix filled by rows (`write`). `close(more)` adds the small variables
+  `more` and ends it; until then the file is incomplete."""
 
   def __init__(self, path: str, arrays: dict[str, tuple[int, ...]], small: dict):
-    self.shapes = dict(arrays)
-    self._offsets = {}
-    end = 0
-    with open(path, "wb") as fh:
-      fh.write(_encoded(small))  # the 128-byte file header, then the small variables
-      for name, shape in arrays.items():
-        tags, size = _matrix_tags(name, shape)
-        fh.write(tags)
-        self._offsets[name] = fh.tell()
-        end = fh.seek(size, io.SEEK_CUR)
-      fh.truncate(end)
-    self._fd = os.open(path, os.O_WRONLY)
+    import h5py
+
+    self.path, self.shapes = path, {k: tuple(map(int, s)) for k, s in arrays.items()}
+    _save(path, small, new=True)
+    self._file = h5py.File(path, "r+")
+    self._data = {}
+    for name, shape in self.shapes.items():
+      per_row = 8 * int(np.prod(shape[1:]))
+      rows = max(1, min(shape[0], CHUNK_BYTES // max(per_row, 1)))
+      d = self._file.create_dataset(
+        name, shape=shape[::-1], dtype="<f8", chunks=(*shape[:0:-1], rows) if shape[0] else None
+      )
+      d.attrs["MATLAB_class"] = np.bytes_("double")
+      self._data[name] = d
 
   def write(self, name: str, lo: int, rows: np.ndarray) -> None:
     """Rows lo .. lo + len(rows) of matrix `name` (rows: (b, *shape[1:]))."""
-    n = self.shapes[name][0]
-    cols = np.reshape(np.asarray(rows, "<f8"), (len(rows), -1), order="F")  # (b, trailing)
-    cols = np.ascontiguousarray(cols.T)  # one run of b numbers per trailing index
-    base = self._offsets[name] + 8 * lo
-    for f in range(cols.shape[0]):
-      os.pwrite(self._fd, cols[f].data, base + 8 * n * f)
+    a = np.asarray(rows, "<f8").reshape(len(rows), *self.shapes[name][1:])
+    self._data[name][..., lo : lo + len(a)] = a.T
+
+  def close(self, more: dict | None = None) -> None:
+    self._file.close()
+    if more:
+      _save(self.path, more, new=False)
+
+
+class _Reversed:
+  """A v7.3 variable as MATLAB sees it (an HDF5 dataset's axes reversed), read by slices
+  (`a[lo:hi]`, `a[:, lo:hi]`) without reading the rest; `np.asarray` reads it whole."""
+
+  def __init__(self, dataset):
+    self._d = dataset
+    self.shape, self.dtype, self.ndim = dataset.shape[::-1], dataset.dtype, dataset.ndim
+    self.size = int(np.prod(self.shape))
+
+  def __len__(self) -> int:
+    return self.shape[0]
+
+  def __getitem__(self, key) -> np.ndarray:
+    key = key if isinstance(key, tuple) else (key,)
+    key = key + (slice(None),) * (self.ndim - len(key))
+    return np.asarray(self._d[key[::-1]]).T
+
+  def __array__(self, dtype=None, copy=None):
+    a = np.asarray(self._d[()]).T
+    return a if dtype is None else a.astype(dtype)
+
+
+def is_v73(head: bytes) -> bool:
+  """Whether a MAT-file's first 520 bytes are a v7.3 (HDF5) file's (its header or its HDF5)."""
+  return head.startswith(b"MATLAB 7.3") or head[512:520] == HDF5_SIGNATURE
+
+
+class Opened(dict):
+  """A v7.3 file's numeric variables by name (`_Reversed`, read on access); `close` the file."""
+
+  def __init__(self, handle, variables: dict):
+    super().__init__(variables)
+    self._handle = handle
 
   def close(self) -> None:
-    os.close(self._fd)
+    self._handle.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
 
 
-def read(path: str, raw: bytes | None = None, other: str = ".csv") -> dict[str, np.ndarray]:
-  """The variables of a user's MAT file (v4-v7; `raw`: its bytes, already read), with one-line
-  errors naming the file for a folder, a v7.3 (HDF5) file (advising `-v7` or `other`, the other
-  format the caller reads) or a damaged one."""
+def open_v73(path: str, source) -> Opened:
+  """The numeric variables of a v7.3 MAT-file (`source`: its path or a file object), read on
+  access; MATLAB's empty arrays as zero-size arrays; text, cells, structs and the rest left out."""
+  import h5py
+
+  try:
+    f = h5py.File(source, "r")
+  except OSError as e:
+    short = " ".join(str(e).split())[:200]
+    raise InputError(f"{path}: not a readable MATLAB v7.3 (HDF5) file ({short})") from None
+  out = {}
+  for name, item in f.items():
+    if not isinstance(item, h5py.Dataset) or name.startswith("#"):
+      continue
+    kind = item.attrs.get("MATLAB_class", b"double")
+    kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    if kind in ("char", "cell", "struct", "function_handle") or item.dtype.kind not in "fiub":
+      continue
+    if item.attrs.get("MATLAB_empty", 0):
+      out[name] = np.zeros(tuple(int(s) for s in np.asarray(item[()]).ravel()), np.float64)
+    else:
+      out[name] = _Reversed(item)
+  return Opened(f, out)
+
+
+def read(path: str, raw: bytes | None = None) -> dict[str, np.ndarray]:
+  """The numeric variables of a user's MAT file (v4 to v7.3; `raw`: its bytes, already read),
+  whole, with one-line errors naming the file for a folder or a damaged file."""
   import scipy.io
 
   if raw is None:
@@ -105,13 +153,12 @@ def read(path: str, raw: bytes | None = None, other: str = ".csv") -> dict[str, 
       raise MissingFile(f"{path}: no such file") from None
     except IsADirectoryError:
       raise InputError(f"{path}: a folder, not a .mat file") from None
+  if is_v73(raw[:520]):
+    with open_v73(path, io.BytesIO(raw)) as variables:
+      return {k: np.asarray(v) for k, v in variables.items()}
   try:
     m = scipy.io.loadmat(io.BytesIO(raw))
-  except NotImplementedError:  # scipy: "Please use HDF reader for matlab v7.3 files"
-    raise InputError(
-      f"{path}: a MATLAB v7.3 (HDF5) file; save it with save(..., '-v7') or as {other}"
-    ) from None
-  except (ValueError, TypeError, OSError, scipy.io.matlab.MatReadError) as e:  # a damaged file
+  except (ValueError, TypeError, OSError, NotImplementedError, scipy.io.matlab.MatReadError) as e:
     short = " ".join(str(e).split())[:200]
     raise InputError(f"{path}: not a readable .mat file ({short})") from None
   return {k: v for k, v in m.items() if not k.startswith("__")}

@@ -1,17 +1,17 @@
 """Voltage frames files in, image sequences out (`python -m cdeit_jax.reconstruct`).
 
-In: `.npy`, `.npz`, `.mat` (MATLAB up to v7; v7.3 is HDF5) or `.csv`/`.txt`, frames as rows
-(N, R) in the measuring system's order (R = 208 for CDEIT's; columns (R, N), as EIDORS keeps
-them, are turned; NaN: a missing value), or the device's own file (any `eit.layout.DeviceFormat`,
-KTC's or UEF's keys: its one frame, `eit.layout.from_device_file`). Files are read through the
-one registry of formats, `common.array_files`. An `.npz` or `.mat` holds them under `frames`
-(or `voltages`, or as its only array) and may hold a reference frame under `reference`. A `.csv`
-may start with one header line.
+In: `.npy`, `.npz`, `.mat` (MATLAB v4 to v7.3) or `.csv`/`.txt`, frames as rows (N, R) in the
+measuring system's order (R = 208 for CDEIT's; columns (R, N), as EIDORS keeps them, are
+turned; NaN: a missing value), or the device's own file (any `eit.layout.DeviceFormat`, KTC's
+or UEF's keys: its one frame, `eit.layout.from_device_file`). Files are read through the one
+registry of formats, `common.array_files`, a block of frames at a time (`Recording`). An `.npz`
+or `.mat` holds them under `frames` (or `voltages`, or as its only array) and may hold a
+reference frame under `reference`. A `.csv` may start with one header line.
 
 Out: `frames.npz` (`images` (N, 128, 128) in label units, `std` for K > 1, `rows`, `skipped`),
-`frames.mat` (the same in the device's conductivity units, `scale`), a PNG montage and an
-animated GIF with one fixed colour scale and a colourbar. All are written into a hidden staging
-folder and moved into place once complete (`outputs.publish`).
+`frames.mat` (MATLAB v7.3: the same in the device's conductivity units, `scale`), a PNG montage
+and an animated GIF with one fixed colour scale and a colourbar. All are written into a hidden
+staging folder and moved into place once complete (`outputs.publish`).
 """
 
 from __future__ import annotations
@@ -35,49 +35,98 @@ SUFFIXES = (".npy", ".npz", ".mat", ".csv", ".txt")
 OUTPUTS = ("montage.png", "frames.gif", "frames.mat", "frames.npz")  # frames.npz last: complete
 
 
+class Recording:
+  """A frames file of `num_values` values per frame (CDEIT's 208, or the measuring system
+  `system`'s; NaN: a missing value), read a block of frames at a time (`rows`), so that memory
+  stays flat however long the recording (`common.array_files`: a local .npy or np.savez's .npz
+  memory-mapped, a MATLAB v7.3 file from its HDF5 datasets, a .csv by rows; a v5 .mat or a
+  compressed .npz whole). `n` frames, the `reference` frame (R,) or None, `has_targets` (the
+  true images: an npz's `targets`, as simulated sequences carry). A bad file is an InputError
+  naming it (and the row, where one is at fault). `close` it, or use it in `with`."""
+
+  def __init__(self, path: str, num_values: int = NUM_MEASUREMENTS, system: str | None = None):
+    self.path, self.num_values = path, num_values
+    self._arrays = array_files.open(path, SUFFIXES, "frames file")
+    try:
+      self._open(system)
+    except BaseException:
+      self._arrays.close()
+      raise
+
+  def _open(self, system: str | None) -> None:
+    path, m, arrays = self.path, self.num_values, self._arrays
+    if array_files.SINGLE in arrays:  # a format of one array: the frames
+      arrays = {"frames": arrays[array_files.SINGLE]}
+    if layout.device_format(arrays) is not None:  # the device's own file: its one frame
+      frame = layout.from_device_file(path)[1]
+      if frame is None:
+        raise InputError(f"{path}: a device file without a frame (its values, e.g. Uel)")
+      arrays = {"frames": frame[None]}
+    a = _pick(path, arrays, FRAME_KEYS, required=True)
+    _numeric(path, a, "the frames")
+    if a.ndim == 1 and a.shape[0] == m:
+      a = np.asarray(a)[None]
+    if a.ndim == 2 and a.shape[1] != m and a.shape[0] == m:
+      self._frames, self.n = (lambda lo, hi: a[:, lo:hi].T), a.shape[1]  # columns (EIDORS)
+    elif a.ndim == 2 and a.shape[1] == m:
+      self._frames, self.n = (lambda lo, hi: a[lo:hi]), a.shape[0]
+    else:
+      raise layout.frames_shape_error(path, a.shape, m, system)
+    if self.n == 0:
+      raise InputError(f"{path}: no frames (0 rows of {m} voltages)")
+    reference = _pick(path, arrays, REFERENCE_KEYS, required=False)
+    if reference is not None:
+      reference = np.asarray(reference)
+      if reference.size != m:
+        raise InputError(
+          f"{path}: the reference frame must hold {m} voltages, got shape {reference.shape}"
+        )
+      reference = _numeric(path, reference, "the reference frame").astype(np.float64).reshape(m)
+    self.reference = reference
+    targets = arrays.get("targets")
+    if targets is not None:
+      square = targets.ndim == 3 and targets.shape[1] == targets.shape[2]
+      if targets.shape[:1] != (self.n,) or not square:
+        raise InputError(
+          f"{path}: 'targets' (the true images) must be (N, size, size) for its "
+          f"{self.n} frames, got shape {targets.shape}"
+        )
+      _numeric(path, targets, "'targets'")
+    self._targets = targets
+    self.has_targets = targets is not None
+
+  def rows(self, lo: int, hi: int) -> np.ndarray:
+    """Frames lo .. hi (hi - lo, R) in float64."""
+    return np.asarray(self._frames(lo, min(hi, self.n)), np.float64)
+
+  def targets(self, rows: np.ndarray | None = None) -> np.ndarray | None:
+    """The true images (len(rows), size, size) float32 of frames `rows` (all: None), or None."""
+    if self._targets is None:
+      return None
+    if rows is None:
+      return np.asarray(self._targets, np.float32)
+    return np.stack([np.asarray(self._targets[int(r) : int(r) + 1], np.float32)[0] for r in rows])
+
+  def close(self) -> None:
+    self._arrays.close()
+
+  def __enter__(self) -> Recording:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
 def read(
   path: str, num_values: int = NUM_MEASUREMENTS, system: str | None = None
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
   """(frames (N, R) float64, reference frame (R,) or None, true images (N, 128, 128) or None)
-  of a frames file of `num_values` values per frame (CDEIT's 208, or the measuring system
-  `system`'s; NaN: a missing value) (the true images: an npz's `targets`, as simulated
-  sequences carry); a bad file is an InputError naming it (and the row, where one is at
-  fault)."""
-  arrays = array_files.read(path, SUFFIXES, "frames file")
-  if array_files.SINGLE in arrays:  # a format of one array: the frames
-    arrays = {"frames": arrays[array_files.SINGLE]}
-  if layout.device_format(arrays) is not None:  # the device's own file: its one frame
-    frame = layout.from_device_file(path)[1]
-    if frame is None:
-      raise InputError(f"{path}: a device file without a frame (its values, e.g. Uel)")
-    arrays = {"frames": frame[None]}
-  frames = _pick(path, arrays, FRAME_KEYS, required=True)
-  reference = _pick(path, arrays, REFERENCE_KEYS, required=False)
-  frames = _as_rows(path, frames, num_values, system)
-  if reference is not None:
-    reference = np.asarray(reference)
-    if reference.size != num_values:
-      raise InputError(
-        f"{path}: the reference frame must hold {num_values} voltages, got shape {reference.shape}"
-      )
-    reference = _numeric(path, reference, "the reference frame").reshape(num_values)
-  targets = arrays.get("targets")
-  if targets is not None:
-    targets = np.asarray(targets)
-    if (
-      targets.shape[:1] != frames.shape[:1]
-      or targets.ndim != 3
-      or targets.shape[1] != targets.shape[2]
-    ):
-      raise InputError(
-        f"{path}: 'targets' (the true images) must be (N, size, size) for its "
-        f"{len(frames)} frames, got shape {targets.shape}"
-      )
-    targets = _numeric(path, targets, "'targets'").astype(np.float32)
-  return frames, reference, targets
+  of a frames file, read whole (`Recording` reads one a block at a time)."""
+  with Recording(path, num_values, system) as r:
+    return r.rows(0, r.n), r.reference, r.targets()
 
 
-def _pick(path: str, arrays: dict[str, Any], keys, required: bool) -> np.ndarray | None:
+def _pick(path: str, arrays: dict[str, Any], keys, required: bool) -> Any:
   for k in keys:
     if k in arrays:
       return arrays[k]
@@ -92,22 +141,10 @@ def _pick(path: str, arrays: dict[str, Any], keys, required: bool) -> np.ndarray
   )
 
 
-def _numeric(path: str, a: np.ndarray, what: str) -> np.ndarray:
-  if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
+def _numeric(path: str, a, what: str):
+  """`a` itself, refused unless of real numbers (its dtype; its values are read later)."""
+  if a.dtype.kind not in "fiu":
     raise InputError(f"{path}: {what} must be real numbers, got dtype {a.dtype}")
-  return a.astype(np.float64)
-
-
-def _as_rows(path: str, a: np.ndarray, m: int, system: str | None) -> np.ndarray:
-  a = _numeric(path, np.asarray(a), "the frames")
-  if a.ndim == 1 and a.size == m:
-    a = a[None]
-  elif a.ndim == 2 and a.shape[1] != m and a.shape[0] == m:
-    a = a.T  # columns are frames (EIDORS)
-  if a.ndim != 2 or a.shape[1] != m:
-    raise layout.frames_shape_error(path, a.shape, m, system)
-  if len(a) == 0:
-    raise InputError(f"{path}: no frames (0 rows of {m} voltages)")
   return a
 
 
@@ -191,11 +228,9 @@ class FramesWriter:
 
     for fd in self._fd.values():
       os.close(fd)
-    self.mat.close()
     # frames whose images came out NaN or infinite are bad frames too, listed with the skipped
     self.skipped = np.union1d(self.skipped, np.asarray(self.nonfinite, np.int64))
-    with open(os.path.join(self.folder, "frames.mat"), "ab") as fh:
-      fh.write(matfile.small_variables({"skipped": self.skipped.astype(np.float64)}))
+    self.mat.close({"skipped": self.skipped.astype(np.float64)})
     written = ["frames.mat"]
     if figures:
       written += self._figures(fps, targets)

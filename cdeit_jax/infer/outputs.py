@@ -343,9 +343,7 @@ class Predictions:
     """Complete both files (the .mat gets `names`); returns their names."""
     for fd in self._fd.values():
       os.close(fd)
-    self.mat.close()
-    with open(os.path.join(self.folder, "predictions.mat"), "ab") as fh:
-      fh.write(matfile.small_variables({"names": np.asarray(names, dtype=object)}))
+    self.mat.close({"names": np.asarray(names, dtype=object)})
     path = os.path.join(self.folder, "predictions.npz")
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
       for name in self.shapes:  # streamed from the files

@@ -557,21 +557,60 @@ class Reconstructor:
       dv = dv - ref
     return _float32(dv)
 
+  def check_recording(
+    self,
+    recording,
+    reference: np.ndarray | None,
+    where: str,
+    skip_bad: bool = False,
+    block: int = 4096,
+  ) -> np.ndarray:
+    """The rows of a recording (`infer.frames.Recording`, minus `reference`) that can be
+    imaged: `check_frames` of `block` frames at a time (memory stays flat however long the
+    recording; the guards' medians are over one block, 80 s at 50 frames/s)."""
+    ok = np.concatenate(
+      [
+        self.check_frames(
+          self.difference(frames=recording.rows(lo, lo + block), reference=reference, where=where),
+          where,
+          skip_bad,
+          first_row=lo,
+        )
+        for lo in range(0, recording.n, block)
+      ]
+    )
+    if len(ok) == 0:
+      raise InputError(f"{where}: every row holds NaN or infinite voltages")
+    return ok
+
   def check_frames(
-    self, dv: np.ndarray, where: str = "voltages", skip_bad: bool = False
+    self,
+    dv: np.ndarray,
+    where: str = "voltages",
+    skip_bad: bool = False,
+    first_row: int | None = None,
   ) -> np.ndarray:
     """The rows of `dv` (N, R), in the device's units, that can be imaged (indices):
     `check_values` of them in simulation units."""
-    return self.check_values(np.asarray(dv) / self.voltage_ratio, where, skip_bad, self.preset)
+    values = np.asarray(dv) / self.voltage_ratio
+    return self.check_values(values, where, skip_bad, self.preset, first_row)
 
   def check_values(
-    self, values: np.ndarray, where: str = "values", skip_bad: bool = False, units: str = ""
+    self,
+    values: np.ndarray,
+    where: str = "values",
+    skip_bad: bool = False,
+    units: str = "",
+    first_row: int | None = None,
   ) -> np.ndarray:
     """The rows of `values` (N, R), in simulation units, that can be imaged (indices): the one
     set of guards of every entry point. Rows with infinite values, or NaN where no value is
     missing under any of the model's electrode-removal sets (CDEIT's 208: none), are refused
     (listed in the error), or with `skip_bad` left out; absolute frames (no reference frame
-    subtracted) and rows far off the statistics' scale (other units) are refused."""
+    subtracted) and rows far off the statistics' scale (other units) are refused. `first_row`:
+    the number of `values`' first row where they are one block of a longer recording (rows are
+    numbered from it; a block whose every row is skipped is no error)."""
+    block, first_row = first_row is not None, first_row or 0
     v = np.asarray(values)
     if len(v) == 0:
       raise InputError(f"{where}: no frames (0 rows of {self.num_values} values)")
@@ -586,18 +625,20 @@ class Reconstructor:
         else ""
       )
       raise InputError(
-        f"{where}: rows {listed(np.flatnonzero(~finite))} hold NaN, infinite or out-of-range "
-        f"(beyond float32's 3.4e38) voltages{sets_note}; remove them, or skip them "
+        f"{where}: rows {listed(first_row + np.flatnonzero(~finite))} hold NaN, infinite or "
+        f"out-of-range (beyond float32's 3.4e38) voltages{sets_note}; remove them, or skip them "
         "(--skip_bad_frames: they are listed and their images are NaN)"
       )
     ok = np.flatnonzero(finite)
+    if len(ok) == 0 and block:
+      return ok
     if len(ok) == 0:
       raise InputError(f"{where}: every row holds NaN or infinite voltages")
     absolute = ok[absolute_rows(v[ok], self.vh, self.drift)]
     if len(absolute):
       raise InputError(
-        f"{where}: rows {listed(absolute)} are absolute voltages (the empty tank's pattern "
-        "dominates them), or carry a constant offset, not difference voltages: give the "
+        f"{where}: rows {listed(first_row + absolute)} are absolute voltages (the empty tank's "
+        "pattern dominates them), or carry a constant offset, not difference voltages: give the "
         "empty-tank frame as the reference (--reference REF or --reference_row N; the API's "
         "`reference=`), so that each frame minus it is imaged"
       )
@@ -614,9 +655,9 @@ class Reconstructor:
     )
     if len(far):
       raise InputError(
-        f"{where}: rows {listed(far)} are ~{float(np.max(typical)):.3g} standard deviations "
-        f"from the training data's voltages (expected a few): they are in other units than "
-        f"{other_units}"
+        f"{where}: rows {listed(first_row + far)} are ~{float(np.max(typical)):.3g} standard "
+        f"deviations from the training data's voltages (expected a few): they are in other "
+        f"units than {other_units}"
       )
     with np.errstate(over="ignore", invalid="ignore"):
       size = np.sqrt(np.nanmean(v[ok] ** 2, axis=1) / np.nanmean(np.ravel(self.std) ** 2))
@@ -628,7 +669,7 @@ class Reconstructor:
         f"noise alone over {FAR_SMALL:g}): far too small, they are in other units than "
         f"{other_units}"
       )
-    return ok
+    return first_row + ok
 
   @functools.cached_property
   def vh(self) -> np.ndarray:
