@@ -1,0 +1,87 @@
+"""The train step and the sampler lower for NVIDIA GPUs and for TPUs on a CPU-only machine
+(`.lower(lowering_platforms=...)`, shapes only, the published size of configs/gpu.py and
+configs/v5e8.py in bfloat16): a change that breaks either platform's lowering fails here, before
+any accelerator runs it. The one piece that cannot be lowered without the hardware is said below:
+cuDNN's fused attention (`attention_impl="cudnn"`, what "auto" picks on a GPU in 16-bit), which
+JAX refuses to lower where it cannot query the cuDNN version ("cuDNN is not detected"); on a GPU
+the accelerator check (bench/accelerator_check.py) runs it."""
+
+import jax
+import pytest
+from flax import nnx
+
+from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
+from cdeit_jax.common import sharding as shd
+from cdeit_jax.infer import sampling
+from cdeit_jax.model import network
+from cdeit_jax.model.diffusion import Diffusion
+from cdeit_jax.train import training
+
+BATCH = 8  # one per fake device
+
+
+def _config(name: str, attention: str):
+  cfg = config_lib.load(f"configs/{name}.py")
+  cfg.batch_size, cfg.accum_steps = BATCH, 1
+  cfg.model.attention_impl = attention
+  return cfg
+
+
+def _train_step(cfg, platform: str, lowering: str) -> str:
+  """The train step of `cfg` lowered for `lowering` (StableHLO text)."""
+  mesh = shd.make_mesh()
+  ts = training.setup(cfg, mesh, platform=platform, abstract=True)
+  shape = network.cond_shape(ts.model_kwargs)
+  batch = training.abstract_batch(BATCH, cfg.model.image_size, 1, shape)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  with jax.set_mesh(mesh):
+    traced = jax.jit(ts.step_fn).trace(ts.state, batch, key, ts.constants)
+    return traced.lower(lowering_platforms=(lowering,)).as_text()
+
+
+def _sampler(cfg, platform: str, lowering: str) -> str:
+  """The sampler (the published 2 steps, eta 1) of `cfg` lowered for `lowering` (StableHLO
+  text)."""
+  mesh = shd.make_mesh()
+  device = loading.device_of(cfg)
+  model = nnx.eval_shape(lambda: loading.build(cfg, seed=0, platform=platform, layout=device))
+  graphdef, weights = nnx.split(model)
+  size = cfg.model.image_size
+  sampler = sampling.make_sampler(
+    graphdef, Diffusion(**cfg.diffusion), 2, 1.0, (size, size, 1), mesh
+  )
+  kw = config_lib.model_kwargs(cfg, platform, device)
+  cond = jax.ShapeDtypeStruct((BATCH, *network.cond_shape(kw)), jax.numpy.float32)
+  index = jax.ShapeDtypeStruct((BATCH,), jax.numpy.int32)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  with jax.set_mesh(mesh):
+    traced = sampler.trace(weights, cond, index, index, key)
+    return traced.lower(lowering_platforms=(lowering,)).as_text()
+
+
+@pytest.mark.parametrize("attention", ["blocked", "xla"])
+def test_the_gpu_train_step_and_sampler_lower_for_cuda(attention):
+  """configs/gpu.py's bfloat16 train step and sampler, with the portable attention backends
+  (what a GPU runs in float32, or with attention_impl set), lower for CUDA."""
+  cfg = _config("gpu", attention)
+  assert cfg.model.dtype == "bfloat16"
+  text = _train_step(cfg, "gpu", "cuda")
+  assert "bf16" in text and "stablehlo.dot_general" in text
+  assert "stablehlo.while" in _sampler(cfg, "gpu", "cuda")  # the sampler's loop
+
+
+def test_cudnn_attention_cannot_be_lowered_without_a_gpu():
+  """The piece left to the accelerator check: cuDNN's attention is refused at lowering on a
+  machine without cuDNN. If a JAX release lowers it, this test fails: then lower it above."""
+  with pytest.raises(RuntimeError, match="cuDNN is not detected"):
+    _train_step(_config("gpu", "cudnn"), "gpu", "cuda")
+
+
+def test_the_tpu_train_step_and_sampler_lower_with_the_splash_kernel():
+  """configs/v5e8.py's train step and sampler lower for TPU, the global blocks through the
+  Pallas splash-attention kernel (a TPU custom call)."""
+  cfg = _config("v5e8", "auto")
+  text = _train_step(cfg, "tpu", "tpu")
+  assert "tpu_custom_call" in text and "bf16" in text
+  assert "tpu_custom_call" in _sampler(cfg, "tpu", "tpu")
