@@ -57,9 +57,17 @@ def main():
     cfg.model.attention_impl = a.attention_impl
   if a.attention_query_chunk:
     cfg.model.attention_query_chunk = a.attention_query_chunk
+  print(json.dumps(measure(cfg, a.per_device_batch, a.accum_steps, a.steps, a.sync_each_step)))
+
+
+def measure(
+  cfg, per_device_batch: int, accum_steps: int = 1, steps: int = 3, sync_each_step: bool = False
+) -> dict:
+  """The train step of `cfg` on all local devices: compiled, one warm-up step, then `steps`
+  timed steps on one random batch; the figures this benchmark prints."""
   n = jax.device_count()
-  global_batch = a.per_device_batch * n * a.accum_steps
-  cfg.batch_size, cfg.accum_steps = global_batch, a.accum_steps
+  global_batch = per_device_batch * n * accum_steps
+  cfg.batch_size, cfg.accum_steps = global_batch, accum_steps
   mesh = shd.make_mesh()
   ts = training.setup(cfg, mesh)
   params, state = ts.num_params, ts.state
@@ -76,9 +84,9 @@ def main():
   key = jax.random.key(0)
   state, m = c.fn(state, batch, key, constants)  # warm-up
   jax.block_until_ready(m)
-  if a.sync_each_step:  # per-step times (min, as bench/reference/ref_bench.py reports)
+  if sync_each_step:  # per-step times (min, as bench/reference/ref_bench.py reports)
     times = []
-    for _ in range(a.steps):
+    for _ in range(steps):
       t = time.perf_counter()
       state, m = c.fn(state, batch, key, constants)
       jax.block_until_ready(m)
@@ -86,49 +94,53 @@ def main():
     step_s, step_s_min = float(np.mean(times)), float(np.min(times))
   else:
     t = time.perf_counter()
-    for _ in range(a.steps):
+    for _ in range(steps):
       state, m = c.fn(state, batch, key, constants)
     jax.block_until_ready(m)
-    step_s = step_s_min = (time.perf_counter() - t) / a.steps
+    step_s = step_s_min = (time.perf_counter() - t) / steps
   peak = hardware.peak_tflops()
   # no vendor peak (a CPU): this machine's own float32 matmul rate, timed now, is the roof
   roof = None if peak else hardware.matmul_gflops()
   # model FLOPs with every loop iteration counted (cdeit_jax.model.flops)
   tflops = c.flops_per_step / n / step_s / 1e12
-  print(
-    json.dumps(
-      {
-        "bench": "train_step",
-        "device": jax.devices()[0].device_kind,
-        "devices": n,
-        "backend": jax.default_backend(),
-        "jax": jax.__version__,
-        "params": params,
-        "dtype": cfg.model.dtype,
-        "remat": cfg.model.remat,
-        "attention_impl": ts.model_kwargs["attention_impl"],
-        "attention_query_chunk": cfg.model.attention_query_chunk,
-        "per_device_batch": a.per_device_batch,
-        "accum_steps": a.accum_steps,
-        "global_batch": global_batch,
-        "compile_s": round(c.compile_s, 1),
-        "step_s": round(step_s, 4),
-        "step_s_min": round(step_s_min, 4),
-        "samples_per_s_best": round(global_batch / step_s_min, 3),
-        "samples_per_s": round(global_batch / step_s, 3),
-        "samples_per_s_per_device": round(global_batch / step_s / n, 3),
-        "flops_per_step_per_device": c.flops_per_step / n,
-        "tflops_per_device": tflops,
-        "peak_tflops": peak,
-        "fraction_of_peak": tflops / peak if (tflops and peak) else None,
-        "matmul_gflops_f32": round(roof, 1) if roof else None,
-        "fraction_of_matmul_rate": round(tflops * 1e3 / roof, 3) if roof else None,
-        "memory_per_device": c.memory,
-        "peak_rss_bytes": peak_rss(),
-        "loss": float(m["loss"]),
-      }
-    )
-  )
+  return {
+    "bench": "train_step",
+    "device": jax.devices()[0].device_kind,
+    "devices": n,
+    "backend": jax.default_backend(),
+    "jax": jax.__version__,
+    "params": params,
+    "dtype": cfg.model.dtype,
+    "remat": cfg.model.remat,
+    "attention_impl": ts.model_kwargs["attention_impl"],
+    "attention_query_chunk": cfg.model.attention_query_chunk,
+    "per_device_batch": per_device_batch,
+    "accum_steps": accum_steps,
+    "global_batch": global_batch,
+    "compile_s": round(c.compile_s, 1),
+    "step_s": round(step_s, 4),
+    "step_s_min": round(step_s_min, 4),
+    "samples_per_s_best": round(global_batch / step_s_min, 3),
+    "samples_per_s": round(global_batch / step_s, 3),
+    "samples_per_s_per_device": round(global_batch / step_s / n, 3),
+    "flops_per_step_per_device": c.flops_per_step / n,
+    "tflops_per_device": tflops,
+    "peak_tflops": peak,
+    "fraction_of_peak": tflops / peak if (tflops and peak) else None,
+    "matmul_gflops_f32": round(roof, 1) if roof else None,
+    "fraction_of_matmul_rate": round(tflops * 1e3 / roof, 3) if roof else None,
+    "memory_per_device": c.memory,
+    "peak_rss_bytes": peak_rss(),
+    "loss": float(m["loss"]),
+    "device_peak_bytes": device_peak_bytes(),
+  }
+
+
+def device_peak_bytes() -> int | None:
+  """The first device's peak memory in use so far (accelerators; None where JAX has no figure,
+  a CPU)."""
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use")
 
 
 def peak_rss() -> int:
