@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install lint test test-all demo demo-model ktc-demo ktc-model cdeit16-model device-model moving-demo \
+.PHONY: install lint test test-all accelerator-check gpu-wheels demo demo-model ktc-demo ktc-model cdeit16-model device-model moving-demo \
   train-test bench clean
 
 install: $(BIN)/.installed
@@ -215,6 +215,23 @@ moving-demo: install
 	$(BIN)/python -m cdeit_jax.reconstruct --workdir $(DEMO_RUN) --frames $(MOVING)/sequence.npz \
 	  --out $(MOVING) --config.sampling.num_samples=4
 	@echo "make moving-demo: $(MOVING)/frames.gif, $(MOVING)/montage.png"
+
+# One command proves an accelerator (GPU, TPU, or this CPU with a small model): train step,
+# bfloat16 numerics, sampling, reconstruction and an exact resume, into $(OUT)/accelerator_check.json
+# (bench/accelerator_check.py; docs/gpu.md). Exits 1 when a section fails or a bar is missed.
+OUT ?= runs/accelerator_check
+accelerator-check: install
+	$(BIN)/python bench/accelerator_check.py --out $(OUT) $(CHECK_ARGS)
+
+# The wheels a lent GPU machine lacks (Python 3.12, no network there; docs/gpu.md), into wheels/
+# (git-ignored): carry it, then there: pip install --no-index --no-deps wheels/*.whl
+GPU_WHEELS = grain array_record cloudpickle portpicker psutil protobuf ml_collections PyYAML \
+  tensorboardX tqdm
+gpu-wheels: install
+	$(BIN)/pip download -q --only-binary=:all: --no-deps --python-version 3.12 -d wheels \
+	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux_2_24_x86_64 --platform manylinux_2_28_x86_64 $(GPU_WHEELS)
+	@du -sh wheels
 
 train-test: install
 	$(BIN)/python train.py --config configs/test.py --workdir runs/test
