@@ -224,9 +224,9 @@ accelerator-check: install
 	$(BIN)/python bench/accelerator_check.py --out $(OUT) $(CHECK_ARGS)
 
 # The wheels a lent GPU machine lacks (Python 3.12, no network there; docs/gpu.md), into wheels/
-# (git-ignored): carry it, then there: pip install --no-index --no-deps wheels/*.whl
-GPU_WHEELS = grain array_record cloudpickle portpicker psutil protobuf ml_collections PyYAML \
-  tensorboardX tqdm
+# (git-ignored): carry it, then there: pip install --no-index --no-deps wheels/*.whl. Not
+# protobuf or PyYAML: orbax-checkpoint and flax bring them (a second copy could clobber theirs).
+GPU_WHEELS = grain array_record cloudpickle portpicker psutil ml_collections tensorboardX tqdm
 gpu-wheels: install
 	$(BIN)/pip download -q --only-binary=:all: --no-deps --python-version 3.12 -d wheels \
 	  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
