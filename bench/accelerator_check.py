@@ -51,8 +51,8 @@ import numpy as np  # noqa: E402
 
 CONFIGS = {"gpu": "configs/gpu.py", "tpu": "configs/v5e8.py", "cpu": "configs/test.py"}
 BARS = {"loss_rel": 0.05, "grad_cos": 0.99, "attention": 0.02}
-RESUME = ["--config.steps=40", "--config.log_every=2", "--config.eval_every=8"]
-KILL_AFTER = 12  # the killed run gets SIGTERM once this step is logged
+RESUME = ["--config.steps=24", "--config.log_every=2", "--config.eval_every=8"]
+KILL_AFTER = 10  # the killed run gets SIGTERM once this step is logged
 
 
 def platform_info() -> dict:

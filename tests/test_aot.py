@@ -79,6 +79,7 @@ def test_small_model_compiles_for_v5e8(tmp_path):
   assert saved["sampler"]["flops_per_call"] == 64 * 5 * fwd
 
 
+@pytest.mark.slow  # make test-all: 24 s; TPU lowering: test_lowering.py
 def test_cli_says_when_it_does_not_fit(tmp_path):
   """A batch far too big: exit 1, fits false with the compiler's figure, concrete advice."""
   env = dict(os.environ, XLA_FLAGS="", ALLOW_MULTIPLE_LIBTPU_LOAD="1")  # this process holds libtpu

@@ -162,6 +162,9 @@ def _pi_config():
   return cfg
 
 
+# make test-all: 34 s; a model reading values trains in test_any_system.py, models/cdeit16
+#  evaluates in test_shipped.py
+@pytest.mark.slow
 def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path, caplog):
   """setup() calibrates on the training source; the checkpoint carries operator and calibration,
   so the restored model computes the same outputs; eval.py follows the checkpoint's condition,

@@ -508,6 +508,8 @@ def test_memory_budget_on_cpu_is_the_hosts_available_memory():
   assert 0.9 * free <= budget <= total
 
 
+# make test-all: a measurement (36 s); reconstruct's is bench/bench_reconstruct_memory.py
+@pytest.mark.slow
 def test_memory_stays_flat_as_the_test_set_grows(tiny_run, tmp_path, monkeypatch):
   """Examples are sampled, scored and written a chunk at a time: after a warm-up run (compiles
   and caches out of the count), numpy's peak allocation (tracemalloc) grows from 64 to 256

@@ -130,6 +130,9 @@ def _evaluated_alike(wd: str, bucket_data: str, local_run: pathlib.Path, local_o
   assert r_metrics["settings"]["data_path"] == f"{bucket_data}/uef2017"
 
 
+# make test-all: 29 s; a model folder in a bucket is read in
+#  test_a_model_folder_in_a_bucket_is_verified_and_read_only
+@pytest.mark.slow
 def test_eval_reads_a_bucket_run_and_writes_the_bucket(gcs, bucket_data, straight_run, tmp_path):
   """eval.py with the workdir (a trained run's files copied into the bucket), the test set and
   --out all in the bucket writes every output there, equal to evaluating the local run."""

@@ -28,6 +28,7 @@ def test_objects_of_a_hand_made_map():
   assert con.area == pytest.approx(100 / disk) and con.wall_gap > 0.95
 
 
+@pytest.mark.slow  # make test-all: 18 s
 def test_the_shipped_models_phantoms_cover_the_public_truths():
   """Every public truth's object (areas 4.6-10.7 % of the tank, gaps to the wall 0.21-0.61)
   lies between the 2nd and 99th percentile of configs/ktc2023_model.py's drawn objects, and

@@ -206,6 +206,9 @@ def _random_step(workdir, cfg, seed, mean_factor=1.0):
   return loading.load(str(workdir))[0]
 
 
+# make test-all: 20 s; interpolation:
+#  test_interpolation_mixes_the_step_the_fine_tuning_started_from
+@pytest.mark.slow
 def test_wise_ft_writes_the_line_between_start_and_fine_tuned(tmp_path):
   """interpolate --alpha 0.25: the checkpoint's weights are 0.75 x the start's + 0.25 x the
   fine-tuned run's (by hand from both); a model shipped from it names what it is made of and

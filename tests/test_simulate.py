@@ -127,6 +127,7 @@ def test_refuses_to_mix_settings(small_set):
     simulate.generate(small_set, {"train": 30}, sim(6), progress=False)
 
 
+@pytest.mark.slow  # make test-all: 30 s; folders of an older layout
 def test_folders_from_before_phantom_target_extend_with_label_targets_only(small_set, tmp_path):
   """simulate.json records `phantom.target` only when it is "class": a folder written before the
   key existed (label targets) still extends, and is refused for class targets."""

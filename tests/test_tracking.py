@@ -22,6 +22,8 @@ def _env(wandb_dir) -> dict:
   return dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(wandb_dir))
 
 
+# make test-all: 40 s; a W&B run kept across a resume: the two-process test in test_training.py
+@pytest.mark.slow
 def test_a_resumed_training_is_one_offline_run_and_eval_logs_into_it(tmp_path):
   """train.py for 10 steps, then resumed to 20: one offline run under WANDB_DIR/wandb (the
   resumed attempt rewrote it whole), its id kept in WORKDIR/wandb.json, the config in it, every
