@@ -269,6 +269,8 @@ def test_a_lost_or_folder_manifest_is_one_line_and_still_read_only(model_copy, t
   shutil.copytree(model_copy, elsewhere)
   assert shipped.lost_manifest(str(elsewhere))
   assert shipped.model_folder_of(str(elsewhere / "checkpoints")) == str(elsewhere)
+  with pytest.raises(InputError, match=r"\(its manifest.json is missing: its one step is as ship"):
+    shipped.refuse_write(str(elsewhere / "checkpoints"), "--workdir")
   with pytest.raises(shipped.ManifestError, match=r"its manifest.json is missing"):
     loading.load(str(elsewhere))
   (model_copy / "manifest.json").mkdir()

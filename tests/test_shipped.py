@@ -137,7 +137,7 @@ def test_a_changed_byte_or_file_is_refused_in_one_line(model_folder, tmp_path):
   with pytest.raises(shipped.ManifestError, match="manifest.json: unreadable"):
     loading.load(str(bad))
   rc, _, err = run_train(out, "--config.steps=2")
-  refused = f"--workdir {out} is the model folder {out}, which ships with the code"
+  refused = f"--workdir {out} is the model folder {out}, a shipped model's, which is read-only"
   assert rc == 1 and refused in err, err[-2000:]
   (tmp_path / "notes").mkdir()
   (tmp_path / "notes" / "mine.txt").write_text("keep")

@@ -93,10 +93,15 @@ def refuse_write(path: str, flag: str) -> None:
   if folder is None:
     return
   where = "is" if fileio.real(path) == folder else "lies inside"
+  checked = (
+    f"its {MANIFEST} is missing: its one step is as ship writes it"
+    if lost_manifest(folder)
+    else f"every file is checked against its {MANIFEST}"
+  )
   raise InputError(
-    f"{flag} {path} {where} the model folder {folder}, which ships with the code and is "
-    f"read-only (every file is checked against its {MANIFEST}): give a path outside it; if "
-    f"anything was written there, restore it: {restore_advice(folder)}"
+    f"{flag} {path} {where} the model folder {folder}, a shipped model's, which is read-only "
+    f"({checked}): give a path outside it; if anything was written there, restore it: "
+    f"{restore_advice(folder)}"
   )
 
 
@@ -145,7 +150,7 @@ def read(workdir: str) -> dict[str, Any] | None:
   text = fileio.read_text(path)
   if text is None:
     if lost_manifest(workdir):
-      raise _damaged(workdir, f"its {MANIFEST} is missing (one shipped step in a models/ folder)")
+      raise _damaged(workdir, f"its {MANIFEST} is missing (its one step is as ship writes it)")
     return None
   try:
     manifest = json.loads(text)
