@@ -5,11 +5,15 @@
   ys = eit.simulate_voltages(xs_images, 40.0, jax.random.key(0))
   rec = eit.default_tikhonov()(ys)                  # (B, 128, 128) one-step baseline
 
-Modules: spec (what is simulated: plain dataclasses, no JAX), mesh (unit-disk mesh, electrodes),
-fem (CEM forward model: a fixed system, or one per example), system (the measuring system drawn
-per example), phantom (random inclusions on mesh and grid), simulator (images/phantoms
--> voltages, noise), tikhonov (Tikhonov/NOSER). The names below load their module on first use
-(PEP 562), so that `cdeit_jax.eit.spec` is read without JAX (configs import it).
+Modules: spec (what is simulated: plain dataclasses, no JAX), layout (a device's electrodes,
+patterns and values, presets and device files: the one `Layout`), measurement (CDEIT's 208 values
+and a device's units), mesh (unit-disk mesh, electrodes), fem (CEM forward model: a fixed system,
+or one per example), system (the measuring system drawn per example), phantom (random inclusions
+on mesh and grid), simulator (images/phantoms -> voltages, noise), tikhonov (Tikhonov/NOSER and
+the Jacobian), conditioning (the physics-informed channels the network reads), calibration (a
+device fitted to its empty tank), symmetry (the tank's turns and mirror). The names below load
+their module on first use (PEP 562), so that `cdeit_jax.eit.spec` is read without JAX (configs
+import it).
 """
 
 import importlib
