@@ -267,8 +267,7 @@ def _condition_channels(start: ml_collections.ConfigDict, cfg: ml_collections.Co
   model of CDEIT's 16 electrodes starts a model of any device: both see the same kind of linear
   images); else None. Channels: the noisy image (an image model's), the EIM, the levels."""
   was, now = start.model, cfg.model
-  other = model_differences(start, cfg).split("; ")
-  if [d.split(":")[0] for d in other] != ["model.cond"]:
+  if differing_model_keys(start, cfg) != ["cond"]:
     return None
   if (was.get("cond"), now.get("cond")) != ("eim+linear", "linear"):
     return None
@@ -296,16 +295,26 @@ def start_inputs(path: str, device) -> tuple[tuple[np.ndarray, np.ndarray], dict
   return checkpoint.meta_stats(meta), meta.get("calibration", {})
 
 
-def model_differences(there: ml_collections.ConfigDict, here: ml_collections.ConfigDict) -> str:
-  """The `model` keys whose values differ between two configs ("model.k: a there, b here; ..."),
-  the settings that only say how the model computes (RUNTIME_MODEL_KEYS) aside; "" if none."""
+def differing_model_keys(
+  there: ml_collections.ConfigDict, here: ml_collections.ConfigDict
+) -> list[str]:
+  """The `model` keys whose values differ between two configs, sorted, the settings that only
+  say how the model computes (RUNTIME_MODEL_KEYS) aside."""
   was, now = there.model.to_dict(), here.model.to_dict()
-  differ = [
+  return [
     k
     for k in sorted(set(was) | set(now))
     if k not in RUNTIME_MODEL_KEYS and _plain(was.get(k)) != _plain(now.get(k))
   ]
-  return "; ".join(f"model.{k}: {was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
+
+
+def model_differences(there: ml_collections.ConfigDict, here: ml_collections.ConfigDict) -> str:
+  """`differing_model_keys` in words ("model.k: a there, b here; ..."); "" if none."""
+  was, now = there.model.to_dict(), here.model.to_dict()
+  return "; ".join(
+    f"model.{k}: {was.get(k)!r} there, {now.get(k)!r} here"
+    for k in differing_model_keys(there, here)
+  )
 
 
 def _plain(v: Any) -> Any:
