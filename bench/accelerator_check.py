@@ -302,47 +302,33 @@ def verdict(result: dict) -> list[str]:
 
 
 def table(result: dict) -> str:
-  tr, n = result.get("train", {}), result.get("numerics", {})
-  s, rc, r = result.get("sampling", {}), result.get("reconstruct", {}), result.get("resume", {})
-  frac = tr.get("fraction_of_peak") or tr.get("fraction_of_matmul_rate")
-  rows = [
-    ("platform", f"{result['platform']} ({result['device_kind']}, {result['devices']} devices)"),
-    (
-      "train",
-      f"{tr.get('samples_per_s')} samples/s, {tr.get('tflops_per_device', 0):.4g} TFLOP/s per "
-      f"device, {frac} of {'peak' if tr.get('fraction_of_peak') else 'matmul rate'}; "
-      f"{tr.get('dtype')}, attention {tr.get('attention_impl')}, batch {tr.get('global_batch')}, "
-      f"compile {tr.get('compile_s')} s"
-      if "error" not in tr
-      else tr["error"][:200],
+  """One line a section: its figures, or its error (a section that did not run: skipped)."""
+  nan = float("nan")
+
+  def train(t):
+    frac = t.get("fraction_of_peak") or t.get("fraction_of_matmul_rate")
+    return (
+      f"{t['samples_per_s']} samples/s, {t['tflops_per_device']:.4g} TFLOP/s per device, {frac} "
+      f"of {'peak' if t.get('fraction_of_peak') else 'matmul rate'}; {t['dtype']}, attention "
+      f"{t['attention_impl']}, batch {t['global_batch']}, compile {t['compile_s']} s"
+    )
+
+  lines = {
+    "train": train,
+    "numerics": lambda n: (
+      f"loss rel {n['bf16_vs_f32_loss_rel']:.2e}, grad cos {n['bf16_vs_f32_grad_cos']:.5f}, "
+      f"attention ({n['attention_impl']}) max err {n['attention_max_abs_err']:.2e}"
     ),
-    (
-      "numerics",
-      f"loss rel {n.get('bf16_vs_f32_loss_rel', float('nan')):.2e}, grad cos "
-      f"{n.get('bf16_vs_f32_grad_cos', float('nan')):.5f}, attention ({n.get('attention_impl')}) "
-      f"max err {n.get('attention_max_abs_err', float('nan')):.2e}"
-      if "error" not in n
-      else n["error"][:200],
-    ),
-    (
-      "sampling",
-      f"{s.get('images_per_s', float('nan')):.1f} images/s"
-      if "error" not in s
-      else s["error"][:200],
-    ),
-    (
-      "reconstruct",
-      f"{rc.get('frames_per_s', float('nan')):.1f} frames/s"
-      if "error" not in rc
-      else rc["error"][:200],
-    ),
-    (
-      "resume",
-      f"exact {r.get('exact')} (SIGTERM at step {r.get('stopped_at_step')})"
-      if "error" not in r
-      else r["error"][:200],
-    ),
-  ]
+    "sampling": lambda x: f"{x.get('images_per_s', nan):.1f} images/s",
+    "reconstruct": lambda x: f"{x.get('frames_per_s', nan):.1f} frames/s",
+    "resume": lambda x: f"exact {x['exact']} (SIGTERM at step {x['stopped_at_step']})",
+  }
+  where = f"{result['platform']} ({result['device_kind']}, {result['devices']} devices)"
+  rows = [("platform", where)]
+  for name, line in lines.items():
+    got = result.get(name)
+    text = "skipped" if not got else got["error"][:200] if "error" in got else line(got)
+    rows.append((name, text))
   return "\n".join(f"{k:<12} {v}" for k, v in rows)
 
 

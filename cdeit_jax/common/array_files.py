@@ -152,8 +152,7 @@ def _mat(path: str) -> Arrays:
     with fileio.open_binary(path) as fh:
       head = fh.read(520)
     if matfile.is_v73(head):
-      opened = matfile.open_v73(path, fileio.resolve(path))
-      return Arrays(opened, opened.close)
+      return Arrays(*matfile.open_v73(path, fileio.resolve(path)))
   return Arrays(matfile.read(path, raw(path)))
 
 

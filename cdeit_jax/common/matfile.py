@@ -15,6 +15,7 @@ files; scipy.io.loadmat reads only v5.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 
 import numpy as np
 
@@ -98,26 +99,10 @@ def is_v73(head: bytes) -> bool:
   return head.startswith(b"MATLAB 7.3") or head[512:520] == HDF5_SIGNATURE
 
 
-class Opened(dict):
-  """A v7.3 file's numeric variables by name (`_Reversed`, read on access); `close` the file."""
-
-  def __init__(self, handle, variables: dict):
-    super().__init__(variables)
-    self._handle = handle
-
-  def close(self) -> None:
-    self._handle.close()
-
-  def __enter__(self):
-    return self
-
-  def __exit__(self, *exc):
-    self.close()
-
-
-def open_v73(path: str, source) -> Opened:
-  """The numeric variables of a v7.3 MAT-file (`source`: its path or a file object), read on
-  access; MATLAB's empty arrays as zero-size arrays; text, cells, structs and the rest left out."""
+def open_v73(path: str, source) -> tuple[dict, Callable[[], None]]:
+  """(the numeric variables of a v7.3 MAT-file by name, read on access; the function that closes
+  the file); `source`: its path or a file object. MATLAB's empty arrays are zero-size arrays;
+  text, cells, structs and the rest are left out."""
   import h5py
 
   try:
@@ -137,7 +122,7 @@ def open_v73(path: str, source) -> Opened:
       out[name] = np.zeros(tuple(int(s) for s in np.asarray(item[()]).ravel()), np.float64)
     else:
       out[name] = _Reversed(item)
-  return Opened(f, out)
+  return out, f.close
 
 
 def read(path: str, raw: bytes | None = None) -> dict[str, np.ndarray]:
@@ -154,8 +139,11 @@ def read(path: str, raw: bytes | None = None) -> dict[str, np.ndarray]:
     except IsADirectoryError:
       raise InputError(f"{path}: a folder, not a .mat file") from None
   if is_v73(raw[:520]):
-    with open_v73(path, io.BytesIO(raw)) as variables:
+    variables, close = open_v73(path, io.BytesIO(raw))
+    try:
       return {k: np.asarray(v) for k, v in variables.items()}
+    finally:
+      close()
   try:
     m = scipy.io.loadmat(io.BytesIO(raw))
   except (ValueError, TypeError, OSError, NotImplementedError, scipy.io.matlab.MatReadError) as e:
