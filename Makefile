@@ -88,7 +88,7 @@ ktc-demo: install
 # simulate 24,000 training examples once (cached), twice: with label targets and with class
 # targets (the same voltages); train configs/cdeit16.py 30,000 steps on the labels, fine-tune it
 # 4,000 steps on the classes (configs/cdeit16_class.py), and take the weights half-way between
-# the two (WiSE-FT, python -m cdeit_jax.checkpoints.interpolate; rerunning resumes each stage);
+# the two (WiSE-FT, python -m cdeit_jax.tools.interpolate; rerunning resumes each stage);
 # fit the uncertainty scale, evaluate on held-out simulations, the foreign system and UEF2017,
 # and write the model folder with those scores (python -m cdeit_jax.ship).
 CDEIT16_DATA ?= $(HOME)/.cache/cdeit-jax/cdeit16-sim-v1
@@ -111,7 +111,7 @@ cdeit16-model: install
 	  --config.data.path=$(CDEIT16_DATA) && \
 	$(BIN)/python train.py --config configs/cdeit16_class.py --workdir $(CDEIT16_FINE) \
 	  --config.data.path=$(CDEIT16_CLASS_DATA) --config.init_from=$(CDEIT16_BASE) && \
-	$(BIN)/python -m cdeit_jax.checkpoints.interpolate --workdir $(CDEIT16_FINE) \
+	$(BIN)/python -m cdeit_jax.tools.interpolate --workdir $(CDEIT16_FINE) \
 	  --alpha $(CDEIT16_ALPHA) --out $(CDEIT16_RUN) && \
 	$(BIN)/python eval.py --workdir $(CDEIT16_RUN) --data simulated \
 	  --data_path $(CDEIT16_CLASS_DATA)/valid --out $(CDEIT16_RUN)/eval_valid $(CDEIT16_EVAL) \
@@ -137,7 +137,7 @@ cdeit16-model: install
 # drifting against the empty tank's (both cached); train the segmenter (about 50 min on 2 cores),
 # fine-tune it on the drifting frames (about 14 min; rerunning either resumes) and take the
 # half-way point between the two (WiSE-FT); choose the answer rule on the validation simulations
-# at every level (python -m cdeit_jax.infer.answer_study; the public 28 beside), score it on both
+# at every level (python -m cdeit_jax.tools.answer_study; the public 28 beside), score it on both
 # test splits, answer the public cases with it, and write the model folder with the rule and scores.
 KTC_MODEL_DATA ?= $(HOME)/.cache/cdeit-jax/ktc-model-sim-v1
 KTC_MODEL_DRIFT_DATA ?= $(HOME)/.cache/cdeit-jax/ktc-model-sim-drift-v1
@@ -156,15 +156,15 @@ ktc-model: install
 	  --config.data.path=$(KTC_MODEL_DATA) && \
 	$(BIN)/python train.py --config configs/ktc2023_model_drift.py --workdir $(KTC_MODEL_FINE) \
 	  --config.data.path=$(KTC_MODEL_DRIFT_DATA) --config.init_from=$(KTC_MODEL_BASE) && \
-	$(BIN)/python -m cdeit_jax.checkpoints.interpolate --workdir $(KTC_MODEL_FINE) \
+	$(BIN)/python -m cdeit_jax.tools.interpolate --workdir $(KTC_MODEL_FINE) \
 	  --alpha $(KTC_MODEL_ALPHA) --out $(KTC_MODEL_RUN) && \
-	$(BIN)/python -m cdeit_jax.infer.answer_study --workdir $(KTC_MODEL_RUN) \
+	$(BIN)/python -m cdeit_jax.tools.answer_study --workdir $(KTC_MODEL_RUN) \
 	  --sims $(KTC_MODEL_DATA)/valid,$(KTC_MODEL_DRIFT_DATA)/valid --ktc data/ktc2023/levels \
 	  --out $(KTC_MODEL_RUN)/answer_study.json && \
 	rule=$$($(BIN)/python -c "import json; print(json.load(open('$(KTC_MODEL_RUN)/answer_study.json'))['metrics']['chosen'])") && \
-	$(BIN)/python -m cdeit_jax.infer.answer_study --workdir $(KTC_MODEL_RUN) --rules $$rule \
+	$(BIN)/python -m cdeit_jax.tools.answer_study --workdir $(KTC_MODEL_RUN) --rules $$rule \
 	  --sims $(KTC_MODEL_DATA)/test --out $(KTC_MODEL_RUN)/answer_test.json && \
-	$(BIN)/python -m cdeit_jax.infer.answer_study --workdir $(KTC_MODEL_RUN) --rules $$rule \
+	$(BIN)/python -m cdeit_jax.tools.answer_study --workdir $(KTC_MODEL_RUN) --rules $$rule \
 	  --sims $(KTC_MODEL_DRIFT_DATA)/test --out $(KTC_MODEL_RUN)/answer_test_drift.json && \
 	$(BIN)/python eval.py --workdir $(KTC_MODEL_RUN) --data ktc2023_challenge \
 	  --data_path data/ktc2023/levels --out $(KTC_MODEL_RUN)/eval_ktc2023 \

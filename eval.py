@@ -69,10 +69,10 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   cli.init_distributed()
-  from cdeit_jax.infer import evaluate
+  from cdeit_jax.infer import data_kinds
 
   overrides = cli.checkpoint_overrides()
-  r = evaluate.evaluate(
+  r = data_kinds.evaluate(
     FLAGS.workdir, FLAGS.data, FLAGS.data_path, FLAGS.out, overrides, FLAGS.units
   )
   if "images_per_s" not in r:  # the challenge's answers

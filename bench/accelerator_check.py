@@ -176,7 +176,7 @@ def sampling_and_reconstruct(cfg, folder: str, num_samples: int) -> tuple[dict, 
   frames = ys[np.arange(64) % len(ys)]
   t0 = time.perf_counter()
   rec = Reconstructor.from_workdir(
-    wd, preset="uef2017", overrides={"sampling.num_samples": num_samples}
+    wd, units="uef2017", overrides={"sampling.num_samples": num_samples}
   )
   rec.reconstruct(frames)  # compiles every bucket it needs
   ready_s = time.perf_counter() - t0

@@ -16,6 +16,7 @@ import numpy as np
 
 from cdeit_jax import config_lib
 from cdeit_jax.data import pipeline, sources
+from cdeit_jax.eit.layout import preset
 
 
 def make_folder(root: str, n: int) -> str:
@@ -58,7 +59,7 @@ def main():
     for workers in a.workers:
       opts = config_lib.default_config().data
       opts.update(num_workers=workers, num_threads=a.threads)
-      it = iter(pipeline.train_dataset(src, a.batch, opts))
+      it = iter(pipeline.train_dataset(src, a.batch, opts, preset("cdeit16")))
       for _ in range(5):  # warm-up: start workers, fill prefetch
         next(it)
       t = time.perf_counter()

@@ -28,7 +28,7 @@ def _one(name: str, autodiff: bool) -> dict:
   from cdeit_jax.eit import layout, simulator, tikhonov
 
   lay = layout.preset(name)
-  sim = simulator.Simulator(layout=None if name == "cdeit16" else lay)
+  sim = simulator.Simulator(lay)
   base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   times = []
   for _ in range(2):

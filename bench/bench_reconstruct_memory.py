@@ -91,7 +91,7 @@ def main() -> None:
           f,
           "--out",
           out,
-          "--preset",
+          "--units",
           "uef2017",
           *a.settings,
         ],

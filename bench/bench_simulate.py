@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cdeit_jax import eit
+from cdeit_jax.eit import layout as eit_layout
 
 
 def timed(fn, repeats):
@@ -60,7 +61,7 @@ def main():
     return bench_layout(a)
   if a.dtype == "float64":
     jax.config.update("jax_enable_x64", True)
-  sim = eit.default_simulator(a.dtype)
+  sim = eit.default_simulator(eit_layout.preset("cdeit16"), a.dtype)
   common = {
     "device": jax.devices()[0].device_kind,
     "backend": jax.default_backend(),
@@ -119,7 +120,7 @@ def main():
       flush=True,
     )
   t = time.perf_counter()
-  eit.Tikhonov(sim)
+  eit.Tikhonov(eit.jacobian(sim))
   print(
     json.dumps({"bench": "tikhonov_matrix", **common, "seconds": round(time.perf_counter() - t, 2)})
   )

@@ -113,7 +113,7 @@ def _data_config() -> ml_collections.ConfigDict:
       # from `config.simulator` (no files, no epochs; cdeit_jax.data.simulator_source)
       source=SOURCES[0],
       path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
-      preset="simulated",  # "simulated" or a system of layout.PRESETS (sets the two ratios)
+      units="simulated",  # "simulated" or a system of layout.PRESETS (sets the two ratios)
       voltage_ratio=config_dict.placeholder(float),
       current_ratio=config_dict.placeholder(float),
       stats=config_dict.placeholder(str),  # folder with mean/std; default: the dataset root
@@ -287,11 +287,14 @@ def check_training_config(
   need(cfg.ema.update_every > 0, "ema.update_every", "must be > 0")
   need(cfg.sampling.steps >= 1, "sampling.steps", "must be >= 1")
   need(cfg.diffusion.num_steps >= 1, "diffusion.num_steps", "must be >= 1")
+  for old, new in RENAMED_KEYS.items():  # a config file that still sets the old key
+    section, leaf = old.split(".")
+    need(leaf not in cfg[section], old, f"is config.{new} now")
   need(
-    measurement.preset_ratios(cfg.data.preset) is not None
+    measurement.preset_ratios(cfg.data.units) is not None
     or (cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None),
-    "data.preset",
-    f"unknown preset: use one of {', '.join(measurement.unit_names())}, or set data.voltage_ratio "
+    "data.units",
+    f"unknown units: use one of {', '.join(measurement.unit_names())}, or set data.voltage_ratio "
     "and data.current_ratio",
   )
   need(
@@ -308,10 +311,24 @@ def check_training_config(
   )
 
 
+# Config keys that took another name (old -> new): a stored config's old key is read as the new
+# one (`from_json`); given in a config file or on a command line, it is refused in one line.
+RENAMED_KEYS = {"data.preset": "data.units"}
+
+
 def from_json(stored: dict[str, Any]) -> ml_collections.ConfigDict:
   """`default_config()` updated with a stored config (a checkpoint's `meta["config"]`): keys this
-  version does not know are ignored, keys it added keep their defaults."""
+  version does not know are ignored, keys it added keep their defaults, renamed keys
+  (`RENAMED_KEYS`) are read under their new names."""
   cfg = default_config()
+  for old, new in RENAMED_KEYS.items():
+    (section, leaf), (_, new_leaf) = old.split("."), new.split(".")
+    node = stored.get(section)
+    if isinstance(node, dict) and leaf in node:
+      stored = {
+        **stored,
+        section: {new_leaf: node[leaf], **{k: v for k, v in node.items() if k != leaf}},
+      }
 
   def update(node: ml_collections.ConfigDict, tree: dict) -> None:
     for k, v in tree.items():
@@ -337,6 +354,8 @@ def override(cfg: ml_collections.ConfigDict, values: dict[str, Any]) -> None:
   """Set dotted keys (`{"sampling.steps": 2}`); an unknown key or a wrongly typed value is an
   InputError naming `--config.<key>`."""
   for key, value in values.items():
+    if key in RENAMED_KEYS:
+      raise InputError(f"--config.{key} is --config.{RENAMED_KEYS[key]} now")
     node, *path = [cfg, *key.split(".")]
     *parents, leaf = path
     try:

@@ -1,6 +1,6 @@
 """Reconstruct a device's voltage frames into images.
 
-  python -m cdeit_jax.reconstruct --workdir RUN --frames F --out O --preset uef2017
+  python -m cdeit_jax.reconstruct --workdir RUN --frames F --out O --units uef2017
   python -m cdeit_jax.reconstruct --workdir RUN --frames F --out O --reference_row 0 \\
       --voltage_ratio 1040.856 --current_ratio 2 --config.sampling.num_samples=8
 
@@ -8,7 +8,7 @@ F: `.npy`, `.npz`, `.mat` or `.csv`, frames as rows (N, R) of the model's measur
 values in its order (CDEIT's 208, or a device's, NaN where a removal set leaves one out), or
 the device's own file (`cdeit_jax.infer.frames`). They are difference voltages, or frames with
 a reference frame (the file's `reference`, --reference FILE or --reference_row K): dv = v -
-v_ref. Their units: --preset or the ratios, else the model's device's own (a calibrated device's
+v_ref. Their units: --units or the ratios, else the model's device's own (a calibrated device's
 gain, `make device-model`; a preset's, e.g. ktc2023's), else the simulator's. Writes
 O/frames.npz (`images`, `std` for K > 1), O/frames.mat, O/montage.png and O/frames.gif.
 Row i is sampled as eval.py samples example i: the same voltages, seed and settings give
@@ -42,17 +42,17 @@ flags.DEFINE_string(
 )
 flags.DEFINE_string("out", None, "output folder")
 flags.DEFINE_string(
-  "preset",
+  "units",
   None,
   "the device's units: simulated, uef2017, ktc2023 (or give --voltage_ratio and "
   "--current_ratio); default: the model's device's own (a calibrated device's, make "
   "device-model; a preset's), else simulated",
 )
 flags.DEFINE_float(
-  "voltage_ratio", None, "measured / simulated voltage units (overrides the preset's)"
+  "voltage_ratio", None, "measured / simulated voltage units (overrides the units')"
 )
 flags.DEFINE_float(
-  "current_ratio", None, "measured / simulated current units (overrides the preset's)"
+  "current_ratio", None, "measured / simulated current units (overrides the units')"
 )
 flags.DEFINE_string(
   "reference",
@@ -125,7 +125,7 @@ def _main(argv, stack: contextlib.ExitStack):
         skipped,
         cfg,
         overrides,
-        preset=FLAGS.preset,
+        units=FLAGS.units,
         voltage_ratio=FLAGS.voltage_ratio,
         current_ratio=FLAGS.current_ratio,
       )
@@ -246,7 +246,7 @@ def _info(rec, reference, k: int) -> dict:
   return {
     "checkpoint": rec.checkpoint,
     "frames": fileio.resolve(FLAGS.frames),
-    "preset": rec.preset,
+    "units": rec.units.name,
     "voltage_ratio": rec.voltage_ratio,
     "current_ratio": rec.current_ratio,
     "reference": "given" if reference is not None else "none (difference voltages)",

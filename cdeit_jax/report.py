@@ -84,9 +84,11 @@ def uncertainty_note(u: dict) -> str:
 def figure(folder: str, out: str, rows: int = 6) -> None:
   """A compact figure of an evaluation's first `rows` images: ground truth | CDEIT | std (with
   several samples) | the built-in Tikhonov of the same voltages (scaled as in the metrics)."""
+  import ml_collections
   import numpy as np
 
   from cdeit_jax import eit
+  from cdeit_jax.checkpoints import loading
   from cdeit_jax.data import npz_files
   from cdeit_jax.infer import metrics, outputs
 
@@ -99,7 +101,8 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
     )
     / s["voltage_ratio"]
   )
-  tik = np.stack([metrics.scale_baseline(b) for b in eit.default_tikhonov()(ys)])
+  device = loading.device_of(ml_collections.ConfigDict(s["config"]))  # the model's system
+  tik = np.stack([metrics.scale_baseline(b) for b in eit.default_tikhonov(device)(ys)])
   std = z["std"][:rows] if "std" in z else None
   fileio.atomic_write(
     out,

@@ -67,9 +67,12 @@ def simulate(
   import jax
 
   from cdeit_jax import eit
+  from cdeit_jax.eit import layout
   from cdeit_jax.eit import phantom as ph
 
-  sim = eit.default_simulator("float64" if jax.config.jax_enable_x64 else "float32")
+  sim = eit.default_simulator(
+    layout.preset("cdeit16"), "float64" if jax.config.jax_enable_x64 else "float32"
+  )
   params = phantoms(num_frames)
   frames = np.asarray(jax.jit(lambda p: sim.cem.voltages(sim.phantom_conductivity(p)))(params))
   reference = np.asarray(sim.vh)

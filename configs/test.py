@@ -17,7 +17,7 @@ def get_config():
     path=os.path.join(REPO, "data"),
     train_split="uef2017",
     valid_split="uef2017",
-    preset="uef2017",
+    units="uef2017",
     stats="authors",
     num_threads=2,
     prefetch=2,

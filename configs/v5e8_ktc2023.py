@@ -22,5 +22,5 @@ def get_config():
   c.simulator = ktc.simulator
   c.simulator.update(stats_examples=4096, valid_examples=512)
   c.model.update(cond="linear", cond_alphas=(0.03, 0.3), cond_grid=64)
-  c.data.update(source="simulator", preset="simulated", path=None)
+  c.data.update(source="simulator", units="simulated", path=None)
   return c

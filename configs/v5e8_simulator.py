@@ -20,6 +20,6 @@ from cdeit_jax import config_lib
 
 def get_config():
   c = config_lib.load(os.path.join(os.path.dirname(os.path.abspath(__file__)), "v5e8_physics.py"))
-  c.data.update(source="simulator", preset="simulated")
+  c.data.update(source="simulator", units="simulated")
   c.simulator.update(stats_examples=4096, valid_examples=512)
   return c

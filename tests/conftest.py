@@ -261,6 +261,7 @@ def final_state(workdir, cfg, devices=None):
   from cdeit_jax.common import fileio
   from cdeit_jax.common import sharding as shd
   from cdeit_jax.data import pipeline, sources
+  from cdeit_jax.eit.layout import preset
   from cdeit_jax.train import training
 
   mesh = shd.make_mesh(devices)
@@ -268,7 +269,7 @@ def final_state(workdir, cfg, devices=None):
   abstract = jax.eval_shape(lambda: state)
   sh = shd.state_shardings(abstract, mesh)
   src = sources.NpzSource(fileio.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
-  it = iter(pipeline.train_dataset(src, cfg.batch_size, cfg.data))
+  it = iter(pipeline.train_dataset(src, cfg.batch_size, cfg.data, preset("cdeit16")))
   mngr = checkpoint.train_manager(str(workdir))
   step = mngr.latest_step()
   state, meta = checkpoint.restore_train(mngr, step, jax.device_put(state, sh), sh, it)

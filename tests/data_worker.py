@@ -16,11 +16,16 @@ jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
 
 from cdeit_jax import config_lib  # noqa: E402
 from cdeit_jax.data import pipeline, sources  # noqa: E402
+from cdeit_jax.eit.layout import preset  # noqa: E402
 
 mean, std = np.zeros((1, 16, 13)), np.ones((1, 16, 13))
 src = sources.NpzSource(folder, stats=(mean, std))
 mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-it = iter(pipeline.train_dataset(src, global_batch=8, opts=config_lib.default_config().data))
+it = iter(
+  pipeline.train_dataset(
+    src, global_batch=8, opts=config_lib.default_config().data, layout=preset("cdeit16")
+  )
+)
 seen, shapes = [], []
 for _ in range(len(src) // 8):
   host = next(it)

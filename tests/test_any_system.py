@@ -151,7 +151,7 @@ def test_a_tiny_model_for_another_device_in_one_process(device_run, tmp_path):
   the network), the checkpoint, eval.py's simulated path at removal 1 (CDEIT beside the
   Tikhonov of the 208 values left), the challenge path writing answers, and KTC2023's data
   refused naming both systems."""
-  from cdeit_jax.infer import challenge, evaluate
+  from cdeit_jax.infer import challenge, data_kinds
 
   d = device_run
   assert d.train.mean.shape == (1, 256) and d.train[0]["cond"].shape == (256,)
@@ -159,7 +159,7 @@ def test_a_tiny_model_for_another_device_in_one_process(device_run, tmp_path):
   assert d.model.removes_values and d.model.x_embedder.kernel.shape[2] == 1 + 2  # x + 2 levels
   out = tmp_path / "eval"
   common = {"sampling.num_samples": 1, "eval.tikhonov": True, "eval.figure": False}
-  evaluate.evaluate(
+  data_kinds.evaluate(
     d.run, "simulated", str(d.data / "test"), str(out), common | {"eval.removal": 1}
   )
   r = json.loads((out / "metrics.json").read_text())

@@ -97,7 +97,7 @@ def test_the_bfloat16_sampler_keeps_float32_constants_and_finite_images(tiny_run
   images = {}
   for dtype in ("float32", "bfloat16"):
     rec = Reconstructor.from_workdir(
-      tiny_run, preset="uef2017", overrides={**over, "model.dtype": dtype}
+      tiny_run, units="uef2017", overrides={**over, "model.dtype": dtype}
     )
     images[dtype] = rec.reconstruct(ys).images
   assert np.isfinite(images["bfloat16"]).all()

@@ -18,10 +18,13 @@ from cdeit_jax.data import sources
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit import conditioning, layout, measurement
 from cdeit_jax.eit import phantom as ph
+from cdeit_jax.eit.layout import preset
 from cdeit_jax.infer import evaluate, metrics
 from cdeit_jax.model.diffusion import Diffusion
 from cdeit_jax.model.network import CDEIT
 from cdeit_jax.train import training
+
+CDEIT16 = preset("cdeit16")  # CDEIT's measuring system: 16 electrodes, 208 values
 
 REPO = pathlib.Path(__file__).parent.parent
 UEF = str(REPO / "data" / "uef2017")
@@ -44,7 +47,7 @@ def cond_and_ys(uef):
 
 @pytest.fixture(scope="module")
 def conditioner(uef):
-  c = conditioning.LinearConditioner(ALPHAS)
+  c = conditioning.LinearConditioner(ALPHAS, layout=CDEIT16)
   c.voltage_mean[...] = jnp.asarray(uef.mean.ravel())
   c.voltage_std[...] = jnp.asarray(uef.std.ravel())
   return c
@@ -61,7 +64,7 @@ def test_channels_equal_the_tikhonov_matrix(conditioner, cond_and_ys):
   got = np.asarray(conditioner.channels(cond, scaled=False))
   assert got.shape == (6, 128, 128, len(ALPHAS))
   for k, alpha in enumerate(ALPHAS):
-    want = eit.Tikhonov(alpha=alpha)(ys)
+    want = eit.Tikhonov(eit.tikhonov.layout_jacobian(CDEIT16), alpha=alpha)(ys)
     assert np.abs(got[..., k] - want).max() <= 1e-5 * np.abs(want).max()
     assert np.all(got[:, ~DISK, k] == 0)
 
@@ -82,13 +85,13 @@ def test_conditioner_follows_the_simulators_contact_impedance(conditioner, cond_
   default = np.asarray(conditioner.channels(cond, scaled=False))
   jac = tikhonov.layout_jacobian(layout.preset("cdeit16").with_contact_impedance(0.05))
   for k, alpha in enumerate(ALPHAS):
-    want = eit.Tikhonov(alpha=alpha, jac=jac)(ys)
+    want = eit.Tikhonov(jac, alpha=alpha)(ys)
     assert np.abs(got[..., k] - want).max() <= 1e-5 * np.abs(want).max()
     assert np.abs(got[..., k] - default[..., k]).max() > 1e-2 * np.abs(want).max()
 
 
 def test_forward_is_the_jacobian_inside_the_disk(conditioner):
-  j = eit.jacobian(eit.default_simulator()).reshape(208, -1).astype(np.float64)
+  j = eit.jacobian(eit.default_simulator(CDEIT16)).reshape(208, -1).astype(np.float64)
   x = np.random.default_rng(0).normal(size=(3, 128, 128)).astype(np.float32)
   want = x.reshape(3, -1) @ (j * DISK.reshape(-1)).T
   got = np.asarray(conditioner.forward(jnp.asarray(x)))
@@ -96,23 +99,27 @@ def test_forward_is_the_jacobian_inside_the_disk(conditioner):
 
 
 def test_calibrate_scales_each_channel_to_unit_std(uef):
-  c = conditioning.LinearConditioner(ALPHAS)
+  c = conditioning.LinearConditioner(ALPHAS, layout=CDEIT16)
   scale = conditioning.calibrate(c, uef, limit=10, batch=4)
   raw = np.stack([uef[i]["voltages"] for i in range(10)]).reshape(10, 208) * uef.std.reshape(
     208
   ) + uef.mean.reshape(208)
   for k, alpha in enumerate(ALPHAS):
-    std = eit.Tikhonov(alpha=alpha)(raw)[:, DISK].astype(np.float64).std()
+    std = (
+      eit.Tikhonov(eit.tikhonov.layout_jacobian(CDEIT16), alpha=alpha)(raw)[:, DISK]
+      .astype(np.float64)
+      .std()
+    )
     assert scale[k] == pytest.approx(1 / std, rel=1e-4)
   np.testing.assert_array_equal(c.voltage_std[...], uef.std.ravel())
 
 
 def test_data_consistency_step(uef, cond_and_ys):
   cond, ys = cond_and_ys
-  dc = conditioning.DataConsistency(uef.mean, uef.std, strength=1.0, alpha=0.1)
+  dc = conditioning.DataConsistency(uef.mean, uef.std, layout=CDEIT16, strength=1.0, alpha=0.1)
   # from the empty image, one full step is the one-step Tikhonov image (inside the disk)
   got = np.asarray(dc(jnp.zeros((6, 128, 128, 1)), cond))[..., 0]
-  want = eit.Tikhonov(alpha=0.1)(ys)
+  want = eit.Tikhonov(eit.tikhonov.layout_jacobian(CDEIT16), alpha=0.1)(ys)
   assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
   # an image whose linearised voltages are the measurements is a fixed point
   x = jnp.asarray(
@@ -120,12 +127,12 @@ def test_data_consistency_step(uef, cond_and_ys):
   )
   y = np.asarray(dc.op.forward(x))
   eim = measurement.eim(
-    ((y / 1.0 - uef.mean.reshape(208)) / uef.std.reshape(208)).reshape(6, 16, 13)
+    ((y / 1.0 - uef.mean.reshape(208)) / uef.std.reshape(208)).reshape(6, 16, 13), CDEIT16
   )
   fixed = np.asarray(dc(x, jnp.asarray(eim[..., None], jnp.float32)))
   assert np.abs(fixed - np.asarray(x)).max() <= 1e-3 * np.abs(np.asarray(x)).max()
   # half strength moves half way; each step shrinks the data misfit
-  half = conditioning.DataConsistency(uef.mean, uef.std, strength=0.5, alpha=0.1)
+  half = conditioning.DataConsistency(uef.mean, uef.std, layout=CDEIT16, strength=0.5, alpha=0.1)
   np.testing.assert_allclose(
     np.asarray(half(jnp.zeros((6, 128, 128, 1)), cond))[..., 0], got / 2, rtol=1e-5, atol=1e-7
   )

@@ -16,6 +16,9 @@ from conftest import FIXTURES
 from cdeit_jax import config_lib
 from cdeit_jax.data import npz_files, pipeline, sources, stats
 from cdeit_jax.eit import measurement
+from cdeit_jax.eit.layout import preset
+
+CDEIT16 = preset("cdeit16")  # CDEIT's measuring system: 16 electrodes, 208 values
 
 UEF = pathlib.Path(__file__).parent.parent / "data" / "uef2017"
 
@@ -51,7 +54,7 @@ def _loader(**over):
 
 def test_uef2017_conditioning_matches_reference():
   ref = np.load(FIXTURES / "uef2017_conditioning.npz")
-  src = sources.NpzSource(str(UEF), preset="uef2017", stats=stats.authors_stats())
+  src = sources.NpzSource(str(UEF), units="uef2017", stats=stats.authors_stats())
   assert len(src) == 22 and src.files == list(ref["files"])
   assert (src.voltage_ratio, src.current_ratio) == (
     float(ref["voltage_scale"]),
@@ -68,13 +71,13 @@ def test_uef2017_conditioning_matches_reference():
 
 def test_eim_layout_by_hand():
   v = np.arange(16 * 13, dtype=np.float32).reshape(16, 13) + 1
-  m = measurement.eim(v)
+  m = measurement.eim(v, CDEIT16)
   assert (m == 0).sum() == 48
   np.testing.assert_array_equal(m[0, 2:15], v[0])  # row 0 skips 15, 0, 1
   assert m[0, 15] == m[0, 0] == m[0, 1] == 0
   np.testing.assert_array_equal(m[5, [0, 1, 2, 3, 7]], v[5, :5])  # row 5 skips 4, 5, 6
   np.testing.assert_array_equal(m[15, 1:14], v[15])  # row 15 skips 14, 15, 0
-  np.testing.assert_array_equal(measurement.from_eim(m), v)  # and back
+  np.testing.assert_array_equal(measurement.from_eim(m, CDEIT16), v)  # and back
 
 
 def test_presets_and_custom_ratios(folder):
@@ -82,7 +85,7 @@ def test_presets_and_custom_ratios(folder):
   src = sources.NpzSource(str(folder), "mine", voltage_ratio=10.0, current_ratio=3.0)
   raw = np.load(folder / "00000.npz")["ys"].reshape(16, 13)
   np.testing.assert_allclose(src[0]["voltages"], raw / 10.0, rtol=1e-6)
-  with pytest.raises(ValueError, match="unknown data preset 'mine'"):
+  with pytest.raises(ValueError, match="unknown units 'mine'"):
     sources.NpzSource(str(folder), "mine")
 
 
@@ -108,7 +111,7 @@ def test_compute_stats_matches_numpy(folder, tmp_path):
   np.testing.assert_allclose(mean.ravel(), ys.mean(0), rtol=1e-5)
   np.testing.assert_allclose(std.ravel(), ys.std(0, ddof=1), rtol=1e-5)
   r = subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.data.stats", str(folder), "--out", str(tmp_path)],
+    [sys.executable, "-m", "cdeit_jax.tools.voltage_stats", str(folder), "--out", str(tmp_path)],
     capture_output=True,
     text=True,
     cwd=pathlib.Path(__file__).parent.parent,
@@ -147,7 +150,7 @@ def test_epoch_lands_once_across_8_devices(folder):
   assert jax.device_count() == 8
   src = sources.NpzSource(str(folder), cache=True)
   mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-  it = iter(pipeline.train_dataset(src, global_batch=8, opts=_loader()))
+  it = iter(pipeline.train_dataset(src, global_batch=8, opts=_loader(), layout=CDEIT16))
   seen = []
   for _ in range(3):  # one epoch of 24
     b = pipeline.to_global(next(it), mesh)
@@ -183,12 +186,12 @@ def test_eval_batches(folder):
 
 def test_iterator_state_restores_exactly(folder):
   src = sources.NpzSource(str(folder))
-  it = iter(pipeline.train_dataset(src, global_batch=4, opts=_loader(seed=3)))
+  it = iter(pipeline.train_dataset(src, global_batch=4, opts=_loader(seed=3), layout=CDEIT16))
   for _ in range(7):  # into the second epoch
     next(it)
   state = it.get_state()
   want = [next(it)["index"].tolist() for _ in range(5)]
-  fresh = iter(pipeline.train_dataset(src, global_batch=4, opts=_loader(seed=3)))
+  fresh = iter(pipeline.train_dataset(src, global_batch=4, opts=_loader(seed=3), layout=CDEIT16))
   fresh.set_state(json.loads(json.dumps(state)))  # the state survives JSON (checkpoints)
   assert [next(fresh)["index"].tolist() for _ in range(5)] == want
 
@@ -203,7 +206,7 @@ def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
   src = sources.NpzSource(
     str(folder), stats=(np.full((1, 16, 13), 1e-5), np.full((1, 16, 13), 2e-5))
   )
-  it = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True)))
+  it = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True), CDEIT16))
   used = set()
   for step in range(12):  # two epochs
     if step == 7:
@@ -219,13 +222,13 @@ def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
       ]
       assert len(hits) == 1
       used.add(hits[0])
-      turned = src.condition(raw[symmetry.permutation(*hits[0])])[0]
+      turned = src.condition(raw[symmetry.permutation(*hits[0], CDEIT16)])[0]
       np.testing.assert_allclose(b["cond"][r], turned, rtol=1e-5, atol=1e-6)
   assert len(used) == 8
-  fresh = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True)))
+  fresh = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True), CDEIT16))
   fresh.set_state(json.loads(json.dumps(state)))
   a = [next(fresh) for _ in range(5)]
-  it = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True)))
+  it = iter(pipeline.train_dataset(src, 4, _loader(seed=2, augment=True), CDEIT16))
   want = [next(it) for _ in range(12)][7:]
   for x, y in zip(a, want):
     np.testing.assert_array_equal(x["cond"], y["cond"])
@@ -272,8 +275,8 @@ def test_another_devices_examples_are_augmented_with_its_own_symmetries(tmp_path
 
 def test_worker_processes_give_the_same_batches(folder):
   src = sources.NpzSource(str(folder))
-  a = iter(pipeline.train_dataset(src, 4, _loader(seed=1)))
-  b = iter(pipeline.train_dataset(src, 4, _loader(seed=1, num_workers=2)))
+  a = iter(pipeline.train_dataset(src, 4, _loader(seed=1), CDEIT16))
+  b = iter(pipeline.train_dataset(src, 4, _loader(seed=1, num_workers=2), CDEIT16))
   for _ in range(4):
     x, y = next(a), next(b)
     np.testing.assert_array_equal(x["index"], y["index"])
@@ -305,7 +308,7 @@ def test_two_processes_read_disjoint_shards(folder, tmp_path):
   assert not a & b and a | b == set(range(24))  # disjoint shares covering the epoch
   # the same global batches as one process reading everything (order independent of hosts)
   src = sources.NpzSource(str(folder), stats=(np.zeros((1, 16, 13)), np.ones((1, 16, 13))))
-  one = iter(pipeline.train_dataset(src, global_batch=8, opts=_loader()))
+  one = iter(pipeline.train_dataset(src, global_batch=8, opts=_loader(), layout=CDEIT16))
   for k in range(3):
     seen = r[0]["seen"][4 * k : 4 * k + 4] + r[1]["seen"][4 * k : 4 * k + 4]
     assert next(one)["index"].tolist() == seen

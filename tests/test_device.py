@@ -205,7 +205,7 @@ def test_make_device_model_then_reconstruct_without_the_device_file(tmp_path):
   z = np.load(out / "frames.npz")
   assert z["images"].shape == (2, 128, 128) and np.isfinite(z["images"]).all()
   info = json.loads(str(z["info"]))
-  assert info["preset"].endswith(", calibrated") and info["voltage_ratio"] == pytest.approx(
+  assert info["units"].endswith(", calibrated") and info["voltage_ratio"] == pytest.approx(
     GAIN, rel=0.01
   )
   # the same frames given as the device's own file (its one frame), minus the same reference

@@ -15,6 +15,9 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import layout as lay
 from cdeit_jax.eit import measurement, tikhonov
 from cdeit_jax.eit import phantom as ph
+from cdeit_jax.eit.layout import preset
+
+CDEIT16 = preset("cdeit16")  # CDEIT's measuring system: 16 electrodes, 208 values
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +35,7 @@ def disc(cx, cy, r, sigma):
 @pytest.fixture(scope="module")
 def sim64():
   with jax.enable_x64(True):
-    yield eit.Simulator(dtype="float64")
+    yield eit.Simulator(CDEIT16, dtype="float64")
 
 
 def test_mesh_electrodes_and_area():
@@ -120,7 +123,7 @@ def test_float32_close_to_float64(sim64):
   params = disc(0.3, 0.5, 0.25, 10.0)
   with jax.enable_x64(True):
     d64 = np.asarray(sim64.phantom_voltages(params))
-  d32 = np.asarray(eit.default_simulator().phantom_voltages(params))
+  d32 = np.asarray(eit.default_simulator(CDEIT16).phantom_voltages(params))
   assert d32.dtype == np.float32
   assert rel_l2(d32, d64) < 3e-3
 
@@ -159,7 +162,7 @@ def test_adjoint_jacobian_is_autodiffs(sim64):
       _, jd = jax.jvp(f, (jnp.zeros(d.shape),), (jnp.asarray(d),))
       assert jac.dtype == np.float64 and jac.shape[0] == len(jd)
       assert rel_l2(jac.reshape(len(jac), -1) @ d.reshape(-1), jd) < 1e-9
-  assert tikhonov.jacobian(eit.default_simulator()).dtype == np.float32
+  assert tikhonov.jacobian(eit.default_simulator(CDEIT16)).dtype == np.float32
 
 
 def test_images_drive_the_same_model_as_phantoms(sim64):
@@ -249,7 +252,7 @@ def test_resistive_objects_draw_their_own_contrast_range():
 
 
 def test_noise_is_40db_on_each_vector():
-  sim = eit.default_simulator()
+  sim = eit.default_simulator(CDEIT16)
   params = np.repeat(disc(0.2, 0.2, 0.3, 10.0)[None], 64, 0)
   clean = np.asarray(sim.phantom_voltages(params[:1], max_radius=0.95))[0]
   keys = jax.random.split(jax.random.key(0), 64)
@@ -288,20 +291,20 @@ def test_turned_and_mirrored_tanks_permute_the_voltages():
   xs[(x - 0.1) ** 2 + (y + 0.6) ** 2 < 0.01] = 0.7
   dv = np.asarray(eit.simulate_voltages(np.stack([symmetry.image(xs, *g) for g in symmetry.GROUP])))
   for i, g in enumerate(symmetry.GROUP):
-    errors = {h: rel_l2(dv[0][symmetry.permutation(*h)], dv[i]) for h in symmetry.GROUP}
+    errors = {h: rel_l2(dv[0][symmetry.permutation(*h, CDEIT16)], dv[i]) for h in symmetry.GROUP}
     assert errors[g] < 0.03, (g, errors)
     assert min(e for h, e in errors.items() if h != g) > 0.5, (g, errors)
   # by hand: a quarter turn moves injection k, pair m to k + 4, m + 4; injection 0's pair 2 is
   # measurement 0, injection 4's pair 6 is measurement 4 * 13 + 4 (pairs 0, 1, 2, 6: index 3)
-  assert symmetry.permutation(1, False)[4 * 13 + 3] == 0
+  assert symmetry.permutation(1, False, CDEIT16)[4 * 13 + 3] == 0
   # the mirror (e -> -e) sends injection 0 (0 -> 1) to 15 (15 -> 0) reversed, pair (2, 3) to
   # (13, 14): injection 15 measures pairs 1..13, so pair 13 is its index 12
-  assert symmetry.permutation(0, True)[15 * 13 + 12] == 0
+  assert symmetry.permutation(0, True, CDEIT16)[15 * 13 + 12] == 0
   identity = np.arange(208)
   np.testing.assert_array_equal(
-    symmetry.permutation(0, True)[symmetry.permutation(0, True)], identity
+    symmetry.permutation(0, True, CDEIT16)[symmetry.permutation(0, True, CDEIT16)], identity
   )
-  assert sorted(symmetry.permutation(3, True)) == list(identity)
+  assert sorted(symmetry.permutation(3, True, CDEIT16)) == list(identity)
   np.testing.assert_array_equal(symmetry.image(symmetry.image(xs, 1, False), 3, False), xs)
 
 
@@ -381,10 +384,10 @@ def test_tikhonov_dual_form_equals_primal():
 
 
 def test_tikhonov_finds_a_disc():
-  sim = eit.default_simulator()
+  sim = eit.default_simulator(CDEIT16)
   params = disc(0.45, -0.3, 0.2, 10.0)
   ys = np.asarray(sim.phantom_voltages(params[None], 40.0, jax.random.split(jax.random.key(1), 1)))
-  rec = eit.default_tikhonov()(ys)[0]
+  rec = eit.default_tikhonov(CDEIT16)(ys)[0]
   target = np.asarray(ph.render_image(jnp.asarray(params, jnp.float32)))
   assert rec.shape == (128, 128) and rec[0, 0] == 0
   row, col = np.unravel_index(np.argmax(rec), rec.shape)  # conductive: a positive peak
@@ -436,10 +439,10 @@ def test_variable_cem_with_the_nominal_system_is_the_fixed_cem(sim64):
   half = np.full(16, np.deg2rad(2.0))
   with jax.enable_x64(True):
     fixed = np.asarray(sim64.cem.voltages(sigma))
-    var = eit.CEM(sim64.mesh, dtype="float64")
+    var = eit.CEM(sim64.mesh, dtype="float64", layout=CDEIT16)
     got = np.asarray(var.voltages(sigma, system_of(CENTRES, half, 0.01)))
     # 32 slots whose passive electrodes are absent (weight 0): the same 16-electrode system
-    var32 = eit.CEM(sim64.mesh, dtype="float64")
+    var32 = eit.CEM(sim64.mesh, dtype="float64", layout=CDEIT16)
     sys32 = system_of(CENTRES32, np.full(32, np.deg2rad(2.0)), 0.01)
     sys32.weights[16:] = 0
     got32 = np.asarray(var32.voltages(sigma, sys32))
@@ -455,7 +458,7 @@ def test_electrodes_anywhere_match_the_gap_model(sim64):
   centres = CENTRES + np.deg2rad(3.0 + rng.uniform(-2, 2, 16))
   half = np.deg2rad(rng.uniform(3, 10, 16)) / 2
   with jax.enable_x64(True):
-    var = eit.CEM(sim64.mesh, dtype="float64")
+    var = eit.CEM(sim64.mesh, dtype="float64", layout=CDEIT16)
     v = np.asarray(var.voltages(np.ones(sim64.mesh.num_elements), system_of(centres, half, 100.0)))
   ref = gap_model(centres, half)
   assert np.max(np.abs(v / ref - 1)) < 0.005
@@ -470,7 +473,7 @@ def test_passive_electrodes_shunt_and_keep_reciprocity(sim64):
   rng = np.random.default_rng(2)
   sigma = np.exp(0.5 * rng.standard_normal(sim64.mesh.num_elements))
   with jax.enable_x64(True):
-    var32 = eit.CEM(sim64.mesh, dtype="float64")
+    var32 = eit.CEM(sim64.mesh, dtype="float64", layout=CDEIT16)
     present = system_of(CENTRES32, np.full(32, np.deg2rad(4.0)), 0.01)
     absent = dataclasses.replace(
       present, weights=np.where(np.arange(32) < 16, present.weights, 0.0)
@@ -494,8 +497,8 @@ def test_background_and_radius_are_contact_impedance_and_gain(sim64):
   half = np.full(16, np.deg2rad(5.0))
   s, z = 2.5, 0.02
   with jax.enable_x64(True):
-    scaled = eit.CEM(sim64.mesh, dtype="float64", sigma_bg=s)
-    unit = eit.CEM(sim64.mesh, dtype="float64")
+    scaled = eit.CEM(sim64.mesh, dtype="float64", layout=CDEIT16, sigma_bg=s)
+    unit = eit.CEM(sim64.mesh, dtype="float64", layout=CDEIT16)
     a = np.asarray(scaled.voltages(s * sigma, system_of(CENTRES, half, z)))
     b = np.asarray(unit.voltages(sigma, system_of(CENTRES, half, z * s))) / s
   np.testing.assert_allclose(a, b, rtol=1e-9)
@@ -503,7 +506,7 @@ def test_background_and_radius_are_contact_impedance_and_gain(sim64):
 
 def test_system_draws_stay_in_their_ranges_and_apart():
   spec = eit.SystemSpec()
-  draws = jax.jit(jax.vmap(lambda k: eit.system.draw(k, spec, 0.01)))(
+  draws = jax.jit(jax.vmap(lambda k: eit.system.draw(k, spec, 0.01, CDEIT16)))(
     jax.random.split(jax.random.key(0), 500)
   )
   d = {k: np.asarray(v, np.float64) for k, v in dataclasses.asdict(draws).items()}
@@ -534,8 +537,8 @@ def test_drift_scales_the_target_frame_alone(sim64):
   draws stay in their range, and adding it leaves every other draw of a key as it was."""
   spec = eit.SystemSpec(drift=(0.9, 1.1))
   keys = jax.random.split(jax.random.key(1), 200)
-  with_drift = jax.vmap(lambda k: eit.system.draw(k, spec, 0.01))(keys)
-  without = jax.vmap(lambda k: eit.system.draw(k, eit.SystemSpec(), 0.01))(keys)
+  with_drift = jax.vmap(lambda k: eit.system.draw(k, spec, 0.01, CDEIT16))(keys)
+  without = jax.vmap(lambda k: eit.system.draw(k, eit.SystemSpec(), 0.01, CDEIT16))(keys)
   drift = np.asarray(with_drift.drift, np.float64)
   assert 0.9 - 1e-6 <= drift.min() and drift.max() <= 1.1 + 1e-6 and drift.std() > 0.04
   for name in ("centres", "half_widths", "weights", "gain", "snr_offset_db"):
@@ -545,7 +548,7 @@ def test_drift_scales_the_target_frame_alone(sim64):
   with jax.enable_x64(True):
     systems = jax.tree.map(lambda a: np.asarray(a[:3], np.float64), with_drift)
     ys = np.asarray(sim64.system_difference(sigma, systems))
-    cem = eit.CEM(sim64.mesh, dtype="float64")
+    cem = eit.CEM(sim64.mesh, dtype="float64", layout=CDEIT16)
     for i in range(3):
       one = jax.tree.map(lambda a: a[i], systems)
       vi = np.asarray(cem.voltages(sigma[i], one)) * one.gain

@@ -19,7 +19,7 @@ from cdeit_jax import config_lib, convert
 from cdeit_jax.common import device_memory
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.phantom import disk_mask
-from cdeit_jax.infer import evaluate, metrics, outputs, reconstructor, sampling
+from cdeit_jax.infer import data_kinds, evaluate, metrics, outputs, reconstructor, sampling
 from cdeit_jax.model.network import CDEIT
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -117,7 +117,7 @@ def fixture_run(tmp_path_factory):
 
 def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
   out = tmp_path / "out"
-  r = evaluate.evaluate(
+  r = data_kinds.evaluate(
     fixture_run,
     "uef2017",
     UEF,
@@ -183,10 +183,10 @@ def test_a_new_evaluation_replaces_every_old_output(tiny_run, tmp_path):
   a user's file of an output's name (not in the folder's manifest) stops the evaluation before
   any work and stays; non-numbers are JSON null."""
   out = tmp_path / "out"
-  evaluate.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 2})
+  data_kinds.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 2})
   before = {f: (out / f).read_bytes() for f in outputs.OUTPUTS}
   (out / "notes.txt").write_text("mine")
-  r = evaluate.evaluate(
+  r = data_kinds.evaluate(
     tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 3, "eval.figure": False}
   )
   assert not (out / "reconstructions.png").exists() and (out / "notes.txt").read_text() == "mine"
@@ -199,7 +199,7 @@ def test_a_new_evaluation_replaces_every_old_output(tiny_run, tmp_path):
   mine.mkdir()
   (mine / "metrics.csv").write_text("the user's")
   with pytest.raises(InputError, match="metrics.csv is there and was not written by cdeit-jax"):
-    evaluate.evaluate(tiny_run, "uef2017", UEF, str(mine), {"eval.max_examples": 2})
+    data_kinds.evaluate(tiny_run, "uef2017", UEF, str(mine), {"eval.max_examples": 2})
   assert os.listdir(mine) == ["metrics.csv"] and (mine / "metrics.csv").read_text() == "the user's"
 
 
@@ -208,7 +208,7 @@ def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypa
   for byte, no temporary file or staging folder is left, and the error names the output folder;
   the data folder itself is refused as --out."""
   out = tmp_path / "out"
-  evaluate.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 2})
+  data_kinds.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 2})
   before = {f: (out / f).read_bytes() for f in os.listdir(out)}
   assert sorted(before) == sorted([*outputs.OUTPUTS, outputs.MANIFEST])
 
@@ -219,11 +219,11 @@ def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypa
 
   monkeypatch.setattr(zipfile.ZipFile, "write", full)  # predictions.npz, after every array
   with pytest.raises(OSError, match=f"no space left on the device of {out}: ") as e:
-    evaluate.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 3})
+    data_kinds.evaluate(tiny_run, "uef2017", UEF, str(out), {"eval.max_examples": 3})
   assert e.value.errno == errno.ENOSPC and "\n" not in str(e.value)
   assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
   with pytest.raises(ValueError, match="is the data folder"):
-    evaluate.evaluate(tiny_run, "uef2017", UEF, UEF, {"eval.max_examples": 2})
+    data_kinds.evaluate(tiny_run, "uef2017", UEF, UEF, {"eval.max_examples": 2})
 
 
 def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_path):
@@ -242,7 +242,7 @@ def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_
   import shutil
 
   tiny_run = str(shutil.copytree(tiny_run, tmp_path / "run"))  # its own step folder to write
-  first = evaluate.evaluate(
+  first = data_kinds.evaluate(
     tiny_run,
     "simulated",
     str(sims / "test"),
@@ -258,19 +258,19 @@ def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_
   u = first["metrics"]["uncertainty"]
   assert u["scale"] == kept["scale"] and u["coverage_1std"] == pytest.approx(0.683, abs=0.01)
   np.testing.assert_allclose(z["std"][..., 0], raw_std * kept["scale"], rtol=1e-5)
-  again = evaluate.evaluate(
+  again = data_kinds.evaluate(
     tiny_run, "uef2017", UEF, str(tmp_path / "b"), {**common, "eval.max_examples": 2}
   )
   assert again["metrics"]["uncertainty"]["scale"] == kept["scale"]
   with pytest.raises(
     ValueError, match="fit_uncertainty=True fits the uncertainty scale on simulations"
   ):
-    evaluate.evaluate(
+    data_kinds.evaluate(
       tiny_run, "uef2017", UEF, str(tmp_path / "c"), {**common, "eval.fit_uncertainty": True}
     )
   (pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json").write_text("{}")
   with pytest.raises(ValueError, match="uncertainty.json: 'scale' must be a positive number"):
-    evaluate.evaluate(
+    data_kinds.evaluate(
       tiny_run, "uef2017", UEF, str(tmp_path / "d"), {**common, "eval.max_examples": 2}
     )
   (pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json").unlink()
@@ -289,7 +289,7 @@ def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):
   np.savez(d / "a.npz", ys=np.ones((208, 1)), xs=np.zeros((128, 128)))
   np.savez(d / "b.npz", ys=np.full((208, 1), 2.0), xs=np.zeros((128, 128)))
   run = lambda *a: subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.data.stats", str(d), *a],
+    [sys.executable, "-m", "cdeit_jax.tools.voltage_stats", str(d), *a],
     capture_output=True,
     text=True,
     cwd=REPO,
@@ -345,7 +345,7 @@ def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
   )
   assert r1.returncode == 0, r1.stderr[-2000:]
   assert "cdeit" in r1.stdout and "images/s" in r1.stdout
-  r8 = evaluate.evaluate(
+  r8 = data_kinds.evaluate(
     tiny_run,
     "uef2017",
     UEF,
@@ -380,7 +380,7 @@ def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
 def test_bad_inputs_are_named(tiny_run, fixture_run, tmp_path):
   def run(checkpoint=tiny_run, data="uef2017", data_path=UEF, out=str(tmp_path / "o"), **over):
     settings = {"eval.figure": False, "eval.max_examples": 2, **over}
-    return evaluate.evaluate(checkpoint, data, data_path, out, settings)
+    return data_kinds.evaluate(checkpoint, data, data_path, out, settings)
 
   with pytest.raises(ValueError, match="--data 'tank': give one of simulated, uef2017, recording"):
     run(data="tank")
@@ -536,7 +536,7 @@ def test_memory_stays_flat_as_the_test_set_grows(tiny_run, tmp_path, monkeypatch
   peaks = {}
   for n in (32, 64, 256):  # 32: the warm-up
     tracemalloc.start()
-    r = evaluate.evaluate(
+    r = data_kinds.evaluate(
       tiny_run, "uef2017", str(big), str(tmp_path / str(n)), {**settings, "eval.max_examples": n}
     )
     peaks[n] = tracemalloc.get_traced_memory()[1]

@@ -5,7 +5,10 @@ import numpy as np
 
 from cdeit_jax import eit
 from cdeit_jax.data import frame_drift
+from cdeit_jax.eit.layout import preset
 from cdeit_jax.infer.ktc_score import to_challenge_grid
+
+CDEIT16 = preset("cdeit16")  # CDEIT's measuring system: 16 electrodes, 208 values
 
 
 def _class_map():
@@ -27,7 +30,7 @@ def test_label_of_truth_inverts_the_challenge_grid():
 def test_fit_recovers_an_injected_drift():
   """A target frame measured drift * (F(1) + F(truth)) in volts of gain g: the fit gives the
   drift, a = drift, the gain, and no residual; without the drift's term it cannot fit."""
-  sim = eit.default_simulator()
+  sim = eit.default_simulator(CDEIT16)
   m = _class_map()
   xs = 2.0 * (m == 2) - 2.0 * (m == 1)
   vh = np.asarray(sim.vh, np.float64)
@@ -61,7 +64,7 @@ def test_the_command_says_bad_flags_and_folders_in_one_line(tmp_path):
     ([f"--data={tmp_path / 'none'}"], f"--data {tmp_path / 'none'}: no such folder"),
   ):
     p = subprocess.run(
-      [sys.executable, "-m", "cdeit_jax.data.frame_drift", *args],
+      [sys.executable, "-m", "cdeit_jax.tools.frame_drift", *args],
       capture_output=True,
       text=True,
       cwd=REPO,
@@ -81,7 +84,7 @@ def test_a_contrast_the_simulator_cannot_solve_is_one_line():
 
   from cdeit_jax.common.errors import InputError
 
-  sim = eit.default_simulator()
+  sim = eit.default_simulator(CDEIT16)
   m = _class_map()
   vh = np.asarray(sim.vh, np.float64)
   frame = 1500.0 * vh * 1.01

@@ -41,7 +41,9 @@ def test_cdeit16_preset_is_the_eidors_protocol_and_its_forward_model_the_fixed_o
   np.testing.assert_array_equal(c.currents, currents)
   assert mesh.spec_for(c) == mesh.MeshSpec()
   with jax.enable_x64(True):
-    a, b = fem.CEM(dtype=jnp.float64), fem.CEM(dtype=jnp.float64, layout=c)
+    m = mesh.make_mesh(mesh.MeshSpec())
+    a = fem.CEM(m, dtype=jnp.float64, layout=lay.preset("cdeit16"))
+    b = fem.CEM(m, dtype=jnp.float64, layout=c)
     sigma = 1 + 0.5 * jnp.asarray(np.random.default_rng(0).random(a.num_elements))
     np.testing.assert_array_equal(np.asarray(a.voltages(sigma)), np.asarray(b.voltages(sigma)))
 

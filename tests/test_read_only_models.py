@@ -146,7 +146,7 @@ def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path
     (
       "--out",
       m / "s.json",
-      ["-m", "cdeit_jax.infer.answer_study", f"--workdir={m}", "--ktc=x", f"--out={m / 's.json'}"],
+      ["-m", "cdeit_jax.tools.answer_study", f"--workdir={m}", "--ktc=x", f"--out={m / 's.json'}"],
     ),
     (
       "--out",
@@ -158,7 +158,7 @@ def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path
       m / "checkpoints" / "w",
       [
         "-m",
-        "cdeit_jax.checkpoints.interpolate",
+        "cdeit_jax.tools.interpolate",
         f"--workdir={m}",
         "--alpha=0.5",
         f"--out={m / 'checkpoints' / 'w'}",

@@ -17,8 +17,11 @@ from cdeit_jax import config_lib, eit, sequence
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files
 from cdeit_jax.eit import measurement
-from cdeit_jax.infer import evaluate, frames, outputs, sampling
+from cdeit_jax.eit.layout import preset
+from cdeit_jax.infer import data_kinds, frames, outputs, sampling
 from cdeit_jax.infer.reconstructor import Reconstructor
+
+CDEIT16 = preset("cdeit16")  # CDEIT's measuring system: 16 electrodes, 208 values
 
 REPO = pathlib.Path(__file__).parent.parent
 UEF = REPO / "data" / "uef2017"
@@ -36,7 +39,7 @@ def uef_ys():
 def evaluated(tiny_run, uef_ys, tmp_path_factory):
   """eval.py's predictions of those 6 cases (8 devices, 2 samples)."""
   out = tmp_path_factory.mktemp("eval")
-  evaluate.evaluate(
+  data_kinds.evaluate(
     tiny_run,
     "uef2017",
     str(UEF),
@@ -49,7 +52,7 @@ def evaluated(tiny_run, uef_ys, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rec(tiny_run):
-  return Reconstructor.from_workdir(tiny_run, preset="uef2017", overrides=SETTINGS)
+  return Reconstructor.from_workdir(tiny_run, units="uef2017", overrides=SETTINGS)
 
 
 def test_api_gives_eval_predictions_with_and_without_a_reference(rec, uef_ys, evaluated):
@@ -75,12 +78,12 @@ def test_symmetric_samples_are_the_turned_tanks_samples_turned_back(tiny_run, re
   from cdeit_jax.eit import symmetry
 
   sym = Reconstructor.from_workdir(
-    tiny_run, preset="uef2017", overrides={**SETTINGS, "sampling.symmetric": True}
+    tiny_run, units="uef2017", overrides={**SETTINGS, "sampling.symmetric": True}
   )
   got = sym.reconstruct(uef_ys[:2], num_samples=8, keep_samples=True).samples
   index = np.arange(2, dtype=np.int32)
   for k, g in enumerate(symmetry.GROUP):
-    cond = rec.condition(uef_ys[:2][:, symmetry.permutation(*g)])
+    cond = rec.condition(uef_ys[:2][:, symmetry.permutation(*g, CDEIT16)])
     want = symmetry.image_back(rec.sample_rows(cond, index, np.full(2, k, np.int32)), *g)
     np.testing.assert_allclose(got[k], want[..., 0], atol=2e-5, rtol=0)
     if k:  # a turned tank's sample is not the plain one
@@ -96,7 +99,7 @@ def test_a_stream_of_varying_batches_compiles_each_bucket_once(tiny_run, uef_ys,
   monkeypatch.setattr(
     sampling, "compile_batch", lambda *a, **k: compiled.append(a[3]) or real(*a, **k)
   )
-  r = Reconstructor.from_workdir(tiny_run, preset="uef2017", overrides={"sampling.num_samples": 1})
+  r = Reconstructor.from_workdir(tiny_run, units="uef2017", overrides={"sampling.num_samples": 1})
   assert r.buckets == [8, 16, 32, 64] and compiled == [64]
   dv = np.concatenate([uef_ys] * 6)
   at = 0
@@ -165,7 +168,7 @@ def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, eval
   flags = [
     "--workdir",
     tiny_run,
-    "--preset",
+    "--units",
     "uef2017",
     "--config.sampling.seed=3",
     "--config.sampling.num_samples=2",
@@ -317,7 +320,7 @@ def test_absolute_frames_are_told_from_difference_frames(rec, uef_ys, tmp_path):
     str(tmp_path / "absolute.npy"),
     "--out",
     str(tmp_path / "out"),
-    "--preset",
+    "--units",
     "uef2017",
   )
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -340,7 +343,7 @@ def test_the_absolute_guard_allows_for_the_models_drift():
   assert drift_allowance(config_lib.from_json({"simulator": {"seed": 0}})) == 0.0  # stored before
   names = npz_files.list_files(str(UEF))
   dv = np.stack([np.load(UEF / n)["ys"].reshape(-1) for n in names]) / 1040.856
-  vh = np.asarray(eit.default_simulator().vh, np.float64)
+  vh = np.asarray(eit.default_simulator(CDEIT16).vh, np.float64)
   drifted = 1.1 / 0.9 * (0.9 * (vh + dv) - vh)
   assert absolute_rows(drifted, vh).sum() == 5
   assert not absolute_rows(drifted, vh, 0.1).any()
@@ -361,7 +364,7 @@ def test_counts_indices_ratios_and_paths_are_checked_in_one_line(rec, uef_ys, tm
     rec.reconstruct(uef_ys[:1], first_index=2**31)
   for bad in (0.0, -2.0, float("nan"), float("inf")):
     with pytest.raises(InputError, match="voltage_ratio=.*: must be a positive number"):
-      measurement.units("uef2017", voltage_ratio=bad)
+      measurement.resolve_ratios("uef2017", voltage_ratio=bad)
   with pytest.raises(InputError, match=f"{tmp_path}: a folder; a frames file is a .npy or"):
     frames.read(str(tmp_path))
   semicolons = tmp_path / "semi.csv"
@@ -383,7 +386,7 @@ def test_counts_indices_ratios_and_paths_are_checked_in_one_line(rec, uef_ys, tm
     str(tmp_path / "f.npy"),
     "--out",
     str(inside),
-    "--preset",
+    "--units",
     "uef2017",
   )
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
@@ -394,7 +397,7 @@ def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef
   nan = uef_ys.copy()
   nan[2, 0] = np.nan
   path = _write(tmp_path / "nan.npy", nan)
-  flags = ["--workdir", tiny_run, "--preset", "uef2017", "--frames", path, "--figures=false"]
+  flags = ["--workdir", tiny_run, "--units", "uef2017", "--frames", path, "--figures=false"]
   r = _cli(*flags, "--out", str(tmp_path / "o"))
   assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
   assert f"error: {path}: rows 2 hold NaN, infinite or out-of-range" in r.stderr
@@ -443,7 +446,7 @@ def test_moving_sequence_is_the_simulators_voltages_of_its_phantoms():
 
   seq = sequence.simulate(16, snr_db=None)
   params = sequence.phantoms(16)
-  sim = eit.default_simulator()
+  sim = eit.default_simulator(CDEIT16)
   dv = np.asarray(sim.phantom_voltages(params))
   np.testing.assert_allclose(seq["frames"] - seq["reference"], dv, atol=1e-6 * np.abs(dv).max())
   assert np.abs(dv).max() > 1e-5
@@ -516,4 +519,4 @@ def test_a_model_of_another_system_has_the_same_guards_everywhere(device_run, tm
   assert "(208 values: as cdeit16" in r.stderr and not (tmp_path / "no").exists()
   words = r"uef2017 \(1_1.npz's ys\): frames must be rows of 256 .*\(208 values"
   with pytest.raises(InputError, match=words):
-    evaluate.evaluate(d.run, "uef2017", str(UEF), str(tmp_path / "e"))
+    data_kinds.evaluate(d.run, "uef2017", str(UEF), str(tmp_path / "e"))

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.infer import data_kinds, evaluate
+from cdeit_jax.eit.layout import preset
+from cdeit_jax.infer import data_kinds
+
+CDEIT16 = preset("cdeit16")  # CDEIT's measuring system: 16 electrodes, 208 values
 
 REPO = pathlib.Path(__file__).parent.parent
 UEF = REPO / "data" / "uef2017"
@@ -34,10 +37,10 @@ def uef_recording(path, n=3, reference=None, targets=True):
 def test_a_recording_scores_as_its_npz_files(tiny_run, tmp_path):
   """The same cases as one frames file with a reference frame (subtracted again in float64) and
   as the npz folder: the same images and the same CDEIT and Tikhonov scores."""
-  folder = evaluate.evaluate(tiny_run, "uef2017", str(UEF), str(tmp_path / "npz"), SETTINGS)
+  folder = data_kinds.evaluate(tiny_run, "uef2017", str(UEF), str(tmp_path / "npz"), SETTINGS)
   ref = np.random.default_rng(0).uniform(0.5, 2.0, 208)
   rec_file = uef_recording(tmp_path / "rec.npz", reference=ref)
-  got = evaluate.evaluate(
+  got = data_kinds.evaluate(
     tiny_run, "recording", rec_file, str(tmp_path / "rec"), SETTINGS, units="uef2017"
   )
   for method in ("cdeit", "tikhonov"):
@@ -60,25 +63,25 @@ def test_a_recording_is_read_in_the_models_units_and_checked(tiny_run, tmp_path)
 
   rec_file = uef_recording(tmp_path / "rec.npz")
   with pytest.raises(InputError, match="standard deviations"):
-    evaluate.evaluate(tiny_run, "recording", rec_file, str(tmp_path / "a"), SETTINGS)
+    data_kinds.evaluate(tiny_run, "recording", rec_file, str(tmp_path / "a"), SETTINGS)
   bare = uef_recording(tmp_path / "bare.npz", targets=False)
   with pytest.raises(InputError, match="bare.npz: no `targets`"):
-    evaluate.evaluate(tiny_run, "recording", bare, str(tmp_path / "b"), SETTINGS, "uef2017")
-  vh = np.asarray(eit.default_simulator().vh, np.float64) * UEF_GAIN
+    data_kinds.evaluate(tiny_run, "recording", bare, str(tmp_path / "b"), SETTINGS, "uef2017")
+  vh = np.asarray(eit.default_simulator(CDEIT16).vh, np.float64) * UEF_GAIN
   absolute = str(tmp_path / "absolute.npz")
   names = sorted(p.name for p in UEF.glob("*.npz"))[:3]
   ys = np.stack([np.load(UEF / f)["ys"].reshape(-1) for f in names])
   xs = np.stack([np.load(UEF / f)["xs"] for f in names])
   np.savez(absolute, frames=vh + ys, targets=xs)
   with pytest.raises(InputError, match="are absolute voltages"):
-    evaluate.evaluate(tiny_run, "recording", absolute, str(tmp_path / "c"), SETTINGS, "uef2017")
+    data_kinds.evaluate(tiny_run, "recording", absolute, str(tmp_path / "c"), SETTINGS, "uef2017")
   assert not (tmp_path / "c").exists()
   with pytest.raises(InputError, match="--data 'tank': give one of simulated, uef2017, recording"):
-    evaluate.evaluate(tiny_run, "tank", str(UEF), str(tmp_path / "d"), SETTINGS)
+    data_kinds.evaluate(tiny_run, "tank", str(UEF), str(tmp_path / "d"), SETTINGS)
   with pytest.raises(InputError, match="--units uef2017: --data ktc2023_challenge reads no units"):
-    evaluate.evaluate(tiny_run, "ktc2023_challenge", str(UEF), str(tmp_path / "e"), {}, "uef2017")
-  with pytest.raises(InputError, match="unknown data preset 'volts'"):
-    evaluate.evaluate(tiny_run, "uef2017", str(UEF), str(tmp_path / "f"), SETTINGS, "volts")
+    data_kinds.evaluate(tiny_run, "ktc2023_challenge", str(UEF), str(tmp_path / "e"), {}, "uef2017")
+  with pytest.raises(InputError, match="unknown units 'volts'"):
+    data_kinds.evaluate(tiny_run, "uef2017", str(UEF), str(tmp_path / "f"), SETTINGS, "volts")
 
 
 def test_kinds_and_their_units():
@@ -89,13 +92,15 @@ def test_kinds_and_their_units():
   assert data_kinds.names() == ["simulated", "uef2017", "recording", "ktc2023_challenge"]
   k = data_kinds.get("ktc2023")
   assert (k.module, k.units) == ("cdeit_jax.infer.evaluate", "ktc2023")
-  u = data_kinds.units_of(k, None, None)
-  assert (u.voltage_ratio, u.current_ratio) == (1978.0, 2.0)
-  u = data_kinds.units_of(data_kinds.get("uef2017"), None, None, voltage_ratio=1000.0)
-  assert (u.voltage_ratio, u.current_ratio) == (1000.0, 2.0)
+  cdeit16 = layout.preset("cdeit16")
+  u = k.units_of(None, cdeit16)  # a view of the model's device: its electrodes, the units' ratios
+  assert (u.name, u.gain, u.current_ratio) == ("ktc2023", 1978.0, 2.0)
+  assert u.same_system(cdeit16) and u.conductivity_factor == 2.0 / 1978.0
+  u = data_kinds.get("uef2017").units_of(None, cdeit16, voltage_ratio=1000.0)
+  assert (u.gain, u.current_ratio) == (1000.0, 2.0)
   device = layout.from_rules(16, injection="skip-2")
   calibrated = dataclasses.replace(device, gain=321.0, contact_impedance=0.01)
-  u = data_kinds.units_of(data_kinds.get("recording"), None, calibrated, current_ratio=3.0)
-  assert (u.voltage_ratio, u.current_ratio) == (321.0, 3.0)
-  u = data_kinds.units_of(data_kinds.get("recording"), None, device)
-  assert (u.name, u.voltage_ratio, u.current_ratio) == ("simulated", 1.0, 1.0)
+  u = data_kinds.get("recording").units_of(None, calibrated, current_ratio=3.0)
+  assert (u.gain, u.current_ratio) == (321.0, 3.0)
+  u = data_kinds.get("recording").units_of(None, device)
+  assert (u.name, u.gain, u.current_ratio) == ("simulated", 1.0, 1.0)

@@ -14,6 +14,9 @@ from cdeit_jax import config_lib, simulate
 from cdeit_jax.data import sources, synthetic
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit import tikhonov
+from cdeit_jax.eit.layout import preset
+
+CDEIT16 = preset("cdeit16")  # CDEIT's measuring system: 16 electrodes, 208 values
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,7 +50,9 @@ def test_layout_and_loader(small_set):
   assert ex[0]["xs"].shape == (128, 128) and ex[0]["TR"].shape == (128, 128)
   assert all(np.abs(e["xs"]).max() > 0 for e in ex)
   # TR is the default Tikhonov applied to ys
-  np.testing.assert_allclose(ex[3]["TR"], tikhonov.default_tikhonov()(ex[3]["ys"]), atol=1e-5)
+  np.testing.assert_allclose(
+    ex[3]["TR"], tikhonov.default_tikhonov(CDEIT16)(ex[3]["ys"]), atol=1e-5
+  )
   # the stats are the training split's, and the project's loader reads the folder
   mean, std = stats_lib.compute_stats(os.path.join(small_set, "train"), progress=False)
   np.testing.assert_array_equal(np.load(os.path.join(small_set, "std.npy")), std)

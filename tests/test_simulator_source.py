@@ -38,7 +38,7 @@ NOMINAL = [
 ]
 SIM = [
   "--config.data.source=simulator",
-  "--config.data.preset=simulated",
+  "--config.data.units=simulated",
   "--config.data.stats=None",
   "--config.simulator.stats_examples=8",
   "--config.simulator.valid_examples=8",
@@ -51,7 +51,7 @@ SIM = [
 def _cfg(batch_size=8, nominal=False):
   """The test config on the simulator source; `nominal`: with the fixed system, as SIM's runs."""
   cfg = config_lib.load(TEST_CONFIG)
-  cfg.data.update(source="simulator", preset="simulated", stats=None)
+  cfg.data.update(source="simulator", units="simulated", stats=None)
   cfg.batch_size = batch_size
   if nominal:
     import dataclasses

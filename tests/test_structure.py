@@ -90,14 +90,46 @@ def test_the_circle_finder_finds_a_circle():
 
 
 # The layers, lowest first: a module imports only from its own layer or lower ones. The top
-# layer is the package's own modules (the public API, the config tree, the commands).
+# layer is the package's own modules (the public API, the config tree, the commands) and tools/
+# (the secondary commands).
 LAYERS = ("common", "eit", "model", "config_lib", "data", "checkpoints", "infer", "train", "")
+TOP = ("", "tools")
 
 
 def layer(module: str) -> int:
   parts = module.split(".")
   head = parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else ""
-  return LAYERS.index(head)
+  return LAYERS.index("" if head in TOP else head)
+
+
+def test_commands_live_in_the_top_layer():
+  """No `if __name__ == "__main__":` block below the top layer: a library module is imported,
+  never run; its command, if it had one, is a thin module in tools/."""
+  below = sorted(
+    str(path.relative_to(PACKAGE))
+    for path in PACKAGE.rglob("*.py")
+    if layer(_module(path)) < len(LAYERS) - 1
+    and any(_is_main_block(n) for n in ast.parse(path.read_text()).body)
+  )
+  assert below == []
+  assert layer("cdeit_jax.tools.interpolate") == layer("cdeit_jax.reconstruct") == len(LAYERS) - 1
+
+
+def test_a_command_that_moved_names_its_new_home():
+  """`python -m cdeit_jax.data.stats` (the library module the command left) stops in one line
+  naming `python -m cdeit_jax.tools.voltage_stats` (which tests/test_data.py runs)."""
+  r = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.data.stats", "x"],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    cwd=PACKAGE.parent,
+  )
+  assert r.returncode == 2, r.stderr
+  assert r.stderr.strip().splitlines()[-1] == (
+    "error: this command is `python -m cdeit_jax.tools.voltage_stats` now (commands live in "
+    "the top layer, docs/architecture.md)"
+  )
 
 
 def test_imports_run_one_way_between_layers():
@@ -221,7 +253,7 @@ def test_old_paths_answer_lookups_without_raising():
     timeout=120,
     cwd=PACKAGE.parent,
   )
-  assert r.returncode == 2 and "python -m cdeit_jax.data.stats" in r.stderr, r.stderr
+  assert r.returncode == 2 and "python -m cdeit_jax.tools.voltage_stats" in r.stderr, r.stderr
 
 
 def test_one_forward_model_one_system_value_and_no_system_names_compared():
@@ -280,10 +312,7 @@ def test_one_table_of_named_systems():
   from cdeit_jax.eit import layout, measurement
 
   # the reference document's ratios (shared/README: UEF2017 1040.856 and 2; KTC2023 1978 and 2)
-  ratios = lambda name: (
-    measurement.units(name).voltage_ratio,
-    measurement.units(name).current_ratio,
-  )
+  ratios = measurement.resolve_ratios
   assert ratios("uef2017") == (1040.856, 2.0)
   assert ratios("ktc2023") == (1978.0, 2.0)
   assert ratios("simulated") == ratios("cdeit16") == (1.0, 1.0)

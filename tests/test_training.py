@@ -308,7 +308,7 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
     ({"optimizer.lr": -1.0}, r"config.optimizer.lr=-1.0: must be > 0"),
     ({"optimizer.schedule": "linear"}, r"config.optimizer.schedule='linear'"),
     ({"model.dtype": "float8"}, r"config.model.dtype: 'float8'"),
-    ({"data.preset": "tank"}, r"config.data.preset='tank': unknown preset"),
+    ({"data.units": "tank"}, r"config.data.units='tank': unknown units"),
     ({"steps": 0}, r"config.steps=0: must be a positive integer"),
     ({"eval_batch_size": -8}, r"config.eval_batch_size=-8: must be a positive integer"),
     ({"wandb.mode": "sometimes"}, r"config.wandb.mode='sometimes': must be 'online', 'offline'"),
@@ -634,7 +634,7 @@ def test_none_on_the_command_line_is_none():
   cfg = cfg_()
   cfg.data.stats = "None"
   config_lib.none_strings(cfg)
-  assert cfg.data.stats is None and cfg.data.preset == "uef2017"
+  assert cfg.data.stats is None and cfg.data.units == "uef2017"
 
 
 def test_a_workdir_named_by_digits_is_a_workdir_not_a_step(tmp_path, straight_run):
@@ -698,7 +698,7 @@ def test_eval_uses_the_best_intact_step(tmp_path, straight_run, caplog):
   in one line and uses the next best step that loads."""
   import shutil
 
-  from cdeit_jax.infer import evaluate
+  from cdeit_jax.infer import data_kinds
 
   wd = tmp_path / "run"
   shutil.copytree(straight_run, wd, ignore=shutil.ignore_patterns("lock"))
@@ -708,7 +708,7 @@ def test_eval_uses_the_best_intact_step(tmp_path, straight_run, caplog):
   def run(out):
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="cdeit_jax"):
-      r = evaluate.evaluate(
+      r = data_kinds.evaluate(
         str(wd),
         "uef2017",
         str(REPO / "data" / "uef2017"),

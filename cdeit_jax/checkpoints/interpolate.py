@@ -2,7 +2,7 @@
 run's weights interpolated with those it started from, (1 - alpha) start + alpha fine-tuned,
 written as a checkpoint that eval.py, `cdeit_jax.reconstruct` and `cdeit_jax.ship` read.
 
-  python -m cdeit_jax.checkpoints.interpolate --workdir runs/cdeit16_class --alpha 0.5 \\
+  python -m cdeit_jax.tools.interpolate --workdir runs/cdeit16_class --alpha 0.5 \\
       --out runs/cdeit16_wise
 
 A run fine-tuned from another (`config.init_from`) stays in its basin, so the line between the
@@ -20,14 +20,11 @@ from typing import Any
 
 import jax
 import numpy as np
-from absl import flags
 from flax import nnx
 
 from cdeit_jax.checkpoints import checkpoint, loading, shipped
-from cdeit_jax.common import fileio, logs
+from cdeit_jax.common import fileio, logs, moved_modules
 from cdeit_jax.common.errors import CdeitError, InputError
-
-FLAGS = flags.FLAGS
 
 
 def wise_ft(model: nnx.Module, meta, alpha: float) -> dict[str, Any]:
@@ -163,19 +160,4 @@ def _write(workdir: str, alpha: float, out: str, step: int | None) -> str:
     )
 
 
-def main(argv: list[str]) -> None:
-  del argv
-
-  logs.console()
-  folder = write(FLAGS.workdir, FLAGS.alpha, FLAGS.out, FLAGS.step)
-  print(f"wrote {folder}")
-
-
-if __name__ == "__main__":
-  from cdeit_jax import cli
-
-  flags.DEFINE_string("workdir", None, "the fine-tuned run (config.init_from set)", required=True)
-  flags.DEFINE_float("alpha", None, "the fine-tuned weights' share, in (0, 1]", required=True)
-  flags.DEFINE_string("out", None, "a new workdir for the interpolated checkpoint", required=True)
-  flags.DEFINE_integer("step", None, "the fine-tuned run's step (default: the best validated)")
-  cli.run(main)
+moved_modules.command_moved(__name__, "cdeit_jax.tools.interpolate")

@@ -57,6 +57,18 @@ def moved_message(old: str) -> str:
   )
 
 
+def command_moved(name: str, command: str) -> None:
+  """Called at the end of a library module whose command moved to the top layer (`command`): run
+  as `python -m` (its `name` the main module's), it stops with one line naming the command."""
+  if name == "__main__":
+    print(
+      f"error: this command is `python -m {command}` now (commands live in the top layer, "
+      "docs/architecture.md)",
+      file=sys.stderr,
+    )
+    sys.exit(2)
+
+
 class MovedModuleError(ModuleNotFoundError):
   """Importing a module of the flat layout (`moved_from`). Its `name` is not the module's, so
   that `from cdeit_jax import evaluate` reports it too (the import system passes over a missing

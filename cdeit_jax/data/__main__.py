@@ -5,7 +5,7 @@ import sys
 
 print(
   "error: cdeit_jax.data is a package of modules now; the statistics command is "
-  "`python -m cdeit_jax.data.stats` (docs/data.md)",
+  "`python -m cdeit_jax.tools.voltage_stats` (docs/data.md)",
   file=sys.stderr,
 )
 sys.exit(2)

@@ -1,8 +1,8 @@
 """The CDEIT npz file format: one example per file, `ys` (208, 1) difference voltages (another
 measuring system's: (R, 1), `config.simulator.layout`) in the measuring system's units
-(`measurement.units`) and `xs` (128, 128) the conductivity-change target, optionally `TR` and
-`xs_gn` (classical reconstructions, kept for evaluation); reading and validating a folder of
-them.
+(`measurement.resolve_ratios`) and `xs` (128, 128) the conductivity-change target, optionally
+`TR` and `xs_gn` (classical reconstructions, kept for evaluation); reading and validating a folder
+of them.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def check_folder(
       f"{listing}{more}\nFix or remove them, or skip them: "
       "--config.data.skip_bad_files=True (train.py), "
       "--config.eval.skip_bad_files=True (eval.py), --skip_bad_files "
-      "(python -m cdeit_jax.data.stats)."
+      "(python -m cdeit_jax.tools.voltage_stats)."
     )
   log.warning(
     "data folder %s: skipping %d of %d bad files:\n%s%s",

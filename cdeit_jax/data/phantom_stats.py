@@ -1,7 +1,7 @@
 """The objects of a phantom distribution beside those of real truths: counts, areas and distances
 to the wall, measured the one way (`objects` on class maps) for both.
 
-  python -m cdeit_jax.data.phantom_stats --config configs/ktc2023_model.py \\
+  python -m cdeit_jax.tools.phantom_stats --config configs/ktc2023_model.py \\
       --truths data/ktc2023/levels/level_1 [--num 2000]
 
 prints JSON: the distribution's quantiles of each figure and, for every object of the truths
@@ -13,15 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import json
 import os
 
 import numpy as np
-from absl import flags
 
+from cdeit_jax.common import moved_modules
 from cdeit_jax.eit.phantom import class_map
 
-FLAGS = flags.FLAGS
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
 
 
@@ -105,23 +103,4 @@ def compare(drawn: dict, truths: dict) -> dict:
   return out
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  from cdeit_jax import config_lib
-  from cdeit_jax.data import synthetic
-
-  cfg = config_lib.load(FLAGS.config)
-  spec = synthetic.phantom_spec(cfg.simulator)
-  drawn = summary(drawn_maps(spec, FLAGS.num, FLAGS.seed))
-  truths = summary(truth_maps(FLAGS.truths))
-  print(json.dumps({"config": FLAGS.config, "num": FLAGS.num, **compare(drawn, truths)}, indent=1))
-
-
-if __name__ == "__main__":
-  from cdeit_jax import cli
-
-  flags.DEFINE_string("config", None, "a config whose simulator draws the phantoms", required=True)
-  flags.DEFINE_string("truths", None, "a folder of trueN.mat (0/1/2 class maps)", required=True)
-  flags.DEFINE_integer("num", 2000, "phantoms drawn")
-  flags.DEFINE_integer("seed", 0, "their seed")
-  cli.run(main)
+moved_modules.command_moved(__name__, "cdeit_jax.tools.phantom_stats")

@@ -17,6 +17,7 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.npz_files import DatasetError
 from cdeit_jax.data.sources import NpzSource
 from cdeit_jax.eit import symmetry
+from cdeit_jax.eit.layout import Layout
 
 _TRAIN_KEYS = ("cond", "target", "index")
 
@@ -56,14 +57,14 @@ class _HostRows(grain.MapDataset):
 
 
 def train_dataset(
-  source: NpzSource, global_batch: int, opts: Any, layout: Any = None
+  source: NpzSource, global_batch: int, opts: Any, layout: Layout
 ) -> grain.IterDataset:
   """Shuffled (seeded, reshuffled each epoch), repeated, batched host share of the global batch.
 
   `opts` is `config.data`: `seed`, `num_threads` (reader threads per process), `prefetch`
   (batches per process), `num_workers` (grain worker processes; 0 = in-process), `augment`
   (each example turned and mirrored by one of the tank's eight symmetries of the measuring
-  system `layout`, CDEIT's by default, `cdeit_jax.eit.symmetry`; a device without them is
+  system `layout`, `cdeit_jax.eit.symmetry`; a device without them is
   refused).
 
   The example order depends only on the seed, not on the number of hosts: each host reads only

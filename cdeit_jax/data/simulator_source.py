@@ -98,10 +98,10 @@ class SimulatorData:
     checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
     stop: Callable[[], bool] | None = None,
   ):
-    if cfg.data.preset != PRESET:
+    if cfg.data.units != PRESET:
       raise InputError(
-        f"config.data.preset={cfg.data.preset!r}: the simulator source makes "
-        f"simulated data; use config.data.preset='{PRESET}'"
+        f"config.data.units={cfg.data.units!r}: the simulator source makes "
+        f"simulated data; use config.data.units='{PRESET}'"
       )
     s = cfg.simulator
     if int(s.valid_examples) < 1:
@@ -164,7 +164,8 @@ def batch_fn(
     if vector:  # cond "linear": the standardised values themselves
       cond = (ys.astype(jnp.float32) / ratio - mean) / std
     else:
-      cond, _, _ = measurement.condition(ys.astype(jnp.float32), ratio, mean, std)
+      lay = measurement.cdeit16()  # the EIM is of CDEIT's 16 x 13 values (model.network)
+      cond, _, _ = measurement.condition(ys.astype(jnp.float32), ratio, mean, std, lay)
     return {"cond": cond, "target": xs.astype(jnp.float32)[..., None]}
 
   local = jax.shard_map(rows, mesh=mesh, in_specs=P(shd.DATA), out_specs=P(shd.DATA))

@@ -16,6 +16,7 @@ from cdeit_jax.data import npz_files
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.data.npz_files import BASELINE_KEYS, DatasetError
 from cdeit_jax.eit import measurement
+from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import IMAGE_SIZE
 
 # ----------------------------------------------------------------------------- the sources
@@ -29,8 +30,8 @@ def condition(ys, voltage_ratio: float, mean, std, vector: bool = False):
   ys = np.asarray(ys, np.float32)
   if vector and ys.ndim == 2 and ys.shape[-1] == 1:
     ys = ys[:, 0]  # one example's (R, 1) as stored in the npz files
-  if not vector:
-    return measurement.condition(ys, voltage_ratio, mean, std)
+  if not vector:  # the EIM: of CDEIT's 16 x 13 values, the one system it is made for
+    return measurement.condition(ys, voltage_ratio, mean, std, measurement.cdeit16())
   scaled = ys.reshape(*ys.shape[:-1], -1) / np.float32(voltage_ratio)
   v = (scaled - np.ravel(mean)) / np.ravel(std)
   return v, v, scaled
@@ -43,13 +44,15 @@ class NpzSource:
   (16, 13) those standardised voltages, `ys` (208,) the scaled ones (ys / voltage_ratio, what
   the simulator and the linear reconstructions take), `target` (128, 128, 1), `index` and `name`;
   with `baselines=True` also the stored classical reconstructions (`TR`, `xs_gn`, NaN where a
-  file lacks them). With `cache` every file is read once, when the source opens.
+  file lacks them). With `cache` every file is read once, when the source opens. `units`: the
+  files' units, a name (`measurement.unit_names`; another with both ratios) or a device in its
+  units (`measurement.in_units`).
   """
 
   def __init__(
     self,
     path: str,
-    preset: str | measurement.Units = "simulated",
+    units: str | Layout = "simulated",
     stats: Any = None,
     *,
     voltage_ratio: float | None = None,
@@ -69,9 +72,17 @@ class NpzSource:
     self.removed = None if removed is None or not np.any(removed) else np.asarray(removed, bool)
     if self.removed is not None and not vector_cond:
       raise InputError("removing values needs the vector condition (cond 'linear')")
-    self.units = measurement.units(preset, voltage_ratio, current_ratio)
-    self.preset = self.units.name
-    self.voltage_ratio, self.current_ratio = self.units.voltage_ratio, self.units.current_ratio
+    if isinstance(units, Layout):  # a device in its units (`measurement.in_units`)
+      self.units = units.name
+      self.voltage_ratio, self.current_ratio = measurement.checked_ratios(
+        units.gain if voltage_ratio is None else voltage_ratio,
+        units.current_ratio if current_ratio is None else current_ratio,
+      )
+    else:
+      self.units = units
+      self.voltage_ratio, self.current_ratio = measurement.resolve_ratios(
+        units, voltage_ratio, current_ratio
+      )
     names = npz_files.list_files(self.path)
     npz_files.check_count(self.path, names[0], num_values)
     arrays = None
@@ -98,7 +109,7 @@ class NpzSource:
     return len(self.files)
 
   def __repr__(self) -> str:
-    return f"NpzSource({self.path!r}, preset={self.preset!r}, n={len(self)})"
+    return f"NpzSource({self.path!r}, units={self.units!r}, n={len(self)})"
 
   def condition(self, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(cond (16,16,1), standardised voltages (16,13), scaled voltages (208,)) from raw `ys`
@@ -144,7 +155,7 @@ class ArraySource:
   "simulated" preset) and label images `xs` (n, 128, 128), standardised with (mean, std). The
   simulator source's fixed sets (statistics, validation) are ArraySources."""
 
-  preset, voltage_ratio = "simulated", 1.0
+  units, voltage_ratio = "simulated", 1.0
 
   def __init__(
     self,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from cdeit_jax.common import fileio
+from cdeit_jax.common import fileio, moved_modules
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.data import npz_files
 from cdeit_jax.eit import measurement
@@ -265,13 +265,13 @@ def resolve_stats(
     return check_stats(*checkpoint_stats, source="checkpoint")
   raise MissingFile(
     f"no normalisation statistics for {split_dir}: put mean/std (.npy or .pth) in {root}, "
-    "pass stats=, or compute them with `python -m cdeit_jax.data.stats DATA/train`"
+    "pass stats=, or compute them with `python -m cdeit_jax.tools.voltage_stats DATA/train`"
   )
 
 
 def compute_stats(
   split_dir: str,
-  preset: str = "simulated",
+  units: str = "simulated",
   *,
   voltage_ratio: float | None = None,
   progress: bool = True,
@@ -282,7 +282,7 @@ def compute_stats(
   float64 (`measurement.RunningStats`; the authors' statistics, shape (1, 16, 13))."""
   from tqdm import tqdm
 
-  ratio, _ = measurement.resolve_ratios(preset, voltage_ratio, 1.0)
+  ratio, _ = measurement.resolve_ratios(units, voltage_ratio, 1.0)
   names = npz_files.check_folder(
     split_dir, npz_files.list_files(split_dir), skip_bad=skip_bad, num_values=num_values
   )
@@ -311,45 +311,4 @@ def write_stats(out: str, mean: np.ndarray, std: np.ndarray) -> None:
     fileio.atomic_write(fileio.join(out, f"{name}.npy"), save)
 
 
-def main(argv: list[str]) -> None:
-  """`python -m cdeit_jax.data.stats DATA/train [--preset P | --voltage_ratio R] [--out DIR]`:
-  mean.npy and std.npy of a training split, into its parent (where the loaders look first)
-  unless --out says otherwise."""
-  from absl import app, flags
-
-  f = flags.FLAGS
-  if len(argv) != 2:
-    raise app.UsageError("give one split folder: python -m cdeit_jax.data.stats DATA/train")
-  split = argv[1]
-  out = f.out or fileio.dirname(split)
-  fileio.writable_folder(out, "--out")
-  mean, std = compute_stats(
-    split, f.preset, voltage_ratio=f.voltage_ratio, skip_bad=f.skip_bad_files
-  )
-  write_stats(out, mean, std)
-  print(f"wrote {out}/mean.npy, {out}/std.npy from {split}: std median {np.median(std):.3e}")
-
-
-if __name__ == "__main__":  # the command (the top layer: nothing imports this block)
-  from absl import flags
-
-  from cdeit_jax import cli
-
-  flags.DEFINE_string(
-    "preset", "simulated", f"the split's units: {', '.join(measurement.unit_names())}"
-  )
-  flags.DEFINE_float(
-    "voltage_ratio", None, "measured / simulated voltage units (overrides the preset's)"
-  )
-  flags.DEFINE_string(
-    "out",
-    None,
-    "where to write mean.npy and std.npy (default: the split's "
-    "parent, where the loaders look first)",
-  )
-  flags.DEFINE_boolean(
-    "skip_bad_files",
-    False,
-    "skip unreadable or invalid files with a warning (default: stop and list them)",
-  )
-  cli.run(main)
+moved_modules.command_moved(__name__, "cdeit_jax.tools.voltage_stats")

@@ -58,13 +58,13 @@ class FileData:
     )
     train = sources.NpzSource(
       fileio.join(d.path, d.train_split),
-      d.preset,
+      d.units,
       d.stats if start_stats is None else start_stats,  # a fine-tuning's: over the folder's
       checkpoint_stats=checkpoint_stats,
       **common,
     )
     self.valid = sources.NpzSource(
-      fileio.join(d.path, d.valid_split), d.preset, (train.mean, train.std), **common
+      fileio.join(d.path, d.valid_split), d.units, (train.mean, train.std), **common
     )
     self.mean, self.std = train.mean, train.std
     self.calibration = train if checkpoint_stats is None and start_stats is None else None

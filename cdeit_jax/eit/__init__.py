@@ -3,7 +3,7 @@
   from cdeit_jax import eit
   ys = eit.simulate_voltages(xs_images)            # (B, 208) noise-free difference voltages
   ys = eit.simulate_voltages(xs_images, 40.0, jax.random.key(0))
-  rec = eit.default_tikhonov()(ys)                  # (B, 128, 128) one-step baseline
+  rec = eit.default_tikhonov(layout.preset("cdeit16"))(ys)  # (B, 128, 128) baseline
 
 Modules: spec (what is simulated: plain dataclasses, no JAX), layout (a device's electrodes,
 patterns and values, presets and device files: the one `Layout`), measurement (CDEIT's 208 values

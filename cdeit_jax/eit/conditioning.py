@@ -40,12 +40,12 @@ CALIBRATION_EXAMPLES = 1024  # training examples whose channel std sets the chan
 
 
 def linear_factors(
-  noser_exponent: float = tikhonov.NOSER_EXPONENT, lay: Layout | None = None
+  lay: Layout, noser_exponent: float = tikhonov.NOSER_EXPONENT
 ) -> dict[str, np.ndarray]:
   """U (208, 208), s (208,), B^T (208, 128*128) and W (128*128,) of the simulator's
   Jacobian of CDEIT's system with `lay`'s contact impedance (float64; zero outside the disk),
   computed once per process and system."""
-  return _linear_factors(float(noser_exponent), (lay or measurement.cdeit16()).physics)
+  return _linear_factors(float(noser_exponent), lay.physics)
 
 
 @functools.lru_cache(maxsize=4)
@@ -78,15 +78,16 @@ class LinearConditioner(nnx.Module):
     self,
     alphas,
     *,
+    layout: Layout,
     noser_exponent: float = tikhonov.NOSER_EXPONENT,
-    layout: Layout | None = None,
   ):
     if not alphas or any(not a > 0 for a in alphas):
       raise InputError(
         f"regularisation levels {tuple(alphas)!r}: give one or more numbers > 0, "
         "e.g. (0.03, 0.3) (config.model.cond_alphas)"
       )
-    f = linear_factors(float(noser_exponent), layout)
+    f = linear_factors(layout, float(noser_exponent))
+    self.layout = layout
     self.alphas = tuple(float(a) for a in alphas)
     self.rotation = Fixed(jnp.asarray(f["rotation"], jnp.float32))
     self.basis_t = Fixed(jnp.asarray(f["basis_t"], jnp.float32))
@@ -100,7 +101,7 @@ class LinearConditioner(nnx.Module):
   def voltages(self, cond: jax.Array) -> jax.Array:
     """(B, 208) voltages in simulation units (ys / voltage_ratio) read back from the EIM."""
     return measurement.voltages_from_eim(
-      cond.astype(jnp.float32), self.voltage_mean[...], self.voltage_std[...]
+      cond.astype(jnp.float32), self.voltage_mean[...], self.voltage_std[...], self.layout
     )
 
   def reconstruct(self, ys: jax.Array, filt: jax.Array) -> jax.Array:
@@ -185,10 +186,10 @@ class DataConsistency(nnx.Module):
     mean,
     std,
     *,
+    layout: Layout,
     strength: float = 1.0,
     alpha: float = 0.1,
     noser_exponent: float = tikhonov.NOSER_EXPONENT,
-    layout: Layout | None = None,
   ):
     if not strength > 0:
       raise InputError(f"data consistency strength must be > 0, got {strength}")

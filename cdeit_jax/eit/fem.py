@@ -36,7 +36,7 @@ import numpy as np
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit.layout import CURRENT, Layout
-from cdeit_jax.eit.mesh import DiskMesh, MeshSpec, make_mesh
+from cdeit_jax.eit.mesh import DiskMesh
 
 
 class Electrodes(Protocol):
@@ -96,7 +96,7 @@ def nominal_centres(lay: Layout, passive: bool = False) -> np.ndarray:
 
 
 def default_layout(mesh: DiskMesh) -> Layout:
-  """CDEIT's 16 electrodes with the mesh's electrode width (the layout of `CEM(mesh)`)."""
+  """CDEIT's 16 electrodes with the mesh's electrode width."""
   lay = layout_lib.preset("cdeit16")
   if mesh.spec.width_deg == 4.0:
     return lay
@@ -154,18 +154,20 @@ class CEM:
 
   def __init__(
     self,
-    mesh: DiskMesh | None = None,
+    mesh: DiskMesh,
     contact_impedance: float | np.ndarray | None = None,
     current: float = CURRENT,
     dtype=jnp.float32,
     support: np.ndarray | None = None,
     sigma_bg: float = 1.0,
-    layout: Layout | None = None,
+    *,
+    layout: Layout,
   ):
-    """`contact_impedance`: one value or one per electrode in place of the layout's (`z`)."""
-    self.mesh = mesh = mesh if mesh is not None else make_mesh(MeshSpec())
+    """`layout`: the measuring system on `mesh` (`default_layout(mesh)`: CDEIT's);
+    `contact_impedance`: one value or one per electrode in place of the layout's (`z`)."""
+    self.mesh = mesh
     self.dtype = _checked_dtype(dtype)
-    self.layout = layout = layout if layout is not None else default_layout(mesh)
+    self.layout = layout
     self.current, self.sigma_bg, self.support = float(current), float(sigma_bg), support
     ne = layout.num_electrodes
     if contact_impedance is None:

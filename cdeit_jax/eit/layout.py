@@ -136,6 +136,17 @@ class Layout:
       "", self.angles, float(self.width), self.currents, self.rows, contact_impedance=self.z
     )
 
+  @property
+  def conductivity_factor(self) -> float:
+    """Label units -> the device's conductivity units (its current ratio over its gain)."""
+    return float(self.current_ratio) / float(self.gain)
+
+  def in_units(self, name: str, gain: float, current_ratio: float) -> Layout:
+    """This device as data in other units are (`measurement.in_units`): the same electrodes,
+    patterns and contact impedance, named for the units, with their voltage ratio (`gain`,
+    measured / simulated volts) and current ratio."""
+    return dataclasses.replace(self, name=name, gain=gain, current_ratio=current_ratio)
+
   def with_contact_impedance(self, z: float | None) -> Layout:
     """This device with contact impedance `z` (None: itself)."""
     return self if z is None else dataclasses.replace(self, contact_impedance=float(z))
@@ -403,15 +414,12 @@ GROUP = tuple((q, m) for m in (False, True) for q in range(4))  # (quarter turns
 
 
 @functools.lru_cache(maxsize=64)
-def turn(
-  quarter_turns: int, mirrored: bool, lay: Layout | None = None
-) -> tuple[np.ndarray, np.ndarray]:
+def turn(quarter_turns: int, mirrored: bool, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
   """(index, sign) with `ys[..., index] * sign` the values of the tank mirrored (first, if
   `mirrored`) and turned clockwise by `quarter_turns` quarter turns, for `ys` in the device's
-  order (CDEIT's 16 electrodes by default). Found from the geometry: electrode e at angle a goes
+  order. Found from the geometry: electrode e at angle a goes
   to the electrode at the image of a, its patterns and pairs with it; an InputError for a device
   whose electrodes, patterns or pairs have no images among its own."""
-  lay = lay or preset("cdeit16")
   a = np.asarray(lay.angles, np.float64)
   image_of = (np.pi - a if mirrored else a) - quarter_turns * np.pi / 2
   gap = np.abs(np.angle(np.exp(1j * (image_of[:, None] - a[None, :]))))  # (E, E)

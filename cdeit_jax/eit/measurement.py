@@ -2,9 +2,9 @@
 
 - The measuring system is one value, `eit.layout.Layout` (electrodes, patterns, units, contact
   impedance); CDEIT's is the preset "cdeit16" (16 electrodes, adjacent-adjacent, 208 values).
-- `Units`: a data set's voltages are in its measuring system's units; `voltage_ratio` (measured /
-  simulated) brings them to the simulator's (a preset of `layout.PRESETS` holds its device's);
-  `units` resolves them once.
+- Units, a view of the device: a data set's voltages are in its measuring system's units; the
+  voltage ratio (measured / simulated, the `Layout`'s `gain`) brings them to the simulator's (a
+  preset of `layout.PRESETS` holds its device's); `in_units` resolves them once, as a `Layout`.
 - Standardisation with the training set's statistics (`mean`, `std`, shaped (1, 16, 13) as the
   authors'), and the electrode interaction matrix (EIM, (16, 16)) built from the standardised
   voltages (`condition`), and read back (`voltages_from_eim`): a function of any device whose
@@ -18,7 +18,6 @@ module imports neither jax nor the physics (configs read it).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -55,13 +54,12 @@ def cdeit16() -> Layout:
 
 
 @functools.lru_cache(maxsize=8)
-def eim_tables(lay: Layout | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def eim_tables(lay: Layout) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(rows, index, mask) gathering a device's values (..., patterns, per pattern) into its
   electrode interaction matrix (..., E, E): row p, column m holds pattern p's value whose
   first electrode is m, zero where none is. The EIM of a device whose patterns are its
   electrodes, each measuring as many values with distinct first electrodes (CDEIT's 16 x 13);
   an InputError for another."""
-  lay = lay or cdeit16()
   table, e = lay.pattern_table, lay.num_electrodes
   plus = lay.rows[:, 1]
   if table is None or lay.num_patterns != e or any(len(set(plus[t])) != len(t) for t in table):
@@ -80,24 +78,22 @@ def eim_tables(lay: Layout | None = None) -> tuple[np.ndarray, np.ndarray, np.nd
   return rows, index, mask
 
 
-def eim(voltages, lay: Layout | None = None):
+def eim(voltages, lay: Layout):
   """Electrode interaction matrix (..., E, E) of standardised voltages (..., patterns, per
   pattern) (`eim_tables`)."""
   rows, index, mask = eim_tables(lay)
   return voltages[..., rows, index] * mask.astype(voltages.dtype)
 
 
-def from_eim(matrix, lay: Layout | None = None):
+def from_eim(matrix, lay: Layout):
   """The voltages (..., patterns, per pattern) of an EIM (..., E, E): `eim`'s inverse."""
-  lay = lay or cdeit16()
   eim_tables(lay)  # the refusal of a device without one
   return matrix[..., np.arange(lay.num_patterns)[:, None], lay.rows[lay.pattern_table, 1]]
 
 
-def stats_shape(lay: Layout | None = None) -> tuple[int, ...]:
+def stats_shape(lay: Layout) -> tuple[int, ...]:
   """The statistics' layout: (1, patterns, values per pattern), the authors' (1, 16, 13), for a
   device with an EIM (`eim_tables`), else (1, values)."""
-  lay = lay or cdeit16()
   try:
     eim_tables(lay)
   except InputError:
@@ -111,61 +107,57 @@ STATS_SHAPE = (1, 16, 13)
 
 
 def resolve_ratios(
-  preset: str, voltage_ratio: float | None = None, current_ratio: float | None = None
+  units: str, voltage_ratio: float | None = None, current_ratio: float | None = None
 ) -> tuple[float, float]:
-  """(voltage_ratio, current_ratio) of a preset, each overridden where given."""
-  known = preset_ratios(preset) if isinstance(preset, str) else None
+  """(voltage_ratio, current_ratio) of the units `units` (`unit_names`), each overridden where
+  given; another name needs both."""
+  known = preset_ratios(units) if isinstance(units, str) else None
   if known is None and (voltage_ratio is None or current_ratio is None):
     raise InputError(
-      f"unknown data preset {preset!r}: use one of {unit_names()}, or give both "
+      f"unknown units {units!r}: use one of {unit_names()}, or give both "
       "voltage_ratio and current_ratio"
     )
   v, c = known or (None, None)
-  ratios = {
-    "voltage_ratio": voltage_ratio if voltage_ratio is not None else v,
-    "current_ratio": current_ratio if current_ratio is not None else c,
-  }
+  return checked_ratios(
+    voltage_ratio if voltage_ratio is not None else v,
+    current_ratio if current_ratio is not None else c,
+  )
+
+
+def checked_ratios(voltage_ratio, current_ratio) -> tuple[float, float]:
+  """The two ratios as floats; an InputError naming one that is not a positive number."""
+  ratios = {"voltage_ratio": voltage_ratio, "current_ratio": current_ratio}
   for name, r in ratios.items():
     if isinstance(r, bool) or not (isinstance(r, (int, float)) and 0 < r < float("inf")):
       raise InputError(
         f"{name}={r!r}: must be a positive number (measured / simulated units; a "
         "negative one would turn the images' sign)"
       )
-  return float(ratios["voltage_ratio"]), float(ratios["current_ratio"])
+  return float(voltage_ratio), float(current_ratio)
 
 
-@dataclasses.dataclass(frozen=True)
-class Units:
-  """A data set's units against the simulator's: the preset's name (or the user's own name with
-  both ratios), its voltage ratio and current ratio (measured / simulated)."""
-
-  name: str
-  voltage_ratio: float
-  current_ratio: float
-
-  @property
-  def conductivity_factor(self) -> float:
-    """Label units -> the device's conductivity units (current ratio / voltage ratio)."""
-    return self.current_ratio / self.voltage_ratio
-
-
-def units(
-  preset: str | Units = "simulated",
+def in_units(
+  device: Layout,
+  units: str | Layout,
   voltage_ratio: float | None = None,
   current_ratio: float | None = None,
-) -> Units:
-  """The `Units` of a name (`unit_names`), each ratio overridden where given; a `Units` as it
-  is."""
-  if isinstance(preset, Units):
-    if voltage_ratio is not None or current_ratio is not None:
-      raise InputError(f"units {preset.name!r} are resolved already: give ratios or Units")
-    return preset
-  return Units(preset, *resolve_ratios(preset, voltage_ratio, current_ratio))
+) -> Layout:
+  """The device `device` as data in `units` are: a units name (`unit_names`; another name with
+  both ratios) or a device already in its units (a `Layout`, e.g. a calibrated device's own),
+  each ratio overridden where given. The units are a view of the device (`Layout.in_units`): its
+  `name` the units', `gain` the voltage ratio and `current_ratio` the current's."""
+  if isinstance(units, Layout):
+    v, c = checked_ratios(
+      units.gain if voltage_ratio is None else voltage_ratio,
+      units.current_ratio if current_ratio is None else current_ratio,
+    )
+    return device.in_units(units.name, v, c)
+  return device.in_units(units, *resolve_ratios(units, voltage_ratio, current_ratio))
 
 
-def standardise(ys, voltage_ratio: float, mean, std, lay: Layout | None = None):
+def standardise(ys, voltage_ratio: float, mean, std, lay: Layout):
   """(standardised voltages (..., patterns, per pattern), scaled voltages (same)) of measured
-  `ys` (..., values[, 1]) of CDEIT's system (or `lay`'s): scaled = ys / voltage_ratio
+  `ys` (..., values[, 1]) of the device `lay`: scaled = ys / voltage_ratio
   (simulation units), then (scaled - mean) / std. Keeps the input's float type (float32
   throughout, numpy or jax)."""
   shape = stats_shape(lay)[1:]
@@ -179,14 +171,14 @@ def standardise(ys, voltage_ratio: float, mean, std, lay: Layout | None = None):
   return (scaled - mean.reshape(shape)) / std.reshape(shape), scaled
 
 
-def condition(ys, voltage_ratio: float, mean, std, lay: Layout | None = None):
+def condition(ys, voltage_ratio: float, mean, std, lay: Layout):
   """(EIM condition (..., E, E, 1), standardised voltages, scaled voltages (..., values)) of
   measured `ys`: what the network sees, and what the baselines and the statistics take."""
   v, scaled = standardise(ys, voltage_ratio, mean, std, lay)
   return eim(v, lay)[..., None], v, scaled.reshape(*scaled.shape[:-2], -1)
 
 
-def voltages_from_eim(cond, mean, std, lay: Layout | None = None):
+def voltages_from_eim(cond, mean, std, lay: Layout):
   """(..., values) voltages in simulation units (ys / voltage_ratio) read back from an EIM
   condition (..., E, E, 1) standardised with (mean, std): `condition`'s inverse."""
   v = from_eim(cond[..., 0], lay)

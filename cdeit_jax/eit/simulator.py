@@ -37,18 +37,16 @@ class Simulator:
 
   def __init__(
     self,
-    mesh_spec: MeshSpec = MeshSpec(),
-    layout: Layout | None = None,
+    layout: Layout,
+    mesh_spec: MeshSpec | None = None,
     sigma_bg: float = 1.0,
     dtype=jnp.float32,
     samples_per_edge: int = 8,
   ):
-    """`layout`: the measuring system (`eit.layout`: electrodes, patterns, contact impedance),
-    on a mesh made for its electrodes unless `mesh_spec` is given; None: CDEIT's 208 values
-    with the mesh's electrodes and the nominal contact impedance."""
-    if layout is not None and mesh_spec == MeshSpec():
-      mesh_spec = spec_for(layout)
-    self.mesh = make_mesh(mesh_spec)
+    """`layout`: the measuring system (`eit.layout`: electrodes, patterns, contact impedance;
+    `layout.preset("cdeit16")`: CDEIT's 208 values), on a mesh made for its electrodes unless
+    `mesh_spec` is given."""
+    self.mesh = make_mesh(spec_for(layout) if mesh_spec is None else mesh_spec)
     self._cem_args = dict(dtype=dtype, sigma_bg=sigma_bg, layout=layout)
     self.cem = CEM(self.mesh, **self._cem_args)
     self.layout = self.cem.layout
@@ -181,18 +179,16 @@ class Simulator:
     return self.difference(self.phantom_conductivity(params), snr_db, key, cem)
 
 
-def default_simulator(dtype: str = "float32", layout: Layout | None = None) -> Simulator:
-  """One shared instance per measuring system (default: CDEIT's) and dtype: its jitted
-  functions compile once per process. Systems that measure alike (`Layout.physics`: a device
-  and its units) share one."""
-  return _shared(str(jnp.dtype(dtype)), None if layout is None else layout.physics)
+def default_simulator(layout: Layout, dtype: str = "float32") -> Simulator:
+  """One shared instance per measuring system and dtype: its jitted functions compile once per
+  process. Systems that measure alike (`Layout.physics`: a device and its units) share one."""
+  return _shared(str(jnp.dtype(dtype)), layout.physics)
 
 
 @functools.lru_cache(maxsize=4)
-def _shared(dtype: str, physics: Layout | None) -> Simulator:
-  if physics is not None and physics == layout_lib.preset("cdeit16").physics:
-    physics = None  # CDEIT's own: the default mesh, one simulator for both spellings
-  return Simulator(dtype=dtype, layout=physics)
+def _shared(dtype: str, physics: Layout) -> Simulator:
+  cdeit16 = layout_lib.preset("cdeit16")
+  return Simulator(cdeit16 if physics == cdeit16.physics else physics, dtype=dtype)
 
 
 def simulate_voltages(
@@ -205,4 +201,4 @@ def simulate_voltages(
   xs = jnp.asarray(xs_images)
   if xs.ndim != 3 or xs.shape[1:] != (ph.IMAGE_SIZE, ph.IMAGE_SIZE):
     raise InputError(f"xs_images must be (B, {ph.IMAGE_SIZE}, {ph.IMAGE_SIZE}), got {xs.shape}")
-  return default_simulator(dtype).image_voltages(xs, snr_db, key)
+  return default_simulator(layout_lib.preset("cdeit16"), dtype).image_voltages(xs, snr_db, key)

@@ -30,13 +30,11 @@ turn = layout_lib.turn
 symmetric = layout_lib.has_symmetries
 
 
-def permutation(
-  quarter_turns: int, mirrored: bool, lay: layout_lib.Layout | None = None
-) -> np.ndarray:
+def permutation(quarter_turns: int, mirrored: bool, lay: layout_lib.Layout) -> np.ndarray:
   """`turn`'s index, for a device whose values keep their signs (CDEIT's)."""
   index, sign = turn(quarter_turns, mirrored, lay)
   if np.any(sign < 0):
-    raise InputError(f"{(lay or layout_lib.preset('cdeit16')).describe()}: use symmetry.turn")
+    raise InputError(f"{lay.describe()}: use symmetry.turn")
   return index
 
 
@@ -45,7 +43,7 @@ def _axes(xs) -> tuple[int, int]:
 
 
 def image(xs: np.ndarray, quarter_turns: int, mirrored: bool) -> np.ndarray:
-  """`xs` (..., H, W[, 1]) (numpy or jax) as `permutation(quarter_turns, mirrored)` sees its
+  """`xs` (..., H, W[, 1]) (numpy or jax) as `permutation(quarter_turns, mirrored, lay)` sees its
   tank: mirrored (columns reversed), then turned clockwise."""
   xp, axes = (np if isinstance(xs, np.ndarray) else jnp), _axes(xs)
   if mirrored:
@@ -66,11 +64,12 @@ def turn_conditions(
   """EIM conditions (B, 16, 16, 1) of CDEIT's system, standardised with (mean, std), of the
   tanks turned by `GROUP[element]` (B,): the voltages read back, permuted, standardised again
   (exact: the statistics need not be symmetric)."""
+  cdeit16 = layout_lib.preset("cdeit16")  # the EIM is of its 16 x 13 values (model.network)
   mean, std = (np.asarray(a, np.float32) for a in (mean, std))
-  table = np.stack([permutation(q, m) for q, m in GROUP])
-  v = measurement.voltages_from_eim(cond, mean, std)
+  table = np.stack([permutation(q, m, cdeit16) for q, m in GROUP])
+  v = measurement.voltages_from_eim(cond, mean, std, cdeit16)
   v = jnp.take_along_axis(v, jnp.asarray(table)[element], axis=-1)
-  return measurement.condition(v, 1.0, mean, std)[0].astype(cond.dtype)
+  return measurement.condition(v, 1.0, mean, std, cdeit16)[0].astype(cond.dtype)
 
 
 def turn_values(
@@ -98,10 +97,10 @@ def turn_back(images: jax.Array, element: jax.Array) -> jax.Array:
 class Augment:
   """grain random map: one of the eight symmetries per example (drawn from grain's per-index
   generator, so a resumed run draws the same), applied to the scaled voltages `ys` of the
-  device `lay` (CDEIT's by default) and the `target`, and the condition recomputed from the
+  device `lay` and the `target`, and the condition recomputed from the
   turned voltages by the source (`source.condition`: the EIM, or any device's values)."""
 
-  def __init__(self, source: Any, lay: layout_lib.Layout | None = None):
+  def __init__(self, source: Any, lay: layout_lib.Layout):
     self.source, self.layout = source, lay
     for q, m in GROUP:  # a device without these symmetries is refused before training
       turn(q, m, lay)

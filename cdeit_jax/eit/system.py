@@ -43,15 +43,11 @@ class DrawnSystem:
   snr_offset_db: jax.Array
   drift: jax.Array
 
-  def host(self) -> DrawnSystem:
-    """The same as host (numpy) arrays."""
-    return jax.tree.map(np.asarray, self)
 
-
-def num_electrodes(spec: SystemSpec, lay: layout_lib.Layout | None = None) -> int:
-  """Electrodes a drawn system of `spec` has for the layout (CDEIT's 16 by default): its own,
-  and as many passive ones in the gaps when `spec.passive` > 0."""
-  e = (lay or layout_lib.preset("cdeit16")).num_electrodes
+def num_electrodes(spec: SystemSpec, lay: layout_lib.Layout) -> int:
+  """Electrodes a drawn system of `spec` has for the layout: its own, and as many passive ones
+  in the gaps when `spec.passive` > 0."""
+  e = lay.num_electrodes
   return 2 * e if spec.passive > 0 else e
 
 
@@ -66,12 +62,10 @@ def draw(
   key: jax.Array,
   spec: SystemSpec,
   contact_impedance: float,
-  lay: layout_lib.Layout | None = None,
+  lay: layout_lib.Layout,
 ) -> DrawnSystem:
-  """One system of `spec` from `key` (jit/vmap-able) around the layout's electrodes (CDEIT's 16
-  by default). `contact_impedance`: the nominal value, used when `spec.contact_impedance` is
-  (0, 0)."""
-  lay = lay or layout_lib.preset("cdeit16")
+  """One system of `spec` from `key` (jit/vmap-able) around the layout's electrodes.
+  `contact_impedance`: the nominal value, used when `spec.contact_impedance` is (0, 0)."""
   e = lay.num_electrodes
   ne = num_electrodes(spec, lay)
   ks = jax.random.split(key, 10)
@@ -119,11 +113,3 @@ def draw_drift(key: jax.Array, spec: SystemSpec) -> jax.Array:
   the other draws of a key do not change with it, and so that one device (`device_seed`) still
   drifts per measurement."""
   return _log_uniform(key, spec.drift)
-
-
-def fixed(
-  spec: SystemSpec, contact_impedance: float, seed: int = 0, lay: layout_lib.Layout | None = None
-) -> DrawnSystem:
-  """One draw as host arrays: a single system (e.g. a foreign test system whose ranges are
-  points)."""
-  return draw(jax.random.key(seed), spec, contact_impedance, lay).host()

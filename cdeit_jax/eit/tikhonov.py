@@ -80,11 +80,6 @@ def jacobian(sim: Simulator) -> np.ndarray:
   return jac.reshape(len(lay.rows), ph.IMAGE_SIZE, ph.IMAGE_SIZE).astype(dtype)
 
 
-def default_jacobian() -> np.ndarray:
-  """`layout_jacobian` of CDEIT's system (the nominal contact impedance)."""
-  return layout_jacobian(layout.preset("cdeit16"))
-
-
 def layout_jacobian(lay: layout.Layout) -> np.ndarray:
   """`jacobian` (values, 128, 128) of a measuring system (`eit.layout.Layout`: its electrodes,
   patterns and contact impedance) on a mesh made for its electrodes, computed once per process
@@ -147,21 +142,19 @@ def weighted_system(jac: np.ndarray, noser_exponent: float = NOSER_EXPONENT):
 
 
 class Tikhonov:
-  """Reconstruction matrix of one simulator; call it on ys (..., R) in simulation units (R = 208
-  for CDEIT's system; any measuring system's present values with the Jacobian's rows for them:
-  missing values are left out, not zero-filled)."""
+  """Reconstruction matrix of one Jacobian `jac` (R, 128, 128) of a measuring system
+  (`layout_jacobian`, or `jacobian(sim)` on a simulator's own mesh); call it on ys (..., R) in
+  simulation units (any system's present values with the Jacobian's rows for them: missing
+  values are left out, not zero-filled)."""
 
   def __init__(
     self,
-    sim: Simulator | None = None,
+    jac: np.ndarray,
     alpha: float = DEFAULT_ALPHA,
     noser_exponent: float = NOSER_EXPONENT,
-    jac: np.ndarray | None = None,
   ):
     if not (np.isfinite(alpha) and alpha > 0):
       raise InputError(f"alpha must be a finite number > 0, got {alpha}")
-    if jac is None:
-      jac = default_jacobian() if sim is None else jacobian(sim)  # the simulator's own mesh
     self.disk, jd, w_inv, gram = weighted_system(jac, noser_exponent)
     lam = alpha * np.trace(gram) / len(gram)
     self.matrix = (w_inv[:, None] * jd.T) @ np.linalg.inv(gram + lam * np.eye(len(gram)))
@@ -206,9 +199,9 @@ def of_values(
   return _of_values[key]
 
 
-def default_tikhonov(alpha: float = DEFAULT_ALPHA, lay: layout.Layout | None = None) -> Tikhonov:
-  """The Tikhonov/NOSER reconstruction of CDEIT's system (or `lay`) from all its values."""
-  return _tikhonov((lay or layout.preset("cdeit16")).physics, float(alpha))
+def default_tikhonov(lay: layout.Layout, alpha: float = DEFAULT_ALPHA) -> Tikhonov:
+  """The Tikhonov/NOSER reconstruction of the measuring system `lay` from all its values."""
+  return _tikhonov(lay.physics, float(alpha))
 
 
 @functools.lru_cache(maxsize=4)

@@ -2,7 +2,7 @@
 level on held-out simulations (each level's electrodes removed from every example) and on the
 challenge's public cases, from one set of samples per target.
 
-  python -m cdeit_jax.infer.answer_study --workdir runs/ktc2023_model \\
+  python -m cdeit_jax.tools.answer_study --workdir runs/ktc2023_model \\
       --sims DATA/valid[,DATA_DRIFT/valid] --num 256 --ktc data/ktc2023/levels --out study.json
 
 The simulated target's truth is its label image's classes (`eit.phantom.class_map`), its
@@ -23,19 +23,15 @@ choosing among these candidates, per target or per level, could gain.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import time
 
 import numpy as np
-from absl import flags
 
-from cdeit_jax.checkpoints import shipped
-from cdeit_jax.common import fileio, logs
+from cdeit_jax.common import logs, moved_modules
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.infer.answer_rules import AnswerRule
 
-FLAGS = flags.FLAGS
 log = logs.log.getChild("answer_study")
 
 LEVELS = range(1, 8)
@@ -234,33 +230,4 @@ def _table(rows: dict, last: str, fmt: str) -> str:
   return "\n".join(lines)
 
 
-def main(argv: list[str]) -> None:
-  del argv
-  logs.console()
-  if not (FLAGS.sims or FLAGS.ktc):
-    raise InputError("give --sims, --ktc or both: the targets to score the rules on")
-  rules = [AnswerRule.parse(r, "--rules") for r in FLAGS.rules.split(",")] if FLAGS.rules else None
-  if FLAGS.out:
-    shipped.refuse_write(FLAGS.out, "--out")
-    sims = [("--sims", s) for s in (FLAGS.sims or "").split(",") if s]
-    inputs = [*sims, ("--ktc", FLAGS.ktc)]  # the workdir may hold it (not its checkpoints/)
-    fileio.refuse_own_input(FLAGS.out, "--out", inputs, writes=())
-  result = study(FLAGS.workdir, FLAGS.sims, FLAGS.num, FLAGS.ktc, rules, FLAGS.samples)
-  print(tables(result))
-  if FLAGS.out:
-    fileio.write_text(FLAGS.out, json.dumps(result, indent=1))
-
-
-if __name__ == "__main__":
-  from cdeit_jax import cli
-
-  flags.DEFINE_string("workdir", None, "a KTC2023 model (a run or a model folder)", required=True)
-  flags.DEFINE_string(
-    "sims", None, "simulated splits of the model's system, comma-separated (e.g. DATA/valid)"
-  )
-  flags.DEFINE_integer("num", 256, "simulated targets per level from each split")
-  flags.DEFINE_string("ktc", None, "the challenge's levels folder (data/ktc2023/levels)")
-  flags.DEFINE_integer("samples", 8, "samples per target")
-  flags.DEFINE_string("rules", None, "comma-separated rules instead of the default candidates")
-  flags.DEFINE_string("out", None, "write the JSON here")
-  cli.run(main)
+moved_modules.command_moved(__name__, "cdeit_jax.tools.answer_study")

@@ -11,7 +11,7 @@ unless `--units` says otherwise.
 
 A name of another named system (`measurement.unit_names`, e.g. ktc2023) is a folder of npz files
 in that system's units, as before. Each module has `run(kind, workdir, data_path, out,
-overrides, units)`; `data_kinds.run` resolves the kind once and calls it.
+overrides, units)`; `data_kinds.evaluate` resolves the kind once and calls it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,22 @@ class Kind:
   summary: str
   takes_units: bool = True
   needs_model: bool = True
+
+  def units_of(self, units: str | None, device, voltage_ratio=None, current_ratio=None):
+    """The units the data are read in, resolved once: `units` (--units), else the kind's, else
+    the model's device's own (`device`, a layout); `voltage_ratio`/`current_ratio`
+    (--config.eval.*) override either ratio."""
+    from cdeit_jax.infer import reconstructor
+
+    if units is not None and not self.takes_units:
+      raise InputError(
+        f"--units {units}: --data {self.name} reads no units (each level is calibrated from its "
+        "reference frame); leave --units out"
+      )
+    base = units if units is not None else self.units
+    if base is None:
+      base = reconstructor.device_units(device)
+    return measurement.in_units(device, base, voltage_ratio, current_ratio)
 
 
 _NPZ = "cdeit_jax.infer.evaluate"
@@ -80,47 +96,32 @@ def get(name: str) -> Kind:
   )
 
 
-def units_of(kind: Kind, units: str | None, device, voltage_ratio=None, current_ratio=None):
-  """The units the data are read in, resolved once: `units` (--units), else the kind's, else
-  the model's device's own (`device`, a layout); `voltage_ratio`/`current_ratio`
-  (--config.eval.*) override either ratio."""
-  from cdeit_jax.infer import reconstructor
-
-  if units is not None and not kind.takes_units:
-    raise InputError(
-      f"--units {units}: --data {kind.name} reads no units (each level is calibrated from its "
-      "reference frame); leave --units out"
-    )
-  base = units if units is not None else kind.units
-  if base is None:
-    base = reconstructor.device_units(device)
-  if isinstance(base, measurement.Units):
-    if voltage_ratio is None and current_ratio is None:
-      return base
-    base, voltage_ratio, current_ratio = (
-      base.name,
-      base.voltage_ratio if voltage_ratio is None else voltage_ratio,
-      base.current_ratio if current_ratio is None else current_ratio,
-    )
-  return measurement.units(base, voltage_ratio, current_ratio)
-
-
-def run(
-  name: str,
-  workdir: str | None,
+def evaluate(
+  path: str | None,
+  data_name: str,
   data_path: str,
   out: str,
   overrides: dict[str, Any] | None = None,
   units: str | None = None,
 ) -> dict[str, Any]:
-  """Evaluate the model at `workdir` (None: no model, for a kind that answers without one) on
-  `data_path` of kind `name` into `out` (metrics.json's content)."""
-  kind = get(name)
-  if workdir is None and kind.needs_model:
-    raise InputError(
-      f"--data {name}: give the model to evaluate with --workdir (a run directory); only "
-      f"{', '.join(k.name for k in KINDS.values() if not k.needs_model)} answers without one"
-    )
-  if units is not None and not kind.takes_units:
-    units_of(kind, units, None)  # the refusal, before any work
-  return importlib.import_module(kind.module).run(kind, workdir, data_path, out, overrides, units)
+  """eval.py's work: reconstruct the test data at `data_path`, of kind `data_name` (resolved
+  once here, then its module's `run`), with the checkpoint at `path` (a run: its best validated
+  step that loads, else the latest; or one `RUN/checkpoints/STEP`; None: no model, for a kind
+  that answers without one) and write every output into `out`; returns metrics.json's content.
+  `units`: the data's units (a name of `measurement.unit_names`), else the kind's.
+
+  `overrides` (dotted keys, as `--config.sampling.steps=2` gives them) change the sampling and
+  evaluation settings and the model's runtime keys of the checkpoint's config."""
+  from cdeit_jax.infer import outputs
+
+  with outputs.left_as_found(out):  # a refusal leaves no empty --out behind
+    kind = get(data_name)
+    if path is None and kind.needs_model:
+      raise InputError(
+        f"--data {data_name}: give the model to evaluate with --workdir (a run directory); "
+        f"only {', '.join(k.name for k in KINDS.values() if not k.needs_model)} answers "
+        "without one"
+      )
+    if units is not None and not kind.takes_units:
+      kind.units_of(units, None)  # the refusal, before any work
+    return importlib.import_module(kind.module).run(kind, path, data_path, out, overrides, units)

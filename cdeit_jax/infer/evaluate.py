@@ -50,29 +50,6 @@ def check_scale(src, units: str, limit: int = 8) -> None:
     )
 
 
-def evaluate(
-  path: str | None,
-  data_name: str,
-  data_path: str,
-  out: str,
-  overrides: dict[str, Any] | None = None,
-  units: str | None = None,
-) -> dict[str, Any]:
-  """Reconstruct the test data at `data_path`, of kind `data_name` (`data_kinds`: simulated,
-  uef2017, recording, ktc2023_challenge), with the checkpoint at `path` (a run: its best
-  validated step that loads, else the latest; or one `RUN/checkpoints/STEP`; None: no model,
-  the challenge's linearised answers) and write every
-  output into `out`; returns metrics.json's content. `units`: the data's units (a name of
-  `measurement.unit_names`), else the kind's.
-
-  `overrides` (dotted keys, as `--config.sampling.steps=2` gives them) change the sampling and
-  evaluation settings and the model's runtime keys of the checkpoint's config."""
-  from cdeit_jax.infer import data_kinds
-
-  with outputs.left_as_found(out):  # a refusal leaves no empty --out behind
-    return data_kinds.run(data_name, path, data_path, out, overrides, units)
-
-
 def run(
   kind, path: str, data_path: str, out: str, overrides=None, units=None, evaluator=None
 ) -> dict[str, Any]:
@@ -166,13 +143,10 @@ class Evaluator:
     from cdeit_jax.checkpoints import loading
     from cdeit_jax.data.simulator_source import vector_cond
     from cdeit_jax.eit import layout
-    from cdeit_jax.infer import data_kinds
 
     e = self.cfg.eval
     self.layout = loading.device_of(self.cfg, meta.record)
-    self.units = data_kinds.units_of(
-      self.kind, self.given_units, self.layout, e.voltage_ratio, e.current_ratio
-    )
+    self.units = self.kind.units_of(self.given_units, self.layout, e.voltage_ratio, e.current_ratio)
     sets = layout.removal_sets(self.cfg.simulator.removals)
     if not (isinstance(e.removal, int) and 0 <= e.removal < len(sets)):
       raise InputError(
@@ -226,7 +200,7 @@ class Evaluator:
         self.cfg,
         self.src.mean,
         self.src.std,
-        preset=self.units,
+        units=self.units,
         mesh=self.mesh,
         num_examples=self.n,
       )
@@ -396,7 +370,7 @@ class Evaluator:
       "data": self.data_name,
       "data_path": fileio.resolve(self.data_path),
       "units": self.units.name,
-      "voltage_ratio": self.units.voltage_ratio,
+      "voltage_ratio": self.units.gain,
       "current_ratio": self.units.current_ratio,
       "sampling_steps": s.steps,
       "eta": s.eta,

@@ -2,13 +2,13 @@
 units -> images, with a trained or imported CDEIT.
 
   from cdeit_jax import Reconstructor
-  rec = Reconstructor.from_workdir("runs/demo", preset="uef2017")
+  rec = Reconstructor.from_workdir("runs/demo", units="uef2017")
   out = rec.reconstruct(frames=v, reference=v_ref, num_samples=8)  # dv = v - v_ref
   out.images, out.std                                              # (N, 128, 128) each
 
 eval.py and `python -m cdeit_jax.reconstruct` sample through this object, so a test set's
 predictions and a stream's frames come from one conditioning (`measurement.condition` with the
-checkpoint's statistics and the preset's ratios; a model of another measuring system reads its
+checkpoint's statistics and the units' ratios; a model of another measuring system reads its
 R standardised values), one set of guards (`check_values`), one compiled sampler (`sampling`)
 and one noise rule (row r: fold_in(fold_in(key(seed), sample k), example index)).
 
@@ -145,13 +145,13 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
   return cfg
 
 
-def device_units(device: layout.Layout) -> measurement.Units | str:
-  """The units of a model's measuring system when none are given: its device's own (a preset's,
-  e.g. ktc2023's, or a calibrated device's fitted gain), else the simulator's."""
+def device_units(device: layout.Layout) -> layout.Layout:
+  """A model's measuring system in the units its data are in when none are given: its device's
+  own (a preset's, e.g. ktc2023's, or a calibrated device's fitted gain), else the simulator's."""
   if device.contact_impedance is None and device.gain == 1.0 and device.current_ratio == 1.0:
-    return measurement.SIMULATED
+    return measurement.in_units(device, measurement.SIMULATED)
   name = device.name + (", calibrated" if device.contact_impedance is not None else "")
-  return measurement.Units(name, float(device.gain), float(device.current_ratio))
+  return device.in_units(name, float(device.gain), float(device.current_ratio))
 
 
 def uncertainty_scale(path: str) -> float:
@@ -259,9 +259,10 @@ class Reconstructor:
   `config` is the model's config (`loading.model_config(meta)`, or the checkpoint's with
   overrides): `config.sampling` (steps, eta, num_samples, seed, batch_size, data consistency),
   `config.diffusion`, `config.simulator.contact_impedance`. `mean`, `std` (1, 16, 13) are the
-  statistics the model's condition is standardised with (the checkpoint's). `preset` or the
-  ratios say in which units the voltages are (`measurement.units`; neither: the model's
-  device's own, `device_units`). `uncertainty_scale`
+  statistics the model's condition is standardised with (the checkpoint's). `units` (a name
+  of `measurement.unit_names`, or a device in its units) or the ratios say in which units the
+  voltages are (`measurement.in_units`; neither: the model's device's own, `device_units`).
+  `uncertainty_scale`
   multiplies the std (`eval.py --config.eval.fit_uncertainty=True` fits it)."""
 
   checkpoint: str | None = None  # where the weights came from (from_workdir)
@@ -273,7 +274,7 @@ class Reconstructor:
     mean: np.ndarray,
     std: np.ndarray,
     *,
-    preset: str | measurement.Units | None = None,
+    units: str | layout.Layout | None = None,
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -288,11 +289,12 @@ class Reconstructor:
     self.segmenter = model.output == "classes"
     if self.segmenter:
       self.steps, self.num_samples = 0, 1
-    if preset is None and voltage_ratio is None and current_ratio is None:
-      preset = device_units(model.layout)
-    self.units = measurement.units(preset or "simulated", voltage_ratio, current_ratio)
-    self.preset = self.units.name
-    self.voltage_ratio, self.current_ratio = self.units.voltage_ratio, self.units.current_ratio
+    if units is None and voltage_ratio is None and current_ratio is None:
+      units = device_units(model.layout)
+    self.units = measurement.in_units(
+      model.layout, units or measurement.SIMULATED, voltage_ratio, current_ratio
+    )
+    self.voltage_ratio, self.current_ratio = self.units.gain, self.units.current_ratio
     self.mean, self.std = stats_lib.check_stats(
       np.asarray(mean), np.asarray(std), source="the statistics"
     )
@@ -368,7 +370,7 @@ class Reconstructor:
     cls,
     path: str,
     *,
-    preset: str | measurement.Units | None = None,
+    units: str | layout.Layout | None = None,
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     overrides: dict[str, Any] | None = None,
@@ -387,7 +389,7 @@ class Reconstructor:
         skipped,
         cfg,
         overrides,
-        preset=preset,
+        units=units,
         voltage_ratio=voltage_ratio,
         current_ratio=current_ratio,
         mesh=mesh,
@@ -402,7 +404,7 @@ class Reconstructor:
     cfg: ml_collections.ConfigDict,
     overrides: dict[str, Any],
     *,
-    preset: str | measurement.Units | None = None,
+    units: str | layout.Layout | None = None,
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -416,7 +418,7 @@ class Reconstructor:
       cfg,
       loaded.meta.mean,
       loaded.meta.std,
-      preset=preset,
+      units=units,
       voltage_ratio=voltage_ratio,
       current_ratio=current_ratio,
       mesh=mesh,
@@ -511,7 +513,7 @@ class Reconstructor:
   # --------------------------------------------------------------------------- the API
 
   def condition(self, dv: np.ndarray) -> np.ndarray:
-    """The model's conditions of difference voltages (N, R) in the device's units (`preset` or
+    """The model's conditions of difference voltages (N, R) in the device's units (`units` or
     the ratios): the EIM (N, 16, 16, 1) of CDEIT's 208 voltages, or another system's
     standardised values (N, R), NaN where missing."""
     return self._condition(_float32(dv) / np.float32(self.voltage_ratio))
@@ -521,7 +523,7 @@ class Reconstructor:
     values = _float32(values)
     if self.vector:
       return sources.condition(values, 1.0, self.mean, self.std, vector=True)[0]
-    return measurement.condition(values, 1.0, self.mean, self.std)[0]
+    return measurement.condition(values, 1.0, self.mean, self.std, self.layout)[0]
 
   def difference(
     self,
@@ -593,7 +595,7 @@ class Reconstructor:
     """The rows of `dv` (N, R), in the device's units, that can be imaged (indices):
     `check_values` of them in simulation units."""
     values = np.asarray(dv) / self.voltage_ratio
-    return self.check_values(values, where, skip_bad, self.preset, first_row)
+    return self.check_values(values, where, skip_bad, self.units.name, first_row)
 
   def check_values(
     self,
@@ -647,8 +649,8 @@ class Reconstructor:
     typical = np.nanmedian(np.abs(z), axis=1)
     far = ok[~(typical < FAR_OFF)]
     other_units = (
-      f"preset {units!r} (voltage ratio {self.voltage_ratio:g}) says; give the device's "
-      "preset (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
+      f"units {units!r} (voltage ratio {self.voltage_ratio:g}) say; give the device's "
+      "units (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
       "difference voltages (frames minus a reference frame) if these are absolute"
       if units
       else "simulation units (a device's values divided by its calibrated gain)"
@@ -692,7 +694,7 @@ class Reconstructor:
     progress: Callable[[int], None] | None = None,
   ) -> Reconstruction:
     """Images of difference voltages `voltages` (N, R) or (R,), or of `frames` (N, R) minus a
-    `reference` frame (R,), in the device's units (`preset` or the ratios), values in the
+    `reference` frame (R,), in the device's units (`units` or the ratios), values in the
     measuring system's order (CDEIT's 208, or the model's system's R, NaN where a removal set
     of the model leaves a value out). Frame i's noise is that of example `first_index + i`
     (eval.py's example index), so the same voltages and seed give eval.py's predictions.
@@ -700,7 +702,7 @@ class Reconstructor:
     batches."""
     dv = self.difference(voltages, frames=frames, reference=reference)
     values = dv / np.float32(self.voltage_ratio)
-    self.check_values(values, "voltages", units=self.preset)
+    self.check_values(values, "voltages", units=self.units.name)
     return self._sample(self._condition(values), num_samples, first_index, keep_samples, progress)
 
   def reconstruct_values(
@@ -766,7 +768,7 @@ class Reconstructor:
 
   def __repr__(self) -> str:
     return (
-      f"Reconstructor({self.checkpoint or 'model'}, preset={self.preset!r}, "
+      f"Reconstructor({self.checkpoint or 'model'}, units={self.units.name!r}, "
       f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.buckets})"
     )
 

@@ -17,7 +17,7 @@ import numpy as np
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
-from cdeit_jax.eit import measurement
+from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import IMAGE_SIZE
 from cdeit_jax.infer import evaluate, frames
 from cdeit_jax.infer.reconstructor import listed
@@ -35,7 +35,7 @@ class RecordingSource(sources.ArraySource):
     self,
     path: str,
     system,
-    units: measurement.Units,
+    units: Layout,
     mean: np.ndarray,
     std: np.ndarray,
     removed: np.ndarray,
@@ -67,7 +67,7 @@ class RecordingSource(sources.ArraySource):
         "one set and its --config.eval.removal"
       )
     super().__init__(dv, targets, mean, std, name=fileio.resolve(path), vector_cond=vector_cond)
-    self.units, self.preset, self.voltage_ratio = units, units.name, units.voltage_ratio
+    self.units, self.voltage_ratio = units.name, units.gain
     self.dv = self._ys
     self.files = [f"frame_{i:05d}" for i in range(len(dv))]
 
