@@ -17,7 +17,7 @@ from cdeit_jax.checkpoints.checkpoint import CHECKPOINTS, FORMAT_V1, WEIGHT_ITEM
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.common.variables import Fixed
-from cdeit_jax.model import network
+from cdeit_jax.model import network, output_kinds
 from cdeit_jax.model.network import CDEIT
 
 _WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
@@ -271,7 +271,7 @@ def _condition_channels(start: ml_collections.ConfigDict, cfg: ml_collections.Co
     return None
   if (was.get("cond"), now.get("cond")) != ("eim+linear", "linear"):
     return None
-  image = 1 if now.get("output", "image") == "image" else 0
+  image = output_kinds.of(now.get("output", "image")).noisy_channels(1)
   levels = len(now.get("cond_alphas") or ())
   return np.asarray([*range(image), *range(image + 1, image + 1 + levels)])
 

@@ -27,6 +27,7 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.ktc2023 import Case
 from cdeit_jax.eit import calibration, tikhonov
 from cdeit_jax.infer import answer_rules, ktc_score, outputs
+from cdeit_jax.model import output_kinds
 
 METRICS = "metrics.json"
 log = logs.log.getChild("challenge")
@@ -314,7 +315,7 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
     check_model(device, conditioning.removed_values(device, removals), cases)
     e = cfg.eval
     rule = answer_rules.AnswerRule.parse(e.answer_rule)
-    rule.check_model(cfg.model.get("output", "image") == "classes")
+    rule.check_model(output_kinds.of(cfg.model.get("output", "image")).gives_classes)
     fits = calibrate(cases)
     rec = reconstructor.Reconstructor.from_run(run, meta, skipped, cfg, overrides)
     outputs.check_out(out, data_path, run.workdir, output_names(cases))

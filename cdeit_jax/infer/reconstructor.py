@@ -286,7 +286,7 @@ class Reconstructor:
     self.steps, self.eta = int(s.steps), float(s.eta)
     self.num_samples, self.seed = int(s.num_samples), int(s.seed)
     # a segmenter (config.model.output "classes") answers in one deterministic pass
-    self.segmenter = model.output == "classes"
+    self.segmenter = model.output_kind.one_pass
     if self.segmenter:
       self.steps, self.num_samples = 0, 1
     if units is None and voltage_ratio is None and current_ratio is None:

@@ -19,7 +19,6 @@ from cdeit_jax.common import device_memory as dm
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import symmetry
-from cdeit_jax.model import classes
 from cdeit_jax.model.diffusion import Diffusion
 
 log = logs.log.getChild("eval")
@@ -52,19 +51,21 @@ def make_sampler(
       weights, correction = weights
       correct = nnx.merge(correction_graphdef, correction)
     model = nnx.merge(graphdef, weights)
-    if model.output == "classes":  # a segmenter: its class probabilities, one pass, no noise
-      return classes.probabilities(model, cond)
-    keys = jax.vmap(lambda k, i: jax.random.fold_in(jax.random.fold_in(key, k), i))(sample, index)
-    if symmetric_stats is not None:
-      element = sample % len(symmetry.GROUP)
-      if symmetric_layout is None:
-        cond = symmetry.turn_conditions(cond, element, *symmetric_stats)
-      else:
-        cond = symmetry.turn_values(cond, element, *symmetric_stats, symmetric_layout)
-    images = diffusion.sample_fn(
-      model, cond, steps=steps, eta=eta, key=keys, shape=shape, correct=correct
-    )
-    return images if symmetric_stats is None else symmetry.turn_back(images, element)
+
+    def draw(model, cond):  # the diffusion sampler (a segmenter's one pass does not call it)
+      keys = jax.vmap(lambda k, i: jax.random.fold_in(jax.random.fold_in(key, k), i))(sample, index)
+      if symmetric_stats is not None:
+        element = sample % len(symmetry.GROUP)
+        if symmetric_layout is None:
+          cond = symmetry.turn_conditions(cond, element, *symmetric_stats)
+        else:
+          cond = symmetry.turn_values(cond, element, *symmetric_stats, symmetric_layout)
+      images = diffusion.sample_fn(
+        model, cond, steps=steps, eta=eta, key=keys, shape=shape, correct=correct
+      )
+      return images if symmetric_stats is None else symmetry.turn_back(images, element)
+
+    return model.output_kind.sample(model, cond, draw)
 
   b = shd.batch_sharded(mesh)
   return jax.jit(

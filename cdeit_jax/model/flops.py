@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.model import output_kinds
 
 
 def forward_flops(
@@ -67,7 +68,8 @@ def forward_flops(
     g = cond_grid  # bilinear upsampling to the image, one axis after the other
     total += 2 * levels * (image_size * g * g + image_size * image_size * g)
     eim = 0
-  image, out = (in_channels, in_channels) if output == "image" else (0, 3)  # a segmenter's
+  kind = output_kinds.of(output)
+  image, out = kind.noisy_channels(in_channels), kind.out_channels(in_channels)
   total += 2 * grid**2 * (patch_size**2 * (image + eim + levels)) * c  # patch embedding
   total += 2 * freq_dim * c + 2 * c * c  # timestep MLP
   total += 4 * block(grid**2, window**2)  # swinIn1/2, swinOut1/2

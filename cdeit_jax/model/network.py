@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.model import attention
+from cdeit_jax.model import attention, output_kinds
 
 Array = jax.Array
 DType = Any
@@ -30,7 +30,6 @@ DType = Any
 COND_MODES = ("eim", "eim+linear", "linear")
 # what the network outputs: "image", the denoiser's clean image x0 (diffusion); "classes", the
 # logits of KTC2023's 3 classes per pixel from the condition alone (a segmenter: `segment`)
-OUTPUTS = ("image", "classes")
 VALUES = "linear"  # the condition of a model of any measuring system: its values (B, R)
 
 
@@ -349,13 +348,7 @@ def cond_shape(kw: dict) -> tuple[int, ...]:
 
 
 def _check_output(output: str, cond: str) -> None:
-  if output not in OUTPUTS:
-    raise InputError(f"output {output!r} must be one of {OUTPUTS} (config.model.output)")
-  if output == "classes" and cond == "eim":
-    raise InputError(
-      'output "classes" reads the condition alone: give it the linear reconstructions '
-      '(config.model.cond "eim+linear" or "linear")'
-    )
+  output_kinds.of(output).check(cond)
 
 
 def _conditioner(cond: str, alphas, layout, removals, grid):
@@ -448,6 +441,7 @@ class CDEIT(nnx.Module):
       )
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
     self.cond_mode, self.output = cond, output
+    self.output_kind = output_kinds.of(output)  # what it outputs, as one value
     dtype = jnp.dtype(dtype)
     from cdeit_jax.eit import layout as layout_lib
 
@@ -471,7 +465,7 @@ class CDEIT(nnx.Module):
 
     sincos_axis_table(dim, grid)  # checks hidden_size now, not at the first call
     # Patch embedding: the conv is initialised like a Linear over (kh, kw, in) -> out.
-    image_channels = in_channels if output == "image" else 0  # a segmenter has no noisy image
+    image_channels = self.output_kind.noisy_channels(in_channels)
     self.x_embedder = nnx.Conv(
       image_channels + eim_channels + extra,
       dim,
@@ -497,9 +491,7 @@ class CDEIT(nnx.Module):
     self.mid = block()
     self.ups = nnx.List([Up(dim, *args, attention_impl, chunk) for _ in range(num_scales)])
     self.swinOut1, self.swinOut2 = block(window), block(window)
-    from cdeit_jax.eit.phantom import NUM_CLASSES
-
-    self.out_channels = in_channels if output == "image" else NUM_CLASSES
+    self.out_channels = self.output_kind.out_channels(in_channels)
     self.final_layer = FinalLayer(dim, patch_size, self.out_channels, dtype, rngs)
 
   def pos_embed(self) -> Array:
@@ -539,7 +531,7 @@ class CDEIT(nnx.Module):
 
   def __call__(self, x: Array, t: Array, cond: Array) -> Array:
     """The denoiser: (B, H, W, in_channels) x0 from the noisy image x at timesteps t."""
-    if self.output != "image":
+    if not self.output_kind.noisy_channels(self.in_channels):
       raise InputError(f"this network outputs {self.output!r}, not images: call segment(cond)")
     size = self.image_size
     if x.shape[1:] != (size, size, self.in_channels):
@@ -549,7 +541,7 @@ class CDEIT(nnx.Module):
   def segment(self, cond: Array) -> Array:
     """The segmenter (`output="classes"`): (B, H, W, 3) float32 logits of water, resistive and
     conductive per pixel from the condition alone (the trunk's timestep is 0)."""
-    if self.output != "classes":
+    if not self.output_kind.gives_classes:
       raise InputError(f"this network outputs {self.output!r}, not classes: call it (x, t, cond)")
     t = jnp.zeros((cond.shape[0],), jnp.int32)
     return self._forward([], t, cond, jnp.float32)

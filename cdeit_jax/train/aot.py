@@ -23,7 +23,7 @@ from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import measurement
 from cdeit_jax.infer import sampling
-from cdeit_jax.model import flops, network
+from cdeit_jax.model import flops, network, output_kinds
 from cdeit_jax.train import memory_fit, training
 
 GIB = dm.GIB
@@ -96,7 +96,7 @@ def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dic
 
   m = setup.model_kwargs
   shape = (m["image_size"], m["image_size"], m["in_channels"])
-  steps = 1 if m.get("output", "image") == "classes" else cfg.sampling.steps
+  steps = output_kinds.of(m.get("output", "image")).sampler_steps(cfg.sampling.steps)
   graphdef, weights = nnx.split(nnx.eval_shape(lambda: CDEIT(**m, rngs=nnx.Rngs(0))))
   stats = (
     np.zeros(measurement.STATS_SHAPE, np.float32),

@@ -26,7 +26,6 @@ from jax.sharding import PartitionSpec as P
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.common.variables import Fixed
-from cdeit_jax.model import classes
 from cdeit_jax.model.diffusion import Diffusion
 from cdeit_jax.model.network import CDEIT
 
@@ -137,9 +136,7 @@ def make_train_step(
 
   def loss_fn(params, constants, mb):
     model = nnx.merge(graphdef, params, constants)
-    if model.output == "classes":  # a segmenter: cross-entropy on the classes, no noise
-      return classes.loss(model, mb["target"], mb["cond"])
-    return diffusion.loss(model, mb["target"], mb["t"], mb["cond"], mb["noise"])
+    return model.output_kind.loss(model, diffusion, mb["target"], mb["t"], mb["cond"], mb["noise"])
 
   grad_fn = jax.value_and_grad(loss_fn)
 
@@ -205,12 +202,10 @@ def make_eval_step(graphdef: nnx.GraphDef, diffusion: Diffusion):
 
   def eval_step(params, constants, batch, key):
     model = nnx.merge(graphdef, params, constants)
-    if model.output == "classes":
-      err = classes.per_example_loss(model, batch["target"], batch["cond"])
-    else:
-      t, noise = _draws(key, batch["target"], diffusion.num_steps)
-      pred = model(diffusion.q_sample(batch["target"], t, noise), t, batch["cond"])
-      err = jnp.mean(jnp.abs(pred - batch["target"]).reshape(pred.shape[0], -1), axis=1)
+    t, noise = _draws(key, batch["target"], diffusion.num_steps)
+    err = model.output_kind.per_example_loss(
+      model, diffusion, batch["target"], t, batch["cond"], noise
+    )
     return jnp.sum(err * batch["mask"]), jnp.sum(batch["mask"])
 
   return eval_step
