@@ -126,6 +126,7 @@ def _main(argv, stack: contextlib.ExitStack):
         cfg,
         overrides,
         units=FLAGS.units,
+        device=system,
         voltage_ratio=FLAGS.voltage_ratio,
         current_ratio=FLAGS.current_ratio,
       )

@@ -121,11 +121,10 @@ class Generator:
   def reconstruct(self, ys: np.ndarray) -> np.ndarray:
     if self.tikhonov is None:
       from cdeit_jax import config_lib
-      from cdeit_jax.data import synthetic
       from cdeit_jax.eit import tikhonov
 
       alpha = self.sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA
-      device = config_lib.measuring_system(self.sim, synthetic.layout_of(self.sim))
+      device = config_lib.measuring_system(self.sim)
       self.tikhonov = tikhonov.of_values(device, None, alpha)
     return self.tikhonov(ys)
 
@@ -218,13 +217,13 @@ def generate(
   if counts.get("train", 0) >= 2 and (
     new_train or not fileio.path(fileio.join(out, "std.npy")).exists()
   ):
+    from cdeit_jax import config_lib
     from cdeit_jax.data import stats as stats_lib
-    from cdeit_jax.data import synthetic
 
     mean, std = stats_lib.compute_stats(
       fileio.join(out, "train"),
       progress=False,
-      num_values=synthetic.layout_of(sim).num_values,
+      num_values=config_lib.measuring_system(sim).num_values,
     )
     stats_lib.write_stats(out, mean, std)
   return {

@@ -28,7 +28,6 @@ def device_of(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None
   model of `cfg` reads: the one its checkpoint keeps (`meta["device"]`, arrays: the device file
   may move or change after training), else the config's (`config.simulator.layout` for a model
   of any system, a preset or a device file; CDEIT's 208 voltages for the EIM)."""
-  from cdeit_jax.data import synthetic
   from cdeit_jax.eit import layout
 
   if meta is not None and isinstance(meta.get("device"), dict):
@@ -39,7 +38,7 @@ def device_of(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None
   if not network.reads_values(cfg.model.get("cond", "eim")):
     return config_lib.measuring_system(cfg.simulator, layout.preset("cdeit16"))
   try:
-    return config_lib.measuring_system(cfg.simulator, synthetic.layout_of(cfg.simulator))
+    return config_lib.measuring_system(cfg.simulator)
   except MissingFile as e:
     if meta is None:
       raise
@@ -114,10 +113,12 @@ def load_weights(
   sharding: jax.sharding.Sharding | None = None,
   mngr=None,
   dtype: str | None = None,
+  device: Any = None,
   **runtime: Any,
 ) -> CDEIT:
   """The model of a step whose metadata `meta` is read already, with one weight set loaded
-  (`load`); `mngr`: the workdir's open CheckpointManager, if the caller holds one."""
+  (`load`); `mngr`: the workdir's open CheckpointManager, if the caller holds one; `device`: the
+  measuring system the command resolved already (`device_of`), else resolved here."""
   if weights not in WEIGHT_ITEMS:
     raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
   step = int(meta["step"])
@@ -137,7 +138,7 @@ def load_weights(
       cfg.model[k] = v
   if sharding is None:
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  device = device_of(cfg, meta)
+  device = device if device is not None else device_of(cfg, meta)
   model = nnx.eval_shape(lambda: build(cfg, layout=device))
   if meta["format"] == FORMAT_V1:
     return _load_v1(model, workdir, step, weights, sharding, mngr)

@@ -115,16 +115,24 @@ class Run:
     sharding: jax.sharding.Sharding | None = None,
     start: int | None = None,
     passed: dict[int, str] | None = None,
+    device: Any = None,
     **runtime: Any,
   ) -> Loaded:
     """The model of the first candidate from `start` on whose metadata and `weights` load
     completely (`runtime`: the model's runtime keys, as `loading.load_weights` takes them);
-    `passed`: steps passed over before, kept in the result's `skipped`."""
+    `passed`: steps passed over before, kept in the result's `skipped`; `device`: the measuring
+    system the command resolved (one run, one system)."""
 
     def load(step: int) -> tuple[nnx.Module, Meta]:
       meta = self.meta(step)
       return loading.load_weights(
-        self.workdir, meta.record, weights=weights, sharding=sharding, mngr=self._mngr, **runtime
+        self.workdir,
+        meta.record,
+        weights=weights,
+        sharding=sharding,
+        mngr=self._mngr,
+        device=device,
+        **runtime,
       ), meta
 
     step, (model, meta), skipped = checkpoint.first_intact(

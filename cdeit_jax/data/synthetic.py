@@ -78,8 +78,12 @@ def system_spec(sim: ml_collections.ConfigDict):
 def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
   """What determines the examples, every default spelled out (simulate.json), so that a folder
   never extends with other defaults (of a later version) than it was made with."""
-  from cdeit_jax.eit import tikhonov
+  from cdeit_jax.eit import layout, tikhonov
 
+  # the system as its preset or device file names it (the file's own contact impedance: the
+  # record is the file's, whatever the config's)
+  device = layout.resolve(_layout_name(sim))
+  cdeit16 = device.signature == layout.preset("cdeit16").signature
   return {
     "format": FORMAT_VERSION,
     "seed": int(sim.seed),
@@ -90,9 +94,7 @@ def settings_json(sim: ml_collections.ConfigDict) -> dict[str, Any]:
     "tikhonov_alpha": float(sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA),
     # another measuring system than CDEIT's (recorded only then: older folders stay valid), with
     # its electrodes and patterns as arrays (a device file changed since is not the folder's)
-    **(
-      {} if _is_cdeit16(sim) else {"layout": _layout_name(sim), "device": layout_of(sim).record()}
-    ),
+    **({} if cdeit16 else {"layout": _layout_name(sim), "device": device.record()}),
   }
 
 
@@ -117,21 +119,8 @@ def _system_json(spec) -> dict[str, Any]:
   return record
 
 
-def _is_cdeit16(sim: ml_collections.ConfigDict) -> bool:
-  from cdeit_jax.eit import layout
-
-  return layout_of(sim).signature == layout.preset("cdeit16").signature
-
-
 def _layout_name(sim: ml_collections.ConfigDict) -> str:
   return str(sim.get("layout") or "cdeit16")
-
-
-def layout_of(sim: ml_collections.ConfigDict):
-  """The measuring system (`eit.layout.Layout`) of `config.simulator`."""
-  from cdeit_jax.eit import layout
-
-  return layout.resolve(_layout_name(sim))
 
 
 def example_key(seed: int, split: str | jax.Array, index: jax.Array) -> jax.Array:
@@ -152,7 +141,7 @@ class Generator:
     self.snr_db = None if sim.snr_db is None else float(sim.snr_db)
     self.spec = phantom_spec(sim)
     self.system = system_spec(sim)
-    self.layout = config_lib.measuring_system(sim, layout_of(sim))
+    self.layout = config_lib.measuring_system(sim)
     # one simulator per measuring system, shared in the process (compiled once)
     self.sim = eit.default_simulator(layout=self.layout)
     # Built now, outside any trace: built first inside shard_map they would carry its mesh.

@@ -11,6 +11,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from cdeit_jax import config_lib
 from cdeit_jax.common import fileio
 from cdeit_jax.data import pipeline, sources
 
@@ -44,10 +45,9 @@ class FileData:
     start_stats: tuple[np.ndarray, np.ndarray] | None = None,
   ):
     d = cfg.data
-    from cdeit_jax.data import synthetic
     from cdeit_jax.data.simulator_source import vector_cond
 
-    device = synthetic.layout_of(cfg.simulator)  # the measuring system, resolved once
+    device = config_lib.measuring_system(cfg.simulator)  # the measuring system, resolved once
     common = dict(
       voltage_ratio=d.voltage_ratio,
       current_ratio=d.current_ratio,

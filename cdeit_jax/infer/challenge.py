@@ -317,7 +317,7 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
     rule = answer_rules.AnswerRule.parse(e.answer_rule)
     rule.check_model(output_kinds.of(cfg.model.get("output", "image")).gives_classes)
     fits = calibrate(cases)
-    rec = reconstructor.Reconstructor.from_run(run, meta, skipped, cfg, overrides)
+    rec = reconstructor.Reconstructor.from_run(run, meta, skipped, cfg, overrides, device=device)
     outputs.check_out(out, data_path, run.workdir, output_names(cases))
   t1 = time.perf_counter()
   r = model_samples(rec, cases, fits)

@@ -92,7 +92,9 @@ class Evaluator:
       self._check_request(run.workdir)
       self._open_data(meta)
       self.mesh = shd.make_mesh()
-      loaded = reconstructor.load(run, meta, skipped, self.cfg, self.overrides, self.mesh)
+      loaded = reconstructor.load(
+        run, meta, skipped, self.cfg, self.overrides, self.mesh, self.layout
+      )
     self.meta, self.workdir = loaded.meta, run.workdir
     self.calibration = reconstructor.calibration_file(run, loaded.meta.step)
     self._check_statistics(loaded.model)

@@ -195,15 +195,18 @@ def load(
   cfg: ml_collections.ConfigDict,
   overrides: dict[str, Any],
   mesh: jax.sharding.Mesh,
+  device: layout.Layout | None = None,
 ) -> reader.Loaded:
   """The model of the first candidate from `meta`'s step on whose weights load, replicated over
-  `mesh`, with the model's runtime overrides; logs the steps passed over."""
+  `mesh`, with the model's runtime overrides; logs the steps passed over. `device`: the
+  measuring system the command resolved (`loading.device_of`), else resolved from `meta`."""
   runtime = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
   loaded = run.load(
     weights=cfg.eval.weights,
     sharding=shd.replicated(mesh),
     start=meta.step,
     passed=skipped,
+    device=device,
     **runtime,
   )
   for bad, reason in loaded.skipped.items():
@@ -408,11 +411,12 @@ class Reconstructor:
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    device: layout.Layout | None = None,
   ) -> Reconstructor:
     """`from_workdir` of an open run whose candidate `meta` and config `cfg` are chosen
     already (`choose`: a command may read the model's system before loading it)."""
     mesh = mesh if mesh is not None else shd.make_mesh()
-    loaded = load(run, meta, skipped, cfg, overrides, mesh)
+    loaded = load(run, meta, skipped, cfg, overrides, mesh, device)
     rec = cls(
       loaded.model,
       cfg,
