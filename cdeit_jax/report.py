@@ -84,10 +84,9 @@ def uncertainty_note(u: dict) -> str:
 def figure(folder: str, out: str, rows: int = 6) -> None:
   """A compact figure of an evaluation's first `rows` images: ground truth | CDEIT | std (with
   several samples) | the built-in Tikhonov of the same voltages (scaled as in the metrics)."""
-  import ml_collections
   import numpy as np
 
-  from cdeit_jax import eit
+  from cdeit_jax import config_lib, eit
   from cdeit_jax.checkpoints import loading
   from cdeit_jax.data import npz_files
   from cdeit_jax.infer import metrics, outputs
@@ -101,7 +100,7 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
     )
     / s["voltage_ratio"]
   )
-  device = loading.device_of(ml_collections.ConfigDict(s["config"]))  # the model's system
+  device = loading.device_of(config_lib.from_json(s["config"]))  # the model's system
   tik = np.stack([metrics.scale_baseline(b) for b in eit.default_tikhonov(device)(ys)])
   std = z["std"][:rows] if "std" in z else None
   fileio.atomic_write(

@@ -497,3 +497,13 @@ def wandb_offline_runs(root) -> list[dict]:
         run["summary"].update({key(i): json.loads(i.value_json) for i in r.summary.update})
     runs.append(run)
   return runs
+
+
+def device_arrays(layout):
+  """The currents and one Mpat column per measured pair of a layout that measures the same
+  pairs under every pattern."""
+  pairs = layout.rows[layout.rows[:, 0] == 0][:, 1:]
+  mpat = np.zeros((layout.num_electrodes, len(pairs)))
+  mpat[pairs[:, 0], np.arange(len(pairs))] = 1
+  mpat[pairs[:, 1], np.arange(len(pairs))] = -1
+  return 2e-3 * layout.currents, mpat

@@ -5,20 +5,24 @@ before --out is made, and a frame stored as one column per pattern gives the sam
 device is a 16-electrode skip-2 system in KTC's keys (`conftest.challenge_folder`), so that
 every case runs in seconds."""
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.io
-from conftest import REPO, SKIP2, challenge_folder
+from conftest import REPO, SKIP2, challenge_folder, device_arrays
 
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import layout as lay
-from cdeit_jax.infer import challenge
+from cdeit_jax.infer import challenge, ktc_score
 
+LEVELS = REPO / "data" / "ktc2023" / "levels"
 LAYOUT = lay.from_rules(16, **SKIP2)
 
 
@@ -205,3 +209,104 @@ def test_a_models_answers_keep_the_data_and_refuse_what_cannot_be(device_run, le
     with pytest.raises(InputError, match=words) as e:
       challenge.evaluate(device_run.run, level, str(tmp_path / "never"), common)
     assert "\n" not in str(e.value) and not (tmp_path / "never").exists()
+
+
+@pytest.mark.slow  # the 2,356-row Jacobian: ~45 s; the same command on a 16-electrode device
+# runs by default (test_a_skip_2_device_through_the_challenge_command)
+def test_challenge_command_writes_answers_that_beat_all_water(tmp_path):
+  """eval.py --data ktc2023_challenge without a model on two of the public levels:
+  OUT/level_K/N.mat answers of 0/1/2 on the 256 x 256 grid, metrics.json with the challenge
+  scores, the linearised reconstruction far ahead of the all-water floor at both levels
+  (measured: 3.31 and 2.15 of 4 against 1.06) and images the right way round (a turned answer
+  scores less)."""
+  data = tmp_path / "levels"
+  for k in (1, 7):
+    shutil.copytree(LEVELS / f"level_{k}", data / f"level_{k}")
+  out = tmp_path / "out"
+  p = subprocess.run(
+    [sys.executable, "eval.py", "--data=ktc2023_challenge", f"--data_path={data}", f"--out={out}"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=600,
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "| tikhonov |" in p.stdout and "| water |" in p.stdout, p.stdout
+  r = json.loads((out / "metrics.json").read_text())
+  tik, water = r["metrics"]["tikhonov"], r["metrics"]["water"]
+  for level in ("level_1", "level_7"):
+    assert tik["ktc_score_per_level"][level] > water["ktc_score_per_level"][level] + 0.8
+  assert tik["ktc_score_per_level"]["level_1"] > 3.0
+  answer = scipy.io.loadmat(out / "level_1" / "1.mat")["reconstruction"]
+  assert answer.shape == (256, 256) and set(np.unique(answer)) <= {0, 1, 2}
+  truth = scipy.io.loadmat(LEVELS / "level_1" / "true1.mat")["truth"]
+  score = ktc_score.score(truth, answer)
+  assert score == pytest.approx(tik["ktc_score_per_target"]["level_1/1"])
+  assert score > max(ktc_score.score(truth, np.rot90(answer, k)) for k in (1, 2, 3))
+  assert score > ktc_score.score(truth, answer[::-1])
+  assert not list(out.glob(".staging*"))
+
+
+@pytest.mark.slow  # 17 s; tests/test_any_system.py runs a skip-2 device through eval.py's
+# challenge path by default
+def test_a_skip_2_device_through_the_challenge_command(tmp_path):
+  """A 16-electrode skip-2 device that measures on its current-carrying electrodes, numbered
+  counter-clockwise, with its own units (gain 500): its absolute frames simulated for a
+  conductive and a resistive disc, written as the challenge's files (KTC's keys; level 2 with
+  electrode 3 removed), go through eval.py without a model: the linearised answers find
+  both discs where they are, far ahead of all water, also with the electrode removed."""
+  from cdeit_jax.eit import simulator
+
+  layout = lay.from_rules(16, injection="skip-2", measure_injecting=True, clockwise=False)
+  sim = simulator.Simulator(layout=layout.with_contact_impedance(0.05))
+  yy, xx = (np.mgrid[:128, :128] - 63.5) / 64  # rows grow with +y (the simulator's grid)
+  xs = np.zeros((128, 128), np.float32)
+  xs[(xx - 0.35) ** 2 + (yy - 0.3) ** 2 < 0.25**2] = 1.0  # conductive, upper right
+  xs[(xx + 0.4) ** 2 + (yy + 0.2) ** 2 < 0.25**2] = -1.0  # resistive, lower left
+  volts = lambda sigma: 500.0 * np.asarray(sim.cem.voltages(sigma), np.float64)
+  ref = volts(jnp.ones(sim.mesh.num_elements))
+  target = volts(sim.image_conductivity(jnp.asarray(xs)))
+  target *= 1 + 1e-3 * np.random.default_rng(4).standard_normal(target.shape)
+  classes = np.where(xs > 0, 2, np.where(xs < 0, 1, 0)).astype(np.uint8)
+  truth = ktc_score.to_challenge_grid(classes)
+  inj, mpat = device_arrays(layout)
+  gone = layout.without([3])
+  for level, removed in ((1, np.zeros_like(gone)), (2, gone)):
+    folder = tmp_path / "levels" / f"level_{level}"
+    folder.mkdir(parents=True)
+    scipy.io.savemat(folder / "ref.mat", {"Injref": inj, "Mpat": mpat, "Uelref": ref[:, None]})
+    frame = np.where(removed, np.nan, target)[:, None]
+    scipy.io.savemat(folder / "data1.mat", {"Inj": inj, "Mpat": mpat, "Uel": frame})
+    scipy.io.savemat(folder / "true1.mat", {"truth": truth})
+  out = tmp_path / "out"
+  p = subprocess.run(
+    [
+      sys.executable,
+      "eval.py",
+      "--data=ktc2023_challenge",
+      f"--data_path={tmp_path / 'levels'}",
+      f"--out={out}",
+    ],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=600,
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert "16 electrodes, 16 patterns, 256 values" in p.stderr
+  assert re.search(r"gain 49\d\.\d+ .*contact impedance 0\.05\d* ", p.stderr), p.stderr
+  r = json.loads((out / "metrics.json").read_text())["metrics"]
+  for level in ("level_1", "level_2"):
+    tik, water = (r[m]["ktc_score_per_level"][level] for m in ("tikhonov", "water"))
+    assert tik > 0.6 and tik > water + 0.4, (level, tik, water)
+  answer = scipy.io.loadmat(out / "level_2" / "1.mat")["reconstruction"]
+  assert answer.shape == (256, 256) and answer[60, 180] == 2 and answer[170, 60] == 1
+  missing = [f"--data_path={tmp_path / 'nothing'}", f"--out={tmp_path / 'out2'}"]
+  p = subprocess.run(
+    [sys.executable, "eval.py", "--data=ktc2023_challenge", *missing],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert p.returncode == 1 and p.stderr.count("error:") == 1 and "no such folder" in p.stderr
+  assert not (tmp_path / "out2").exists()  # a refused input leaves no empty --out

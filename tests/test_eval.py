@@ -1,4 +1,5 @@
-"""eval.py: metrics against independent implementations, outputs, determinism, bad inputs."""
+"""eval.py (infer.evaluate through data_kinds.evaluate): outputs, determinism, bad inputs,
+memory. (The metrics: test_metrics.py.)"""
 
 import errno
 import json
@@ -18,88 +19,11 @@ from flax import nnx
 from cdeit_jax import config_lib, convert
 from cdeit_jax.common import device_memory
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit.phantom import disk_mask
 from cdeit_jax.infer import data_kinds, evaluate, metrics, outputs, reconstructor, sampling
 from cdeit_jax.model.network import CDEIT
 
 REPO = pathlib.Path(__file__).parent.parent
 UEF = str(REPO / "data" / "uef2017")
-
-
-# ----------------------------------------------------------------------------- metrics
-
-
-@pytest.fixture(scope="module")
-def pair():
-  rng = np.random.default_rng(0)
-  gt = np.zeros((128, 128))
-  gt[30:60, 40:80] = 1.0
-  gt[80:100, 20:50] = -1.0
-  pred = np.clip(gt * 0.7 + rng.normal(0, 0.2, gt.shape), -1, 1)
-  return pred, gt
-
-
-def test_rmse_psnr_pearson_by_hand(pair):
-  pred, gt = pair
-  assert metrics.rmse(pred, gt) == pytest.approx(np.sqrt(((pred - gt) ** 2).mean()), rel=1e-12)
-  p01, g01 = pred / 2 + 0.5, gt / 2 + 0.5
-  want = 10 * np.log10(g01.max() ** 2 / (((g01 - p01) ** 2).mean() + 1e-12))
-  assert metrics.psnr(pred, gt) == pytest.approx(want, rel=1e-12)
-  assert metrics.pearson(pred, gt) == pytest.approx(
-    np.corrcoef(pred.ravel(), gt.ravel())[0, 1], rel=1e-10
-  )
-  assert np.isnan(metrics.pearson(pred, np.zeros_like(gt)))
-  stack_p, stack_g = np.stack([pred, gt]), np.stack([gt, gt])
-  overall, rows = metrics.summary(stack_p, stack_g)
-  assert overall["rmse"] == pytest.approx(np.sqrt(((stack_p - stack_g) ** 2).mean()))
-  assert overall["psnr"] == pytest.approx((rows[0]["psnr"] + rows[1]["psnr"]) / 2)
-  assert rows[1]["ssim"] == pytest.approx(1.0) and rows[1]["cc"] == pytest.approx(1.0)
-
-
-def test_ssim_matches_scikit_image(pair):
-  skm = pytest.importorskip("skimage.metrics")
-  pred, gt = pair
-  want = skm.structural_similarity(
-    gt / 2 + 0.5,
-    pred / 2 + 0.5,
-    data_range=1.0,
-    gaussian_weights=True,
-    sigma=1.5,
-    use_sample_covariance=False,
-  )
-  assert metrics.ssim(pred, gt) == pytest.approx(want, abs=1e-10)
-
-
-def test_uncertainty_coverage_and_scale_by_hand():
-  """Errors drawn from N(0, (2 s)^2) with a stated std s: 1 s covers P(|N| <= 1/2) = 38.3 %,
-  2 s covers 68.3 %; the fitted scale is 2 and with it the coverage is a Gaussian's."""
-  rng = np.random.default_rng(0)
-  gt = np.zeros((40, 128, 128))
-  std = rng.uniform(0.05, 0.2, gt.shape)
-  pred = gt + 2 * std * rng.standard_normal(gt.shape)
-  u = metrics.uncertainty(pred, std, gt)
-  assert u["coverage_1std"] == pytest.approx(0.383, abs=0.005)
-  assert u["coverage_2std"] == pytest.approx(0.683, abs=0.005)
-  scale = metrics.fit_uncertainty_scale(pred, std, gt)
-  assert scale == pytest.approx(2.0, rel=0.01)
-  c = metrics.uncertainty(pred, std, gt, scale)
-  assert c["coverage_1std"] == pytest.approx(0.683, abs=0.002)
-  assert c["coverage_2std"] == pytest.approx(0.954, abs=0.005)
-  assert c["raw_coverage_1std"] == u["coverage_1std"]
-  # an image's mean std that tracks its error: correlation near 1; unrelated: near 0
-  per = rng.uniform(0.05, 0.3, (40, 1, 1))
-  tracks = metrics.uncertainty(
-    gt + per * rng.standard_normal(gt.shape), np.broadcast_to(per, gt.shape), gt
-  )
-  assert tracks["std_error_cc"] > 0.99
-  assert abs(metrics.uncertainty(pred, np.broadcast_to(per, gt.shape), gt)["std_error_cc"]) < 0.4
-
-
-def test_baseline_scaling_and_disk_mask():
-  b = np.array([[0.5, -2.0], [1.0, 0.0]])
-  np.testing.assert_allclose(metrics.scale_baseline(b), b / 2.0)
-  m = disk_mask(128)
-  assert m[64, 64] and m[0, 64] and not m[0, 0] and m.mean() == pytest.approx(np.pi / 4, abs=0.01)
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -280,30 +204,6 @@ def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_
 def test_sampler_settings_out_of_range_are_named(key, value):
   with pytest.raises(ValueError, match=f"--config.{key}={value!r}: must be in \\[0, 1\\]"):
     reconstructor.settings({"model": {}}, {key: value})
-
-
-def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):
-  d = tmp_path / "train"
-  d.mkdir()
-  (d / "junk.npz").write_bytes(b"not a zip")
-  np.savez(d / "a.npz", ys=np.ones((208, 1)), xs=np.zeros((128, 128)))
-  np.savez(d / "b.npz", ys=np.full((208, 1), 2.0), xs=np.zeros((128, 128)))
-  run = lambda *a: subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.tools.voltage_stats", str(d), *a],
-    capture_output=True,
-    text=True,
-    cwd=REPO,
-  )
-  r = run()
-  assert r.returncode == 1 and "Traceback" not in r.stderr
-  assert "junk.npz: not a readable npz" in r.stderr and "--skip_bad_files" in r.stderr
-  r = run("--skip_bad_files", "--out", str(tmp_path / "stats"))
-  assert r.returncode == 0, r.stderr
-  np.testing.assert_allclose(np.load(tmp_path / "stats" / "mean.npy"), 1.5)
-  (tmp_path / "a_file").write_text("")
-  r = run("--skip_bad_files", "--out", str(tmp_path / "a_file" / "stats"))
-  assert r.returncode == 1 and "Traceback" not in r.stderr
-  assert f"--out {tmp_path / 'a_file' / 'stats'}: cannot write there" in r.stderr
 
 
 def _eval_cli(*args, devices=None):

@@ -1,7 +1,7 @@
-"""Any EIT system: the measuring-system object from rules, presets and device files, its forward
-model, its calibration from a reference frame, and KTC2023 end to end (files, score, answers)."""
+"""Any EIT system (eit.layout): the measuring-system object from rules, presets and device files,
+KTC2023's and UEF's files, and its forward model. (KTC2023's score: test_ktc_score.py; the
+challenge command: test_challenge.py.)"""
 
-import json
 import pathlib
 import re
 import shutil
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import scipy.io
 import scipy.signal
+from conftest import device_arrays
 
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import fem, mesh
 from cdeit_jax.eit import layout as lay
-from cdeit_jax.infer import ktc_score
 
 REPO = pathlib.Path(__file__).parent.parent
 LEVELS = REPO / "data" / "ktc2023" / "levels"
@@ -135,23 +135,13 @@ def test_rules_take_any_integer_and_refuse_what_is_not_a_ring():
   assert ktc.without(mask).sum() == ktc.without([0, 1, 5]).sum() > 0
 
 
-def _device_arrays(layout):
-  """The currents and one Mpat column per measured pair of a layout that measures the same
-  pairs under every pattern."""
-  pairs = layout.rows[layout.rows[:, 0] == 0][:, 1:]
-  mpat = np.zeros((layout.num_electrodes, len(pairs)))
-  mpat[pairs[:, 0], np.arange(len(pairs))] = 1
-  mpat[pairs[:, 1], np.arange(len(pairs))] = -1
-  return 2e-3 * layout.currents, mpat
-
-
 @pytest.mark.parametrize("suffix", [".mat", ".npz"])
 def test_a_device_file_reads_the_same_in_both_key_conventions(tmp_path, suffix):
   """A 16-electrode skip-2 device measuring on every adjacent pair: its file with KTC's keys
   (values pattern by pattern in one column) and with UEF's (one column per pattern) give the
   rule's layout and the values in the rule's order."""
   rule = lay.from_rules(16, injection="skip-2", measure_injecting=True)
-  inj, mpat = _device_arrays(rule)
+  inj, mpat = device_arrays(rule)
   values = 1000.0 * rule.rows[:, 0] + np.arange(rule.num_values) % 16  # pattern, then pair
   ktc = {"Inj": inj, "Mpat": mpat, "Uel": values[:, None]}
   uef = {"CurrentPattern": inj, "MeasPattern": mpat, "Uel": values.reshape(16, 16).T}
@@ -169,7 +159,7 @@ def test_a_device_file_reads_the_same_in_both_key_conventions(tmp_path, suffix):
 
 def test_device_file_errors_name_the_file_and_what_is_wrong(tmp_path):
   rule = lay.from_rules(16, injection="skip-2", measure_injecting=True)
-  inj, mpat = _device_arrays(rule)
+  inj, mpat = device_arrays(rule)
   bad = mpat.copy()
   bad[0, 3] = 2
   path = str(tmp_path / "bad.mat")
@@ -200,136 +190,6 @@ def test_any_layouts_forward_model_obeys_reciprocity():
   np.testing.assert_allclose(z, z.T, rtol=0, atol=1e-9 * np.abs(z).max())
 
 
-def test_score_is_the_organisers_ssim():
-  """The separable SSIM equals the organisers' formula written out with a 2-D convolution
-  (their kernel over +-160 pixels, normalised by its weight inside the image); identical
-  answers score 1; a class absent from truth and answer scores exactly 1 for that class."""
-  rng = np.random.default_rng(3)
-  truth = np.zeros((256, 256))
-  yy, xx = np.mgrid[:256, :256]
-  truth[(yy - 90) ** 2 + (xx - 150) ** 2 < 40**2] = 1
-  reco = np.roll(truth, (12, -7), (0, 1)) * (rng.random((256, 256)) > 0.05)
-  r = 80
-  w = np.arange(-160, 161)
-  ker = np.exp(-0.5 * (w[:, None] ** 2 + w[None] ** 2) / r**2) / np.sqrt(2 * np.pi)
-  conv = lambda a: scipy.signal.fftconvolve(a, ker, mode="same")
-  norm = conv(np.ones_like(truth))
-  gt, gr = conv(truth) / norm, conv(reco) / norm
-  st, sr = conv(truth**2) / norm - gt**2, conv(reco**2) / norm - gr**2
-  s_tr = conv(truth * reco) / norm - gt * gr
-  c1, c2 = 1e-4, 9e-4
-  organisers = np.mean(
-    (2 * gt * gr + c1) * (2 * s_tr + c2) / ((gt**2 + gr**2 + c1) * (st + sr + c2))
-  )
-  assert ktc_score.ssim(truth, reco) == pytest.approx(organisers, rel=1e-9)
-  classes = (2 * truth).astype(np.uint8)  # only class 2 present
-  assert ktc_score.score(classes, classes) == pytest.approx(1.0)
-  water = ktc_score.score(classes, np.zeros_like(classes))
-  assert water == pytest.approx(0.5 * (ktc_score.ssim(truth, np.zeros_like(truth)) + 1.0))
-  assert ktc_score.score(classes, np.zeros((128, 128))) == 0.0  # the wrong shape scores 0
-
-
-@pytest.mark.slow  # the 2,356-row Jacobian: ~45 s; the same command on a 16-electrode device
-# runs by default (test_a_skip_2_device_through_the_challenge_command)
-def test_challenge_command_writes_answers_that_beat_all_water(tmp_path):
-  """eval.py --data ktc2023_challenge without a model on two of the public levels:
-  OUT/level_K/N.mat answers of 0/1/2 on the 256 x 256 grid, metrics.json with the challenge
-  scores, the linearised reconstruction far ahead of the all-water floor at both levels
-  (measured: 3.31 and 2.15 of 4 against 1.06) and images the right way round (a turned answer
-  scores less)."""
-  data = tmp_path / "levels"
-  for k in (1, 7):
-    shutil.copytree(LEVELS / f"level_{k}", data / f"level_{k}")
-  out = tmp_path / "out"
-  p = subprocess.run(
-    [sys.executable, "eval.py", "--data=ktc2023_challenge", f"--data_path={data}", f"--out={out}"],
-    capture_output=True,
-    text=True,
-    cwd=REPO,
-    timeout=600,
-  )
-  assert p.returncode == 0, p.stderr[-3000:]
-  assert "| tikhonov |" in p.stdout and "| water |" in p.stdout, p.stdout
-  r = json.loads((out / "metrics.json").read_text())
-  tik, water = r["metrics"]["tikhonov"], r["metrics"]["water"]
-  for level in ("level_1", "level_7"):
-    assert tik["ktc_score_per_level"][level] > water["ktc_score_per_level"][level] + 0.8
-  assert tik["ktc_score_per_level"]["level_1"] > 3.0
-  answer = scipy.io.loadmat(out / "level_1" / "1.mat")["reconstruction"]
-  assert answer.shape == (256, 256) and set(np.unique(answer)) <= {0, 1, 2}
-  truth = scipy.io.loadmat(LEVELS / "level_1" / "true1.mat")["truth"]
-  score = ktc_score.score(truth, answer)
-  assert score == pytest.approx(tik["ktc_score_per_target"]["level_1/1"])
-  assert score > max(ktc_score.score(truth, np.rot90(answer, k)) for k in (1, 2, 3))
-  assert score > ktc_score.score(truth, answer[::-1])
-  assert not list(out.glob(".staging*"))
-
-
-@pytest.mark.slow  # 17 s; tests/test_any_system.py runs a skip-2 device through eval.py's
-# challenge path by default
-def test_a_skip_2_device_through_the_challenge_command(tmp_path):
-  """A 16-electrode skip-2 device that measures on its current-carrying electrodes, numbered
-  counter-clockwise, with its own units (gain 500): its absolute frames simulated for a
-  conductive and a resistive disc, written as the challenge's files (KTC's keys; level 2 with
-  electrode 3 removed), go through eval.py without a model: the linearised answers find
-  both discs where they are, far ahead of all water, also with the electrode removed."""
-  from cdeit_jax.eit import simulator
-
-  layout = lay.from_rules(16, injection="skip-2", measure_injecting=True, clockwise=False)
-  sim = simulator.Simulator(layout=layout.with_contact_impedance(0.05))
-  yy, xx = (np.mgrid[:128, :128] - 63.5) / 64  # rows grow with +y (the simulator's grid)
-  xs = np.zeros((128, 128), np.float32)
-  xs[(xx - 0.35) ** 2 + (yy - 0.3) ** 2 < 0.25**2] = 1.0  # conductive, upper right
-  xs[(xx + 0.4) ** 2 + (yy + 0.2) ** 2 < 0.25**2] = -1.0  # resistive, lower left
-  volts = lambda sigma: 500.0 * np.asarray(sim.cem.voltages(sigma), np.float64)
-  ref = volts(jnp.ones(sim.mesh.num_elements))
-  target = volts(sim.image_conductivity(jnp.asarray(xs)))
-  target *= 1 + 1e-3 * np.random.default_rng(4).standard_normal(target.shape)
-  classes = np.where(xs > 0, 2, np.where(xs < 0, 1, 0)).astype(np.uint8)
-  truth = ktc_score.to_challenge_grid(classes)
-  inj, mpat = _device_arrays(layout)
-  gone = layout.without([3])
-  for level, removed in ((1, np.zeros_like(gone)), (2, gone)):
-    folder = tmp_path / "levels" / f"level_{level}"
-    folder.mkdir(parents=True)
-    scipy.io.savemat(folder / "ref.mat", {"Injref": inj, "Mpat": mpat, "Uelref": ref[:, None]})
-    frame = np.where(removed, np.nan, target)[:, None]
-    scipy.io.savemat(folder / "data1.mat", {"Inj": inj, "Mpat": mpat, "Uel": frame})
-    scipy.io.savemat(folder / "true1.mat", {"truth": truth})
-  out = tmp_path / "out"
-  p = subprocess.run(
-    [
-      sys.executable,
-      "eval.py",
-      "--data=ktc2023_challenge",
-      f"--data_path={tmp_path / 'levels'}",
-      f"--out={out}",
-    ],
-    capture_output=True,
-    text=True,
-    cwd=REPO,
-    timeout=600,
-  )
-  assert p.returncode == 0, p.stderr[-3000:]
-  assert "16 electrodes, 16 patterns, 256 values" in p.stderr
-  assert re.search(r"gain 49\d\.\d+ .*contact impedance 0\.05\d* ", p.stderr), p.stderr
-  r = json.loads((out / "metrics.json").read_text())["metrics"]
-  for level in ("level_1", "level_2"):
-    tik, water = (r[m]["ktc_score_per_level"][level] for m in ("tikhonov", "water"))
-    assert tik > 0.6 and tik > water + 0.4, (level, tik, water)
-  answer = scipy.io.loadmat(out / "level_2" / "1.mat")["reconstruction"]
-  assert answer.shape == (256, 256) and answer[60, 180] == 2 and answer[170, 60] == 1
-  missing = [f"--data_path={tmp_path / 'nothing'}", f"--out={tmp_path / 'out2'}"]
-  p = subprocess.run(
-    [sys.executable, "eval.py", "--data=ktc2023_challenge", *missing],
-    capture_output=True,
-    text=True,
-    cwd=REPO,
-  )
-  assert p.returncode == 1 and p.stderr.count("error:") == 1 and "no such folder" in p.stderr
-  assert not (tmp_path / "out2").exists()  # a refused input leaves no empty --out
-
-
 def test_frames_of_another_system_are_named_in_the_refusal(tmp_path):
   """The 208-value frames reader refuses KTC2023's 2,356-value frames in one line
   that names the system they fit."""
@@ -353,7 +213,7 @@ def test_device_files_hold_numbers_of_the_documented_shapes(tmp_path):
   a folder, a damaged or object .npz and a v7.3 .mat's header without its HDF5 data too; `.MAT`
   reads as `.mat`."""
   rule = lay.from_rules(16, injection="skip-2", measure_injecting=True)
-  inj, mpat = _device_arrays(rule)
+  inj, mpat = device_arrays(rule)
   good = {"Inj": inj, "Mpat": mpat, "Uel": np.ones((rule.num_values, 1))}
   nan_inj, inf_inj = inj.copy(), inj.copy()
   nan_inj[0, 0], inf_inj[0, 0] = np.nan, np.inf
@@ -435,7 +295,7 @@ def test_a_file_of_two_protocols_narrows_to_one_and_a_device_round_trips(tmp_pat
   adjacent = lay.from_rules(16, measure_injecting=True)
   skip2 = lay.from_rules(16, injection="skip-2", measure_injecting=True)
   inj = np.concatenate([adjacent.currents, skip2.currents], 1)
-  _, mpat = _device_arrays(skip2)
+  _, mpat = device_arrays(skip2)
   values = np.arange(32 * 16, dtype=np.float64)  # pattern p's values: 16 p .. 16 p + 15
   scipy.io.savemat(
     tmp_path / "both.mat",

@@ -1,6 +1,9 @@
 """Normalisation statistics: the torch-free .pth reader against .npy and against torch itself."""
 
+import pathlib
 import pickle
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -9,6 +12,7 @@ import pytest
 from cdeit_jax.data import stats
 
 ASSETS = "cdeit_jax/assets"
+REPO = pathlib.Path(__file__).parent.parent
 
 
 def test_pth_equals_npy():
@@ -145,3 +149,27 @@ def test_running_statistics_of_any_cut_equal_numpy():
     np.testing.assert_allclose(std.ravel(), want_std, rtol=1e-5)
   with pytest.raises(ValueError, match="a std .N-1. needs at least 2"):
     measurement.RunningStats().result()
+
+
+def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):
+  d = tmp_path / "train"
+  d.mkdir()
+  (d / "junk.npz").write_bytes(b"not a zip")
+  np.savez(d / "a.npz", ys=np.ones((208, 1)), xs=np.zeros((128, 128)))
+  np.savez(d / "b.npz", ys=np.full((208, 1), 2.0), xs=np.zeros((128, 128)))
+  run = lambda *a: subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.tools.voltage_stats", str(d), *a],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  r = run()
+  assert r.returncode == 1 and "Traceback" not in r.stderr
+  assert "junk.npz: not a readable npz" in r.stderr and "--skip_bad_files" in r.stderr
+  r = run("--skip_bad_files", "--out", str(tmp_path / "stats"))
+  assert r.returncode == 0, r.stderr
+  np.testing.assert_allclose(np.load(tmp_path / "stats" / "mean.npy"), 1.5)
+  (tmp_path / "a_file").write_text("")
+  r = run("--skip_bad_files", "--out", str(tmp_path / "a_file" / "stats"))
+  assert r.returncode == 1 and "Traceback" not in r.stderr
+  assert f"--out {tmp_path / 'a_file' / 'stats'}: cannot write there" in r.stderr

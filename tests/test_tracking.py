@@ -53,12 +53,12 @@ def test_a_resumed_training_is_one_offline_run_and_eval_logs_into_it(tmp_path):
   assert json.loads((files / "wandb-summary.json").read_text())["loss"] == jsonl[-1]["loss"]
   assert yaml.safe_load((files / "config.yaml").read_text())["batch_size"] == {"value": 8}
 
-  from cdeit_jax.infer import evaluate
+  from cdeit_jax.infer import data_kinds
 
   old = {k: os.environ.get(k) for k in ("WANDB_MODE", "WANDB_DIR")}
   os.environ.update(_env(d))
   try:
-    r = evaluate.evaluate(
+    r = data_kinds.evaluate(
       str(wd), "uef2017", UEF, str(tmp_path / "eval"), {"sampling.steps": 1, "eval.figure": True}
     )
   finally:
