@@ -72,17 +72,9 @@ class NpzSource:
     self.removed = None if removed is None or not np.any(removed) else np.asarray(removed, bool)
     if self.removed is not None and not vector_cond:
       raise InputError("removing values needs the vector condition (cond 'linear')")
-    if isinstance(units, Layout):  # a device in its units (`measurement.in_units`)
-      self.units = units.name
-      self.voltage_ratio, self.current_ratio = measurement.checked_ratios(
-        units.gain if voltage_ratio is None else voltage_ratio,
-        units.current_ratio if current_ratio is None else current_ratio,
-      )
-    else:
-      self.units = units
-      self.voltage_ratio, self.current_ratio = measurement.resolve_ratios(
-        units, voltage_ratio, current_ratio
-      )
+    self.units, self.voltage_ratio, self.current_ratio = measurement.named_ratios(
+      units, voltage_ratio, current_ratio
+    )
     names = npz_files.list_files(self.path)
     npz_files.check_count(self.path, names[0], num_values)
     arrays = None

@@ -146,13 +146,20 @@ def in_units(
   both ratios) or a device already in its units (a `Layout`, e.g. a calibrated device's own),
   each ratio overridden where given. The units are a view of the device (`Layout.in_units`): its
   `name` the units', `gain` the voltage ratio and `current_ratio` the current's."""
+  return device.in_units(*named_ratios(units, voltage_ratio, current_ratio))
+
+
+def named_ratios(
+  units: str | Layout, voltage_ratio: float | None = None, current_ratio: float | None = None
+) -> tuple[str, float, float]:
+  """(name, voltage_ratio, current_ratio) of `units` (a name, or a device in its units), each
+  ratio overridden where given: what `in_units` and a source of files need of them."""
   if isinstance(units, Layout):
-    v, c = checked_ratios(
+    return units.name, *checked_ratios(
       units.gain if voltage_ratio is None else voltage_ratio,
       units.current_ratio if current_ratio is None else current_ratio,
     )
-    return device.in_units(units.name, v, c)
-  return device.in_units(units, *resolve_ratios(units, voltage_ratio, current_ratio))
+  return units, *resolve_ratios(units, voltage_ratio, current_ratio)
 
 
 def standardise(ys, voltage_ratio: float, mean, std, lay: Layout):
