@@ -61,6 +61,46 @@ def test_the_condition_is_tikhonov_of_the_values_each_removal_leaves():
   assert kinds == {tuple(layout.without(s)) for s in lay.removal_sets(rule)}
 
 
+def test_dropping_the_values_on_current_carrying_electrodes():
+  """`current_carrying="drop"` reconstructs a skip-2 device that measures all 16 pairs (256
+  values) exactly as a conditioner of the same device without those pairs does (from_rules'
+  192, a second implementation), with or without a removal set; whatever a frame holds there
+  changes nothing; a frame missing them is read the same; the EIM model refuses the setting."""
+  full = lay.from_rules(16, injection="skip-2", measure_injecting=True)
+  carry = full.on_current_carrying
+  # by hand: electrodes k and k+3 carry current; 4 of the 16 adjacent pairs touch them
+  assert carry.sum() == 16 * 4
+  short = lay.from_rules(16, injection="skip-2")
+  assert np.array_equal(full.rows[~carry], short.rows)
+  assert not lay.preset("cdeit16").on_current_carrying.any()
+  rule = "-;3"
+  drop = conditioning.LayoutConditioner(
+    full, (0.1,), removals=rule, grid=16, current_carrying="drop"
+  )
+  other = conditioning.LayoutConditioner(short, (0.1,), removals=rule, grid=16)
+  frames = np.random.default_rng(1).standard_normal((3, full.num_values)).astype(np.float32)
+  for electrodes in lay.removal_sets(rule):
+    cond = np.where(full.without(electrodes), np.nan, frames)
+    got = np.asarray(drop.coarse(jnp.asarray(cond), scaled=False))
+    want = np.asarray(other.coarse(jnp.asarray(cond[:, ~carry]), scaled=False))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+    for held in (np.float32(1e4), np.float32(np.nan)):
+      odd = np.where(carry & ~full.without(electrodes), held, cond)
+      np.testing.assert_array_equal(np.asarray(drop.coarse(jnp.asarray(odd), scaled=False)), got)
+  with pytest.raises(InputError, match="config.model.current_carrying"):
+    conditioning.LayoutConditioner(full, (0.1,), current_carrying="some")
+  from cdeit_jax.model.network import CDEIT
+
+  with pytest.raises(InputError, match="config.model.current_carrying"):
+    CDEIT(cond="eim+linear", current_carrying="drop", hidden_size=8, rngs=_rngs())
+
+
+def _rngs():
+  from flax import nnx
+
+  return nnx.Rngs(0)
+
+
 def _key(seed):
   import jax
 

@@ -25,9 +25,13 @@ def _cfg(cond: str, **model):
   return cfg
 
 
-def test_a_device_model_starts_from_a_model_of_the_eim_and_linear_images(tmp_path):
+@pytest.mark.parametrize("current_carrying", ["use", "drop"])
+def test_a_device_model_starts_from_a_model_of_the_eim_and_linear_images(
+  tmp_path, current_carrying
+):
   """An "eim+linear" model (random weights, saved as a checkpoint) starts a "linear" model of a
-  16-electrode skip-2 device: every parameter is the start's, but the patch embedding, which
+  16-electrode skip-2 device, with or without its values on current-carrying electrodes (which
+  changes no weight): every parameter is the start's, but the patch embedding, which
   keeps the start's noisy-image and linear-image channels (0, 2, 3 of its 4) and drops the EIM's
   (1); a start whose model differs in more than its condition is refused in one line."""
   start_cfg = _cfg("eim+linear")
@@ -40,7 +44,7 @@ def test_a_device_model_starts_from_a_model_of_the_eim_and_linear_images(tmp_pat
   checkpoint.save_inference(str(tmp_path / "start"), model, start_cfg, mean=mean, std=std, step=3)
 
   device = lay.from_rules(16, injection="skip-2", measure_injecting=True, width_deg=10.0)
-  cfg = _cfg("linear")
+  cfg = _cfg("linear", current_carrying=current_carrying)
   new = CDEIT(**config_lib.model_kwargs(cfg, None, device), rngs=nnx.Rngs(1))
   like = nnx.state(new, nnx.Param)
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])

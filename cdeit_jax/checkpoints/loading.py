@@ -79,6 +79,9 @@ def model_config(meta: dict[str, Any]) -> ml_collections.ConfigDict:
 
 
 RUNTIME_MODEL_KEYS = ("dtype", "attention_impl", "attention_query_chunk", "remat")
+# Model settings that change what the network reads, not its weights: a fine-tuning run may
+# differ from its start in them (`initial_params`).
+INPUT_ONLY_KEYS = ("current_carrying",)
 
 
 def load(
@@ -218,7 +221,7 @@ def initial_params(
       "(python -m cdeit_jax.convert) or start from another"
     )
   start = model_config(meta)
-  diff = model_differences(start, cfg)
+  diff = model_differences(start, cfg, aside=INPUT_ONLY_KEYS)
   keep = _condition_channels(start, cfg) if diff else None
   if diff and keep is None:
     raise InputError(
@@ -268,7 +271,7 @@ def _condition_channels(start: ml_collections.ConfigDict, cfg: ml_collections.Co
   model of CDEIT's 16 electrodes starts a model of any device: both see the same kind of linear
   images); else None. Channels: the noisy image (an image model's), the EIM, the levels."""
   was, now = start.model, cfg.model
-  if differing_model_keys(start, cfg) != ["cond"]:
+  if differing_model_keys(start, cfg, aside=INPUT_ONLY_KEYS) != ["cond"]:
     return None
   if (was.get("cond"), now.get("cond")) != ("eim+linear", "linear"):
     return None
@@ -297,24 +300,27 @@ def start_inputs(path: str, device) -> tuple[tuple[np.ndarray, np.ndarray], dict
 
 
 def differing_model_keys(
-  there: ml_collections.ConfigDict, here: ml_collections.ConfigDict
+  there: ml_collections.ConfigDict, here: ml_collections.ConfigDict, aside: tuple[str, ...] = ()
 ) -> list[str]:
   """The `model` keys whose values differ between two configs, sorted, the settings that only
-  say how the model computes (RUNTIME_MODEL_KEYS) aside."""
+  say how the model computes (RUNTIME_MODEL_KEYS) and the keys `aside` aside."""
   was, now = there.model.to_dict(), here.model.to_dict()
+  skip = set(RUNTIME_MODEL_KEYS) | set(aside)
   return [
     k
     for k in sorted(set(was) | set(now))
-    if k not in RUNTIME_MODEL_KEYS and _plain(was.get(k)) != _plain(now.get(k))
+    if k not in skip and _plain(was.get(k)) != _plain(now.get(k))
   ]
 
 
-def model_differences(there: ml_collections.ConfigDict, here: ml_collections.ConfigDict) -> str:
+def model_differences(
+  there: ml_collections.ConfigDict, here: ml_collections.ConfigDict, aside: tuple[str, ...] = ()
+) -> str:
   """`differing_model_keys` in words ("model.k: a there, b here; ..."); "" if none."""
   was, now = there.model.to_dict(), here.model.to_dict()
   return "; ".join(
     f"model.{k}: {was.get(k)!r} there, {now.get(k)!r} here"
-    for k in differing_model_keys(there, here)
+    for k in differing_model_keys(there, here, aside)
   )
 
 

@@ -224,12 +224,15 @@ def layout_factors(
   alphas: tuple[float, ...],
   grid: int,
   noser_exponent: float = tikhonov.NOSER_EXPONENT,
+  current_carrying: str = "use",
 ) -> dict[str, np.ndarray]:
   """For each electrode-removal set k of the rule `removals` and each level alpha: the
   NOSER-weighted Tikhonov matrix of the values that set leaves of the measuring system `lay`
   (its contact impedance included, as float32 holds it), on a coarse `grid` (`disk` pixels),
   with zero columns for the values it removes (they are left out of the system, not read as
-  zeros): `matrices` (K, levels, R, disk pixels) float32, `removed` (K, R) bool.
+  zeros): `matrices` (K, levels, R, disk pixels) float32, `removed` (K, R) bool. With
+  `current_carrying="drop"` (`CURRENT_CARRYING`) the values measured on a current-carrying
+  electrode (`Layout.on_current_carrying`) are left out of every set's system too (`ignored` (R,)).
   lambda = alpha * trace(G) / (values left), as `eit.tikhonov.Tikhonov`. Kept in memory for the
   last two settings (a process builds one model's, or a model's and its evaluation's)."""
   sets = layout_lib.removal_sets(removals)
@@ -239,31 +242,64 @@ def layout_factors(
       f"electrode removal {removals!r}: electrodes {beyond} are not among {lay.describe()}'s "
       f"0..{lay.num_electrodes - 1} (config.simulator.removals)"
     )
-  empty = [s for s, gone in zip(sets, removed_values(lay, removals)) if gone.all()]
+  if current_carrying not in CURRENT_CARRYING:
+    raise InputError(
+      f"current_carrying {current_carrying!r}: give one of {', '.join(CURRENT_CARRYING)} "
+      "(config.model.current_carrying)"
+    )
+  ignored = ignored_values(lay, current_carrying)
+  empty = [s for s, gone in zip(sets, removed_values(lay, removals)) if (gone | ignored).all()]
   if empty:
     raise InputError(
       f"electrode removal {removals!r}: removing electrodes {list(empty[0])} leaves none of "
-      f"{lay.describe()}'s values (config.simulator.removals)"
+      f"{lay.describe()}'s values"
+      + (
+        " off the current-carrying electrodes (config.model.current_carrying)"
+        if ignored.any()
+        else " (config.simulator.removals)"
+      )
     )
   physics = lay.with_contact_impedance(float(np.float32(lay.z))).physics
-  return _layout_factors(physics, removals, tuple(alphas), grid, float(noser_exponent))
+  return _layout_factors(
+    physics, removals, tuple(alphas), grid, float(noser_exponent), current_carrying
+  )
+
+
+# What the linear reconstructions do with the values measured on a current-carrying electrode:
+# "use" them as any other, or "drop" them (left out of every system, whatever a frame holds
+# there): they carry the contact impedance's drop, which the electrode model fits worst on real
+# tanks. configs/device.py drops them (measured on UEF2017's real frames, docs/your_device.md).
+CURRENT_CARRYING = ("use", "drop")
+
+
+def ignored_values(lay: Layout, current_carrying: str) -> np.ndarray:
+  """(R,) bool: the values the linear reconstructions leave out whatever a frame holds."""
+  if current_carrying == "drop":
+    return np.asarray(lay.on_current_carrying, bool)
+  return np.zeros(lay.num_values, bool)
 
 
 @functools.lru_cache(maxsize=2)
 def _layout_factors(
-  lay: Layout, removals: str, alphas: tuple[float, ...], grid: int, noser_exponent: float
+  lay: Layout,
+  removals: str,
+  alphas: tuple[float, ...],
+  grid: int,
+  noser_exponent: float,
+  current_carrying: str,
 ) -> dict[str, np.ndarray]:
   jac = pooled_jacobian(tikhonov.layout_jacobian(lay), grid)
   disk = ph.disk_mask(grid).reshape(-1)
   removed = removed_values(lay, removals)
+  ignored = ignored_values(lay, current_carrying)
   out = np.zeros((len(removed), len(alphas), lay.num_values, int(disk.sum())), np.float32)
-  for k, gone in enumerate(removed):
+  for k, gone in enumerate(removed | ignored):
     _, jd, w_inv, gram = tikhonov.weighted_system(jac[~gone], noser_exponent)
     s, u = np.linalg.eigh((gram + gram.T) / 2)
     left = (w_inv[:, None] * jd.T) @ u  # W^-1 J^T U (pixels, values left)
     for a, f in enumerate(filters(np.maximum(s, 0.0), alphas)):
       out[k, a][~gone] = ((left * f) @ u.T).T
-  return {"matrices": out, "removed": removed, "disk": disk}
+  return {"matrices": out, "removed": removed, "ignored": ignored, "disk": disk}
 
 
 def removed_values(lay: Layout, removals: str) -> np.ndarray:
@@ -279,6 +315,8 @@ class LayoutConditioner(nnx.Module):
   its training-set std. A frame's missing values must be those of one of the removal rule's
   electrode sets (`eit.layout.removal_sets`); that set's matrices reconstruct it from the values
   it has. A frame that fits no set gets NaN channels (callers check first: `removal_set`).
+  `current_carrying="drop"`: the values on current-carrying electrodes are left out of every
+  set's reconstruction (`ignored`), as if missing, whatever a frame holds there.
 
   The reconstructions are made on a coarse grid (`grid` x `grid`, bilinearly upsampled): one
   (R x pixels) matrix per set and level is 7 x 2 x 2,356 x 812 floats (107 MB) for KTC2023 at
@@ -292,6 +330,7 @@ class LayoutConditioner(nnx.Module):
     removals: str = "none",
     grid: int = 32,
     noser_exponent: float = tikhonov.NOSER_EXPONENT,
+    current_carrying: str = "use",
   ):
     if not alphas or any(not a > 0 for a in alphas):
       raise InputError(
@@ -300,7 +339,7 @@ class LayoutConditioner(nnx.Module):
       )
     self.alphas = tuple(float(a) for a in alphas)
     self.layout = layout_lib.as_layout(layout)
-    f = layout_factors(self.layout, removals, self.alphas, grid, noser_exponent)
+    f = layout_factors(self.layout, removals, self.alphas, grid, noser_exponent, current_carrying)
     self.grid = grid
     k, a, self.num_values, p = f["matrices"].shape
     # (R, K * levels * pixels): one matrix product makes every set's images, with no copy of
@@ -310,6 +349,7 @@ class LayoutConditioner(nnx.Module):
     )
     self.num_sets = k
     self.removed = Fixed(jnp.asarray(f["removed"]))
+    self.ignored = Fixed(jnp.asarray(f["ignored"]))  # left out whatever a frame holds there
     self.disk_index = Fixed(jnp.asarray(np.flatnonzero(f["disk"]), jnp.int32))
     self.voltage_mean = Calibration(jnp.zeros((self.num_values,), jnp.float32))
     self.voltage_std = Calibration(jnp.ones((self.num_values,), jnp.float32))
@@ -325,8 +365,9 @@ class LayoutConditioner(nnx.Module):
     """(B, levels, disk pixels of the coarse grid): each frame's reconstructions by its
     removal set's matrices (NaN for a frame that fits no set)."""
     cond = cond.astype(jnp.float32)
-    missing = jnp.isnan(cond)
-    fits = jnp.all(missing[:, None] == self.removed[...][None], axis=-1)  # (B, K)
+    ignored = self.ignored[...]
+    missing = jnp.isnan(cond) | ignored
+    fits = jnp.all(missing[:, None] == (self.removed[...] | ignored)[None], axis=-1)  # (B, K)
     v = jnp.where(missing, 0.0, cond * self.voltage_std[...] + self.voltage_mean[...])
     k, a = self.num_sets, len(self.alphas)
     each = jnp.dot(v, self.matrices[...], precision="highest").reshape(v.shape[0], k, a, -1)

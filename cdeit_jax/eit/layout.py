@@ -273,6 +273,14 @@ class Layout:
     gone[a.astype(int).reshape(-1)] = True
     return gone
 
+  @property
+  def on_current_carrying(self) -> np.ndarray:
+    """(R,) bool: the values measured on an electrode that carries current in their pattern
+    (none in CDEIT's 208; 64 of 256 in UEF2017's skip patterns). They hold the contact
+    impedance's voltage drop, which the electrode model fits least well."""
+    p, a, b = self.rows.T
+    return (self.currents[a, p] != 0) | (self.currents[b, p] != 0)
+
   def without(self, electrodes) -> np.ndarray:
     """(R,) bool: the values a device loses when `electrodes` are removed: every pair that
     touches one, and every pattern that drives current through one (KTC2023's levels: level K

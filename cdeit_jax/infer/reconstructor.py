@@ -321,6 +321,11 @@ class Reconstructor:
       if self.vector
       else np.zeros((1, self.num_values), bool)
     )
+    # values the model leaves out whatever they hold (config.model.current_carrying): a frame
+    # may miss them too
+    self.ignored = (
+      np.asarray(model.conditioner.ignored[...]) if self.vector else np.zeros(self.num_values, bool)
+    )
     if self.vector and s.symmetric and (self.removed.any() or not symmetry.symmetric(self.layout)):
       raise InputError(
         f"--config.sampling.symmetric: the tank's turns and mirror are not symmetries of this "
@@ -620,8 +625,8 @@ class Reconstructor:
     v = np.asarray(values)
     if len(v) == 0:
       raise InputError(f"{where}: no frames (0 rows of {self.num_values} values)")
-    missing = np.isnan(v)
-    fits = np.all(missing[:, None] == self.removed[None], axis=-1).any(1)
+    missing = np.isnan(v) | self.ignored
+    fits = np.all(missing[:, None] == (self.removed | self.ignored)[None], axis=-1).any(1)
     finite = fits & ~np.isinf(v).any(1)
     if not finite.all() and not skip_bad:
       sets_note = (

@@ -351,7 +351,7 @@ def _check_output(output: str, cond: str) -> None:
   output_kinds.of(output).check(cond)
 
 
-def _conditioner(cond: str, alphas, layout, removals, grid):
+def _conditioner(cond: str, alphas, layout, removals, grid, current_carrying="use"):
   """The physics-informed condition's module (None for the published "eim"), built only when
   asked for, of the measuring system `layout` (its contact impedance included)."""
   from cdeit_jax.eit import layout as layout_lib
@@ -361,13 +361,21 @@ def _conditioner(cond: str, alphas, layout, removals, grid):
       f"cond {cond!r} reads CDEIT's 16-electrode EIM; the measuring system "
       f'{layout.describe()} needs cond "linear" (config.model.cond)'
     )
+  if current_carrying != "use" and cond != "linear":
+    raise InputError(
+      f'current_carrying {current_carrying!r} applies to cond "linear" (a device\'s values); '
+      f"cond {cond!r} reads CDEIT's 208, none on a current-carrying electrode "
+      "(config.model.current_carrying)"
+    )
   if cond == "eim":
     return None
   from cdeit_jax.eit import conditioning
 
   if cond == "eim+linear":
     return conditioning.LinearConditioner(alphas, layout=layout)
-  return conditioning.LayoutConditioner(layout, alphas, removals=removals, grid=grid)
+  return conditioning.LayoutConditioner(
+    layout, alphas, removals=removals, grid=grid, current_carrying=current_carrying
+  )
 
 
 class CDEIT(nnx.Module):
@@ -390,6 +398,8 @@ class CDEIT(nnx.Module):
   electrode sets of the rule `removals`), and conditions on their linear reconstructions alone.
   Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM (or (B, R) voltages) ->
   (B, H, W, 1) float32 (the physics-informed channels are computed inside the model).
+  `current_carrying="drop"` leaves the values measured on a current-carrying electrode out of the
+  linear reconstructions (cond "linear"; `eit.conditioning.CURRENT_CARRYING`).
   `output="classes"` makes the same network a segmenter: no noisy image, no timestep, and
   `segment(cond)` -> (B, H, W, 3) logits of KTC2023's classes (`model.classes`).
   """
@@ -417,6 +427,7 @@ class CDEIT(nnx.Module):
     layout: str | Any = "cdeit16",
     removals: str = "none",
     output: str = "image",
+    current_carrying: str = "use",
     rngs: nnx.Rngs,
   ):
     if image_size % patch_size:
@@ -447,7 +458,7 @@ class CDEIT(nnx.Module):
 
     self.layout = layout_lib.as_layout(layout)  # the measuring system whose values it reads
     self.conditioner = conditioner = _conditioner(
-      cond, tuple(cond_alphas), self.layout, removals, cond_grid
+      cond, tuple(cond_alphas), self.layout, removals, cond_grid, current_carrying
     )
     extra = 0 if self.conditioner is None else len(self.conditioner.alphas)
     eim_channels = 0 if reads_values(cond) else in_channels
