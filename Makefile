@@ -183,8 +183,8 @@ ktc-model: install
 # WIDTH_DEG=10.2, or ELECTRODE_CM=2.5 TANK_CM=28, holds a width you know; CALIBRATE: more
 # flags, e.g. --patterns 0-15), simulate its training set with the measuring system drawn
 # across the calibration's ranges, and fine-tune models/cdeit16 for it (configs/device.py;
-# DEVICE_CONFIG=configs/device_scratch.py trains from random weights) into RUN; rerunning
-# resumes. Then: python -m cdeit_jax.reconstruct --workdir RUN --frames F --reference REF --out O
+# DEVICE_CONFIG=configs/device_scratch.py trains from random weights; TRAIN: more train.py
+# flags, e.g. --config.model.current_carrying=use) into RUN; rerunning resumes. Then: python -m cdeit_jax.reconstruct --workdir RUN --frames F --reference REF --out O
 DEVICE ?=
 RUN ?= runs/device
 CALIBRATE ?=
@@ -192,6 +192,7 @@ WIDTH_DEG ?=
 ELECTRODE_CM ?=
 TANK_CM ?=
 DEVICE_CONFIG ?= configs/device.py
+TRAIN ?=
 device-model: install
 	@test -n "$(DEVICE)" || { echo "make device-model: give DEVICE=ref.mat (the device's reference file)"; exit 2; }
 	@start=$$(date +%s) && \
@@ -201,7 +202,7 @@ device-model: install
 	$(BIN)/python -m cdeit_jax.simulate --config $(DEVICE_CONFIG):$(RUN)/device.npz \
 	  --out $(RUN)/data --num_train 3000 --num_valid 64 --num_test 64 --tr_splits valid,test && \
 	$(BIN)/python train.py --config $(DEVICE_CONFIG):$(RUN)/device.npz --workdir $(RUN) \
-	  --config.data.path=$(RUN)/data && \
+	  --config.data.path=$(RUN)/data $(TRAIN) && \
 	echo "make device-model: $$(( $$(date +%s) - start )) s (the model: $(RUN))"
 
 # A moving sequence as a device records it (a reference frame, then 90 frames: two lung-like

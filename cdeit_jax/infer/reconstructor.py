@@ -306,33 +306,7 @@ class Reconstructor:
     self.mesh = mesh if mesh is not None else shd.make_mesh()
     self.shape = (model.image_size, model.image_size, model.out_channels)
     self.cond_shape = model.cond_shape
-    # the measuring system whose values the model reads, as a vector (`vector`) or as CDEIT's
-    # EIM; `removed` (K, R): the values each of its electrode-removal sets leaves out
-    self.vector = model.reads_values
-    self.layout = model.layout
-    self.num_values = self.layout.num_values
-    if self.vector and s.data_consistency:
-      raise InputError(
-        "--config.sampling.data_consistency reads CDEIT's 16-electrode EIM; this model "
-        f"(measuring system {self.layout.describe()}) samples without it: set it to 0"
-      )
-    self.removed = (
-      np.asarray(model.conditioner.removed[...])
-      if self.vector
-      else np.zeros((1, self.num_values), bool)
-    )
-    # values the model leaves out whatever they hold (config.model.current_carrying): a frame
-    # may miss them too
-    self.ignored = (
-      np.asarray(model.conditioner.ignored[...]) if self.vector else np.zeros(self.num_values, bool)
-    )
-    if self.vector and s.symmetric and (self.removed.any() or not symmetry.symmetric(self.layout)):
-      raise InputError(
-        f"--config.sampling.symmetric: the tank's turns and mirror are not symmetries of this "
-        f"model's device ({self.layout.describe()}"
-        + (", whose electrode-removal sets they would not keep)" if self.removed.any() else ")")
-        + "; set it to False"
-      )
+    self._read_system(model)
     graphdef, weights = nnx.split(model)
     correction_graphdef = None
     if s.data_consistency:
@@ -372,6 +346,36 @@ class Reconstructor:
     )
     self._compiled: dict[int, Callable] = {self.max_batch: compiled}
     self._key = jax.random.key(self.seed)
+
+  def _read_system(self, model: nnx.Module) -> None:
+    """The measuring system whose values the model reads, as a vector (`vector`) or as CDEIT's
+    EIM; `removed` (K, R): the values each of its electrode-removal sets leaves out; `ignored`
+    (R,): those it leaves out whatever they hold (config.model.current_carrying), which a frame
+    may miss too. Sampler settings the system cannot take are refused."""
+    s = self.config.sampling
+    self.vector = model.reads_values
+    self.layout = model.layout
+    self.num_values = self.layout.num_values
+    if self.vector and s.data_consistency:
+      raise InputError(
+        "--config.sampling.data_consistency reads CDEIT's 16-electrode EIM; this model "
+        f"(measuring system {self.layout.describe()}) samples without it: set it to 0"
+      )
+    self.removed = (
+      np.asarray(model.conditioner.removed[...])
+      if self.vector
+      else np.zeros((1, self.num_values), bool)
+    )
+    self.ignored = (
+      np.asarray(model.conditioner.ignored[...]) if self.vector else np.zeros(self.num_values, bool)
+    )
+    if self.vector and s.symmetric and (self.removed.any() or not symmetry.symmetric(self.layout)):
+      raise InputError(
+        f"--config.sampling.symmetric: the tank's turns and mirror are not symmetries of this "
+        f"model's device ({self.layout.describe()}"
+        + (", whose electrode-removal sets they would not keep)" if self.removed.any() else ")")
+        + "; set it to False"
+      )
 
   @classmethod
   def from_workdir(
