@@ -114,7 +114,7 @@ def _main(argv, stack: contextlib.ExitStack):
     )
   with reader.open_run(FLAGS.workdir, overrides.get("eval.step")) as run:
     meta, skipped, cfg = reconstructor.choose(run, overrides)
-    system = loading.device_of(cfg, meta.record)  # the frames are this system's values
+    system = loading.resolve(cfg, meta.record).device  # the frames are this system's values
     recording, reference = _frames_and_reference(system, run.workdir)
     stack.enter_context(recording)
     t0 = time.perf_counter()

@@ -100,7 +100,7 @@ def figure(folder: str, out: str, rows: int = 6) -> None:
     )
     / s["voltage_ratio"]
   )
-  device = loading.device_of(config_lib.from_json(s["config"]))  # the model's system
+  device = loading.resolve(config_lib.from_json(s["config"])).device  # the model's system
   tik = np.stack([metrics.scale_baseline(b) for b in eit.default_tikhonov(device)(ys)])
   std = z["std"][:rows] if "std" in z else None
   fileio.atomic_write(

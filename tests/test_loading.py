@@ -66,3 +66,25 @@ def test_a_device_model_starts_from_a_model_of_the_eim_and_linear_images(
     InputError, match=r"its model is not this config's \(model\.cond: .*hidden_size"
   ):
     loading.initial_params(str(tmp_path / "start"), other, like, sharding)
+
+
+def test_a_models_system_is_resolved_once_into_one_value():
+  """`loading.resolve`: KTC2023's segmenter reads the challenge's device without each level's
+  electrodes (the values each level loses, counted against the challenge's own NaN frames in
+  tests/test_layout.py) and outputs classes; a model of CDEIT's EIM has no removal sets whatever
+  the simulator's rule; a checkpoint's kept device wins over the config's."""
+  ktc = config_lib.load(str(REPO / "configs" / "ktc2023_model.py"))
+  system = loading.resolve(ktc)
+  assert system.device.signature == lay.preset("ktc2023").signature
+  assert system.removals == "ktc2023" and len(system.sets) == 7
+  assert system.removed.sum(1).tolist() == [0, 732, 952, 1156, 1344, 1726, 1843]
+  assert system.output.gives_classes and system.units.name.startswith("ktc2023")
+  eim = config_lib.load(str(REPO / "configs" / "test.py"))
+  eim.simulator.removals = "ktc2023"
+  system = loading.resolve(eim)
+  assert system.removals == "none" and system.removed.shape == (1, 208)
+  assert not system.removed.any() and not system.output.gives_classes
+  assert (system.units.gain, system.units.current_ratio) == (1.0, 1.0)  # simulation units
+  kept = lay.from_rules(16, injection="skip-2", width_deg=10.0)
+  got = loading.resolve(_cfg("linear"), {"step": 1, "device": kept.record()}).device
+  assert got.signature == kept.signature

@@ -4,6 +4,8 @@ calibration taken from the checkpoint's metadata."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -21,6 +23,52 @@ from cdeit_jax.model import network, output_kinds
 from cdeit_jax.model.network import CDEIT
 
 _WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModelSystem:
+  """What a command resolves once, from a model's config and its checkpoint's metadata
+  (`resolve`), and hands down, so that nothing below it resolves a name again: the measuring
+  system whose values the model reads (`device`, an `eit.layout.Layout` with its contact
+  impedance and units), the electrode-removal rule it was trained with (`removals`; "none" for
+  a model of CDEIT's EIM) and what it outputs (`output`, `model.output_kinds`)."""
+
+  device: Any  # eit.layout.Layout
+  removals: str
+  output: output_kinds.Output
+
+  @property
+  def sets(self) -> tuple[tuple[int, ...], ...]:
+    """The removal rule's electrode sets (`eit.layout.removal_sets`)."""
+    from cdeit_jax.eit import layout
+
+    return layout.removal_sets(self.removals)
+
+  @functools.cached_property
+  def removed(self) -> np.ndarray:
+    """(K, R) bool: the values each electrode set takes from the device."""
+    from cdeit_jax.eit import conditioning
+
+    return conditioning.removed_values(self.device, self.removals)
+
+  @property
+  def units(self):
+    """The device in the units its data are in when none are given (`measurement.own_units`)."""
+    from cdeit_jax.eit import measurement
+
+    return measurement.own_units(self.device)
+
+
+def resolve(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None) -> ModelSystem:
+  """The one resolution of a model's system (`ModelSystem`) from its config and, for a saved
+  model, its checkpoint's metadata (which keeps the device as arrays)."""
+  from cdeit_jax.eit import layout
+
+  reads_values = network.reads_values(cfg.model.get("cond", "eim"))
+  removals = str(cfg.simulator.removals or "none") if reads_values else "none"
+  layout.removal_sets(removals)  # a bad rule is named now
+  output = output_kinds.of(cfg.model.get("output", "image"))
+  return ModelSystem(device_of(cfg, meta), removals, output)
 
 
 def device_of(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None):

@@ -149,6 +149,15 @@ def in_units(
   return device.in_units(*named_ratios(units, voltage_ratio, current_ratio))
 
 
+def own_units(device: Layout) -> Layout:
+  """A model's device in the units its data are in when none are given: the device's own (a
+  preset's, e.g. ktc2023's, or a calibrated device's fitted gain), else the simulator's."""
+  if device.contact_impedance is None and device.gain == 1.0 and device.current_ratio == 1.0:
+    return in_units(device, SIMULATED)
+  name = device.name + (", calibrated" if device.contact_impedance is not None else "")
+  return device.in_units(name, float(device.gain), float(device.current_ratio))
+
+
 def named_ratios(
   units: str | Layout, voltage_ratio: float | None = None, current_ratio: float | None = None
 ) -> tuple[str, float, float]:

@@ -27,7 +27,6 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.ktc2023 import Case
 from cdeit_jax.eit import calibration, tikhonov
 from cdeit_jax.infer import answer_rules, ktc_score, outputs
-from cdeit_jax.model import output_kinds
 
 METRICS = "metrics.json"
 log = logs.log.getChild("challenge")
@@ -297,9 +296,7 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
 
   from cdeit_jax.checkpoints import loading, reader
   from cdeit_jax.data import ktc2023
-  from cdeit_jax.eit import conditioning
   from cdeit_jax.infer import reconstructor
-  from cdeit_jax.model import network
 
   t0 = time.perf_counter()
   # every input checked first, the model loaded last of them: a refused one leaves no --out
@@ -309,15 +306,15 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
   with reader.open_run(workdir, overrides.get("eval.step")) as run:
     outputs.check_place(out, data_path, run.workdir)
     meta, skipped, cfg = reconstructor.choose(run, overrides)
-    device = loading.device_of(cfg, meta.record)
-    reads_values = network.reads_values(cfg.model.get("cond", "eim"))
-    removals = cfg.simulator.removals if reads_values else "none"
-    check_model(device, conditioning.removed_values(device, removals), cases)
+    system = loading.resolve(cfg, meta.record)
+    check_model(system.device, system.removed, cases)
     e = cfg.eval
     rule = answer_rules.AnswerRule.parse(e.answer_rule)
-    rule.check_model(output_kinds.of(cfg.model.get("output", "image")).gives_classes)
+    rule.check_model(system.output.gives_classes)
     fits = calibrate(cases)
-    rec = reconstructor.Reconstructor.from_run(run, meta, skipped, cfg, overrides, device=device)
+    rec = reconstructor.Reconstructor.from_run(
+      run, meta, skipped, cfg, overrides, device=system.device
+    )
     outputs.check_out(out, data_path, run.workdir, output_names(cases))
   t1 = time.perf_counter()
   r = model_samples(rec, cases, fits)

@@ -27,7 +27,7 @@ from cdeit_jax.eit import measurement
 @dataclasses.dataclass(frozen=True)
 class Kind:
   """One kind of test data: its name, the module that evaluates it, its default units (a name of
-  `measurement.unit_names`; None: the model's device's own, `reconstructor.device_units`),
+  `measurement.unit_names`; None: the model's device's own, `measurement.own_units`),
   whether other units may be given (the challenge calibrates each level itself) and whether it
   answers without a model (the challenge's linearised answers)."""
 
@@ -42,8 +42,6 @@ class Kind:
     """The units the data are read in, resolved once: `units` (--units), else the kind's, else
     the model's device's own (`device`, a layout); `voltage_ratio`/`current_ratio`
     (--config.eval.*) override either ratio."""
-    from cdeit_jax.infer import reconstructor
-
     if units is not None and not self.takes_units:
       raise InputError(
         f"--units {units}: --data {self.name} reads no units (each level is calibrated from its "
@@ -51,7 +49,7 @@ class Kind:
       )
     base = units if units is not None else self.units
     if base is None:
-      base = reconstructor.device_units(device)
+      base = measurement.own_units(device)
     return measurement.in_units(device, base, voltage_ratio, current_ratio)
 
 

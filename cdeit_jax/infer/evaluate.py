@@ -144,18 +144,18 @@ class Evaluator:
     """The data, conditioned as in training, in the units resolved once."""
     from cdeit_jax.checkpoints import loading
     from cdeit_jax.data.simulator_source import vector_cond
-    from cdeit_jax.eit import layout
 
     e = self.cfg.eval
-    self.layout = loading.device_of(self.cfg, meta.record)
+    self.system = loading.resolve(self.cfg, meta.record)
+    self.layout = self.system.device
     self.units = self.kind.units_of(self.given_units, self.layout, e.voltage_ratio, e.current_ratio)
-    sets = layout.removal_sets(self.cfg.simulator.removals)
+    sets = self.system.sets
     if not (isinstance(e.removal, int) and 0 <= e.removal < len(sets)):
       raise InputError(
         f"--config.eval.removal={e.removal!r}: this model knows the electrode-removal sets "
         f"0..{len(sets) - 1} (config.simulator.removals={self.cfg.simulator.removals!r})"
       )
-    self.removed = self.layout.without(sets[e.removal])
+    self.removed = self.system.removed[e.removal]
     self.src = self.open_source(meta, vector_cond(self.cfg))
     self.n = len(self.src) if e.max_examples is None else min(len(self.src), e.max_examples)
     self.check_data()

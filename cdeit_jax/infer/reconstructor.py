@@ -145,15 +145,6 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
   return cfg
 
 
-def device_units(device: layout.Layout) -> layout.Layout:
-  """A model's measuring system in the units its data are in when none are given: its device's
-  own (a preset's, e.g. ktc2023's, or a calibrated device's fitted gain), else the simulator's."""
-  if device.contact_impedance is None and device.gain == 1.0 and device.current_ratio == 1.0:
-    return measurement.in_units(device, measurement.SIMULATED)
-  name = device.name + (", calibrated" if device.contact_impedance is not None else "")
-  return device.in_units(name, float(device.gain), float(device.current_ratio))
-
-
 def uncertainty_scale(path: str) -> float:
   """The calibration factor kept at `path` (a step folder's UNCERTAINTY_FILE); 1 if none."""
   try:
@@ -264,7 +255,7 @@ class Reconstructor:
   `config.diffusion`, `config.simulator.contact_impedance`. `mean`, `std` (1, 16, 13) are the
   statistics the model's condition is standardised with (the checkpoint's). `units` (a name
   of `measurement.unit_names`, or a device in its units) or the ratios say in which units the
-  voltages are (`measurement.in_units`; neither: the model's device's own, `device_units`).
+  voltages are (`measurement.in_units`; neither: the model's device's own, `measurement.own_units`).
   `uncertainty_scale`
   multiplies the std (`eval.py --config.eval.fit_uncertainty=True` fits it)."""
 
@@ -293,7 +284,7 @@ class Reconstructor:
     if self.segmenter:
       self.steps, self.num_samples = 0, 1
     if units is None and voltage_ratio is None and current_ratio is None:
-      units = device_units(model.layout)
+      units = measurement.own_units(model.layout)
     self.units = measurement.in_units(
       model.layout, units or measurement.SIMULATED, voltage_ratio, current_ratio
     )

@@ -426,7 +426,7 @@ def _prepare(
   """The resume plan, the data, the model and its compiled step, and the state: fresh, or the
   newest intact step. `stop` may end the data's start-up early (`simulator_source.Stopped`)."""
   plan = plan_resume(mngr, cfg, workdir)
-  device = loading.device_of(cfg)
+  device = loading.resolve(cfg).device
   if plan.meta is not None:
     check_device(plan.meta, device, f"{mngr.directory}/{plan.meta['step']}")
   # a fine-tuning's start: the step config.init_from names now, resolved once and recorded in
