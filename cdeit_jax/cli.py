@@ -79,8 +79,9 @@ def parse_flags(argv: list[str]) -> list[str]:
       sys.exit(2)
   try:
     rest = FLAGS(argv)
-    if "config" in FLAGS and FLAGS.config is not None:
-      FLAGS.config.keys()  # config_flags defers a failed load to the first access
+    if "config" in FLAGS and FLAGS.config is not None and not isinstance(FLAGS.config, str):
+      FLAGS.config.keys()  # config_flags defers a failed load to the first access (a tool's
+      # --config may be a plain path, loaded by the tool: config_lib.load)
     return rest
   except flags.Error as e:
     print(f"error: {e}\nPass --help for the flags.", file=sys.stderr)

@@ -49,3 +49,23 @@ def test_the_shipped_models_phantoms_cover_the_public_truths():
       assert p.min() >= lowest and p.max() <= 0.99, (key, p)
     assert 0.4 < c["both_classes"]["drawn_fraction"] < 0.65, c["both_classes"]
     assert c["count"]["drawn_quantiles"]["0.99"] == 4.0
+
+
+def test_the_command_compares_a_configs_phantoms_with_the_truths():
+  """`python -m cdeit_jax.tools.phantom_stats`: the JSON of the config's drawn phantoms against
+  level 1's truths (6 objects, test_the_shipped_models_phantoms_cover_the_public_truths); its
+  --config is a config file's path (a string flag, not the checkpoint commands' config)."""
+  import json
+  import subprocess
+  import sys
+
+  p = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.tools.phantom_stats", "--config=configs/ktc2023_model.py"]
+    + [f"--truths={LEVEL_1}", "--num=20"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  out = json.loads(p.stdout)
+  assert out["num"] == 20 and len(out["area"]["truth_percentiles"]) == 6
