@@ -40,7 +40,8 @@ def file_name(index: int) -> str:
   return f"{index:07d}.npz"
 
 
-def _savez(p: str, arrays: dict) -> None:
+def savez(p: str, arrays: dict) -> None:
+  """Write one example's arrays to `p` (an `fileio.atomic_write` writer)."""
   with open(p, "wb") as fh:  # a handle: np.savez would append ".npz" to the temporary name
     np.savez(fh, **arrays)
 
@@ -203,7 +204,7 @@ def generate(
         for k, i in enumerate(chunk):  # writes overlap the next batch's computation
           path = fileio.join(out, split, file_name(int(i)))
           ex = {a: v[k] for a, v in arrays.items()}
-          write = functools.partial(_savez, arrays=ex)
+          write = functools.partial(savez, arrays=ex)
           pending.append(pool.submit(fileio.atomic_write, path, write))
         for f in [f for f in pending if f.done()]:
           f.result()  # re-raise a failed write now
