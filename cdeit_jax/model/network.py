@@ -361,7 +361,7 @@ def _conditioner(cond: str, alphas, layout, removals, grid, current_carrying="us
       f"cond {cond!r} reads CDEIT's 16-electrode EIM; the measuring system "
       f'{layout.describe()} needs cond "linear" (config.model.cond)'
     )
-  if current_carrying != "use" and cond != "linear":
+  if current_carrying != "use" and not reads_values(cond):
     raise InputError(
       f'current_carrying {current_carrying!r} applies to cond "linear" (a device\'s values); '
       f"cond {cond!r} reads CDEIT's 208, none on a current-carrying electrode "
