@@ -188,6 +188,7 @@ def test_make_device_model_then_reconstruct_without_the_device_file(tmp_path):
     p = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
   assert "models/cdeit16/checkpoints/4000 (a model of CDEIT's EIM" in p.stderr, p.stderr[-3000:]
+  assert "leave out the 64 of 256 values measured on current-carrying" in p.stderr
   (tmp_path / "ref.mat").rename(tmp_path / "moved.mat")
   (run / "device.npz").rename(tmp_path / "moved.npz")
   np.save(tmp_path / "frames.npy", frames)

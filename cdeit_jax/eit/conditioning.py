@@ -279,6 +279,17 @@ def ignored_values(lay: Layout, current_carrying: str) -> np.ndarray:
   return np.zeros(lay.num_values, bool)
 
 
+def ignored_note(lay: Layout, current_carrying: str) -> str | None:
+  """One log line saying which values a model of `lay` leaves out (None: none)."""
+  n = int(ignored_values(lay, current_carrying).sum())
+  if not n:
+    return None
+  return (
+    f"the model's linear images leave out the {n} of {lay.num_values} values measured on "
+    f"current-carrying electrodes (config.model.current_carrying={current_carrying!r})"
+  )
+
+
 @functools.lru_cache(maxsize=2)
 def _layout_factors(
   lay: Layout,

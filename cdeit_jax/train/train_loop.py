@@ -28,6 +28,7 @@ from cdeit_jax.common import compat, compile_cache, fileio, hardware, logs, trac
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import CdeitError
 from cdeit_jax.data import pipeline, simulator_source, training_data
+from cdeit_jax.eit import conditioning
 from cdeit_jax.train import goodput, memory_fit, training, workdir_lock
 
 log = logs.log.getChild("train")
@@ -454,6 +455,9 @@ def _prepare(
     f"{memory_fit.train_step_report(compiled.memory, cfg)}",
     data.description,
   ]
+  note = conditioning.ignored_note(device, cfg.model.get("current_carrying", "use"))
+  if note:
+    report.append(note)
   warnings = list(plan.warnings)
   state = jax.device_put(ts.state, compiled.state_shardings)
   constants, rng, last_good = ts.constants, jax.random.key(cfg.seed), None
