@@ -43,15 +43,17 @@ def test_profile_holds_the_steps_and_the_host_phases(profiled):
 
 
 def test_time_split_adds_up_to_the_wall_time(profiled):
-  """Each window's phases and the run's parts add up to their wall time with at most 2 % left
-  unmeasured; goodput is the step time's share."""
+  """Each window's phases and the run's parts add up to their wall time with at most 2 % (and
+  25 ms) left unmeasured; goodput is the step time's share."""
   tmp, _ = profiled
   records = [json.loads(line) for line in (tmp / "run" / "metrics.jsonl").open()]
   phases = ("step", "data", "validation", "checkpoint", "logging", "profile")
   for r in records:
     measured = sum(r[f"time_{p}_s"] for p in phases)
     assert measured + r["time_other_s"] == pytest.approx(r["window_s"], rel=1e-9)
-    assert abs(r["time_other_s"]) <= 0.02 * r["window_s"] + 1e-3, r
+    # 2 % and 25 ms: the host's own pauses (a worker beside it on 2 cores, a garbage
+    # collection) fall between the phases; a phase left unmeasured takes longer
+    assert abs(r["time_other_s"]) <= 0.02 * r["window_s"] + 0.025, r
   run = records[-1]["run"]
   parts = ("startup", "compile", *phases)
   assert sum(run[f"{p}_s"] for p in parts) == pytest.approx(run["wall_s"], rel=0.02)
