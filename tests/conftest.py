@@ -507,3 +507,30 @@ def device_arrays(layout):
   mpat[pairs[:, 0], np.arange(len(pairs))] = 1
   mpat[pairs[:, 1], np.arange(len(pairs))] = -1
   return 2e-3 * layout.currents, mpat
+
+
+def rel_l2(a, b) -> float:
+  """||a - b|| / ||b||."""
+  return float(np.linalg.norm(np.ravel(a) - np.ravel(b)) / np.linalg.norm(np.ravel(b)))
+
+
+def disc_params(cx: float, cy: float, r: float, sigma: float) -> np.ndarray:
+  """One phantom's parameters (MAX_INCLUSIONS, ROW): a disc of conductivity `sigma` (times the
+  background's) at (cx, cy), radius r."""
+  from cdeit_jax.eit import phantom as ph
+
+  p = np.zeros((ph.MAX_INCLUSIONS, ph.ROW))
+  p[0] = [1, 0, cx, cy, r, 0, 0, np.log10(sigma), 0]
+  return p
+
+
+@pytest.fixture(scope="module")
+def sim64():
+  """CDEIT's simulator in float64."""
+  import jax
+
+  from cdeit_jax import eit
+  from cdeit_jax.eit.layout import preset
+
+  with jax.enable_x64(True):
+    yield eit.Simulator(preset("cdeit16"), dtype="float64")

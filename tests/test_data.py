@@ -238,7 +238,7 @@ def test_augmented_rows_are_their_examples_turned_or_mirrored(folder):
 def test_another_devices_examples_are_augmented_with_its_own_symmetries(tmp_path):
   """A 32-electrode device's files (its values conditioned as a vector): each augmented row is
   its example's values under one of the device's 8 symmetries (`symmetry.turn`: index and sign,
-  checked against the simulator in test_eit) with the target turned alike; a device without
+  checked against the simulator in test_symmetry) with the target turned alike; a device without
   the tank's symmetries (KTC2023's: no pair closes the ring) is refused before any batch."""
   from cdeit_jax.eit import layout, symmetry
 

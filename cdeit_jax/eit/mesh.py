@@ -26,7 +26,7 @@ from cdeit_jax.eit.measurement import NUM_ELECTRODES
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-  """Mesh resolution. The defaults give 1,702 nodes; see tests/test_eit.py for its accuracy."""
+  """Mesh resolution. The defaults give 1,702 nodes; see tests/test_fem.py for its accuracy."""
 
   width_deg: float = 4.0  # electrode angular width
   electrode_edges: int = 4  # boundary edges per electrode

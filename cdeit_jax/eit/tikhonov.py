@@ -45,7 +45,7 @@ def jacobian(sim: Simulator) -> np.ndarray:
   element e is y_r[e]^T K_e x_p[e] (K_e its stiffness; the electrode potentials are a linear map
   of the nodes, so d U = E M^-1 dM X). The partial-volume map (a triangle's conductivity is the
   mean of 10^x over its sample points' pixels) takes it to the pixels. Checked against autodiff
-  through the CEM (tests/test_eit.py)."""
+  through the CEM (tests/test_fem.py)."""
   import scipy.linalg
   import scipy.sparse
 
