@@ -3,8 +3,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install lint test test-all accelerator-check gpu-wheels demo demo-model ktc-demo ktc-model cdeit16-model device-model moving-demo \
-  train-test bench clean
+.PHONY: install lint test test-all accelerator-check gpu-wheels demo demo-model ktc-demo ktc-model ktc-heldout \
+  cdeit16-model device-model moving-demo train-test bench clean
 
 install: $(BIN)/.installed
 
@@ -166,6 +166,7 @@ ktc-model: install
 	  --sims $(KTC_MODEL_DATA)/test --out $(KTC_MODEL_RUN)/answer_test.json && \
 	$(BIN)/python -m cdeit_jax.tools.answer_study --workdir $(KTC_MODEL_RUN) --rules $$rule \
 	  --sims $(KTC_MODEL_DRIFT_DATA)/test --out $(KTC_MODEL_RUN)/answer_test_drift.json && \
+	$(call ktc_heldout,$(KTC_MODEL_RUN),$(KTC_MODEL_RUN),$$rule) && \
 	$(BIN)/python eval.py --workdir $(KTC_MODEL_RUN) --data ktc2023_challenge \
 	  --data_path data/ktc2023/levels --out $(KTC_MODEL_RUN)/eval_ktc2023 \
 	  --config.eval.tikhonov=True --config.eval.answer_rule=$$rule && \
@@ -175,8 +176,33 @@ ktc-model: install
 	  --scores ktc2023_public=$(KTC_MODEL_RUN)/eval_ktc2023/metrics.json \
 	  --scores rule_study=$(KTC_MODEL_RUN)/answer_study.json \
 	  --scores simulated_levels=$(KTC_MODEL_RUN)/answer_test.json \
-	  --scores simulated_levels_drift=$(KTC_MODEL_RUN)/answer_test_drift.json && \
+	  --scores simulated_levels_drift=$(KTC_MODEL_RUN)/answer_test_drift.json \
+	  --scores heldout_few=$(KTC_MODEL_RUN)/heldout_few.json \
+	  --scores heldout_many=$(KTC_MODEL_RUN)/heldout_many.json && \
 	echo "make ktc-model: $$(( $$(date +%s) - start )) s (the model: models/ktc2023, rule $$rule)"
+
+# A KTC2023 model on the held-out shape families (docs/ktc2023.md): targets of shapes its
+# training never draws (letters, blobs, thin shapes, concave outlines, touching pairs), made once
+# (cached) for configs/ktc2023_model.py's system, 100 with 1-4 objects (few/: levels 1-4) and 100
+# with 3-4 of both classes (many/: levels 5-7), scored per level for the model's answer rules
+# (KTC_HELD_RULES: one rule; default: every candidate) into KTC_HELD_OUT/heldout_{few,many}.json.
+# A test: nothing is chosen on it.
+KTC_HELD ?= $(HOME)/.cache/cdeit-jax/ktc-heldout-v1
+KTC_HELD_MODEL ?= models/ktc2023
+KTC_HELD_OUT ?= runs/ktc2023_heldout
+KTC_HELD_RULES ?=
+# $(call ktc_heldout,MODEL,OUT,RULES): the families made once, then both groups scored (a
+# canned command, not a recursive make: `make -n ktc-model` would run one)
+ktc_heldout = { test -f $(KTC_HELD)/heldout.json || $(BIN)/python -m cdeit_jax.tools.heldout_families \
+	  --config configs/ktc2023_model.py --out $(KTC_HELD) --num 100; } && mkdir -p $(2) && \
+	for group in few many; do \
+	  $(BIN)/python -m cdeit_jax.tools.answer_study --workdir $(1) --sims $(KTC_HELD)/$$group \
+	    --num 100 $(if $(3),--rules $(3)) --out $(2)/heldout_$$group.json || exit 1; \
+	done
+ktc-heldout: install
+	@start=$$(date +%s) && \
+	$(call ktc_heldout,$(KTC_HELD_MODEL),$(KTC_HELD_OUT),$(KTC_HELD_RULES)) && \
+	echo "make ktc-heldout: $$(( $$(date +%s) - start )) s (levels 1-4: $(KTC_HELD_OUT)/heldout_few.json, 5-7: heldout_many.json)"
 
 # Your own device (docs/your_device.md): calibrate it from its reference file (gain, contact
 # impedance and electrode width fitted to the empty tank, each with the range the frame allows;
