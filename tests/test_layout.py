@@ -314,6 +314,7 @@ def test_a_file_of_two_protocols_narrows_to_one_and_a_device_round_trips(tmp_pat
   back, w = lay.from_device_file(str(tmp_path / "device.npz"))
   assert back.signature == calibrated.signature and back.measures_as(one)
   assert (back.gain, back.contact_impedance) == (812.5, 2e-3)
+  assert back.name == "both.mat (UEF keys)"  # the reference file's name, not the copy's
   np.testing.assert_allclose(back.angles, calibrated.angles, atol=1e-12)
   np.testing.assert_array_equal(w, v)
   assert not back.measures_as(adjacent)

@@ -702,6 +702,8 @@ def from_device_file(
   if width_deg is None:
     width_deg = KTC_WIDTH_DEG if ktc_tank else _default_width(n)
   name = f"{os.path.basename(path)} ({fmt.name} keys)"
+  if NAME_KEY in d:  # a calibrated device file keeps its reference file's name
+    name = str(np.asarray(d[NAME_KEY]).reshape(-1)[0])
   cal = {k: float(given[k].reshape(-1)[0]) for k in DEVICE_KEYS[2:] if k in given}
   layout = Layout(name, angles, np.deg2rad(width_deg), inj[:, keep] / scale, rows, **cal)
   if layout.signature == preset("ktc2023").signature:
@@ -751,6 +753,7 @@ def _check_repeats(path: str, vk: str, currents, mk: str, pairs, v: np.ndarray) 
 
 # A calibrated device file's own keys beside KTC's (`save_device`).
 DEVICE_KEYS = ("angles_deg", "width_deg", "gain", "contact_impedance", "current_ratio")
+NAME_KEY = "device_name"  # the device's own name (e.g. "ref.mat (UEF keys)"), not the copy's
 
 
 def _patterns(path: str, key: str, patterns, num_p: int) -> np.ndarray:
@@ -799,6 +802,7 @@ def save_device(
     "width_deg": np.float64(np.rad2deg(layout.width)),
     "gain": np.float64(layout.gain),
     "current_ratio": np.float64(layout.current_ratio),
+    NAME_KEY: np.array(layout.name),
   }
   if layout.contact_impedance is not None:
     arrays["contact_impedance"] = np.float64(layout.contact_impedance)
