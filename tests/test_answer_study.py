@@ -98,3 +98,25 @@ def test_the_study_reads_several_simulated_splits_in_order(tmp_path):
     (tmp_path / "empty").mkdir()
     answer_study.simulated(f"{tmp_path / 'a'},{tmp_path / 'empty'}", 2)
   assert "\n" not in str(e.value)
+
+
+def test_targets_are_grouped_by_their_held_out_family(tmp_path):
+  """`families` reads the heldout.json beside each split, in the files' order and count (a
+  folder without one: None); `family_means` by hand."""
+  import json
+
+  groups = {"few": ["letters", "blobs", "letters"], "many": ["thin", "touching"]}
+  for group, fams in groups.items():
+    (tmp_path / group).mkdir()
+    for i in range(len(fams)):
+      (tmp_path / group / f"{i:07d}.npz").write_bytes(b"")
+  record = {"groups": {g: {"families": f} for g, f in groups.items()}}
+  (tmp_path / "heldout.json").write_text(json.dumps(record))
+  got = answer_study.families(f"{tmp_path / 'few'},{tmp_path / 'many'}/", 2)
+  assert got.tolist() == ["letters", "blobs", "thin", "touching"]
+  (tmp_path / "sim" / "valid").mkdir(parents=True)
+  (tmp_path / "sim" / "valid" / "0000000.npz").write_bytes(b"")
+  assert answer_study.families(str(tmp_path / "sim" / "valid"), 5) is None
+  assert answer_study.families(f"{tmp_path / 'few'},{tmp_path / 'sim' / 'valid'}", 5) is None
+  means = answer_study.family_means(np.array([1.0, 0.5, 0.0, 0.25]), np.array(["a", "b", "a", "b"]))
+  assert means == {"a": 0.5, "b": 0.375}

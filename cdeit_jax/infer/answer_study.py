@@ -75,6 +75,32 @@ def simulated(folders: str, num: int) -> tuple[np.ndarray, np.ndarray]:
   return values, np.stack([class_map(a["xs"]) for a in arrays])
 
 
+def families(folders: str, num: int) -> np.ndarray | None:
+  """Each studied target's held-out shape family (`data.heldout`: the `heldout.json` beside a
+  split folder made by `tools.heldout_families`), in `simulated`'s order; None unless every
+  folder has one."""
+  import json
+
+  out: list[str] = []
+  for folder in folders.split(","):
+    folder = folder.rstrip("/")
+    record = os.path.join(os.path.dirname(folder), "heldout.json")
+    count = len(sorted(glob.glob(os.path.join(folder, "[0-9]" * 7 + ".npz")))[:num])
+    if not os.path.isfile(record):
+      return None
+    with open(record) as fh:
+      group = json.load(fh).get("groups", {}).get(os.path.basename(folder))
+    if group is None or len(group["families"]) < count:
+      return None
+    out += group["families"][:count]
+  return np.asarray(out)
+
+
+def family_means(row: np.ndarray, of: np.ndarray) -> dict[str, float]:
+  """The mean of per-target scores `row` within each family (`of`: each target's)."""
+  return {str(f): float(np.mean(row[of == f])) for f in sorted(set(of.tolist()))}
+
+
 def level_removed(lay, level: int) -> np.ndarray:
   """(R,) bool: the values KTC2023's level `level` removes (`eit.layout`'s "ktc2023" removals)."""
   from cdeit_jax.eit import layout
@@ -137,7 +163,9 @@ def study(
   result: dict = {"workdir": workdir, "checkpoint": rec.checkpoint, "num_samples": num_samples}
   if sims:
     values, truths = simulated(sims, num)
+    fams = families(sims, num)
     per = {n: {} for n in names}
+    by_family: dict[str, dict] = {n: {} for n in names}
     for level in LEVELS:
       gone = level_removed(lay, level)
       v = np.where(gone[None], np.nan, values)
@@ -146,6 +174,8 @@ def study(
       s = with_oracle(score_rules(rules, _evidence(r), truths, extra=(tik, 0 * truths)), len(rules))
       for n, row in zip(names, s):
         per[n][f"level_{level}"] = float(np.mean(row))
+        if fams is not None:
+          by_family[n][f"level_{level}"] = family_means(row, fams)
       log.info(f"simulations, level {level}: {time.perf_counter() - t0:.0f} s")
     result["simulations"] = {
       "folder": sims,
@@ -154,6 +184,8 @@ def study(
         n: {**p, "all": float(np.mean(list(p.values())))} for n, p in per.items()
       },
     }
+    if fams is not None:  # held-out shape families: each one's mean per level
+      result["simulations"]["per_family"] = by_family
   if ktc:
     from cdeit_jax.data import ktc2023
 
@@ -217,6 +249,17 @@ def tables(study_json: dict) -> str:
     s = result["simulations"]
     out.append(f"simulations ({s['targets']} targets per level, mean score per target):")
     out.append(_table(s["mean_per_target"], "all", "{:.3f}"))
+  if "per_family" in result.get("simulations", {}):
+    fam = result["simulations"]["per_family"]
+    first = next(iter(fam))  # the first rule studied (the model's own with --rules)
+    out.append(f"per held-out family, {first} / tikhonov:")
+    rows = {
+      f: {k: f"{fam[first][k][f]:.3f} / {fam['tikhonov'][k][f]:.3f}" for k in fam[first]}
+      for f in next(iter(fam[first].values()))
+    }
+    head = "| family | " + " | ".join(k.replace("_", " ") for k in fam[first]) + " |"
+    out += [head, "|---|" + "---|" * len(fam[first])]
+    out += [f"| {f} | " + " | ".join(r.values()) + " |" for f, r in rows.items()]
   if "public" in result:
     out.append(f"public cases ({result['public']['targets']}, score summed per level):")
     out.append(_table(result["public"]["score"], "total", "{:.2f}"))
