@@ -66,13 +66,18 @@ def simulated(folders: str, num: int) -> tuple[np.ndarray, np.ndarray]:
 
   paths = []
   for folder in folders.split(","):
-    found = sorted(glob.glob(os.path.join(folder, "[0-9]" * 7 + ".npz")))[:num]
+    found = _split_files(folder, num)
     if not found:
       raise InputError(f"--sims {folder}: no simulated examples (NNNNNNN.npz); give a split folder")
     paths += found
   arrays = [read_npz(p, ("ys", "xs")) for p in paths]
   values = np.stack([a["ys"][:, 0] for a in arrays]).astype(np.float64)
   return values, np.stack([class_map(a["xs"]) for a in arrays])
+
+
+def _split_files(folder: str, num: int) -> list[str]:
+  """The first `num` examples (NNNNNNN.npz) of a simulated split folder, in order."""
+  return sorted(glob.glob(os.path.join(folder, "[0-9]" * 7 + ".npz")))[:num]
 
 
 def families(folders: str, num: int) -> np.ndarray | None:
@@ -85,7 +90,7 @@ def families(folders: str, num: int) -> np.ndarray | None:
   for folder in folders.split(","):
     folder = folder.rstrip("/")
     record = os.path.join(os.path.dirname(folder), "heldout.json")
-    count = len(sorted(glob.glob(os.path.join(folder, "[0-9]" * 7 + ".npz")))[:num])
+    count = len(_split_files(folder, num))
     if not os.path.isfile(record):
       return None
     with open(record) as fh:
