@@ -203,6 +203,23 @@ class StderrCapture:
       sys.stderr.write(text)
 
 
+def _summary_writer_class() -> type:
+  """tensorboardX's SummaryWriter, imported with torch hidden: its package imports torch when
+  installed (as it is beside a PyTorch checkpoint to convert) only to accept torch tensors, and
+  that took 1.8 of a train.py run's 4.3 s of start-up on 2 cores. We write Python floats. A
+  `None` in `sys.modules` makes that one `import torch` fail as if torch were absent."""
+  if "torch" in sys.modules:
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter
+  sys.modules["torch"] = None  # type: ignore[assignment]
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
+
+
 class MetricLogger:
   """`start_step` is the step the run resumes from (0 for a new run): records of later steps,
   written by an earlier attempt whose checkpoints did not all commit, are dropped from
@@ -213,8 +230,7 @@ class MetricLogger:
     self.history = ""
     if not enabled:
       return
-    from tensorboardX import SummaryWriter
-
+    SummaryWriter = _summary_writer_class()
     fileio.makedirs(workdir)
     path = fileio.join(workdir, "metrics.jsonl")
     kept, self.dropped = cut_jsonl(fileio.read_text(path), start_step)
