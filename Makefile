@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install lint test test-all accelerator-check gpu-wheels demo demo-model ktc-demo ktc-model ktc-heldout \
+.PHONY: install lint test test-e2e test-all accelerator-check gpu-wheels demo demo-model ktc-demo ktc-model ktc-heldout \
   cdeit16-model device-model moving-demo train-test bench clean
 
 install: $(BIN)/.installed
@@ -19,18 +19,23 @@ $(BIN)/.installed: pyproject.toml
 # and its own session fixtures, so more workers need more memory); tests sharing an expensive
 # fixture go to one worker (--dist loadgroup, tests/conftest.py's SHARED_FIXTURES). Huge-page-backed malloc:
 # XLA:CPU's large temporaries fault in far faster (cdeit_jax/common/cpu_tuning.py).
+# `make test` leaves out the end-to-end runs of the commands (marker e2e: `make test-e2e`, which
+# CI runs after it) and the slow checks (`make test-all` runs every test).
 TEST_WORKERS ?= 2
+PYTEST = GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 test: install lint
-	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(PYTEST)
+
+test-e2e: install
+	$(PYTEST) -m "e2e and not slow"
 
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Every test, the slow ones too (about 3 minutes more on 2 cores).
+# Every test: the README's, the end-to-end and the slow ones (about 25 minutes on 2 cores).
 test-all: install
-	GLIBC_TUNABLES=glibc.malloc.hugetlb=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup \
-	  -m "slow or not slow"
+	$(PYTEST) -m "slow or not slow"
 
 # The embedded default: simulate a training set once (cached), whose measuring system is drawn per
 # example (config.simulator.system), and a foreign system's test set (configs/foreign.py); train

@@ -9,11 +9,15 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the commands run (cdeit_jax/cpu_tuning.py)
 # One persistent compilation cache for the session, inherited by the train.py subprocesses
 # (the same train step then compiles once: 14 s -> 3 s on 2 CPU cores).
+# Made by the first process only (pytest-xdist's workers inherit it), and removed when it ends.
 import tempfile  # noqa: E402
 
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", tempfile.mkdtemp(prefix="cdeit_jax_cache_"))
+OWN_CACHE = None
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  OWN_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="cdeit_jax_cache_")
 
 import pathlib  # noqa: E402
+import shutil  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -27,13 +31,17 @@ def nhwc(a: np.ndarray) -> np.ndarray:
 
 
 # Tests that share an expensive fixture run in one pytest-xdist worker (`make test` distributes
-# with --dist loadgroup), so that it is built once, not once per worker: fixture -> group. The
-# bucket's tests share the uninterrupted training run with test_training's.
+# with --dist loadgroup), so that it is built once, not once per worker: fixture -> group.
+# `straight_run` is left out: its tests are a third of the end-to-end tier, and spread over both
+# workers they finish sooner than the second build of the fixture (a 24-step train.py run) costs.
 SHARED_FIXTURES = {
-  "gcs": "straight_run",
-  "fine_tuned_run": "straight_run",
-  **{f: f for f in ("straight_run", "device_run", "small_set", "fixture_run", "step8", "profiled")},
+  "gcs": "gcs",
+  "model_folder": "model_folder",
+  **{f: f for f in ("device_run", "small_set", "fixture_run", "step8", "profiled")},
 }
+E2E_FIXTURES = ("straight_run", "fine_tuned_run")
+"""Fixtures that are train.py runs in subprocesses: a test using one is end-to-end (marker
+`e2e`: CI's second tier, `make test-e2e`, not the README's `make test`)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
@@ -42,6 +50,13 @@ def pytest_collection_modifyitems(config, items):
     group = next((g for f, g in SHARED_FIXTURES.items() if f in item.fixturenames), None)
     if group is not None:
       item.add_marker(pytest.mark.xdist_group(group))
+    if any(f in item.fixturenames for f in E2E_FIXTURES):
+      item.add_marker(pytest.mark.e2e)
+
+
+def pytest_unconfigure(config):
+  if OWN_CACHE is not None:
+    shutil.rmtree(OWN_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

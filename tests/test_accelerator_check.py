@@ -7,9 +7,11 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO
 
 
+@pytest.mark.e2e
 def test_the_cpu_accelerator_check_writes_every_figure_and_passes(tmp_path):
   out = tmp_path / "check"
   p = subprocess.run(

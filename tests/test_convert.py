@@ -167,6 +167,7 @@ def test_edited_metadata_is_one_line(tmp_path, edit, match):
     loading.load(str(tmp_path / "run"))
 
 
+@pytest.mark.e2e
 def test_convert_command_line(tmp_path):
   import subprocess
 

@@ -39,6 +39,7 @@ def fixture_run(tmp_path_factory):
   return str(wd)
 
 
+@pytest.mark.e2e
 def test_fixture_model_on_uef2017_writes_every_output(fixture_run, tmp_path):
   out = tmp_path / "out"
   r = data_kinds.evaluate(
@@ -219,6 +220,7 @@ def _eval_cli(*args, devices=None):
   )
 
 
+@pytest.mark.e2e
 def test_pred_same_on_1_and_8_devices_and_uncertainty(tiny_run, tmp_path):
   """One device, 8 devices in one process, and 8 devices over 2 processes (eval.py with
   jax.distributed on 127.0.0.1) reconstruct the same images."""

@@ -219,6 +219,7 @@ def test_workdir_lease_in_a_bucket(gcs):
     assert waited < 0.5 * lease if age > lease else 0.4 * lease < waited < 2 * lease, waited
 
 
+@pytest.mark.e2e
 def test_sigterm_while_compiling_releases_the_lease(gcs, bucket_data):
   """train.py on a bucket workdir, SIGTERM as soon as its lease object exists (it is still
   starting: nothing is logged yet): it stops in one line with exit 0 and deletes its lock, so the

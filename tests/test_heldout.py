@@ -89,6 +89,7 @@ def test_conductivity_of_a_disc_is_the_phantom_modules():
   np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
+@pytest.mark.e2e
 def test_the_command_writes_each_groups_files(tmp_path):
   """`python -m cdeit_jax.tools.heldout_families` writes few/ and many/ files that the
   simulator's readers take (ys (208, 1), xs (128, 128)), the record of each target, and the

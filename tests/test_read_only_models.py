@@ -109,6 +109,7 @@ def _refused(p, flag, target):
   assert "the model folder" in lines[0] and "read-only" in lines[0] and "clean -fdx ." in lines[0]
 
 
+@pytest.mark.e2e
 def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path):
   """train.py (the folder, its checkpoints/, its step), eval.py, reconstruct, answer_study,
   calibrate, interpolate, ship, simulate and sequence, each aimed at a path in a copy of

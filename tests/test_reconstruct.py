@@ -153,6 +153,7 @@ def _cli(*args):
   )
 
 
+@pytest.mark.e2e
 def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, evaluated, tmp_path):
   """A .mat of frames with the file's reference frame, a .csv of difference voltages, a .npy
   of frames with --reference and a v7.3 .mat read 4 frames at a time (K = 2, the seed of
@@ -393,6 +394,7 @@ def test_counts_indices_ratios_and_paths_are_checked_in_one_line(rec, uef_ys, tm
   assert "lies inside the run's checkpoints" in r.stderr and not inside.exists()
 
 
+@pytest.mark.e2e
 def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef_ys, tmp_path):
   nan = uef_ys.copy()
   nan[2, 0] = np.nan

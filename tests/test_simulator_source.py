@@ -140,6 +140,7 @@ def straight(tmp_path_factory):
   return wd
 
 
+@pytest.mark.e2e
 def test_trains_on_8_devices_and_stores_the_statistics(straight):
   losses = _losses(straight)
   assert sorted(losses) == [2, 4, 6, 8, 10, 12, 14, 16]

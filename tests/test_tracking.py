@@ -71,6 +71,7 @@ def test_a_resumed_training_is_one_offline_run_and_eval_logs_into_it(tmp_path):
   assert any(k.startswith("uef2017/figure/") for h in ev["history"] for k in h)  # a wandb.Image
 
 
+@pytest.mark.e2e
 def test_a_broken_wandb_never_stops_the_training(tmp_path):
   """An unwritable WANDB_DIR (wandb falls back to a temporary folder by itself) and a run id
   W&B refuses (a damaged wandb.json): one warning, and the training resumes and finishes."""
@@ -137,6 +138,7 @@ def test_wandb_mode_unknown_is_one_line_before_work_and_empty_is_unset(tmp_path,
     tracking.check_mode_env()
 
 
+@pytest.mark.e2e
 def test_a_damaged_wandb_json_is_a_warning_and_eval_finishes(tiny_run, tmp_path):
   """WORKDIR/wandb.json that is not a run record (garbage, a list, no id): eval.py writes its
   outputs and exits 0 with one warning naming the file (before: rc 1 and a traceback after the

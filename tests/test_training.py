@@ -106,6 +106,7 @@ def test_grad_norm_warning_sees_every_step_of_the_window():
   assert out == ["gradient norm outside [1e-07, 1000] at 3 step(s) (1, 3, 4); 1e-09 at step 1"]
 
 
+@pytest.mark.e2e
 def test_ctrl_c_saves_the_step_and_is_one_line(tmp_path):
   """Ctrl-C (SIGINT) during training: the step is saved, as on SIGTERM, then exit 130 with one
   line, no traceback (and no hang on a save cut short); every saved step reads."""
@@ -752,6 +753,7 @@ def test_init_from_refuses_another_model_naming_the_keys(straight_run):
   assert "attention_impl" not in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.e2e
 def test_a_fine_tuning_on_its_starts_system_reads_its_inputs_as_the_start_did(tmp_path):
   """config.init_from on the same measuring system: the run standardises its voltages with the
   start's statistics and keeps the start's condition calibration (set here far from what the
