@@ -113,7 +113,7 @@ class Generator:
     from cdeit_jax.data import synthetic
 
     self.sim = sim
-    synthetic.generator(sim)  # checks the settings now
+    self.device = synthetic.generator(sim).layout  # the simulated device (checks the settings)
     self.mesh = shd.make_mesh(jax.local_devices())
     n = self.mesh.size
     self.batch_size = -(-batch_size // n) * n  # a multiple of the devices
@@ -121,12 +121,10 @@ class Generator:
 
   def reconstruct(self, ys: np.ndarray) -> np.ndarray:
     if self.tikhonov is None:
-      from cdeit_jax import config_lib
       from cdeit_jax.eit import tikhonov
 
       alpha = self.sim.tikhonov_alpha or tikhonov.DEFAULT_ALPHA
-      device = config_lib.measuring_system(self.sim)
-      self.tikhonov = tikhonov.of_values(device, None, alpha)
+      self.tikhonov = tikhonov.of_values(self.device, None, alpha)
     return self.tikhonov(ys)
 
   def __call__(self, split: str, indices: np.ndarray, with_tr: bool = True) -> dict:
@@ -218,13 +216,10 @@ def generate(
   if counts.get("train", 0) >= 2 and (
     new_train or not fileio.path(fileio.join(out, "std.npy")).exists()
   ):
-    from cdeit_jax import config_lib
     from cdeit_jax.data import stats as stats_lib
 
     mean, std = stats_lib.compute_stats(
-      fileio.join(out, "train"),
-      progress=False,
-      num_values=config_lib.measuring_system(sim).num_values,
+      fileio.join(out, "train"), progress=False, num_values=gen.device.num_values
     )
     stats_lib.write_stats(out, mean, std)
   return {

@@ -317,3 +317,19 @@ def test_one_table_of_named_systems():
   assert ratios("ktc2023") == (1978.0, 2.0)
   assert ratios("simulated") == ratios("cdeit16") == (1.0, 1.0)
   assert layout.preset("uef2017").measures_as(layout.preset("cdeit16"))
+
+
+def test_the_measuring_system_is_resolved_in_two_places():
+  """A config's measuring system becomes a `Layout` in `config_lib.measuring_system`, called by
+  the model's one resolution (`checkpoints/loading.py`: `resolve` / `device_of`, whose value the
+  commands hand down) and by the simulated distribution (`data/synthetic.py`'s `Generator`,
+  built once per settings and cached), besides `config_lib` itself: nowhere else does a layer
+  resolve it again."""
+  callers = set()
+  for path in sorted(PACKAGE.rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+      f = getattr(node, "func", None)
+      name = getattr(f, "attr", None) or getattr(f, "id", None)
+      if isinstance(node, ast.Call) and name == "measuring_system":
+        callers.add(path.relative_to(PACKAGE).as_posix())
+  assert callers == {"config_lib.py", "checkpoints/loading.py", "data/synthetic.py"}, callers

@@ -26,7 +26,6 @@ import ml_collections
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from cdeit_jax import config_lib
 from cdeit_jax.common import logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import CdeitError, InputError
@@ -112,7 +111,7 @@ class SimulatorData:
     if checkpoint_stats is None:
       if int(s.stats_examples) < 2:
         raise InputError("config.simulator.stats_examples must be >= 2 (a std needs two examples)")
-      num_values = config_lib.measuring_system(s).num_values
+      num_values = synthetic.generator(s).layout.num_values  # the simulated device's
       running, ys, xs = measurement.RunningStats(num_values=num_values), [], []
       for y, x in statistics_examples(cfg, int(s.stats_examples), mesh, stop):
         running.add(y)

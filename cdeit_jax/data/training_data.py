@@ -11,9 +11,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from cdeit_jax import config_lib
 from cdeit_jax.common import fileio
 from cdeit_jax.data import pipeline, sources
+from cdeit_jax.eit.layout import Layout
 
 
 class TrainingData(Protocol):
@@ -41,13 +41,13 @@ class FileData:
     self,
     cfg: ml_collections.ConfigDict,
     mesh: jax.sharding.Mesh,
+    device: Layout,
     checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
     start_stats: tuple[np.ndarray, np.ndarray] | None = None,
   ):
     d = cfg.data
     from cdeit_jax.data.simulator_source import vector_cond
 
-    device = config_lib.measuring_system(cfg.simulator)  # the measuring system, resolved once
     common = dict(
       voltage_ratio=d.voltage_ratio,
       current_ratio=d.current_ratio,
@@ -83,17 +83,20 @@ class FileData:
 def open_training_data(
   cfg: ml_collections.ConfigDict,
   mesh: jax.sharding.Mesh,
+  device: Layout,
   checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
   stop: Callable[[], bool] | None = None,
   start_stats: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> TrainingData:
   """The source `config.data.source` names, standardised with `checkpoint_stats` on resume, or
   with `start_stats`, those of the checkpoint a fine-tuning starts from (`loading.start_inputs`);
-  either way the condition's calibration is the checkpoint's, not computed. `stop` (training's
-  signal flag) may end the simulator's statistics early (`simulator_source.Stopped`)."""
+  either way the condition's calibration is the checkpoint's, not computed. `device` is the
+  model's measuring system, resolved once by the caller (`loading.resolve`): the files' frames
+  are its values. `stop` (training's signal flag) may end the simulator's statistics early
+  (`simulator_source.Stopped`)."""
   if cfg.data.source == "simulator":
     from cdeit_jax.data import simulator_source
 
     fixed = checkpoint_stats if checkpoint_stats is not None else start_stats
     return simulator_source.SimulatorData(cfg, mesh, fixed, stop)
-  return FileData(cfg, mesh, checkpoint_stats, start_stats)
+  return FileData(cfg, mesh, device, checkpoint_stats, start_stats)

@@ -442,7 +442,7 @@ def _prepare(
   if plan.meta is None and cfg.init_from and cfg.data.get("stats") is None:
     inherited = loading.start_inputs(origin_path, device)
   data = training_data.open_training_data(
-    cfg, mesh, plan.checkpoint_stats, stop, start_stats=inherited[0] if inherited else None
+    cfg, mesh, device, plan.checkpoint_stats, stop, start_stats=inherited[0] if inherited else None
   )
   ts = training.setup(cfg, mesh, calibration_source=data.calibration, device=device)
   compiled, cached = compile_step(ts, cfg, mesh)
