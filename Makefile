@@ -33,7 +33,7 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Every test: the README's, the end-to-end and the slow ones (about 25 minutes on 2 cores).
+# Every test: the README's, the end-to-end and the slow ones (about 27 minutes on 2 cores).
 test-all: install
 	$(PYTEST) -m "slow or not slow"
 
