@@ -61,6 +61,128 @@ def test_the_condition_is_tikhonov_of_the_values_each_removal_leaves():
   assert kinds == {tuple(layout.without(s)) for s in lay.removal_sets(rule)}
 
 
+def _hand_laplacian(grid: int) -> np.ndarray:
+  """The disk pixels' 4-neighbour graph Laplacian, pixel by pixel."""
+  disk = conditioning.ph.disk_mask(grid)
+  where = {ij: n for n, ij in enumerate(zip(*np.nonzero(disk)))}
+  lap = np.zeros((len(where),) * 2)
+  for (i, j), n in where.items():
+    for nb in ((i - 1, j), (i + 1, j), (i, j - 1), (i, j + 1)):
+      if nb in where:
+        lap[n, where[nb]] = -1.0
+        lap[n, n] += 1.0
+  return lap
+
+
+def test_each_prior_is_its_regularised_least_squares():
+  """`cond_priors`: one channel per prior and level, prior-major, each the minimiser of its
+  own objective for the values a set leaves: NOSER against eit.tikhonov's explicit inverse,
+  Laplace against a stacked least-squares solve with a Laplacian built pixel by pixel, the
+  Gaussian prior against its posterior mean written out with a covariance built point by point."""
+  rule, alphas = "-;3", (0.1, 1.0)
+  priors = ("noser", "laplace", "smooth")
+  c = conditioning.LayoutConditioner("cdeit16", alphas, removals=rule, grid=16, priors=priors)
+  assert c.num_channels == 6
+  layout = lay.preset("cdeit16")
+  jac = conditioning.pooled_jacobian(tikhonov.layout_jacobian(layout), 16)
+  disk = conditioning.ph.disk_mask(16)
+  lap = _hand_laplacian(16)
+  centres = [((j + 0.5) / 8 - 1, (i + 0.5) / 8 - 1) for i, j in zip(*np.nonzero(disk))]
+  cov = np.array(
+    [
+      [np.exp(-((a[0] - b[0]) ** 2 + (a[1] - b[1]) ** 2) / (2 * 0.2**2)) for b in centres]
+      for a in centres
+    ]
+  )
+  frames = np.random.default_rng(2).standard_normal((2, layout.num_values)) * 1e-3
+  for electrodes in lay.removal_sets(rule):
+    gone = layout.without(electrodes)
+    got = np.asarray(
+      c.coarse(jnp.asarray(np.where(gone, np.nan, frames), jnp.float32), scaled=False)
+    )
+    j = jac[~gone].reshape(int((~gone).sum()), -1)[:, disk.reshape(-1)]
+    y = frames[:, ~gone].T
+    for a, alpha in enumerate(alphas):
+      want = {
+        "noser": tikhonov.Tikhonov(jac=jac[~gone], alpha=alpha)(frames[:, ~gone]).reshape(2, -1)[
+          :, disk.reshape(-1)
+        ],
+        "laplace": np.linalg.lstsq(
+          np.vstack([j, np.sqrt(alpha * np.trace(j.T @ j) / np.trace(lap.T @ lap)) * lap]),
+          np.vstack([y, np.zeros((len(lap), 2))]),
+          rcond=None,
+        )[0].T,
+        "smooth": (
+          cov
+          @ j.T
+          @ np.linalg.solve(
+            j @ cov @ j.T + alpha * np.trace(j @ cov @ j.T) / len(j) * np.eye(len(j)), y
+          )
+        ).T,
+      }
+      for p, prior in enumerate(priors):
+        w = want[prior]
+        # float32 matrices (a wrong prior, level or order is off by tens of percent)
+        np.testing.assert_allclose(
+          got[:, p * len(alphas) + a], w, rtol=0, atol=5e-3 * np.abs(w).max(), err_msg=prior
+        )
+  for bad in (("noser", "noser"), ("tv",), ()):
+    with pytest.raises(InputError, match="config.model.cond_priors"):
+      conditioning.LayoutConditioner("cdeit16", alphas, priors=bad)
+  from cdeit_jax.model.network import CDEIT
+
+  with pytest.raises(InputError, match="config.model.cond_priors"):
+    CDEIT(cond="eim+linear", cond_priors=("laplace",), hidden_size=8, rngs=_rngs())
+
+
+def test_the_removal_set_as_an_input():
+  """`removal_input=True`: a frame's set (as `removal_set` finds it from its NaNs) selects a
+  learnt vector beside the timestep's; with that vector zero the network is the one without
+  it, and a vector set for one set changes only that set's frames."""
+  from flax import nnx
+
+  from cdeit_jax.model.network import CDEIT
+
+  rule = "-;3;0,1,2,3"
+  kw = dict(
+    cond="linear",
+    layout="cdeit16",
+    removals=rule,
+    cond_grid=16,
+    output="classes",
+    patch_size=16,
+    hidden_size=16,
+    num_heads=2,
+    num_scales=1,
+  )
+  plain, embedded = CDEIT(**kw, rngs=_rngs()), CDEIT(**kw, removal_input=True, rngs=_rngs())
+  layout = lay.preset("cdeit16")
+  frames = np.random.default_rng(3).standard_normal((6, layout.num_values)).astype(np.float32)
+  sets = np.array([0, 1, 2, 2, 1, 0])
+  gone = np.stack([layout.without(s) for s in lay.removal_sets(rule)])
+  cond = jnp.asarray(np.where(gone[sets], np.nan, frames))
+  assert np.array_equal(np.asarray(embedded.conditioner.set_index(cond)), sets)
+  assert np.array_equal(conditioning.removal_set(gone, np.asarray(cond), "x"), sets)
+  # random weights (adaLN-zero starts every block's modulation, so any input vector, at zero)
+  import jax
+
+  params = nnx.state(plain, nnx.Param)
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(_key(4), len(leaves))
+  noise = [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  nnx.update(plain, jax.tree.unflatten(tree, noise))
+  nnx.update(embedded, nnx.state(plain, nnx.Param))  # the same weights but the vectors
+  embedded.removal_embed.embedding[...] = jnp.zeros_like(embedded.removal_embed.embedding[...])
+  base = np.asarray(plain.segment(cond))
+  np.testing.assert_array_equal(np.asarray(embedded.segment(cond)), base)
+  embedded.removal_embed.embedding[...] = embedded.removal_embed.embedding[...].at[1].set(0.5)
+  moved = np.asarray(embedded.segment(cond))
+  changed = np.abs(moved - base).reshape(6, -1).max(1) > 1e-4
+  assert np.array_equal(changed, sets == 1)
+  with pytest.raises(InputError, match="config.model.removal_input"):
+    CDEIT(cond="linear", layout="cdeit16", hidden_size=8, removal_input=True, rngs=_rngs())
+
+
 def test_dropping_the_values_on_current_carrying_electrodes():
   """`current_carrying="drop"` reconstructs a skip-2 device that measures all 16 pairs (256
   values) exactly as a conditioner of the same device without those pairs does (from_rules'

@@ -60,6 +60,8 @@ ANY_SYSTEM = dict(
     ),
     ANY_SYSTEM,
     dict(ANY_SYSTEM, output="classes"),  # a segmenter
+    # two priors (four channels) and the removal set as an input
+    dict(ANY_SYSTEM, output="classes", cond_priors=("noser", "laplace"), removal_input=True),
   ],
 )
 @pytest.mark.parametrize("impl", ["xla", "blocked"])

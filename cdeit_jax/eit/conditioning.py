@@ -89,6 +89,7 @@ class LinearConditioner(nnx.Module):
     f = linear_factors(layout, float(noser_exponent))
     self.layout = layout
     self.alphas = tuple(float(a) for a in alphas)
+    self.num_channels = len(self.alphas)  # one image per level
     self.rotation = Fixed(jnp.asarray(f["rotation"], jnp.float32))
     self.basis_t = Fixed(jnp.asarray(f["basis_t"], jnp.float32))
     self.weight = Fixed(jnp.asarray(f["weight"], jnp.float32))
@@ -96,7 +97,7 @@ class LinearConditioner(nnx.Module):
     # Identity until `calibrate` measures the training set.
     self.voltage_mean = Calibration(jnp.zeros((NUM_MEASUREMENTS,), jnp.float32))
     self.voltage_std = Calibration(jnp.ones((NUM_MEASUREMENTS,), jnp.float32))
-    self.scale = Calibration(jnp.ones((len(self.alphas),), jnp.float32))
+    self.scale = Calibration(jnp.ones((self.num_channels,), jnp.float32))
 
   def voltages(self, cond: jax.Array) -> jax.Array:
     """(B, 208) voltages in simulation units (ys / voltage_ratio) read back from the EIM."""
@@ -140,8 +141,8 @@ def calibrate(
   n = min(len(source), limit)
   fn = nnx.jit(lambda m, c: m.channels(c, scaled=False))
   disk = ph.disk_mask(ph.IMAGE_SIZE)
-  total = np.zeros(len(conditioner.alphas))
-  total_sq = np.zeros(len(conditioner.alphas))
+  total = np.zeros(conditioner.num_channels)
+  total_sq = np.zeros(conditioner.num_channels)
   count = 0
   # A model of any system with no full set among its removal sets sees example i without the
   # electrodes of set i mod K, as training draws one per example (with the full set, whole
@@ -225,12 +226,14 @@ def layout_factors(
   grid: int,
   noser_exponent: float = tikhonov.NOSER_EXPONENT,
   current_carrying: str = "use",
+  priors: tuple[str, ...] = ("noser",),
 ) -> dict[str, np.ndarray]:
-  """For each electrode-removal set k of the rule `removals` and each level alpha: the
-  NOSER-weighted Tikhonov matrix of the values that set leaves of the measuring system `lay`
-  (its contact impedance included, as float32 holds it), on a coarse `grid` (`disk` pixels),
-  with zero columns for the values it removes (they are left out of the system, not read as
-  zeros): `matrices` (K, levels, R, disk pixels) float32, `removed` (K, R) bool. With
+  """For each electrode-removal set k of the rule `removals`, each prior of `priors` (`PRIORS`)
+  and each level alpha: the regularised linear reconstruction matrix of the values that set
+  leaves of the measuring system `lay` (its contact impedance included, as float32 holds it), on
+  a coarse `grid` (`disk` pixels), with zero columns for the values it removes (they are left out
+  of the system, not read as zeros): `matrices` (K, priors x levels, R, disk pixels) float32,
+  prior-major, `removed` (K, R) bool. With
   `current_carrying="drop"` (`CURRENT_CARRYING`) the values measured on a current-carrying
   electrode (`Layout.on_current_carrying`) are left out of every set's system too (`ignored` (R,)).
   lambda = alpha * trace(G) / (values left), as `eit.tikhonov.Tikhonov`. Kept in memory for the
@@ -247,6 +250,7 @@ def layout_factors(
       f"current_carrying {current_carrying!r}: give one of {', '.join(CURRENT_CARRYING)} "
       "(config.model.current_carrying)"
     )
+  priors = check_priors(priors)
   ignored = ignored_values(lay, current_carrying)
   empty = [s for s, gone in zip(sets, removed_values(lay, removals)) if (gone | ignored).all()]
   if empty:
@@ -261,7 +265,7 @@ def layout_factors(
     )
   physics = lay.with_contact_impedance(float(np.float32(lay.z))).physics
   return _layout_factors(
-    physics, removals, tuple(alphas), grid, float(noser_exponent), current_carrying
+    physics, removals, tuple(alphas), grid, float(noser_exponent), current_carrying, priors
   )
 
 
@@ -290,6 +294,89 @@ def ignored_note(lay: Layout, current_carrying: str) -> str | None:
   )
 
 
+# The priors of the linear images (config.model.cond_priors), each at every level alpha, after
+# KTC2023's winners, who stacked linearised reconstructions of several priors as the network's
+# input channels:
+#   "noser":   NOSER-weighted Tikhonov, W^-1 J^T (J W^-1 J^T + lambda I)^-1, W = diag(J^T J)^0.5
+#              (the one prior before; lambda = alpha * trace(G) / values left);
+#   "laplace": a smoothness penalty on the image's graph Laplacian L (4-neighbours in the disk),
+#              (J^T J + lambda L^T L)^-1 J^T, lambda = alpha * trace(J^T J) / trace(L^T L);
+#   "smooth":  a Gaussian prior of correlation length SMOOTH_LENGTH (of the tank's radius),
+#              Gamma J^T (J Gamma J^T + lambda I)^-1, lambda = alpha * trace(J Gamma J^T) / values.
+PRIORS = ("noser", "laplace", "smooth")
+SMOOTH_LENGTH = 0.2
+
+
+def check_priors(priors) -> tuple[str, ...]:
+  """`priors` as a tuple of known, distinct names; an InputError naming the config key."""
+  if isinstance(priors, str):
+    priors = (priors,)
+  priors = tuple(str(p) for p in (priors or ()))
+  bad = [p for p in priors if p not in PRIORS]
+  if not priors or bad or len(set(priors)) != len(priors):
+    raise InputError(
+      f"config.model.cond_priors: {priors!r} must be one or more distinct names of {PRIORS}, "
+      'e.g. ("noser",) or ("noser", "laplace", "smooth")'
+    )
+  return priors
+
+
+def grid_laplacian(disk: np.ndarray) -> np.ndarray:
+  """(P, P) graph Laplacian of the disk pixels (`disk` (g*g,) bool) with their 4 neighbours in
+  the disk: D - A, rows summing to zero (a constant image is not penalised)."""
+  g = int(round(np.sqrt(disk.size)))
+  index = np.full(g * g, -1)
+  index[disk] = np.arange(int(disk.sum()))
+  index = index.reshape(g, g)
+  lap = np.zeros((int(disk.sum()),) * 2)
+  for di, dj in ((0, 1), (1, 0)):
+    a, b = index[: g - di, : g - dj], index[di:, dj:]
+    both = (a >= 0) & (b >= 0)
+    i, j = a[both], b[both]
+    lap[i, j] = lap[j, i] = -1.0
+  lap[np.diag_indices_from(lap)] = -lap.sum(1)
+  return lap
+
+
+def gaussian_prior(disk: np.ndarray, length: float = SMOOTH_LENGTH) -> np.ndarray:
+  """(P, P) covariance exp(-d^2 / (2 length^2)) between the disk pixels' centres (d in the
+  tank's radii; pixel centres of the grid over [-1, 1]^2)."""
+  g = int(round(np.sqrt(disk.size)))
+  c = (np.arange(g) + 0.5) / g * 2 - 1
+  yy, xx = np.meshgrid(c, c, indexing="ij")
+  pts = np.stack([xx.ravel(), yy.ravel()], -1)[disk]
+  d2 = ((pts[:, None] - pts[None]) ** 2).sum(-1)
+  return np.exp(-d2 / (2 * length**2))
+
+
+def prior_matrices(
+  jac: np.ndarray, disk: np.ndarray, prior: str, alphas, noser_exponent: float
+) -> np.ndarray:
+  """(levels, pixels, values) reconstruction matrices of `prior` (`PRIORS`) for the Jacobian
+  `jac` (values, g*g) of the values a set leaves, over the `disk` pixels, in float64."""
+  jd = np.asarray(jac, np.float64)[:, disk]
+  if prior == "noser":
+    w_inv = 1.0 / np.maximum((jd * jd).sum(0), 1e-300) ** noser_exponent
+    gram = (jd * w_inv) @ jd.T
+    s, u = np.linalg.eigh((gram + gram.T) / 2)
+    left = (w_inv[:, None] * jd.T) @ u  # W^-1 J^T U (pixels, values left)
+    return np.stack([(left * f) @ u.T for f in filters(np.maximum(s, 0.0), alphas)])
+  if prior == "smooth":
+    cov = gaussian_prior(disk)
+    gram = jd @ cov @ jd.T
+    s, u = np.linalg.eigh((gram + gram.T) / 2)
+    left = cov @ jd.T @ u  # Gamma J^T U
+    return np.stack([(left * f) @ u.T for f in filters(np.maximum(s, 0.0), alphas)])
+  # "laplace": (J^T J + lambda L^T L)^-1 J^T, solved once per level (pixels x pixels)
+  jtj = jd.T @ jd
+  reg = grid_laplacian(disk)
+  reg = reg.T @ reg
+  scale = np.trace(jtj) / np.trace(reg)
+  return np.stack(
+    [np.linalg.solve(jtj + float(a) * scale * reg, jd.T) for a in np.asarray(alphas, np.float64)]
+  )
+
+
 @functools.lru_cache(maxsize=2)
 def _layout_factors(
   lay: Layout,
@@ -298,18 +385,19 @@ def _layout_factors(
   grid: int,
   noser_exponent: float,
   current_carrying: str,
+  priors: tuple[str, ...] = ("noser",),
 ) -> dict[str, np.ndarray]:
-  jac = pooled_jacobian(tikhonov.layout_jacobian(lay), grid)
+  jac = pooled_jacobian(tikhonov.layout_jacobian(lay), grid).reshape(lay.num_values, -1)
   disk = ph.disk_mask(grid).reshape(-1)
   removed = removed_values(lay, removals)
   ignored = ignored_values(lay, current_carrying)
-  out = np.zeros((len(removed), len(alphas), lay.num_values, int(disk.sum())), np.float32)
+  levels = len(alphas)
+  out = np.zeros((len(removed), len(priors) * levels, lay.num_values, int(disk.sum())), np.float32)
   for k, gone in enumerate(removed | ignored):
-    _, jd, w_inv, gram = tikhonov.weighted_system(jac[~gone], noser_exponent)
-    s, u = np.linalg.eigh((gram + gram.T) / 2)
-    left = (w_inv[:, None] * jd.T) @ u  # W^-1 J^T U (pixels, values left)
-    for a, f in enumerate(filters(np.maximum(s, 0.0), alphas)):
-      out[k, a][~gone] = ((left * f) @ u.T).T
+    for p, prior in enumerate(priors):
+      m = prior_matrices(jac[~gone], disk, prior, alphas, noser_exponent)
+      for a in range(levels):
+        out[k, p * levels + a][~gone] = m[a].T
   return {"matrices": out, "removed": removed, "ignored": ignored, "disk": disk}
 
 
@@ -329,9 +417,10 @@ class LayoutConditioner(nnx.Module):
   `current_carrying="drop"`: the values on current-carrying electrodes are left out of every
   set's reconstruction (`ignored`), as if missing, whatever a frame holds there.
 
-  The reconstructions are made on a coarse grid (`grid` x `grid`, bilinearly upsampled): one
-  (R x pixels) matrix per set and level is 7 x 2 x 2,356 x 812 floats (107 MB) for KTC2023 at
-  grid 32; at 128 it would be 2.2 GB."""
+  One channel per prior of `priors` (`PRIORS`) and level of `alphas`, prior-major. The
+  reconstructions are made on a coarse grid (`grid` x `grid`, bilinearly upsampled): one
+  (R x pixels) matrix per set, prior and level is 7 x 2 x 2,356 x 812 floats (107 MB) for KTC2023
+  at grid 32 with one prior and two levels; at 128 it would be 2.2 GB."""
 
   def __init__(
     self,
@@ -342,6 +431,7 @@ class LayoutConditioner(nnx.Module):
     grid: int = 32,
     noser_exponent: float = tikhonov.NOSER_EXPONENT,
     current_carrying: str = "use",
+    priors: tuple[str, ...] = ("noser",),
   ):
     if not alphas or any(not a > 0 for a in alphas):
       raise InputError(
@@ -349,8 +439,12 @@ class LayoutConditioner(nnx.Module):
         "e.g. (0.03, 0.3) (config.model.cond_alphas)"
       )
     self.alphas = tuple(float(a) for a in alphas)
+    self.priors = check_priors(priors)
+    self.num_channels = len(self.priors) * len(self.alphas)  # prior-major
     self.layout = layout_lib.as_layout(layout)
-    f = layout_factors(self.layout, removals, self.alphas, grid, noser_exponent, current_carrying)
+    f = layout_factors(
+      self.layout, removals, self.alphas, grid, noser_exponent, current_carrying, self.priors
+    )
     self.grid = grid
     k, a, self.num_values, p = f["matrices"].shape
     # (R, K * levels * pixels): one matrix product makes every set's images, with no copy of
@@ -364,7 +458,7 @@ class LayoutConditioner(nnx.Module):
     self.disk_index = Fixed(jnp.asarray(np.flatnonzero(f["disk"]), jnp.int32))
     self.voltage_mean = Calibration(jnp.zeros((self.num_values,), jnp.float32))
     self.voltage_std = Calibration(jnp.ones((self.num_values,), jnp.float32))
-    self.scale = Calibration(jnp.ones((len(self.alphas),), jnp.float32))
+    self.scale = Calibration(jnp.ones((self.num_channels,), jnp.float32))
 
   def remove_at_random(self, cond: jax.Array, key: jax.Array) -> jax.Array:
     """`cond` (B, R) with the values of one removal set per example, drawn uniformly, set to
@@ -372,15 +466,24 @@ class LayoutConditioner(nnx.Module):
     k = jax.random.randint(key, (cond.shape[0],), 0, self.removed.shape[0])
     return jnp.where(self.removed[...][k], jnp.nan, cond)
 
-  def coarse(self, cond: jax.Array, scaled: bool = True) -> jax.Array:
-    """(B, levels, disk pixels of the coarse grid): each frame's reconstructions by its
-    removal set's matrices (NaN for a frame that fits no set)."""
-    cond = cond.astype(jnp.float32)
+  def _fits(self, cond: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """((B, R) missing or ignored values, (B, K) whether each removal set is a frame's)."""
     ignored = self.ignored[...]
     missing = jnp.isnan(cond) | ignored
-    fits = jnp.all(missing[:, None] == (self.removed[...] | ignored)[None], axis=-1)  # (B, K)
+    return missing, jnp.all(missing[:, None] == (self.removed[...] | ignored)[None], axis=-1)
+
+  def set_index(self, cond: jax.Array) -> jax.Array:
+    """(B,) int32: each frame's removal set (the first that fits; 0 for a frame that fits
+    none, whose channels are NaN)."""
+    return jnp.argmax(self._fits(cond)[1], axis=1).astype(jnp.int32)
+
+  def coarse(self, cond: jax.Array, scaled: bool = True) -> jax.Array:
+    """(B, channels, disk pixels of the coarse grid): each frame's reconstructions by its
+    removal set's matrices (NaN for a frame that fits no set)."""
+    cond = cond.astype(jnp.float32)
+    missing, fits = self._fits(cond)  # (B, K)
     v = jnp.where(missing, 0.0, cond * self.voltage_std[...] + self.voltage_mean[...])
-    k, a = self.num_sets, len(self.alphas)
+    k, a = self.num_sets, self.num_channels
     each = jnp.dot(v, self.matrices[...], precision="highest").reshape(v.shape[0], k, a, -1)
     first = fits & (jnp.cumsum(fits, axis=1) == 1)
     out = jnp.einsum("bk,bkap->bap", first.astype(jnp.float32), each)

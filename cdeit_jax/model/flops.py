@@ -32,6 +32,7 @@ def forward_flops(
   cond: str = "eim",
   cond_alphas=(),
   cond_grid: int = 32,
+  cond_priors=("noser",),
   layout: Any = "cdeit16",
   removals: str = "none",
   output: str = "image",
@@ -48,7 +49,8 @@ def forward_flops(
     scores = 2 * 2 * tokens * attended * c  # q k^T and p v, all heads
     return linear + scores + 2 * c * 6 * c  # + adaLN modulation
 
-  levels = 0 if cond == "eim" else len(tuple(cond_alphas))
+  priors = (cond_priors,) if isinstance(cond_priors, str) else tuple(cond_priors or ("noser",))
+  levels = 0 if cond == "eim" else len(tuple(cond_alphas)) * len(priors)
   pixels = image_size**2
   # physics-informed condition: U^T y, then one (208 x pixels) product per level
   total = 2 * 208 * 208 + levels * 2 * 208 * pixels if levels else 0

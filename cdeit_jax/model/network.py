@@ -347,15 +347,65 @@ def cond_shape(kw: dict) -> tuple[int, ...]:
   return (size, size, 1)
 
 
+def _token_grid(
+  image_size: int, patch_size: int, num_scales: int, window_size, cond_size: int, cond: str
+) -> tuple[int, int]:
+  """(token grid, attention window) of CDEIT's sizes; an InputError naming what does not fit."""
+  if image_size % patch_size:
+    raise InputError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
+  grid = image_size // patch_size
+  if grid % (2**num_scales):
+    raise InputError(
+      f"token grid {grid} (image_size/patch_size) must be divisible by "
+      f"2**num_scales = {2**num_scales}"
+    )
+  window = grid // 4 if window_size is None else window_size
+  if grid % window:
+    raise InputError(f"window_size {window} does not divide the token grid {grid}")
+  if image_size % cond_size:
+    raise InputError(f"image_size {image_size} is not divisible by cond_size {cond_size}")
+  if cond not in COND_MODES:
+    raise InputError(f"cond {cond!r} must be one of {COND_MODES}")
+  if cond != "eim" and image_size != 128:
+    raise InputError(f"cond {cond!r} needs image_size 128 (the simulator's grid), got {image_size}")
+  return grid, window
+
+
+def _removal_embedding(cond: str, conditioner, dim: int, rngs: nnx.Rngs) -> nnx.Embed:
+  """The removal set (KTC2023: the level) as an input: a learnt vector per set, added to the
+  timestep's, which conditions every block (adaLN), as KTC2023's winners gave the level."""
+  if not (reads_values(cond) and conditioner.num_sets > 1):
+    raise InputError(
+      'removal_input needs cond "linear" and two or more electrode-removal sets '
+      "(config.simulator.removals); set config.model.removal_input=False"
+    )
+  return nnx.Embed(
+    conditioner.num_sets,
+    dim,
+    embedding_init=nnx.initializers.normal(0.02),
+    param_dtype=jnp.float32,
+    rngs=rngs,
+  )
+
+
 def _check_output(output: str, cond: str) -> None:
   output_kinds.of(output).check(cond)
 
 
-def _conditioner(cond: str, alphas, layout, removals, grid, current_carrying="use"):
+def _conditioner(
+  cond: str, alphas, layout, removals, grid, current_carrying="use", priors=("noser",)
+):
   """The physics-informed condition's module (None for the published "eim"), built only when
   asked for, of the measuring system `layout` (its contact impedance included)."""
+  from cdeit_jax.eit import conditioning
   from cdeit_jax.eit import layout as layout_lib
 
+  priors = conditioning.check_priors(priors)
+  if priors != ("noser",) and not reads_values(cond):
+    raise InputError(
+      f'cond_priors {priors!r} apply to cond "linear" (a device\'s values); cond {cond!r} '
+      'has NOSER images alone: leave config.model.cond_priors at ("noser",)'
+    )
   if not reads_values(cond) and layout.signature != layout_lib.preset("cdeit16").signature:
     raise InputError(
       f"cond {cond!r} reads CDEIT's 16-electrode EIM; the measuring system "
@@ -369,12 +419,15 @@ def _conditioner(cond: str, alphas, layout, removals, grid, current_carrying="us
     )
   if cond == "eim":
     return None
-  from cdeit_jax.eit import conditioning
-
   if cond == "eim+linear":
     return conditioning.LinearConditioner(alphas, layout=layout)
   return conditioning.LayoutConditioner(
-    layout, alphas, removals=removals, grid=grid, current_carrying=current_carrying
+    layout,
+    alphas,
+    removals=removals,
+    grid=grid,
+    current_carrying=current_carrying,
+    priors=priors,
   )
 
 
@@ -400,6 +453,9 @@ class CDEIT(nnx.Module):
   (B, H, W, 1) float32 (the physics-informed channels are computed inside the model).
   `current_carrying="drop"` leaves the values measured on a current-carrying electrode out of the
   linear reconstructions (cond "linear"; `eit.conditioning.CURRENT_CARRYING`).
+  `cond_priors` (cond "linear") makes one channel per prior and level (`eit.conditioning.PRIORS`:
+  "noser", "laplace", "smooth"); `removal_input=True` gives every block the frame's
+  electrode-removal set (KTC2023: its level) as a learnt vector beside the timestep's.
   `output="classes"` makes the same network a segmenter: no noisy image, no timestep, and
   `segment(cond)` -> (B, H, W, 3) logits of KTC2023's classes (`model.classes`).
   """
@@ -428,28 +484,12 @@ class CDEIT(nnx.Module):
     removals: str = "none",
     output: str = "image",
     current_carrying: str = "use",
+    cond_priors: tuple = ("noser",),
+    removal_input: bool = False,
     rngs: nnx.Rngs,
   ):
-    if image_size % patch_size:
-      raise InputError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
-    grid = image_size // patch_size
-    if grid % (2**num_scales):
-      raise InputError(
-        f"token grid {grid} (image_size/patch_size) must be divisible by "
-        f"2**num_scales = {2**num_scales}"
-      )
-    window = grid // 4 if window_size is None else window_size
-    if grid % window:
-      raise InputError(f"window_size {window} does not divide the token grid {grid}")
-    if image_size % cond_size:
-      raise InputError(f"image_size {image_size} is not divisible by cond_size {cond_size}")
-    if cond not in COND_MODES:
-      raise InputError(f"cond {cond!r} must be one of {COND_MODES}")
+    grid, window = _token_grid(image_size, patch_size, num_scales, window_size, cond_size, cond)
     _check_output(output, cond)
-    if cond != "eim" and image_size != 128:
-      raise InputError(
-        f"cond {cond!r} needs image_size 128 (the simulator's grid), got {image_size}"
-      )
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
     self.cond_mode, self.output = cond, output
     self.output_kind = output_kinds.of(output)  # what it outputs, as one value
@@ -458,9 +498,9 @@ class CDEIT(nnx.Module):
 
     self.layout = layout_lib.as_layout(layout)  # the measuring system whose values it reads
     self.conditioner = conditioner = _conditioner(
-      cond, tuple(cond_alphas), self.layout, removals, cond_grid, current_carrying
+      cond, tuple(cond_alphas), self.layout, removals, cond_grid, current_carrying, cond_priors
     )
-    extra = 0 if self.conditioner is None else len(self.conditioner.alphas)
+    extra = 0 if self.conditioner is None else self.conditioner.num_channels
     eim_channels = 0 if reads_values(cond) else in_channels
     self.hidden_size, self.grid, self.window, self.cond_size = hidden_size, grid, window, cond_size
     self.cond_shape = (conditioner.num_values,) if reads_values(cond) else (cond_size, cond_size, 1)
@@ -492,6 +532,9 @@ class CDEIT(nnx.Module):
     normal = nnx.initializers.normal(0.02)
     self.t_fc1 = _linear(freq_dim, dim, dtype, rngs, kernel_init=normal)
     self.t_fc2 = _linear(dim, dim, dtype, rngs, kernel_init=normal)
+    self.removal_input = bool(removal_input)
+    if self.removal_input:
+      self.removal_embed = _removal_embedding(cond, conditioner, dim, rngs)
 
     chunk = attention_query_chunk
     block = lambda win=None: Block(
@@ -576,6 +619,8 @@ class CDEIT(nnx.Module):
 
     c = timestep_embedding(t, self.freq_dim)
     c = self.t_fc2(jax.nn.silu(self.t_fc1(c))).astype(jnp.float32)
+    if self.removal_input:
+      c = c + self.removal_embed(self.conditioner.set_index(cond))
 
     h = self._block(self.swinIn2, self._block(self.swinIn1, h, c), c)
     skips = []
