@@ -800,3 +800,65 @@ def test_a_fine_tuning_on_its_starts_system_reads_its_inputs_as_the_start_did(tm
   np.testing.assert_allclose(checkpoint.meta_stats(meta["given"])[0], authors[0], rtol=1e-7)
   scale = [v for k, v in meta["given"]["calibration"].items() if k.endswith("scale")][0]
   assert not np.allclose(scale, [7.0, 3.0], rtol=0.5)  # computed on UEF2017's frames
+
+
+@pytest.mark.e2e
+def test_a_fine_tuning_may_add_condition_priors_and_the_removal_input(tmp_path):
+  """config.init_from a model with fewer inputs (one prior where the run has two, no removal
+  input where it has one): a 1-step run at a learning rate of 1e-30 starts as the start's
+  function, its patch embedding the start's in the first channels and zero in the added ones,
+  the removal vectors zero, the start's condition scale kept for its channels and measured on
+  the data for the added ones; a start with more inputs than the run is refused."""
+  from cdeit_jax.model.network import CDEIT
+
+  system = {"model.cond": "linear", "simulator.removals": "-;3", "model.cond_grid": 16}
+  start_cfg = cfg_(**system)
+  model = CDEIT(**config_lib.model_kwargs(start_cfg), rngs=nnx.Rngs(0))
+  params = nnx.state(model, nnx.Param)
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(5), len(leaves))  # weights away from adaLN-zero's
+  nnx.update(
+    model,
+    jax.tree.unflatten(
+      tree, [x + 0.05 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+    ),
+  )
+  model.conditioner.scale[...] = jnp.asarray([7.0, 3.0], jnp.float32)
+  mean, std = np.full((1, 16, 13), 1e-4), np.full((1, 16, 13), 2e-3)
+  start = tmp_path / "start"
+  checkpoint.save_inference(str(start), model, start_cfg, mean=mean, std=std, step=7)
+
+  flags = ["--config.steps=1", "--config.optimizer.lr=1e-30", f"--config.init_from={start}"]
+  flags += [f"--config.{k}={v}" for k, v in system.items()] + ["--config.data.stats=None"]
+  flags += ["--config.model.cond_priors=('noser', 'laplace')", "--config.model.removal_input=True"]
+  rc, _, err = run_train(tmp_path / "run", *flags)
+  assert rc == 0, err[-3000:]
+  added = "a model with fewer inputs: the channels of priors ('laplace',) and the removal input"
+  assert added in err
+  grown, meta = loading.load(str(tmp_path / "run"))
+  assert grown.conditioner.num_channels == 4 and grown.removal_input
+  scale = np.asarray(grown.conditioner.scale[...])
+  np.testing.assert_array_equal(scale[:2], [7.0, 3.0])
+  assert np.all(np.isfinite(scale[2:])) and not np.allclose(scale[2:], 1.0)  # measured
+  kernel = np.asarray(grown.x_embedder.kernel[...])
+  was = np.asarray(model.x_embedder.kernel[...])
+  np.testing.assert_allclose(kernel[:, :, :3], was, rtol=1e-6, atol=0)  # noisy image + 2 levels
+  # zero at the start: one Adam step at 1e-30 moves a weight by at most about 1e-30
+  assert np.abs(kernel[:, :, 3:]).max() < 1e-28
+  assert np.abs(np.asarray(grown.removal_embed.embedding[...])).max() < 1e-28
+  rng = np.random.default_rng(0)
+  cond = rng.standard_normal((4, 208)).astype(np.float32)
+  cond[2:, grown.conditioner.removed[...][1]] = np.nan  # two frames without electrode 3
+  x = rng.standard_normal((4, 128, 128, 1)).astype(np.float32)
+  t = np.array([0, 10, 500, 999])
+  np.testing.assert_allclose(
+    np.asarray(grown(x, t, cond)), np.asarray(model(x, t, cond)), rtol=0, atol=1e-4
+  )
+  # the other way round (a start with the removal input, a run without) is another model
+  rc, _, err = run_train(
+    tmp_path / "back",
+    "--config.steps=1",
+    f"--config.init_from={tmp_path / 'run'}",
+    *[f"--config.{k}={v}" for k, v in system.items()],
+  )
+  assert rc != 0 and "its model is not this config's" in err and "removal_input" in err

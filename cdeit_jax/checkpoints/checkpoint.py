@@ -80,14 +80,20 @@ def calibration_of(tree: nnx.Module | nnx.State) -> dict[str, list[float]]:
   return {k: np.asarray(v.get_value()).ravel().tolist() for k, v in _calibration_vars(tree)}
 
 
-def set_calibration(tree: nnx.Module | nnx.State, calibration: dict[str, list[float]]) -> None:
+def set_calibration(
+  tree: nnx.Module | nnx.State, calibration: dict[str, list[float]], prefix: bool = False
+) -> None:
   """Set the Calibration variables of a model or state from `calibration_of`'s record, in place,
-  each value keeping its placement."""
+  each value keeping its placement. `prefix`: a recorded vector shorter than its variable sets
+  the variable's leading values (a fine-tuning's start with fewer condition channels, which come
+  first; the rest keep their measured values)."""
   for key, v in _calibration_vars(tree):
     if key not in calibration:
       raise CheckpointError(f"checkpoint metadata has no calibration for {key!r}")
     old = v.get_value()
     value = np.asarray(calibration[key], np.float32)
+    if prefix and old.ndim == 1 and 0 < value.size < old.size:
+      value = np.concatenate([value, np.asarray(old)[value.size :]])
     if value.size != old.size:
       raise CheckpointError(
         f"checkpoint calibration {key!r} has {value.size} values, the model {old.size}"

@@ -9,6 +9,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
@@ -260,6 +261,9 @@ def initial_params(
   initialised params, with `sharding`; one line for the run's log) that start a fine-tuning run
   of `cfg` (`config.init_from`). The checkpoint's model must be `cfg.model` (the settings that
   only say how it computes aside); its measuring system may differ (fine-tuning for a new device).
+  A start with fewer inputs (`added_inputs`: condition priors that are a prefix of this model's,
+  no removal input where this has one) starts this model with zero weights on what it adds, so
+  the run begins as the start's function.
   """
   workdir, step = checkpoint.resolve(path)
   meta = checkpoint.read_meta(workdir, step)
@@ -271,7 +275,8 @@ def initial_params(
   start = model_config(meta)
   diff = model_differences(start, cfg, aside=INPUT_ONLY_KEYS)
   keep = _condition_channels(start, cfg) if diff else None
-  if diff and keep is None:
+  added = added_inputs(start, cfg) if diff and keep is None else None
+  if diff and keep is None and added is None:
     raise InputError(
       f"config.init_from={path!r}: its model is not this config's ({diff}); give a checkpoint "
       "of the same model, or change the config's model section to its"
@@ -282,22 +287,31 @@ def initial_params(
     "x_embedder" in jax.tree_util.keystr(kp) and "kernel" in jax.tree_util.keystr(kp)
   )
   stored = like
-  if keep is not None:  # the start's patch embedding has the EIM's channel too
-    channels = len(keep) + 1
+  if keep is not None or added is not None:  # the start's patch embedding has other channels
+    channels = len(keep) + 1 if keep is not None else added["channels"]
     stored = jax.tree_util.tree_map_with_path(
       lambda kp, a: (
         jax.ShapeDtypeStruct((*a.shape[:2], channels, a.shape[3]), a.dtype) if embed(kp) else a
       ),
       like,
     )
+  placed = sharding
+  if added is not None and added["removal"]:  # the start has no removal vectors
+    stored = nnx.State({k: v for k, v in stored.items() if k != "removal_embed"})
+    if not isinstance(sharding, jax.sharding.Sharding):
+      placed = nnx.State({k: v for k, v in sharding.items() if k != "removal_embed"})
   try:
-    params = checkpoint.restore_item(workdir, step, WEIGHT_ITEMS["ema"], stored, sharding)
+    params = checkpoint.restore_item(workdir, step, WEIGHT_ITEMS["ema"], stored, placed)
   except InputError as e:
     raise InputError(
       f"config.init_from={path!r}: {e} (a model for another number of values? fine-tuning "
       "needs a checkpoint of a model with this config's measuring system size)"
     ) from None
   line = f"initialised from the EMA weights of {workdir}/{CHECKPOINTS}/{step}"
+  if added is not None:
+    return _with_added_inputs(params, like, added["channels"]), line + (
+      f" (a model with fewer inputs: {added['what']} start at zero)"
+    )
   if keep is None:
     return params, line
   if isinstance(sharding, jax.sharding.Sharding):
@@ -313,6 +327,53 @@ def initial_params(
   )
 
 
+def added_inputs(start: ml_collections.ConfigDict, cfg: ml_collections.ConfigDict) -> dict | None:
+  """How a model of `cfg` adds to the inputs of its start's model, when it differs from it in
+  nothing else: `channels`, the start's patch-embedding input channels (this model's first ones:
+  the start's priors are a prefix of `cond_priors`, and channels are prior-major), `removal`,
+  whether this model adds the removal input, `what`, in words; else None."""
+  keys = set(differing_model_keys(start, cfg, aside=INPUT_ONLY_KEYS))
+  if not keys or not keys <= {"cond_priors", "removal_input"}:
+    return None
+  was, now = start.model, cfg.model
+  before = tuple(was.get("cond_priors") or ("noser",))
+  after = tuple(now.get("cond_priors") or ("noser",))
+  if after[: len(before)] != before or (was.get("removal_input") and not now.get("removal_input")):
+    return None
+  removal = bool(now.get("removal_input")) and not was.get("removal_input")
+  image = output_kinds.of(now.get("output", "image")).noisy_channels(1)
+  what = [f"the channels of priors {after[len(before) :]}"] if len(after) > len(before) else []
+  what += ["the removal input"] if removal else []
+  return {
+    "channels": image + len(before) * len(now.get("cond_alphas") or ()),
+    "removal": removal,
+    "what": " and ".join(what),
+  }
+
+
+def _with_added_inputs(params: nnx.State, like: nnx.State, channels: int) -> nnx.State:
+  """`like` (a fresh model's params) with the start's `params` in place: the start's patch
+  embedding in its first `channels` input channels and zeros in the rest, the removal vectors
+  (absent from the start) zero."""
+  start = params.to_pure_dict()
+
+  def put(kp, a):
+    keys = [getattr(k, "key", getattr(k, "idx", None)) for k in kp]
+    node = start
+    for k in keys:
+      if not isinstance(node, dict) or k not in node:
+        return jnp.zeros_like(a)  # an input the start does not have
+      node = node[k]
+    if node.shape != a.shape:  # the patch embedding: the start's channels first
+      return jnp.zeros_like(a).at[:, :, :channels, :].set(node)
+    return jnp.asarray(node, a.dtype)
+
+  pure = jax.tree_util.tree_map_with_path(put, like.to_pure_dict())
+  out = jax.tree.map(lambda x: x, like)
+  nnx.replace_by_pure_dict(out, pure)
+  return jax.tree.map(lambda new, old: jax.device_put(new, old.sharding), out, like)
+
+
 def _condition_channels(start: ml_collections.ConfigDict, cfg: ml_collections.ConfigDict):
   """The start's patch-embedding input channels that a model of `cfg` keeps when the two differ
   only in their condition, the start's "eim+linear" and this "linear" at the same levels (a
@@ -324,7 +385,7 @@ def _condition_channels(start: ml_collections.ConfigDict, cfg: ml_collections.Co
   if (was.get("cond"), now.get("cond")) != ("eim+linear", "linear"):
     return None
   image = output_kinds.of(now.get("output", "image")).noisy_channels(1)
-  levels = len(now.get("cond_alphas") or ())
+  levels = len(now.get("cond_alphas") or ()) * len(now.get("cond_priors") or ("noser",))
   return np.asarray([*range(image), *range(image + 1, image + 1 + levels)])
 
 

@@ -67,7 +67,9 @@ class FileData:
       fileio.join(d.path, d.valid_split), d.units, (train.mean, train.std), **common
     )
     self.mean, self.std = train.mean, train.std
-    self.calibration = train if checkpoint_stats is None and start_stats is None else None
+    # the condition's calibration is measured unless a resumed run restores it (a fine-tuning's
+    # start's then replaces it, all but the channels the start lacks)
+    self.calibration = train if checkpoint_stats is None else None
     self.description = (
       f"data: {len(train)} training and {len(self.valid)} validation examples from {d.path}"
     )

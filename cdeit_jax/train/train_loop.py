@@ -468,7 +468,7 @@ def _prepare(
     state = state.replace(params=params, ema=jax.tree.map(jnp.copy, params))
     report.append(line)
     if inherited is not None:
-      checkpoint.set_calibration(constants, inherited[1])
+      checkpoint.set_calibration(constants, inherited[1], prefix=True)
       report.append(
         "its voltage statistics and condition calibration kept (the same measuring system)"
       )
