@@ -349,24 +349,17 @@ def gaussian_prior(disk: np.ndarray, length: float = SMOOTH_LENGTH) -> np.ndarra
   return np.exp(-d2 / (2 * length**2))
 
 
-def prior_matrices(
-  jac: np.ndarray, disk: np.ndarray, prior: str, alphas, noser_exponent: float
-) -> np.ndarray:
-  """(levels, pixels, values) reconstruction matrices of `prior` (`PRIORS`) for the Jacobian
-  `jac` (values, g*g) of the values a set leaves, over the `disk` pixels, in float64."""
-  jd = np.asarray(jac, np.float64)[:, disk]
+def prior_matrices(jac: np.ndarray, prior: str, alphas, noser_exponent: float) -> np.ndarray:
+  """(levels, disk pixels, values) reconstruction matrices of `prior` (`PRIORS`) for the
+  Jacobian `jac` (values, g, g) of the values a set leaves, in float64."""
   if prior == "noser":
-    w_inv = 1.0 / np.maximum((jd * jd).sum(0), 1e-300) ** noser_exponent
-    gram = (jd * w_inv) @ jd.T
-    s, u = np.linalg.eigh((gram + gram.T) / 2)
-    left = (w_inv[:, None] * jd.T) @ u  # W^-1 J^T U (pixels, values left)
-    return np.stack([(left * f) @ u.T for f in filters(np.maximum(s, 0.0), alphas)])
+    _, jd, w_inv, gram = tikhonov.weighted_system(jac, noser_exponent)
+    return _filtered(gram, w_inv[:, None] * jd.T, alphas)
+  disk = ph.disk_mask(jac.shape[-1]).reshape(-1)
+  jd = np.asarray(jac, np.float64).reshape(len(jac), -1)[:, disk]
   if prior == "smooth":
-    cov = gaussian_prior(disk)
-    gram = jd @ cov @ jd.T
-    s, u = np.linalg.eigh((gram + gram.T) / 2)
-    left = cov @ jd.T @ u  # Gamma J^T U
-    return np.stack([(left * f) @ u.T for f in filters(np.maximum(s, 0.0), alphas)])
+    cov_jt = gaussian_prior(disk) @ jd.T  # Gamma J^T
+    return _filtered(jd @ cov_jt, cov_jt, alphas)
   # "laplace": (J^T J + lambda L^T L)^-1 J^T, solved once per level (pixels x pixels)
   jtj = jd.T @ jd
   reg = grid_laplacian(disk)
@@ -375,6 +368,14 @@ def prior_matrices(
   return np.stack(
     [np.linalg.solve(jtj + float(a) * scale * reg, jd.T) for a in np.asarray(alphas, np.float64)]
   )
+
+
+def _filtered(gram: np.ndarray, cov_jt: np.ndarray, alphas) -> np.ndarray:
+  """Gamma J^T (J Gamma J^T + lambda I)^-1 at each level, from one eigendecomposition of the
+  values' Gram matrix `gram` = J Gamma J^T and `cov_jt` = Gamma J^T (pixels, values)."""
+  s, u = np.linalg.eigh((gram + gram.T) / 2)
+  left = cov_jt @ u
+  return np.stack([(left * f) @ u.T for f in filters(np.maximum(s, 0.0), alphas)])
 
 
 @functools.lru_cache(maxsize=2)
@@ -387,7 +388,7 @@ def _layout_factors(
   current_carrying: str,
   priors: tuple[str, ...] = ("noser",),
 ) -> dict[str, np.ndarray]:
-  jac = pooled_jacobian(tikhonov.layout_jacobian(lay), grid).reshape(lay.num_values, -1)
+  jac = pooled_jacobian(tikhonov.layout_jacobian(lay), grid)
   disk = ph.disk_mask(grid).reshape(-1)
   removed = removed_values(lay, removals)
   ignored = ignored_values(lay, current_carrying)
@@ -395,7 +396,7 @@ def _layout_factors(
   out = np.zeros((len(removed), len(priors) * levels, lay.num_values, int(disk.sum())), np.float32)
   for k, gone in enumerate(removed | ignored):
     for p, prior in enumerate(priors):
-      m = prior_matrices(jac[~gone], disk, prior, alphas, noser_exponent)
+      m = prior_matrices(jac[~gone], prior, alphas, noser_exponent)
       for a in range(levels):
         out[k, p * levels + a][~gone] = m[a].T
   return {"matrices": out, "removed": removed, "ignored": ignored, "disk": disk}
