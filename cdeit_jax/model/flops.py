@@ -49,7 +49,9 @@ def forward_flops(
     scores = 2 * 2 * tokens * attended * c  # q k^T and p v, all heads
     return linear + scores + 2 * c * 6 * c  # + adaLN modulation
 
-  priors = (cond_priors,) if isinstance(cond_priors, str) else tuple(cond_priors or ("noser",))
+  from cdeit_jax.eit import conditioning
+
+  priors = conditioning.check_priors(cond_priors or ("noser",))
   levels = 0 if cond == "eim" else len(tuple(cond_alphas)) * len(priors)
   pixels = image_size**2
   # physics-informed condition: U^T y, then one (208 x pixels) product per level
