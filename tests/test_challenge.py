@@ -309,4 +309,5 @@ def test_a_skip_2_device_through_the_challenge_command(tmp_path):
     cwd=REPO,
   )
   assert p.returncode == 1 and p.stderr.count("error:") == 1 and "no such folder" in p.stderr
+  assert "data/ktc2023/levels" in p.stderr  # where the public data are
   assert not (tmp_path / "out2").exists()  # a refused input leaves no empty --out

@@ -61,7 +61,11 @@ def test_the_command_says_bad_flags_and_folders_in_one_line(tmp_path):
     ([f"--data={levels}", "--contrast=-2"], "--contrast -2: must be a positive number"),
     ([f"--data={levels}", "--contact_impedance=0"], "--contact_impedance 0: must be a positive"),
     ([f"--data={tmp_path}"], f"--data {tmp_path}: no level_K folders"),
-    ([f"--data={tmp_path / 'none'}"], f"--data {tmp_path / 'none'}: no such folder"),
+    (
+      [f"--data={tmp_path / 'none'}"],
+      f"--data {tmp_path / 'none'}: no such folder; give the challenge's folder of levels (the "
+      "public data ship in data/ktc2023/levels)",
+    ),
   ):
     p = subprocess.run(
       [sys.executable, "-m", "cdeit_jax.tools.frame_drift", *args],

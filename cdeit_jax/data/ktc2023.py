@@ -45,7 +45,10 @@ class Case:
 
 def _level_folders(path: str, flag: str) -> list[tuple[int, str]]:
   if not os.path.isdir(path):
-    raise MissingFile(f"{flag} {path}: no such folder (a folder of level_K folders)")
+    raise MissingFile(
+      f"{flag} {path}: no such folder; give the challenge's folder of levels (the public data "
+      "ship in data/ktc2023/levels) or one level_K folder"
+    )
   m = _LEVEL.match(os.path.basename(os.path.normpath(path)))
   if m:
     return [(int(m.group(1)), path)]
