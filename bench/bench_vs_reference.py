@@ -7,8 +7,11 @@ blocked backend on CPU; `cdeit_jax.common.cpu_tuning` applied as the commands do
 reference (`bench/reference/ref_bench.py`, once as is and once with the same malloc setting; it
 needs torch
 and a checkout of the public shuaikaishi/CDEIT repository; `bench/reference/ref_shim` stands in
-for the few timm/ema_pytorch names its model file imports). Prints one JSON line with both and the
-ratios.
+for the few timm/ema_pytorch names its model file imports). Then the model's attention calls
+alone on both sides (`bench/bench_attention.py`, `bench/reference/ref_attention.py`, the latter
+with the same malloc setting), which split each train step into attention and the rest, and
+each side's float32 2,048^3 matmul rate, the roof each side's FLOP/s is compared with. Prints one
+JSON line with both and the ratios.
 """
 
 from __future__ import annotations
@@ -71,6 +74,25 @@ def main():
   ref = run(ref_cmd, ref_env)
   # the same malloc setting as ours (cdeit_jax.common.cpu_tuning), so that neither side is favoured
   ref_tuned = run(ref_cmd, cpu_tuning.tuned_environment(ref_env))
+  attn = run([py, os.path.join(HERE, "bench_attention.py"), "--batch", str(a.batch)], env)
+  ref_attn = run(
+    [
+      py,
+      os.path.join(HERE, "reference", "ref_attention.py"),
+      str(a.batch),
+      str(a.threads),
+      json.dumps(
+        {
+          name: [s["tokens"], s["windows"], s["blocks_in_model"]]
+          for name, s in attn["shapes"].items()
+        }
+      ),
+    ],
+    cpu_tuning.tuned_environment(ref_env),
+  )
+  # the same model and batch: the reference's step does the FLOPs ours counts
+  flops = train["flops_per_step_per_device"]
+  ref_tflops = flops / ref_tuned["train_step_s"] / 1e12
   out = {
     "bench": "cpu_vs_reference",
     "batch": a.batch,
@@ -87,9 +109,29 @@ def main():
       "sample_s": sample["sampler_s"],
       "sample_peak_rss_bytes": sample["peak_rss_bytes"],
       "attention_impl": train["attention_impl"],
+      "matmul_gflops_f32": train["matmul_gflops_f32"],
+      "fraction_of_matmul_rate": train["fraction_of_matmul_rate"],
     },
     "reference": ref,
-    "reference_hugepages": ref_tuned,
+    "reference_hugepages": dict(
+      ref_tuned,
+      train_tflops=ref_tflops,
+      matmul_gflops_f32=ref_attn["matmul_gflops_f32"],
+      fraction_of_matmul_rate=round(ref_tflops * 1e3 / ref_attn["matmul_gflops_f32"], 3),
+    ),
+    # the train step split: the model's attention calls timed alone (forward + backward, times
+    # the blocks that run each), and the rest of the step
+    "attention": {"ours": attn, "reference_hugepages": ref_attn},
+    "train_step_split_s": {
+      "ours": {
+        "attention": attn["train_step_attention_s"],
+        "rest": round(train["step_s_min"] - attn["train_step_attention_s"], 3),
+      },
+      "reference_hugepages": {
+        "attention": ref_attn["train_step_attention_s"],
+        "rest": round(ref_tuned["train_step_s"] - ref_attn["train_step_attention_s"], 3),
+      },
+    },
     "train_speedup": train["samples_per_s_best"] / ref["train_samples_per_s"],
     "sample_speedup": sample["sampler_images_per_s"] / ref["sample_images_per_s"],
     "train_speedup_vs_hugepages": (train["samples_per_s_best"] / ref_tuned["train_samples_per_s"]),

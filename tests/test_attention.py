@@ -131,3 +131,38 @@ def test_model_with_blocked_attention_matches_xla():
   assert _rel(outs["blocked"], outs["xla"]) < 1e-5
   for a, b in zip(jax.tree.leaves(grads["blocked"]), jax.tree.leaves(grads["xla"])):
     assert np.max(np.abs(np.asarray(a) - np.asarray(b))) <= 1e-4 * max(np.max(np.abs(b)), 1e-6)
+
+
+def test_bench_shapes_are_the_published_models_calls(monkeypatch):
+  """bench/bench_attention.py (and its PyTorch twin) time the published model's attention calls
+  apart from the rest: its table must be the calls the model makes (traced, not run)."""
+  import importlib.util
+  import pathlib
+
+  path = pathlib.Path(__file__).parents[1] / "bench" / "bench_attention.py"
+  spec = importlib.util.spec_from_file_location("bench_attention", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  calls = []
+  real = attention.attend
+
+  def spy(q, k, v, bias=None, **kw):
+    calls.append((q.shape, bias is not None))
+    return real(q, k, v, bias, **kw)
+
+  monkeypatch.setattr(attention, "attend", spy)
+  batch = 2
+  model = nnx.eval_shape(lambda: CDEIT(rngs=nnx.Rngs(0)))  # the published sizes
+  jax.eval_shape(
+    lambda m: m(
+      jnp.zeros((batch, 128, 128, 1)), jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, 16, 16, 1))
+    ),
+    model,
+  )
+  seen = {}
+  for (b, tokens, heads, head_dim), biased in calls:
+    assert (heads, head_dim) == (bench.HEADS, bench.HEAD_DIM)
+    key = (tokens, b // batch if biased else None)
+    seen[key] = seen.get(key, 0) + 1
+  want = {(tokens, windows): count for tokens, windows, count in bench.SHAPES.values()}
+  assert seen == want

@@ -1,0 +1,82 @@
+"""Times the published PyTorch CDEIT's attention calls alone on this CPU (float32), as
+`bench/bench_attention.py` times ours: global attention as the model runs it (timm's Attention:
+`F.scaled_dot_product_attention`) and the windows as its `WindowAttention` computes them
+(q k^T + relative position bias, softmax, @ v). Also torch's float32 2,048^3 matmul rate.
+argv: batch, threads, and the calls as JSON {name: [tokens, windows per image or null, blocks of
+the model]} (`bench_vs_reference.py` passes bench_attention.py's). Prints one JSON line."""
+
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
+B = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+HEADS, HEAD_DIM = 16, 32
+
+
+def best_of(fn, repeats=3):
+  fn()
+  best = float("inf")
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - t)
+  return best
+
+
+def window_attention(q, k, v, bias):  # models.py WindowAttention.forward, mask None
+  attn = (q * HEAD_DIM**-0.5) @ k.transpose(-2, -1)
+  attn = attn + bias.unsqueeze(0)
+  return torch.softmax(attn, dim=-1) @ v
+
+
+def time_shape(tokens, windows, count):
+  b = B * (windows or 1)
+  g = torch.Generator().manual_seed(0)
+  q, k, v, dout = (torch.randn(b, HEADS, tokens, HEAD_DIM, generator=g) for _ in range(4))
+  bias = 0.02 * torch.randn(HEADS, tokens, tokens, generator=g) if windows else None
+  attend = (
+    (lambda q, k, v: window_attention(q, k, v, bias)) if windows else F.scaled_dot_product_attention
+  )
+  with torch.no_grad():
+    fwd_s = best_of(lambda: attend(q, k, v))
+  for x in (q, k, v) + ((bias,) if windows else ()):
+    x.requires_grad_()
+
+  def fwd_bwd():
+    attend(q, k, v).backward(dout)
+
+  train_s = best_of(fwd_bwd)
+  f = 4 * b * HEADS * tokens * tokens * HEAD_DIM
+  return {
+    "tokens": tokens,
+    "windows": windows,
+    "blocks_in_model": count,
+    "fwd_s": round(fwd_s, 4),
+    "fwd_bwd_s": round(train_s, 4),
+    "fwd_gflops": round(f / fwd_s / 1e9, 1),
+    "fwd_bwd_gflops": round(3 * f / train_s / 1e9, 1),
+  }
+
+
+a = torch.randn(2048, 2048)
+matmul = 2 * 2048**3 / best_of(lambda: a @ a, 5) / 1e9
+shapes = {name: time_shape(*s) for name, s in json.loads(sys.argv[3]).items()}
+print(
+  json.dumps(
+    {
+      "batch": B,
+      "shapes": shapes,
+      "train_step_attention_s": round(
+        sum(s["fwd_bwd_s"] * s["blocks_in_model"] for s in shapes.values()), 3
+      ),
+      "forward_attention_s": round(
+        sum(s["fwd_s"] * s["blocks_in_model"] for s in shapes.values()), 3
+      ),
+      "matmul_gflops_f32": round(matmul, 1),
+    }
+  )
+)
