@@ -2,8 +2,8 @@
 
   python bench/bench_attention.py [--batch 2 --impl auto --repeats 3]
 
-Each kind of attention the published CDEIT runs (`SHAPES`: global over 4,096, 1,024 and 256
-tokens, and the 256-token windows with their relative position bias), timed apart from the rest
+Each kind of attention the published CDEIT runs (`SHAPES`: global over 4,096, 1,024, 256, 64 and
+16 tokens, and the 256-token windows with their relative position bias), timed apart from the rest
 of the network with the backend the model uses (`--impl`, resolved as the model resolves it), so
 that a train step's time can be split into attention and the rest.
 `bench/reference/ref_attention.py` times the same calls in PyTorch (`bench_vs_reference.py` runs
@@ -90,6 +90,13 @@ def time_shape(name: str, batch: int, impl: str, repeats: int) -> dict:
   }
 
 
+def totals(shapes: dict) -> dict:
+  """What one train step and one forward pass of the published model spend in attention: each
+  call's time (`time_shape`'s, or the reference's of the same form) times the blocks that run it."""
+  total = lambda key: round(sum(s[key] * s["blocks_in_model"] for s in shapes.values()), 3)
+  return {"train_step_attention_s": total("fwd_bwd_s"), "forward_attention_s": total("fwd_s")}
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--batch", type=int, default=2)
@@ -106,13 +113,7 @@ def main():
     "batch": a.batch,
     "dtype": "float32",
     "shapes": shapes,
-    # what one train step / one forward pass of the published model spends in attention
-    "train_step_attention_s": round(
-      sum(s["fwd_bwd_s"] * s["blocks_in_model"] for s in shapes.values()), 3
-    ),
-    "forward_attention_s": round(
-      sum(s["fwd_s"] * s["blocks_in_model"] for s in shapes.values()), 3
-    ),
+    **totals(shapes),
   }
   if hardware.peak_tflops() is None:
     out["matmul_gflops_f32"] = round(hardware.matmul_gflops(), 1)

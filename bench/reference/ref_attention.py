@@ -47,6 +47,8 @@ def time_shape(tokens, windows, count):
     x.requires_grad_()
 
   def fwd_bwd():
+    for x in (q, k, v) + ((bias,) if windows else ()):
+      x.grad = None  # as a train step's zero_grad: no accumulation into earlier gradients
     attend(q, k, v).backward(dout)
 
   train_s = best_of(fwd_bwd)
@@ -70,12 +72,6 @@ print(
     {
       "batch": B,
       "shapes": shapes,
-      "train_step_attention_s": round(
-        sum(s["fwd_bwd_s"] * s["blocks_in_model"] for s in shapes.values()), 3
-      ),
-      "forward_attention_s": round(
-        sum(s["fwd_s"] * s["blocks_in_model"] for s in shapes.values()), 3
-      ),
       "matmul_gflops_f32": round(matmul, 1),
     }
   )
