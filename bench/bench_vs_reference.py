@@ -17,6 +17,7 @@ JSON line with both and the ratios.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -37,12 +38,27 @@ def run(cmd: list[str], env: dict) -> dict:
   return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def check_reference(path: str) -> None:
+  """Stops before any timing (minutes) when the reference side cannot run."""
+  missing = [f for f in ("models.py", "diffusion") if not os.path.exists(os.path.join(path, f))]
+  if missing:
+    raise SystemExit(
+      f"--reference {path}: no {' or '.join(missing)} there; give a checkout of the published "
+      "CDEIT code (github.com/shuaikaishi/CDEIT), the folder holding models.py and diffusion/"
+    )
+  if importlib.util.find_spec("torch") is None:
+    raise SystemExit(
+      f"{sys.executable} has no torch, which the reference needs: pip install torch (the CPU build)"
+    )
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--reference", required=True, help="checkout of the published CDEIT code")
   p.add_argument("--batch", type=int, default=2)
   p.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
   a = p.parse_args()
+  check_reference(a.reference)
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
   py = sys.executable
   train = run(
