@@ -7,8 +7,9 @@ Each kind of attention the published CDEIT runs (`SHAPES`: global over 4,096, 1,
 of the network with the backend the model uses (`--impl`, resolved as the model resolves it), so
 that a train step's time can be split into attention and the rest.
 `bench/reference/ref_attention.py` times the same calls in PyTorch (`bench_vs_reference.py` runs
-both). FLOPs: the two attention matmuls (4 B N T S D a forward), a backward pass twice the
-forward's (recomputation not counted), as `cdeit_jax.model.flops` counts the model.
+both). FLOPs: the two attention matmuls, 4 B N T S D a forward (B the batch times the windows
+per image, N heads, T queries, S keys, D the head size), a backward pass twice the forward's
+(recomputation not counted), as `cdeit_jax.model.flops` counts the model.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Times the published PyTorch CDEIT's attention calls alone on this CPU (float32), as
-`bench/bench_attention.py` times ours: global attention as the model runs it (timm's Attention:
-`F.scaled_dot_product_attention`) and the windows as its `WindowAttention` computes them
-(q k^T + relative position bias, softmax, @ v). Also torch's float32 2,048^3 matmul rate.
+`bench/bench_attention.py` times ours: global attention as the model runs it (timm's Attention,
+`F.scaled_dot_product_attention`, as bench/reference/ref_shim stands in for it) and the windows
+as its `WindowAttention` computes them (q k^T + relative position bias, softmax, @ v). Also
+torch's float32 2,048^3 matmul rate.
 argv: batch, threads, and the calls as JSON {name: [tokens, windows per image or null, blocks of
 the model]} (`bench_vs_reference.py` passes bench_attention.py's). Prints one JSON line."""
 
