@@ -26,27 +26,10 @@ if __name__ == "__main__":
 import jax  # noqa: E402
 import jax.numpy as jnp
 import numpy as np
+from attention_calls import HEAD_DIM, HEADS, SHAPES, record, totals
 
 from cdeit_jax.common import hardware
 from cdeit_jax.model import attention
-
-HEADS, HEAD_DIM = 16, 32  # the published model: hidden 512, 16 heads
-# name -> (tokens, windows per image (None: global), how many blocks of the model run it);
-# tests/test_attention.py checks these against the calls the published model makes
-SHAPES = {
-  "global_4096": (4096, None, 2),  # the last Up's two blocks (64 x 64 tokens)
-  "global_1024": (1024, None, 4),  # the first Down's and the third Up's (32 x 32)
-  "global_256": (256, None, 4),  # the second Down's and the second Up's (16 x 16)
-  "global_64": (64, None, 4),  # the third Down's and the first Up's (8 x 8)
-  "global_16": (16, None, 3),  # the fourth Down's two blocks and the middle block (4 x 4)
-  "window_256": (256, 16, 4),  # swinIn1/2, swinOut1/2: 16 windows of 16 x 16 with a bias
-}
-
-
-def attention_flops(batch: int, tokens: int, windows: int | None) -> float:
-  """A forward pass's matmul FLOPs (q k^T and p v) of one call."""
-  b = batch * (windows or 1)
-  return 4 * b * HEADS * tokens * tokens * HEAD_DIM
 
 
 def best_of(fn, args, repeats: int) -> float:
@@ -79,23 +62,7 @@ def time_shape(name: str, batch: int, impl: str, repeats: int) -> dict:
 
   fwd_s = best_of(fwd, (q, k, v, bias), repeats)
   train_s = best_of(jax.jit(fwd_bwd), (q, k, v, bias, dout), repeats)
-  f = attention_flops(batch, tokens, windows)
-  return {
-    "tokens": tokens,
-    "windows": windows,
-    "blocks_in_model": count,
-    "fwd_s": round(fwd_s, 4),
-    "fwd_bwd_s": round(train_s, 4),
-    "fwd_gflops": round(f / fwd_s / 1e9, 1),
-    "fwd_bwd_gflops": round(3 * f / train_s / 1e9, 1),
-  }
-
-
-def totals(shapes: dict) -> dict:
-  """What one train step and one forward pass of the published model spend in attention: each
-  call's time (`time_shape`'s, or the reference's of the same form) times the blocks that run it."""
-  total = lambda key: round(sum(s[key] * s["blocks_in_model"] for s in shapes.values()), 3)
-  return {"train_step_attention_s": total("fwd_bwd_s"), "forward_attention_s": total("fwd_s")}
+  return record(batch, tokens, windows, count, fwd_s, train_s)
 
 
 def main():

@@ -26,7 +26,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-import bench_attention  # noqa: E402  (bench/, beside this file: the attention totals of both sides)
+from attention_calls import totals  # noqa: E402  (bench/: the attention totals of both sides)
 
 from cdeit_jax.common import cpu_tuning  # noqa: E402
 
@@ -110,7 +110,7 @@ def main():
     ],
     cpu_tuning.tuned_environment(ref_env),
   )
-  ref_attn.update(bench_attention.totals(ref_attn["shapes"]))
+  ref_attn.update(totals(ref_attn["shapes"]))
   # the same model and batch: the reference's step does the FLOPs ours counts
   flops = train["flops_per_step_per_device"]
   ref_tflops = flops / ref_tuned["train_step_s"] / 1e12

@@ -135,12 +135,13 @@ def test_model_with_blocked_attention_matches_xla():
 
 def test_bench_shapes_are_the_published_models_calls(monkeypatch):
   """bench/bench_attention.py (and its PyTorch twin) time the published model's attention calls
-  apart from the rest: its table must be the calls the model makes (traced, not run)."""
+  apart from the rest: their table (bench/attention_calls.py) must be the calls the model makes
+  (traced, not run)."""
   import importlib.util
   import pathlib
 
-  path = pathlib.Path(__file__).parents[1] / "bench" / "bench_attention.py"
-  spec = importlib.util.spec_from_file_location("bench_attention", path)
+  path = pathlib.Path(__file__).parents[1] / "bench" / "attention_calls.py"
+  spec = importlib.util.spec_from_file_location("attention_calls", path)
   bench = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(bench)
   calls = []

@@ -7,15 +7,18 @@ argv: batch, threads, and the calls as JSON {name: [tokens, windows per image or
 the model]} (`bench_vs_reference.py` passes bench_attention.py's). Prints one JSON line."""
 
 import json
+import os
 import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from attention_calls import HEAD_DIM, HEADS, record  # noqa: E402  (bench/)
+
 torch.set_num_threads(int(sys.argv[2]) if len(sys.argv) > 2 else 2)
 B = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-HEADS, HEAD_DIM = 16, 32
 
 
 def best_of(fn, repeats=3):
@@ -53,16 +56,7 @@ def time_shape(tokens, windows, count):
     attend(q, k, v).backward(dout)
 
   train_s = best_of(fwd_bwd)
-  f = 4 * b * HEADS * tokens * tokens * HEAD_DIM
-  return {
-    "tokens": tokens,
-    "windows": windows,
-    "blocks_in_model": count,
-    "fwd_s": round(fwd_s, 4),
-    "fwd_bwd_s": round(train_s, 4),
-    "fwd_gflops": round(f / fwd_s / 1e9, 1),
-    "fwd_bwd_gflops": round(3 * f / train_s / 1e9, 1),
-  }
+  return record(B, tokens, windows, count, fwd_s, train_s)
 
 
 a = torch.randn(2048, 2048)
