@@ -10,8 +10,10 @@ On Cloud TPU pods and SLURM jobs jax.distributed.initialize() finds the cluster 
 """
 
 import sys
+import time
 
 if __name__ == "__main__":
+  STARTED = time.perf_counter()  # config.time_budget_s counts from here (imports included)
   from cdeit_jax.common import cpu_tuning
 
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
@@ -59,7 +61,7 @@ def main(argv):
   cli.init_distributed()
   from cdeit_jax.train import train_loop
 
-  train_loop.train(FLAGS.config, FLAGS.workdir)
+  train_loop.train(FLAGS.config, FLAGS.workdir, started=STARTED)
 
 
 if __name__ == "__main__":

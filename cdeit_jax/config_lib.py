@@ -175,6 +175,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.batch_size = 16  # global, over all devices and hosts
   c.accum_steps = 1  # micro-batches per step (each spread over all devices)
   c.steps = 200_000
+  # Wall-clock seconds this invocation of train.py may take, start-up and compilation included
+  # (None: no limit): the run validates and saves before they end, and a warm-up-and-cosine
+  # schedule decays over the steps the measured rate fits into them (cdeit_jax/train/budget.py);
+  # `steps` stays the most it takes. A resumed run gets the budget afresh.
+  c.time_budget_s = config_dict.placeholder(float)
   # Fine-tuning: a workdir or model folder (models/cdeit16) whose EMA weights start a new run
   # (optimizer and EMA from there afresh); its config.model must be this one's. Ignored once the
   # workdir has a checkpoint of its own (the run resumes from that).
@@ -276,6 +281,12 @@ def check_training_config(
       "wandb.mode",
       "must be 'online', 'offline', 'disabled' or '' (online with credentials, else offline)",
     )
+  need(
+    cfg.time_budget_s is None
+    or (isinstance(cfg.time_budget_s, (int, float)) and cfg.time_budget_s > 0),
+    "time_budget_s",
+    "must be a number of seconds > 0 (or None: no limit)",
+  )
   need(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
   need(cfg.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 disables clipping)")
   need(

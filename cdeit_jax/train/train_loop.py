@@ -29,6 +29,7 @@ from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import CdeitError
 from cdeit_jax.data import pipeline, simulator_source, training_data
 from cdeit_jax.eit import conditioning
+from cdeit_jax.train import budget as budget_lib
 from cdeit_jax.train import goodput, memory_fit, training, workdir_lock
 
 log = logs.log.getChild("train")
@@ -86,9 +87,13 @@ class _Preemption:
       signal.signal(s, handler)
 
 
-def train(cfg: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Train (or resume) in `workdir`; returns the last logged metrics."""
-  t0 = time.perf_counter()
+def train(
+  cfg: ml_collections.ConfigDict, workdir: str, started: float | None = None
+) -> dict[str, Any]:
+  """Train (or resume) in `workdir`; returns the last logged metrics. `started`: when the
+  command started (`time.perf_counter()`), what start-up time and `config.time_budget_s` count
+  from (default: now)."""
+  t0 = time.perf_counter() if started is None else started
   config_lib.check_training_config(cfg, jax.device_count(), jax.process_count())
   tracking.settings(cfg)  # W&B's environment (WANDB_MODE) checked before any work
   workdir = fileio.resolve(workdir)
@@ -283,16 +288,20 @@ def _set_aside(workdir: str, steps: list[int]) -> list[str]:
 
 
 class Schedule:
-  """Which periodic actions happen after a step: one predicate, so each is found here."""
+  """Which periodic actions happen after a step: one predicate, so each is found here. `first`:
+  under a time budget, this invocation's first log step, which validates and saves so that the
+  cost of the final validation and checkpoint is measured (`train.budget`); `end`: the budget
+  ends the run at this step (validated and saved, as the last step is)."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict):
+  def __init__(self, cfg: ml_collections.ConfigDict, first: int | None = None):
     self.log_every, self.eval_every, self.last = cfg.log_every, cfg.eval_every, cfg.steps
+    self.first = first
 
-  def validate(self, step: int) -> bool:
-    return step % self.eval_every == 0 or step == self.last
+  def validate(self, step: int, end: bool = False) -> bool:
+    return step % self.eval_every == 0 or step == self.last or step == self.first or end
 
-  def save(self, step: int, stop: bool) -> bool:
-    return self.validate(step) or stop
+  def save(self, step: int, stop: bool, end: bool = False) -> bool:
+    return self.validate(step, end) or stop
 
   def log(self, step: int, stop: bool) -> bool:
     """The end of a log window (metrics fetched): any action ends one."""
@@ -341,7 +350,8 @@ class Window:
         "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data)."
       )
     n, batch, devices = step - self.start, self.batch_size, jax.device_count()
-    sps = n / (now - self.t0)
+    self.seconds = now - self.t0
+    sps = n / self.seconds
     norms = [float(m["grad_norm"]) for m in host]
     out = {
       "loss": float(np.mean([m["loss"] for m in host])),
@@ -545,17 +555,12 @@ def _train(
     )
 
   # --- steps, and the periodic actions (each timed by phase, see goodput)
-  schedule, window = Schedule(cfg), Window(p.start, cfg.batch_size, p.compiled.flops_per_step)
-  profiler = goodput.Profiler(cfg.profile, workdir, clock)
-  first = cfg.profile.start_step
-  if primary and first is not None and not p.start <= first < cfg.steps:
-    log.warning(
-      f"config.profile.start_step={first} is outside this run's steps {p.start}..{cfg.steps - 1}:"
-      " no profile is written"
-    )
+  budget, schedule, window, profiler = _periodic(cfg, p.start, p.compiled, workdir, clock, primary)
   last: dict[str, Any] = {}
   step, state, last_good = p.start, p.state, p.last_good
   clock.steps_begin(p.compiled.compile_s)
+  if budget is not None:
+    budget.begin(step, time.perf_counter())
   try:
     if step < cfg.steps and preempt.agreed(step):
       log.info(
@@ -572,18 +577,41 @@ def _train(
       step += 1
       profiler.after_step(step, state)
       stop = preempt.agreed(step)
-      if not schedule.log(step, stop):
+      expired = budget is not None and budget.expired(time.perf_counter())
+      if not schedule.log(step, stop or expired):
         continue
       with clock.phase("step"):  # the one host sync of the window: waits for its steps
         last = window.close(step, last_good, workdir)
+      out_of_time = False
+      if budget is not None:  # stop now, or the schedule's horizon for the steps after this
+        state, out_of_time = _budget_window(budget, cfg, step, state, window, last, expired)
       saved_before = last_good
       last_good = _close_window(
-        cfg, step, stop, state, last, last_good, p, schedule, mngr, clock, lock, primary
+        cfg,
+        step,
+        stop or out_of_time,
+        state,
+        last,
+        last_good,
+        p,
+        schedule,
+        mngr,
+        clock,
+        lock,
+        primary,
+        budget,
+        out_of_time,
       )
       with clock.phase("logging"):
         logger.write(step, last, advance=window.steps)
         tracker.log(step, last, checkpoint=step if last_good != saved_before else None)
       window.reset(step)
+      if out_of_time:
+        log.info(
+          f"config.time_budget_s={cfg.time_budget_s:g} s: step {step} validated and saved "
+          f"{time.perf_counter() - clock.t0:.1f} s after the start; rerun to resume (its budget)"
+        )
+        break
       if stop and step < cfg.steps:
         if preempt.signal != signal.SIGINT:  # Ctrl-C: said once the run has stopped
           log.info(f"SIGTERM: saved step {step}; rerun the same command to resume")
@@ -595,6 +623,34 @@ def _train(
     logger.close()
     tracker.finish()
   return dict(last, step=step)
+
+
+def _periodic(cfg, start: int, compiled, workdir: str, clock: goodput.Clock, primary: bool):
+  """(budget or None, schedule, log window, profiler) of the steps from `start`."""
+  budget = None
+  if cfg.time_budget_s is not None:
+    budget = budget_lib.Budget(cfg.time_budget_s, clock.t0, cfg.steps)
+  first_log = (start // cfg.log_every + 1) * cfg.log_every if budget is not None else None
+  profiler = goodput.Profiler(cfg.profile, workdir, clock)
+  first = cfg.profile.start_step
+  if primary and first is not None and not start <= first < cfg.steps:
+    log.warning(
+      f"config.profile.start_step={first} is outside this run's steps {start}..{cfg.steps - 1}:"
+      " no profile is written"
+    )
+  window = Window(start, cfg.batch_size, compiled.flops_per_step)
+  return budget, Schedule(cfg, first=first_log), window, profiler
+
+
+def _budget_window(budget, cfg, step: int, state, window: Window, last: dict, expired: bool):
+  """At a window's end under a time budget: (the state with the schedule's new horizon, whether
+  the run stops here); the horizon and the seconds left go into the window's metrics."""
+  decision = budget.decide(step, time.perf_counter(), window.seconds)
+  out_of_time = (decision.stop or expired) and step < cfg.steps
+  if not out_of_time:
+    state = training.with_horizon(state, decision.horizon)
+  last.update(horizon=decision.horizon, budget_left_s=round(decision.seconds_left, 1))
+  return state, out_of_time
 
 
 def _close_window(
@@ -610,16 +666,21 @@ def _close_window(
   clock: goodput.Clock,
   lock: workdir_lock.WorkdirLock,
   primary: bool,
+  budget: budget_lib.Budget | None = None,
+  out_of_time: bool = False,
 ) -> int | None:
   """The periodic work at a logging step, into `last`: the lease check, validation, the
-  checkpoint, the goodput split; returns the newest saved step."""
+  checkpoint, the goodput split; returns the newest saved step. `out_of_time`: the time budget
+  ends the run here (validated and saved); `budget` is told what validating and saving took."""
   if primary:
     lock.check()  # a gs:// lease this run can no longer prove: stop before any write
-  if schedule.validate(step):
+  t0 = time.perf_counter()
+  validated = schedule.validate(step, out_of_time)
+  if validated:
     with clock.phase("validation"):
       last["val_loss"] = p.validation_loss(state.ema)
   end = step == cfg.steps or stop
-  if schedule.save(step, stop):
+  if schedule.save(step, stop, out_of_time):
     with clock.phase("checkpoint"):
       if primary:
         lock.check(read=True)  # the commit and the retention deletes are the lease's
@@ -629,6 +690,8 @@ def _close_window(
       if end:  # the last save is part of the run
         mngr.wait_until_finished()
     last_good = step
+    if budget is not None and validated:
+      budget.ended_window(time.perf_counter() - t0)
   last.update(clock.window_split())
   if end:
     last["run"] = clock.totals()

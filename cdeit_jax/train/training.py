@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -54,33 +54,87 @@ def create_state(
 # ----------------------------------------------------------------------------- optimizer
 
 
-def learning_rate_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
+class ScheduleState(NamedTuple):
+  """The learning-rate schedule's state, part of the optimizer state (so checkpoints keep it):
+  optimizer steps done, and `horizon`, the step its decay ends at (`config.steps`, or under a
+  wall-clock budget the step the budget is expected to reach: `train.budget`)."""
+
+  count: jax.Array  # int32
+  horizon: jax.Array  # int32
+
+
+LearningRate = Callable[[jax.Array, jax.Array], jax.Array]  # (count, horizon) -> lr
+
+
+def learning_rate_fn(cfg: ml_collections.ConfigDict) -> LearningRate:
+  """The schedule as a function of the step and the horizon (a traced value, so a horizon set
+  during training changes no compiled code). Warm-up and cosine as optax's
+  `warmup_cosine_decay_schedule` with `decay_steps=horizon` (written out here because optax's
+  takes its length as a Python number)."""
   o = cfg.optimizer
   if o.schedule == "constant":
-    return optax.constant_schedule(o.lr)
-  if o.schedule == "warmup_cosine":
-    return optax.warmup_cosine_decay_schedule(
-      init_value=0.0,
-      peak_value=o.lr,
-      warmup_steps=o.warmup_steps,
-      decay_steps=max(cfg.steps, o.warmup_steps + 1),
-      end_value=o.lr * o.end_lr_factor,
+    return lambda count, horizon: jnp.asarray(o.lr, jnp.float32)
+  if o.schedule != "warmup_cosine":
+    raise InputError(
+      f"config.optimizer.schedule: {o.schedule!r} is not 'constant' or 'warmup_cosine'"
     )
-  raise InputError(
-    f"config.optimizer.schedule: {o.schedule!r} is not 'constant' or 'warmup_cosine'"
-  )
+  peak, warm, end = float(o.lr), int(o.warmup_steps), float(o.lr * o.end_lr_factor)
+
+  def lr(count: jax.Array, horizon: jax.Array) -> jax.Array:
+    c = jnp.asarray(count, jnp.float32)
+    decay = jnp.maximum(jnp.asarray(horizon, jnp.float32) - warm, 1.0)
+    cosine = 0.5 * (1.0 + jnp.cos(jnp.pi * jnp.clip((c - warm) / decay, 0.0, 1.0)))
+    value = end + (peak - end) * cosine
+    return jnp.where(c < warm, peak * c / max(warm, 1), value) if warm else value
+
+  return lr
+
+
+def default_horizon(cfg: ml_collections.ConfigDict) -> int:
+  """The horizon without a budget: the run's steps (at least one past the warm-up)."""
+  return max(int(cfg.steps), int(cfg.optimizer.warmup_steps) + 1)
+
+
+def scale_by_learning_rate(lr: LearningRate, horizon: int) -> optax.GradientTransformation:
+  """optax's `scale_by_learning_rate` for a schedule of (count, horizon), the horizon kept in
+  the state (`ScheduleState`)."""
+
+  def init(params):
+    del params
+    return ScheduleState(jnp.zeros([], jnp.int32), jnp.asarray(horizon, jnp.int32))
+
+  def update(updates, state, params=None):
+    del params
+    step = -lr(state.count, state.horizon)
+    updates = jax.tree.map(lambda g: jnp.asarray(step, g.dtype) * g, updates)
+    return updates, ScheduleState(optax.safe_increment(state.count), state.horizon)
+
+  return optax.GradientTransformation(init, update)
 
 
 def make_optimizer(
   cfg: ml_collections.ConfigDict,
-) -> tuple[optax.GradientTransformation, optax.Schedule]:
+) -> tuple[optax.GradientTransformation, LearningRate]:
   """Adam (PyTorch defaults: eps 1e-8 outside the sqrt, no weight decay) after global-norm
-  clipping."""
+  clipping, its learning rate `learning_rate_fn`'s."""
   o = cfg.optimizer
-  schedule = learning_rate_schedule(cfg)
+  lr = learning_rate_fn(cfg)
   # identity() keeps the state's structure when clipping is off, so checkpoints still restore.
   clip = optax.clip_by_global_norm(o.grad_clip) if o.grad_clip else optax.identity()
-  return optax.chain(clip, optax.adam(schedule, b1=o.b1, b2=o.b2, eps=o.eps)), schedule
+  adam = optax.scale_by_adam(b1=o.b1, b2=o.b2, eps=o.eps)
+  return optax.chain(clip, adam, scale_by_learning_rate(lr, default_horizon(cfg))), lr
+
+
+def horizon_of(state: TrainState) -> jax.Array:
+  """The step the learning rate's decay ends at (`ScheduleState.horizon`)."""
+  return optax.tree_utils.tree_get(state.opt_state, "horizon")
+
+
+def with_horizon(state: TrainState, horizon: int) -> TrainState:
+  """`state` whose schedule now ends at `horizon` (placed as the old value: no recompilation)."""
+  old = horizon_of(state)
+  new = jax.device_put(jnp.asarray(horizon, jnp.int32), old.sharding)
+  return state.replace(opt_state=optax.tree_utils.tree_set(state.opt_state, horizon=new))
 
 
 # ----------------------------------------------------------------------------- EMA
@@ -125,7 +179,7 @@ def make_train_step(
   graphdef: nnx.GraphDef,
   diffusion: Diffusion,
   tx: optax.GradientTransformation,
-  schedule: optax.Schedule,
+  lr: LearningRate,
   accum_steps: int,
   e: ml_collections.ConfigDict,
   mesh: jax.sharding.Mesh | None = None,
@@ -188,7 +242,7 @@ def make_train_step(
     metrics = {
       "loss": loss,
       "grad_norm": grad_norm,
-      "lr": schedule(state.step),
+      "lr": lr(state.step, horizon_of(state)),
       "finite": jnp.isfinite(loss) & jnp.isfinite(grad_norm),
     }
     return new, metrics
@@ -249,7 +303,7 @@ def setup(
   platform = platform or mesh.devices.flat[0].platform
   device = device if device is not None else loading.device_of(cfg)
   kw = config_lib.model_kwargs(cfg, platform, device)
-  tx, schedule = make_optimizer(cfg)
+  tx, lr = make_optimizer(cfg)
 
   make = lambda: loading.build(cfg, seed=cfg.seed, platform=platform, layout=device)
   if abstract:
@@ -265,7 +319,7 @@ def setup(
     graphdef, state, constants = create_state(model, tx)
   num_params = count_params(model)
   diffusion = Diffusion(**cfg.diffusion)
-  step_fn = make_train_step(graphdef, diffusion, tx, schedule, cfg.accum_steps, cfg.ema, mesh)
+  step_fn = make_train_step(graphdef, diffusion, tx, lr, cfg.accum_steps, cfg.ema, mesh)
   return Setup(graphdef, state, constants, step_fn, diffusion, num_params, kw, device)
 
 
