@@ -1,10 +1,13 @@
-"""Import (and export) PyTorch CDEIT checkpoints, strictly.
+"""Import (and export) PyTorch CDEIT checkpoints, strictly; import cdeit-jax model files.
 
 The name table is derived from the NNX module tree, so every NNX variable has exactly one
 reference name and transform; a state dict must match it key for key and shape for shape.
 
-Command line (writes a checkpoint that eval.py loads):
+Command line (writes a checkpoint that eval.py, reconstruct, ship and `config.init_from` take):
   python -m cdeit_jax.convert --checkpoint best.pt --config configs/default.py --workdir DIR
+  python -m cdeit_jax.convert --checkpoint MODEL.safetensors --workdir DIR
+The second imports a model file (`python -m cdeit_jax.export`, `checkpoints.model_file`), which
+carries its config, device and statistics: no --config.
 """
 
 from __future__ import annotations
@@ -272,17 +275,85 @@ def convert(
   )
 
 
+def import_model_file(path: str, workdir: str) -> str:
+  """A model file (`checkpoints.model_file`) as an inference checkpoint in `workdir`: its EMA
+  weights, metadata, training record and uncertainty scale; returns the step's directory."""
+  from cdeit_jax.checkpoints import checkpoint, loading, model_file
+  from cdeit_jax.infer import reconstructor
+
+  arrays, record, sha = model_file.read(path)
+  meta = record["meta"]
+  where = f"model file {path}"
+  try:
+    step, (mean, std) = int(meta["step"]), checkpoint.meta_stats(meta)
+  except (KeyError, TypeError, ValueError) as e:
+    raise model_file.ModelFileError(f"{where}: its metadata lacks {e}") from None
+  cfg = loading.model_config(meta)
+  device = loading.device_of(cfg, meta)
+  abstract = nnx.state(nnx.eval_shape(lambda: loading.build(cfg, layout=device)), nnx.Param)
+  flat = nnx.to_flat_state(abstract)
+  names = {"/".join(map(str, p)): (p, v) for p, v in flat}
+  missing, unexpected = sorted(set(names) - set(arrays)), sorted(set(arrays) - set(names))
+  shapes = [
+    f"{n}: file {arrays[n].shape}, model {v.shape}"
+    for n, (p, v) in names.items()
+    if n in arrays and arrays[n].shape != v.shape
+  ]
+  errors = (
+    _problems(missing, "missing weights")
+    + _problems(unexpected, "unexpected weights")
+    + _problems(shapes, "shape mismatches")
+  )
+  if errors:
+    raise model_file.ModelFileError(
+      f"{where}: its weights do not fit the model its config describes:\n" + "\n".join(errors)
+    )
+  params = nnx.from_flat_state(
+    [(p, v.replace(value=jax.numpy.asarray(arrays[n], v.dtype))) for n, (p, v) in names.items()]
+  )
+  sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  model = loading.assemble(cfg, device, params, meta.get("calibration", {}), sharding)
+  step_dir = checkpoint.save_inference(
+    workdir,
+    model,
+    cfg,
+    mean=mean,
+    std=std,
+    step=step,
+    source=f"{where} (sha256 {sha[:16]}...; {record.get('exported', {}).get('from', '')})",
+    extra={"training": record.get("training") or {}, "model_file": {"sha256": sha}},
+  )
+  if record.get("uncertainty"):
+    fileio.write_text(fileio.join(step_dir, reconstructor.UNCERTAINTY_FILE), record["uncertainty"])
+  return step_dir
+
+
 def main(argv: list[str]) -> None:
   from absl import flags
 
   del argv
   f = flags.FLAGS
-  from cdeit_jax.checkpoints import shipped
+  from cdeit_jax.checkpoints import model_file, shipped
 
   shipped.refuse_write(f.workdir, "--workdir")
-  path = convert(
-    f.checkpoint, f.config, f.workdir, stats_dir=f.stats, step=f.step, weights=f.weights
-  )
+  fileio.refuse_own_input(f.workdir, "--workdir", [("--checkpoint", f.checkpoint)])
+  if model_file.is_model_file(f.checkpoint) or f.checkpoint.endswith(model_file.SUFFIX):
+    given = [n for n in ("config", "stats", "step", "weights") if f[n].present]
+    if given:
+      raise InputError(
+        f"--{given[0]}: {f.checkpoint} is a model file, which carries its config, statistics, "
+        "step and weights; leave --config, --stats, --step and --weights out"
+      )
+    path = import_model_file(f.checkpoint, f.workdir)
+  else:
+    if f.config is None:
+      raise InputError(
+        f"--config: {f.checkpoint} is a PyTorch checkpoint; give the config whose model section "
+        "matches it (e.g. --config configs/default.py)"
+      )
+    path = convert(
+      f.checkpoint, f.config, f.workdir, stats_dir=f.stats, step=f.step, weights=f.weights
+    )
   print(f"wrote {path}")
 
 
@@ -298,7 +369,12 @@ if __name__ == "__main__":
     "--config.model.hidden_size=64",
     lock_config=True,
   )
-  flags.DEFINE_string("checkpoint", None, "best.pt (dict with 'model'), a bare state dict, or .npz")
+  flags.DEFINE_string(
+    "checkpoint",
+    None,
+    "best.pt (dict with 'model'), a bare state dict, .npz, or a cdeit-jax model file "
+    "(python -m cdeit_jax.export; no --config then)",
+  )
   flags.DEFINE_string("workdir", None, "output directory, loadable by eval.py --workdir")
   flags.DEFINE_string(
     "stats",
@@ -313,7 +389,7 @@ if __name__ == "__main__":
     ["ema", "raw"],
     "which weight set the file holds (the authors' best.pt holds EMA weights)",
   )
-  flags.mark_flags_as_required(["config", "checkpoint", "workdir"])
+  flags.mark_flags_as_required(["checkpoint", "workdir"])
   from cdeit_jax import cli
 
   cli.run(main)  # one-line reports of our own errors (a state dict that does not match, ...)

@@ -156,6 +156,34 @@ def apply_settings(cfg, given: dict[str, str]) -> None:
     AnswerRule.parse(cfg.eval.answer_rule, "--set eval.answer_rule")
 
 
+def training_of(workdir: str, meta) -> dict:
+  """What made the model of a run's step (`meta`, a `reader.Meta`): the manifest's `training`.
+  A model folder's is its manifest's, and an imported model file's (`python -m
+  cdeit_jax.convert`) the one the file carries, wherever it was trained; a run's: its steps and
+  time (`training_record`; a fine-tuning's start counted too), this machine, the data seeds."""
+  from cdeit_jax.checkpoints import shipped
+
+  again = shipped.read(workdir)  # a model folder shipped again (another rule, say)
+  if again is not None:
+    return {k: v for k, v in again["training"].items() if k != "shipped"}
+  if isinstance(meta.record.get("training"), dict):  # an imported model file
+    return dict(meta.record["training"])
+  cfg = meta.config
+  made_of = meta.record.get("source")
+  training = {"steps": meta.step, **training_record(workdir)}
+  if cfg.get("init_from"):  # fine-tuned: what it started from counts too
+    training["started_from"] = started_from(cfg.init_from, meta.record.get("init_from"))
+    training["seconds_in_all"] = _seconds_in_all(training)
+  return {
+    **training,
+    "machine": machine(),
+    "data_seed": {"simulator": int(cfg.simulator.seed), "data": int(cfg.data.seed)},
+    "source": f"{os.path.abspath(workdir)} step {meta.step}",
+    # what an imported or interpolated checkpoint says it is made of
+    **({"made_of": made_of} if made_of and made_of != "train.py" else {}),
+  }
+
+
 def ship(
   workdir: str,
   out: str,
@@ -199,31 +227,14 @@ def ship(
     if scale is not None:
       step_dir = fileio.join(stage, checkpoint.CHECKPOINTS, str(meta.step))
       fileio.write_text(fileio.join(step_dir, reconstructor.UNCERTAINTY_FILE), scale)
-  cfg = meta.config
-  made_of = meta.record.get("source")
-  training = {"steps": meta.step, **training_record(workdir)}
-  again = shipped.read(workdir)  # a model folder shipped again (another rule, say)
-  if again is None and cfg.get("init_from"):  # fine-tuned: what it started from counts too
-    training["started_from"] = started_from(cfg.init_from, meta.record.get("init_from"))
-    training["seconds_in_all"] = _seconds_in_all(training)
   record = {
     "name": os.path.basename(out),
     "recipe": recipe,
-    "config": json.loads(cfg.to_json_best_effort()),
+    "config": json.loads(meta.config.to_json_best_effort()),
     "device": meta.record.get("device") or loaded.model.layout.record(),
-    "training": {
-      **training,
-      "machine": machine(),
-      "data_seed": {"simulator": int(cfg.simulator.seed), "data": int(cfg.data.seed)},
-      "source": f"{os.path.abspath(workdir)} step {meta.step}",
-      # what an imported or interpolated checkpoint says it is made of
-      **({"made_of": made_of} if made_of and made_of != "train.py" else {}),
-      "shipped": time.strftime("%Y-%m-%d"),
-    },
+    "training": {**training_of(workdir, meta), "shipped": time.strftime("%Y-%m-%d")},
     "scores": given,
   }
-  if again is not None:  # its training is the one its manifest records, wherever it was built
-    record["training"] = {**again["training"], "shipped": record["training"]["shipped"]}
   manifest = shipped.write(stage, meta.step, record)
   old = f"{out}.old"
   if os.path.exists(out):

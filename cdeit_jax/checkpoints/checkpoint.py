@@ -169,8 +169,10 @@ def save_inference(
   step: int = 0,
   source: str = "",
   weights: str = "ema",
+  extra: dict[str, Any] | None = None,
 ) -> str:
-  """Save one weight set (`ema` or `raw`) with its metadata; returns the step's directory."""
+  """Save one weight set (`ema` or `raw`) with its metadata (`extra`: more fields of it, e.g.
+  an imported model file's training record); returns the step's directory."""
   if weights not in WEIGHT_ITEMS:
     raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
   if not (isinstance(step, int) and step >= 0):
@@ -190,6 +192,7 @@ def save_inference(
     source=source,
     calibration=calibration_of(model),
     device=model.layout.record(),
+    **(extra or {}),
   )
   with manager(workdir) as mngr:
     if step in mngr.all_steps():

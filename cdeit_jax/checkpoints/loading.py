@@ -166,11 +166,14 @@ def load_weights(
   mngr=None,
   dtype: str | None = None,
   device: Any = None,
+  weights_only: bool = False,
   **runtime: Any,
-) -> CDEIT:
+) -> CDEIT | nnx.State:
   """The model of a step whose metadata `meta` is read already, with one weight set loaded
   (`load`); `mngr`: the workdir's open CheckpointManager, if the caller holds one; `device`: the
-  measuring system the command resolved already (`device_of`), else resolved here."""
+  measuring system the command resolved already (`device_of`), else resolved here.
+  `weights_only`: the weight set alone (`nnx.Param` state), the model not built (nothing is
+  computed from the config: no physics-informed operator), as an export needs it."""
   if weights not in WEIGHT_ITEMS:
     raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
   step = int(meta["step"])
@@ -193,13 +196,33 @@ def load_weights(
   device = device if device is not None else device_of(cfg, meta)
   model = nnx.eval_shape(lambda: build(cfg, layout=device))
   if meta["format"] == FORMAT_V1:
+    if weights_only:
+      raise InputError(f"{where}: a cdeit-jax 0.1 checkpoint; convert it first")
     return _load_v1(model, workdir, step, weights, sharding, mngr)
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   restored = checkpoint.restore_item(
-    workdir, step, WEIGHT_ITEMS[weights], params, sharding, mngr=mngr
+    workdir, step, WEIGHT_ITEMS[weights], nnx.state(model, nnx.Param), sharding, mngr=mngr
   )
-  model = nnx.merge(graphdef, restored, fixed_variables(cfg, sharding, device))
-  checkpoint.set_calibration(model, meta.get("calibration", {}))
+  if weights_only:
+    return restored
+  return assemble(cfg, device, restored, meta.get("calibration", {}), sharding, model)
+
+
+def assemble(
+  cfg: ml_collections.ConfigDict,
+  device,
+  params: nnx.State,
+  calibration: dict[str, list[float]],
+  sharding: jax.sharding.Sharding,
+  abstract: CDEIT | None = None,
+) -> CDEIT:
+  """The model of `cfg` for `device` with its trained weights `params`: the fixed variables
+  recomputed from the config (placed on `sharding`), the calibration a checkpoint recorded set;
+  `abstract`: the model's shapes, if the caller built them already."""
+  if abstract is None:
+    abstract = nnx.eval_shape(lambda: build(cfg, layout=device))
+  graphdef = nnx.split(abstract, nnx.Param, ...)[0]
+  model = nnx.merge(graphdef, params, fixed_variables(cfg, sharding, device))
+  checkpoint.set_calibration(model, calibration)
   return model
 
 

@@ -55,7 +55,7 @@ class Loaded:
   """A model loaded from the first intact step: the steps passed over ({step: reason}) and why
   the step was the one to load."""
 
-  model: nnx.Module
+  model: nnx.Module  # the weight set alone (nnx.State) when loaded `weights_only`
   meta: Meta
   skipped: dict[int, str]
   reason: str
@@ -116,12 +116,14 @@ class Run:
     start: int | None = None,
     passed: dict[int, str] | None = None,
     device: Any = None,
+    weights_only: bool = False,
     **runtime: Any,
   ) -> Loaded:
     """The model of the first candidate from `start` on whose metadata and `weights` load
     completely (`runtime`: the model's runtime keys, as `loading.load_weights` takes them);
     `passed`: steps passed over before, kept in the result's `skipped`; `device`: the measuring
-    system the command resolved (one run, one system)."""
+    system the command resolved (one run, one system); `weights_only`: the weight set alone
+    (`nnx.Param` state) in `model`, no model built."""
 
     def load(step: int) -> tuple[nnx.Module, Meta]:
       meta = self.meta(step)
@@ -132,6 +134,7 @@ class Run:
         sharding=sharding,
         mngr=self._mngr,
         device=device,
+        weights_only=weights_only,
         **runtime,
       ), meta
 
