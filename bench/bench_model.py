@@ -24,7 +24,7 @@ from cdeit_jax import config_lib
 from cdeit_jax.common import hardware
 from cdeit_jax.model import attention, flops
 from cdeit_jax.model.diffusion import Diffusion
-from cdeit_jax.model.network import CDEIT, count_params
+from cdeit_jax.model.network import CDEIT, cond_shape, count_params
 
 
 def timed(fn, *args, repeats):
@@ -46,20 +46,27 @@ def main():
   p.add_argument("--attention-query-chunk", type=int, default=None)
   p.add_argument("--repeats", type=int, default=3)
   p.add_argument("--sample", action="store_true", help="also time the 5-step sampler")
+  p.add_argument(
+    "--config", default=None, help="a config file's model (dtype and sizes; not the flags above)"
+  )
   a = p.parse_args()
 
-  kw = dict(
-    hidden_size=a.hidden_size,
-    dtype=config_lib.DTYPES[a.dtype],
-    attention_impl=a.attention_impl,
-    attention_query_chunk=a.attention_query_chunk,
-  )
+  if a.config:
+    kw = config_lib.model_kwargs(config_lib.load(a.config))
+    a.dtype = jnp.dtype(kw["dtype"]).name
+  else:
+    kw = dict(
+      hidden_size=a.hidden_size,
+      dtype=config_lib.DTYPES[a.dtype],
+      attention_impl=a.attention_impl,
+      attention_query_chunk=a.attention_query_chunk,
+    )
   model = CDEIT(**kw, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((a.batch, 128, 128, 1)), jnp.float32)
   t = jnp.asarray(rng.integers(0, 1000, a.batch), jnp.int32)
-  cond = jnp.asarray(rng.standard_normal((a.batch, 16, 16, 1)), jnp.float32)
+  cond = jnp.asarray(rng.standard_normal((a.batch, *cond_shape(kw))), jnp.float32)
 
   fwd = jax.jit(lambda s, x, t, c: nnx.merge(graphdef, s)(x, t, c))
   t0 = time.perf_counter()
@@ -78,7 +85,7 @@ def main():
     "batch": a.batch,
     "dtype": a.dtype,
     "attention_impl": model.attention_impl,
-    "attention_query_chunk": a.attention_query_chunk,
+    "attention_query_chunk": kw.get("attention_query_chunk"),
     "compile_s": round(compile_s, 2),
     "forward_s": round(step_s, 4),
     "images_per_s": round(a.batch / step_s, 3),

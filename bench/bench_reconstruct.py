@@ -141,9 +141,11 @@ def bench_reference(reference: str, batch: int, threads: int) -> dict:
     [
       sys.executable,
       os.path.join(HERE, "reference", "ref_bench.py"),
+      "--batch",
       str(batch),
+      "--threads",
       str(threads),
-      "sample",
+      "--sample-only",
     ],
     env=cpu_tuning.tuned_environment(env),
     capture_output=True,

@@ -166,7 +166,8 @@ def bench_source(a) -> None:
   mesh = shd.make_mesh()
   n = mesh.size
   ys, xs = synthetic.example_arrays(cfg.simulator, "train", np.arange(64), mesh)
-  running = measurement.RunningStats()
+  values = synthetic.generator(cfg.simulator).layout.num_values  # the simulated device's
+  running = measurement.RunningStats(num_values=values)
   running.add(ys)
   mean, std = running.result()
   for b in a.batch:
@@ -175,7 +176,10 @@ def bench_source(a) -> None:
     make = simulator_source.batch_fn(cfg, mesh, mean, std)
     step0 = jax.device_put(jnp.int32(0), shd.replicated(mesh))
     sim_s = timed(lambda: make(step0), a.repeats)
-    ts = training.setup(cfg, mesh, calibration_source=ArraySource(ys, xs, mean, std, name="bench"))
+    calibration = ArraySource(
+      ys, xs, mean, std, name="bench", vector_cond=simulator_source.vector_cond(cfg)
+    )
+    ts = training.setup(cfg, mesh, calibration_source=calibration)
     c = training.compile_train_step(ts, g, mesh)
     state = jax.device_put(ts.state, c.state_shardings)
     constants = jax.device_put(ts.constants, c.constants_shardings)

@@ -99,8 +99,10 @@ def measure(
     jax.block_until_ready(m)
     step_s = step_s_min = (time.perf_counter() - t) / steps
   peak = hardware.peak_tflops()
-  # no vendor peak (a CPU): this machine's own float32 matmul rate, timed now, is the roof
+  # no vendor peak (a CPU): this machine's own float32 matmul rate, timed now, is the roof; an
+  # accelerator's bfloat16 rate (8,192^3) is timed beside its vendor's peak
   roof = None if peak else hardware.matmul_gflops()
+  bf16_rate = hardware.matmul_gflops(8192, 3, jax.numpy.bfloat16) / 1e3 if peak else None
   # model FLOPs with every loop iteration counted (cdeit_jax.model.flops)
   tflops = c.flops_per_step / n / step_s / 1e12
   return {
@@ -127,6 +129,7 @@ def measure(
     "tflops_per_device": tflops,
     "peak_tflops": peak,
     "fraction_of_peak": tflops / peak if (tflops and peak) else None,
+    "matmul_tflops_bf16": round(bf16_rate, 1) if bf16_rate else None,
     "matmul_gflops_f32": round(roof, 1) if roof else None,
     "fraction_of_matmul_rate": round(tflops * 1e3 / roof, 3) if roof else None,
     "memory_per_device": c.memory,

@@ -33,10 +33,11 @@ def peak_tflops(device: jax.Device | None = None) -> float | None:
   return None
 
 
-def matmul_gflops(n: int = 2048, repeats: int = 5) -> float:
-  """XLA's float32 n^3 matmul rate on the first device (GFLOP/s, best of `repeats`): the roof a
-  benchmark's achieved FLOP/s is compared with in the same run where `peak_tflops` is None."""
-  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+def matmul_gflops(n: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
+  """XLA's n^3 matmul rate on the first device (GFLOP/s, best of `repeats`): the roof a
+  benchmark's achieved FLOP/s is compared with in the same run where `peak_tflops` is None
+  (float32), and on an accelerator the rate it reaches beside its vendor's peak (bfloat16)."""
+  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
   f = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
   f(a, a).block_until_ready()
   best = float("inf")
