@@ -3,7 +3,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install lint test test-e2e test-all accelerator-check gpu-wheels demo demo-model ktc-demo ktc-model ktc-heldout \
+.PHONY: install lint test test-e2e test-all accelerator-check gpu-run gpu-reference gpu-wheels demo demo-model \
+  ktc-demo ktc-model ktc-heldout \
   cdeit16-model device-model moving-demo train-test bench clean
 
 install: $(BIN)/.installed
@@ -257,6 +258,34 @@ moving-demo: install
 OUT ?= runs/accelerator_check
 accelerator-check: install
 	$(BIN)/python bench/accelerator_check.py --out $(OUT) $(CHECK_ARGS)
+
+# One prepared command for a lent GPU (recipes/gpu_run.py, docs/gpu.md), in at most 9 minutes:
+# the accelerator check at the published size, ours beside the published PyTorch code on the same
+# chip (REFERENCE: a copy of it, `make gpu-reference`), a KTC2023 model trained on fresh
+# simulations for the rest of the time and exported as one file, into OUT (at most 8 flat
+# files). On a CPU it rehearses every stage at a tiny size (about 5 minutes). On the lent machine
+# (its own Python, no network, no .venv) give WHEELS=wheels: the wheels `make gpu-wheels` put
+# there are installed beside that Python instead of making .venv.
+GPU_OUT = $(if $(filter command line,$(origin OUT)),$(OUT),runs/gpu_run)
+REFERENCE ?= reference/CDEIT
+GPU_RUN = recipes/gpu_run.py --out $(GPU_OUT) --reference $(REFERENCE) $(GPU_ARGS)
+WHEELS ?=
+gpu-run:
+ifneq ($(WHEELS),)
+	python3 -m pip install -q --no-index --no-deps --no-compile --target .gpu-site $(WHEELS)/*.whl
+	PYTHONPATH=$(CURDIR)/.gpu-site python3 $(GPU_RUN)
+else
+	@$(MAKE) -s install
+	$(BIN)/python $(GPU_RUN)
+endif
+
+# The published code for gpu-run's side-by-side stage, copied from a checkout of
+# github.com/shuaikaishi/CDEIT (REF=PATH) into reference/CDEIT: git-ignored, so it travels with
+# the working tree to a lent machine and is never committed.
+REF ?=
+gpu-reference:
+	@test -f "$(REF)/models.py" || { echo "make gpu-reference: give REF=PATH, a checkout of the published CDEIT code (models.py, diffusion/)"; exit 2; }
+	rm -rf reference/CDEIT && mkdir -p reference/CDEIT && cp -r $(REF)/models.py $(REF)/diffusion reference/CDEIT/
 
 # The wheels a lent GPU machine lacks (Python 3.12, no network there; docs/gpu.md), into wheels/
 # (git-ignored): carry it, then there: pip install --no-index --no-deps wheels/*.whl. Not

@@ -1,0 +1,102 @@
+"""`make gpu-run` (recipes/gpu_run.py) rehearsed on a CPU, as a lent GPU would run it: every stage
+recorded (done, or skipped with its reason), the files a lent machine sends back within its
+limits, and the model file imported by convert and answering the challenge's public 28 with
+eval.py; the limits' check against folders made to break each."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "recipes"))
+import gpu_run  # noqa: E402
+
+
+def test_what_a_lent_machine_would_not_send_back_is_named(tmp_path):
+  ok = tmp_path / "ok"
+  (ok / "a" / "b").mkdir(parents=True)
+  (ok / "a" / "b" / "deep_enough.json").write_text("{}")
+  for i in range(7):
+    (ok / f"f{i}.log").write_text("x")
+  assert gpu_run.return_problems(str(ok)) == []
+  bad = tmp_path / "bad"
+  (bad / "a" / "b" / "c").mkdir(parents=True)
+  (bad / "a" / "b" / "c" / "too_deep.json").write_text("{}")
+  (bad / "big.bin").write_bytes(b"\0" * (16 * 2**20 + 1))
+  (bad / "space name.txt").write_text("x")
+  for i in range(7):
+    (bad / f"f{i}.log").write_text("x")
+  problems = gpu_run.return_problems(str(bad))
+  assert len(problems) == 4, problems
+  assert any("too_deep.json: deeper than 2" in p for p in problems)
+  assert any(p.startswith("big.bin: 16.0 MiB, over 16") for p in problems)
+  assert any("space name.txt: a name of other characters" in p for p in problems)
+  assert any(p == "10 files, over 8" for p in problems)
+
+
+@pytest.mark.e2e
+def test_the_rehearsal_writes_what_a_gpu_run_brings_back(tmp_path):
+  out, scratch = tmp_path / "out", tmp_path / "scratch"
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")  # one CPU device, as a laptop has
+  p = subprocess.run(
+    [sys.executable, "recipes/gpu_run.py", "--out", str(out), "--scratch", str(scratch),
+     "--reference", str(tmp_path / "no_reference"), "--check-s", "60", "--train-s", "45",
+     "--simulator-s", "100"],
+    cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+  )  # fmt: skip
+  assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+  summary = json.loads((out / "gpu_run.json").read_text())
+  assert summary["rehearsal"] and summary["platform"] == "cpu" and summary["returns"] == "all"
+  stages = summary["stages"]
+  assert [stages[s]["status"] for s in ("check", "train", "simulator")] == ["ok"] * 3, stages
+  assert stages["pytorch"]["status"] == "skipped"
+  assert "no published code at" in stages["pytorch"]["reason"]
+  files = sorted(os.listdir(out))
+  assert files == sorted(summary["files"]) and len(files) <= 8
+  models = [f for f in files if not re.search(r"\.(json|txt|log|png)$", f)]
+  assert models == [gpu_run.MODEL_FILE]
+  check = json.loads((out / "accelerator_check.json").read_text())
+  assert check["train"]["samples_per_s"] > 0 and check["config"] == "configs/gpu.py:rehearsal"
+  train = json.loads((out / "train.json").read_text())
+  assert (
+    train["steps"] == train["exported"]["step"] > 0
+    and train["validation"][-1][0] == (train["steps"])
+  )
+  # ended by its budget (which also covers start-up: on a busy CPU that alone may take it)
+  assert train["time_budget_s"] == 45
+  assert "config.time_budget_s=45 s: step" in (scratch / "train.out").read_text()
+  sim = json.loads((out / "simulator.json").read_text())
+  assert sim["sim_examples_per_s"] > 0 and sim["step_samples_per_s"] > 0
+  # the model comes back as one file: imported, it answers the challenge's public cases
+  workdir = tmp_path / "imported"
+  model = out / gpu_run.MODEL_FILE
+  c = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.convert", "--checkpoint", str(model), "--workdir",
+     str(workdir)],
+    cwd=REPO, env=env, capture_output=True, text=True,
+  )  # fmt: skip
+  assert c.returncode == 0, c.stderr[-3000:]
+  e = subprocess.run(
+    [sys.executable, "eval.py", "--workdir", str(workdir), "--data", "ktc2023_challenge",
+     "--data_path", "data/ktc2023/levels", "--out", str(tmp_path / "answers")],
+    cwd=REPO, env=env, capture_output=True, text=True,
+  )  # fmt: skip
+  assert e.returncode == 0, e.stderr[-3000:]
+  metrics = json.loads((tmp_path / "answers" / "metrics.json").read_text())
+  assert len(list((tmp_path / "answers").glob("level_*/*.mat"))) == 28, metrics
+  # one changed byte: refused in one line
+  bad = tmp_path / "bad.safetensors"
+  data = bytearray(model.read_bytes())
+  data[-100] ^= 1
+  bad.write_bytes(bytes(data))
+  r = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.convert", "--checkpoint", str(bad), "--workdir",
+     str(tmp_path / "w2")],
+    cwd=REPO, env=env, capture_output=True, text=True,
+  )  # fmt: skip
+  errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+  assert r.returncode != 0 and len(errors) == 1 and "SHA-256" in errors[0]
