@@ -265,18 +265,18 @@ accelerator-check: install
 # simulations for the rest of the time and exported as one file, into OUT (at most 8 flat
 # files). On a CPU it rehearses every stage at a tiny size (about 5 minutes). On the lent machine
 # (its own Python, no network, no .venv) give WHEELS=wheels: the wheels `make gpu-wheels` put
-# there are installed beside that Python instead of making .venv.
+# there are installed beside that Python instead of making .venv (recipes/gpu_run.sh, which
+# also runs without make).
 GPU_OUT = $(if $(filter command line,$(origin OUT)),$(OUT),runs/gpu_run)
 REFERENCE ?= reference/CDEIT
-GPU_RUN = recipes/gpu_run.py --out $(GPU_OUT) --reference $(REFERENCE) $(GPU_ARGS)
+GPU_FLAGS = --reference $(REFERENCE) $(GPU_ARGS)
 WHEELS ?=
 gpu-run:
 ifneq ($(WHEELS),)
-	python3 -m pip install -q --no-index --no-deps --no-compile --target .gpu-site $(WHEELS)/*.whl
-	PYTHONPATH=$(CURDIR)/.gpu-site python3 $(GPU_RUN)
+	WHEELS=$(WHEELS) bash recipes/gpu_run.sh $(GPU_OUT) $(GPU_FLAGS)
 else
 	@$(MAKE) -s install
-	$(BIN)/python $(GPU_RUN)
+	$(BIN)/python recipes/gpu_run.py --out $(GPU_OUT) $(GPU_FLAGS)
 endif
 
 # The published code for gpu-run's side-by-side stage, copied from a checkout of

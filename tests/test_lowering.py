@@ -71,6 +71,23 @@ def test_the_gpu_train_step_and_sampler_lower_for_cuda(attention):
   assert "stablehlo.while" in _sampler(cfg, "gpu", "cuda")  # the sampler's loop
 
 
+def test_the_gpu_runs_model_and_its_simulations_lower_for_cuda():
+  """What make gpu-run trains (configs/gpu_ktc2023.py: KTC2023's segmenter in bfloat16) and the
+  simulations it trains on, as a GPU makes them: the whole batch at once (on a CPU they are
+  solved one at a time, synthetic.per_example), the Cholesky factorisations as cuSOLVER calls."""
+  from cdeit_jax.data import synthetic
+
+  cfg = _config("gpu_ktc2023", "blocked")
+  assert cfg.model.dtype == "bfloat16" and cfg.data.source == "simulator"
+  text = _train_step(cfg, "gpu", "cuda")
+  assert "bf16" in text and "stablehlo.dot_general" in text
+  gen = synthetic.generator(cfg.simulator)
+  examples = jax.jit(lambda i: gen.examples("train", i, batched=True))
+  index = jax.ShapeDtypeStruct((BATCH,), jax.numpy.int32)
+  text = examples.trace(index).lower(lowering_platforms=("cuda",)).as_text()
+  assert "@cusolver_potrf_ffi" in text and "stablehlo.while" not in text  # batched, no loop
+
+
 def test_cudnn_attention_cannot_be_lowered_without_a_gpu():
   """The piece left to the accelerator check: cuDNN's attention is refused at lowering on a
   machine without cuDNN. If a JAX release lowers it, this test fails: then lower it above."""
