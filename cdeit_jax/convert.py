@@ -321,7 +321,10 @@ def import_model_file(path: str, workdir: str) -> str:
     std=std,
     step=step,
     source=f"{where} (sha256 {sha[:16]}...; {record.get('exported', {}).get('from', '')})",
-    extra={"training": record.get("training") or {}, "model_file": {"sha256": sha}},
+    extra={
+      "model_file": {"sha256": sha},
+      **({"training": record["training"]} if record.get("training") else {}),
+    },
   )
   if record.get("uncertainty"):
     fileio.write_text(fileio.join(step_dir, reconstructor.UNCERTAINTY_FILE), record["uncertainty"])
