@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import optax
 import pytest
-from conftest import TEST_CONFIG, run_train
+from conftest import TEST_CONFIG, finish, run_train, two_processes
 
 from cdeit_jax import config_lib
 from cdeit_jax.common import sharding as shd
@@ -104,3 +104,25 @@ def test_train_py_validates_and_saves_inside_its_budget(tmp_path):
   assert saved[-1] == last["step"]
   # the decay ended with the time: the last window's learning rate is near the end value (0)
   assert last["horizon"] <= last["step"] + 5 and last["lr"] < 0.1 * 1e-3
+
+
+@pytest.mark.e2e
+def test_two_processes_stop_at_the_same_step_inside_the_budget(tmp_path):
+  """2 processes x 4 devices: process 0's clock decides at each window's end for both (one
+  broadcast), so both stop, validate and save at the same step, inside the budget."""
+  seconds = 45.0
+  t0 = time.perf_counter()
+  procs = two_processes(
+    "train.py",
+    "--config", TEST_CONFIG, "--workdir", str(tmp_path),
+    "--config.steps=1000000", f"--config.time_budget_s={seconds}", "--config.log_every=2",
+    "--config.optimizer.schedule=warmup_cosine", "--config.eval_every=100000",
+  )  # fmt: skip
+  errs = finish(procs)
+  assert time.perf_counter() - t0 < seconds + 10
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  stopped = records[-1]["step"]
+  assert f"config.time_budget_s=45 s: step {stopped} validated and saved" in errs[0]
+  assert "val_loss" in records[-1] and records[-1]["run"]["wall_s"] <= seconds
+  saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved[-1] == stopped and "over 2 process(es)" in errs[0]
