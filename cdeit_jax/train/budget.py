@@ -6,10 +6,10 @@ included). At the end of every log window (the loop's one host sync) it decides 
 what was measured, not from guesses:
 
 - whether to stop now: the time left must cover the final validation and checkpoint (the last
-  ones measured; with a budget the first window validates and saves, so one is measured early),
-  a margin and, with several processes, the next window; a stop validates and saves, like the
-  last step of a run (one process also checks after every step, at no cost, so a slow window
-  cannot overrun: `expired`);
+  ones measured; with a budget the first window validates and saves before it decides, so one
+  is measured before the first decision), a margin and, with several processes, the next window;
+  a stop validates and saves, like the last step of a run (one process also checks after every
+  step, at no cost, so a slow window cannot overrun: `expired`);
 - the schedule's horizon (`training.ScheduleState.horizon`), the step the learning rate's decay
   ends at: the step reached plus the steps the measured rate (since the first window, whose
   steps include compiling the data's function) fits into the time left, at most
@@ -51,6 +51,7 @@ class Budget:
   def __init__(self, seconds: float, start: float, steps: int):
     self.seconds, self.deadline, self.steps = float(seconds), start + float(seconds), int(steps)
     self.end_s: float | None = None  # the last validation + checkpoint measured
+    self.horizon: int | None = None  # the horizon set last (the loop sets it)
     self._loop: tuple[int, float] | None = None  # (step, time) the measured rate starts at
     self._warm = False  # whether the first window (compilations) is behind
 

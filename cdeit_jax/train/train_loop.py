@@ -582,14 +582,11 @@ def _train(
         continue
       with clock.phase("step"):  # the one host sync of the window: waits for its steps
         last = window.close(step, last_good, workdir)
-      out_of_time = False
-      if budget is not None:  # stop now, or the schedule's horizon for the steps after this
-        state, out_of_time = _budget_window(budget, cfg, step, state, window, last, expired)
       saved_before = last_good
-      last_good = _close_window(
+      last_good, state, out_of_time = _close_window(
         cfg,
         step,
-        stop or out_of_time,
+        stop,
         state,
         last,
         last_good,
@@ -600,7 +597,8 @@ def _train(
         lock,
         primary,
         budget,
-        out_of_time,
+        window.seconds,
+        expired,
       )
       with clock.phase("logging"):
         logger.write(step, last, advance=window.steps)
@@ -642,17 +640,6 @@ def _periodic(cfg, start: int, compiled, workdir: str, clock: goodput.Clock, pri
   return budget, Schedule(cfg, first=first_log), window, profiler
 
 
-def _budget_window(budget, cfg, step: int, state, window: Window, last: dict, expired: bool):
-  """At a window's end under a time budget: (the state with the schedule's new horizon, whether
-  the run stops here); the horizon and the seconds left go into the window's metrics."""
-  decision = budget.decide(step, time.perf_counter(), window.seconds)
-  out_of_time = (decision.stop or expired) and step < cfg.steps
-  if not out_of_time:
-    state = training.with_horizon(state, decision.horizon)
-  last.update(horizon=decision.horizon, budget_left_s=round(decision.seconds_left, 1))
-  return state, out_of_time
-
-
 def _close_window(
   cfg,
   step: int,
@@ -667,20 +654,25 @@ def _close_window(
   lock: workdir_lock.WorkdirLock,
   primary: bool,
   budget: budget_lib.Budget | None = None,
-  out_of_time: bool = False,
-) -> int | None:
+  window_s: float = 0.0,
+  expired: bool = False,
+):
   """The periodic work at a logging step, into `last`: the lease check, validation, the
-  checkpoint, the goodput split; returns the newest saved step. `out_of_time`: the time budget
-  ends the run here (validated and saved); `budget` is told what validating and saving took."""
+  checkpoint, under a time budget its decision, the goodput split. Returns (the newest saved
+  step, the state, whether the budget ends the run here). The scheduled validation and
+  checkpoint come first, so that the budget decides knowing what they cost (it is told); when it
+  ends the run here (or `expired`, one process's check after the step), this step is validated and
+  saved, as the last step of a run is, and otherwise the schedule's horizon is set."""
   if primary:
     lock.check()  # a gs:// lease this run can no longer prove: stop before any write
+  out_of_time = expired and step < cfg.steps
   t0 = time.perf_counter()
-  validated = schedule.validate(step, out_of_time)
-  if validated:
+
+  def validate():
     with clock.phase("validation"):
       last["val_loss"] = p.validation_loss(state.ema)
-  end = step == cfg.steps or stop
-  if schedule.save(step, stop, out_of_time):
+
+  def save(end: bool):
     with clock.phase("checkpoint"):
       if primary:
         lock.check(read=True)  # the commit and the retention deletes are the lease's
@@ -689,11 +681,35 @@ def _close_window(
       )
       if end:  # the last save is part of the run
         mngr.wait_until_finished()
+
+  if schedule.validate(step, out_of_time):
+    validate()
+  saved = schedule.save(step, stop, out_of_time)
+  if saved:
+    save(step == cfg.steps or stop or out_of_time)
     last_good = step
-    if budget is not None and validated:
+    if budget is not None and "val_loss" in last:
       budget.ended_window(time.perf_counter() - t0)
+  if budget is not None:  # stop now, or the horizon for the steps after this
+    decision = budget.decide(step, time.perf_counter(), window_s)
+    if decision.stop and step < cfg.steps and not out_of_time:
+      out_of_time = True
+      if "val_loss" not in last:
+        validate()
+      if saved:
+        with clock.phase("checkpoint"):
+          mngr.wait_until_finished()
+      else:
+        save(True)
+        last_good = step
+    elif not out_of_time:
+      state = training.with_horizon(state, decision.horizon)
+      budget.horizon = decision.horizon
+    # the horizon in force (at a stop: the one its last steps ran under; None: not yet set)
+    last.update(horizon=budget.horizon, budget_left_s=round(decision.seconds_left, 1))
+  end = step == cfg.steps or stop or out_of_time
   last.update(clock.window_split())
   if end:
     last["run"] = clock.totals()
     log.info(goodput.describe(last["run"]))
-  return last_good
+  return last_good, state, out_of_time
