@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 from cdeit_jax.common import array_files
 from cdeit_jax.common.errors import InputError
@@ -140,3 +141,35 @@ def test_a_bad_row_far_into_a_text_recording_is_named(tmp_path):
       InputError, match=r"f.csv: .*in the 8 rows from data row 32: could not convert .*x.* row 5"
     ):
       r.rows(32, 40)
+
+
+def test_text_frames_are_read_as_people_write_them(tmp_path):
+  """Real frames (3 of UEF2017's, 208 voltages each) written as spreadsheets and Python write
+  them: every form gives the same 3 rows as the plain .csv, none loses its first frame; decimal
+  commas are refused in one line naming them."""
+  cases = sorted((REPO / "data" / "uef2017").glob("*.npz"))[:3]
+  ys = np.stack([np.load(p)["ys"].ravel() for p in cases])
+  rows = lambda sep: [sep.join(repr(v) for v in r) for r in ys.tolist()]
+  header = ",".join(str(i) for i in range(1, 209))
+  forms = {
+    "plain.csv": ("utf-8", "\n", rows(",")),
+    "excel_utf8.csv": ("utf-8-sig", "\r\n", rows(",")),  # Excel's "CSV UTF-8": a mark, CRLF
+    "tabs.txt": ("utf-8-sig", "\r\n", rows("\t")),
+    "semicolons.csv": ("utf-8", "\n", rows(";")),
+    "numbered.csv": ("utf-8-sig", "\n", [header, *rows(",")]),  # the columns' numbers on top
+    "named.csv": ("utf-8-sig", "\n", [",".join(f"V{i}" for i in range(208)), *rows(",")]),
+  }
+  for name, (encoding, end, lines) in forms.items():
+    with open(tmp_path / name, "w", encoding=encoding, newline="") as fh:
+      fh.write(end.join(lines) + end)
+    got = array_files.read(str(tmp_path / name), (".csv", ".txt"), "frames file")[""]
+    np.testing.assert_array_equal(got, ys, err_msg=name)
+  with open(tmp_path / "one.csv", "w", encoding="utf-8-sig") as fh:  # a --reference: one frame
+    fh.write(rows(",")[0])
+  np.testing.assert_array_equal(
+    array_files.read(str(tmp_path / "one.csv"), (".csv",), "reference")[""], ys[:1]
+  )
+  (tmp_path / "commas.csv").write_text("\n".join(r.replace(".", ",") for r in rows(";")))
+  with pytest.raises(InputError, match=r"commas.csv: decimal commas \(") as e:
+    array_files.read(str(tmp_path / "commas.csv"), (".csv",), "frames file")
+  assert "\n" not in str(e.value)

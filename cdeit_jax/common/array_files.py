@@ -16,6 +16,7 @@ variable is read from its HDF5 dataset (`matfile`); a `.csv`/`.txt` is parsed by
 from __future__ import annotations
 
 import io
+import re
 import struct
 import zipfile
 from collections.abc import Callable
@@ -174,21 +175,46 @@ def _npy(path: str) -> Arrays:
 
 
 ADVICE_TEXT = (
-  "give one row of numbers per frame, separated by commas, spaces or tabs, with a '.' decimal "
-  "point (not ';' with decimal commas), optionally after one header line"
+  "give one row of numbers per frame, separated by commas, semicolons, spaces or tabs, with a "
+  "'.' decimal point (not decimal commas), optionally after one header line"
 )
+BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark: Excel's "CSV UTF-8", Python's utf-8-sig
 
 
 @reader(".csv", ".txt")
 def _text(path: str) -> Arrays:
-  """A table of numbers: commas, spaces or tabs between them, optionally one header line."""
+  """A table of numbers: commas, semicolons, spaces or tabs between them, optionally one header
+  line."""
   table = _TextTable(path)
   return Arrays({SINGLE: table}, table.close)
 
 
+def _fields(line: str) -> tuple[str | None, list[str]]:
+  """(the delimiter np.loadtxt is given, the fields) of a text row: ';' or ',' where one is
+  there (';' first: its fields may hold decimal commas), else whitespace (spaces, tabs)."""
+  for d in (";", ","):
+    if d in line:
+      return d, [f.strip() for f in line.split(d)]
+  return None, line.split()
+
+
+def _header(fields: list[str]) -> bool:
+  """Whether a first row is a header: a field that is not a number (a name), or the column
+  numbers themselves (1, 2, ..., N or 0, 1, ..., N - 1 with N >= 8: no EIT frame, whose 16 or
+  more voltages are never those integers in turn)."""
+  try:
+    values = np.asarray([float(f) for f in fields])
+  except ValueError:
+    return True
+  n = len(values)
+  return n >= 8 and any(np.array_equal(values, np.arange(k, n + k)) for k in (0, 1))
+
+
 class _TextTable:
   """A table of numbers in a text file, parsed a block of rows at a time (`t[lo:hi]`, by
-  np.loadtxt): one pass over the file finds where each row starts (blank lines are no rows)."""
+  np.loadtxt): one pass over the file finds where each row starts (blank lines are no rows).
+  A byte-order mark is skipped, CRLF line ends read as any others; decimal commas are refused in
+  one line (a ';' table of '0,5' is not a table of numbers here)."""
 
   ndim, dtype = 2, np.dtype(np.float64)
 
@@ -196,6 +222,8 @@ class _TextTable:
     self.path, self._fh = path, fileio.open_binary(path)
     starts, lines, at = [], [], 0
     for line in self._fh:
+      if at == 0 and line.startswith(BOM):  # the mark is no part of the first row
+        line, at = line[len(BOM) :], len(BOM)
       text = line.strip()
       if text and not text.startswith(b"#"):  # np.loadtxt's comments are no rows either
         if len(lines) < 2:
@@ -203,13 +231,16 @@ class _TextTable:
         starts.append(at)
       at += len(line)
     self._end = at
-    first = lines[0] if lines else ""
-    fields = first.split(",") if "," in first else first.split()
-    try:
-      float(fields[0])
-    except (ValueError, IndexError):
-      starts, lines = starts[1:], lines[1:]  # a header line
-    self.delimiter = "," if lines and "," in lines[0] else None
+    comma = re.compile(r"[-+]?\d*,\d+(?:[eE][-+]?\d+)?")
+    for line in lines:  # a number written '0,5' (a spreadsheet's decimal comma)
+      if any(comma.fullmatch(f) for f in _fields(line)[1] if _fields(line)[0] != ","):
+        raise InputError(
+          f"{path}: decimal commas ({line.strip()[:40]}...); {ADVICE_TEXT} (e.g. save it "
+          "again with a '.' decimal separator)"
+        )
+    if lines and _header(_fields(lines[0])[1]):
+      starts, lines = starts[1:], lines[1:]
+    self.delimiter = _fields(lines[0])[0] if lines else None
     self._starts = np.asarray(starts, np.int64)
     width = self._parse(0, 1).shape[1] if len(starts) else 0
     self.shape = (len(self._starts), width)
