@@ -161,8 +161,8 @@ def _main(argv, stack: contextlib.ExitStack):
       # frames lo .. hi minus the reference, read from the file now (memory stays flat)
       dv = rec.difference(frames=recording.rows(lo, hi), reference=reference, where=where)
       for run in runs:
-        r = rec.reconstruct(
-          dv[run - lo], first_index=int(run[0]), progress=lambda m: bar.update(m / k)
+        r = rec.reconstruct(  # checked above, as a whole
+          dv[run - lo], first_index=int(run[0]), progress=lambda m: bar.update(m / k), checked=True
         )
         if sink is not None:
           sink.add(int(run[0]), r.images, r.std)

@@ -265,8 +265,9 @@ def _ktc_208(uel) -> np.ndarray:
 
 def test_a_recording_checked_a_block_at_a_time_names_its_rows(rec, uef_ys, tmp_path):
   """`check_recording` in blocks of 2 frames: the rows that can be imaged are those of one
-  check of the whole (a block whose every row is skipped included); a refused row is named by
-  its row in the file, whichever block it is in."""
+  check of the whole (a block whose every row is skipped included); every refused row is named
+  by its row in the file, whichever block it is in, in one line; the units are judged on the
+  whole recording, so a quiet last frame (too small on its own) passes with the rest."""
   nan = uef_ys.copy()
   nan[[1, 4, 5], 7] = np.nan
   np.save(tmp_path / "nan.npy", nan)
@@ -274,8 +275,17 @@ def test_a_recording_checked_a_block_at_a_time_names_its_rows(rec, uef_ys, tmp_p
   with frames.Recording(str(tmp_path / "nan.npy")) as r:
     np.testing.assert_array_equal(rec.check_recording(r, None, "F", True, block=2), whole)
     np.testing.assert_array_equal(whole, [0, 2, 3])
-    with pytest.raises(InputError, match=r"F: rows 1 hold NaN"):
+    with pytest.raises(InputError, match=r"F: rows 1, 4, 5 hold NaN") as e:
       rec.check_recording(r, None, "F", block=2)
+    assert "\n" not in str(e.value)
+  quiet = np.vstack([uef_ys, 1e-6 * uef_ys[:1]])  # a last frame with next to no change
+  with pytest.raises(InputError, match="far too small"):
+    rec.check_frames(quiet[-1:], "F")  # alone, as one sampler call would have judged it
+  np.save(tmp_path / "quiet.npy", quiet)
+  with frames.Recording(str(tmp_path / "quiet.npy")) as r:
+    np.testing.assert_array_equal(rec.check_recording(r, None, "F", block=2), range(len(quiet)))
+  # the reconstruct command's last sampler call, of that frame alone: not judged again
+  assert np.isfinite(rec.reconstruct(quiet[-1:], checked=True).images).all()
   absolute = uef_ys.copy()
   absolute[5] = absolute[5] + 100 * rec.voltage_ratio * rec.vh  # the empty tank's pattern
   np.save(tmp_path / "abs.npy", absolute)

@@ -212,6 +212,20 @@ def calibration_file(run: reader.Run, step: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Screen:
+  """A block of rows through the row-wise guards (`Reconstructor.check_values`), rows numbered
+  in the whole: refused as not finite (`bad`), imageable (`ok`), of those absolute or far off
+  the training data's scale (with the largest typical |z|), and each imageable row's size."""
+
+  bad: np.ndarray
+  ok: np.ndarray
+  absolute: np.ndarray
+  far: np.ndarray
+  far_typical: float
+  sizes: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
 class Reconstruction:
   """What `Reconstructor.reconstruct` returns (label units; the mean over K samples).
 
@@ -572,34 +586,30 @@ class Reconstructor:
     block: int = 4096,
   ) -> np.ndarray:
     """The rows of a recording (`infer.frames.Recording`, minus `reference`) that can be
-    imaged: `check_frames` of `block` frames at a time (memory stays flat however long the
-    recording; the guards' medians are over one block, 80 s at 50 frames/s)."""
-    ok = np.concatenate(
-      [
-        self.check_frames(
-          self.difference(frames=recording.rows(lo, lo + block), reference=reference, where=where),
-          where,
-          skip_bad,
-          first_row=lo,
-        )
-        for lo in range(0, recording.n, block)
-      ]
-    )
-    if len(ok) == 0:
-      raise InputError(f"{where}: every row holds NaN or infinite voltages")
-    return ok
+    imaged: the guards of `check_values` over the whole recording, read `block` frames at a
+    time (memory stays flat however long it is), judged once: every refused row of every block
+    named in one line, the units' check on the whole recording's frames. Its frames need no
+    check again when sampled (`reconstruct(checked=True)`)."""
+    screens = [
+      self._screen(
+        self.difference(frames=recording.rows(lo, lo + block), reference=reference, where=where)
+        / self.voltage_ratio,
+        lo,
+      )
+      for lo in range(0, recording.n, block)
+    ]
+    return self._judge(screens, where, skip_bad, self.units.name)
 
   def check_frames(
     self,
     dv: np.ndarray,
     where: str = "voltages",
     skip_bad: bool = False,
-    first_row: int | None = None,
   ) -> np.ndarray:
     """The rows of `dv` (N, R), in the device's units, that can be imaged (indices):
     `check_values` of them in simulation units."""
     values = np.asarray(dv) / self.voltage_ratio
-    return self.check_values(values, where, skip_bad, self.units.name, first_row)
+    return self.check_values(values, where, skip_bad, self.units.name)
 
   def check_values(
     self,
@@ -607,23 +617,46 @@ class Reconstructor:
     where: str = "values",
     skip_bad: bool = False,
     units: str = "",
-    first_row: int | None = None,
   ) -> np.ndarray:
     """The rows of `values` (N, R), in simulation units, that can be imaged (indices): the one
     set of guards of every entry point. Rows with infinite values, or NaN where no value is
     missing under any of the model's electrode-removal sets (CDEIT's 208: none), are refused
     (listed in the error), or with `skip_bad` left out; absolute frames (no reference frame
-    subtracted) and rows far off the statistics' scale (other units) are refused. `first_row`:
-    the number of `values`' first row where they are one block of a longer recording (rows are
-    numbered from it; a block whose every row is skipped is no error)."""
-    block, first_row = first_row is not None, first_row or 0
+    subtracted) and rows far off the statistics' scale (other units) are refused, and frames
+    typically far too small for any device's (other units again)."""
     v = np.asarray(values)
     if len(v) == 0:
       raise InputError(f"{where}: no frames (0 rows of {self.num_values} values)")
+    return self._judge([self._screen(v, 0)], where, skip_bad, units)
+
+  def _screen(self, v: np.ndarray, first_row: int) -> _Screen:
+    """One block of rows (simulation units; rows numbered from `first_row`) through the
+    row-wise guards (`check_values`)."""
     missing = np.isnan(v) | self.ignored
     fits = np.all(missing[:, None] == (self.removed | self.ignored)[None], axis=-1).any(1)
     finite = fits & ~np.isinf(v).any(1)
-    if not finite.all() and not skip_bad:
+    ok = np.flatnonzero(finite)
+    absolute = ok[absolute_rows(v[ok], self.vh, self.drift)] if len(ok) else ok
+    with np.errstate(over="ignore", invalid="ignore"):
+      z = (v[ok] - np.ravel(self.mean)) / np.ravel(self.std)
+      typical = np.nanmedian(np.abs(z), axis=1) if len(ok) else np.zeros(0)
+      size = np.sqrt(np.nanmean(v[ok] ** 2, axis=1) / np.nanmean(np.ravel(self.std) ** 2))
+    far = ~(typical < FAR_OFF)
+    return _Screen(
+      bad=first_row + np.flatnonzero(~finite),
+      ok=first_row + ok,
+      absolute=first_row + absolute,
+      far=first_row + ok[far],
+      far_typical=float(np.max(typical[far])) if far.any() else 0.0,
+      sizes=size[size > 0],  # a frame equal to its reference is no evidence either way
+    )
+
+  def _judge(self, screens: list[_Screen], where: str, skip_bad: bool, units: str) -> np.ndarray:
+    """The rows of screened blocks that can be imaged, or one error naming every refused row
+    of them (the first ones and how many in all), the units judged on all their frames."""
+    pick = lambda name: np.concatenate([getattr(s, name) for s in screens])
+    bad = pick("bad")
+    if len(bad) and not skip_bad:
       sets_note = (
         f"; a missing value is NaN, and only as one of the model's {len(self.removed)} "
         "electrode-removal sets (config.simulator.removals)"
@@ -631,27 +664,21 @@ class Reconstructor:
         else ""
       )
       raise InputError(
-        f"{where}: rows {listed(first_row + np.flatnonzero(~finite))} hold NaN, infinite or "
-        f"out-of-range (beyond float32's 3.4e38) voltages{sets_note}; remove them, or skip them "
-        "(--skip_bad_frames: they are listed and their images are NaN)"
+        f"{where}: rows {listed(bad)} hold NaN, infinite or out-of-range (beyond float32's "
+        f"3.4e38) voltages{sets_note}; remove them, or skip them (--skip_bad_frames: they are "
+        "listed and their images are NaN)"
       )
-    ok = np.flatnonzero(finite)
-    if len(ok) == 0 and block:
-      return ok
+    ok = pick("ok")
     if len(ok) == 0:
       raise InputError(f"{where}: every row holds NaN or infinite voltages")
-    absolute = ok[absolute_rows(v[ok], self.vh, self.drift)]
+    absolute = pick("absolute")
     if len(absolute):
       raise InputError(
-        f"{where}: rows {listed(first_row + absolute)} are absolute voltages (the empty tank's "
+        f"{where}: rows {listed(absolute)} are absolute voltages (the empty tank's "
         "pattern dominates them), or carry a constant offset, not difference voltages: give the "
         "empty-tank frame as the reference (--reference REF or --reference_row N; the API's "
         "`reference=`), so that each frame minus it is imaged"
       )
-    with np.errstate(over="ignore", invalid="ignore"):
-      z = (v[ok] - np.ravel(self.mean)) / np.ravel(self.std)
-    typical = np.nanmedian(np.abs(z), axis=1)
-    far = ok[~(typical < FAR_OFF)]
     other_units = (
       f"units {units!r} (voltage ratio {self.voltage_ratio:g}) say; give the device's "
       "units (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
@@ -659,23 +686,22 @@ class Reconstructor:
       if units
       else "simulation units (a device's values divided by its calibrated gain)"
     )
+    far = pick("far")
     if len(far):
       raise InputError(
-        f"{where}: rows {listed(first_row + far)} are ~{float(np.max(typical)):.3g} standard "
+        f"{where}: rows {listed(far)} are ~{max(s.far_typical for s in screens):.3g} standard "
         f"deviations from the training data's voltages (expected a few): they are in other "
         f"units than {other_units}"
       )
-    with np.errstate(over="ignore", invalid="ignore"):
-      size = np.sqrt(np.nanmean(v[ok] ** 2, axis=1) / np.nanmean(np.ravel(self.std) ** 2))
-    changed = size[size > 0]  # a frame equal to its reference is no evidence either way
-    if len(changed) and np.median(changed) < FAR_SMALL:
+    sizes = pick("sizes")
+    if len(sizes) and np.median(sizes) < FAR_SMALL:
       raise InputError(
-        f"{where}: its frames are typically ~{float(np.median(changed)):.2g} of the training "
+        f"{where}: its frames are typically ~{float(np.median(sizes)):.2g} of the training "
         "data's spread of difference voltages (real differences are 0.1-1 of it, a device's "
         f"noise alone over {FAR_SMALL:g}): far too small, they are in other units than "
         f"{other_units}"
       )
-    return first_row + ok
+    return ok
 
   @functools.cached_property
   def vh(self) -> np.ndarray:
@@ -696,6 +722,7 @@ class Reconstructor:
     first_index: int = 0,
     keep_samples: bool = False,
     progress: Callable[[int], None] | None = None,
+    checked: bool = False,
   ) -> Reconstruction:
     """Images of difference voltages `voltages` (N, R) or (R,), or of `frames` (N, R) minus a
     `reference` frame (R,), in the device's units (`units` or the ratios), values in the
@@ -703,10 +730,12 @@ class Reconstructor:
     of the model leaves a value out). Frame i's noise is that of example `first_index + i`
     (eval.py's example index), so the same voltages and seed give eval.py's predictions.
     `num_samples` (default config.sampling.num_samples) samples per frame, all in the same
-    batches."""
+    batches. `checked`: the frames are part of a recording `check_recording` passed (whose
+    verdict on the whole is not asked again of each part)."""
     dv = self.difference(voltages, frames=frames, reference=reference)
     values = dv / np.float32(self.voltage_ratio)
-    self.check_values(values, "voltages", units=self.units.name)
+    if not checked:
+      self.check_values(values, "voltages", units=self.units.name)
     return self._sample(self._condition(values), num_samples, first_index, keep_samples, progress)
 
   def reconstruct_values(
