@@ -85,6 +85,14 @@ def main():
   p.add_argument("--out", default=None, help="also write the JSON here")
   p.add_argument("--cpu", action="store_true", help="on the CPU even where JAX has an accelerator")
   a = p.parse_args()
+  if a.out:
+    from cdeit_jax.checkpoints import shipped
+    from cdeit_jax.common.errors import InputError
+
+    try:
+      shipped.refuse_write(a.out, "--out")  # before minutes of timing
+    except InputError as e:
+      p.error(str(e))
   check_reference(a.reference)
   sizes = reference_sizes(a.config)
   env = dict(os.environ, XLA_FLAGS="", **({"JAX_PLATFORMS": "cpu"} if a.cpu else {}))

@@ -239,6 +239,14 @@ def main() -> None:
   out = os.path.abspath(a.out)
   if os.path.exists(out) and not os.path.isdir(out):
     p.error(f"--out {a.out}: is a file; give a folder")
+  sys.path.insert(0, REPO)
+  from cdeit_jax.checkpoints import shipped  # reads no JAX backend
+  from cdeit_jax.common.errors import InputError
+
+  try:
+    shipped.refuse_write(out, "--out")
+  except InputError as e:
+    p.error(str(e))
   os.makedirs(out, exist_ok=True)
   stale = [f for f in os.listdir(out) if f in (*FILES, SUMMARY, LOG, MODEL_FILE)]
   if stale:

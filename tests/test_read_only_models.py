@@ -112,7 +112,8 @@ def _refused(p, flag, target):
 @pytest.mark.e2e
 def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path):
   """train.py (the folder, its checkpoints/, its step), eval.py, reconstruct, answer_study,
-  calibrate, interpolate, ship, simulate and sequence, each aimed at a path in a copy of
+  calibrate, interpolate, ship, simulate, sequence, voltage_stats and export, and the
+  accelerator check, make gpu-run and the PyTorch comparison, each aimed at a path in a copy of
   models/cdeit16: rc 1, one line naming the flag and the folder, and not one byte of the copy
   changed or added. Inputs that do not exist (frames, device) show the refusal comes first."""
   before = _files(model_copy)
@@ -182,9 +183,26 @@ def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path
       ],
     ),
     ("--out", m / "q.npz", ["-m", "cdeit_jax.sequence", f"--out={m / 'q.npz'}"]),
-  ]
+    (
+      "--out",
+      m / "checkpoints",
+      ["-m", "cdeit_jax.tools.voltage_stats", UEF, "--units=uef2017", f"--out={m}/checkpoints"],
+    ),
+    ("--out", m / "m.st", ["-m", "cdeit_jax.export", f"--workdir={m}", f"--out={m}/m.st"]),
+  ]  # fmt: skip
   for flag, target, args in cases:
     _refused(_run(*args), flag, target)
+    assert _files(model_copy) == before, args
+  # the benchmarks' and recipes' (argparse: its usage, then one line)
+  for args in (
+    ["bench/accelerator_check.py", f"--out={m / 'checkpoints'}"],
+    ["recipes/gpu_run.py", f"--out={m / 'gpu'}"],
+    ["bench/bench_vs_reference.py", "--reference=none", f"--out={m / 'vs.json'}"],
+  ):
+    p = _run(*args)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    last = p.stderr.strip().splitlines()[-1]
+    assert "error: --out " in last and "the model folder" in last and "read-only" in last, last
     assert _files(model_copy) == before, args
 
 

@@ -115,6 +115,43 @@ def test_commands_live_in_the_top_layer():
   assert layer("cdeit_jax.tools.interpolate") == layer("cdeit_jax.reconstruct") == len(LAYERS) - 1
 
 
+# Commands whose output flag another command or library module checks, the one it goes to.
+OUTPUT_CHECKED_BY = {
+  "cdeit_jax/tools/interpolate.py": "cdeit_jax/checkpoints/interpolate.py",
+  "bench/bench_reconstruct_memory.py": "cdeit_jax/reconstruct.py",  # its --out is reconstruct's
+}
+
+
+def _output_flags(path: pathlib.Path) -> list[str]:
+  """The output flags a command defines: absl's `out` / `workdir` of a writer, argparse's
+  `--out`."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+      fn, name = ast.unparse(node.func), node.args[0].value
+      if ("DEFINE" in fn and name == "out") or ("add_argument" in fn and name == "--out"):
+        found.append(name)
+  return found
+
+
+def test_every_command_that_writes_refuses_a_shipped_model_folder():
+  """The one rule of every writer (`checkpoints.shipped.refuse_write`: nothing is written into a
+  model folder that ships with the code, at any depth): every command with an output flag, in
+  the package, bench/ and recipes/, calls it, or hands its output to one that does."""
+  root = PACKAGE.parent
+  paths = [*PACKAGE.rglob("*.py"), *(root / "bench").glob("*.py"), *(root / "recipes").glob("*.py")]
+  skipping = []
+  for path in paths:
+    if not _output_flags(path):
+      continue
+    rel = str(path.relative_to(root))
+    checker = root / OUTPUT_CHECKED_BY.get(rel, rel)
+    if "shipped.refuse_write(" not in checker.read_text():
+      skipping.append(rel)
+  assert skipping == []
+  assert _output_flags(root / "cdeit_jax" / "tools" / "voltage_stats.py") == ["out"]
+
+
 def test_a_command_that_moved_names_its_new_home():
   """`python -m cdeit_jax.data.stats` (the library module the command left) stops in one line
   naming `python -m cdeit_jax.tools.voltage_stats` (which tests/test_data.py runs)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from absl import app, flags
 
+from cdeit_jax.checkpoints import shipped
 from cdeit_jax.common import fileio
 from cdeit_jax.data.stats import compute_stats, write_stats
 from cdeit_jax.eit import measurement
@@ -25,6 +26,7 @@ def main(argv: list[str]) -> None:
     )
   split = argv[1]
   out = f.out or fileio.dirname(split)
+  shipped.refuse_write(out, "--out" if f.out else "the split's parent folder")
   fileio.writable_folder(out, "--out")
   mean, std = compute_stats(
     split, f.units, voltage_ratio=f.voltage_ratio, skip_bad=f.skip_bad_files
