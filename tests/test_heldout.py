@@ -115,3 +115,24 @@ def test_the_command_writes_each_groups_files(tmp_path):
       assert sum(g["classes"][i]) == g["objects"][i]
       again = read_npz(str(tmp_path / "again" / group / name), ("ys", "xs"))
       assert np.array_equal(again["ys"], z["ys"]) and np.array_equal(again["xs"], z["xs"])
+  # a second set into the same folder (fewer, another seed) replaces the first whole
+  p = subprocess.run(
+    [*cmd, f"--out={out}", "--num=2", "--seed=5"], capture_output=True, text=True, cwd=REPO
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  record = json.loads((out / "heldout.json").read_text())
+  assert record["num"] == 2 and record["seed"] == 5 and not (tmp_path / "held.partial").exists()
+  for group in heldout.GROUPS:
+    assert sorted(f.name for f in (out / group).iterdir()) == ["0000000.npz", "0000001.npz"]
+  # a file, or a folder of other files, as --out: refused in one line before any simulating
+  (tmp_path / "file").write_text("x")
+  (tmp_path / "other").mkdir()
+  (tmp_path / "other" / "mine.txt").write_text("x")
+  for where, message in (
+    (tmp_path / "file", "exists and is not a folder"),
+    (tmp_path / "other", "holds files and no heldout.json"),
+  ):
+    p = subprocess.run([*cmd, f"--out={where}"], capture_output=True, text=True, cwd=REPO)
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+    assert p.returncode == 1 and len(errors) == 1 and message in errors[0], p.stderr[-2000:]
+  assert (tmp_path / "other" / "mine.txt").read_text() == "x"

@@ -23,6 +23,7 @@ from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 
 FLAGS = flags.FLAGS
+RECORD = "heldout.json"
 
 
 def main(argv: list[str]) -> None:
@@ -35,13 +36,23 @@ def main(argv: list[str]) -> None:
   logs.console()
   if FLAGS.num < 1:
     raise InputError(f"--num {FLAGS.num}: give 1 or more targets per group")
-  shipped.refuse_write(FLAGS.out, "--out")
+  out = fileio.resolve(FLAGS.out)
+  shipped.refuse_write(out, "--out")
+  fileio.writable_folder(out, "--out")  # a file there is refused before any simulating
+  ours = fileio.path(fileio.join(out, RECORD)).exists()
+  if not ours and any(fileio.path(out).iterdir()):
+    raise InputError(
+      f"--out {FLAGS.out}: holds files and no {RECORD} (not a set of held-out families); give a "
+      "new or empty folder"
+    )
   cfg = config_lib.load(FLAGS.config)
   record = {"config": FLAGS.config, "seed": FLAGS.seed, "num": FLAGS.num, "groups": {}}
+  stage = f"{out}.partial"  # the new set, made whole beside the old one, then put in its place
+  fileio.remove_tree(stage)
   for group in heldout.GROUPS:
     t0 = time.perf_counter()
     made = heldout.make(cfg.simulator, group, FLAGS.num, FLAGS.seed)
-    folder = fileio.join(FLAGS.out, group)
+    folder = fileio.join(stage, group)
     fileio.makedirs(folder)
     for i, (ys, xs) in enumerate(zip(made["ys"], made["xs"])):
       arrays = {"ys": ys[:, None], "xs": xs}
@@ -49,8 +60,15 @@ def main(argv: list[str]) -> None:
         fileio.join(folder, file_name(i)), functools.partial(savez, arrays=arrays)
       )
     record["groups"][group] = {k: made[k] for k in ("families", "objects", "classes")}
-    logs.log.info(f"{folder}: {FLAGS.num} targets in {time.perf_counter() - t0:.0f} s")
-  fileio.write_text(fileio.join(FLAGS.out, "heldout.json"), json.dumps(record, indent=1))
+    took = time.perf_counter() - t0
+    logs.log.info(f"{fileio.join(out, group)}: {FLAGS.num} targets in {took:.0f} s")
+  fileio.write_text(fileio.join(stage, RECORD), json.dumps(record, indent=1))
+  # a set made before (another --num or seed) is replaced whole: no target of it stays
+  for group in heldout.GROUPS:
+    fileio.remove_tree(fileio.join(out, group))
+    fileio.move(fileio.join(stage, group), fileio.join(out, group))
+  fileio.move(fileio.join(stage, RECORD), fileio.join(out, RECORD))  # the record last
+  fileio.remove_tree(stage)
 
 
 if __name__ == "__main__":
