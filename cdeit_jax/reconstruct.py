@@ -112,6 +112,14 @@ def _main(argv, stack: contextlib.ExitStack):
       f"--config.{next(k for k in overrides if k.startswith('wandb.'))}: reconstruct logs nothing "
       "to W&B; eval.py logs an evaluation into a run's W&B run (docs/training.md)"
     )
+  voltage_ratio, current_ratio = _ratios(overrides)
+  unused = [k for k in overrides if k.startswith("eval.") and k not in EVAL_KEYS]
+  if unused:
+    raise InputError(
+      f"--config.{unused[0]}: reconstruct does not use it (of eval.py's settings it takes "
+      f"{', '.join('--config.' + k for k in EVAL_KEYS)} and the units' ratios; its own flags say "
+      "the rest: --units, --skip_bad_frames, --figures); leave it out, or evaluate with eval.py"
+    )
   with reader.open_run(FLAGS.workdir, overrides.get("eval.step")) as run:
     meta, skipped, cfg = reconstructor.choose(run, overrides)
     system = loading.resolve(cfg, meta.record).device  # the frames are this system's values
@@ -127,8 +135,8 @@ def _main(argv, stack: contextlib.ExitStack):
         overrides,
         units=FLAGS.units,
         device=system,
-        voltage_ratio=FLAGS.voltage_ratio,
-        current_ratio=FLAGS.current_ratio,
+        voltage_ratio=voltage_ratio,
+        current_ratio=current_ratio,
       )
   where, n = FLAGS.frames, recording.n
   ok = rec.check_recording(recording, reference, where, skip_bad=FLAGS.skip_bad_frames)
@@ -187,6 +195,26 @@ def _main(argv, stack: contextlib.ExitStack):
     f"compilation ({time.perf_counter() - t_start:.1f} s in all); "
     f"{', '.join(written) or 'nothing'} in {FLAGS.out}"
   )
+
+
+EVAL_KEYS = ("eval.step", "eval.weights")  # eval.py's settings that reconstruct applies too
+
+
+def _ratios(overrides: dict) -> tuple[float | None, float | None]:
+  """(voltage ratio, current ratio): --voltage_ratio / --current_ratio, or eval.py's
+  --config.eval.voltage_ratio / current_ratio (taken out of `overrides`); both given and not
+  equal is refused in one line."""
+  from cdeit_jax.common.errors import InputError
+
+  got = []
+  for name in ("voltage_ratio", "current_ratio"):
+    flag, setting = getattr(FLAGS, name), overrides.pop(f"eval.{name}", None)
+    if flag is not None and setting is not None and flag != setting:
+      raise InputError(
+        f"--{name}={flag:g} and --config.eval.{name}={setting:g} disagree; give one of them"
+      )
+    got.append(flag if flag is not None else setting)
+  return got[0], got[1]
 
 
 def _frames_and_reference(system, workdir: str):

@@ -176,13 +176,17 @@ def test_command_gives_eval_predictions_from_every_format(tiny_run, uef_ys, eval
   ]
   v73 = str(tmp_path / "v73.mat")  # MATLAB v7.3, read a block (--chunk) at a time
   hdf5storage.savemat(v73, {"frames": uef_ys + reference, "reference": reference}, format="7.3")
+  # eval.py's ratio settings are honoured as reconstruct's own: uef2017's units, given as ratios
+  ratios = ["--config.eval.voltage_ratio=1040.856", "--config.eval.current_ratio=2"]
   for name, args in (
     ("mat", [mat]),
     ("csv", [csv]),
     ("npy", [npy, "--reference", ref]),
     ("v73", [v73, "--chunk", "4"]),
+    ("ratios", [csv, *ratios]),
   ):
-    r = _cli(*flags, "--frames", *args, "--out", str(tmp_path / name))
+    given = [f for f in flags if f not in ("--units", "uef2017")] if name == "ratios" else flags
+    r = _cli(*given, "--frames", *args, "--out", str(tmp_path / name))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "reconstructed 6 frames (2 samples each" in r.stdout and "frames/s" in r.stdout
     z = np.load(tmp_path / name / "frames.npz")
@@ -415,6 +419,13 @@ def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef
   assert f"error: {path}: rows 2 hold NaN, infinite or out-of-range" in r.stderr
   r = _cli(*flags, "--out", str(tmp_path / "o"), "--config.wandb.project=x")  # eval.py's, not ours
   assert r.returncode == 1 and "--config.wandb.project: reconstruct logs nothing" in r.stderr
+  r = _cli(*flags, "--out", str(tmp_path / "o"), "--config.eval.tikhonov=True")
+  assert r.returncode == 1 and "--config.eval.tikhonov: reconstruct does not use it" in r.stderr
+  both = ["--voltage_ratio=2", "--config.eval.voltage_ratio=3"]
+  r = _cli(*flags, "--out", str(tmp_path / "o"), *both)
+  assert r.returncode == 1 and "--voltage_ratio=2 and --config.eval.voltage_ratio=3 disagree" in (
+    r.stderr
+  )
   r = _cli(*flags, "--out", str(tmp_path / "o"), "--skip_bad_frames")
   assert r.returncode == 0, r.stderr[-2000:]
   assert "skipping 1 rows with NaN or infinite voltages (their images are NaN): 2" in r.stderr
