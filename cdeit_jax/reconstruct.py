@@ -226,6 +226,11 @@ def _frames_and_reference(system, workdir: str):
 
   if FLAGS.chunk < 1:
     raise InputError(f"--chunk={FLAGS.chunk}: must be >= 1")
+  if FLAGS.figures and not frames.GIF_FPS[0] <= FLAGS.fps <= frames.GIF_FPS[1]:
+    raise InputError(
+      f"--fps={FLAGS.fps:g}: a GIF shows {frames.GIF_FPS[0]:.4f} to {frames.GIF_FPS[1]:g} frames "
+      "a second (each frame lasts 1/100 s to 655.35 s); give one in that range, or --nofigures"
+    )
   if not FLAGS.fps > 0:
     raise InputError(f"--fps={FLAGS.fps}: must be > 0")
   r, described = system.num_values, system.describe()

@@ -421,6 +421,8 @@ def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef
   assert r.returncode == 1 and "--config.wandb.project: reconstruct logs nothing" in r.stderr
   r = _cli(*flags, "--out", str(tmp_path / "o"), "--config.eval.tikhonov=True")
   assert r.returncode == 1 and "--config.eval.tikhonov: reconstruct does not use it" in r.stderr
+  r = _cli(*flags, "--out", str(tmp_path / "o"), "--fps=0.001", "--figures")  # before sampling
+  assert r.returncode == 1 and "--fps=0.001: a GIF shows 0.0015 to 100 frames a second" in r.stderr
   both = ["--voltage_ratio=2", "--config.eval.voltage_ratio=3"]
   r = _cli(*flags, "--out", str(tmp_path / "o"), *both)
   assert r.returncode == 1 and "--voltage_ratio=2 and --config.eval.voltage_ratio=3 disagree" in (
@@ -436,7 +438,8 @@ def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef
 
 def test_frames_writer_lists_frames_whose_images_are_not_finite(tmp_path):
   """Rows skipped for their voltages and rows whose images came out NaN or infinite are both
-  listed in `skipped` of frames.npz and frames.mat; the images and std read back as written."""
+  listed in `skipped` of frames.npz and frames.mat (there counted from 1, as MATLAB counts, its
+  `rows` too); the images and std read back as written."""
   import mat73
 
   rng = np.random.default_rng(0)
@@ -454,7 +457,9 @@ def test_frames_writer_lists_frames_whose_images_are_not_finite(tmp_path):
   np.testing.assert_array_equal(z["std"][[0, 2, 3, 4, 5]], std)
   assert np.isnan(z["images"][1]).all()
   m = mat73.loadmat(tmp_path / "frames.mat")
-  np.testing.assert_array_equal(m["skipped"].ravel(), [1, 4])
+  np.testing.assert_array_equal(m["skipped"].ravel(), [2, 5])  # MATLAB's row numbers
+  np.testing.assert_array_equal(m["rows"].ravel(), np.arange(1, 7))
+  np.testing.assert_array_equal(z["rows"], np.arange(6))
   np.testing.assert_allclose(m["images"][[0, 2]], images[:2] * 2.0)
   assert np.isnan(m["images"][1]).all() and m["images"].shape == (6, 8, 8)
 

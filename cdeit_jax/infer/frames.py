@@ -8,8 +8,9 @@ registry of formats, `common.array_files`, a block of frames at a time (`Recordi
 or `.mat` holds them under `frames` (or `voltages`, or as its only array) and may hold a
 reference frame under `reference`. A `.csv` may start with one header line.
 
-Out: `frames.npz` (`images` (N, 128, 128) in label units, `std` for K > 1, `rows`, `skipped`),
-`frames.mat` (MATLAB v7.3: the same in the device's conductivity units, `scale`), a PNG montage
+Out: `frames.npz` (`images` (N, 128, 128) in label units, `std` for K > 1, `rows`, `skipped`:
+row numbers from 0, as Python counts), `frames.mat` (MATLAB v7.3: the same in the device's
+conductivity units, `scale`; its `rows` and `skipped` count from 1, as MATLAB does), a PNG montage
 and an animated GIF with one fixed colour scale and a colourbar. All are written into a hidden
 staging folder and moved into place once complete (`outputs.publish`).
 """
@@ -33,6 +34,8 @@ FRAME_KEYS = ("frames", "voltages", "dv", "ys")
 REFERENCE_KEYS = ("reference", "v_ref", "ref")
 SUFFIXES = (".npy", ".npz", ".mat", ".csv", ".txt")
 OUTPUTS = ("montage.png", "frames.gif", "frames.mat", "frames.npz")  # frames.npz last: complete
+# the frames a second a GIF can show: a frame's delay is a 16-bit count of 1/100 s
+GIF_FPS = (100 / 65535, 100.0)
 
 
 class Recording:
@@ -194,7 +197,8 @@ class FramesWriter:
         self._data[name] = fh.tell()
         fh.truncate(self._data[name] + 4 * n * size * size)
       self._fd[name] = os.open(self._npy(name), os.O_RDWR)
-    small = {"rows": self.rows.astype(np.float64), "scale": mat_scale}  # skipped: at the end
+    # MATLAB counts rows from 1 (`images(rows(k), :, :)` is frame k); skipped: at the end
+    small = {"rows": self.rows.astype(np.float64) + 1, "scale": mat_scale}
     self.mat = matfile.Writer(
       os.path.join(folder, "frames.mat"), {name: (n, size, size) for name in self.names}, small
     )
@@ -230,7 +234,7 @@ class FramesWriter:
       os.close(fd)
     # frames whose images came out NaN or infinite are bad frames too, listed with the skipped
     self.skipped = np.union1d(self.skipped, np.asarray(self.nonfinite, np.int64))
-    self.mat.close({"skipped": self.skipped.astype(np.float64)})
+    self.mat.close({"skipped": self.skipped.astype(np.float64) + 1})  # from 1, as rows
     written = ["frames.mat"]
     if figures:
       written += self._figures(fps, targets)
