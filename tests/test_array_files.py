@@ -173,3 +173,31 @@ def test_text_frames_are_read_as_people_write_them(tmp_path):
   with pytest.raises(InputError, match=r"commas.csv: decimal commas \(") as e:
     array_files.read(str(tmp_path / "commas.csv"), (".csv",), "frames file")
   assert "\n" not in str(e.value)
+
+
+def test_files_that_hold_no_frames_say_what_they_hold(tmp_path):
+  """A MATLAB v7.3 file of complex frames, an HDF5 file named .mat without MATLAB's header and an
+  .npz whose member is no .npy: one line each, naming what the file holds and why it is not
+  read (no 'it holds nothing', no reader's raw words)."""
+  import io
+  import zipfile
+
+  import h5py
+  import hdf5storage
+
+  ys = np.random.default_rng(0).standard_normal((3, 208))
+  hdf5storage.savemat(str(tmp_path / "complex.mat"), {"frames": ys + 1j * ys}, format="7.3")
+  with h5py.File(tmp_path / "plain.mat", "w") as f:
+    f["frames"] = ys
+  buf = io.BytesIO()
+  np.save(buf, ys)
+  with zipfile.ZipFile(tmp_path / "odd.npz", "w") as z:
+    z.writestr("frames", buf.getvalue())
+  for name, message in (
+    ("complex.mat", r"no array of numbers \(besides 'frames': complex numbers"),
+    ("plain.mat", r"an HDF5 file without MATLAB's v7.3 header .*\(save -v7.3\)"),
+    ("odd.npz", r"besides 'frames': not an .npy member \(np.savez names them NAME.npy\)"),
+  ):
+    with pytest.raises(InputError, match=message) as e:
+      frames.read(str(tmp_path / name))
+    assert "\n" not in str(e.value) and name in str(e.value)

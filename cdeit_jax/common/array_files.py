@@ -50,11 +50,17 @@ def suffix(path: str) -> str:
 
 
 class Arrays(dict):
-  """A file's arrays by name, some read on access; `close` (or `with`) releases the file."""
+  """A file's arrays by name, some read on access; `close` (or `with`) releases the file.
+  `omitted`: what the file holds beside them that is no array of numbers, {name: why}."""
 
-  def __init__(self, arrays: dict, close: Callable[[], None] | None = None):
+  def __init__(
+    self,
+    arrays: dict,
+    close: Callable[[], None] | None = None,
+    omitted: dict[str, str] | None = None,
+  ):
     super().__init__(arrays)
-    self._close = close
+    self._close, self.omitted = close, dict(omitted or {})
 
   def close(self) -> None:
     if self._close is not None:
@@ -116,10 +122,11 @@ def _npz(path: str) -> Arrays:
 def _npz_mapped(path: str) -> Arrays:
   """An .npz's arrays: each uncompressed member memory-mapped where it lies in the archive (its
   local header's and its .npy header's lengths skipped), a compressed one read whole."""
-  out = {}
+  out, omitted = {}, {}
   with zipfile.ZipFile(path) as z, fileio.numpy_lock():
     for info in z.infolist():
       if not info.filename.endswith(".npy"):
+        omitted[info.filename] = "not an .npy member (np.savez names them NAME.npy)"
         continue
       name = info.filename[: -len(".npy")]
       with z.open(info) as fh:
@@ -144,7 +151,7 @@ def _npz_mapped(path: str) -> Arrays:
       out[name] = np.memmap(
         path, dtype=dtype, mode="r", offset=start, shape=shape, order="F" if fortran else "C"
       )
-  return Arrays(out)
+  return Arrays(out, omitted=omitted)
 
 
 @reader(".mat")
@@ -153,7 +160,8 @@ def _mat(path: str) -> Arrays:
     with fileio.open_binary(path) as fh:
       head = fh.read(520)
     if matfile.is_v73(head):
-      return Arrays(*matfile.open_v73(path, fileio.resolve(path)))
+      arrays, close, omitted = matfile.open_v73(path, fileio.resolve(path))
+      return Arrays(arrays, close, omitted)
   return Arrays(matfile.read(path, raw(path)))
 
 

@@ -99,10 +99,11 @@ def is_v73(head: bytes) -> bool:
   return head.startswith(b"MATLAB 7.3") or head[512:520] == HDF5_SIGNATURE
 
 
-def open_v73(path: str, source) -> tuple[dict, Callable[[], None]]:
+def open_v73(path: str, source) -> tuple[dict, Callable[[], None], dict[str, str]]:
   """(the numeric variables of a v7.3 MAT-file by name, read on access; the function that closes
-  the file); `source`: its path or a file object. MATLAB's empty arrays are zero-size arrays;
-  text, cells, structs and the rest are left out."""
+  the file; the variables left out, each with why); `source`: its path or a file object.
+  MATLAB's empty arrays are zero-size arrays; complex numbers, text, cells, structs and the
+  rest are left out."""
   import h5py
 
   try:
@@ -110,19 +111,23 @@ def open_v73(path: str, source) -> tuple[dict, Callable[[], None]]:
   except OSError as e:
     short = " ".join(str(e).split())[:200]
     raise InputError(f"{path}: not a readable MATLAB v7.3 (HDF5) file ({short})") from None
-  out = {}
+  out, omitted = {}, {}
   for name, item in f.items():
     if not isinstance(item, h5py.Dataset) or name.startswith("#"):
       continue
     kind = item.attrs.get("MATLAB_class", b"double")
     kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+    if item.dtype.names and {"real", "imag"} <= set(item.dtype.names):
+      omitted[name] = "complex numbers (give real values: the part your device's protocol uses)"
+      continue
     if kind in ("char", "cell", "struct", "function_handle") or item.dtype.kind not in "fiub":
+      omitted[name] = f"a MATLAB {kind}, not an array of numbers"
       continue
     if item.attrs.get("MATLAB_empty", 0):
       out[name] = np.zeros(tuple(int(s) for s in np.asarray(item[()]).ravel()), np.float64)
     else:
       out[name] = _Reversed(item)
-  return out, f.close
+  return out, f.close, omitted
 
 
 def read(path: str, raw: bytes | None = None) -> dict[str, np.ndarray]:
@@ -139,11 +144,16 @@ def read(path: str, raw: bytes | None = None) -> dict[str, np.ndarray]:
     except IsADirectoryError:
       raise InputError(f"{path}: a folder, not a .mat file") from None
   if is_v73(raw[:520]):
-    variables, close = open_v73(path, io.BytesIO(raw))
+    variables, close, _ = open_v73(path, io.BytesIO(raw))
     try:
       return {k: np.asarray(v) for k, v in variables.items()}
     finally:
       close()
+  if raw.startswith(HDF5_SIGNATURE):
+    raise InputError(
+      f"{path}: an HDF5 file without MATLAB's v7.3 header (as h5py writes them); save it with "
+      "MATLAB (save -v7.3) or hdf5storage.savemat(..., format='7.3'), or as .npz"
+    )
   try:
     m = scipy.io.loadmat(io.BytesIO(raw))
   except (ValueError, TypeError, OSError, NotImplementedError, scipy.io.matlab.MatReadError) as e:

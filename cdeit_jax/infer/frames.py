@@ -138,9 +138,12 @@ def _pick(path: str, arrays: dict[str, Any], keys, required: bool) -> Any:
   others = [k for k in arrays if k not in REFERENCE_KEYS and k != "targets"]
   if len(others) == 1:
     return arrays[others[0]]
+  omitted = getattr(arrays, "omitted", {})
+  held = sorted(arrays) or "no array of numbers"
+  beside = "; ".join(f"{k!r}: {why}" for k, why in sorted(omitted.items()))
   raise InputError(
-    f"{path}: no frames: it holds {sorted(arrays) or 'nothing'}; name the frames "
-    f"array {FRAME_KEYS[0]!r} (and a reference frame {REFERENCE_KEYS[0]!r})"
+    f"{path}: no frames: it holds {held}{f' (besides {beside})' if beside else ''}; name the "
+    f"frames array {FRAME_KEYS[0]!r} (and a reference frame {REFERENCE_KEYS[0]!r})"
   )
 
 
