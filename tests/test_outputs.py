@@ -4,8 +4,11 @@ removes only the files an earlier run listed in the folder's manifest."""
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
+from conftest import REPO
 
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.infer import outputs
@@ -124,3 +127,29 @@ def test_a_users_file_of_an_outputs_name_stops_the_command_before_any_work(tmp_p
     outputs.publish(str(fresh), write_all)
   assert (fresh / "metrics.json").read_text() == "appeared"
   assert sorted(os.listdir(fresh)) == ["metrics.json"]
+
+
+def test_a_file_size_limit_while_writing_frames_is_one_line(tmp_path):
+  """A process whose files may not pass 200 kB (`ulimit -f`) writing 50 frames of 128 x 128:
+  the write fails with EFBIG (Python ignores SIGXFSZ), and the command says so in one line
+  naming the folder; nothing is left half-written (the staging folder is removed)."""
+  out = tmp_path / "o"
+  code = f"""
+import resource
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))
+import numpy as np
+from cdeit_jax.infer import frames, outputs
+staged = outputs.Staged({str(out)!r})
+try:
+  with outputs.failing(staged):
+    w = frames.FramesWriter(staged.work, 50, 128, False, np.zeros(0, np.int64), 1.0)
+    w.add(0, np.ones((50, 128, 128), np.float32), None)
+    staged.commit(w.finish({{}}, fps=10.0, figures=False, targets=None))
+except outputs.OutputError as e:
+  print("ONE LINE:", e)
+"""
+  p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+  assert p.returncode == 0, p.stderr[-2000:]
+  line = p.stdout.strip()
+  assert line.startswith(f"ONE LINE: {out}: a file there would pass the largest file"), line
+  assert "\n" not in line and [q.name for q in out.iterdir()] == []

@@ -25,7 +25,7 @@ import numpy as np
 
 from cdeit_jax.checkpoints import shipped
 from cdeit_jax.common import fileio, matfile
-from cdeit_jax.common.errors import InputError
+from cdeit_jax.common.errors import CdeitError, InputError
 from cdeit_jax.eit.phantom import disk_mask
 
 # Everything an evaluation writes into its output folder, metrics.json last: it marks a complete
@@ -259,7 +259,8 @@ def left_as_found(out: str):
 
 
 class failing:
-  """Context: on any failure, `staged.abort()`; a full disk becomes one line naming the folder."""
+  """Context: on any failure, `staged.abort()`; a full disk, a file-size limit or a disk quota
+  becomes one line naming the folder."""
 
   def __init__(self, staged: Staged):
     self.staged = staged
@@ -271,9 +272,27 @@ class failing:
     if e is None:
       return False
     self.staged.abort()
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC and not isinstance(e, fileio.DiskFull):
+    if not isinstance(e, OSError) or isinstance(e, fileio.DiskFull):
+      return False
+    if e.errno == errno.ENOSPC:
       raise fileio.no_space(self.staged.out) from None
+    if e.errno in (errno.EFBIG, errno.EDQUOT):
+      what = "a file there would pass" if e.errno == errno.EFBIG else "it is over"
+      limit = (
+        "the largest file this process may write (`ulimit -f`) or its file system holds (a "
+        "FAT32 disk: 4 GiB)"
+        if e.errno == errno.EFBIG
+        else "your disk quota there"
+      )
+      raise OutputError(
+        f"{self.staged.out}: {what} {limit}; nothing was half-written there: write to another "
+        "disk, or fewer frames a run"
+      ) from None
     return False
+
+
+class OutputError(CdeitError, OSError):
+  """An output that cannot be written where it goes (one line naming the folder)."""
 
 
 class Predictions:
