@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 from absl import flags
 
 FLAGS = flags.FLAGS
@@ -57,9 +58,52 @@ def main(argv: list[str]) -> None:
   logs.log.info(f"calibration of {lay.describe()} from {FLAGS.device}: {fit.describe()}")
   logs.log.info(what_follows(fit, width_deg))
   device = calibration.calibrated(lay, fit)
+  refuse_another_device(FLAGS.out, device)
   fileio.makedirs(fileio.dirname(FLAGS.out))
   layout.save_device(FLAGS.out, device, reference, ranges=fit.ranges)
   print(json.dumps({"device": device.describe(), "out": FLAGS.out, **vars(fit)}))
+
+
+def refuse_another_device(out: str, device) -> None:
+  """A device file that a run's data or checkpoints beside it were made for (`make
+  device-model`: RUN/device.npz, RUN/data, RUN/checkpoints) is not replaced by another device's
+  calibration: refused in one line naming both and how they differ, before anything is written
+  (the run stays whole; a run is one device). The same calibration again (a rerun that
+  resumes) is written as before."""
+  from cdeit_jax.common import fileio
+  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.eit import layout
+
+  if not fileio.path(out).is_file():
+    return
+  run = fileio.dirname(out)
+  made = [
+    n for n in ("data/simulate.json", "checkpoints") if fileio.path(fileio.join(run, n)).exists()
+  ]
+  if not made:
+    return
+  try:
+    old, _ = layout.from_device_file(out)
+  except InputError:
+    return  # not a device file: nothing was made for it
+  if old.record() == device.record():
+    return
+  if not old.measures_as(device):
+    how = f"it is {old.describe()}, this one {device.describe()}"
+  else:
+    pick = lambda d: {
+      "width": f"{np.rad2deg(d.width):.4g} degrees",
+      "gain": f"{d.gain:.6g}",
+      "contact impedance": f"{d.contact_impedance}",
+    }
+    was, now = pick(old), pick(device)
+    how = ", ".join(f"{k} {was[k]} there, {now[k]} here" for k in was if was[k] != now[k])
+    how = f"the same protocol, another calibration: {how or 'its geometry'}"
+  raise InputError(
+    f"--out {out}: the device that {run}'s {' and '.join(made)} were made for ({how}); a run "
+    f"is one device: give another RUN (make device-model RUN=...), or remove {run} to start it "
+    "again"
+  )
 
 
 def given_width(width_deg: float | None, electrode_cm: float | None, tank_cm: float | None):

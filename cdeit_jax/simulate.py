@@ -36,6 +36,16 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.synthetic import SPLITS
 
 
+def _described(record: dict) -> str:
+  """A stored device record in words: its name, electrodes, patterns and their rule."""
+  from cdeit_jax.eit import layout
+
+  try:
+    return layout.Layout.from_record(record).describe()
+  except (InputError, KeyError, TypeError, ValueError):  # unreadable: its name alone
+    return repr(record.get("name"))
+
+
 def file_name(index: int) -> str:
   return f"{index:07d}.npz"
 
@@ -66,8 +76,8 @@ def _check_settings(out: str, sim: ml_collections.ConfigDict, tr_splits=SPLITS) 
       if have.get(k) != v and (k in have or k not in ("tr_splits", "device"))
     }
     if diff:
-      short = lambda k, v: (  # a device record by its name and calibration, not its arrays
-        f"{v.get('name')!r} (width {np.rad2deg(v.get('width', 0.0)):.4g} degrees, gain "
+      short = lambda k, v: (  # a device by its protocol and calibration, not its arrays
+        f"{_described(v)} (width {np.rad2deg(v.get('width', 0.0)):.4g} degrees, gain "
         f"{v.get('gain')}, contact impedance {v.get('contact_impedance')})"
         if k == "device" and isinstance(v, dict)
         else repr(v)
@@ -82,10 +92,15 @@ def _check_settings(out: str, sim: ml_collections.ConfigDict, tr_splits=SPLITS) 
         "draws other phantoms and a system per example, so it cannot extend it: its "
         "files still load for training and evaluation)",
       }.get(have.get("format"), "")
+      advice = (
+        "Its examples are another device's: choose a new --out (a run of make device-model is "
+        "one device: give another RUN)."
+        if "device" in diff
+        else "Pass the folder's settings (--config.simulator.*) to extend it, or choose a new "
+        "--out."
+      )
       raise InputError(
-        f"{path}: the folder was generated with other settings ({listing})"
-        f"{hint}. Pass the folder's settings (--config.simulator.*) to extend "
-        "it, or choose a new --out."
+        f"{path}: the folder was generated with other settings ({listing}){hint}. {advice}"
       )
     return
   splits = [fileio.path(fileio.join(out, sp)) for sp in SPLITS]

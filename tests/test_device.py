@@ -127,6 +127,37 @@ def test_a_real_device_gets_through_from_its_calibration_to_its_simulations(
   assert width.shape == (4, 16) and w_lo * 0.95 <= width.min() and width.max() <= 20.0 * 1.05
 
 
+def test_a_run_of_one_device_is_not_given_another(tmp_path):
+  """`make device-model` into the RUN of another device: its calibration (skip-3) is refused
+  before RUN/device.npz (skip-1, which RUN's checkpoints were made for) is replaced, in one line
+  that names the difference (the patterns, which the two files' names do not show); the same
+  device again (a rerun that resumes) is written as before."""
+  run = tmp_path / "RUN"
+  device = run / "device.npz"
+
+  def calibrate(protocol):
+    return subprocess.run(
+      [sys.executable, "-m", "cdeit_jax.calibrate", f"--device={PROTOCOLS / protocol / 'ref.mat'}"]
+      + [f"--out={device}"],
+      capture_output=True,
+      text=True,
+      cwd=REPO,
+      timeout=300,
+    )
+
+  assert calibrate("skip1").returncode == 0
+  (run / "checkpoints").mkdir()  # what the run made for it
+  before = device.read_bytes()
+  p = calibrate("skip3")
+  errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+  assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
+  assert "16 patterns, skip 1, 256 values), this one" in errors[0]
+  assert "16 patterns, skip 3, 256 values)" in errors[0] and "a run is one device" in errors[0]
+  assert device.read_bytes() == before
+  p = calibrate("skip1")
+  assert p.returncode == 0, p.stderr[-3000:]
+
+
 def test_systems_drawn_around_a_device(calibrated):
   """The simulated examples of configs/device.py: each measured by its own system drawn around
   the calibrated device (finite, of the device's 256 values, differing between two draws of the

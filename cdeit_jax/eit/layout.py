@@ -235,9 +235,27 @@ class Layout:
 
   def describe(self) -> str:
     return (
-      f"{self.name} ({self.num_electrodes} electrodes, {self.num_patterns} patterns, "
-      f"{self.num_values} values)"
+      f"{self.name} ({self.num_electrodes} electrodes, {self.num_patterns} patterns"
+      f"{', ' + self.injections if self.injections else ''}, {self.num_values} values)"
     )
+
+  @functools.cached_property
+  def injections(self) -> str:
+    """The current patterns in words when they follow one rule ("skip 1": each between
+    electrodes l and l + 2; "adjacent"; "all against electrode 0"), else "" (two devices of one
+    tank differ in this, where their names, a file's, may not)."""
+    pos, neg = np.argmax(self.currents, axis=0), np.argmin(self.currents, axis=0)
+    pairs = np.count_nonzero(self.currents, axis=0) == 2
+    if not pairs.all() or self.num_patterns < 2:
+      return ""
+    if len(set(neg.tolist())) == 1:
+      return f"all against electrode {int(neg[0])}"
+    d = (neg - pos) % self.num_electrodes
+    skips = set((np.minimum(d, self.num_electrodes - d) - 1).tolist())  # either way round
+    if len(skips) == 1:
+      k = skips.pop()
+      return "adjacent" if k == 0 else f"skip {k}"
+    return ""
 
   def measure(self, potentials):
     """The values (..., R) of electrode potentials (..., E, P) (numpy or jax)."""
