@@ -139,7 +139,18 @@ def _main(argv, stack: contextlib.ExitStack):
         current_ratio=current_ratio,
       )
   where, n = FLAGS.frames, recording.n
-  ok = rec.check_recording(recording, reference, where, skip_bad=FLAGS.skip_bad_frames)
+  square = (
+    f"{where} is a square {n} x {n} array, read as one frame a row; if its frames are its "
+    "columns (EIDORS's layout), give it transposed"
+  )
+  try:
+    ok = rec.check_recording(recording, reference, where, skip_bad=FLAGS.skip_bad_frames)
+  except InputError as e:
+    if not recording.square:
+      raise
+    raise InputError(f"{e}. Note: {square}") from None
+  if recording.square:  # its shape cannot tell: said whatever the images
+    logs.log.warning(square)
   calls = _calls(ok, n, FLAGS.chunk)
   for size in {len(run) for runs in calls.values() for run in runs}:
     rec.prepare(size * rec.num_samples)  # timing starts after compilation

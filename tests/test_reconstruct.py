@@ -421,6 +421,19 @@ def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef
   assert r.returncode == 1 and "--config.wandb.project: reconstruct logs nothing" in r.stderr
   r = _cli(*flags, "--out", str(tmp_path / "o"), "--config.eval.tikhonov=True")
   assert r.returncode == 1 and "--config.eval.tikhonov: reconstruct does not use it" in r.stderr
+  columns = _write(tmp_path / "eidors.npy", uef_ys[np.arange(208) % len(uef_ys)].T)  # (R, N)
+  eidors = [f if f != path else columns for f in flags]
+  r = _cli(*eidors, "--out", str(tmp_path / "e"))  # 208 frames as columns: square, read as rows
+  assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert "is a square 208 x 208 array, read as one frame a row; if its frames are its columns" in (
+    r.stderr
+  )
+  offset = np.random.default_rng(1).uniform(0.5, 2.0, 208)  # absolute frames, as columns
+  absolute = _write(tmp_path / "abs.npy", (uef_ys[np.arange(208) % len(uef_ys)] + offset).T)
+  r = _cli(*[f if f != path else absolute for f in flags], "--out", str(tmp_path / "a"))
+  errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
+  assert r.returncode == 1 and len(errors) == 1, r.stderr[-2000:]
+  assert "Note: " in errors[0] and "is a square 208 x 208 array" in errors[0]
   r = _cli(*flags, "--out", str(tmp_path / "o"), "--fps=0.001", "--figures")  # before sampling
   assert r.returncode == 1 and "--fps=0.001: a GIF shows 0.0015 to 100 frames a second" in r.stderr
   both = ["--voltage_ratio=2", "--config.eval.voltage_ratio=3"]

@@ -69,6 +69,8 @@ class Recording:
     _numeric(path, a, "the frames")
     if a.ndim == 1 and a.shape[0] == m:
       a = np.asarray(a)[None]
+    # (R, R): rows or columns cannot be told by the shape; read as rows (`square` says so)
+    self.square = a.ndim == 2 and a.shape == (m, m)
     if a.ndim == 2 and a.shape[1] != m and a.shape[0] == m:
       self._frames, self.n = (lambda lo, hi: a[:, lo:hi].T), a.shape[1]  # columns (EIDORS)
     elif a.ndim == 2 and a.shape[1] == m:
