@@ -136,3 +136,20 @@ def test_real_skip_devices_are_not_said_to_determine_what_they_cannot(protocol):
     held, 10.2
   )
   assert calibrate.given_width(None, 2.5, 28.0) == pytest.approx(10.23, abs=0.01)
+
+
+def test_a_bad_electrode_is_named_and_the_frame_fits_without_it():
+  """UEF2017's skip-1 empty tank with electrode 5's values (measured on it or driven through it)
+  replaced by noise: refused in one line that names electrode 5 and its share of the misfit;
+  the same frame with those values NaN, as the message advises, calibrates."""
+  device, ref = lay.from_device_file(str(PROTOCOLS / "skip1" / "ref.mat"))
+  rows = device.rows
+  hit = (rows[:, 1] == 5) | (rows[:, 2] == 5) | (device.currents[5, rows[:, 0]] != 0)
+  bad = ref.copy()
+  bad[hit] = np.random.default_rng(0).standard_normal(hit.sum()) * np.abs(ref).max()
+  with pytest.raises(InputError, match=r"electrode 5's values \(60 of 256\) hold 9\d% of the") as e:
+    calibration.fit(device, bad, "bad.mat")
+  assert "\n" not in str(e.value) and "disconnected" in str(e.value)
+  bad[hit] = np.nan
+  fit = calibration.fit(device, bad, "bad.mat")
+  assert fit.values == 256 - 60 and fit.residual < calibration.MAX_RESIDUAL

@@ -77,15 +77,16 @@ class Calibration:
   # per fitted value: (low, high), the values that fit as well as the best (module docstring)
   ranges: dict = dataclasses.field(default_factory=dict)
 
-  def check(self, what: str) -> Calibration:
+  def check(self, what: str, misfit: str = "") -> Calibration:
     """Itself, or an InputError naming `what` when the fit cannot be the empty tank's (module
-    docstring)."""
+    docstring); `misfit`: where the residual lies, when that points at a cause."""
     where = f"{what}: {self.describe()}"
     if not self.residual <= MAX_RESIDUAL:
       raise InputError(
         f"{where}: a residual beyond {MAX_RESIDUAL} means the frame is not the empty tank's "
-        "pattern of this system (noise, a constant, a target's frame, or another device's); "
-        "give the empty tank's frame"
+        "pattern of this system (noise, a constant, a target's frame, another device's, or a "
+        f"bad or disconnected electrode){'; ' + misfit if misfit else ''}; give the empty "
+        "tank's frame"
       )
     if not (np.isfinite(self.gain) and self.gain > 0):
       raise InputError(
@@ -276,7 +277,33 @@ def fit(
     errors,
     ranges,
   )
-  return fit.check(what)
+  misfit = "" if residual <= MAX_RESIDUAL else _misfit(layout, present, u - gain * v)
+  return fit.check(what, misfit)
+
+
+def _misfit(layout: Layout, present: np.ndarray, r: np.ndarray) -> str:
+  """Where a bad fit's residual `r` (the present values') lies, in words: the electrode whose
+  values (measured on it, or driven through it) hold several times their share of it (a
+  disconnected or bad electrode: measure without it, its values NaN), and the worst values."""
+  rows = layout.rows[present]
+  drives = layout.currents[:, rows[:, 0]] != 0  # (E, values): the pattern drives electrode e
+  on = (
+    drives
+    | (np.arange(layout.num_electrodes)[:, None] == rows[:, 1])
+    | (np.arange(layout.num_electrodes)[:, None] == rows[:, 2])
+  )
+  share = (on * r**2).sum(1) / max(float(r @ r), 1e-300)  # of the misfit, per electrode
+  fair = on.mean(1)  # of the values, per electrode
+  worst = np.flatnonzero(present)[np.argsort(-np.abs(r))[:5]]
+  note = f"the worst-fitting values are {', '.join(map(str, sorted(worst.tolist())))}"
+  e = int(np.argmax(share / np.maximum(fair, 1e-12)))
+  if share[e] >= 2 * fair[e] and share[e] >= 0.5:
+    note = (
+      f"electrode {e}'s values ({int(on[e].sum())} of {len(r)}) hold {share[e]:.0%} of the "
+      f"misfit: is it disconnected or bad? (give its values as NaN to calibrate without it); "
+      + note
+    )
+  return note
 
 
 def _best_log10_z(res, w: float) -> float:
