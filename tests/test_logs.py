@@ -48,3 +48,26 @@ print("torch afterwards:", torch.tensor([1.0]).item())
   assert _scalars(events) == {("loss", 2): 0.5, ("loss", 4): 0.25}
   records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert records == [{"step": 2, "loss": 0.5, "val_loss": None}, {"step": 4, "loss": 0.25}]
+
+
+def test_a_refusal_names_the_debug_log_only_where_one_is_kept(tmp_path):
+  """No step of a run reads: the refusal names the debug log with its path where the command
+  keeps one (a training's workdir, an evaluation's output), and no log where none is kept (the
+  reconstruct command: no debug.log to look for)."""
+  from cdeit_jax.checkpoints import checkpoint
+  from cdeit_jax.common import logs
+
+  def unreadable(step):
+    raise checkpoint.CheckpointError(f"step {step} damaged")
+
+  logs.debug_log(str(tmp_path), enabled=False)
+  with pytest.raises(checkpoint.CheckpointError) as e:
+    checkpoint.first_intact([3, 2], unreadable, "RUN/checkpoints")
+  assert "debug" not in str(e.value) and "move the steps away" in str(e.value)
+  logs.debug_log(str(tmp_path))
+  try:
+    with pytest.raises(checkpoint.CheckpointError) as e:
+      checkpoint.first_intact([3], unreadable, "RUN/checkpoints")
+    assert f"The whole errors are in {tmp_path / logs.DEBUG_LOG};" in str(e.value)
+  finally:
+    logs.debug_log(str(tmp_path), enabled=False)

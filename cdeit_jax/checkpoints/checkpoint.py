@@ -349,9 +349,11 @@ def first_intact(
         capture.failed = True
         skipped.setdefault(step, str(e))
   reasons = "\n  ".join(f"step {st}: {r}" for st, r in skipped.items())
+  log = logs.debug_log_path()  # only where the command keeps one (a training's, an evaluation's)
   raise CheckpointError(
-    f"no checkpoint in {where} can be read:\n  {reasons}\nThe whole errors "
-    f"are in {logs.DEBUG_LOG}; move the steps away to start afresh"
+    f"no checkpoint in {where} can be read:\n  {reasons}\n"
+    + (f"The whole errors are in {log}; " if log else "")
+    + "move the steps away to start afresh"
   )
 
 

@@ -136,6 +136,11 @@ class _AppendHandler(logging.Handler):
     super().close()
 
 
+def debug_log_path() -> str | None:
+  """Where the debug log goes in this process (`debug_log`), or None: no command set one."""
+  return next((h.path for h in debug.handlers if isinstance(h, _AppendHandler)), None)
+
+
 def debug_log(directory: str, enabled: bool = True) -> None:
   """Send the full errors behind one-line reports (damaged checkpoints) to
   `<directory>/debug.log` (created on the first record; local or gs://)."""
