@@ -349,6 +349,12 @@ def write(result: dict, path: str) -> None:
   os.replace(path + ".tmp", path)
 
 
+def refuse(message: str) -> None:
+  """A bad argument, in one line (no usage text), exit code 2, before any work."""
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--out", required=True, help="output folder (accelerator_check.json)")
@@ -363,16 +369,16 @@ def main() -> None:
   a = p.parse_args()
   skip = set(filter(None, a.skip.split(",")))
   if skip - set(SECTIONS):
-    p.error(f"--skip {a.skip}: {', '.join(sorted(skip - set(SECTIONS)))} is not one of {SECTIONS}")
+    refuse(f"--skip {a.skip}: {', '.join(sorted(skip - set(SECTIONS)))} is not one of {SECTIONS}")
   if os.path.exists(a.out) and not os.path.isdir(a.out):
-    p.error(f"--out {a.out}: is a file; give a folder (accelerator_check.json goes into it)")
+    refuse(f"--out {a.out}: is a file; give a folder (accelerator_check.json goes into it)")
   from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common.errors import InputError
 
   try:
     shipped.refuse_write(a.out, "--out")
   except InputError as e:
-    p.error(str(e))
+    refuse(str(e))
   os.makedirs(a.out, exist_ok=True)
   path = os.path.join(a.out, "accelerator_check.json")
   t0 = time.perf_counter()

@@ -75,6 +75,12 @@ def reference_sizes(config: str | None) -> dict:
   return {"patch": m.patch_size, "hidden": m.hidden_size, "dtype": m.dtype}
 
 
+def refuse(message: str) -> None:
+  """A bad argument, in one line (no usage text), exit code 2, before any work."""
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--reference", required=True, help="checkout of the published CDEIT code")
@@ -92,7 +98,7 @@ def main():
     try:
       shipped.refuse_write(a.out, "--out")  # before minutes of timing
     except InputError as e:
-      p.error(str(e))
+      refuse(str(e))
   check_reference(a.reference)
   sizes = reference_sizes(a.config)
   env = dict(os.environ, XLA_FLAGS="", **({"JAX_PLATFORMS": "cpu"} if a.cpu else {}))

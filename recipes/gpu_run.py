@@ -224,6 +224,12 @@ def training_figures(workdir: str, cfg_path: str, budget: float) -> dict:
   }
 
 
+def refuse(message: str) -> None:
+  """A bad argument, in one line (no usage text), exit code 2, before any work."""
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(2)
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--out", required=True, help="the folder of the files that come back")
@@ -238,7 +244,7 @@ def main() -> None:
   a = p.parse_args()
   out = os.path.abspath(a.out)
   if os.path.exists(out) and not os.path.isdir(out):
-    p.error(f"--out {a.out}: is a file; give a folder")
+    refuse(f"--out {a.out}: is a file; give a folder")
   sys.path.insert(0, REPO)
   from cdeit_jax.checkpoints import shipped  # reads no JAX backend
   from cdeit_jax.common.errors import InputError
@@ -246,14 +252,14 @@ def main() -> None:
   try:
     shipped.refuse_write(out, "--out")
   except InputError as e:
-    p.error(str(e))
+    refuse(str(e))
   os.makedirs(out, exist_ok=True)
   stale = [f for f in os.listdir(out) if f in (*FILES, SUMMARY, LOG, MODEL_FILE)]
   if stale:
-    p.error(f"--out {a.out}: holds a run's files already ({', '.join(stale)}); give a new folder")
+    refuse(f"--out {a.out}: holds a run's files already ({', '.join(stale)}); give a new folder")
   scratch = os.path.abspath(a.scratch or tempfile.mkdtemp(prefix="gpu-run-"))
   if scratch == out or scratch.startswith(out + os.sep):
-    p.error(f"--scratch {scratch}: lies in --out, whose files are the ones that come back")
+    refuse(f"--scratch {scratch}: lies in --out, whose files are the ones that come back")
   os.makedirs(scratch, exist_ok=True)
   stages = Stages(out, scratch, a.minutes)
   env = dict(

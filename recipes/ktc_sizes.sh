@@ -7,6 +7,7 @@
 # and scored with stage one's answer rule on the 256 validation simulations (every level) and
 # the held-out families (make ktc-heldout's, levels 1-4 and 5-7).
 #   recipes/ktc_sizes.sh [STEPS_A]      # STEPS_A: the smallest size's steps (default 1500)
+#   SIZES="A:64:8:2:4 B:96:8:2:4" OUT=runs/ktc_sizes2 recipes/ktc_sizes.sh 3000   # twice the FLOPs
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -16,8 +17,8 @@ OUT=${OUT:-runs/ktc_sizes}
 RULE=${RULE:-argmax:water=0.9:area=0.005}
 STEPS_A=${1:-1500}
 SIM_GFLOP=3.2
-# name hidden patch scales heads
-SIZES="A:64:8:2:4 B:96:8:2:4 D:96:4:3:4"
+# name:hidden:patch:scales:heads
+SIZES=${SIZES:-"A:64:8:2:4 B:96:8:2:4 D:96:4:3:4"}
 gflop() {  # training GFLOP of one example of a size (cdeit_jax.model.flops)
   $PY -c "
 from cdeit_jax import config_lib
