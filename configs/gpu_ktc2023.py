@@ -10,12 +10,13 @@ budget does (cdeit_jax/train/budget.py), `steps` is only a ceiling.
       --config.time_budget_s=300
   python -m cdeit_jax.export --workdir runs/gpu_ktc2023 --out ktc2023_gpu.safetensors
 
-The size (docs/gpu.md, "The size"): patch 4, width 96, three scales (a 32 x 32 token grid, 3.2 M
-parameters, 8.5 GFLOP a training example against the shipped model's 0.9): its float32 weights
-(12.9 MB) fit the 16 MiB a file may weigh to come back, and on the chip each example's
-simulation (two dense Cholesky factorisations of about 1,760 unknowns, float32: about 4.5
-GFLOP, solved by cuSOLVER one matrix at a time) costs more than the network's step, so a
-network nine times the shipped one's FLOPs costs the run few examples. Global batch 64.
+The size (docs/gpu.md, "The size"): width 96, patch 8, two scales (a 16 x 16 token grid, 2.4 M
+parameters, 1.7 GFLOP a training example against the shipped model's 1.1 M and 0.9). On the chip
+each example's simulation (two dense Cholesky factorisations of 1,542 unknowns and their solves,
+about 3.2 GFLOP in float32) costs more than this network's step, so the wider network costs the
+run few examples; at equal FLOPs on 2 CPU cores (recipes/ktc_sizes.sh) it ties the shipped width
+with 16 % fewer examples, where patch 4 (3.2 M, 8.5 GFLOP) lost with 58 % fewer. Its float32
+weights (9.7 MB) come back within the 16 MiB a file may weigh. Global batch 64.
 
 `configs/gpu_ktc2023.py:rehearsal` is the same recipe at a size a CPU runs in seconds (width 16,
 patch 8, one scale, float32, batch 4, 32 statistics and 8 validation examples), which `make
@@ -32,11 +33,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def get_config(arg: str | None = None):
   c = config_lib.load(os.path.join(HERE, "ktc2023_model.py"))
-  c.model.update(hidden_size=96, patch_size=4, num_scales=3, num_heads=4, dtype="bfloat16")
+  c.model.update(hidden_size=96, patch_size=8, num_scales=2, num_heads=4, dtype="bfloat16")
   c.data.update(source="simulator", units="simulated", path=None)
   # the validation simulations are the first 256 of the valid split: the same examples as
   # `python -m cdeit_jax.simulate --config configs/ktc2023_model.py --num_valid 256` writes
-  c.simulator.update(stats_examples=4096, valid_examples=256)
+  c.simulator.update(stats_examples=2048, valid_examples=256)
   c.batch_size = 64
   c.steps = 1_000_000  # a ceiling: config.time_budget_s ends the run
   c.optimizer.update(lr=1e-3, schedule="warmup_cosine", warmup_steps=200, end_lr_factor=0.05)
