@@ -241,6 +241,9 @@ def main() -> None:
     "--train-s", type=float, default=None, help="stage 3's budget (default: the rest; CPU: 120)"
   )
   p.add_argument("--simulator-s", type=float, default=None, help="stage 4's time (CPU: 90)")
+  p.add_argument(
+    "--spent-s", type=float, default=0.0, help="of the minutes, spent before (the wheels' install)"
+  )
   a = p.parse_args()
   out = os.path.abspath(a.out)
   if os.path.exists(out) and not os.path.isdir(out):
@@ -261,7 +264,7 @@ def main() -> None:
   if scratch == out or scratch.startswith(out + os.sep):
     refuse(f"--scratch {scratch}: lies in --out, whose files are the ones that come back")
   os.makedirs(scratch, exist_ok=True)
-  stages = Stages(out, scratch, a.minutes)
+  stages = Stages(out, scratch, a.minutes - a.spent_s / 60)
   env = dict(
     os.environ,
     PYTHONUNBUFFERED="1",
@@ -320,7 +323,7 @@ def main() -> None:
   else:
     cmd = [py, "train.py", "--config", cfg, "--workdir", workdir]
     cmd += [f"--config.time_budget_s={budget:.1f}"]
-    rc, _ = run(stages, "train", cmd, budget + 120, env)
+    rc, _ = run(stages, "train", cmd, budget + 45, env)  # it stops itself; this is a guard
     figures = training_figures(workdir, cfg, budget)
     ex_rc, ex_text = run(
       stages,
