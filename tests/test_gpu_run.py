@@ -44,8 +44,8 @@ def test_the_rehearsal_writes_what_a_gpu_run_brings_back(tmp_path):
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")  # one CPU device, as a laptop has
   p = subprocess.run(
     [sys.executable, "recipes/gpu_run.py", "--out", str(out), "--scratch", str(scratch),
-     "--reference", str(tmp_path / "no_reference"), "--check-s", "60", "--train-s", "45",
-     "--simulator-s", "100"],
+     "--reference", str(tmp_path / "no_reference"), "--check-s", "90", "--train-s", "45",
+     "--simulator-s", "150"],
     cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
   )  # fmt: skip
   assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
