@@ -47,6 +47,7 @@ def main(argv: list[str]) -> None:
   )
   if reference is None:
     raise InputError(f"{FLAGS.device}: no empty-tank frame (Uelref or Uel) to calibrate with")
+  refuse_another_device(FLAGS.out, lay, calibrated=False)  # another protocol: before the fit
   fit = calibration.fit(
     lay,
     reference,
@@ -64,12 +65,14 @@ def main(argv: list[str]) -> None:
   print(json.dumps({"device": device.describe(), "out": FLAGS.out, **vars(fit)}))
 
 
-def refuse_another_device(out: str, device) -> None:
+def refuse_another_device(out: str, device, calibrated: bool = True) -> None:
   """A device file that a run's data or checkpoints beside it were made for (`make
-  device-model`: RUN/device.npz, RUN/data, RUN/checkpoints) is not replaced by another device's
-  calibration: refused in one line naming both and how they differ, before anything is written
-  (the run stays whole; a run is one device). The same calibration again (a rerun that
-  resumes) is written as before."""
+  device-model`: RUN/device.npz, RUN/data, RUN/checkpoints) is not replaced by another device:
+  refused in one line naming both and how they differ, before anything is written (a run is one
+  device). Called with the device file's layout before the fit (`calibrated` False: another
+  protocol is refused at once) and with the calibrated device after it (another calibration of
+  the same protocol); the
+  same calibration again, a rerun that resumes, is written as before."""
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.eit import layout
@@ -86,10 +89,10 @@ def refuse_another_device(out: str, device) -> None:
     old, _ = layout.from_device_file(out)
   except InputError:
     return  # not a device file: nothing was made for it
-  if old.record() == device.record():
-    return
   if not old.measures_as(device):
-    how = f"it is {old.describe()}, this one {device.describe()}"
+    how = f"{old.describe()}, where --device is {device.describe()}"
+  elif not calibrated or old.record() == device.record():
+    return  # the same protocol (its calibration is checked after the fit); the same device
   else:
     pick = lambda d: {
       "width": f"{np.rad2deg(d.width):.4g} degrees",
@@ -97,12 +100,13 @@ def refuse_another_device(out: str, device) -> None:
       "contact impedance": f"{d.contact_impedance}",
     }
     was, now = pick(old), pick(device)
-    how = ", ".join(f"{k} {was[k]} there, {now[k]} here" for k in was if was[k] != now[k])
-    how = f"the same protocol, another calibration: {how or 'its geometry'}"
+    diff = ", ".join(f"{k} {was[k]} there, {now[k]} here" for k in was if was[k] != now[k])
+    how = f"{old.describe()}, calibrated otherwise than now ({diff or 'its geometry'})"
+  holds = " and ".join(f"{run}/{n}" for n in made)
   raise InputError(
-    f"--out {out}: the device that {run}'s {' and '.join(made)} were made for ({how}); a run "
-    f"is one device: give another RUN (make device-model RUN=...), or remove {run} to start it "
-    "again"
+    f"--out {out} is the device of the run in {run} ({holds} are of it): {how}; a run is one "
+    "device: give the new device its own folder (--out NEW/device.npz; make device-model "
+    f"RUN=NEW), or remove {run} to start that run again"
   )
 
 

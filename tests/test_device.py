@@ -151,8 +151,9 @@ def test_a_run_of_one_device_is_not_given_another(tmp_path):
   p = calibrate("skip3")
   errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
   assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
-  assert "16 patterns, skip 1, 256 values), this one" in errors[0]
+  assert "16 patterns, skip 1, 256 values), where --device is" in errors[0]
   assert "16 patterns, skip 3, 256 values)" in errors[0] and "a run is one device" in errors[0]
+  assert "calibration of" not in p.stderr  # refused before the fit
   assert device.read_bytes() == before
   p = calibrate("skip1")
   assert p.returncode == 0, p.stderr[-3000:]
