@@ -31,13 +31,36 @@ class ManifestError(InputError):
 
 
 def restore_advice(folder: str) -> str:
-  """The commands that put a model folder back as it was shipped: its tracked files restored
-  and every file added there removed (`git checkout` alone leaves added files behind), run from
-  any folder (`git -C`)."""
+  """How to put a model folder back as it was shipped. A folder git tracks (its manifest is in
+  the index): the commands that restore its tracked files and remove every file added there
+  (`git checkout` alone leaves added files behind), run from any folder (`git -C`). Any other
+  (a copy, which `git clean` inside some other checkout would delete whole): copy it again."""
+  if _tracked(folder):
+    return (
+      f"git -C {folder} checkout -- . && git -C {folder} clean -fdx . (a copy outside git: copy "
+      "it again, or ship it again with python -m cdeit_jax.ship)"
+    )
   return (
-    f"git -C {folder} checkout -- . && git -C {folder} clean -fdx . (a copy outside git: copy it "
-    "again, or ship it again with python -m cdeit_jax.ship)"
+    "copy it again from where it came (it is no folder a git checkout tracks, so git cannot "
+    "restore it), or ship it again with python -m cdeit_jax.ship"
   )
+
+
+def _tracked(folder: str) -> bool:
+  """Whether a local `folder`'s manifest is tracked by the git checkout it lies in."""
+  import subprocess
+
+  if fileio.is_remote(folder):
+    return False
+  try:
+    r = subprocess.run(
+      ["git", "-C", folder, "ls-files", "--error-unmatch", MANIFEST],
+      capture_output=True,
+      timeout=20,
+    )
+  except (OSError, subprocess.TimeoutExpired):  # no git, or a folder git cannot enter
+    return False
+  return r.returncode == 0
 
 
 def is_model_folder(folder: str) -> bool:
