@@ -168,7 +168,10 @@ def named_ratios(
       units.gain if voltage_ratio is None else voltage_ratio,
       units.current_ratio if current_ratio is None else current_ratio,
     )
-  return units, *resolve_ratios(units, voltage_ratio, current_ratio)
+  v, c = resolve_ratios(units, voltage_ratio, current_ratio)
+  if (voltage_ratio, current_ratio) != (None, None) and (v, c) != preset_ratios(units):
+    units = f"{units} (voltage ratio {v:g}, current ratio {c:g})"  # the ratios given win
+  return units, v, c
 
 
 def standardise(ys, voltage_ratio: float, mean, std, lay: Layout):
