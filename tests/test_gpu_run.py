@@ -57,10 +57,12 @@ def test_the_rehearsal_writes_what_a_gpu_run_brings_back(tmp_path):
   assert "no published code at" in stages["pytorch"]["reason"]
   files = sorted(os.listdir(out))
   assert files == sorted(summary["files"]) and len(files) <= 8
+  assert not scratch.exists() or any(scratch.iterdir())  # given: kept (the default is removed)
   models = [f for f in files if not re.search(r"\.(json|txt|log|png)$", f)]
   assert models == [gpu_run.MODEL_FILE]
   check = json.loads((out / "accelerator_check.json").read_text())
   assert check["train"]["samples_per_s"] > 0 and check["config"] == "configs/gpu.py:rehearsal"
+  assert stages["check"]["sections_skipped"] == check["skipped"]
   train = json.loads((out / "train.json").read_text())
   assert (
     train["steps"] == train["exported"]["step"] > 0
