@@ -97,7 +97,6 @@ def _main(argv, stack: contextlib.ExitStack):
 
   from cdeit_jax.checkpoints import loading, reader, shipped
   from cdeit_jax.common import compile_cache, fileio, logs
-  from cdeit_jax.common.errors import InputError
   from cdeit_jax.infer import frames, outputs, reconstructor
   from cdeit_jax.infer.reconstructor import Reconstructor, listed
 
@@ -106,20 +105,7 @@ def _main(argv, stack: contextlib.ExitStack):
   inputs = [("--frames", FLAGS.frames), ("--reference", FLAGS.reference)]
   fileio.refuse_own_input(FLAGS.out, "--out", inputs, writes=frames.OUTPUTS)
   overrides = cli.checkpoint_overrides()
-  reconstructor.check_overrides(overrides)
-  if any(k.startswith("wandb.") for k in overrides):
-    raise InputError(
-      f"--config.{next(k for k in overrides if k.startswith('wandb.'))}: reconstruct logs nothing "
-      "to W&B; eval.py logs an evaluation into a run's W&B run (docs/training.md)"
-    )
-  voltage_ratio, current_ratio = _ratios(overrides)
-  unused = [k for k in overrides if k.startswith("eval.") and k not in EVAL_KEYS]
-  if unused:
-    raise InputError(
-      f"--config.{unused[0]}: reconstruct does not use it (of eval.py's settings it takes "
-      f"{', '.join('--config.' + k for k in EVAL_KEYS)} and the units' ratios; its own flags say "
-      "the rest: --units, --skip_bad_frames, --figures); leave it out, or evaluate with eval.py"
-    )
+  voltage_ratio, current_ratio = _settings(overrides)
   with reader.open_run(FLAGS.workdir, overrides.get("eval.step")) as run:
     meta, skipped, cfg = reconstructor.choose(run, overrides)
     system = loading.resolve(cfg, meta.record).device  # the frames are this system's values
@@ -139,18 +125,7 @@ def _main(argv, stack: contextlib.ExitStack):
         current_ratio=current_ratio,
       )
   where, n = FLAGS.frames, recording.n
-  square = (
-    f"{where} is a square {n} x {n} array, read as one frame a row; if its frames are its "
-    "columns (EIDORS's layout), give it transposed"
-  )
-  try:
-    ok = rec.check_recording(recording, reference, where, skip_bad=FLAGS.skip_bad_frames)
-  except InputError as e:
-    if not recording.square:
-      raise
-    raise InputError(f"{e}. Note: {square}") from None
-  if recording.square:  # its shape cannot tell: said whatever the images
-    logs.log.warning(square)
+  ok = _checked(rec, recording, reference, where)
   calls = _calls(ok, n, FLAGS.chunk)
   for size in {len(run) for runs in calls.values() for run in runs}:
     rec.prepare(size * rec.num_samples)  # timing starts after compilation
@@ -208,7 +183,53 @@ def _main(argv, stack: contextlib.ExitStack):
   )
 
 
+def _checked(rec, recording, reference, where: str):
+  """The recording's rows that can be imaged (`Reconstructor.check_recording`, the whole judged
+  once); a square R x R file is said to be read as one frame a row (its shape cannot tell rows
+  from columns, and EIDORS keeps frames as columns), in a refusal and as a warning."""
+  from cdeit_jax.common import logs
+  from cdeit_jax.common.errors import InputError
+
+  n = recording.n
+  square = (
+    f"{where} is a square {n} x {n} array, read as one frame a row; if its frames are its "
+    "columns (EIDORS's layout), give it transposed"
+  )
+  try:
+    ok = rec.check_recording(recording, reference, where, skip_bad=FLAGS.skip_bad_frames)
+  except InputError as e:
+    if not recording.square:
+      raise
+    raise InputError(f"{e}. Note: {square}") from None
+  if recording.square:
+    logs.log.warning(square)
+  return ok
+
+
 EVAL_KEYS = ("eval.step", "eval.weights")  # eval.py's settings that reconstruct applies too
+
+
+def _settings(overrides: dict) -> tuple[float | None, float | None]:
+  """eval.py's settings given to reconstruct (`overrides`), checked: those it applies kept,
+  the ratios taken out (`_ratios`, returned), any other refused in one line."""
+  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.infer import reconstructor
+
+  reconstructor.check_overrides(overrides)
+  if any(k.startswith("wandb.") for k in overrides):
+    raise InputError(
+      f"--config.{next(k for k in overrides if k.startswith('wandb.'))}: reconstruct logs nothing "
+      "to W&B; eval.py logs an evaluation into a run's W&B run (docs/training.md)"
+    )
+  ratios = _ratios(overrides)
+  unused = [k for k in overrides if k.startswith("eval.") and k not in EVAL_KEYS]
+  if unused:
+    raise InputError(
+      f"--config.{unused[0]}: reconstruct does not use it (of eval.py's settings it takes "
+      f"{', '.join('--config.' + k for k in EVAL_KEYS)} and the units' ratios; its own flags say "
+      "the rest: --units, --skip_bad_frames, --figures); leave it out, or evaluate with eval.py"
+    )
+  return ratios
 
 
 def _ratios(overrides: dict) -> tuple[float | None, float | None]:

@@ -39,6 +39,7 @@ def _params(path):
   return [(path, np.asarray(v.get_value())) for path, v in flat], meta
 
 
+@pytest.mark.e2e  # exports and imports whole models (about a minute)
 def test_a_model_folder_round_trips_through_one_file(exported):
   model, path, got, imported = exported
   manifest = shipped.read(str(model))
@@ -64,6 +65,7 @@ def test_a_model_folder_round_trips_through_one_file(exported):
   )
 
 
+@pytest.mark.e2e  # exports and imports whole models (about a minute)
 def test_an_imported_model_ships_with_the_training_it_carries(exported, tmp_path):
   model, _, _, imported = exported
   out = tmp_path / "models" / "again"
@@ -115,6 +117,7 @@ def test_a_changed_cut_or_foreign_file_is_one_line(tmp_path):
     model_file.read(str(tmp_path / "nothing.safetensors"))
 
 
+@pytest.mark.e2e  # exports and imports whole models (about a minute)
 def test_convert_refuses_an_altered_file_and_a_config_in_one_line(exported, tmp_path):
   _, path, _, _ = exported
   altered = tmp_path / "altered.safetensors"
