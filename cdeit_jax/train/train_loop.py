@@ -489,6 +489,9 @@ def _prepare(
     warnings += skipped
     report += lines
     rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
+    if cfg.time_budget_s is None:  # the schedule ends at this run's config.steps (a budget
+      # re-estimates the restored horizon at its first window)
+      state = training.with_horizon(state, training.default_horizon(cfg))
   start = int(jax.device_get(state.step))
   constants = jax.device_put(constants, compiled.constants_shardings)
   validation_loss = make_validation(
