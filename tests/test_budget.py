@@ -92,8 +92,9 @@ def test_train_py_validates_and_saves_inside_its_budget(tmp_path):
   )
   wall = time.perf_counter() - t0
   assert rc == 0, err[-3000:]
-  # the budget counts from train.py's first line: the interpreter's start and exit are beside it
-  assert wall < seconds + 6, wall
+  # the budget counts from train.py's first line (the run's own wall_s, below); the interpreter's
+  # start and exit are beside it (11 s on a busy 2-core machine): here only "it ended"
+  assert wall < seconds + 30, wall
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   last = records[-1]
   assert "config.time_budget_s=35 s: step" in err and last["run"]["wall_s"] <= seconds
@@ -120,7 +121,7 @@ def test_two_processes_stop_at_the_same_step_inside_the_budget(tmp_path):
     "--config.optimizer.schedule=warmup_cosine", "--config.eval_every=100000",
   )  # fmt: skip
   errs = finish(procs)
-  assert time.perf_counter() - t0 < seconds + 10
+  assert time.perf_counter() - t0 < seconds + 30  # it ended (start and exit beside the budget)
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   stopped = records[-1]["step"]
   assert f"config.time_budget_s=75 s: step {stopped} validated and saved" in errs[0]
