@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from absl import app, flags
 
-from cdeit_jax.common import compat, moved_modules
+from cdeit_jax.common import compat
 from cdeit_jax.common.errors import CdeitError, InputError
 
 FLAGS = flags.FLAGS
@@ -95,12 +95,6 @@ def parse_flags(argv: list[str]) -> list[str]:
       print(f"error: --config: {' '.join(str(e).split())}", file=sys.stderr)
   except (KeyError, AttributeError) as e:  # an unknown key: config files, config dicts
     unknown_config_key(argv, e)
-  except ImportError as e:  # a config file of the flat layout imports a moved module
-    if not isinstance(e, moved_modules.MovedModuleError):
-      raise
-    given = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-    given += [b for a, b in zip(argv, argv[1:]) if a == "--config"]
-    print(f"error: --config {given[0] if given else ''}: {e}", file=sys.stderr)
   sys.exit(2)
 
 

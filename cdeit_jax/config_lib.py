@@ -20,7 +20,6 @@ import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
 
-from cdeit_jax.common import moved_modules
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import measurement
@@ -450,12 +449,7 @@ def load(path: str) -> ml_collections.ConfigDict:
     raise MissingFile(f"config file {path}: no such file")
   spec = importlib.util.spec_from_file_location(f"_cdeit_config_{abs(hash(path))}", path)
   module = importlib.util.module_from_spec(spec)
-  try:
-    spec.loader.exec_module(module)
-  except ImportError as e:
-    if isinstance(e, moved_modules.MovedModuleError):  # a config of the flat layout
-      raise InputError(f"config file {path}: {e}") from None
-    raise
+  spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
     raise InputError(f"config file {path}: defines no get_config()")
   return module.get_config(arg) if arg else module.get_config()
