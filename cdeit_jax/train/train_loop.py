@@ -229,11 +229,6 @@ def plan_resume(mngr, cfg: ml_collections.ConfigDict, workdir: str) -> ResumePla
       f"nothing to train; give --config.steps above {meta['step']} to train on, or a new "
       "--workdir"
     )
-  if meta.get("format") == checkpoint.FORMAT_V1:
-    raise checkpoint.CheckpointError(
-      f"{mngr.directory} was written by cdeit-jax 0.1 ({checkpoint.FORMAT_V1}); training "
-      "cannot resume from it: start a new --workdir (eval.py still reads it)"
-    )
   return ResumePlan(meta, check_resume(cfg, meta, f"{mngr.directory}/{meta['step']}"), skipped)
 
 
