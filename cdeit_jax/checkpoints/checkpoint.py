@@ -325,6 +325,8 @@ def _meta_problem(meta: dict[str, Any], step: int) -> str | None:
     and set(meta["weights"]) <= set(WEIGHT_ITEMS)
   ):
     return f"weights is {meta.get('weights')!r}, not a list of {sorted(WEIGHT_ITEMS)}"
+  if not isinstance(meta.get("device"), dict):
+    return "device (the measuring system) is missing or not a mapping"
   return None
 
 

@@ -18,7 +18,7 @@ from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint
 from cdeit_jax.checkpoints.checkpoint import CHECKPOINTS, WEIGHT_ITEMS
 from cdeit_jax.common import fileio
-from cdeit_jax.common.errors import InputError, MissingFile
+from cdeit_jax.common.errors import InputError
 from cdeit_jax.common.variables import Fixed
 from cdeit_jax.model import network, output_kinds
 from cdeit_jax.model.network import CDEIT
@@ -73,26 +73,19 @@ def resolve(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None) 
 def device_of(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None):
   """The measuring system (`eit.layout.Layout`, `config_lib.measuring_system`) whose values a
   model of `cfg` reads: the one its checkpoint keeps (`meta["device"]`, arrays: the device file
-  may move or change after training), else the config's (`config.simulator.layout` for a model
-  of any system, a preset or a device file; CDEIT's 208 voltages for the EIM)."""
+  may move or change after training), else, with no `meta`, the config's
+  (`config.simulator.layout` for a model of any system, a preset or a device file; CDEIT's 208
+  voltages for the EIM)."""
   from cdeit_jax.eit import layout
 
-  if meta is not None and isinstance(meta.get("device"), dict):
+  if meta is not None:
     kept = layout.Layout.from_record(
-      meta["device"], f"checkpoint metadata of step {meta.get('step')!r}: device"
+      meta.get("device"), f"checkpoint metadata of step {meta.get('step')!r}: device"
     )
     return config_lib.measuring_system(cfg.simulator, kept)
   if not network.reads_values(cfg.model.get("cond", "eim")):
     return config_lib.measuring_system(cfg.simulator, layout.preset("cdeit16"))
-  try:
-    return config_lib.measuring_system(cfg.simulator)
-  except MissingFile as e:
-    if meta is None:
-      raise
-    raise InputError(
-      f"{e}: this checkpoint (step {meta.get('step')!r}) was saved before checkpoints kept "
-      "their measuring system and reads it from that file; put the file back there"
-    ) from None
+  return config_lib.measuring_system(cfg.simulator)
 
 
 def build(
@@ -396,8 +389,6 @@ def start_inputs(path: str, device) -> tuple[tuple[np.ndarray, np.ndarray], dict
 
   workdir, step = checkpoint.resolve(path)
   meta = checkpoint.read_meta(workdir, step)
-  if not isinstance(meta.get("device"), dict) or "stats" not in meta:
-    return None  # saved before checkpoints kept their system: nothing says it is this one
   was = layout.Layout.from_record(meta["device"], f"config.init_from={path!r}: its device")
   if not was.same_system(device):
     return None

@@ -190,8 +190,6 @@ def check_device(meta: dict, device, where: str) -> None:
   trained for (a device file changed or replaced since)."""
   from cdeit_jax.eit import layout
 
-  if not isinstance(meta.get("device"), dict):
-    return  # saved before checkpoints kept their system
   was = layout.Layout.from_record(meta["device"], f"{where}: its device")
   if not was.same_system(device):
     raise checkpoint.CheckpointError(
