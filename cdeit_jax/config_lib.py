@@ -23,7 +23,7 @@ from ml_collections import config_dict
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import measurement
-from cdeit_jax.eit.spec import KINDS, PhantomSpec, SystemSpec
+from cdeit_jax.eit.spec import PhantomSpec, SystemSpec
 from cdeit_jax.model import attention
 from cdeit_jax.model.diffusion import Diffusion
 from cdeit_jax.model.network import CDEIT, COND_MODES, SYSTEM_ARGS
@@ -348,12 +348,6 @@ def from_json(stored: dict[str, Any]) -> ml_collections.ConfigDict:
       else:
         node[k] = tuple(v) if isinstance(v, list) and isinstance(node[k], tuple) else v
 
-  sim = stored.get("simulator")
-  if isinstance(sim, dict):  # written before these keys existed: what that version simulated
-    sim.setdefault("system", dataclasses.asdict(SystemSpec.nominal()))
-    if isinstance(sim.get("phantom"), dict):
-      sim["phantom"].setdefault("near_wall", 0.0)
-      sim["phantom"].setdefault("kinds", ",".join(KINDS[:4]))
   update(cfg, stored)
   return cfg
 
