@@ -213,7 +213,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3  # the latest few; the best (lowest validation loss) is kept as well
   c.async_checkpoints = True
   # gs:// workdirs: the lock is a lease renewed every lease/4 s; a run that cannot prove it holds
-  # it stops (cdeit_jax/workdir_lock.py), a newcomer takes a lease not renewed for this long
+  # it stops (cdeit_jax/train/workdir_lock.py), a newcomer takes a lease not renewed for this long
   c.lock_lease_s = 120.0
   # Weights & Biases (the optional extra cdeit-jax[wandb]; cdeit_jax/common/tracking.py): a project
   # turns it on. mode: "" = online with credentials, else offline (WANDB_MODE, if set, decides);
