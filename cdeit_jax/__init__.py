@@ -5,16 +5,10 @@ first use (PEP 562), so that configs and the measurement conventions are read wi
 package's layers are in docs/architecture.md.
 """
 
-from cdeit_jax.common import moved_modules
-
-moved_modules.install()
-
 
 def __getattr__(name: str):
   if name in ("Reconstructor", "Reconstruction"):
     from cdeit_jax.infer import reconstructor
 
     return getattr(reconstructor, name)
-  if f"cdeit_jax.{name}" in moved_modules.MOVED:  # an attribute error: hasattr() says False
-    raise AttributeError(moved_modules.moved_message(f"cdeit_jax.{name}"))
   raise AttributeError(f"module 'cdeit_jax' has no attribute {name!r}")

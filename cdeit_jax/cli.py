@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from absl import app, flags
 
-from cdeit_jax.common import compat, moved_modules
+from cdeit_jax.common import compat
 from cdeit_jax.common.errors import CdeitError, InputError
 
 FLAGS = flags.FLAGS
@@ -62,21 +62,10 @@ def init_distributed() -> None:
   logs.console(primary=jax.process_index() == 0)
 
 
-# Flags that took another name: the old spelling is refused in one line naming the new one.
-RENAMED_FLAGS = {"preset": "units"}
-
-
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a missing config file or an unknown config key reported as one
   line (ml_collections raises them, some only when the config is first read, as OSError and
-  KeyError with long tracebacks), and a renamed flag (`RENAMED_FLAGS`) as one line."""
-  for old, new in RENAMED_FLAGS.items():
-    if any(a in (f"--{old}", f"-{old}") or a.startswith((f"--{old}=", f"-{old}=")) for a in argv):
-      print(
-        f"error: --{old} is --{new} now (the data's units: one word across commands)",
-        file=sys.stderr,
-      )
-      sys.exit(2)
+  KeyError with long tracebacks)."""
   try:
     rest = FLAGS(argv)
     if "config" in FLAGS and FLAGS.config is not None and not isinstance(FLAGS.config, str):
@@ -95,12 +84,6 @@ def parse_flags(argv: list[str]) -> list[str]:
       print(f"error: --config: {' '.join(str(e).split())}", file=sys.stderr)
   except (KeyError, AttributeError) as e:  # an unknown key: config files, config dicts
     unknown_config_key(argv, e)
-  except ImportError as e:  # a config file of the flat layout imports a moved module
-    if not isinstance(e, moved_modules.MovedModuleError):
-      raise
-    given = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
-    given += [b for a, b in zip(argv, argv[1:]) if a == "--config"]
-    print(f"error: --config {given[0] if given else ''}: {e}", file=sys.stderr)
   sys.exit(2)
 
 
@@ -137,13 +120,7 @@ def unknown_config_key(argv: list[str], e: Exception) -> None:
     arg = arg.args[0]
   text = " ".join(str(arg).split())
   bad = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-  from cdeit_jax.config_lib import RENAMED_KEYS
-
-  renamed = [f"{b} is --config.{RENAMED_KEYS[b[9:]]} now" for b in bad if b[9:] in RENAMED_KEYS]
-  if renamed:
-    print(f"error: {'; '.join(renamed)}", file=sys.stderr)
-  else:
-    print(f"error: {', '.join(bad)}: no such config key: {text}", file=sys.stderr)
+  print(f"error: {', '.join(bad)}: no such config key: {text}", file=sys.stderr)
   sys.exit(2)
 
 

@@ -20,11 +20,10 @@ import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
 
-from cdeit_jax.common import moved_modules
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import measurement
-from cdeit_jax.eit.spec import KINDS, PhantomSpec, SystemSpec
+from cdeit_jax.eit.spec import PhantomSpec, SystemSpec
 from cdeit_jax.model import attention
 from cdeit_jax.model.diffusion import Diffusion
 from cdeit_jax.model.network import CDEIT, COND_MODES, SYSTEM_ARGS
@@ -214,7 +213,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3  # the latest few; the best (lowest validation loss) is kept as well
   c.async_checkpoints = True
   # gs:// workdirs: the lock is a lease renewed every lease/4 s; a run that cannot prove it holds
-  # it stops (cdeit_jax/workdir_lock.py), a newcomer takes a lease not renewed for this long
+  # it stops (cdeit_jax/train/workdir_lock.py), a newcomer takes a lease not renewed for this long
   c.lock_lease_s = 120.0
   # Weights & Biases (the optional extra cdeit-jax[wandb]; cdeit_jax/common/tracking.py): a project
   # turns it on. mode: "" = online with credentials, else offline (WANDB_MODE, if set, decides);
@@ -298,9 +297,6 @@ def check_training_config(
   need(cfg.ema.update_every > 0, "ema.update_every", "must be > 0")
   need(cfg.sampling.steps >= 1, "sampling.steps", "must be >= 1")
   need(cfg.diffusion.num_steps >= 1, "diffusion.num_steps", "must be >= 1")
-  for old, new in RENAMED_KEYS.items():  # a config file that still sets the old key
-    section, leaf = old.split(".")
-    need(leaf not in cfg[section], old, f"is config.{new} now")
   need(
     measurement.preset_ratios(cfg.data.units) is not None
     or (cfg.data.voltage_ratio is not None and cfg.data.current_ratio is not None),
@@ -322,8 +318,9 @@ def check_training_config(
   )
 
 
-# Config keys that took another name (old -> new): a stored config's old key is read as the new
-# one (`from_json`); given in a config file or on a command line, it is refused in one line.
+# Config keys that took another name (old -> new), read under the new name from a stored config
+# (`from_json`) only: the shipped models/cdeit16 records `data.preset` (its checkpoint's metadata
+# and manifest.json). On a command line or in `override` an old key is unknown, like any other.
 RENAMED_KEYS = {"data.preset": "data.units"}
 
 
@@ -351,12 +348,6 @@ def from_json(stored: dict[str, Any]) -> ml_collections.ConfigDict:
       else:
         node[k] = tuple(v) if isinstance(v, list) and isinstance(node[k], tuple) else v
 
-  sim = stored.get("simulator")
-  if isinstance(sim, dict):  # written before these keys existed: what that version simulated
-    sim.setdefault("system", dataclasses.asdict(SystemSpec.nominal()))
-    if isinstance(sim.get("phantom"), dict):
-      sim["phantom"].setdefault("near_wall", 0.0)
-      sim["phantom"].setdefault("kinds", ",".join(KINDS[:4]))
   update(cfg, stored)
   return cfg
 
@@ -365,8 +356,6 @@ def override(cfg: ml_collections.ConfigDict, values: dict[str, Any]) -> None:
   """Set dotted keys (`{"sampling.steps": 2}`); an unknown key or a wrongly typed value is an
   InputError naming `--config.<key>`."""
   for key, value in values.items():
-    if key in RENAMED_KEYS:
-      raise InputError(f"--config.{key} is --config.{RENAMED_KEYS[key]} now")
     node, *path = [cfg, *key.split(".")]
     *parents, leaf = path
     try:
@@ -450,12 +439,7 @@ def load(path: str) -> ml_collections.ConfigDict:
     raise MissingFile(f"config file {path}: no such file")
   spec = importlib.util.spec_from_file_location(f"_cdeit_config_{abs(hash(path))}", path)
   module = importlib.util.module_from_spec(spec)
-  try:
-    spec.loader.exec_module(module)
-  except ImportError as e:
-    if isinstance(e, moved_modules.MovedModuleError):  # a config of the flat layout
-      raise InputError(f"config file {path}: {e}") from None
-    raise
+  spec.loader.exec_module(module)
   if not hasattr(module, "get_config"):
     raise InputError(f"config file {path}: defines no get_config()")
   return module.get_config(arg) if arg else module.get_config()

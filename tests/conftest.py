@@ -6,7 +6,7 @@ os.environ["XLA_FLAGS"] = (
   os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the commands run (cdeit_jax/cpu_tuning.py)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the commands run (common/cpu_tuning.py)
 # One persistent compilation cache for the session, inherited by the train.py subprocesses
 # (the same train step then compiles once: 14 s -> 3 s on 2 CPU cores).
 # Made by the first process only (pytest-xdist's workers inherit it), and removed when it ends.

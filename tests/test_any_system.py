@@ -411,8 +411,8 @@ def test_a_model_for_a_skip_2_device_beats_tikhonov_on_its_held_out_simulations(
 def test_a_model_keeps_its_device_when_the_file_moves_or_changes(device_run, tmp_path):
   """The checkpoint keeps the device's electrodes and patterns: with the device file gone, or
   replaced by another device's, the model loads as the system it was trained for; training
-  refuses to resume under the other device (naming both); an older checkpoint without the
-  record names the file to put back instead of advising to throw the steps away."""
+  refuses to resume under the other device (naming both); metadata without the record is one
+  line."""
   from cdeit_jax.checkpoints import checkpoint, loading
   from cdeit_jax.infer.reconstructor import Reconstructor
   from cdeit_jax.train import train_loop
@@ -432,7 +432,7 @@ def test_a_model_keeps_its_device_when_the_file_moves_or_changes(device_run, tmp
       train_loop.check_device(meta, lay.resolve(str(d.device)), "RUN/0")
     d.device.unlink()
     old = {k: v for k, v in meta.items() if k != "device"}
-    with pytest.raises(InputError, match="saved before checkpoints kept .* put the file back"):
+    with pytest.raises(InputError, match="step 0: device: not a measuring system"):
       loading.device_of(loading.model_config(old), old)
   finally:
     d.device.unlink(missing_ok=True)

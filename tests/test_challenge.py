@@ -155,7 +155,7 @@ def test_inputs_that_cannot_be_a_measurement_are_refused_before_out(levels, tmp_
 def test_the_command_says_a_refusal_in_one_line(levels, tmp_path):
   """eval.py --data ktc2023_challenge without a model (the linearised answers): a negated
   reference is one line on stderr, rc 1, no --out; another kind without --workdir is one line
-  too; the old command `python -m cdeit_jax.challenge` names eval.py's in one line."""
+  too."""
   data = _copy(levels, tmp_path, "level_1")
   ref = scipy.io.loadmat(os.path.join(data, "level_1", "ref.mat"))["Uelref"]
   _edit(os.path.join(data, "level_1"), "ref.mat", Uelref=-ref)
@@ -171,9 +171,6 @@ def test_the_command_says_a_refusal_in_one_line(levels, tmp_path):
   assert p.returncode == 1 and p.stderr.count("error:") == 1, p.stderr[-2000:]
   assert "--data uef2017: give the model to evaluate with --workdir" in p.stderr
   assert not out.exists()
-  p = run("-m", "cdeit_jax.challenge", f"--data_path={data}", f"--out={out}")
-  assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
-  assert "python eval.py --data ktc2023_challenge --data_path DIR --out OUT" in p.stderr
 
 
 def test_a_models_answers_keep_the_data_and_refuse_what_cannot_be(device_run, levels, tmp_path):

@@ -1,6 +1,7 @@
-"""config_lib: renamed keys (`RENAMED_KEYS`) read from stored configs under their new names and
-refused, in one line naming the new name, wherever a user gives them; and the renamed flags."""
+"""config_lib: a stored config's renamed key (`RENAMED_KEYS`: models/cdeit16 records `data.preset`)
+reads under its new name; given by a user, an old key or flag is unknown, in one line."""
 
+import json
 import subprocess
 import sys
 
@@ -13,7 +14,11 @@ REPO = __import__("pathlib").Path(__file__).parent.parent
 
 
 def test_a_stored_config_with_an_old_key_reads_as_the_new_one():
-  """A checkpoint written before data.preset became data.units keeps its units."""
+  """The shipped models/cdeit16 was written before data.preset became data.units: its stored
+  config keeps its units."""
+  shipped = json.loads((REPO / "models" / "cdeit16" / "manifest.json").read_text())["config"]
+  assert "preset" in shipped["data"] and "units" not in shipped["data"]
+  assert config_lib.from_json(shipped).data.units == shipped["data"]["preset"]
   stored = config_lib.default_config().to_dict()
   stored["data"] = {k: v for k, v in stored["data"].items() if k != "units"}
   stored["data"]["preset"] = "uef2017"
@@ -22,13 +27,10 @@ def test_a_stored_config_with_an_old_key_reads_as_the_new_one():
   assert config_lib.from_json(config_lib.default_config().to_dict()).data.units == "simulated"
 
 
-def test_an_old_key_given_is_refused_naming_the_new_one():
+def test_an_old_key_given_is_an_unknown_one():
   cfg = config_lib.default_config()
-  with pytest.raises(InputError, match=r"^--config.data.preset is --config.data.units now$"):
+  with pytest.raises(InputError, match=r"^--config.data.preset='uef2017': no such key; config"):
     config_lib.override(cfg, {"data.preset": "uef2017"})
-  cfg.data.preset = "uef2017"  # as a config file of the old spelling sets it
-  with pytest.raises(InputError, match=r"config.data.preset.*is config.data.units now"):
-    config_lib.check_training_config(cfg, 1, need_data=False)
 
 
 @pytest.mark.parametrize(
@@ -36,15 +38,15 @@ def test_an_old_key_given_is_refused_naming_the_new_one():
   [
     (
       ["-m", "cdeit_jax.reconstruct", "--workdir=x", "--frames=y", "--out=z", "--preset=uef2017"],
-      "error: --preset is --units now (the data's units: one word across commands)",
+      "error: Unknown command line flag 'preset'",
     ),
     (
       ["train.py", "--config=configs/test.py", "--workdir=x", "--config.data.preset=uef2017"],
-      "error: --config.data.preset is --config.data.units now",
+      "error: --config.data.preset: no such config key:",
     ),
   ],
 )
-def test_a_renamed_flag_is_one_line(argv, line):
+def test_an_unknown_flag_is_one_line(argv, line):
   r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=180, cwd=REPO)
-  assert r.returncode == 2, r.stderr
-  assert r.stderr.strip().splitlines()[-1] == line, r.stderr
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+  assert any(s.startswith(line) for s in r.stderr.splitlines()), r.stderr

@@ -1,7 +1,6 @@
 """Strict import/export of reference state dicts and the convert command."""
 
 import json
-import pathlib
 import sys
 
 import numpy as np
@@ -242,30 +241,3 @@ def test_pt_files_as_the_authors_save_them(tmp_path, small_state_dict):
     sd = convert.read_state_dict(str(tmp_path / name))
     assert set(sd) == set(small_state_dict)
     np.testing.assert_array_equal(sd["pos_embed"], small_state_dict["pos_embed"])
-
-
-def test_checkpoints_of_format_v1_still_evaluate_and_refuse_to_resume(tmp_path):
-  """A checkpoint written by cdeit-jax 0.1 (tests/fixtures/checkpoint_v1: `ema_params` holding the
-  fixed tables too) loads into today's model and gives that version's output; training refuses
-  to resume it, saying why."""
-  import shutil
-
-  import jax.numpy as jnp
-
-  from cdeit_jax.train import train_loop
-
-  fixture = pathlib.Path(__file__).parent / "fixtures" / "checkpoint_v1"
-  model, meta = loading.load(str(fixture / "run"))
-  assert meta["format"] == checkpoint.FORMAT_V1 and meta["step"] == 3
-  io = np.load(fixture / "io.npz")
-  y = model(jnp.asarray(io["x"]), jnp.asarray(io["t"]), jnp.asarray(io["cond"]))
-  np.testing.assert_allclose(np.asarray(y), io["y"], atol=1e-5, rtol=0)
-  run = tmp_path / "run"
-  shutil.copytree(fixture / "run", run)
-  cfg = config_lib.load(str(pathlib.Path(__file__).parent.parent / "configs" / "test.py"))
-  with pytest.raises(
-    checkpoint.CheckpointError,
-    match=r"written by cdeit-jax 0.1 .*start a new "
-    r"--workdir \(eval.py still reads it\)",
-  ):
-    train_loop.train(cfg, str(run))

@@ -331,19 +331,6 @@ def test_foreign_config_is_one_system_the_default_draws_one_per_example():
   assert synthetic.Generator(nominal).nominal
 
 
-def test_configs_and_folders_from_before_the_system_distribution():
-  """A stored config without `simulator.system` (a checkpoint of an earlier version) reads as the
-  fixed system it was made with; a format-2 folder is refused with what to do."""
-  stored = {"simulator": {"seed": 3, "phantom": {"max_inclusions": 2}}}
-  cfg = config_lib.from_json(stored)
-  spec = synthetic.system_spec(cfg.simulator)
-  assert spec.is_nominal() and cfg.simulator.seed == 3
-  assert (
-    cfg.simulator.phantom.near_wall == 0
-    and cfg.simulator.phantom.kinds == "disc,ellipse,half_disc,annulus"
-  )
-
-
 def test_format_2_folders_are_refused_with_a_reason(tmp_path):
   out = tmp_path / "old"
   out.mkdir()

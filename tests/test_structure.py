@@ -7,8 +7,6 @@ import pathlib
 import subprocess
 import sys
 
-import pytest
-
 PACKAGE = pathlib.Path(__file__).parent.parent / "cdeit_jax"
 
 
@@ -152,23 +150,6 @@ def test_every_command_that_writes_refuses_a_shipped_model_folder():
   assert _output_flags(root / "cdeit_jax" / "tools" / "voltage_stats.py") == ["out"]
 
 
-def test_a_command_that_moved_names_its_new_home():
-  """`python -m cdeit_jax.data.stats` (the library module the command left) stops in one line
-  naming `python -m cdeit_jax.tools.voltage_stats` (which tests/test_data.py runs)."""
-  r = subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.data.stats", "x"],
-    capture_output=True,
-    text=True,
-    timeout=120,
-    cwd=PACKAGE.parent,
-  )
-  assert r.returncode == 2, r.stderr
-  assert r.stderr.strip().splitlines()[-1] == (
-    "error: this command is `python -m cdeit_jax.tools.voltage_stats` now (commands live in "
-    "the top layer, docs/architecture.md)"
-  )
-
-
 def test_imports_run_one_way_between_layers():
   graph = import_graph()
   upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if layer(d) > layer(m))
@@ -220,77 +201,6 @@ def test_configs_read_without_the_physics(tmp_path):
   )
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.strip() == "[]"
-
-
-def test_old_module_paths_name_their_new_home(tmp_path):
-  """Every module of the flat layout that moved is gone and its new home exists; importing an
-  old path, as a module, as a name of the package, or from a config file (config_lib.load and
-  train.py --config), fails with one line naming the new path."""
-  from cdeit_jax import config_lib
-  from cdeit_jax.common import moved_modules
-  from cdeit_jax.common.errors import InputError
-
-  for old, new in moved_modules.MOVED.items():
-    assert not _exists(old) and _exists(new), (old, new)
-  code = (
-    "import importlib, sys\n"
-    "for stmt in ('import cdeit_jax.measurement', 'from cdeit_jax.files import read_npz',"
-    " 'from cdeit_jax import reconstructor'):\n"
-    "  try:\n    exec(stmt)\n  except ImportError as e:\n    print(type(e).__name__, e)\n"
-  )
-  r = subprocess.run(
-    [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent
-  )
-  lines = r.stdout.splitlines()
-  assert [line.split(" moved to ")[1].split()[0] for line in lines] == [
-    "cdeit_jax.eit.measurement",
-    "cdeit_jax.data.npz_files",
-    "cdeit_jax.infer.reconstructor",
-  ]
-  cfg = tmp_path / "old_config.py"
-  cfg.write_text(
-    "from cdeit_jax import config_lib, stats\n\n\n"
-    "def get_config():\n  return config_lib.default_config()\n"
-  )
-  with pytest.raises(InputError, match="cdeit_jax.stats moved to cdeit_jax.data.stats"):
-    config_lib.load(str(cfg))
-  r = subprocess.run(
-    [sys.executable, "train.py", "--config", str(cfg), "--workdir", str(tmp_path / "run")],
-    capture_output=True,
-    text=True,
-    timeout=300,
-    cwd=PACKAGE.parent,
-  )
-  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-  assert f"error: --config {cfg}: cdeit_jax.stats moved to cdeit_jax.data.stats" in r.stderr
-
-
-def test_old_paths_answer_lookups_without_raising():
-  """`importlib.util.find_spec` of an old path answers None and `hasattr` False (nothing is
-  there), the flat layout's trainer and protocol name their new homes, and `python -m
-  cdeit_jax.data stats` names the command that replaced it."""
-  code = (
-    "import importlib.util, cdeit_jax\n"
-    "print(importlib.util.find_spec('cdeit_jax.evaluate'), hasattr(cdeit_jax, 'evaluate'))\n"
-    "for stmt in ('import cdeit_jax.trainer', 'from cdeit_jax.protocol import Protocol'):\n"
-    "  try:\n    exec(stmt)\n  except ImportError as e:\n    print(e)\n"
-  )
-  r = subprocess.run(
-    [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent
-  )
-  assert r.returncode == 0, r.stderr[-2000:]
-  lines = r.stdout.splitlines()
-  assert lines[0] == "None False"
-  assert "cdeit_jax.trainer moved to cdeit_jax.train.train_loop" in lines[1]
-  assert "cdeit_jax.protocol moved to cdeit_jax.eit.measurement" in lines[2]
-  r = subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.data", "stats", "--data_path=x"],
-    capture_output=True,
-    text=True,
-    timeout=120,
-    cwd=PACKAGE.parent,
-  )
-  assert r.returncode == 2 and "python -m cdeit_jax.tools.voltage_stats" in r.stderr, r.stderr
 
 
 def test_one_forward_model_one_system_value_and_no_system_names_compared():

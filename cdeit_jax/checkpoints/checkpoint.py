@@ -38,7 +38,6 @@ from cdeit_jax.common.variables import Calibration
 from cdeit_jax.data import stats
 
 FORMAT = "cdeit-jax checkpoint v2"
-FORMAT_V1 = "cdeit-jax checkpoint v1"  # 0.1: weights with fixed tables, `ema_params`; read-only
 CHECKPOINTS = "checkpoints"
 T = TypeVar("T")
 WEIGHT_ITEMS = {"raw": "params", "ema": "ema"}
@@ -295,7 +294,7 @@ def read_meta(
     meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
   except Exception as e:  # orbax raises several types for unreadable items
     raise failure(f"{where}/meta/metadata", e) from None
-  if not isinstance(meta, dict) or meta.get("format") not in (FORMAT, FORMAT_V1):
+  if not isinstance(meta, dict) or meta.get("format") != FORMAT:
     raise CheckpointError(f"{where}: not a {FORMAT!r} checkpoint")
   problem = _meta_problem(meta, step)
   if problem:
@@ -310,8 +309,6 @@ def _meta_problem(meta: dict[str, Any], step: int) -> str | None:
   for key in ("model", "config"):
     if not isinstance(meta.get(key, {}), dict):
       return f"{key} is a {type(meta[key]).__name__}, not a mapping"
-  if meta["format"] == FORMAT_V1:
-    return None
   st = meta.get("stats")
   if not (
     isinstance(st, dict)
@@ -328,6 +325,8 @@ def _meta_problem(meta: dict[str, Any], step: int) -> str | None:
     and set(meta["weights"]) <= set(WEIGHT_ITEMS)
   ):
     return f"weights is {meta.get('weights')!r}, not a list of {sorted(WEIGHT_ITEMS)}"
+  if not isinstance(meta.get("device"), dict):
+    return "device (the measuring system) is missing or not a mapping"
   return None
 
 
@@ -496,8 +495,8 @@ def best_step(workdir: str) -> int | None:
 
 
 def ranked_steps(workdir: str, mngr: ocp.CheckpointManager | None = None) -> list[int]:
-  """Validated steps, best (lowest validation loss) first, from orbax's per-step metrics; steps of
-  format v1 (whose loss is in `meta`) are read from there. `mngr`: the workdir's open manager."""
+  """Validated steps, best (lowest validation loss) first, from orbax's per-step metrics. `mngr`:
+  the workdir's open manager."""
   return [s for _, s in scored_steps(workdir, mngr)]
 
 
@@ -513,9 +512,6 @@ def scored_steps(
   for s in mngr.all_steps():
     try:
       m = mngr.metrics(s)
-      if m is None:  # format v1 kept its validation loss in meta
-        meta = read_meta(workdir, s, mngr=mngr)
-        m = {"val_loss": meta.get("val_loss")} if meta.get("format") == FORMAT_V1 else None
     except Exception as e:  # a damaged step is skipped here; loading it reports it
       logs.debug.debug("metrics of step %s unreadable", s, exc_info=e)
       continue

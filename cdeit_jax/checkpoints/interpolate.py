@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from cdeit_jax.checkpoints import checkpoint, loading, shipped
-from cdeit_jax.common import fileio, logs, moved_modules
+from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import CdeitError, InputError
 
 
@@ -158,6 +158,3 @@ def _write(workdir: str, alpha: float, out: str, step: int | None) -> str:
       source=f"WiSE-FT: {1 - alpha:g} x {made['start']} + {alpha:g} x "
       f"{fileio.resolve(run.workdir)} step {meta.step} (EMA weights)",
     )
-
-
-moved_modules.command_moved(__name__, "cdeit_jax.tools.interpolate")

@@ -16,14 +16,12 @@ from flax import nnx
 
 from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint
-from cdeit_jax.checkpoints.checkpoint import CHECKPOINTS, FORMAT_V1, WEIGHT_ITEMS
+from cdeit_jax.checkpoints.checkpoint import CHECKPOINTS, WEIGHT_ITEMS
 from cdeit_jax.common import fileio
-from cdeit_jax.common.errors import InputError, MissingFile
+from cdeit_jax.common.errors import InputError
 from cdeit_jax.common.variables import Fixed
 from cdeit_jax.model import network, output_kinds
 from cdeit_jax.model.network import CDEIT
-
-_WEIGHT_ITEMS_V1 = {"raw": "params", "ema": "ema_params"}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -75,26 +73,19 @@ def resolve(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None) 
 def device_of(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None):
   """The measuring system (`eit.layout.Layout`, `config_lib.measuring_system`) whose values a
   model of `cfg` reads: the one its checkpoint keeps (`meta["device"]`, arrays: the device file
-  may move or change after training), else the config's (`config.simulator.layout` for a model
-  of any system, a preset or a device file; CDEIT's 208 voltages for the EIM)."""
+  may move or change after training), else, with no `meta`, the config's
+  (`config.simulator.layout` for a model of any system, a preset or a device file; CDEIT's 208
+  voltages for the EIM)."""
   from cdeit_jax.eit import layout
 
-  if meta is not None and isinstance(meta.get("device"), dict):
+  if meta is not None:
     kept = layout.Layout.from_record(
-      meta["device"], f"checkpoint metadata of step {meta.get('step')!r}: device"
+      meta.get("device"), f"checkpoint metadata of step {meta.get('step')!r}: device"
     )
     return config_lib.measuring_system(cfg.simulator, kept)
   if not network.reads_values(cfg.model.get("cond", "eim")):
     return config_lib.measuring_system(cfg.simulator, layout.preset("cdeit16"))
-  try:
-    return config_lib.measuring_system(cfg.simulator)
-  except MissingFile as e:
-    if meta is None:
-      raise
-    raise InputError(
-      f"{e}: this checkpoint (step {meta.get('step')!r}) was saved before checkpoints kept "
-      "their measuring system and reads it from that file; put the file back there"
-    ) from None
+  return config_lib.measuring_system(cfg.simulator)
 
 
 def build(
@@ -195,10 +186,6 @@ def load_weights(
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
   device = device if device is not None else device_of(cfg, meta)
   model = nnx.eval_shape(lambda: build(cfg, layout=device))
-  if meta["format"] == FORMAT_V1:
-    if weights_only:
-      raise InputError(f"{where}: a cdeit-jax 0.1 checkpoint; convert it first")
-    return _load_v1(model, workdir, step, weights, sharding, mngr)
   restored = checkpoint.restore_item(
     workdir, step, WEIGHT_ITEMS[weights], nnx.state(model, nnx.Param), sharding, mngr=mngr
   )
@@ -224,22 +211,6 @@ def assemble(
   model = nnx.merge(graphdef, params, fixed_variables(cfg, sharding, device))
   checkpoint.set_calibration(model, calibration)
   return model
-
-
-def _load_v1(abstract: CDEIT, workdir: str, step: int, weights: str, sharding, mngr):
-  """A format-v1 weight set (trained and fixed variables in one str-keyed tree)."""
-  like = nnx.to_pure_dict(nnx.state(abstract, nnx.Any(nnx.Param, Fixed)))
-  str_keys = lambda t: {str(k): str_keys(v) for k, v in t.items()} if isinstance(t, dict) else t
-  like = str_keys(like)
-  # v1 stored the sin-cos table, which the model now builds itself: read and dropped.
-  like["pos_embed"] = jax.ShapeDtypeStruct((abstract.grid**2, abstract.hidden_size), np.float32)
-  restored = checkpoint.restore_item(
-    workdir, step, _WEIGHT_ITEMS_V1[weights], like, sharding, mngr=mngr
-  )
-  restored.pop("pos_embed")
-  graphdef, state, rest = nnx.split(abstract, nnx.Any(nnx.Param, Fixed), ...)
-  nnx.replace_by_pure_dict(state, restored)
-  return nnx.merge(graphdef, state, rest)
 
 
 def start_of(path: str) -> dict[str, Any]:
@@ -290,11 +261,6 @@ def initial_params(
   """
   workdir, step = checkpoint.resolve(path)
   meta = checkpoint.read_meta(workdir, step)
-  if meta.get("format") == FORMAT_V1:
-    raise InputError(
-      f"config.init_from={path!r}: a cdeit-jax 0.1 checkpoint; convert it first "
-      "(python -m cdeit_jax.convert) or start from another"
-    )
   start = model_config(meta)
   diff = model_differences(start, cfg, aside=INPUT_ONLY_KEYS)
   keep = _condition_channels(start, cfg) if diff else None
@@ -423,8 +389,6 @@ def start_inputs(path: str, device) -> tuple[tuple[np.ndarray, np.ndarray], dict
 
   workdir, step = checkpoint.resolve(path)
   meta = checkpoint.read_meta(workdir, step)
-  if not isinstance(meta.get("device"), dict) or "stats" not in meta:
-    return None  # saved before checkpoints kept their system: nothing says it is this one
   was = layout.Layout.from_record(meta["device"], f"config.init_from={path!r}: its device")
   if not was.same_system(device):
     return None

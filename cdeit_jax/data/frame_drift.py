@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from cdeit_jax.common import moved_modules
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.phantom import IMAGE_SIZE
 
@@ -62,6 +61,3 @@ def fit(
     "residual": round(rel(d - both @ np.array([a, b])), 4),
     "residual_without_drift": round(rel(alone), 4),
   }
-
-
-moved_modules.command_moved(__name__, "cdeit_jax.tools.frame_drift")

@@ -17,7 +17,6 @@ import os
 
 import numpy as np
 
-from cdeit_jax.common import moved_modules
 from cdeit_jax.eit.phantom import class_map
 
 QUANTILES = (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
@@ -101,6 +100,3 @@ def compare(drawn: dict, truths: dict) -> dict:
     "truths_fraction": float(truths["both_classes"].mean()),
   }
   return out
-
-
-moved_modules.command_moved(__name__, "cdeit_jax.tools.phantom_stats")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from cdeit_jax.common import fileio, moved_modules
+from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.data import npz_files
 from cdeit_jax.eit import measurement
@@ -309,6 +309,3 @@ def write_stats(out: str, mean: np.ndarray, std: np.ndarray) -> None:
         np.save(fh, a)
 
     fileio.atomic_write(fileio.join(out, f"{name}.npy"), save)
-
-
-moved_modules.command_moved(__name__, "cdeit_jax.tools.voltage_stats")

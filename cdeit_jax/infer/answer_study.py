@@ -28,7 +28,7 @@ import time
 
 import numpy as np
 
-from cdeit_jax.common import logs, moved_modules
+from cdeit_jax.common import logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.infer.answer_rules import AnswerRule
 
@@ -286,6 +286,3 @@ def _table(rows: dict, last: str, fmt: str) -> str:
     cells = [fmt.format(r[f"level_{k}"]) for k in LEVELS] + [fmt.format(r[last])]
     lines.append(f"| {name} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
-
-
-moved_modules.command_moved(__name__, "cdeit_jax.tools.answer_study")

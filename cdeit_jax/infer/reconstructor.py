@@ -96,7 +96,7 @@ def absolute_rows(ys: np.ndarray, vh: np.ndarray, drift: float = 0.0) -> np.ndar
 
 def drift_allowance(config: ml_collections.ConfigDict) -> float:
   """The largest drift |d - 1| that the model's training drew (`SystemSpec.drift`;
-  0 for a model trained without, or stored before it existed)."""
+  0 for a model trained without)."""
   from cdeit_jax.data import synthetic
 
   lo, hi = synthetic.system_spec(config.simulator).drift

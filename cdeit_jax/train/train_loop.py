@@ -190,8 +190,6 @@ def check_device(meta: dict, device, where: str) -> None:
   trained for (a device file changed or replaced since)."""
   from cdeit_jax.eit import layout
 
-  if not isinstance(meta.get("device"), dict):
-    return  # saved before checkpoints kept their system
   was = layout.Layout.from_record(meta["device"], f"{where}: its device")
   if not was.same_system(device):
     raise checkpoint.CheckpointError(
@@ -228,11 +226,6 @@ def plan_resume(mngr, cfg: ml_collections.ConfigDict, workdir: str) -> ResumePla
       f"config.steps={cfg.steps} is below the step of {mngr.directory}/{meta['step']}: "
       f"nothing to train; give --config.steps above {meta['step']} to train on, or a new "
       "--workdir"
-    )
-  if meta.get("format") == checkpoint.FORMAT_V1:
-    raise checkpoint.CheckpointError(
-      f"{mngr.directory} was written by cdeit-jax 0.1 ({checkpoint.FORMAT_V1}); training "
-      "cannot resume from it: start a new --workdir (eval.py still reads it)"
     )
   return ResumePlan(meta, check_resume(cfg, meta, f"{mngr.directory}/{meta['step']}"), skipped)
 
