@@ -104,3 +104,34 @@ def test_kinds_and_their_units():
   assert (u.gain, u.current_ratio) == (321.0, 3.0)
   u = data_kinds.get("recording").units_of(None, device)
   assert (u.name, u.gain, u.current_ratio) == ("simulated", 1.0, 1.0)
+
+
+def test_values_the_model_ignores_may_be_missing(tmp_path):
+  """A device that measures on its current-carrying electrodes (256 values), its model leaving
+  them out (config.model.current_carrying="drop"): frames without them (NaN) are scored, and
+  their Tikhonov, of the values they hold, is CDEIT's 208-value system's of the same values (a
+  second system that measures exactly those); NaN on another value names its row."""
+  from cdeit_jax.eit import layout, tikhonov
+  from cdeit_jax.infer.recording import RecordingSource
+
+  full = layout.from_rules(16, measure_injecting=True)
+  ignored = np.asarray(full.on_current_carrying, bool)
+  assert ignored.sum() == 48
+  held = {tuple(r): i for i, r in enumerate(full.rows.tolist())}
+  index = [held[tuple(r)] for r in CDEIT16.rows.tolist()]
+  ys = np.random.default_rng(0).normal(0, 1e-3, (3, 208))
+  frames = np.full((3, 256), np.nan)
+  frames[:, index] = ys
+  targets = np.zeros((3, 128, 128), np.float32)
+  np.savez(tmp_path / "rec.npz", frames=frames, targets=targets)
+  mean, std = np.zeros(256), np.ones(256)
+  nothing = np.zeros(256, bool)
+  src = RecordingSource(str(tmp_path / "rec.npz"), full, full, mean, std, nothing, True, ignored)
+  np.testing.assert_array_equal(src.absent, ignored)
+  got = tikhonov.of_values(full, ~src.absent)(src.dv)
+  want = tikhonov.of_values(CDEIT16)(ys.astype(np.float32))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * np.abs(want).max())
+  frames[1, index[5]] = np.nan  # a value the model reads
+  np.savez(tmp_path / "bad.npz", frames=frames, targets=targets)
+  with pytest.raises(InputError, match=r"bad.npz: rows 1 miss other values"):
+    RecordingSource(str(tmp_path / "bad.npz"), full, full, mean, std, nothing, True, ignored)

@@ -259,10 +259,11 @@ class Evaluator:
     self.extra: list[str] = []  # outputs beyond outputs.OUTPUTS (a scale fitted beside them)
     self.coverage = metrics.Coverage(self.scale) if s.num_samples > 1 else None
     self.tikhonov = None
-    if e.tikhonov:  # of the values the removal leaves (left out, not zero-filled)
+    if e.tikhonov:  # of the values the removal leaves and the data hold (left out, not zeros)
       from cdeit_jax.eit import tikhonov
 
-      self.tikhonov = tikhonov.of_values(self.layout, ~self.removed)
+      absent = getattr(self.src, "absent", np.zeros_like(self.removed))
+      self.tikhonov = tikhonov.of_values(self.layout, ~(self.removed | absent))
     self.shown: dict[str, Any] = {}
 
   def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:

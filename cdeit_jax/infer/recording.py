@@ -27,7 +27,9 @@ class RecordingSource(sources.ArraySource):
   """The examples of a frames file (`sources.ArraySource`'s items, as `sources.NpzSource`'s):
   each frame's difference from the reference, in the device's `units`, conditioned with the
   model's statistics; NaN only where the evaluated removal set (`removed`, (R,) bool) leaves a
-  value out."""
+  value out, or on a value the model ignores (`ignored`, (R,) bool: the current-carrying
+  electrodes' under `config.model.current_carrying="drop"`, which a frame may hold or not).
+  `absent` (R,) bool: the ignored values the file holds in no frame."""
 
   baselines = False  # no stored classical reconstructions (Tikhonov is computed)
 
@@ -40,6 +42,7 @@ class RecordingSource(sources.ArraySource):
     std: np.ndarray,
     removed: np.ndarray,
     vector_cond: bool,
+    ignored: np.ndarray | None = None,
   ):
     v, reference, targets = frames.read(path, system.num_values, system.describe())
     if targets is None:
@@ -59,7 +62,9 @@ class RecordingSource(sources.ArraySource):
       )
     # in float64: frames and reference are large beside their difference
     dv = (v if reference is None else v - reference[None]).astype(np.float32)
-    wrong = np.flatnonzero((np.isnan(dv) != removed[None]).any(1))
+    ignored = np.zeros_like(removed) if ignored is None else ignored
+    missing = np.isnan(dv) | ignored[None]
+    wrong = np.flatnonzero((missing != (removed | ignored)[None]).any(1))
     if len(wrong):
       raise InputError(
         f"{path}: rows {listed(wrong)} miss other values than the evaluated electrode-removal "
@@ -69,6 +74,7 @@ class RecordingSource(sources.ArraySource):
     super().__init__(dv, targets, mean, std, name=fileio.resolve(path), vector_cond=vector_cond)
     self.units, self.voltage_ratio = units.name, units.gain
     self.dv = self._ys
+    self.absent = ignored & np.isnan(dv).all(0)
     self.files = [f"frame_{i:05d}" for i in range(len(dv))]
 
 
@@ -76,8 +82,13 @@ class RecordingEvaluator(evaluate.Evaluator):
   """`evaluate.Evaluator` over a frames file: its source, and the Reconstructor's guards."""
 
   def open_source(self, meta, vector: bool) -> RecordingSource:
+    from cdeit_jax.eit import conditioning
+
+    ignored = conditioning.ignored_values(
+      self.layout, self.cfg.model.get("current_carrying", "use")
+    )
     return RecordingSource(
-      self.data_path, self.layout, self.units, meta.mean, meta.std, self.removed, vector
+      self.data_path, self.layout, self.units, meta.mean, meta.std, self.removed, vector, ignored
     )
 
   def check_data(self) -> None:
