@@ -32,7 +32,9 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from cdeit_jax.checkpoints import shipped  # noqa: E402
 from cdeit_jax.common import fileio  # noqa: E402
+from cdeit_jax.common.errors import InputError  # noqa: E402
 from cdeit_jax.eit import layout  # noqa: E402
 
 ADJACENT = os.path.join(REPO, "data", "uef2017")
@@ -54,9 +56,15 @@ def adjacent_device(calibrated: str) -> tuple[layout.Layout, dict]:
   """(the tank's adjacent protocol with every adjacent difference (256 values) in the UEF2017
   files' units, the ranges) with the width and contact impedance of `calibrated`, a calibration
   of the same tank under another protocol."""
-  with np.load(calibrated, allow_pickle=False) as d:
-    width, z = float(d["width_deg"]), float(d["contact_impedance"])
-    ranges = {k: tuple(map(float, d[key])) for k, key in layout.RANGE_KEYS.items() if key in d}
+  try:
+    with np.load(calibrated, allow_pickle=False) as d:
+      width, z = float(d["width_deg"]), float(d["contact_impedance"])
+      ranges = {k: tuple(map(float, d[key])) for k, key in layout.RANGE_KEYS.items() if key in d}
+  except (OSError, KeyError, ValueError) as e:
+    raise InputError(
+      f"--calibrated {calibrated}: not a calibrated device ({' '.join(str(e).split())[:120]}); "
+      "make it with python -m cdeit_jax.calibrate --device ref.mat --out DEVICE.npz"
+    ) from None
   uef = layout.preset("uef2017")  # CDEIT's geometry and the files' units
   full = layout.from_rules(16, measure_injecting=True, width_deg=width)
   assert np.array_equal(full.angles, uef.angles) and np.array_equal(full.currents, uef.currents)
@@ -83,6 +91,7 @@ def adjacent_frames(lay: layout.Layout) -> np.ndarray:
 
 
 def cmd_adjacent(args) -> None:
+  shipped.refuse_write(args.out, "--out")  # before any work: never into a shipped model's folder
   lay, ranges = adjacent_device(args.calibrated)
   os.makedirs(args.out, exist_ok=True)
   layout.save_device(os.path.join(args.out, "device.npz"), lay, ranges=ranges)
@@ -103,7 +112,10 @@ def main() -> None:
   a.add_argument("--calibrated", required=True, help="the same tank calibrated (device.npz)")
   a.add_argument("--out", required=True, help="folder for device.npz and frames.npz")
   args = p.parse_args()
-  {"adjacent": cmd_adjacent}[args.cmd](args)
+  try:
+    {"adjacent": cmd_adjacent}[args.cmd](args)
+  except InputError as e:  # ours: one line; any other error keeps its traceback
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
