@@ -29,7 +29,7 @@ class RecordingSource(sources.ArraySource):
   model's statistics; NaN only where the evaluated removal set (`removed`, (R,) bool) leaves a
   value out, or on a value the model ignores (`ignored`, (R,) bool: the current-carrying
   electrodes' under `config.model.current_carrying="drop"`, which a frame may hold or not).
-  `absent` (R,) bool: the ignored values the file holds in no frame."""
+  `absent` (R,) bool: the ignored values that a frame of the file lacks."""
 
   baselines = False  # no stored classical reconstructions (Tikhonov is computed)
 
@@ -74,7 +74,7 @@ class RecordingSource(sources.ArraySource):
     super().__init__(dv, targets, mean, std, name=fileio.resolve(path), vector_cond=vector_cond)
     self.units, self.voltage_ratio = units.name, units.gain
     self.dv = self._ys
-    self.absent = ignored & np.isnan(dv).all(0)
+    self.absent = ignored & np.isnan(dv).any(0)
     self.files = [f"frame_{i:05d}" for i in range(len(dv))]
 
 
