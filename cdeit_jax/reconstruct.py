@@ -22,6 +22,7 @@ if __name__ == "__main__":
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
 import contextlib
+import math
 
 from absl import flags
 
@@ -260,7 +261,8 @@ def _frames_and_reference(system, workdir: str):
     raise InputError(f"--chunk={FLAGS.chunk}: must be >= 1")
   if FLAGS.figures and not frames.GIF_FPS[0] <= FLAGS.fps <= frames.GIF_FPS[1]:
     raise InputError(
-      f"--fps={FLAGS.fps:g}: a GIF shows {frames.GIF_FPS[0]:.4f} to {frames.GIF_FPS[1]:g} frames "
+      f"--fps={FLAGS.fps:g}: a GIF shows {math.ceil(frames.GIF_FPS[0] * 1e5) / 1e5:g} to "
+      f"{frames.GIF_FPS[1]:g} frames "
       "a second (each frame lasts 1/100 s to 655.35 s); give one in that range, or --nofigures"
     )
   if not FLAGS.fps > 0:

@@ -434,7 +434,7 @@ def test_command_skips_and_lists_nan_frames_or_refuses_in_one_line(tiny_run, uef
   assert r.returncode == 1 and len(errors) == 1, r.stderr[-2000:]
   assert "Note: " in errors[0] and "is a square 208 x 208 array" in errors[0]
   r = _cli(*flags, "--out", str(tmp_path / "o"), "--fps=0.001", "--figures")  # before sampling
-  assert r.returncode == 1 and "--fps=0.001: a GIF shows 0.0015 to 100 frames a second" in r.stderr
+  assert r.returncode == 1 and "--fps=0.001: a GIF shows 0.00153 to 100 frames a second" in r.stderr
   both = ["--voltage_ratio=2", "--config.eval.voltage_ratio=3"]
   r = _cli(*flags, "--out", str(tmp_path / "o"), *both)
   assert r.returncode == 1 and "--voltage_ratio=2 and --config.eval.voltage_ratio=3 disagree" in (
