@@ -21,10 +21,11 @@ import numpy as np
 from flax import nnx
 
 from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import hardware
 from cdeit_jax.model import attention, flops
 from cdeit_jax.model.diffusion import Diffusion
-from cdeit_jax.model.network import CDEIT, cond_shape, count_params
+from cdeit_jax.model.network import CDEIT, count_params
 
 
 def timed(fn, *args, repeats):
@@ -51,11 +52,14 @@ def main():
   )
   a = p.parse_args()
 
+  cfg = config_lib.load(a.config) if a.config else config_lib.default_config()
+  system = loading.resolve(cfg)
   if a.config:
-    kw = config_lib.model_kwargs(config_lib.load(a.config))
+    kw = config_lib.model_kwargs(cfg, system)
     a.dtype = jnp.dtype(kw["dtype"]).name
   else:
     kw = dict(
+      system=system,
       hidden_size=a.hidden_size,
       dtype=config_lib.DTYPES[a.dtype],
       attention_impl=a.attention_impl,
@@ -66,7 +70,9 @@ def main():
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.standard_normal((a.batch, 128, 128, 1)), jnp.float32)
   t = jnp.asarray(rng.integers(0, 1000, a.batch), jnp.int32)
-  cond = jnp.asarray(rng.standard_normal((a.batch, *cond_shape(kw))), jnp.float32)
+  cond = jnp.asarray(
+    rng.standard_normal((a.batch, *system.cond_shape(kw.get("cond_size", 16)))), jnp.float32
+  )
 
   fwd = jax.jit(lambda s, x, t, c: nnx.merge(graphdef, s)(x, t, c))
   t0 = time.perf_counter()

@@ -116,7 +116,7 @@ def bench_published(batch: int, repeats: int) -> dict:
   from cdeit_jax.infer.reconstructor import Reconstructor
 
   cfg = config_lib.default_config()
-  model = loading.build(cfg)
+  model = loading.build(cfg, loading.resolve(cfg))
   mean, std = stats.authors_stats()
   rec = Reconstructor(model, cfg, mean, std, num_examples=batch)
   dv = np.random.default_rng(0).standard_normal((batch, 208)).astype(np.float32) * std.ravel()

@@ -156,6 +156,7 @@ def bench_layout(a) -> None:
 
 def bench_source(a) -> None:
   from cdeit_jax import config_lib
+  from cdeit_jax.checkpoints import loading
   from cdeit_jax.common import sharding as shd
   from cdeit_jax.data import simulator_source, synthetic
   from cdeit_jax.data.sources import ArraySource
@@ -173,13 +174,12 @@ def bench_source(a) -> None:
   for b in a.batch:
     g = -(-b // n) * n
     cfg.batch_size = g
-    make = simulator_source.batch_fn(cfg, mesh, mean, std)
+    system = loading.resolve(cfg)
+    make = simulator_source.batch_fn(cfg, system, mesh, mean, std)
     step0 = jax.device_put(jnp.int32(0), shd.replicated(mesh))
     sim_s = timed(lambda: make(step0), a.repeats)
-    calibration = ArraySource(
-      ys, xs, mean, std, name="bench", vector_cond=simulator_source.vector_cond(cfg)
-    )
-    ts = training.setup(cfg, mesh, calibration_source=calibration)
+    calibration = ArraySource(ys, xs, mean, std, name="bench", vector_cond=system.reads_values)
+    ts = training.setup(cfg, system, mesh, calibration_source=calibration)
     c = training.compile_train_step(ts, g, mesh)
     state = jax.device_put(ts.state, c.state_shardings)
     constants = jax.device_put(ts.constants, c.constants_shardings)

@@ -22,9 +22,10 @@ import jax  # noqa: E402
 import numpy as np
 
 from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import hardware
 from cdeit_jax.common import sharding as shd
-from cdeit_jax.model import attention, network
+from cdeit_jax.model import attention
 from cdeit_jax.train import training
 
 
@@ -69,7 +70,7 @@ def measure(
   global_batch = per_device_batch * n * accum_steps
   cfg.batch_size, cfg.accum_steps = global_batch, accum_steps
   mesh = shd.make_mesh()
-  ts = training.setup(cfg, mesh)
+  ts = training.setup(cfg, loading.resolve(cfg), mesh)
   params, state = ts.num_params, ts.state
   c = training.compile_train_step(ts, global_batch, mesh, cfg.shard_params)
   state = jax.device_put(state, c.state_shardings)
@@ -77,7 +78,9 @@ def measure(
   rng = np.random.default_rng(0)
   size = cfg.model.image_size
   batch = {  # the condition's shape is the model's: an EIM grid, or a frame's values
-    "cond": rng.standard_normal((global_batch, *network.cond_shape(ts.model_kwargs)), np.float32),
+    "cond": rng.standard_normal(
+      (global_batch, *ts.system.cond_shape(cfg.model.cond_size)), np.float32
+    ),
     "target": rng.uniform(-1, 1, (global_batch, size, size, 1)).astype(np.float32),
   }
   batch = {k: jax.device_put(v, shd.batch_sharded(mesh)) for k, v in batch.items()}

@@ -24,12 +24,40 @@ from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import measurement
 from cdeit_jax.eit.spec import PhantomSpec, SystemSpec
-from cdeit_jax.model import attention
+from cdeit_jax.model import attention, condition_kinds, output_kinds
 from cdeit_jax.model.diffusion import Diffusion
-from cdeit_jax.model.network import CDEIT, COND_MODES, SYSTEM_ARGS
+from cdeit_jax.model.network import CDEIT
+from cdeit_jax.model.system import MODEL_KEYS
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-SOURCES = ("files", "simulator")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSource:
+  """A kind of training data (`config.data.source`), as the config and the loop see it; the
+  data layer opens each (`data.training_data.OPENERS`, keyed by the same names)."""
+
+  name: str
+  simulates: bool  # examples made by the simulator during training: no data.path, no epochs
+  what: str  # in words, for errors
+
+
+# The one table of training data sources (the first is the default).
+SOURCES = {
+  s.name: s
+  for s in (
+    TrainingSource("files", False, "npz folders under data.path"),
+    TrainingSource("simulator", True, "examples made on the devices from config.simulator"),
+  )
+}
+
+
+def training_source(cfg: ml_collections.ConfigDict) -> TrainingSource:
+  """The source `config.data.source` names; an InputError naming the sources."""
+  if cfg.data.source not in SOURCES:
+    kinds = " or ".join(f"{s.name!r} ({s.what})" for s in SOURCES.values())
+    raise InputError(f"config.data.source: {cfg.data.source!r} must be {kinds}")
+  return SOURCES[cfg.data.source]
 
 
 def signature_defaults(
@@ -110,7 +138,7 @@ def _data_config() -> ml_collections.ConfigDict:
     dict(
       # files: npz folders under `path`; simulator: fresh examples made on the devices every step
       # from `config.simulator` (no files, no epochs; cdeit_jax.data.simulator_source)
-      source=SOURCES[0],
+      source=next(iter(SOURCES)),
       path=config_dict.placeholder(str),  # dataset root holding train/ valid/ test/
       units="simulated",  # "simulated" or a system of layout.PRESETS (sets the two ratios)
       voltage_ratio=config_dict.placeholder(float),
@@ -165,7 +193,11 @@ def default_config() -> ml_collections.ConfigDict:
   # CDEIT's arguments. cond: "eim" (published) or "eim+linear" (physics-informed); dtype: the
   # compute dtype; attention_impl: auto = splash (TPU), cudnn (GPU, 16-bit), blocked (elsewhere),
   # or xla, blocked, cudnn, splash; attention_query_chunk: lower attention memory (xla backend).
-  c.model = ml_collections.ConfigDict(signature_defaults(CDEIT.__init__, skip=SYSTEM_ARGS))
+  # (`cond`, `output` and `current_carrying` are what the model is of, `model.system.MODEL_KEYS`:
+  # names that `checkpoints.loading.resolve` turns into its `ModelSystem`)
+  c.model = ml_collections.ConfigDict(
+    {**signature_defaults(CDEIT.__init__, skip=("system",)), **MODEL_KEYS}
+  )
   c.diffusion = ml_collections.ConfigDict(signature_defaults(Diffusion.__init__))
   c.sampling, c.eval = _sampling_config(), _eval_config()
   c.data, c.simulator = _data_config(), _simulator_config()
@@ -241,7 +273,8 @@ def check_training_config(
     if not ok:
       raise InputError(f"config.{key}={_get(cfg, key)!r}: {msg}")
 
-  model_kwargs(cfg)
+  condition_kinds.of(cfg.model.cond), output_kinds.of(cfg.model.output)  # names checked now
+  model_kwargs(cfg, None)
   for key in ("batch_size", "accum_steps", "steps", "log_every", "eval_every", "keep_checkpoints"):
     need(isinstance(_get(cfg, key), int) and _get(cfg, key) > 0, key, "must be a positive integer")
   need(
@@ -307,11 +340,10 @@ def check_training_config(
   need(
     cfg.data.source in SOURCES,
     "data.source",
-    "must be 'files' (npz folders under data.path) or 'simulator' (examples made on the "
-    "devices from config.simulator)",
+    "must be " + " or ".join(f"{s.name!r} ({s.what})" for s in SOURCES.values()),
   )
   need(
-    cfg.data.path is not None or not need_data or cfg.data.source == "simulator",
+    cfg.data.path is not None or not need_data or training_source(cfg).simulates,
     "data.path",
     f"set the dataset root holding {cfg.data.train_split}/ and {cfg.data.valid_split}/ "
     "(--config.data.path=DIR), or train on fresh simulations: --config.data.source=simulator",
@@ -390,27 +422,25 @@ def _get(cfg, key):
   return node
 
 
-def measuring_system(sim: ml_collections.ConfigDict, lay: Any = None) -> layout_lib.Layout:
-  """The one measuring-system value of `config.simulator`: `lay` (a layout resolved already,
-  e.g. a checkpoint's) or the config's `layout` (a preset or a device file), with the config's
-  contact impedance, which the simulator, the Jacobian and the conditioning all use."""
+def measuring_system(
+  sim: ml_collections.ConfigDict, kept: layout_lib.Layout | None
+) -> layout_lib.Layout:
+  """The one measuring-system value of `config.simulator`: `kept` (a device a checkpoint keeps)
+  or, given None, the config's `layout` (a preset or a device file), with the config's contact
+  impedance, which the simulator, the Jacobian and the conditioning all use."""
   # (`none_strings` reads a "none" given on a command line as None)
-  lay = layout_lib.as_layout(lay if lay is not None else str(sim.layout or "cdeit16"))
+  lay = kept if kept is not None else layout_lib.as_layout(str(sim.layout or "cdeit16"))
   return lay.with_contact_impedance(float(sim.contact_impedance))
 
 
 def model_kwargs(
-  cfg: ml_collections.ConfigDict, platform: str | None = None, layout: Any = None
+  cfg: ml_collections.ConfigDict, system, platform: str | None = None
 ) -> dict[str, Any]:
-  """`CDEIT(**model_kwargs(cfg), rngs=...)` arguments from a config's `model` section and the
-  measuring system of `config.simulator` (`measuring_system`; `layout`: the system resolved
-  already, e.g. a checkpoint's), with the attention backend resolved for `platform` (default:
-  the default backend's)."""
-  kw = dict(cfg.model)
-  kw["layout"] = measuring_system(cfg.simulator, layout)
-  kw["removals"] = str(cfg.simulator.removals or "none")
-  if kw.get("cond", "eim") not in COND_MODES:
-    raise InputError(f"config.model.cond: {kw.get('cond')!r} is not one of {COND_MODES}")
+  """`CDEIT(**model_kwargs(cfg, system), rngs=...)` arguments: the config's `model` section but
+  the keys the resolved `system` (`model.system.ModelSystem`) holds as values, with the
+  attention backend resolved for `platform` (default: the default backend's)."""
+  kw = {k: v for k, v in cfg.model.items() if k not in MODEL_KEYS}
+  kw["system"] = system
   if "cond_alphas" in kw:
     alphas = kw["cond_alphas"]
     if isinstance(alphas, (int, float)):

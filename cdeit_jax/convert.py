@@ -87,7 +87,7 @@ def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
   if model.conditioner is not None:
     raise InputError(
       "the PyTorch CDEIT has only the published condition: use a model with "
-      f"config.model.cond='eim' (this one has {model.cond_mode!r})"
+      f"config.model.cond='eim' (this one has {model.system.condition.name!r})"
     )
   table: dict[str, Entry] = {}
   buffers = {"pos_embed": sincos_pos_embed_2d(model.hidden_size, model.grid)[None]}
@@ -260,7 +260,7 @@ def convert(
   from cdeit_jax.checkpoints import checkpoint, loading
   from cdeit_jax.data import stats
 
-  model = loading.build(cfg)
+  model = loading.build(cfg, loading.resolve(cfg))
   load_torch_state_dict(model, read_state_dict(checkpoint_path), source=checkpoint_path)
   mean, std = stats.load_stats(stats_dir) if stats_dir else stats.authors_stats()
   return checkpoint.save_inference(
@@ -289,8 +289,8 @@ def import_model_file(path: str, workdir: str) -> str:
   except (KeyError, TypeError, ValueError) as e:
     raise model_file.ModelFileError(f"{where}: its metadata lacks {e}") from None
   cfg = loading.model_config(meta)
-  device = loading.device_of(cfg, meta)
-  abstract = nnx.state(nnx.eval_shape(lambda: loading.build(cfg, layout=device)), nnx.Param)
+  system = loading.resolve(cfg, meta)
+  abstract = nnx.state(nnx.eval_shape(lambda: loading.build(cfg, system)), nnx.Param)
   flat = nnx.to_flat_state(abstract)
   names = {"/".join(map(str, p)): (p, v) for p, v in flat}
   missing, unexpected = sorted(set(names) - set(arrays)), sorted(set(arrays) - set(names))
@@ -312,7 +312,7 @@ def import_model_file(path: str, workdir: str) -> str:
     [(p, v.replace(value=jax.numpy.asarray(arrays[n], v.dtype))) for n, (p, v) in names.items()]
   )
   sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  model = loading.assemble(cfg, device, params, meta.get("calibration", {}), sharding)
+  model = loading.assemble(cfg, system, params, meta.get("calibration", {}), sharding)
   step_dir = checkpoint.save_inference(
     workdir,
     model,

@@ -29,7 +29,7 @@ def export(workdir: str, out: str, step: int | None = None) -> dict:
   from flax import nnx
 
   from cdeit_jax import ship
-  from cdeit_jax.checkpoints import model_file, reader, shipped
+  from cdeit_jax.checkpoints import loading, model_file, reader, shipped
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.infer import reconstructor
@@ -40,7 +40,9 @@ def export(workdir: str, out: str, step: int | None = None) -> dict:
     raise InputError(f"--out {out}: is a folder; give a file name ({model_file.SUFFIX})")
   with reader.open_run(workdir, step) as run:
     meta, skipped = run.first_readable()
-    loaded = run.load(weights="ema", passed=skipped, weights_only=True)
+    loaded = run.load(
+      loading.resolve(meta.config, meta.record), weights="ema", passed=skipped, weights_only=True
+    )
     meta = loaded.meta
     scale = fileio.read_text(reconstructor.calibration_file(run, meta.step))
     where = run.workdir

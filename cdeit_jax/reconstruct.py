@@ -109,8 +109,8 @@ def _main(argv, stack: contextlib.ExitStack):
   voltage_ratio, current_ratio = _settings(overrides)
   with reader.open_run(FLAGS.workdir, overrides.get("eval.step")) as run:
     meta, skipped, cfg = reconstructor.choose(run, overrides)
-    system = loading.resolve(cfg, meta.record).device  # the frames are this system's values
-    recording, reference = _frames_and_reference(system, run.workdir)
+    system = loading.resolve(cfg, meta.record)  # the frames are its device's values
+    recording, reference = _frames_and_reference(system.device, run.workdir)
     stack.enter_context(recording)
     t0 = time.perf_counter()
     with compile_cache.Watch() as cache:
@@ -120,8 +120,8 @@ def _main(argv, stack: contextlib.ExitStack):
         skipped,
         cfg,
         overrides,
+        system,
         units=FLAGS.units,
-        device=system,
         voltage_ratio=voltage_ratio,
         current_ratio=current_ratio,
       )

@@ -193,7 +193,7 @@ def ship(
   set_pairs: list[str] | None = None,
 ) -> dict:
   """Write the model folder `out` of the run at `workdir` (module docstring); its manifest."""
-  from cdeit_jax.checkpoints import checkpoint, reader, shipped
+  from cdeit_jax.checkpoints import checkpoint, loading, reader, shipped
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.infer import reconstructor
@@ -208,7 +208,7 @@ def ship(
     raise InputError(f"--out {out}: holds files and no {shipped.MANIFEST}; give a new folder")
   with reader.open_run(workdir, step) as run:
     meta, skipped = run.first_readable()
-    loaded = run.load(weights="ema", passed=skipped)
+    loaded = run.load(loading.resolve(meta.config, meta.record), weights="ema", passed=skipped)
     meta = loaded.meta
     apply_settings(meta.config, chosen)
     scale_file = reconstructor.calibration_file(run, meta.step)
@@ -231,7 +231,7 @@ def ship(
     "name": os.path.basename(out),
     "recipe": recipe,
     "config": json.loads(meta.config.to_json_best_effort()),
-    "device": meta.record.get("device") or loaded.model.layout.record(),
+    "device": meta.record.get("device") or loaded.model.system.device.record(),
     "training": {**training_of(workdir, meta), "shipped": time.strftime("%Y-%m-%d")},
     "scores": given,
   }

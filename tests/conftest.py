@@ -25,6 +25,21 @@ import pytest  # noqa: E402
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 
 
+def system_of(cond="eim", layout=None, removals=None, output="image", current_carrying="use"):
+  """The `ModelSystem` that `loading.resolve` makes of the default config with these names (the
+  published model's with none): what the commands hand down, made here the one way they make it."""
+  from cdeit_jax import config_lib
+  from cdeit_jax.checkpoints import loading
+
+  cfg = config_lib.default_config()
+  cfg.model.update(cond=cond, output=output, current_carrying=current_carrying)
+  if layout is not None:
+    cfg.simulator.layout = layout
+  if removals is not None:
+    cfg.simulator.removals = removals
+  return loading.resolve(cfg)
+
+
 def nhwc(a: np.ndarray) -> np.ndarray:
   """NCHW (reference) -> NHWC (ours), on the last three axes."""
   return np.moveaxis(np.asarray(a), -3, -1)
@@ -82,7 +97,7 @@ def small_model(small_state_dict):
   from cdeit_jax.convert import load_torch_state_dict
   from cdeit_jax.model.network import CDEIT
 
-  model = CDEIT(hidden_size=64, attention_query_chunk=1024, rngs=nnx.Rngs(0))
+  model = CDEIT(system=system_of(), hidden_size=64, attention_query_chunk=1024, rngs=nnx.Rngs(0))
   return load_torch_state_dict(model, small_state_dict)
 
 
@@ -99,7 +114,7 @@ def tiny_model():
 
   from cdeit_jax.model.network import CDEIT
 
-  model = CDEIT(**TINY, rngs=nnx.Rngs(0))
+  model = CDEIT(system=system_of(), **TINY, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   leaves, treedef = jax.tree.flatten(state)
   rng = np.random.default_rng(1)
@@ -258,7 +273,9 @@ def tiny_run(tmp_path_factory):
 
   wd = tmp_path_factory.mktemp("tiny_run")
   cfg = config_lib.load(str(REPO / "configs" / "test.py"))
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  from cdeit_jax.checkpoints import loading
+
+  model = CDEIT(**config_lib.model_kwargs(cfg, loading.resolve(cfg)), rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   rng = np.random.default_rng(3)
   state = jax.tree.map(lambda a: a + 0.05 * rng.standard_normal(a.shape).astype(np.float32), state)
@@ -280,7 +297,9 @@ def final_state(workdir, cfg, devices=None):
   from cdeit_jax.train import training
 
   mesh = shd.make_mesh(devices)
-  state = training.setup(cfg, mesh).state
+  from cdeit_jax.checkpoints import loading
+
+  state = training.setup(cfg, loading.resolve(cfg), mesh).state
   abstract = jax.eval_shape(lambda: state)
   sh = shd.state_shardings(abstract, mesh)
   src = sources.NpzSource(fileio.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
@@ -436,7 +455,9 @@ def device_run(tmp_path_factory):
   data = root / "data"
   simulate.generate(str(data), {"train": 16, "test": 8}, cfg.simulator, 8, ("test",), False)
   train = sources.NpzSource(str(data / "train"), num_values=256, vector_cond=True)
-  ts = training.setup(cfg, shd.make_mesh(), calibration_source=train)
+  from cdeit_jax.checkpoints import loading
+
+  ts = training.setup(cfg, loading.resolve(cfg), shd.make_mesh(), calibration_source=train)
   batch = {
     "cond": jnp.asarray(np.stack([train[i]["cond"] for i in range(8)])),
     "target": jnp.asarray(np.stack([train[i]["target"] for i in range(8)])),

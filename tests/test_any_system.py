@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.io
-from conftest import DEVICE_MODEL, SKIP2, challenge_folder, device_file
+from conftest import DEVICE_MODEL, SKIP2, challenge_folder, device_file, system_of
 
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files
@@ -132,7 +132,7 @@ def test_each_prior_is_its_regularised_least_squares():
   from cdeit_jax.model.network import CDEIT
 
   with pytest.raises(InputError, match="config.model.cond_priors"):
-    CDEIT(cond="eim+linear", cond_priors=("laplace",), hidden_size=8, rngs=_rngs())
+    CDEIT(system=system_of("eim+linear"), cond_priors=("laplace",), hidden_size=8, rngs=_rngs())
 
 
 def test_the_removal_set_as_an_input():
@@ -145,11 +145,8 @@ def test_the_removal_set_as_an_input():
 
   rule = "-;3;0,1,2,3"
   kw = dict(
-    cond="linear",
-    layout="cdeit16",
-    removals=rule,
+    system=system_of("linear", "cdeit16", rule, "classes"),
     cond_grid=16,
-    output="classes",
     patch_size=16,
     hidden_size=16,
     num_heads=2,
@@ -180,7 +177,7 @@ def test_the_removal_set_as_an_input():
   changed = np.abs(moved - base).reshape(6, -1).max(1) > 1e-4
   assert np.array_equal(changed, sets == 1)
   with pytest.raises(InputError, match="config.model.removal_input"):
-    CDEIT(cond="linear", layout="cdeit16", hidden_size=8, removal_input=True, rngs=_rngs())
+    CDEIT(system=system_of("linear", "cdeit16"), hidden_size=8, removal_input=True, rngs=_rngs())
 
 
 def test_dropping_the_values_on_current_carrying_electrodes():
@@ -214,7 +211,7 @@ def test_dropping_the_values_on_current_carrying_electrodes():
   from cdeit_jax.model.network import CDEIT
 
   with pytest.raises(InputError, match="config.model.current_carrying"):
-    CDEIT(cond="eim+linear", current_carrying="drop", hidden_size=8, rngs=_rngs())
+    CDEIT(system=system_of("eim+linear", current_carrying="drop"), hidden_size=8, rngs=_rngs())
 
 
 def _rngs():
@@ -433,7 +430,7 @@ def test_a_model_keeps_its_device_when_the_file_moves_or_changes(device_run, tmp
     d.device.unlink()
     old = {k: v for k, v in meta.items() if k != "device"}
     with pytest.raises(InputError, match="step 0: device: not a measuring system"):
-      loading.device_of(loading.model_config(old), old)
+      loading.resolve(loading.model_config(old), old)
   finally:
     d.device.unlink(missing_ok=True)
     kept.rename(d.device)

@@ -12,6 +12,7 @@ pytest.importorskip(
 )
 
 from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
 from cdeit_jax.model import flops  # noqa: E402
 from cdeit_jax.train import aot
 
@@ -39,7 +40,7 @@ def _traced_forward_flops(cfg) -> float:
 
   from cdeit_jax.model.network import CDEIT
 
-  kw = dict(config_lib.model_kwargs(cfg, "cpu"), attention_impl="xla")
+  kw = dict(config_lib.model_kwargs(cfg, loading.resolve(cfg), "cpu"), attention_impl="xla")
   graphdef, state = nnx.split(nnx.eval_shape(lambda: CDEIT(**kw, rngs=nnx.Rngs(0))))
   size = kw["image_size"]
   jaxpr = jax.make_jaxpr(lambda s, x, t, c: nnx.merge(graphdef, s)(x, t, c))(

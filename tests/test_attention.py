@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import system_of
 from flax import nnx
 
 from cdeit_jax.common import sharding as shd
@@ -114,6 +115,7 @@ def test_resolve_rejects_unknown():
 def test_model_with_blocked_attention_matches_xla():
   """A model whose top global blocks attend over 1,024 tokens: same output and gradients."""
   kw = dict(image_size=128, patch_size=4, hidden_size=32, num_heads=4, num_scales=2)
+  kw["system"] = system_of()
   models = {impl: CDEIT(**kw, attention_impl=impl, rngs=nnx.Rngs(0)) for impl in ("xla", "blocked")}
   r = np.random.default_rng(0)
   x = jnp.asarray(r.standard_normal((2, 128, 128, 1)), jnp.float32)
@@ -153,7 +155,7 @@ def test_bench_shapes_are_the_published_models_calls(monkeypatch):
 
   monkeypatch.setattr(attention, "attend", spy)
   batch = 2
-  model = nnx.eval_shape(lambda: CDEIT(rngs=nnx.Rngs(0)))  # the published sizes
+  model = nnx.eval_shape(lambda: CDEIT(system=system_of(), rngs=nnx.Rngs(0)))  # the published sizes
   jax.eval_shape(
     lambda m: m(
       jnp.zeros((batch, 128, 128, 1)), jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, 16, 16, 1))

@@ -21,6 +21,7 @@ from conftest import REPO
 from flax import nnx
 
 from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.data import sources
 from cdeit_jax.model import network
@@ -31,7 +32,7 @@ from cdeit_jax.train import training
 def _grads(cfg, dtype, params, batch, t, noise):
   c = cfg.copy_and_resolve_references()
   c.model.dtype, c.batch_size = dtype, len(t)
-  ts = training.setup(c, shd.make_mesh(jax.devices()[:1]))
+  ts = training.setup(c, loading.resolve(c), shd.make_mesh(jax.devices()[:1]))
   if params is None:  # made non-zero: a fresh model's last layer is zero (output 0)
     rng = np.random.default_rng(3)
     params = jax.tree.map(
@@ -110,7 +111,7 @@ def test_bfloat16_params_and_the_output_projection_stay_float32():
   float32."""
   cfg = config_lib.load(str(REPO / "configs" / "test.py"))
   cfg.model.dtype = "bfloat16"
-  model = network.CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  model = network.CDEIT(**config_lib.model_kwargs(cfg, loading.resolve(cfg)), rngs=nnx.Rngs(0))
   params = nnx.state(model, nnx.Param)
   assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
   assert model.final_layer.linear.dtype == jnp.float32

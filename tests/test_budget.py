@@ -12,6 +12,7 @@ import pytest
 from conftest import TEST_CONFIG, finish, run_train, two_processes
 
 from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.train import budget, training
 
@@ -38,7 +39,7 @@ def test_the_schedule_is_optaxs_warmup_cosine_at_any_horizon(warmup):
 def test_a_new_horizon_moves_the_decay_in_the_compiled_step():
   cfg = _cfg(schedule="warmup_cosine", lr=1e-3, warmup_steps=0, end_lr_factor=0.0)
   mesh = shd.make_mesh()
-  ts = training.setup(cfg, mesh)
+  ts = training.setup(cfg, loading.resolve(cfg), mesh)
   c = training.compile_train_step(ts, cfg.batch_size, mesh)
   state = jax.device_put(ts.state, c.state_shardings)
   constants = jax.device_put(ts.constants, c.constants_shardings)

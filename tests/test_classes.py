@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
@@ -48,7 +49,7 @@ def test_class_map_thresholds_at_a_quarter_inclusive_for_numpy_and_jax():
 
 def test_segmenter_loss_is_the_hand_computed_cross_entropy(uef, batch):
   mesh = shd.make_mesh(jax.devices()[:1])
-  ts = training.setup(_config(), mesh, calibration_source=uef)
+  ts = training.setup(_config(), loading.resolve(_config()), mesh, calibration_source=uef)
   model = nnx.merge(ts.graphdef, ts.state.params, ts.constants)
   # the image input is gone: the patch embedding reads the EIM and the 2 linear channels
   assert model.x_embedder.kernel.shape[2] == 1 + 2
@@ -81,30 +82,30 @@ def test_segmenter_loss_is_the_hand_computed_cross_entropy(uef, batch):
 
 def test_a_segmenter_and_a_denoiser_refuse_each_others_calls(uef, batch):
   mesh = shd.make_mesh(jax.devices()[:1])
-  ts = training.setup(_config(), mesh, calibration_source=uef)
+  ts = training.setup(_config(), loading.resolve(_config()), mesh, calibration_source=uef)
   seg = nnx.merge(ts.graphdef, ts.state.params, ts.constants)
   x, t = jnp.zeros((1, 128, 128, 1)), jnp.zeros((1,), jnp.int32)
   cond = jnp.asarray(batch["cond"][:1])
   with pytest.raises(InputError, match="outputs 'classes', not images: call segment"):
     seg(x, t, cond)
   cfg = config_lib.load(str(REPO / "configs" / "test.py"))
-  ts = training.setup(cfg, mesh)
+  ts = training.setup(cfg, loading.resolve(cfg), mesh)
   den = nnx.merge(ts.graphdef, ts.state.params, ts.constants)
   with pytest.raises(InputError, match="outputs 'image', not classes"):
     den.segment(cond)
   with pytest.raises(InputError, match=r"output 'mask' must be one of .*config.model.output"):
-    training.setup(_config(output="mask"), mesh)
+    training.setup(_config(output="mask"), loading.resolve(_config(output="mask")), mesh)
   eim = _config()
   eim.model.cond = "eim"
   with pytest.raises(InputError, match='output "classes" reads the condition alone'):
-    training.setup(eim, mesh)
+    training.setup(eim, loading.resolve(eim), mesh)
 
 
 def test_a_segmenter_learns_a_fixed_batch_on_8_devices(uef, batch):
   """The sharded train step with the cross-entropy: from log 3 (a fresh segmenter) to well below
   the classes' entropy on 8 examples, and the eval step's losses are the model's."""
   mesh = shd.make_mesh(jax.devices())
-  ts = training.setup(_config(), mesh, calibration_source=uef)
+  ts = training.setup(_config(), loading.resolve(_config()), mesh, calibration_source=uef)
   c = training.compile_train_step(ts, 8, mesh, False)
   constants = jax.device_put(ts.constants, c.constants_shardings)
   state = jax.device_put(jax.device_get(ts.state), c.state_shardings)
@@ -132,7 +133,9 @@ def test_the_reconstructor_gives_a_segmenters_probabilities_and_their_class_cont
   """Through the sharded, bucketed sampler on 8 devices: the model's own probabilities (one
   deterministic pass, however many samples are asked for), the image and std of the class
   contrast (-1, 0, +1) they imply; and that contrast by hand for one pixel."""
-  ts = training.setup(_config(), shd.make_mesh(jax.devices()[:1]), calibration_source=uef)
+  ts = training.setup(
+    _config(), loading.resolve(_config()), shd.make_mesh(jax.devices()[:1]), calibration_source=uef
+  )
   model = nnx.merge(ts.graphdef, ts.state.params, ts.constants)
   rng = np.random.default_rng(1)
   params = nnx.state(model, nnx.Param)

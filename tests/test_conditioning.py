@@ -78,7 +78,7 @@ def test_conditioner_follows_the_simulators_contact_impedance(conditioner, cond_
   cond, ys = cond_and_ys
   cfg = _pi_config()
   cfg.simulator.contact_impedance = 0.05
-  model = loading.build(cfg)
+  model = loading.build(cfg, loading.resolve(cfg))
   model.conditioner.voltage_mean[...] = jnp.asarray(uef.mean.ravel())
   model.conditioner.voltage_std[...] = jnp.asarray(uef.std.ravel())
   got = np.asarray(model.conditioner.channels(cond, scaled=False))
@@ -178,7 +178,7 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path, caplog
   reports the empty-image floor and applies data consistency."""
   cfg = _pi_config()
   mesh = shd.make_mesh()
-  ts = training.setup(cfg, mesh, calibration_source=uef)
+  ts = training.setup(cfg, loading.resolve(cfg), mesh, calibration_source=uef)
   model = nnx.merge(ts.graphdef, ts.state.params, ts.constants)
   assert model.x_embedder.kernel.shape[2] == 2 + len(ALPHAS)
   np.testing.assert_array_equal(model.conditioner.voltage_mean[...], uef.mean.ravel())
@@ -260,7 +260,9 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path, caplog
 
 
 def test_converting_a_physics_informed_model_is_refused():
-  model = CDEIT(**config_lib.model_kwargs(_pi_config()), rngs=nnx.Rngs(0))
+  model = CDEIT(
+    **config_lib.model_kwargs(_pi_config(), loading.resolve(_pi_config())), rngs=nnx.Rngs(0)
+  )
   with pytest.raises(ValueError, match="cond='eim'"):
     convert.export_torch_state_dict(model)
 
@@ -277,4 +279,4 @@ def test_bad_condition_settings_are_named(over, match):
   cfg = _pi_config()
   cfg.model.update(over)
   with pytest.raises(ValueError, match=match):
-    config_lib.model_kwargs(cfg)
+    config_lib.model_kwargs(cfg, loading.resolve(cfg))

@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import FIXTURES
+from conftest import FIXTURES, system_of
 from flax import nnx
 
 from cdeit_jax import config_lib, convert
@@ -43,7 +43,7 @@ def test_full_published_state_dict_loads():
         if np.prod(s) < 10_000
         else np.full(s, 0.5, np.float32)
       )
-  model = load_torch_state_dict(CDEIT(rngs=nnx.Rngs(0)), sd)
+  model = load_torch_state_dict(CDEIT(system=system_of(), rngs=nnx.Rngs(0)), sd)
   assert count_params(model) == 109_719_108
   back = export_torch_state_dict(model)
   assert set(back) == set(shapes)
@@ -57,7 +57,7 @@ def test_mismatches_are_all_listed(small_state_dict):
   sd["blocks.mid.extra.weight"] = np.zeros(3)
   sd["final_layer.linear.weight"] = np.zeros((4, 65), np.float32)
   with pytest.raises(StateDictMismatch) as e:
-    load_torch_state_dict(CDEIT(hidden_size=64, rngs=nnx.Rngs(0)), sd)
+    load_torch_state_dict(CDEIT(system=system_of(), hidden_size=64, rngs=nnx.Rngs(0)), sd)
   msg = str(e.value)
   assert "missing keys (1)" in msg and "blocks.mid.attn.qkv.bias" in msg
   assert "unexpected keys (1)" in msg and "blocks.mid.extra.weight" in msg
@@ -73,7 +73,7 @@ def test_tensors_that_are_not_weights_are_refused(small_state_dict):
   sd["final_layer.linear.bias"] = sd["final_layer.linear.bias"].astype(np.int64)
   sd["t_embedder.mlp.0.bias"] = sd["t_embedder.mlp.0.bias"] > 0
   with pytest.raises(StateDictMismatch) as e:
-    load_torch_state_dict(CDEIT(hidden_size=64, rngs=nnx.Rngs(0)), sd)
+    load_torch_state_dict(CDEIT(system=system_of(), hidden_size=64, rngs=nnx.Rngs(0)), sd)
   msg = str(e.value)
   assert "not floating point (2)" in msg and "final_layer.linear.bias: int64" in msg
   assert "t_embedder.mlp.0.bias: bool" in msg
@@ -81,7 +81,7 @@ def test_tensors_that_are_not_weights_are_refused(small_state_dict):
   with pytest.raises(ValueError, match="step -1: must be an integer >= 0"):
     checkpoint.save_inference(
       "/nonexistent",
-      CDEIT(hidden_size=64, rngs=nnx.Rngs(0)),
+      CDEIT(system=system_of(), hidden_size=64, rngs=nnx.Rngs(0)),
       config_lib.default_config(),
       mean=np.zeros(208),
       std=np.ones(208),
@@ -91,7 +91,9 @@ def test_tensors_that_are_not_weights_are_refused(small_state_dict):
 
 def test_wrong_width_is_reported(small_state_dict):
   with pytest.raises(StateDictMismatch, match="hidden_size=512"):
-    load_torch_state_dict(CDEIT(hidden_size=512, rngs=nnx.Rngs(0)), small_state_dict)
+    load_torch_state_dict(
+      CDEIT(system=system_of(), hidden_size=512, rngs=nnx.Rngs(0)), small_state_dict
+    )
 
 
 def test_bad_index_buffer_is_reported(small_state_dict):
@@ -99,18 +101,18 @@ def test_bad_index_buffer_is_reported(small_state_dict):
   key = "blocks.swinOut2.attn.attn.relative_position_index"
   sd[key] = sd[key][::-1].copy()
   with pytest.raises(StateDictMismatch, match="bad fixed tables"):
-    load_torch_state_dict(CDEIT(hidden_size=64, rngs=nnx.Rngs(0)), sd)
+    load_torch_state_dict(CDEIT(system=system_of(), hidden_size=64, rngs=nnx.Rngs(0)), sd)
 
 
 def test_changed_position_table_is_reported(small_state_dict):
   sd = dict(small_state_dict)
   sd["pos_embed"] = sd["pos_embed"] + np.float32(1e-3)
   with pytest.raises(StateDictMismatch, match="pos_embed: differs from the sin-cos table"):
-    load_torch_state_dict(CDEIT(hidden_size=64, rngs=nnx.Rngs(0)), sd)
+    load_torch_state_dict(CDEIT(system=system_of(), hidden_size=64, rngs=nnx.Rngs(0)), sd)
 
 
 def test_failed_load_leaves_model_untouched(small_state_dict):
-  model = CDEIT(hidden_size=64, rngs=nnx.Rngs(0))
+  model = CDEIT(system=system_of(), hidden_size=64, rngs=nnx.Rngs(0))
   before = np.asarray(model.mid.attn.qkv.kernel[...]).copy()
   sd = dict(small_state_dict)
   del sd["pos_embed"]

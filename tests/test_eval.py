@@ -13,7 +13,7 @@ import jax
 import mat73
 import numpy as np
 import pytest
-from conftest import FIXTURES, finish, two_processes
+from conftest import FIXTURES, finish, system_of, two_processes
 from flax import nnx
 
 from cdeit_jax import config_lib, convert
@@ -374,7 +374,13 @@ def test_sampler_batch_is_the_largest_that_fits(monkeypatch, caplog):
   mesh = shd.make_mesh()
   # big enough that activations, not code and weights, set the memory (1,024-token grid)
   model = CDEIT(
-    image_size=128, patch_size=4, hidden_size=32, num_heads=4, num_scales=2, rngs=nnx.Rngs(0)
+    system=system_of(),
+    image_size=128,
+    patch_size=4,
+    hidden_size=32,
+    num_heads=4,
+    num_scales=2,
+    rngs=nnx.Rngs(0),
   )
   graphdef, weights = nnx.split(model)
   sampler = sampling.make_sampler(graphdef, Diffusion(), 2, 1.0, (128, 128, 1), mesh)

@@ -3,10 +3,11 @@
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import TINY
+from conftest import TINY, system_of
 from flax import nnx
 
 from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
 from cdeit_jax.model import flops
 from cdeit_jax.model.network import CDEIT
 
@@ -26,9 +27,11 @@ def test_published_forward_by_hand():
     + 4 * c * c
     + 2 * 4096 * c * 4
   )  # final layer
-  assert flops.forward_flops(**config_lib.default_config().model) == fwd
+  cfg = config_lib.default_config()
+  kw = config_lib.model_kwargs(cfg, loading.resolve(cfg))
+  assert flops.forward_flops(**kw) == fwd
   assert fwd == pytest.approx(291e9, rel=0.02)  # the issue's "about 291 GFLOP"
-  assert flops.train_flops_per_example(config_lib.default_config().model) == 3 * fwd
+  assert flops.train_flops_per_example(kw) == 3 * fwd
 
 
 # a model of any measuring system (its values, one removal set beside the full one)
@@ -67,10 +70,15 @@ ANY_SYSTEM = dict(
 @pytest.mark.parametrize("impl", ["xla", "blocked"])
 def test_forward_matches_jaxpr(kw, impl):
   """The model's traced dot_general/conv FLOPs (scan bodies times their length) agree exactly."""
+  names = {k: kw[k] for k in ("cond", "removals", "output") if k in kw}
+  kw = {k: v for k, v in kw.items() if k not in names}
+  kw["system"] = system_of(
+    names.get("cond", "eim"), None, names.get("removals"), names.get("output", "image")
+  )
   model = nnx.eval_shape(lambda: CDEIT(**kw, attention_impl=impl, rngs=nnx.Rngs(0)))
   graphdef, state = nnx.split(model)
   size = model.image_size
-  if model.output == "classes":  # a segmenter: segment(cond)
+  if model.system.output.gives_classes:  # a segmenter: segment(cond)
     jaxpr = jax.make_jaxpr(lambda s, c: nnx.merge(graphdef, s).segment(c))(
       state, jax.ShapeDtypeStruct((3, *model.cond_shape), jnp.float32)
     )

@@ -35,7 +35,7 @@ def test_a_device_model_starts_from_a_model_of_the_eim_and_linear_images(
   keeps the start's noisy-image and linear-image channels (0, 2, 3 of its 4) and drops the EIM's
   (1); a start whose model differs in more than its condition is refused in one line."""
   start_cfg = _cfg("eim+linear")
-  model = CDEIT(**config_lib.model_kwargs(start_cfg), rngs=nnx.Rngs(0))
+  model = CDEIT(**config_lib.model_kwargs(start_cfg, loading.resolve(start_cfg)), rngs=nnx.Rngs(0))
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   rng = np.random.default_rng(0)
   params = jax.tree.map(lambda a: a + 0.1 * rng.standard_normal(a.shape).astype(a.dtype), params)
@@ -45,7 +45,8 @@ def test_a_device_model_starts_from_a_model_of_the_eim_and_linear_images(
 
   device = lay.from_rules(16, injection="skip-2", measure_injecting=True, width_deg=10.0)
   cfg = _cfg("linear", current_carrying=current_carrying)
-  new = CDEIT(**config_lib.model_kwargs(cfg, None, device), rngs=nnx.Rngs(1))
+  system = loading.resolve(cfg, {"step": 0, "device": device.record()})  # the device kept
+  new = CDEIT(**config_lib.model_kwargs(cfg, system), rngs=nnx.Rngs(1))
   like = nnx.state(new, nnx.Param)
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   got, line = loading.initial_params(str(tmp_path / "start"), cfg, like, sharding)

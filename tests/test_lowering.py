@@ -14,7 +14,6 @@ from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.infer import sampling
-from cdeit_jax.model import network
 from cdeit_jax.model.diffusion import Diffusion
 from cdeit_jax.train import training
 
@@ -31,8 +30,8 @@ def _config(name: str, attention: str):
 def _train_step(cfg, platform: str, lowering: str) -> str:
   """The train step of `cfg` lowered for `lowering` (StableHLO text)."""
   mesh = shd.make_mesh()
-  ts = training.setup(cfg, mesh, platform=platform, abstract=True)
-  shape = network.cond_shape(ts.model_kwargs)
+  ts = training.setup(cfg, loading.resolve(cfg), mesh, platform=platform, abstract=True)
+  shape = ts.system.cond_shape(cfg.model.cond_size)
   batch = training.abstract_batch(BATCH, cfg.model.image_size, 1, shape)
   key = jax.eval_shape(lambda: jax.random.key(0))
   with jax.set_mesh(mesh):
@@ -44,15 +43,14 @@ def _sampler(cfg, platform: str, lowering: str) -> str:
   """The sampler (the published 2 steps, eta 1) of `cfg` lowered for `lowering` (StableHLO
   text)."""
   mesh = shd.make_mesh()
-  device = loading.device_of(cfg)
-  model = nnx.eval_shape(lambda: loading.build(cfg, seed=0, platform=platform, layout=device))
+  system = loading.resolve(cfg)
+  model = nnx.eval_shape(lambda: loading.build(cfg, system, seed=0, platform=platform))
   graphdef, weights = nnx.split(model)
   size = cfg.model.image_size
   sampler = sampling.make_sampler(
     graphdef, Diffusion(**cfg.diffusion), 2, 1.0, (size, size, 1), mesh
   )
-  kw = config_lib.model_kwargs(cfg, platform, device)
-  cond = jax.ShapeDtypeStruct((BATCH, *network.cond_shape(kw)), jax.numpy.float32)
+  cond = jax.ShapeDtypeStruct((BATCH, *system.cond_shape(cfg.model.cond_size)), jax.numpy.float32)
   index = jax.ShapeDtypeStruct((BATCH,), jax.numpy.int32)
   key = jax.eval_shape(lambda: jax.random.key(0))
   with jax.set_mesh(mesh):

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import FIXTURES, TINY, nhwc
+from conftest import FIXTURES, TINY, nhwc, system_of
 from flax import nnx
 
 from cdeit_jax.model.network import (
@@ -34,7 +34,8 @@ def test_forward_matches_reference(small_state_dict, forward_fixture, chunk):
   from cdeit_jax.convert import load_torch_state_dict
 
   model = load_torch_state_dict(
-    CDEIT(hidden_size=64, attention_query_chunk=chunk, rngs=nnx.Rngs(0)), small_state_dict
+    CDEIT(system=system_of(), hidden_size=64, attention_query_chunk=chunk, rngs=nnx.Rngs(0)),
+    small_state_dict,
   )
   out = _forward(model, forward_fixture)
   ref = nhwc(forward_fixture["out"])
@@ -61,7 +62,13 @@ def test_bfloat16_forward_close_to_float32(small_state_dict, forward_fixture):
   from cdeit_jax.convert import load_torch_state_dict
 
   model = load_torch_state_dict(
-    CDEIT(hidden_size=64, dtype=jnp.bfloat16, attention_query_chunk=1024, rngs=nnx.Rngs(0)),
+    CDEIT(
+      system=system_of(),
+      hidden_size=64,
+      dtype=jnp.bfloat16,
+      attention_query_chunk=1024,
+      rngs=nnx.Rngs(0),
+    ),
     small_state_dict,
   )
   out = _forward(model, forward_fixture)
@@ -74,14 +81,16 @@ def test_bfloat16_forward_close_to_float32(small_state_dict, forward_fixture):
 
 
 def test_bfloat16_keeps_params_float32():
-  model = CDEIT(hidden_size=32, num_heads=4, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+  model = CDEIT(
+    system=system_of(), hidden_size=32, num_heads=4, dtype=jnp.bfloat16, rngs=nnx.Rngs(0)
+  )
   dtypes = {v.dtype for v in jax.tree.leaves(nnx.state(model, nnx.Param))}
   assert dtypes == {jnp.dtype(jnp.float32)}
 
 
 def test_fresh_model_is_adaln_zero():
   """adaLN-Zero: zero adaLN and final layers make a fresh network output exactly zero."""
-  model = CDEIT(**TINY, rngs=nnx.Rngs(0))
+  model = CDEIT(system=system_of(), **TINY, rngs=nnx.Rngs(0))
   x = jax.random.normal(jax.random.key(1), (2, 32, 32, 1))
   out = nnx.jit(lambda m, *a: m(*a))(model, x, jnp.array([1, 500]), jnp.ones((2, 16, 16, 1)))
   assert np.all(np.asarray(out) == 0)
@@ -98,7 +107,7 @@ def test_remat_gives_same_output_and_gradients(tiny_model):
   state = nnx.state(tiny_model)
 
   def grads(remat):
-    m = CDEIT(**TINY, remat=remat, rngs=nnx.Rngs(0))
+    m = CDEIT(system=system_of(), **TINY, remat=remat, rngs=nnx.Rngs(0))
     nnx.update(m, state)
     loss = lambda m: jnp.mean(m(x, t, y) ** 2)
     return nnx.jit(nnx.value_and_grad(loss))(m)
@@ -110,7 +119,7 @@ def test_remat_gives_same_output_and_gradients(tiny_model):
 
 
 def test_published_size_parameter_count_and_compiles():
-  model = nnx.eval_shape(lambda: CDEIT(rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: CDEIT(system=system_of(), rngs=nnx.Rngs(0)))
   assert count_params(model) == 109_719_108
   graphdef, state = nnx.split(model)
   fn = jax.jit(lambda s, x, t, y: nnx.merge(graphdef, s)(x, t, y))
@@ -152,7 +161,7 @@ def test_query_chunked_attention_matches_full(tiny_model):
   state = nnx.state(tiny_model)
   out = []
   for chunk in (None, 16):  # global attention at grids 8 (64 tokens) and 4: 4 and 1 chunks
-    m = CDEIT(**TINY, attention_query_chunk=chunk, rngs=nnx.Rngs(0))
+    m = CDEIT(system=system_of(), **TINY, attention_query_chunk=chunk, rngs=nnx.Rngs(0))
     nnx.update(m, state)
     loss = lambda m: jnp.mean(m(x, t, y) ** 2)
     out.append(nnx.jit(nnx.value_and_grad(loss))(m))

@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
@@ -52,9 +53,9 @@ def test_a_third_kind_is_one_class_the_train_step_calls(monkeypatch):
   for name in ("image", "doubled"):
     cfg = config_lib.load(str(REPO / "configs" / "test.py"))
     cfg.model.output = name
-    ts = training.setup(cfg, mesh)
+    ts = training.setup(cfg, loading.resolve(cfg), mesh)
     model = nnx.merge(ts.graphdef, ts.state.params, ts.constants)
-    assert model.output_kind is output_kinds.KINDS[name]
+    assert model.system.output is output_kinds.KINDS[name]
     c = training.compile_train_step(ts, 8, mesh, False)
     _, m = c.fn(ts.state, batch, jax.random.key(0), ts.constants)
     losses[name] = float(m["loss"])

@@ -195,7 +195,7 @@ def _random_step(workdir, cfg, seed, mean_factor=1.0):
   from cdeit_jax.data import stats
   from cdeit_jax.model.network import CDEIT
 
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  model = CDEIT(**config_lib.model_kwargs(cfg, loading.resolve(cfg)), rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   rng = np.random.default_rng(seed)
   state = jax.tree.map(lambda a: a + 0.05 * rng.standard_normal(a.shape).astype(np.float32), state)

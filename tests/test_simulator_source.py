@@ -83,7 +83,7 @@ def test_batches_are_the_streams_examples_on_any_devices():
   out = []
   for devices in (jax.devices()[:1], jax.devices()):
     mesh = shd.make_mesh(devices)
-    fn = simulator_source.batch_fn(cfg, mesh, mean, std)
+    fn = simulator_source.batch_fn(cfg, loading.resolve(cfg), mesh, mean, std)
     b = fn(jax.device_put(np.int32(3), shd.replicated(mesh)))
     assert b["cond"].sharding.spec == shd.batch_sharded(mesh).spec
     out.append(jax.device_get(b))
@@ -194,11 +194,11 @@ def test_one_device_gives_the_losses_of_eight():
   losses = []
   for devices in (jax.devices()[:1], jax.devices()):
     mesh = shd.make_mesh(devices)
-    ts = training.setup(cfg, mesh, calibration_source=calib)
+    ts = training.setup(cfg, loading.resolve(cfg), mesh, calibration_source=calib)
     c = training.compile_train_step(ts, cfg.batch_size, mesh)
     state = jax.device_put(ts.state, c.state_shardings)
     constants = jax.device_put(ts.constants, c.constants_shardings)
-    make = simulator_source.batch_fn(cfg, mesh, mean, std)
+    make = simulator_source.batch_fn(cfg, loading.resolve(cfg), mesh, mean, std)
     run = []
     for _ in range(3):
       state, m = c.fn(state, make(state.step), jax.random.key(0), constants)

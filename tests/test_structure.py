@@ -203,25 +203,38 @@ def test_configs_read_without_the_physics(tmp_path):
   assert r.stdout.strip() == "[]"
 
 
+def _compared_constants(node: ast.Compare) -> set:
+  """The constants a comparison compares, inside tuples, lists and sets too."""
+  found = set()
+  for side in (node.left, *node.comparators):
+    items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+    found |= {n.value for n in items if isinstance(n, ast.Constant)}
+  return found
+
+
 def test_one_forward_model_one_system_value_and_no_system_names_compared():
   """The measuring system is a value, not a name: no code compares a string to a preset's name
-  ("cdeit16", "uef2017", "ktc2023") or to "linear" outside the preset table (eit/layout.py) and
-  the config (config_lib.py) (the values' condition is one predicate, `network.reads_values`,
-  over a named constant); one forward model (`fem.CEM`, its system fixed or drawn per call: no
+  ("cdeit16", "uef2017", "ktc2023") outside the preset table (eit/layout.py) and the config
+  (config_lib.py), nor to a condition kind's name ("eim", "eim+linear", "linear") outside their
+  registry (model/condition_kinds.py), in a plain or a tuple comparison; one forward model
+  (`fem.CEM`, its system fixed or drawn per call: no
   second class that assembles and solves it); one measuring-system value (`layout.Layout`: no
   `Protocol` or `System` class beside it), and a drawn system is a typed value
   (`system.DrawnSystem`), not a dict."""
   from cdeit_jax.eit import layout
+  from cdeit_jax.model import condition_kinds
 
-  names_of_systems = {"linear", *layout.PRESETS}
+  allowed = {name: ("eit/layout.py", "config_lib.py") for name in layout.PRESETS}
+  allowed.update({name: ("model/condition_kinds.py",) for name in condition_kinds.KINDS})
+  assert {"eim", "eim+linear", "linear"} <= set(allowed)
   found, classes = [], {}
   for path in sorted(PACKAGE.rglob("*.py")):
     rel = path.relative_to(PACKAGE).as_posix()
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
       if isinstance(node, ast.Compare):
-        names = [n.value for n in (node.left, *node.comparators) if isinstance(n, ast.Constant)]
-        if names_of_systems & set(names) and rel not in ("eit/layout.py", "config_lib.py"):
+        names = _compared_constants(node) & set(allowed)
+        if any(rel not in allowed[n] for n in names):
           found.append(f"{rel}:{node.lineno}")
       if isinstance(node, ast.ClassDef):
         methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
@@ -268,10 +281,9 @@ def test_one_table_of_named_systems():
 
 def test_the_measuring_system_is_resolved_in_two_places():
   """A config's measuring system becomes a `Layout` in `config_lib.measuring_system`, called by
-  the model's one resolution (`checkpoints/loading.py`: `resolve` / `device_of`, whose value the
-  commands hand down) and by the simulated distribution (`data/synthetic.py`'s `Generator`,
-  built once per settings and cached), besides `config_lib` itself: nowhere else does a layer
-  resolve it again."""
+  the model's one resolution (`checkpoints/loading.py`'s `resolve`, whose value the commands
+  hand down) and by the simulated distribution (`data/synthetic.py`'s `Generator`, built once
+  per settings and cached): nowhere else does a layer resolve it again."""
   callers = set()
   for path in sorted(PACKAGE.rglob("*.py")):
     for node in ast.walk(ast.parse(path.read_text())):
@@ -279,4 +291,44 @@ def test_the_measuring_system_is_resolved_in_two_places():
       name = getattr(f, "attr", None) or getattr(f, "id", None)
       if isinstance(node, ast.Call) and name == "measuring_system":
         callers.add(path.relative_to(PACKAGE).as_posix())
-  assert callers == {"config_lib.py", "checkpoints/loading.py", "data/synthetic.py"}, callers
+  assert callers == {"checkpoints/loading.py", "data/synthetic.py"}, callers
+
+
+def test_the_comparison_finder_sees_tuples():
+  tree = ast.parse('(a, b) != ("eim+linear", "linear")')
+  assert _compared_constants(tree.body[0].value) == {"eim+linear", "linear"}
+
+
+def _is_commands_layer(rel: str) -> bool:
+  return layer(_module(PACKAGE / rel)) == len(LAYERS) - 1
+
+
+def test_one_model_system_made_in_one_place_and_handed_down():
+  """What a model is of (`model.system.ModelSystem`) is made by `checkpoints.loading.resolve`
+  alone, and no function below the commands takes a device, a layout or a system that defaults
+  to None (to resolve it again itself): each requires the value its command resolved."""
+  made, defaulted = [], []
+  for path in sorted(PACKAGE.rglob("*.py")):
+    rel = path.relative_to(PACKAGE).as_posix()
+    tree = ast.parse(path.read_text())
+    for fn in ast.walk(tree):
+      if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      for node in ast.walk(fn):
+        f = getattr(node, "func", None)
+        if isinstance(node, ast.Call) and (getattr(f, "id", None) or getattr(f, "attr", None)) == (
+          "ModelSystem"
+        ):
+          made.append(f"{rel}:{fn.name}")
+      if _is_commands_layer(rel):
+        continue
+      a = fn.args
+      pairs = list(zip(a.args[len(a.args) - len(a.defaults) :], a.defaults))
+      pairs += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+      for p, d in pairs:
+        typed = "ModelSystem" in (ast.unparse(p.annotation) if p.annotation else "")
+        named = p.arg in ("device", "layout", "lay", "kept") or typed
+        if named and isinstance(d, ast.Constant) and d.value is None:
+          defaulted.append(f"{rel}:{fn.name}({p.arg}=None)")
+  assert made == ["checkpoints/loading.py:resolve"], made
+  assert defaulted == [], defaulted

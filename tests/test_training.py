@@ -57,7 +57,7 @@ def build(cfg, devices, batch_size, accum=1, shard_params=False):
   (mesh, step(state, batch, rng), a fresh state)."""
   mesh = shd.make_mesh(devices)
   cfg.accum_steps = accum
-  ts = training.setup(cfg, mesh)
+  ts = training.setup(cfg, loading.resolve(cfg), mesh)
   c = training.compile_train_step(ts, batch_size, mesh, shard_params)
   host = jax.device_get(ts.state)
   constants = jax.device_put(ts.constants, c.constants_shardings)
@@ -681,7 +681,8 @@ def test_the_reader_opens_a_run_once_and_says_what_it_skipped(tmp_path, straight
   with reader.open_run(str(wd)) as run:
     assert run.candidates[: len(ranked)] == ranked
     meta, skipped = run.first_readable()
-    loaded = run.load(weights="ema", start=meta.step, passed=passed)
+    system = loading.resolve(meta.config, meta.record)
+    loaded = run.load(system, weights="ema", start=meta.step, passed=passed)
   assert len(opened) == 1 and skipped == {} and passed == {}
   record = checkpoint.read_meta(str(wd), ranked[1])
   assert loaded.meta.step == ranked[1] and loaded.meta.record == record
@@ -766,7 +767,7 @@ def test_a_fine_tuning_on_its_starts_system_reads_its_inputs_as_the_start_did(tm
 
   pi = {"model.cond": "eim+linear", "model.cond_alphas": (0.03, 0.3)}
   cfg = cfg_(**pi)
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  model = CDEIT(**config_lib.model_kwargs(cfg, loading.resolve(cfg)), rngs=nnx.Rngs(0))
   mean, std = stats.authors_stats()
   mean, std = mean * 1.5, std * 2.0
   model.conditioner.voltage_mean[...] = jnp.asarray(mean.ravel(), jnp.float32)
@@ -776,7 +777,7 @@ def test_a_fine_tuning_on_its_starts_system_reads_its_inputs_as_the_start_did(tm
   checkpoint.save_inference(str(start), model, cfg, mean=mean, std=std, step=7)
   calibration = checkpoint.calibration_of(model)
 
-  kept = loading.start_inputs(str(start), model.layout)
+  kept = loading.start_inputs(str(start), model.system.device)
   np.testing.assert_array_equal(kept[0][0], mean)
   np.testing.assert_array_equal(kept[0][1], std)
   assert kept[1] == calibration
@@ -813,7 +814,7 @@ def test_a_fine_tuning_may_add_condition_priors_and_the_removal_input(tmp_path):
 
   system = {"model.cond": "linear", "simulator.removals": "-;3", "model.cond_grid": 16}
   start_cfg = cfg_(**system)
-  model = CDEIT(**config_lib.model_kwargs(start_cfg), rngs=nnx.Rngs(0))
+  model = CDEIT(**config_lib.model_kwargs(start_cfg, loading.resolve(start_cfg)), rngs=nnx.Rngs(0))
   params = nnx.state(model, nnx.Param)
   leaves, tree = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(5), len(leaves))  # weights away from adaLN-zero's

@@ -135,13 +135,13 @@ def make_meta(
   mean: np.ndarray,
   std: np.ndarray,
   weights: list[str],
+  device: dict[str, Any],
   calibration: dict[str, list[float]] | None = None,
   source: str = "",
-  device: dict[str, Any] | None = None,
   **extra: Any,
 ) -> dict[str, Any]:
   """A step's metadata; `device`: the model's measuring system as arrays (`Layout.record`), so
-  that the model loads without the device file it was trained for."""
+  that the model loads without the device file it was trained for (every step keeps it)."""
   mean, std = stats.check_stats(mean, std, source="statistics to save")
   return {
     "format": FORMAT,
@@ -153,7 +153,7 @@ def make_meta(
     "calibration": calibration or {},
     "weights": sorted(weights),
     "source": source,
-    **({"device": device} if device is not None else {}),
+    "device": device,
     **extra,
   }
 
@@ -190,7 +190,7 @@ def save_inference(
     weights=[weights],
     source=source,
     calibration=calibration_of(model),
-    device=model.layout.record(),
+    device=model.system.device.record(),
     **(extra or {}),
   )
   with manager(workdir) as mngr:

@@ -46,7 +46,7 @@ def wise_ft(model: nnx.Module, meta, alpha: float) -> dict[str, Any]:
   start_mean, start_std = checkpoint.meta_stats(start_record)
   same = {
     "model": not loading.model_differences(loading.model_config(start_record), meta.config),
-    "measuring system": start.layout.signature == model.layout.signature,
+    "measuring system": start.system.device.signature == model.system.device.signature,
     "normalisation statistics": np.array_equal(start_mean, meta.mean)
     and np.array_equal(start_std, meta.std),
     "condition calibration": checkpoint.calibration_of(start) == checkpoint.calibration_of(model),
@@ -143,7 +143,7 @@ def _write(workdir: str, alpha: float, out: str, step: int | None) -> str:
 
   with reader.open_run(workdir, step) as run:
     meta, skipped = run.first_readable()
-    loaded = run.load(weights="ema", passed=skipped)
+    loaded = run.load(loading.resolve(meta.config, meta.record), weights="ema", passed=skipped)
     meta = loaded.meta
     made = wise_ft(loaded.model, meta, alpha)
     cfg = meta.config

@@ -4,8 +4,6 @@ calibration taken from the checkpoint's metadata."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Any
 
 import jax
@@ -20,87 +18,48 @@ from cdeit_jax.checkpoints.checkpoint import CHECKPOINTS, WEIGHT_ITEMS
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.common.variables import Fixed
-from cdeit_jax.model import network, output_kinds
+from cdeit_jax.model import condition_kinds, output_kinds
 from cdeit_jax.model.network import CDEIT
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ModelSystem:
-  """What a command resolves once, from a model's config and its checkpoint's metadata
-  (`resolve`), and hands down, so that nothing below it resolves a name again: the measuring
-  system whose values the model reads (`device`, an `eit.layout.Layout` with its contact
-  impedance and units), the electrode-removal rule it was trained with (`removals`; "none" for
-  a model of CDEIT's EIM) and what it outputs (`output`, `model.output_kinds`)."""
-
-  device: Any  # eit.layout.Layout
-  removals: str
-  output: output_kinds.Output
-
-  @property
-  def sets(self) -> tuple[tuple[int, ...], ...]:
-    """The removal rule's electrode sets (`eit.layout.removal_sets`)."""
-    from cdeit_jax.eit import layout
-
-    return layout.removal_sets(self.removals)
-
-  @functools.cached_property
-  def removed(self) -> np.ndarray:
-    """(K, R) bool: the values each electrode set takes from the device."""
-    from cdeit_jax.eit import conditioning
-
-    return conditioning.removed_values(self.device, self.removals)
-
-  @property
-  def units(self):
-    """The device in the units its data are in when none are given (`measurement.own_units`)."""
-    from cdeit_jax.eit import measurement
-
-    return measurement.own_units(self.device)
+from cdeit_jax.model.system import MODEL_KEYS, ModelSystem
 
 
 def resolve(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None) -> ModelSystem:
-  """The one resolution of a model's system (`ModelSystem`) from its config and, for a saved
-  model, its checkpoint's metadata (which keeps the device as arrays)."""
+  """The one resolution of a model's system (`model.system.ModelSystem`, and its one
+  constructor) from its config and, for a saved model, its checkpoint's metadata (which keeps
+  the device as arrays, `meta["device"]`: the device file may move or change after training).
+  Without `meta`, the device is the config's (`config.simulator.layout`, a preset or a device
+  file) for a model of any system's values, CDEIT's 16 electrodes for a model of the EIM; either
+  way with the config's contact impedance (`config_lib.measuring_system`)."""
   from cdeit_jax.eit import layout
 
-  reads_values = network.reads_values(cfg.model.get("cond", "eim"))
-  removals = str(cfg.simulator.removals or "none") if reads_values else "none"
+  condition = condition_kinds.of(cfg.model.get("cond", MODEL_KEYS["cond"]))
+  output = output_kinds.of(cfg.model.get("output", MODEL_KEYS["output"]))
+  removals = str(cfg.simulator.removals or "none") if condition.reads_values else "none"
   layout.removal_sets(removals)  # a bad rule is named now
-  output = output_kinds.of(cfg.model.get("output", "image"))
-  return ModelSystem(device_of(cfg, meta), removals, output)
-
-
-def device_of(cfg: ml_collections.ConfigDict, meta: dict[str, Any] | None = None):
-  """The measuring system (`eit.layout.Layout`, `config_lib.measuring_system`) whose values a
-  model of `cfg` reads: the one its checkpoint keeps (`meta["device"]`, arrays: the device file
-  may move or change after training), else, with no `meta`, the config's
-  (`config.simulator.layout` for a model of any system, a preset or a device file; CDEIT's 208
-  voltages for the EIM)."""
-  from cdeit_jax.eit import layout
-
   if meta is not None:
     kept = layout.Layout.from_record(
       meta.get("device"), f"checkpoint metadata of step {meta.get('step')!r}: device"
     )
-    return config_lib.measuring_system(cfg.simulator, kept)
-  if not network.reads_values(cfg.model.get("cond", "eim")):
-    return config_lib.measuring_system(cfg.simulator, layout.preset("cdeit16"))
-  return config_lib.measuring_system(cfg.simulator)
+  else:
+    kept = None if condition.reads_values else layout.preset("cdeit16")
+  device = config_lib.measuring_system(cfg.simulator, kept)
+  carrying = str(cfg.model.get("current_carrying", MODEL_KEYS["current_carrying"]))
+  return ModelSystem(device, removals, condition, output, carrying)
 
 
 def build(
-  cfg: ml_collections.ConfigDict, *, seed: int = 0, platform: str | None = None, layout=None
+  cfg: ml_collections.ConfigDict, system: ModelSystem, *, seed: int = 0, platform: str | None = None
 ) -> CDEIT:
-  """`CDEIT(**config.model)` with the measuring system `layout` (default: `config.simulator`'s),
-  the attention backend resolved for `platform`."""
-  return CDEIT(**config_lib.model_kwargs(cfg, platform, layout), rngs=nnx.Rngs(seed))
+  """`CDEIT(**config.model)` of the resolved `system` (`resolve`), the attention backend
+  resolved for `platform`."""
+  return CDEIT(**config_lib.model_kwargs(cfg, system, platform), rngs=nnx.Rngs(seed))
 
 
-def fixed_variables(cfg: ml_collections.ConfigDict, sharding, layout=None) -> nnx.State:
+def fixed_variables(cfg: ml_collections.ConfigDict, system: ModelSystem, sharding) -> nnx.State:
   """The model's Fixed variables (the physics-informed model's linear operator, uncalibrated;
-  empty for the published model) computed from the config and the measuring system `layout`
-  alone; jit drops the unused weight initialisation."""
-  make = lambda: nnx.state(build(cfg, layout=layout), Fixed)
+  empty for the published model) computed from the config and the resolved `system` alone; jit
+  drops the unused weight initialisation."""
+  make = lambda: nnx.state(build(cfg, system), Fixed)
   return jax.jit(make, out_shardings=sharding)()
 
 
@@ -142,8 +101,9 @@ def load(
   workdir, step = checkpoint.resolve(path, step)
   with checkpoint.manager(workdir, read_only=True) as mngr:
     meta = checkpoint.read_meta(workdir, step, mngr=mngr)
+    system = resolve(model_config(meta), meta)
     model = load_weights(
-      workdir, meta, weights=weights, sharding=sharding, mngr=mngr, dtype=dtype, **runtime
+      workdir, meta, system, weights=weights, sharding=sharding, mngr=mngr, dtype=dtype, **runtime
     )
   return model, meta
 
@@ -151,18 +111,18 @@ def load(
 def load_weights(
   workdir: str,
   meta: dict[str, Any],
+  system: ModelSystem,
   *,
   weights: str = "ema",
   sharding: jax.sharding.Sharding | None = None,
   mngr=None,
   dtype: str | None = None,
-  device: Any = None,
   weights_only: bool = False,
   **runtime: Any,
 ) -> CDEIT | nnx.State:
   """The model of a step whose metadata `meta` is read already, with one weight set loaded
-  (`load`); `mngr`: the workdir's open CheckpointManager, if the caller holds one; `device`: the
-  measuring system the command resolved already (`device_of`), else resolved here.
+  (`load`), of the `system` the command resolved (`resolve`); `mngr`: the workdir's open
+  CheckpointManager, if the caller holds one.
   `weights_only`: the weight set alone (`nnx.Param` state), the model not built (nothing is
   computed from the config: no physics-informed operator), as an export needs it."""
   if weights not in WEIGHT_ITEMS:
@@ -184,31 +144,30 @@ def load_weights(
       cfg.model[k] = v
   if sharding is None:
     sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  device = device if device is not None else device_of(cfg, meta)
-  model = nnx.eval_shape(lambda: build(cfg, layout=device))
+  model = nnx.eval_shape(lambda: build(cfg, system))
   restored = checkpoint.restore_item(
     workdir, step, WEIGHT_ITEMS[weights], nnx.state(model, nnx.Param), sharding, mngr=mngr
   )
   if weights_only:
     return restored
-  return assemble(cfg, device, restored, meta.get("calibration", {}), sharding, model)
+  return assemble(cfg, system, restored, meta.get("calibration", {}), sharding, model)
 
 
 def assemble(
   cfg: ml_collections.ConfigDict,
-  device,
+  system: ModelSystem,
   params: nnx.State,
   calibration: dict[str, list[float]],
   sharding: jax.sharding.Sharding,
   abstract: CDEIT | None = None,
 ) -> CDEIT:
-  """The model of `cfg` for `device` with its trained weights `params`: the fixed variables
+  """The model of `cfg` and `system` with its trained weights `params`: the fixed variables
   recomputed from the config (placed on `sharding`), the calibration a checkpoint recorded set;
   `abstract`: the model's shapes, if the caller built them already."""
   if abstract is None:
-    abstract = nnx.eval_shape(lambda: build(cfg, layout=device))
+    abstract = nnx.eval_shape(lambda: build(cfg, system))
   graphdef = nnx.split(abstract, nnx.Param, ...)[0]
-  model = nnx.merge(graphdef, params, fixed_variables(cfg, sharding, device))
+  model = nnx.merge(graphdef, params, fixed_variables(cfg, system, sharding))
   checkpoint.set_calibration(model, calibration)
   return model
 
@@ -330,7 +289,7 @@ def added_inputs(start: ml_collections.ConfigDict, cfg: ml_collections.ConfigDic
   if after[: len(before)] != before or (was.get("removal_input") and not now.get("removal_input")):
     return None
   removal = bool(now.get("removal_input")) and not was.get("removal_input")
-  image = output_kinds.of(now.get("output", "image")).noisy_channels(1)
+  image = output_kinds.of(now.get("output", MODEL_KEYS["output"])).noisy_channels(1)
   what = [f"the channels of priors {after[len(before) :]}"] if len(after) > len(before) else []
   what += ["the removal input"] if removal else []
   return {
@@ -371,9 +330,9 @@ def _condition_channels(start: ml_collections.ConfigDict, cfg: ml_collections.Co
   was, now = start.model, cfg.model
   if differing_model_keys(start, cfg, aside=INPUT_ONLY_KEYS) != ["cond"]:
     return None
-  if (was.get("cond"), now.get("cond")) != ("eim+linear", "linear"):
+  if not condition_kinds.of(now.get("cond")).keeps_channels_of(condition_kinds.of(was.get("cond"))):
     return None
-  image = output_kinds.of(now.get("output", "image")).noisy_channels(1)
+  image = output_kinds.of(now.get("output", MODEL_KEYS["output"])).noisy_channels(1)
   levels = len(now.get("cond_alphas") or ()) * len(now.get("cond_priors") or ("noser",))
   return np.asarray([*range(image), *range(image + 1, image + 1 + levels)])
 

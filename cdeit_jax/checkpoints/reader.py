@@ -110,19 +110,19 @@ class Run:
 
   def load(
     self,
+    system: loading.ModelSystem,
     *,
     weights: str,
     sharding: jax.sharding.Sharding | None = None,
     start: int | None = None,
     passed: dict[int, str] | None = None,
-    device: Any = None,
     weights_only: bool = False,
     **runtime: Any,
   ) -> Loaded:
     """The model of the first candidate from `start` on whose metadata and `weights` load
     completely (`runtime`: the model's runtime keys, as `loading.load_weights` takes them);
-    `passed`: steps passed over before, kept in the result's `skipped`; `device`: the measuring
-    system the command resolved (one run, one system); `weights_only`: the weight set alone
+    `passed`: steps passed over before, kept in the result's `skipped`; `system`: what the
+    command resolved (`loading.resolve`: one run, one system); `weights_only`: the weight set alone
     (`nnx.Param` state) in `model`, no model built."""
 
     def load(step: int) -> tuple[nnx.Module, Meta]:
@@ -130,10 +130,10 @@ class Run:
       return loading.load_weights(
         self.workdir,
         meta.record,
+        system,
         weights=weights,
         sharding=sharding,
         mngr=self._mngr,
-        device=device,
         weights_only=weights_only,
         **runtime,
       ), meta

@@ -24,9 +24,10 @@ PEAK_BF16_TFLOPS = {
 }
 
 
-def peak_tflops(device: jax.Device | None = None) -> float | None:
-  """Peak bf16 TFLOP/s of `device` (default: the first), or None where unknown (CPU)."""
-  kind = (device or jax.devices()[0]).device_kind
+def peak_tflops(chip: jax.Device | None = None) -> float | None:
+  """Peak bf16 TFLOP/s of the JAX device `chip` (default: the first), or None where unknown
+  (CPU)."""
+  kind = (chip or jax.devices()[0]).device_kind
   for name in sorted(PEAK_BF16_TFLOPS, key=len, reverse=True):
     if kind.startswith(name) or name in kind:
       return PEAK_BF16_TFLOPS[name]

@@ -32,15 +32,10 @@ from cdeit_jax.common.errors import CdeitError, InputError
 from cdeit_jax.data import synthetic
 from cdeit_jax.data.sources import ArraySource
 from cdeit_jax.eit import measurement
-from cdeit_jax.model import network
+from cdeit_jax.model.system import ModelSystem
 
 _CHUNK = 256  # examples per call when making the fixed sets
 PRESET = "simulated"  # the simulator's units
-
-
-def vector_cond(cfg: ml_collections.ConfigDict) -> bool:
-  """Whether the model reads the voltages as a vector (cond "linear", any measuring system)."""
-  return network.reads_values(cfg.model.get("cond", "eim"))
 
 
 class Stopped(CdeitError):
@@ -95,9 +90,11 @@ class SimulatorData:
     self,
     cfg: ml_collections.ConfigDict,
     mesh: jax.sharding.Mesh,
+    system: ModelSystem,
     checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
     stop: Callable[[], bool] | None = None,
   ):
+    self.reads_values = system.reads_values  # the condition: the values, or their EIM
     if cfg.data.units != PRESET:
       raise InputError(
         f"config.data.units={cfg.data.units!r}: the simulator source makes "
@@ -134,18 +131,22 @@ class SimulatorData:
       f"simulator source: {made} {len(self.valid)} validation examples made "
       f"in {time.perf_counter() - t0:.1f} s"
     )
-    self._batch = batch_fn(cfg, mesh, self.mean, self.std)
+    self._batch = batch_fn(cfg, system, mesh, self.mean, self.std)
 
   def _examples(self, cfg, split: str, ys: np.ndarray, xs: np.ndarray) -> ArraySource:
     name = f"simulator {split} examples 0..{len(ys) - 1}"
-    return ArraySource(ys, xs, self.mean, self.std, name=name, vector_cond=vector_cond(cfg))
+    return ArraySource(ys, xs, self.mean, self.std, name=name, vector_cond=self.reads_values)
 
   def batch(self, step: jax.Array) -> dict[str, jax.Array]:
     return self._batch(step)
 
 
 def batch_fn(
-  cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, mean: np.ndarray, std: np.ndarray
+  cfg: ml_collections.ConfigDict,
+  system: ModelSystem,
+  mesh: jax.sharding.Mesh,
+  mean: np.ndarray,
+  std: np.ndarray,
 ) -> Callable[[jax.Array], dict[str, jax.Array]]:
   """Jitted `step -> {"cond", "target"}`: the global batch of `step`, sharded over the batch axis
   like the files' batches, each device making its rows (conditioned as the files' examples,
@@ -157,7 +158,7 @@ def batch_fn(
   mean = jnp.asarray(np.ravel(mean), jnp.float32)
   std = jnp.asarray(np.ravel(std), jnp.float32)
   ratio, _ = measurement.resolve_ratios(PRESET)
-  vector = vector_cond(cfg)
+  vector = system.reads_values
 
   def rows(indices):
     ys, xs = gen.examples("train", indices, batched=not one_at_a_time)

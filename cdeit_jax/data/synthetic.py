@@ -141,7 +141,7 @@ class Generator:
     self.snr_db = None if sim.snr_db is None else float(sim.snr_db)
     self.spec = phantom_spec(sim)
     self.system = system_spec(sim)
-    self.layout = config_lib.measuring_system(sim)
+    self.layout = config_lib.measuring_system(sim, None)
     # one simulator per measuring system, shared in the process (compiled once)
     self.sim = eit.default_simulator(layout=self.layout)
     # Built now, outside any trace: built first inside shard_map they would carry its mesh.

@@ -11,9 +11,10 @@ import jax
 import ml_collections
 import numpy as np
 
+from cdeit_jax import config_lib
 from cdeit_jax.common import fileio
 from cdeit_jax.data import pipeline, sources
-from cdeit_jax.eit.layout import Layout
+from cdeit_jax.model.system import ModelSystem
 
 
 class TrainingData(Protocol):
@@ -41,20 +42,18 @@ class FileData:
     self,
     cfg: ml_collections.ConfigDict,
     mesh: jax.sharding.Mesh,
-    device: Layout,
+    system: ModelSystem,
     checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
     start_stats: tuple[np.ndarray, np.ndarray] | None = None,
   ):
-    d = cfg.data
-    from cdeit_jax.data.simulator_source import vector_cond
-
+    d, device = cfg.data, system.device
     common = dict(
       voltage_ratio=d.voltage_ratio,
       current_ratio=d.current_ratio,
       skip_bad=d.skip_bad_files,
       cache=d.cache,
       num_values=device.num_values,
-      vector_cond=vector_cond(cfg),
+      vector_cond=system.reads_values,
     )
     train = sources.NpzSource(
       fileio.join(d.path, d.train_split),
@@ -82,23 +81,38 @@ class FileData:
     return pipeline.to_global({k: host[k] for k in ("cond", "target")}, self._mesh)
 
 
+def _simulator_data(cfg, mesh, system, checkpoint_stats, stop, start_stats) -> TrainingData:
+  from cdeit_jax.data import simulator_source
+
+  fixed = checkpoint_stats if checkpoint_stats is not None else start_stats
+  return simulator_source.SimulatorData(cfg, mesh, system, fixed, stop)
+
+
+def _file_data(cfg, mesh, system, checkpoint_stats, stop, start_stats) -> TrainingData:
+  return FileData(cfg, mesh, system, checkpoint_stats, start_stats)
+
+
+# How each training source of the config's table (`config_lib.SOURCES`) opens; a new source is
+# one entry there and one here.
+OPENERS: dict[str, Callable[..., TrainingData]] = {
+  "files": _file_data,
+  "simulator": _simulator_data,
+}
+
+
 def open_training_data(
   cfg: ml_collections.ConfigDict,
   mesh: jax.sharding.Mesh,
-  device: Layout,
+  system: ModelSystem,
   checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
   stop: Callable[[], bool] | None = None,
   start_stats: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> TrainingData:
-  """The source `config.data.source` names, standardised with `checkpoint_stats` on resume, or
-  with `start_stats`, those of the checkpoint a fine-tuning starts from (`loading.start_inputs`);
-  either way the condition's calibration is the checkpoint's, not computed. `device` is the
-  model's measuring system, resolved once by the caller (`loading.resolve`): the files' frames
-  are its values. `stop` (training's signal flag) may end the simulator's statistics early
-  (`simulator_source.Stopped`)."""
-  if cfg.data.source == "simulator":
-    from cdeit_jax.data import simulator_source
-
-    fixed = checkpoint_stats if checkpoint_stats is not None else start_stats
-    return simulator_source.SimulatorData(cfg, mesh, fixed, stop)
-  return FileData(cfg, mesh, device, checkpoint_stats, start_stats)
+  """The source `config.data.source` names (`config_lib.training_source`, opened by `OPENERS`),
+  standardised with `checkpoint_stats` on resume, or with `start_stats`, those of the checkpoint
+  a fine-tuning starts from (`loading.start_inputs`); either way the condition's calibration is
+  the checkpoint's, not computed. `system` is what the model is of, resolved once by the caller
+  (`loading.resolve`): the files' frames are its device's values. `stop` (training's signal
+  flag) may end the simulator's statistics early (`simulator_source.Stopped`)."""
+  source = config_lib.training_source(cfg)
+  return OPENERS[source.name](cfg, mesh, system, checkpoint_stats, stop, start_stats)

@@ -143,7 +143,6 @@ class Evaluator:
   def _open_data(self, meta: reader.Meta) -> None:
     """The data, conditioned as in training, in the units resolved once."""
     from cdeit_jax.checkpoints import loading
-    from cdeit_jax.data.simulator_source import vector_cond
 
     e = self.cfg.eval
     self.system = loading.resolve(self.cfg, meta.record)
@@ -156,7 +155,7 @@ class Evaluator:
         f"0..{len(sets) - 1} (config.simulator.removals={self.cfg.simulator.removals!r})"
       )
     self.removed = self.system.removed[e.removal]
-    self.src = self.open_source(meta, vector_cond(self.cfg))
+    self.src = self.open_source(meta, self.system.reads_values)
     self.n = len(self.src) if e.max_examples is None else min(len(self.src), e.max_examples)
     self.check_data()
 

@@ -65,7 +65,7 @@ def make_sampler(
       )
       return images if symmetric_stats is None else symmetry.turn_back(images, element)
 
-    return model.output_kind.sample(model, cond, draw)
+    return model.system.output.sample(model, cond, draw)
 
   b = shd.batch_sharded(mesh)
   return jax.jit(

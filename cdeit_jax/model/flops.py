@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.model import output_kinds
 
 
 def forward_flops(
@@ -29,16 +28,14 @@ def forward_flops(
   num_scales: int = 4,
   window_size: int | None = None,
   freq_dim: int = 256,
-  cond: str = "eim",
   cond_alphas=(),
   cond_grid: int = 32,
   cond_priors=("noser",),
-  layout: Any = "cdeit16",
-  removals: str = "none",
-  output: str = "image",
+  system,
   **_: Any,
 ) -> float:
-  """Matmul FLOPs of one image's forward pass (takes `config.model` as keywords)."""
+  """Matmul FLOPs of one image's forward pass of a model of the resolved `system`
+  (`model.system.ModelSystem`; takes `CDEIT`'s keywords, `config_lib.model_kwargs`)."""
   del num_heads  # heads split the width; the FLOPs do not depend on their number
   c, hid = hidden_size, int(hidden_size * mlp_ratio)
   grid = image_size // patch_size
@@ -52,27 +49,22 @@ def forward_flops(
   from cdeit_jax.eit import conditioning
 
   priors = conditioning.check_priors(cond_priors or ("noser",))
-  levels = 0 if cond == "eim" else len(tuple(cond_alphas)) * len(priors)
+  levels = len(tuple(cond_alphas)) * len(priors) if system.condition.linear else 0
   pixels = image_size**2
   # physics-informed condition: U^T y, then one (208 x pixels) product per level
   total = 2 * 208 * 208 + levels * 2 * 208 * pixels if levels else 0
   eim = in_channels
-  from cdeit_jax.model import network
-
-  if network.reads_values(
-    cond
-  ):  # any system: one (R x coarse pixels) product per removal set and level
-    from cdeit_jax.eit import layout as layout_lib
+  if system.reads_values:  # any system: one (R x coarse pixels) product per removal set and level
     from cdeit_jax.eit import phantom
 
-    values = layout_lib.as_layout(layout).num_values
-    sets = len(layout_lib.removal_sets(removals))
+    values = system.device.num_values
+    sets = len(system.sets)
     coarse = int(phantom.disk_mask(cond_grid).sum())
     total = 2 * values * sets * levels * coarse + 2 * sets * levels * coarse  # + the set's pick
     g = cond_grid  # bilinear upsampling to the image, one axis after the other
     total += 2 * levels * (image_size * g * g + image_size * image_size * g)
     eim = 0
-  kind = output_kinds.of(output)
+  kind = system.output
   image, out = kind.noisy_channels(in_channels), kind.out_channels(in_channels)
   total += 2 * grid**2 * (patch_size**2 * (image + eim + levels)) * c  # patch embedding
   total += 2 * freq_dim * c + 2 * c * c  # timestep MLP

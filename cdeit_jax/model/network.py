@@ -19,29 +19,10 @@ import numpy as np
 from flax import nnx
 
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.model import attention, output_kinds
+from cdeit_jax.model import attention
 
 Array = jax.Array
 DType = Any
-
-# The condition: "eim" (the published model) or "eim+linear" (physics-informed: one linear
-# reconstruction of the voltages per regularisation level, cdeit_jax.eit.conditioning), or
-# "linear": those reconstructions alone, of any measuring system's voltages (B, R) (`layout`).
-COND_MODES = ("eim", "eim+linear", "linear")
-# what the network outputs: "image", the denoiser's clean image x0 (diffusion); "classes", the
-# logits of KTC2023's 3 classes per pixel from the condition alone (a segmenter: `segment`)
-VALUES = "linear"  # the condition of a model of any measuring system: its values (B, R)
-
-
-def reads_values(cond: str) -> bool:
-  """Whether a model of condition `cond` reads its measuring system's values (B, R) (any
-  system's), rather than CDEIT's EIM of 208 voltages."""
-  return cond == VALUES
-
-
-# Arguments that describe the measuring system, not the network: configs set them in
-# `config.simulator` (the system the data come from), not in `config.model`.
-SYSTEM_ARGS = ("layout", "removals")
 
 xavier_uniform = nnx.initializers.xavier_uniform()
 zeros = nnx.initializers.zeros_init()
@@ -336,19 +317,8 @@ class FinalLayer(nnx.Module):
 # ----------------------------------------------------------------------------- the network
 
 
-def cond_shape(kw: dict) -> tuple[int, ...]:
-  """One example's condition shape for CDEIT's keyword arguments `kw`: the EIM (16, 16, 1), or
-  with cond "linear" the layout's values (R,)."""
-  if reads_values(kw.get("cond", "eim")):
-    from cdeit_jax.eit import layout
-
-    return (layout.as_layout(kw.get("layout", "cdeit16")).num_values,)
-  size = kw.get("cond_size", 16)
-  return (size, size, 1)
-
-
 def _token_grid(
-  image_size: int, patch_size: int, num_scales: int, window_size, cond_size: int, cond: str
+  image_size: int, patch_size: int, num_scales: int, window_size, cond_size: int, system
 ) -> tuple[int, int]:
   """(token grid, attention window) of CDEIT's sizes; an InputError naming what does not fit."""
   if image_size % patch_size:
@@ -364,17 +334,16 @@ def _token_grid(
     raise InputError(f"window_size {window} does not divide the token grid {grid}")
   if image_size % cond_size:
     raise InputError(f"image_size {image_size} is not divisible by cond_size {cond_size}")
-  if cond not in COND_MODES:
-    raise InputError(f"cond {cond!r} must be one of {COND_MODES}")
-  if cond != "eim" and image_size != 128:
-    raise InputError(f"cond {cond!r} needs image_size 128 (the simulator's grid), got {image_size}")
+  if system.condition.linear and image_size != 128:
+    name = system.condition.name
+    raise InputError(f"cond {name!r} needs image_size 128 (the simulator's grid), got {image_size}")
   return grid, window
 
 
-def _removal_embedding(cond: str, conditioner, dim: int, rngs: nnx.Rngs) -> nnx.Embed:
+def _removal_embedding(system, conditioner, dim: int, rngs: nnx.Rngs) -> nnx.Embed:
   """The removal set (KTC2023: the level) as an input: a learnt vector per set, added to the
   timestep's, which conditions every block (adaLN), as KTC2023's winners gave the level."""
-  if not (reads_values(cond) and conditioner.num_sets > 1):
+  if not (system.reads_values and conditioner.num_sets > 1):
     raise InputError(
       'removal_input needs cond "linear" and two or more electrode-removal sets '
       "(config.simulator.removals); set config.model.removal_input=False"
@@ -388,81 +357,46 @@ def _removal_embedding(cond: str, conditioner, dim: int, rngs: nnx.Rngs) -> nnx.
   )
 
 
-def _check_output(output: str, cond: str) -> None:
-  output_kinds.of(output).check(cond)
-
-
-def _conditioner(
-  cond: str, alphas, layout, removals, grid, current_carrying="use", priors=("noser",)
-):
-  """The physics-informed condition's module (None for the published "eim"), built only when
-  asked for, of the measuring system `layout` (its contact impedance included)."""
+def _conditioner(system, alphas: tuple, grid: int, priors: tuple):
+  """The physics-informed condition's module of the model's system (None for the published
+  EIM), built only when asked for, its settings checked against the condition kind."""
   from cdeit_jax.eit import conditioning
-  from cdeit_jax.eit import layout as layout_lib
 
   priors = conditioning.check_priors(priors)
-  if priors != ("noser",) and not reads_values(cond):
-    raise InputError(
-      f'cond_priors {priors!r} apply to cond "linear" (a device\'s values); cond {cond!r} '
-      'has NOSER images alone: leave config.model.cond_priors at ("noser",)'
-    )
-  if not reads_values(cond) and layout.signature != layout_lib.preset("cdeit16").signature:
-    raise InputError(
-      f"cond {cond!r} reads CDEIT's 16-electrode EIM; the measuring system "
-      f'{layout.describe()} needs cond "linear" (config.model.cond)'
-    )
-  if current_carrying != "use" and not reads_values(cond):
-    raise InputError(
-      f'current_carrying {current_carrying!r} applies to cond "linear" (a device\'s values); '
-      f"cond {cond!r} reads CDEIT's 208, none on a current-carrying electrode "
-      "(config.model.current_carrying)"
-    )
-  if cond == "eim":
-    return None
-  if cond == "eim+linear":
-    return conditioning.LinearConditioner(alphas, layout=layout)
-  return conditioning.LayoutConditioner(
-    layout,
-    alphas,
-    removals=removals,
-    grid=grid,
-    current_carrying=current_carrying,
-    priors=priors,
-  )
+  system.condition.check(system.device, priors, system.current_carrying)
+  return system.condition.conditioner(system, alphas, grid, priors)
 
 
 class CDEIT(nnx.Module):
   """CDEIT denoiser: predicts the clean image x0 from a noisy image, a timestep and the EIM.
 
-  Args default to the published model (109,719,108 parameters with the position table); these
-  defaults are the config's (`config_lib.default_config` reads them from this signature).
-  `cond` is the condition: "eim" (published) or "eim+linear", which adds one linear
-  reconstruction of the same voltages per level in `cond_alphas` as input channels
-  (`cdeit_jax.eit.conditioning`), with the Jacobian of the measuring system `layout` (CDEIT's,
-  with its contact impedance).
+  `system` (`model.system.ModelSystem`, from `checkpoints.loading.resolve`) is what the model is
+  of: the measuring system whose values it reads, its electrode-removal rule, its condition
+  kind and its output kind. The published model's is `resolve(config_lib.default_config())`:
+  the EIM of CDEIT's 16 electrodes, images out. The other arguments default to the published
+  network (109,719,108 parameters with the position table); these defaults are the config's
+  (`config_lib.default_config` reads them from this signature).
+  A physics-informed condition (`model.condition_kinds`: "eim+linear", or "linear" for any
+  measuring system's values) adds one linear reconstruction of the voltages per level in
+  `cond_alphas` (and per prior in `cond_priors`: `eit.conditioning.PRIORS`) as input channels,
+  on a `cond_grid` grid, with the Jacobian of the system's device (its contact impedance
+  included).
   `dtype` is the compute dtype (a name or a dtype); parameters stay float32.
   `attention_impl` picks the attention backend (see `cdeit_jax.model.attention`; default: the best
   for the platform). `attention_query_chunk` computes global attention over query chunks of that
   many tokens in turn (lower peak memory with the `xla` backend).
-  `cond="linear"` takes the standardised voltages (B, R) of the measuring system `layout` (an
-  `eit.layout.Layout` with its contact impedance, or a preset or a device file; `self.layout`
-  holds it resolved), NaN where
-  a value is missing (one of the
-  electrode sets of the rule `removals`), and conditions on their linear reconstructions alone.
-  Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM (or (B, R) voltages) ->
-  (B, H, W, 1) float32 (the physics-informed channels are computed inside the model).
-  `current_carrying="drop"` leaves the values measured on a current-carrying electrode out of the
-  linear reconstructions (cond "linear"; `eit.conditioning.CURRENT_CARRYING`).
-  `cond_priors` (cond "linear") makes one channel per prior and level (`eit.conditioning.PRIORS`:
-  "noser", "laplace", "smooth"); `removal_input=True` gives every block the frame's
-  electrode-removal set (KTC2023: its level) as a learnt vector beside the timestep's.
-  `output="classes"` makes the same network a segmenter: no noisy image, no timestep, and
-  `segment(cond)` -> (B, H, W, 3) logits of KTC2023's classes (`model.classes`).
+  Call: `x` (B, H, W, 1) float, `t` (B,) int, `cond` (B, 16, 16, 1) EIM (or (B, R) standardised
+  values, NaN where missing) -> (B, H, W, 1) float32 (the physics-informed channels are computed
+  inside the model). `removal_input=True` gives every block the frame's electrode-removal set
+  (KTC2023: its level) as a learnt vector beside the timestep's. An output kind of one pass
+  (`model.output_kinds`, "classes") makes the same network a segmenter: no noisy image, no
+  timestep, and `segment(cond)` -> (B, H, W, 3) logits of KTC2023's classes (`model.classes`).
   """
 
   def __init__(
     self,
     *,
+    system,
     image_size: int = 128,
     patch_size: int = 2,
     in_channels: int = 1,
@@ -473,37 +407,28 @@ class CDEIT(nnx.Module):
     window_size: int | None = None,
     cond_size: int = 16,
     freq_dim: int = 256,
-    cond: str = "eim",
     cond_alphas: tuple = (0.03, 0.3),
     dtype: str | DType = "float32",
     attention_impl: str = "auto",
     attention_query_chunk: int | None = None,
     remat: bool = False,
     cond_grid: int = 32,
-    layout: str | Any = "cdeit16",
-    removals: str = "none",
-    output: str = "image",
-    current_carrying: str = "use",
     cond_priors: tuple = ("noser",),
     removal_input: bool = False,
     rngs: nnx.Rngs,
   ):
-    grid, window = _token_grid(image_size, patch_size, num_scales, window_size, cond_size, cond)
-    _check_output(output, cond)
+    grid, window = _token_grid(image_size, patch_size, num_scales, window_size, cond_size, system)
+    system.output.check(system.condition)
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
-    self.cond_mode, self.output = cond, output
-    self.output_kind = output_kinds.of(output)  # what it outputs, as one value
+    self.system = system  # what it is of, as the command resolved it
     dtype = jnp.dtype(dtype)
-    from cdeit_jax.eit import layout as layout_lib
-
-    self.layout = layout_lib.as_layout(layout)  # the measuring system whose values it reads
     self.conditioner = conditioner = _conditioner(
-      cond, tuple(cond_alphas), self.layout, removals, cond_grid, current_carrying, cond_priors
+      system, tuple(cond_alphas), cond_grid, tuple(cond_priors)
     )
     extra = 0 if self.conditioner is None else self.conditioner.num_channels
-    eim_channels = 0 if reads_values(cond) else in_channels
+    eim_channels = system.condition.eim_channels(in_channels)
     self.hidden_size, self.grid, self.window, self.cond_size = hidden_size, grid, window, cond_size
-    self.cond_shape = (conditioner.num_values,) if reads_values(cond) else (cond_size, cond_size, 1)
+    self.cond_shape = system.cond_shape(cond_size)
     self.freq_dim, self.dtype, self.remat = freq_dim, jnp.dtype(dtype), remat
     # "auto" (or None) picks the backend of the default device; callers compiling for another
     # platform (train.py --compile_topology) resolve it first (config_lib.model_kwargs).
@@ -516,7 +441,7 @@ class CDEIT(nnx.Module):
 
     sincos_axis_table(dim, grid)  # checks hidden_size now, not at the first call
     # Patch embedding: the conv is initialised like a Linear over (kh, kw, in) -> out.
-    image_channels = self.output_kind.noisy_channels(in_channels)
+    image_channels = system.output.noisy_channels(in_channels)
     self.x_embedder = nnx.Conv(
       image_channels + eim_channels + extra,
       dim,
@@ -534,7 +459,7 @@ class CDEIT(nnx.Module):
     self.t_fc2 = _linear(dim, dim, dtype, rngs, kernel_init=normal)
     self.removal_input = bool(removal_input)
     if self.removal_input:
-      self.removal_embed = _removal_embedding(cond, conditioner, dim, rngs)
+      self.removal_embed = _removal_embedding(system, conditioner, dim, rngs)
 
     chunk = attention_query_chunk
     block = lambda win=None: Block(
@@ -545,7 +470,7 @@ class CDEIT(nnx.Module):
     self.mid = block()
     self.ups = nnx.List([Up(dim, *args, attention_impl, chunk) for _ in range(num_scales)])
     self.swinOut1, self.swinOut2 = block(window), block(window)
-    self.out_channels = self.output_kind.out_channels(in_channels)
+    self.out_channels = system.output.out_channels(in_channels)
     self.final_layer = FinalLayer(dim, patch_size, self.out_channels, dtype, rngs)
 
   def pos_embed(self) -> Array:
@@ -569,14 +494,9 @@ class CDEIT(nnx.Module):
     return blk(x, c)
 
   @property
-  def reads_values(self) -> bool:
-    """Whether it reads its measuring system's values (B, R) (`reads_values`)."""
-    return reads_values(self.cond_mode)
-
-  @property
   def removes_values(self) -> bool:
     """Whether training removes values from the condition (`remove_values`)."""
-    return self.reads_values and self.conditioner.removed.shape[0] > 1
+    return self.system.reads_values and self.conditioner.removed.shape[0] > 1
 
   def remove_values(self, cond: Array, key: Array) -> Array:
     """Training: each example's condition loses the values of one of the electrode sets the
@@ -585,8 +505,9 @@ class CDEIT(nnx.Module):
 
   def __call__(self, x: Array, t: Array, cond: Array) -> Array:
     """The denoiser: (B, H, W, in_channels) x0 from the noisy image x at timesteps t."""
-    if not self.output_kind.noisy_channels(self.in_channels):
-      raise InputError(f"this network outputs {self.output!r}, not images: call segment(cond)")
+    if not self.system.output.noisy_channels(self.in_channels):
+      name = self.system.output.name
+      raise InputError(f"this network outputs {name!r}, not images: call segment(cond)")
     size = self.image_size
     if x.shape[1:] != (size, size, self.in_channels):
       raise InputError(f"x must be (B, {size}, {size}, {self.in_channels}), got {x.shape}")
@@ -595,14 +516,15 @@ class CDEIT(nnx.Module):
   def segment(self, cond: Array) -> Array:
     """The segmenter (`output="classes"`): (B, H, W, 3) float32 logits of water, resistive and
     conductive per pixel from the condition alone (the trunk's timestep is 0)."""
-    if not self.output_kind.gives_classes:
-      raise InputError(f"this network outputs {self.output!r}, not classes: call it (x, t, cond)")
+    if not self.system.output.gives_classes:
+      name = self.system.output.name
+      raise InputError(f"this network outputs {name!r}, not classes: call it (x, t, cond)")
     t = jnp.zeros((cond.shape[0],), jnp.int32)
     return self._forward([], t, cond, jnp.float32)
 
   def _forward(self, inputs: list, t: Array, cond: Array, dtype) -> Array:
     size = self.image_size
-    if self.reads_values:
+    if self.system.reads_values:
       if cond.shape[1:] != (self.conditioner.num_values,):
         raise InputError(
           f"cond must be (B, {self.conditioner.num_values}) voltages, got {cond.shape}"

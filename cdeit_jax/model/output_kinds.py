@@ -37,8 +37,8 @@ class Output:
   def out_channels(self, in_channels: int) -> int:
     raise NotImplementedError
 
-  def check(self, cond: str) -> None:
-    """An InputError for a condition this kind cannot read (`config.model.cond`)."""
+  def check(self, cond) -> None:
+    """An InputError for a condition (`model.condition_kinds`) this kind cannot read."""
 
   def loss(self, model, diffusion, x0: Array, t: Array, cond: Array, noise: Array) -> Array:
     """The training loss of a micro-batch (x0 the targets, t and noise the diffusion's draws)."""
@@ -96,8 +96,8 @@ class ClassOutput(Output):
 
     return NUM_CLASSES
 
-  def check(self, cond: str) -> None:
-    if cond == "eim":
+  def check(self, cond) -> None:
+    if not cond.linear:
       raise InputError(
         'output "classes" reads the condition alone: give it the linear reconstructions '
         '(config.model.cond "eim+linear" or "linear")'

@@ -17,13 +17,14 @@ import ml_collections
 import numpy as np
 
 from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import compat, fileio
 from cdeit_jax.common import device_memory as dm
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import measurement
 from cdeit_jax.infer import sampling
-from cdeit_jax.model import flops, network, output_kinds
+from cdeit_jax.model import flops
 from cdeit_jax.train import memory_fit, training
 
 GIB = dm.GIB
@@ -96,7 +97,7 @@ def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dic
 
   m = setup.model_kwargs
   shape = (m["image_size"], m["image_size"], m["in_channels"])
-  steps = output_kinds.of(m.get("output", "image")).sampler_steps(cfg.sampling.steps)
+  steps = setup.system.output.sampler_steps(cfg.sampling.steps)
   graphdef, weights = nnx.split(nnx.eval_shape(lambda: CDEIT(**m, rngs=nnx.Rngs(0))))
   stats = (
     np.zeros(measurement.STATS_SHAPE, np.float32),
@@ -114,7 +115,12 @@ def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dic
   t0 = time.perf_counter()
   try:
     compiled, _ = sampling.compile_sampler(
-      sampler, weights, mesh, global_batch, global_batch, cond_shape=network.cond_shape(m)
+      sampler,
+      weights,
+      mesh,
+      global_batch,
+      global_batch,
+      cond_shape=setup.system.cond_shape(m.get("cond_size", 16)),
     )
   except Exception as e:
     if not compat.is_out_of_memory(e):
@@ -145,7 +151,7 @@ def simulation_flops(num_unknowns: int, rhs: int = 16) -> float:
   return n**3 / 3 + 2 * 2 * n * n * rhs
 
 
-def _compile_simulator(cfg, mesh, step_flops: float) -> dict[str, Any]:
+def _compile_simulator(cfg, model_system, mesh, step_flops: float) -> dict[str, Any]:
   """The simulator source's batch (`simulator_source.batch_fn`) compiled for `mesh`: its memory
   and its FLOPs beside the train step's."""
   import jax
@@ -163,7 +169,8 @@ def _compile_simulator(cfg, mesh, step_flops: float) -> dict[str, Any]:
     unknowns, solves = drawn.num_unknowns, 2
   lay = gen.layout
   r = lay.num_values  # the measuring system's values (208 for CDEIT's)
-  fn = simulator_source.batch_fn(cfg, mesh, np.zeros(r, np.float32), np.ones(r, np.float32))
+  zeros, ones = np.zeros(r, np.float32), np.ones(r, np.float32)
+  fn = simulator_source.batch_fn(cfg, model_system, mesh, zeros, ones)
   t0 = time.perf_counter()
   step = jax.ShapeDtypeStruct((), np.int32, sharding=shd.replicated(mesh))
   with jax.set_mesh(mesh):
@@ -191,7 +198,7 @@ def compile_check(
   n, hosts = len(devices), len({d.process_index for d in devices})
   config_lib.check_training_config(cfg, n, hosts, need_data=False)
   mesh = shd.make_mesh(devices)
-  setup = training.setup(cfg, mesh, platform="tpu", abstract=True)
+  setup = training.setup(cfg, loading.resolve(cfg), mesh, platform="tpu", abstract=True)
   report: dict[str, Any] = {
     "topology": topology,
     "device_kind": devices[0].device_kind,
@@ -228,8 +235,8 @@ def compile_check(
   )
   eval_batch = cfg.eval_batch_size or cfg.batch_size
   report["sampler"] = _compile_sampler(setup, mesh, cfg, eval_batch)
-  if cfg.data.source == "simulator":
-    report["simulator"] = _compile_simulator(cfg, mesh, report["flops_per_step"])
+  if config_lib.training_source(cfg).simulates:
+    report["simulator"] = _compile_simulator(cfg, setup.system, mesh, report["flops_per_step"])
   if not report["fits"]:
     report["advice"] = memory_fit.fit_advice(cfg, n, "tpu")
   fileio.makedirs(workdir)

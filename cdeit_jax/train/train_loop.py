@@ -175,7 +175,8 @@ def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list
       f"cannot resume from {where} with a changed config ({diff}); rerun with the "
       "checkpoint's settings or give a new --workdir"
     )
-  warn = changed(_RESUME_WARN + (("simulator",) if cfg.data.source == "simulator" else ()))
+  simulated = config_lib.training_source(cfg).simulates
+  warn = changed(_RESUME_WARN + (("simulator",) if simulated else ()))
   if cfg.optimizer.schedule == "constant":  # then more steps only extend the same run
     warn = [k for k in warn if k != "steps"]
   return [
@@ -430,7 +431,8 @@ def _prepare(
   """The resume plan, the data, the model and its compiled step, and the state: fresh, or the
   newest intact step. `stop` may end the data's start-up early (`simulator_source.Stopped`)."""
   plan = plan_resume(mngr, cfg, workdir)
-  device = loading.resolve(cfg).device
+  system = loading.resolve(cfg)
+  device = system.device
   if plan.meta is not None:
     check_device(plan.meta, device, f"{mngr.directory}/{plan.meta['step']}")
   # a fine-tuning's start: the step config.init_from names now, resolved once and recorded in
@@ -445,9 +447,9 @@ def _prepare(
   if plan.meta is None and cfg.init_from and cfg.data.get("stats") is None:
     inherited = loading.start_inputs(origin_path, device)
   data = training_data.open_training_data(
-    cfg, mesh, device, plan.checkpoint_stats, stop, start_stats=inherited[0] if inherited else None
+    cfg, mesh, system, plan.checkpoint_stats, stop, start_stats=inherited[0] if inherited else None
   )
-  ts = training.setup(cfg, mesh, calibration_source=data.calibration, device=device)
+  ts = training.setup(cfg, system, mesh, calibration_source=data.calibration)
   compiled, cached = compile_step(ts, cfg, mesh)
   how = "loaded from the persistent compilation cache" if cached else "compiled"
   report = [
@@ -458,7 +460,7 @@ def _prepare(
     f"{memory_fit.train_step_report(compiled.memory, cfg)}",
     data.description,
   ]
-  note = conditioning.ignored_note(device, cfg.model.get("current_carrying", "use"))
+  note = conditioning.ignored_note(device, system.current_carrying)
   if note:
     report.append(note)
   warnings = list(plan.warnings)
@@ -501,7 +503,7 @@ def _prepare(
       weights=["ema", "raw"],
       source="train.py",
       calibration=calibration,
-      device=ts.device.record(),
+      device=ts.system.device.record(),
       rng=np.asarray(jax.random.key_data(rng)).tolist(),
       **({"init_from": origin} if origin is not None else {}),
     )

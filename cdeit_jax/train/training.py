@@ -190,7 +190,9 @@ def make_train_step(
 
   def loss_fn(params, constants, mb):
     model = nnx.merge(graphdef, params, constants)
-    return model.output_kind.loss(model, diffusion, mb["target"], mb["t"], mb["cond"], mb["noise"])
+    return model.system.output.loss(
+      model, diffusion, mb["target"], mb["t"], mb["cond"], mb["noise"]
+    )
 
   grad_fn = jax.value_and_grad(loss_fn)
 
@@ -257,7 +259,7 @@ def make_eval_step(graphdef: nnx.GraphDef, diffusion: Diffusion):
   def eval_step(params, constants, batch, key):
     model = nnx.merge(graphdef, params, constants)
     t, noise = _draws(key, batch["target"], diffusion.num_steps)
-    err = model.output_kind.per_example_loss(
+    err = model.system.output.per_example_loss(
       model, diffusion, batch["target"], t, batch["cond"], noise
     )
     return jnp.sum(err * batch["mask"]), jnp.sum(batch["mask"])
@@ -280,32 +282,31 @@ class Setup:
   diffusion: Diffusion
   num_params: int
   model_kwargs: dict
-  device: Any  # the measuring system (`eit.layout.Layout`) the model reads, resolved once
+  system: Any  # what the model is of (`model.system.ModelSystem`), resolved once
 
 
 def setup(
   cfg: ml_collections.ConfigDict,
+  system,
   mesh: jax.sharding.Mesh,
   *,
   platform: str | None = None,
   abstract: bool = False,
   calibration_source=None,
-  device=None,
 ) -> Setup:
   """Model, optimizer, state and the pure train step of `cfg` for `mesh`'s platform; `abstract`
   builds shapes only (no parameters are materialised: compile-only checks). A physics-informed
-  model is calibrated on `calibration_source` (the training `NpzSource`) when given. `device`:
-  the measuring system resolved already (default: the config's, `loading.device_of`)."""
+  model is calibrated on `calibration_source` (the training `NpzSource`) when given. `system`:
+  what the model is of, as the command resolved it (`loading.resolve`)."""
   from cdeit_jax import config_lib
   from cdeit_jax.checkpoints import loading
   from cdeit_jax.model.network import count_params
 
   platform = platform or mesh.devices.flat[0].platform
-  device = device if device is not None else loading.device_of(cfg)
-  kw = config_lib.model_kwargs(cfg, platform, device)
+  kw = config_lib.model_kwargs(cfg, system, platform)
   tx, lr = make_optimizer(cfg)
 
-  make = lambda: loading.build(cfg, seed=cfg.seed, platform=platform, layout=device)
+  make = lambda: loading.build(cfg, system, seed=cfg.seed, platform=platform)
   if abstract:
     model = nnx.eval_shape(make)
     graphdef = nnx.split(model, nnx.Param, Fixed)[0]
@@ -320,7 +321,7 @@ def setup(
   num_params = count_params(model)
   diffusion = Diffusion(**cfg.diffusion)
   step_fn = make_train_step(graphdef, diffusion, tx, lr, cfg.accum_steps, cfg.ema, mesh)
-  return Setup(graphdef, state, constants, step_fn, diffusion, num_params, kw, device)
+  return Setup(graphdef, state, constants, step_fn, diffusion, num_params, kw, system)
 
 
 @dataclasses.dataclass
@@ -361,9 +362,8 @@ def compile_train_step(
   state_sh = shd.state_shardings(abstract_state, mesh, shard_params)
   constants_sh = shd.state_shardings(abstract_constants, mesh)
   kw = ts.model_kwargs
-  from cdeit_jax.model.network import cond_shape
-
-  batch = abstract_batch(global_batch, kw["image_size"], kw.get("in_channels", 1), cond_shape(kw))
+  cond_shape = ts.system.cond_shape(kw.get("cond_size", 16))
+  batch = abstract_batch(global_batch, kw["image_size"], kw.get("in_channels", 1), cond_shape)
   batch_sh = {k: shd.batch_sharded(mesh) for k in batch}
   jitted = jax.jit(
     ts.step_fn,
