@@ -69,6 +69,32 @@ def pytest_collection_modifyitems(config, items):
       item.add_marker(pytest.mark.e2e)
 
 
+_SESSION = {}
+
+
+def pytest_sessionstart(session):
+  import time
+
+  _SESSION["start"] = time.perf_counter()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+  """The machine's matmul rate beside the suite's time (the README's test command's budget is
+  10 minutes on 2 cores; a slower machine's time is read against its rate)."""
+  if hasattr(config, "workerinput"):  # an xdist worker: the controller prints it
+    return
+  import time
+
+  from cdeit_jax.common import hardware
+
+  wall = time.perf_counter() - _SESSION.get("start", time.perf_counter())
+  rate = hardware.matmul_gflops()
+  terminalreporter.write_line(
+    f"suite wall time {wall:.0f} s on {os.cpu_count()} cores; this machine's float32 matmul "
+    f"rate {rate:.0f} GFLOP/s (XLA, 2048^3)"
+  )
+
+
 def pytest_unconfigure(config):
   if OWN_CACHE is not None:
     shutil.rmtree(OWN_CACHE, ignore_errors=True)
