@@ -23,7 +23,8 @@ from flax import nnx
 
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError, MissingFile
-from cdeit_jax.model.network import CDEIT, relative_position_index, sincos_pos_embed_2d
+from cdeit_jax.model.layers import relative_position_index, sincos_pos_embed_2d
+from cdeit_jax.model.network import CDEIT
 
 WINDOW_BLOCKS = ("swinIn1", "swinIn2", "swinOut1", "swinOut2")
 

@@ -412,7 +412,7 @@ def test_a_model_keeps_its_device_when_the_file_moves_or_changes(device_run, tmp
   line."""
   from cdeit_jax.checkpoints import checkpoint, loading
   from cdeit_jax.infer.reconstructor import Reconstructor
-  from cdeit_jax.train import train_loop
+  from cdeit_jax.train import resume
 
   d = device_run
   kept = tmp_path / "kept.mat"
@@ -426,7 +426,7 @@ def test_a_model_keeps_its_device_when_the_file_moves_or_changes(device_run, tmp
     assert rec.layout.signature == d.layout.signature
     meta = checkpoint.read_meta(d.run)
     with pytest.raises(checkpoint.CheckpointError, match="trained for device.mat .* now gives"):
-      train_loop.check_device(meta, lay.resolve(str(d.device)), "RUN/0")
+      resume.check_device(meta, lay.resolve(str(d.device)), "RUN/0")
     d.device.unlink()
     old = {k: v for k, v in meta.items() if k != "device"}
     with pytest.raises(InputError, match="step 0: device: not a measuring system"):

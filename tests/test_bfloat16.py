@@ -24,7 +24,7 @@ from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.data import sources
-from cdeit_jax.model import network
+from cdeit_jax.model import layers, network
 from cdeit_jax.model.diffusion import Diffusion
 from cdeit_jax.train import training
 
@@ -77,7 +77,7 @@ def test_timesteps_are_embedded_exactly():
   freqs = np.exp(-math.log(10000.0) * np.arange(128) / 128)
   args = t[:, None] * freqs[None]
   want = np.concatenate([np.cos(args), np.sin(args)], axis=-1)
-  got = np.asarray(network.timestep_embedding(jnp.asarray(t)))
+  got = np.asarray(layers.timestep_embedding(jnp.asarray(t)))
   assert got.dtype == np.float32
   np.testing.assert_allclose(got, want, atol=2e-4)
   assert np.abs(got[0] - got[1]).max() > 0.5

@@ -12,12 +12,8 @@ from cdeit_jax import config_lib, convert
 from cdeit_jax.checkpoints import checkpoint, loading
 from cdeit_jax.convert import StateDictMismatch, export_torch_state_dict, load_torch_state_dict
 from cdeit_jax.data import stats
-from cdeit_jax.model.network import (
-  CDEIT,
-  count_params,
-  relative_position_index,
-  sincos_pos_embed_2d,
-)
+from cdeit_jax.model.layers import relative_position_index, sincos_pos_embed_2d
+from cdeit_jax.model.network import CDEIT, count_params
 
 
 def test_export_round_trips_reference_state_dict(small_model, small_state_dict):

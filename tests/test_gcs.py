@@ -331,13 +331,13 @@ def test_damaged_step_set_aside_and_debug_log_in_a_bucket(gcs):
   """A damaged step's objects move to WORKDIR/damaged/STEP-TIME (object stores have no folder
   rename), and the debug log appends to an object."""
   from cdeit_jax.common import logs
-  from cdeit_jax.train import train_loop
+  from cdeit_jax.train import resume
 
   wd = f"{gcs}/runs/damaged"
   names = ["meta/metadata", "params/d/0a1b", "params/manifest.ocdbt"]
   for n in names:
     fileio.path(f"{wd}/checkpoints/7/{n}").write_text(n)
-  moved = train_loop._set_aside(wd, [7])
+  moved = resume._set_aside(wd, [7])
   assert len(moved) == 1 and moved[0].startswith(f"{wd}/damaged/7-"), moved
   assert _objects(moved[0]) == names
   assert not fileio.path(f"{wd}/checkpoints/7").exists()

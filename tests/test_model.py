@@ -7,13 +7,12 @@ import pytest
 from conftest import FIXTURES, TINY, nhwc, system_of
 from flax import nnx
 
-from cdeit_jax.model.network import (
-  CDEIT,
-  count_params,
+from cdeit_jax.model.layers import (
   relative_position_index,
   sincos_pos_embed_2d,
   timestep_embedding,
 )
+from cdeit_jax.model.network import CDEIT, count_params
 
 
 @pytest.fixture(scope="module")

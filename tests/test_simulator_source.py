@@ -214,7 +214,7 @@ def test_sigterm_during_the_statistics_stops_within_a_chunk(tmp_path):
   import threading
   import time
 
-  from cdeit_jax.train import train_loop
+  from cdeit_jax.train import preemption, train_loop
 
   cfg = _cfg(nominal=True)
   cfg.simulator.stats_examples = 256 * 100
@@ -222,7 +222,7 @@ def test_sigterm_during_the_statistics_stops_within_a_chunk(tmp_path):
   def kill_once_handled():  # the signal only once train() handles it (else it ends pytest)
     for _ in range(6000):
       handler = signal.getsignal(signal.SIGTERM)
-      if getattr(handler, "__func__", None) is train_loop._Preemption._handle:
+      if getattr(handler, "__func__", None) is preemption.Preemption._handle:
         os.kill(os.getpid(), signal.SIGTERM)
         return
       time.sleep(0.005)

@@ -95,7 +95,7 @@ def ema_pytorch_reference(ws, beta=0.995, update_every=10, after=100, power=2 / 
 
 
 def test_grad_norm_warning_sees_every_step_of_the_window():
-  from cdeit_jax.train.train_loop import unusual_grad_norms
+  from cdeit_jax.train.log_windows import unusual_grad_norms
 
   assert unusual_grad_norms(11, [0.5, 2.0, 3.0]) == []
   # a spike in the middle of the window (the last step is normal)
@@ -575,16 +575,16 @@ def test_second_training_in_a_workdir_is_refused_and_a_dead_ones_lock_taken(tmp_
 
 
 def test_resume_refuses_a_changed_batch_size_and_warns_on_changed_optimizer(tmp_path, straight_run):
-  from cdeit_jax.train import train_loop
+  from cdeit_jax.train import resume
 
   meta = checkpoint.read_meta(str(straight_run))
   with pytest.raises(
     checkpoint.CheckpointError, match=r"config.batch_size: checkpoint 8, now 16.*new --workdir"
   ):
-    train_loop.check_resume(cfg_(batch_size=16), meta, "here")
+    resume.check_resume(cfg_(batch_size=16), meta, "here")
   with pytest.raises(checkpoint.CheckpointError, match=r"config.model.hidden_size: checkpoint 32"):
-    train_loop.check_resume(cfg_(**{"model.hidden_size": 64}), meta, "here")
-  warnings = train_loop.check_resume(
+    resume.check_resume(cfg_(**{"model.hidden_size": 64}), meta, "here")
+  warnings = resume.check_resume(
     cfg_(steps=24, **{"optimizer.lr": 5e-4, "model.attention_impl": "xla"}), meta, "here"
   )
   assert warnings == [

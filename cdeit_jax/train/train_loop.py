@@ -1,7 +1,8 @@
 """The training loop, in phases: the resume plan (which checkpoint, if any, and whether the
-config may resume from it), the data (`sources`), the compiled step (`training`), the restore
-(the newest intact step), then the steps, with every periodic action (log window, validation,
-checkpoint, preemption stop) decided by one small predicate (`Schedule`).
+config may resume from it: `resume`), the data (`sources`), the compiled step (`training`), the
+restore (the newest intact step: `resume`), then the steps, with every periodic action (log
+window: `log_windows`, validation, checkpoint, preemption stop: `preemption`) decided by one
+small predicate (`Schedule`).
 
 Host work stays off the device's path: metrics are fetched once per log window, checkpoints
 are written asynchronously by orbax, and grain prefetches batches in threads or processes.
@@ -10,7 +11,6 @@ are written asynchronously by orbax, and grain prefetches batches in threads or 
 from __future__ import annotations
 
 import dataclasses
-import json
 import signal
 import time
 from collections.abc import Callable
@@ -20,71 +20,25 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from jax.experimental import multihost_utils
 
 from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint, loading, shipped
-from cdeit_jax.common import compat, compile_cache, fileio, hardware, logs, tracking
+from cdeit_jax.common import compat, compile_cache, fileio, logs, tracking
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import CdeitError
 from cdeit_jax.data import pipeline, simulator_source, training_data
 from cdeit_jax.eit import conditioning
 from cdeit_jax.train import budget as budget_lib
 from cdeit_jax.train import goodput, memory_fit, training, workdir_lock
+from cdeit_jax.train.log_windows import Window
+from cdeit_jax.train.preemption import Preemption
+from cdeit_jax.train.resume import check_device, plan_resume, restore
 
 log = logs.log.getChild("train")
 
 
-class NonFiniteLoss(CdeitError, RuntimeError):
-  pass
-
-
 class Interrupted(CdeitError, KeyboardInterrupt):
   """Ctrl-C: the run saved its step and stopped (the commands exit 130)."""
-
-
-class _Preemption:
-  """Stop at a step every process agrees on after a SIGTERM to any of them.
-
-  One process: a Python handler of SIGTERM and of a first Ctrl-C (SIGINT; a second one
-  interrupts at once) sets a flag, checked after every step, so an interrupted run saves its
-  step like a preempted one instead of stopping inside a save. Several: JAX's
-  preemption service (started by `jax.distributed.initialize`) catches SIGTERM itself, tells
-  every process through the coordination service and agrees on the next safe step;
-  `reached_preemption_sync_point(step)`, called after every step, is a local check (no
-  collective, no device sync) that turns true at that same step everywhere. No Python handler
-  is installed then: it would replace JAX's and hide the signal from it.
-  """
-
-  def __init__(self):
-    self.requested, self.signal = False, None
-    self._multi = jax.process_count() > 1
-    self._previous = (
-      {}
-      if self._multi
-      else {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
-    )
-
-  def _handle(self, signum, frame):
-    if signum == signal.SIGINT and self.signal == signal.SIGINT:
-      raise KeyboardInterrupt  # a second Ctrl-C: at once
-    self.requested, self.signal = True, signum
-
-  def requested_here(self) -> bool:
-    """A signal to this process before the steps (checked by long start-up work: the simulator's
-    statistics). Always False with several processes, whose start-up work is collective: they
-    stop together at the first step's sync point instead."""
-    return self.requested and not self._multi
-
-  def agreed(self, step: int) -> bool:
-    """Whether to save and stop after `step` (call after every step, on every process)."""
-    if not self._multi:
-      return self.requested
-    return multihost_utils.reached_preemption_sync_point(step)
-
-  def restore(self):
-    for s, handler in self._previous.items():
-      signal.signal(s, handler)
 
 
 def train(
@@ -102,7 +56,7 @@ def train(
   lock = workdir_lock.WorkdirLock(workdir, lease_s=cfg.lock_lease_s)
   # from before the lock exists: a SIGTERM once it is visible (while starting or compiling)
   # stops the run cleanly and releases it, never kills the process with the lock left behind
-  preempt = _Preemption()
+  preempt = Preemption()
   try:
     if jax.process_index() == 0:  # one run per workdir (the other processes belong to this run)
       lock.acquire()
@@ -130,105 +84,7 @@ def train(
     lock.release()
 
 
-# Settings a run cannot resume under: they change the state's shapes or the data order.
-_RESUME_FIXED = ("batch_size",)
-# Settings that may change on resume, but then the run no longer matches an uninterrupted one.
-_RESUME_WARN = (
-  "seed",
-  "steps",
-  "accum_steps",
-  "optimizer",
-  "ema",
-  "diffusion",
-  "data.seed",
-  "data.path",
-  "data.train_split",
-  "data.source",
-)
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for k, v in tree.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
-def check_resume(cfg: ml_collections.ConfigDict, meta: dict, where: str) -> list[str]:
-  """Refuse a config the checkpoint cannot resume under; returns warnings for changed settings
-  that resume but break equality with an uninterrupted run."""
-  now = _flat(json.loads(cfg.to_json_best_effort()))
-  was = _flat(meta.get("config", {}))
-  changed = lambda keys: [
-    k
-    for k in sorted(set(now) | set(was))
-    if any(k == p or k.startswith(p + ".") for p in keys) and now.get(k) != was.get(k)
-  ]
-  model = [k for k in changed(("model",)) if k.split(".", 1)[1] not in loading.RUNTIME_MODEL_KEYS]
-  fixed = model + changed(_RESUME_FIXED)
-  if fixed:
-    diff = "; ".join(f"config.{k}: checkpoint {was.get(k)!r}, now {now.get(k)!r}" for k in fixed)
-    raise checkpoint.CheckpointError(
-      f"cannot resume from {where} with a changed config ({diff}); rerun with the "
-      "checkpoint's settings or give a new --workdir"
-    )
-  simulated = config_lib.training_source(cfg).simulates
-  warn = changed(_RESUME_WARN + (("simulator",) if simulated else ()))
-  if cfg.optimizer.schedule == "constant":  # then more steps only extend the same run
-    warn = [k for k in warn if k != "steps"]
-  return [
-    f"warning: resuming {where} with changed config.{k}: {was.get(k)!r} -> "
-    f"{now.get(k)!r} (the run no longer equals an uninterrupted one)"
-    for k in warn
-  ]
-
-
-def check_device(meta: dict, device, where: str) -> None:
-  """Refuse to resume when the config's measuring system is not the one the checkpoint was
-  trained for (a device file changed or replaced since)."""
-  from cdeit_jax.eit import layout
-
-  was = layout.Layout.from_record(meta["device"], f"{where}: its device")
-  if not was.same_system(device):
-    raise checkpoint.CheckpointError(
-      f"cannot resume from {where}: it was trained for {was.describe()}, the config now gives "
-      f"{device.describe()} (config.simulator.layout; a device file changed?); give the "
-      "device it was trained for, or a new --workdir"
-    )
-
-
 # ----------------------------------------------------------------------------- phases
-
-
-@dataclasses.dataclass
-class ResumePlan:
-  """Where the state comes from: None (a new run) or the newest step whose metadata reads."""
-
-  meta: dict | None
-  warnings: list[str]
-  skipped: dict[int, str]  # unreadable steps passed over: {step: reason}
-
-  @property
-  def checkpoint_stats(self):
-    return None if self.meta is None else checkpoint.meta_stats(self.meta)
-
-
-def plan_resume(mngr, cfg: ml_collections.ConfigDict, workdir: str) -> ResumePlan:
-  """Read the newest readable step's metadata and check that `cfg` may resume from it."""
-  steps = sorted(mngr.all_steps(), reverse=True)
-  if not steps:
-    return ResumePlan(None, [], {})
-  _, meta, skipped = checkpoint.first_readable(workdir, steps)
-  if cfg.steps < int(meta["step"]):
-    raise checkpoint.CheckpointError(
-      f"config.steps={cfg.steps} is below the step of {mngr.directory}/{meta['step']}: "
-      f"nothing to train; give --config.steps above {meta['step']} to train on, or a new "
-      "--workdir"
-    )
-  return ResumePlan(meta, check_resume(cfg, meta, f"{mngr.directory}/{meta['step']}"), skipped)
 
 
 def compile_step(
@@ -244,41 +100,6 @@ def compile_step(
     if not compat.is_out_of_memory(e):
       raise
     raise memory_fit.does_not_fit(e, cfg) from None
-
-
-def restore(
-  mngr, workdir: str, plan: ResumePlan, state, compiled: training.CompiledStep, constants, data_item
-) -> tuple[Any, dict, int, list[str], list[str]]:
-  """(state, meta, step, warnings, report lines) from the newest step that restores completely,
-  the calibration set in `constants`; damaged steps are moved aside (kept for inspection)."""
-  load = lambda st: checkpoint.restore_train(mngr, st, state, compiled.state_shardings, data_item)
-  steps = sorted(mngr.all_steps(), reverse=True)
-  step, (state, meta), skipped = checkpoint.first_intact(
-    steps, load, str(mngr.directory), plan.skipped
-  )
-  checkpoint.set_calibration(constants, meta.get("calibration", {}))
-  warnings = [f"skipping checkpoint step {st}: {reason}" for st, reason in skipped.items()]
-  report = []
-  damaged = [st for st in steps if st > step]  # each failed to restore
-  if damaged:
-    report += [f"moved damaged checkpoint to {path}" for path in _set_aside(workdir, damaged)]
-    mngr.reload()  # the manager forgets the steps moved away
-  report.append(f"resumed from {mngr.directory}/{step}")
-  return state, meta, step, warnings, report
-
-
-def _set_aside(workdir: str, steps: list[int]) -> list[str]:
-  """Move damaged step folders to `<workdir>/damaged/` (kept for inspection, out of orbax's way
-  so that the step can be written again)."""
-  moved = []
-  if jax.process_index() == 0:
-    for step in steps:
-      target = fileio.join(workdir, "damaged", f"{step}-{time.strftime('%Y%m%d-%H%M%S')}")
-      fileio.move(fileio.join(workdir, checkpoint.CHECKPOINTS, str(step)), target)
-      moved.append(target)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices("cdeit_jax damaged checkpoints moved")
-  return moved
 
 
 class Schedule:
@@ -300,72 +121,6 @@ class Schedule:
   def log(self, step: int, stop: bool) -> bool:
     """The end of a log window (metrics fetched): any action ends one."""
     return step % self.log_every == 0 or self.save(step, stop)
-
-
-GRAD_NORM_RANGE = (1e-7, 1e3)  # outside it, a step's gradient norm is reported
-
-
-def unusual_grad_norms(first_step: int, norms: list[float]) -> list[str]:
-  """Warnings for the steps of a log window (steps first_step, first_step + 1, ...) whose
-  gradient norm lies outside GRAD_NORM_RANGE: every step is checked, so a spike inside the window
-  is seen; one line per window, naming the steps (the first few) and the extreme value."""
-  lo, hi = GRAD_NORM_RANGE
-  bad = [(first_step + i, g) for i, g in enumerate(norms) if not lo <= g <= hi]
-  if not bad:
-    return []
-  steps = ", ".join(str(s) for s, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
-  worst = max(bad, key=lambda sg: abs(np.log10(max(sg[1], 1e-30))))
-  return [
-    f"gradient norm outside [{lo:g}, {hi:g}] at {len(bad)} step(s) ({steps}); "
-    f"{worst[1]:.3g} at step {worst[0]}"
-  ]
-
-
-class Window:
-  """The device metrics of the steps since the last log, fetched once at the window's end."""
-
-  def __init__(self, start: int, batch_size: int, flops_per_step: float):
-    self.batch_size, self.flops_per_step = batch_size, flops_per_step
-    self.peak = hardware.peak_tflops()
-    self.start, self.t0, self.pending = start, time.perf_counter(), []
-
-  def add(self, metrics: dict) -> None:
-    self.pending.append(metrics)
-
-  def close(self, step: int, last_good: int | None, workdir: str) -> dict[str, Any]:
-    """The window's statistics (one host sync); NonFiniteLoss at a non-finite step."""
-    host = jax.device_get(self.pending)
-    now = time.perf_counter()
-    if not all(bool(m["finite"]) for m in host):
-      bad = self.start + 1 + next(i for i, m in enumerate(host) if not bool(m["finite"]))
-      raise NonFiniteLoss(
-        f"the loss or gradient became non-finite at step {bad}; stopping without saving. "
-        f"The last good checkpoint is step {last_good} in {workdir}/checkpoints "
-        "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data)."
-      )
-    n, batch, devices = step - self.start, self.batch_size, jax.device_count()
-    self.seconds = now - self.t0
-    sps = n / self.seconds
-    norms = [float(m["grad_norm"]) for m in host]
-    out = {
-      "loss": float(np.mean([m["loss"] for m in host])),
-      "grad_norm": norms[-1],
-      "grad_norm_max": max(norms),
-      "lr": float(host[-1]["lr"]),
-      "steps_per_sec": sps,
-      "samples_per_sec": sps * batch,
-      "samples_per_sec_per_device": sps * batch / devices,
-      "tflops_per_device": self.flops_per_step / devices * sps / 1e12,
-    }
-    if self.peak:
-      out["fraction_of_peak"] = out["tflops_per_device"] / self.peak
-    for line in unusual_grad_norms(self.start + 1, norms):
-      log.warning(line)
-    self.steps = n
-    return out
-
-  def reset(self, step: int) -> None:
-    self.start, self.t0, self.pending = step, time.perf_counter(), []
 
 
 def make_validation(
@@ -528,7 +283,7 @@ def _train(
   workdir: str,
   mesh,
   clock: goodput.Clock,
-  preempt: _Preemption,
+  preempt: Preemption,
   lock: workdir_lock.WorkdirLock,
 ) -> dict[str, Any]:
   primary = jax.process_index() == 0

@@ -1,0 +1,87 @@
+"""The log window: the device metrics of the steps since the last log, fetched once at the
+window's end (one host sync), with their rates, the gradient norms outside a plausible range,
+and the stop at a non-finite loss.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from cdeit_jax.common import hardware, logs
+from cdeit_jax.common.errors import CdeitError
+
+log = logs.log.getChild("train")
+
+
+class NonFiniteLoss(CdeitError, RuntimeError):
+  pass
+
+
+GRAD_NORM_RANGE = (1e-7, 1e3)  # outside it, a step's gradient norm is reported
+
+
+def unusual_grad_norms(first_step: int, norms: list[float]) -> list[str]:
+  """Warnings for the steps of a log window (steps first_step, first_step + 1, ...) whose
+  gradient norm lies outside GRAD_NORM_RANGE: every step is checked, so a spike inside the window
+  is seen; one line per window, naming the steps (the first few) and the extreme value."""
+  lo, hi = GRAD_NORM_RANGE
+  bad = [(first_step + i, g) for i, g in enumerate(norms) if not lo <= g <= hi]
+  if not bad:
+    return []
+  steps = ", ".join(str(s) for s, _ in bad[:5]) + (", ..." if len(bad) > 5 else "")
+  worst = max(bad, key=lambda sg: abs(np.log10(max(sg[1], 1e-30))))
+  return [
+    f"gradient norm outside [{lo:g}, {hi:g}] at {len(bad)} step(s) ({steps}); "
+    f"{worst[1]:.3g} at step {worst[0]}"
+  ]
+
+
+class Window:
+  """The device metrics of the steps since the last log, fetched once at the window's end."""
+
+  def __init__(self, start: int, batch_size: int, flops_per_step: float):
+    self.batch_size, self.flops_per_step = batch_size, flops_per_step
+    self.peak = hardware.peak_tflops()
+    self.start, self.t0, self.pending = start, time.perf_counter(), []
+
+  def add(self, metrics: dict) -> None:
+    self.pending.append(metrics)
+
+  def close(self, step: int, last_good: int | None, workdir: str) -> dict[str, Any]:
+    """The window's statistics (one host sync); NonFiniteLoss at a non-finite step."""
+    host = jax.device_get(self.pending)
+    now = time.perf_counter()
+    if not all(bool(m["finite"]) for m in host):
+      bad = self.start + 1 + next(i for i, m in enumerate(host) if not bool(m["finite"]))
+      raise NonFiniteLoss(
+        f"the loss or gradient became non-finite at step {bad}; stopping without saving. "
+        f"The last good checkpoint is step {last_good} in {workdir}/checkpoints "
+        "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data)."
+      )
+    n, batch, devices = step - self.start, self.batch_size, jax.device_count()
+    self.seconds = now - self.t0
+    sps = n / self.seconds
+    norms = [float(m["grad_norm"]) for m in host]
+    out = {
+      "loss": float(np.mean([m["loss"] for m in host])),
+      "grad_norm": norms[-1],
+      "grad_norm_max": max(norms),
+      "lr": float(host[-1]["lr"]),
+      "steps_per_sec": sps,
+      "samples_per_sec": sps * batch,
+      "samples_per_sec_per_device": sps * batch / devices,
+      "tflops_per_device": self.flops_per_step / devices * sps / 1e12,
+    }
+    if self.peak:
+      out["fraction_of_peak"] = out["tflops_per_device"] / self.peak
+    for line in unusual_grad_norms(self.start + 1, norms):
+      log.warning(line)
+    self.steps = n
+    return out
+
+  def reset(self, step: int) -> None:
+    self.start, self.t0, self.pending = step, time.perf_counter(), []
