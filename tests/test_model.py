@@ -144,7 +144,7 @@ def test_published_size_parameter_count_and_compiles():
 )
 def test_bad_sizes_are_named(kwargs, match):
   with pytest.raises(ValueError, match=match):
-    CDEIT(**kwargs, rngs=nnx.Rngs(0))
+    CDEIT(system=system_of(), **kwargs, rngs=nnx.Rngs(0))
 
 
 def test_bad_input_shapes_are_named(tiny_model):

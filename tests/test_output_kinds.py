@@ -14,7 +14,7 @@ from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
-from cdeit_jax.model import output_kinds
+from cdeit_jax.model import condition_kinds, output_kinds
 from cdeit_jax.train import training
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -31,8 +31,9 @@ def test_each_kind_says_its_channels_and_passes():
   with pytest.raises(InputError, match=r"output 'mask' must be one of \('image', 'classes'\)"):
     output_kinds.of("mask")
   with pytest.raises(InputError, match='output "classes" reads the condition alone'):
-    classes.check("eim")
-  image.check("eim")
+    classes.check(condition_kinds.of("eim"))
+  image.check(condition_kinds.of("eim"))
+  classes.check(condition_kinds.of("linear"))
 
 
 class _Doubled(output_kinds.ImageOutput):
