@@ -182,8 +182,8 @@ def test_no_import_circle():
 
 def test_configs_read_without_the_physics(tmp_path):
   """Loading every shipped config imports neither the simulator nor the conditioning (only the
-  physics' plain descriptions: `eit.spec`, `eit.measurement`, `eit.layout`, which import no
-  JAX); configs/device.py reads its calibrated device file."""
+  physics' plain descriptions: `eit.spec`, `eit.measurement`, `eit.layout` and its turns, which
+  import no JAX); configs/device.py reads its calibrated device file."""
   from cdeit_jax.eit import layout
 
   device = tmp_path / "device.npz"
@@ -194,7 +194,8 @@ def test_configs_read_without_the_physics(tmp_path):
     "for f in sorted(glob.glob('configs/*.py')):\n"
     f"  config_lib.load(f + (':{device}' if 'device' in f else ''))\n"
     "print(sorted(m for m in sys.modules if m.startswith('cdeit_jax.eit.') and m not in "
-    "('cdeit_jax.eit.spec', 'cdeit_jax.eit.measurement', 'cdeit_jax.eit.layout')))"
+    "('cdeit_jax.eit.spec', 'cdeit_jax.eit.measurement', 'cdeit_jax.eit.layout', "
+    "'cdeit_jax.eit.turns')))"
   )
   r = subprocess.run(
     [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent
