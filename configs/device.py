@@ -34,7 +34,7 @@ import numpy as np
 from cdeit_jax import config_lib
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import layout, turns
-from cdeit_jax.eit.layout import RANGE_KEYS
+from cdeit_jax.eit.device_files import RANGE_KEYS
 from cdeit_jax.eit.spec import WIDTH_DEG_LIMITS, SystemSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
