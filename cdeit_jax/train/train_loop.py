@@ -23,7 +23,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from cdeit_jax import config_lib
-from cdeit_jax.checkpoints import checkpoint, loading, shipped
+from cdeit_jax.checkpoints import checkpoint, loading, shipped, train_checkpoint
 from cdeit_jax.common import compat, compile_cache, fileio, hardware, logs, tracking
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import CdeitError
@@ -250,7 +250,9 @@ def restore(
 ) -> tuple[Any, dict, int, list[str], list[str]]:
   """(state, meta, step, warnings, report lines) from the newest step that restores completely,
   the calibration set in `constants`; damaged steps are moved aside (kept for inspection)."""
-  load = lambda st: checkpoint.restore_train(mngr, st, state, compiled.state_shardings, data_item)
+  load = lambda st: train_checkpoint.restore_train(
+    mngr, st, state, compiled.state_shardings, data_item
+  )
   steps = sorted(mngr.all_steps(), reverse=True)
   step, (state, meta), skipped = checkpoint.first_intact(
     steps, load, str(mngr.directory), plan.skipped
@@ -530,7 +532,7 @@ def _train(
   lock: workdir_lock.WorkdirLock,
 ) -> dict[str, Any]:
   primary = jax.process_index() == 0
-  mngr = checkpoint.train_manager(
+  mngr = train_checkpoint.train_manager(
     workdir, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoints
   )
   try:
@@ -672,7 +674,7 @@ def _close_window(
     with clock.phase("checkpoint"):
       if primary:
         lock.check(read=True)  # the commit and the retention deletes are the lease's
-      checkpoint.save_train(
+      train_checkpoint.save_train(
         mngr, state, p.data.checkpoint_item, p.meta_now(step), last.get("val_loss")
       )
       if end:  # the last save is part of the run
