@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
   from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio, logs
   from cdeit_jax.common.errors import InputError
-  from cdeit_jax.eit import calibration, layout
+  from cdeit_jax.eit import calibration, device_files, layout
 
   logs.console()
   if not FLAGS.out.lower().endswith(".npz"):
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> None:
   device = calibration.calibrated(lay, fit)
   refuse_another_device(FLAGS.out, device)
   fileio.makedirs(fileio.dirname(FLAGS.out))
-  layout.save_device(FLAGS.out, device, reference, ranges=fit.ranges)
+  device_files.save_device(FLAGS.out, device, reference, ranges=fit.ranges)
   print(json.dumps({"device": device.describe(), "out": FLAGS.out, **vars(fit)}))
 
 

@@ -33,8 +33,8 @@ import numpy as np
 
 from cdeit_jax import config_lib
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import layout
-from cdeit_jax.eit.layout import RANGE_KEYS
+from cdeit_jax.eit import layout, turns
+from cdeit_jax.eit.device_files import RANGE_KEYS
 from cdeit_jax.eit.spec import WIDTH_DEG_LIMITS, SystemSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -97,7 +97,7 @@ def _for_device(device: str | None = None):
   c.model.current_carrying = "drop"
   # each sample drawn for the tank turned or mirrored another way, where the device has those
   # symmetries: validation RMSE 0.1558 -> 0.1541 (skip-1), 0.1544 -> 0.1524 (skip-3)
-  c.sampling.symmetric = layout.has_symmetries(layout.from_device_file(device)[0])
+  c.sampling.symmetric = turns.has_symmetries(layout.from_device_file(device)[0])
   c.sampling.num_samples = 16  # valid RMSE 0.1558 / 0.1544 / 0.1541 with 8 / 16 / 32 (skip-3)
   return c
 

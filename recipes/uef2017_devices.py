@@ -35,7 +35,7 @@ sys.path.insert(0, REPO)
 from cdeit_jax.checkpoints import shipped  # noqa: E402
 from cdeit_jax.common import fileio  # noqa: E402
 from cdeit_jax.common.errors import InputError  # noqa: E402
-from cdeit_jax.eit import layout  # noqa: E402
+from cdeit_jax.eit import device_files, layout  # noqa: E402
 
 ADJACENT = os.path.join(REPO, "data", "uef2017")
 NAMES = os.path.join(REPO, "data", "uef2017_protocols", "skip1", "names.txt")
@@ -59,7 +59,9 @@ def adjacent_device(calibrated: str) -> tuple[layout.Layout, dict]:
   try:
     with np.load(calibrated, allow_pickle=False) as d:
       width, z = float(d["width_deg"]), float(d["contact_impedance"])
-      ranges = {k: tuple(map(float, d[key])) for k, key in layout.RANGE_KEYS.items() if key in d}
+      ranges = {
+        k: tuple(map(float, d[key])) for k, key in device_files.RANGE_KEYS.items() if key in d
+      }
   except (OSError, KeyError, ValueError) as e:
     raise InputError(
       f"--calibrated {calibrated}: not a calibrated device ({' '.join(str(e).split())[:120]}); "
@@ -94,7 +96,7 @@ def cmd_adjacent(args) -> None:
   shipped.refuse_write(args.out, "--out")  # before any work: never into a shipped model's folder
   lay, ranges = adjacent_device(args.calibrated)
   os.makedirs(args.out, exist_ok=True)
-  layout.save_device(os.path.join(args.out, "device.npz"), lay, ranges=ranges)
+  device_files.save_device(os.path.join(args.out, "device.npz"), lay, ranges=ranges)
   frames = adjacent_frames(lay)
 
   def write(tmp):

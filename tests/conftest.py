@@ -167,13 +167,13 @@ def sigterm_after_first_log(p, workdir, timeout: float = 300) -> int:
   latest checkpointed step after it exited cleanly."""
   import signal
 
-  from cdeit_jax.checkpoints import checkpoint
+  from cdeit_jax.checkpoints import train_checkpoint
 
   wait_for_first_log(workdir, timeout)
   p.send_signal(signal.SIGTERM)
   _, err = p.communicate(timeout=timeout)
   assert p.returncode == 0, err[-3000:]
-  mngr = checkpoint.train_manager(str(workdir))
+  mngr = train_checkpoint.train_manager(str(workdir))
   stopped = mngr.latest_step()
   mngr.close()
   return stopped
@@ -315,7 +315,7 @@ def final_state(workdir, cfg, devices=None):
   folder or gs:// URL), restored onto `devices`."""
   import jax
 
-  from cdeit_jax.checkpoints import checkpoint
+  from cdeit_jax.checkpoints import train_checkpoint
   from cdeit_jax.common import fileio
   from cdeit_jax.common import sharding as shd
   from cdeit_jax.data import pipeline, sources
@@ -330,9 +330,9 @@ def final_state(workdir, cfg, devices=None):
   sh = shd.state_shardings(abstract, mesh)
   src = sources.NpzSource(fileio.join(cfg.data.path, cfg.data.train_split), "uef2017", "authors")
   it = iter(pipeline.train_dataset(src, cfg.batch_size, cfg.data, preset("cdeit16")))
-  mngr = checkpoint.train_manager(str(workdir))
+  mngr = train_checkpoint.train_manager(str(workdir))
   step = mngr.latest_step()
-  state, meta = checkpoint.restore_train(mngr, step, jax.device_put(state, sh), sh, it)
+  state, meta = train_checkpoint.restore_train(mngr, step, jax.device_put(state, sh), sh, it)
   mngr.close()
   leaves = [np.asarray(x) for x in jax.tree.leaves((state.params, state.ema, state.opt_state))]
   return step, leaves, next(it)["index"].tolist()

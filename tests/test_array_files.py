@@ -1,6 +1,6 @@
 """The one registry of file formats (`cdeit_jax.common.array_files`) and of device-file keys
-(`eit.layout.DeviceFormat`): a new format or vendor is one registration and a test, and both
-device files and frames files read through them."""
+(`eit.device_files.DeviceFormat`): a new format or vendor is one registration and a test, and
+both device files and frames files read through them."""
 
 import json
 
@@ -10,6 +10,7 @@ from conftest import REPO
 
 from cdeit_jax.common import array_files
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import device_files, pattern_rules
 from cdeit_jax.eit import layout as lay
 from cdeit_jax.infer import frames
 
@@ -18,7 +19,7 @@ from cdeit_jax.infer import frames
 def registries(monkeypatch):
   """The registries as they are, restored after the test."""
   monkeypatch.setattr(array_files, "READERS", dict(array_files.READERS))
-  monkeypatch.setattr(lay, "DEVICE_FORMATS", dict(lay.DEVICE_FORMATS))
+  monkeypatch.setattr(device_files, "DEVICE_FORMATS", dict(device_files.DEVICE_FORMATS))
 
 
 def _arrays(layout, values) -> dict:
@@ -42,12 +43,13 @@ def test_a_new_vendor_and_a_new_format_are_one_registration_each(registries, tmp
   np.savez(npz, **arrays)
   with pytest.raises(InputError, match=r"ref.npz: no measuring system found; .*KTC's keys"):
     lay.from_device_file(str(npz))
-  lay.register_device_format(lay.DeviceFormat("ACME", ("currents",), ("pairs",), ("empty",), True))
+  acme = device_files.DeviceFormat("ACME", ("currents",), ("pairs",), ("empty",), True)
+  device_files.register_device_format(acme)
   got, ref = lay.from_device_file(str(npz))
   np.testing.assert_array_equal(got.rows, device.rows)
   np.testing.assert_allclose(got.currents, device.currents / np.abs(device.currents).max())
   np.testing.assert_array_equal(ref, values)
-  np.testing.assert_allclose(got.angles, lay.evenly_spaced(16, 90.0, clockwise=True))
+  np.testing.assert_allclose(got.angles, pattern_rules.evenly_spaced(16, 90.0, clockwise=True))
   assert got.name == "ref.npz (ACME keys)"
   v, reference, _ = frames.read(str(npz), device.num_values)
   np.testing.assert_array_equal(v, values[None])

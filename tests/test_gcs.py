@@ -316,9 +316,9 @@ def test_a_paused_training_that_lost_its_lease_stops_and_the_other_finishes(
   assert s_step == k_step == 24 and s_next == k_next
   for x, y in zip(s_leaves, k_leaves):
     np.testing.assert_array_equal(x, y)
-  from cdeit_jax.checkpoints import checkpoint
+  from cdeit_jax.checkpoints import checkpoint, train_checkpoint
 
-  mngr = checkpoint.train_manager(wd)
+  mngr = train_checkpoint.train_manager(wd)
   assert mngr.all_steps()[-2:] == [16, 24]  # 16: A's unfinished step, B's now
   for step in mngr.all_steps():  # each loads (B saved 16 anew)
     assert checkpoint.read_meta(wd, step)["step"] == step

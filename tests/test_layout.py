@@ -17,7 +17,7 @@ import scipy.signal
 from conftest import device_arrays
 
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import fem, mesh
+from cdeit_jax.eit import device_files, fem, mesh
 from cdeit_jax.eit import layout as lay
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -310,7 +310,7 @@ def test_a_file_of_two_protocols_narrows_to_one_and_a_device_round_trips(tmp_pat
   import dataclasses
 
   calibrated = dataclasses.replace(one, width=np.deg2rad(9.5), gain=812.5, contact_impedance=2e-3)
-  lay.save_device(str(tmp_path / "device.npz"), calibrated, v)
+  device_files.save_device(str(tmp_path / "device.npz"), calibrated, v)
   back, w = lay.from_device_file(str(tmp_path / "device.npz"))
   assert back.signature == calibrated.signature and back.measures_as(one)
   assert (back.gain, back.contact_impedance) == (812.5, 2e-3)

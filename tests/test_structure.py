@@ -182,19 +182,23 @@ def test_no_import_circle():
 
 def test_configs_read_without_the_physics(tmp_path):
   """Loading every shipped config imports neither the simulator nor the conditioning (only the
-  physics' plain descriptions: `eit.spec`, `eit.measurement`, `eit.layout`, which import no
-  JAX); configs/device.py reads its calibrated device file."""
-  from cdeit_jax.eit import layout
+  physics' plain descriptions: `eit.spec`, `eit.measurement`, `eit.layout` with its rules,
+  device files and turns, which import no JAX); configs/device.py reads its calibrated device
+  file."""
+  from cdeit_jax.eit import device_files, layout
 
   device = tmp_path / "device.npz"
   lay = layout.from_rules(16, injection="skip-2", measure_injecting=True)
-  layout.save_device(str(device), dataclasses.replace(lay, gain=900.0, contact_impedance=1e-3))
+  device_files.save_device(
+    str(device), dataclasses.replace(lay, gain=900.0, contact_impedance=1e-3)
+  )
   code = (
     "import glob, sys; from cdeit_jax import config_lib\n"
     "for f in sorted(glob.glob('configs/*.py')):\n"
     f"  config_lib.load(f + (':{device}' if 'device' in f else ''))\n"
     "print(sorted(m for m in sys.modules if m.startswith('cdeit_jax.eit.') and m not in "
-    "('cdeit_jax.eit.spec', 'cdeit_jax.eit.measurement', 'cdeit_jax.eit.layout')))"
+    "('cdeit_jax.eit.spec', 'cdeit_jax.eit.measurement', 'cdeit_jax.eit.layout', "
+    "'cdeit_jax.eit.pattern_rules', 'cdeit_jax.eit.device_files', 'cdeit_jax.eit.turns')))"
   )
   r = subprocess.run(
     [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=PACKAGE.parent

@@ -1,4 +1,4 @@
-"""The tank's turns and mirror (`eit.symmetry`, `eit.layout.turn`): they permute the simulator's
+"""The tank's turns and mirror (`eit.symmetry`, `eit.turns.turn`): they permute the simulator's
 voltages, another device's too, and a value-reading model's condition turns with its tank."""
 
 import numpy as np

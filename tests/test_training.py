@@ -25,7 +25,7 @@ from conftest import (
 from flax import nnx
 
 from cdeit_jax import config_lib
-from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.checkpoints import checkpoint, loading, train_checkpoint
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
@@ -271,7 +271,7 @@ def test_two_processes_stop_together_on_sigterm_and_match_one(tmp_path, straight
   procs[1].send_signal(signal.SIGTERM)
   errs = finish(procs)
   run_id = json.loads((wd / "wandb.json").read_text())["id"] if tracked else None
-  mngr = checkpoint.train_manager(str(wd))
+  mngr = train_checkpoint.train_manager(str(wd))
   stopped = mngr.latest_step()
   mngr.close()
   assert stopped is not None and 2 <= stopped < 24, stopped
@@ -343,7 +343,7 @@ def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, straight_run):
 
 
 def test_checkpoints_keep_latest_and_best(tmp_path):
-  mngr = checkpoint.train_manager(str(tmp_path), keep=2, async_save=False)
+  mngr = train_checkpoint.train_manager(str(tmp_path), keep=2, async_save=False)
   import orbax.checkpoint as ocp
 
   for step, val in zip(range(1, 6), [5.0, 1.0, 4.0, 3.0, 2.0]):
@@ -390,7 +390,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_saved_steps_stay(tmp_path,
   from cdeit_jax.common import fileio
   from cdeit_jax.train import train_loop
 
-  real = checkpoint.save_train
+  real = train_checkpoint.save_train
   saves = []
 
   def fills(mngr, state, data_iter, meta, val_loss=None):
@@ -406,7 +406,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_saved_steps_stay(tmp_path,
         raise RuntimeError("commit failed") from e
     return real(mngr, state, data_iter, meta, val_loss)
 
-  monkeypatch.setattr(checkpoint, "save_train", fills)
+  monkeypatch.setattr(train_checkpoint, "save_train", fills)
   cfg = cfg_(batch_size=8)
   cfg.steps, cfg.eval_every, cfg.log_every = 8, 4, 4
   with pytest.raises(
@@ -416,7 +416,7 @@ def test_a_full_disk_while_saving_is_one_line_and_the_saved_steps_stay(tmp_path,
     train_loop.train(cfg, str(tmp_path))
   assert "\n" not in str(e.value)
   assert checkpoint.all_steps(str(tmp_path)) == [saves[0]]
-  monkeypatch.setattr(checkpoint, "save_train", real)
+  monkeypatch.setattr(train_checkpoint, "save_train", real)
   assert train_loop.train(cfg, str(tmp_path))["step"] == 8
   assert checkpoint.all_steps(str(tmp_path))[-1] == 8
 
@@ -524,7 +524,7 @@ def test_retention_keeps_the_best_across_restarts(tmp_path):
   import orbax.checkpoint as ocp
 
   def save(step, val):
-    mngr = checkpoint.train_manager(str(tmp_path), keep=2, async_save=False)
+    mngr = train_checkpoint.train_manager(str(tmp_path), keep=2, async_save=False)
     mngr.save(
       step,
       args=ocp.args.Composite(meta=ocp.args.JsonSave({"step": step})),

@@ -3,8 +3,8 @@ files (`eit.layout.from_device_file`) and frames files (`infer.frames`) read thr
 
 A new file format is one reader registered here (`@reader(".ext")`: a path in, named arrays
 out, an InputError naming the file when they cannot be read; `raw(path)` gives its bytes) and a
-test; a new vendor's keys inside those files are one `eit.layout.DeviceFormat`. Formats of one
-unnamed array (`.npy`, `.csv`) give it under `SINGLE`.
+test; a new vendor's keys inside those files are one `eit.device_files.DeviceFormat`. Formats
+of one unnamed array (`.npy`, `.csv`) give it under `SINGLE`.
 
 A reader may give arrays that are read a block at a time (`a[lo:hi]`, `a[:, lo:hi]`; `np.asarray`
 reads one whole), so that a recording of any length is read in flat memory (`open`): a local

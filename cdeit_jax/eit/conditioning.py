@@ -33,6 +33,7 @@ from cdeit_jax.common.variables import Calibration, Fixed
 from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import measurement, tikhonov
 from cdeit_jax.eit import phantom as ph
+from cdeit_jax.eit import priors as priors_lib
 from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import NUM_MEASUREMENTS
 
@@ -62,13 +63,6 @@ def _linear_factors(noser_exponent: float, physics: Layout) -> dict[str, np.ndar
   return {"rotation": u, "spectrum": s, "basis_t": basis_t, "weight": weight}
 
 
-def filters(spectrum: np.ndarray, alphas) -> np.ndarray:
-  """(levels, 208) spectral filters 1 / (s + lambda_alpha), lambda = alpha * trace(G) / 208."""
-  s = np.asarray(spectrum, np.float64)
-  lam = np.asarray(alphas, np.float64)[:, None] * s.sum() / s.size
-  return 1.0 / (s[None] + lam)
-
-
 class LinearConditioner(nnx.Module):
   """EIM (B, 16, 16, 1) of standardised voltages -> (B, 128, 128, levels) linear reconstructions
   of the voltages in simulation units, each divided by its training-set std (CDEIT's system, or
@@ -93,7 +87,7 @@ class LinearConditioner(nnx.Module):
     self.rotation = Fixed(jnp.asarray(f["rotation"], jnp.float32))
     self.basis_t = Fixed(jnp.asarray(f["basis_t"], jnp.float32))
     self.weight = Fixed(jnp.asarray(f["weight"], jnp.float32))
-    self.filters = Fixed(jnp.asarray(filters(f["spectrum"], self.alphas), jnp.float32))
+    self.filters = Fixed(jnp.asarray(priors_lib.filters(f["spectrum"], self.alphas), jnp.float32))
     # Identity until `calibrate` measures the training set.
     self.voltage_mean = Calibration(jnp.zeros((NUM_MEASUREMENTS,), jnp.float32))
     self.voltage_std = Calibration(jnp.ones((NUM_MEASUREMENTS,), jnp.float32))
@@ -296,15 +290,9 @@ def ignored_note(lay: Layout, current_carrying: str) -> str | None:
 
 # The priors of the linear images (config.model.cond_priors), each at every level alpha, after
 # KTC2023's winners, who stacked linearised reconstructions of several priors as the network's
-# input channels:
-#   "noser":   NOSER-weighted Tikhonov, W^-1 J^T (J W^-1 J^T + lambda I)^-1, W = diag(J^T J)^0.5
-#              (the one prior before; lambda = alpha * trace(G) / values left);
-#   "laplace": a smoothness penalty on the image's graph Laplacian L (4-neighbours in the disk),
-#              (J^T J + lambda L^T L)^-1 J^T, lambda = alpha * trace(J^T J) / trace(L^T L);
-#   "smooth":  a Gaussian prior of correlation length SMOOTH_LENGTH (of the tank's radius),
-#              Gamma J^T (J Gamma J^T + lambda I)^-1, lambda = alpha * trace(J Gamma J^T) / values.
+# input channels: NOSER-weighted Tikhonov, a smoothness penalty on the image's graph Laplacian, a
+# Gaussian prior (`eit.priors`: what each is, and its matrices).
 PRIORS = ("noser", "laplace", "smooth")
-SMOOTH_LENGTH = 0.2
 
 
 def check_priors(priors) -> tuple[str, ...]:
@@ -319,63 +307,6 @@ def check_priors(priors) -> tuple[str, ...]:
       'e.g. ("noser",) or ("noser", "laplace", "smooth")'
     )
   return priors
-
-
-def grid_laplacian(disk: np.ndarray) -> np.ndarray:
-  """(P, P) graph Laplacian of the disk pixels (`disk` (g*g,) bool) with their 4 neighbours in
-  the disk: D - A, rows summing to zero (a constant image is not penalised)."""
-  g = int(round(np.sqrt(disk.size)))
-  index = np.full(g * g, -1)
-  index[disk] = np.arange(int(disk.sum()))
-  index = index.reshape(g, g)
-  lap = np.zeros((int(disk.sum()),) * 2)
-  for di, dj in ((0, 1), (1, 0)):
-    a, b = index[: g - di, : g - dj], index[di:, dj:]
-    both = (a >= 0) & (b >= 0)
-    i, j = a[both], b[both]
-    lap[i, j] = lap[j, i] = -1.0
-  lap[np.diag_indices_from(lap)] = -lap.sum(1)
-  return lap
-
-
-def gaussian_prior(disk: np.ndarray, length: float = SMOOTH_LENGTH) -> np.ndarray:
-  """(P, P) covariance exp(-d^2 / (2 length^2)) between the disk pixels' centres (d in the
-  tank's radii; pixel centres of the grid over [-1, 1]^2)."""
-  g = int(round(np.sqrt(disk.size)))
-  c = (np.arange(g) + 0.5) / g * 2 - 1
-  yy, xx = np.meshgrid(c, c, indexing="ij")
-  pts = np.stack([xx.ravel(), yy.ravel()], -1)[disk]
-  d2 = ((pts[:, None] - pts[None]) ** 2).sum(-1)
-  return np.exp(-d2 / (2 * length**2))
-
-
-def prior_matrices(jac: np.ndarray, prior: str, alphas, noser_exponent: float) -> np.ndarray:
-  """(levels, disk pixels, values) reconstruction matrices of `prior` (`PRIORS`) for the
-  Jacobian `jac` (values, g, g) of the values a set leaves, in float64."""
-  if prior == "noser":
-    _, jd, w_inv, gram = tikhonov.weighted_system(jac, noser_exponent)
-    return _filtered(gram, w_inv[:, None] * jd.T, alphas)
-  disk = ph.disk_mask(jac.shape[-1]).reshape(-1)
-  jd = np.asarray(jac, np.float64).reshape(len(jac), -1)[:, disk]
-  if prior == "smooth":
-    cov_jt = gaussian_prior(disk) @ jd.T  # Gamma J^T
-    return _filtered(jd @ cov_jt, cov_jt, alphas)
-  # "laplace": (J^T J + lambda L^T L)^-1 J^T, solved once per level (pixels x pixels)
-  jtj = jd.T @ jd
-  reg = grid_laplacian(disk)
-  reg = reg.T @ reg
-  scale = np.trace(jtj) / np.trace(reg)
-  return np.stack(
-    [np.linalg.solve(jtj + float(a) * scale * reg, jd.T) for a in np.asarray(alphas, np.float64)]
-  )
-
-
-def _filtered(gram: np.ndarray, cov_jt: np.ndarray, alphas) -> np.ndarray:
-  """Gamma J^T (J Gamma J^T + lambda I)^-1 at each level, from one eigendecomposition of the
-  values' Gram matrix `gram` = J Gamma J^T and `cov_jt` = Gamma J^T (pixels, values)."""
-  s, u = np.linalg.eigh((gram + gram.T) / 2)
-  left = cov_jt @ u
-  return np.stack([(left * f) @ u.T for f in filters(np.maximum(s, 0.0), alphas)])
 
 
 @functools.lru_cache(maxsize=2)
@@ -396,7 +327,7 @@ def _layout_factors(
   out = np.zeros((len(removed), len(priors) * levels, lay.num_values, int(disk.sum())), np.float32)
   for k, gone in enumerate(removed | ignored):
     for p, prior in enumerate(priors):
-      m = prior_matrices(jac[~gone], prior, alphas, noser_exponent)
+      m = priors_lib.prior_matrices(jac[~gone], prior, alphas, noser_exponent)
       for a in range(levels):
         out[k, p * levels + a][~gone] = m[a].T
   return {"matrices": out, "removed": removed, "ignored": ignored, "disk": disk}

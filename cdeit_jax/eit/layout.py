@@ -11,13 +11,14 @@ A `Layout` holds
   electrodes (KTC2023, Sciospec) simply list those pairs.
 
 Build one from rules (`from_rules`: adjacent, skip-k, opposite, against-k injections; adjacent or
-skip-k measurements, with or without current-carrying electrodes), from a preset (`preset`:
-"cdeit16", CDEIT's 16-electrode system, adjacent injections and measurements: 208 values;
-"uef2017", the same in the UEF2017 tank's units; and "ktc2023"), from
-a device's reference file (`from_device_file`: `.mat`/`.npz` with KTC's keys `Inj`/`Injref`,
-`Mpat`, `Uel`/`Uelref`, or UEF's `CurrentPattern`, `MeasPattern`, `Uel`). Missing values (a
-removed electrode) are NaN in a frame, never part of the layout: `present` tells which rows a
-frame has.
+skip-k measurements, with or without current-carrying electrodes; their arrays are
+`eit.pattern_rules`), from a preset (`preset`: "cdeit16", CDEIT's 16-electrode system, adjacent
+injections and measurements: 208 values; "uef2017", the same in the UEF2017 tank's units; and
+"ktc2023"), from a device's reference file (`from_device_file`: `.mat`/`.npz` with KTC's keys
+`Inj`/`Injref`, `Mpat`, `Uel`/`Uelref`, or UEF's `CurrentPattern`, `MeasPattern`, `Uel`; their
+formats, reading and writing are `eit.device_files`). Missing values (a removed electrode) are
+NaN in a frame, never part of the layout: `present` tells which rows a frame has. The tank's
+turns and mirror as permutations of a device's values are `eit.turns`.
 
 A `Layout` is the one measuring-system value: it also holds the device's units (`gain`,
 `current_ratio`) and its contact impedance (`z`), and the simulator, the forward model, the
@@ -33,17 +34,15 @@ import functools
 import hashlib
 import numbers
 import os
-import re
 
 import numpy as np
 
-from cdeit_jax.common import array_files, fileio
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import device_files, pattern_rules
 
 # KTC2023's tank: 32 electrodes numbered counter-clockwise, electrode 0 centred 84.375 degrees
 # from +x, 5.625 degrees wide (the organisers' Mesh_sparse.mat: `elfaces` and its nodes).
 KTC_FIRST_DEG, KTC_WIDTH_DEG = 84.375, 5.625
-CDEIT_WIDTH_DEG = 4.0  # the CDEIT simulations' electrodes (docs/reference/eit-conventions.md)
 CONTACT_IMPEDANCE = 0.01  # the simulated system's contact impedance (reference conventions)
 CURRENT = 1e-3  # the injected current (A) of the simulation units: `currents` are relative to it
 
@@ -309,44 +308,6 @@ class Layout:
     return gone[a] | gone[b] | driven[p]
 
 
-def _default_width(n: int) -> float:
-  """Degrees: CDEIT's 4 for 16 electrodes, else half the spacing."""
-  return CDEIT_WIDTH_DEG if n == 16 else 180.0 / n
-
-
-def evenly_spaced(n: int, first_deg: float = 90.0, clockwise: bool = True) -> np.ndarray:
-  """Centres (radians) of `n` evenly spaced electrodes, electrode 0 at `first_deg`."""
-  step = -2 * np.pi / n if clockwise else 2 * np.pi / n
-  return np.deg2rad(first_deg) + step * np.arange(n)
-
-
-_SKIP = re.compile(r"^skip-(\d+)$")
-_AGAINST = re.compile(r"^against-(\d+)$")
-
-
-def _injection_pairs(n: int, rule: str) -> list[tuple[int, int]]:
-  """(electrode with -I, electrode with +I) per pattern, CDEIT's sign for the skip rules."""
-  if rule == "adjacent":
-    rule = "skip-0"
-  if rule == "opposite":
-    if n % 2:
-      raise InputError(f"injection 'opposite' needs an even electrode count, got {n}")
-    rule = f"skip-{n // 2 - 1}"
-  if m := _SKIP.match(rule):
-    s = int(m.group(1))
-    if not 0 <= s <= n - 2:
-      raise InputError(f"injection {rule!r}: the skip must be in 0..{n - 2} for {n} electrodes")
-    return [(k, (k + s + 1) % n) for k in range(n)]
-  if m := _AGAINST.match(rule):
-    ref = int(m.group(1))
-    if not 0 <= ref < n:
-      raise InputError(f"injection {rule!r}: the electrode must be in 0..{n - 1}")
-    return [(ref, k) for k in range(n) if k != ref]
-  raise InputError(
-    f"injection {rule!r}: use 'adjacent', 'opposite', 'skip-K' or 'against-K' (K an electrode)"
-  )
-
-
 def from_rules(
   num_electrodes: int = 16,
   injection: str = "adjacent",
@@ -366,50 +327,22 @@ def from_rules(
   if not (isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 4):
     raise InputError(f"num_electrodes={n!r} must be an integer >= 4")
   n = int(n)
-  for what, rule in (("injection", injection), ("measurement", measurement)):
-    if not isinstance(rule, str):
-      raise InputError(f"{what}={rule!r}: give a rule's name, e.g. 'adjacent' or 'skip-2'")
-  m = _SKIP.match("skip-0" if measurement == "adjacent" else measurement)
-  if not m or not 0 <= int(m.group(1)) <= n - 2:
-    raise InputError(f"measurement {measurement!r}: use 'adjacent' or 'skip-K', K in 0..{n - 2}")
-  ms = int(m.group(1)) + 1
-  pairs = _injection_pairs(n, injection)
-  currents = np.zeros((n, len(pairs)))
-  rows = []
-  for p, (lo, hi) in enumerate(pairs):
-    currents[lo, p], currents[hi, p] = -1.0, 1.0
-    for e in range(n):
-      pair = {e, (e + ms) % n}
-      if measure_injecting or not pair & {lo, hi}:
-        rows.append((p, e, (e + ms) % n))
-    if not rows or rows[-1][0] != p:
-      raise InputError(
-        f"{n} electrodes, {injection} injection, {measurement} measurement: pattern {p} "
-        "measures nothing (every pair touches a current-carrying electrode); measure on them "
-        "too (measure_injecting=True) or choose other rules"
-      )
+  currents, rows = pattern_rules.rule_patterns(n, injection, measurement, measure_injecting)
   if width_deg is None:
-    width_deg = _default_width(n)
+    width_deg = pattern_rules.default_width(n)
   label = name or f"{n} electrodes, {injection} injection, {measurement} measurement" + (
     ", current-carrying electrodes measured" if measure_injecting else ""
   )
-  return Layout(
-    label, evenly_spaced(n, first_deg, clockwise), np.deg2rad(width_deg), currents, np.array(rows)
-  )
+  angles = pattern_rules.evenly_spaced(n, first_deg, clockwise)
+  return Layout(label, angles, np.deg2rad(width_deg), currents, rows)
 
 
 def ktc2023() -> Layout:
-  """KTC2023's system: 32 electrodes counter-clockwise, currents through the 16 even (0-based)
-  ones: 16 skip-1 pairs (+ at 2p, - at 2p+2) and 15 patterns against each of electrodes 0, 8, 16,
-  24 (+ at the other, - at it); each pattern measures U_m - U_{m+1}, m = 0..30 (2,356 values)."""
-  n, odd = 32, list(range(0, 32, 2))
-  pairs = [(2 * p, (2 * p + 2) % n) for p in range(16)]
-  pairs += [(e, ref) for ref in (0, 8, 16, 24) for e in odd if e != ref]
-  currents = np.zeros((n, len(pairs)))
-  for p, (plus, minus) in enumerate(pairs):
-    currents[plus, p], currents[minus, p] = 1.0, -1.0
-  rows = np.array([(p, m, m + 1) for p in range(len(pairs)) for m in range(n - 1)])
-  angles = evenly_spaced(n, KTC_FIRST_DEG, clockwise=False)
+  """KTC2023's system: 32 electrodes counter-clockwise in its tank's geometry, its 76 patterns
+  (`pattern_rules.ktc2023_patterns`: 16 skip-1 pairs and 15 against each of electrodes 0, 8, 16,
+  24; each measures U_m - U_{m+1}, m = 0..30: 2,356 values), in its tank's units."""
+  currents, rows = pattern_rules.ktc2023_patterns()
+  angles = pattern_rules.evenly_spaced(32, KTC_FIRST_DEG, clockwise=False)
   gain, current = KTC2023_UNITS
   return Layout(
     "ktc2023", angles, np.deg2rad(KTC_WIDTH_DEG), currents, rows, gain, current_ratio=current
@@ -433,73 +366,6 @@ PRESETS = {
   "uef2017": _uef2017,
   "ktc2023": ktc2023,
 }
-
-# The tank's symmetries that map the pixel grid onto itself (`eit.symmetry`): (quarter turns,
-# mirrored), found for any device from its geometry.
-GROUP = tuple((q, m) for m in (False, True) for q in range(4))  # (quarter turns, mirrored)
-
-
-@functools.lru_cache(maxsize=64)
-def turn(quarter_turns: int, mirrored: bool, lay: Layout) -> tuple[np.ndarray, np.ndarray]:
-  """(index, sign) with `ys[..., index] * sign` the values of the tank mirrored (first, if
-  `mirrored`) and turned clockwise by `quarter_turns` quarter turns, for `ys` in the device's
-  order. Found from the geometry: electrode e at angle a goes
-  to the electrode at the image of a, its patterns and pairs with it; an InputError for a device
-  whose electrodes, patterns or pairs have no images among its own."""
-  a = np.asarray(lay.angles, np.float64)
-  image_of = (np.pi - a if mirrored else a) - quarter_turns * np.pi / 2
-  gap = np.abs(np.angle(np.exp(1j * (image_of[:, None] - a[None, :]))))  # (E, E)
-  to = np.argmin(gap, 1)
-  problem = None
-  if gap[np.arange(len(a)), to].max() > 1e-6 or len(set(to)) != len(a):
-    problem = "its electrodes do not map onto one another"
-  else:
-    moved = np.zeros_like(lay.currents)
-    moved[to] = lay.currents  # pattern p's currents on the turned tank's electrodes
-    pattern, p_sign = np.empty(lay.num_patterns, np.int64), np.empty(lay.num_patterns)
-    free = np.ones(lay.num_patterns, bool)  # a device may repeat a pattern (KTC2023 does)
-    for p in range(lay.num_patterns):
-      for s in (1.0, -1.0):
-        same = np.all(np.abs(lay.currents - s * moved[:, p : p + 1]) < 1e-9, 0)
-        hit = np.flatnonzero(same & free)
-        if hit.size:
-          pattern[p], p_sign[p], free[hit[0]] = hit[0], s, False
-          break
-      else:
-        problem = f"pattern {p} has no image among its patterns"
-        break
-  if problem is None:
-    where = {tuple(r): i for i, r in enumerate(lay.rows.tolist())}
-    index = np.empty(lay.num_values, np.int64)
-    sign = np.empty(lay.num_values, np.float32)
-    for i, (p, plus, minus) in enumerate(lay.rows.tolist()):
-      q, a_, b_ = int(pattern[p]), int(to[plus]), int(to[minus])
-      j, m_sign = (where.get((q, a_, b_)), 1.0)
-      if j is None:
-        j, m_sign = (where.get((q, b_, a_)), -1.0)
-      if j is None:
-        problem = f"value {i}'s pair has no image among its values"
-        break
-      index[j], sign[j] = i, p_sign[p] * m_sign
-  if problem is not None:
-    raise InputError(
-      f"{lay.describe()}: the tank's turns and mirror are not symmetries of this device "
-      f"({problem}); set config.data.augment=False and config.sampling.symmetric=False"
-    )
-  for arr in (index, sign):
-    arr.setflags(write=False)
-  return index.astype(np.int32), sign
-
-
-def has_symmetries(lay: Layout) -> bool:
-  """Whether the tank's 8 turns and mirrors (`GROUP`) are symmetries of the device `lay`
-  (`turn`): what symmetric sampling and augmentation need."""
-  try:
-    for q, m in GROUP:
-      turn(q, m, lay)
-  except InputError:
-    return False
-  return True
 
 
 # Electrode-removal rules: the sets of removed electrodes a model is trained and used with, one
@@ -576,80 +442,6 @@ def frames_shape_error(
   )
 
 
-@dataclasses.dataclass(frozen=True)
-class DeviceFormat:
-  """A vendor's keys in a device file (`.mat`/`.npz`, read by `common.array_files`): each a
-  tuple of names, the first present is taken; and how its electrodes are numbered."""
-
-  name: str
-  currents: tuple[str, ...]  # (E, P): the current patterns
-  pattern: tuple[str, ...]  # (E, M): the measured pairs, one +1 and one -1 each
-  values: tuple[str, ...]  # the empty tank's values, pattern by pattern or (M, P)
-  clockwise: bool  # electrode numbers grow clockwise (from the top)
-
-
-# The registry of device-file formats, in the order they are tried (`device_format`): a new
-# vendor's keys are one more entry (`register_device_format`) and a test.
-DEVICE_FORMATS: dict[str, DeviceFormat] = {}
-
-
-def register_device_format(fmt: DeviceFormat) -> DeviceFormat:
-  DEVICE_FORMATS[fmt.name] = fmt
-  return fmt
-
-
-register_device_format(DeviceFormat("KTC", ("Injref", "Inj"), ("Mpat",), ("Uelref", "Uel"), False))
-register_device_format(DeviceFormat("UEF", ("CurrentPattern",), ("MeasPattern",), ("Uel",), True))
-
-
-def device_format(arrays: dict) -> DeviceFormat | None:
-  """The format whose currents and measurement pattern `arrays` hold (a device file), else None."""
-  return next(
-    (
-      f for f in DEVICE_FORMATS.values() if _first(arrays, f.currents) and _first(arrays, f.pattern)
-    ),
-    None,
-  )
-
-
-def _formats_text() -> str:
-  return " or ".join(
-    f"{f.name}'s keys {' or '.join(f.currents)}, {' or '.join(f.pattern)} (and "
-    f"{' or '.join(f.values)})"
-    for f in DEVICE_FORMATS.values()
-  )
-
-
-def _numbers(path: str, key: str, a, missing_ok: bool = False) -> np.ndarray:
-  """Array `key` of a device file as float64: real numbers, not empty, finite (NaN allowed
-  where `missing_ok`: a removed electrode's values); else an InputError naming both."""
-  a = np.asarray(a)
-  if a.dtype.kind == "c":
-    raise InputError(
-      f"{path}: {key} holds complex numbers; give the real (in-phase) part, e.g. real({key})"
-    )
-  if a.dtype.kind not in "fiu":
-    raise InputError(f"{path}: {key} holds {a.dtype} values, not numbers")
-  if a.size == 0:
-    raise InputError(f"{path}: {key} is empty")
-  a = a.astype(np.float64)
-  bad = np.isinf(a) if missing_ok else ~np.isfinite(a)
-  if bad.any():
-    what = "infinite" if missing_ok else "NaN or infinite"
-    raise InputError(
-      f"{path}: {key} holds {int(bad.sum())} {what} values"
-      + (" (a missing value is NaN)" if missing_ok else "")
-    )
-  return a
-
-
-def _first(d: dict, keys: tuple[str, ...]) -> tuple[str, np.ndarray] | None:
-  for k in keys:
-    if k in d:
-      return k, np.asarray(d[k])
-  return None
-
-
 def from_device_file(
   path: str,
   first_deg: float | None = None,
@@ -658,194 +450,31 @@ def from_device_file(
   patterns=None,
 ) -> tuple[Layout, np.ndarray | None]:
   """(layout, the file's values (R,) in the layout's order, or None) of a device's reference
-  file. KTC's keys (`Inj`/`Injref` (E, P), `Mpat` (E, M), `Uel`/`Uelref`) or UEF's
-  (`CurrentPattern` (E, P), `MeasPattern` (E, M), `Uel`); the values in either are (M*P, 1)
-  pattern by pattern or (M, P), one column per pattern (`_frame_values`); measurement column m
-  of pattern p is `Mpat[:, m] . U`, one +1 and one -1 each. Complex, non-finite (NaN values:
-  missing) or non-numeric arrays, and fewer than 4 electrodes, are refused in one line.
-  Electrodes are evenly spaced from `first_deg` (default: the top, or KTC2023's tank geometry
-  for KTC's keys with 32 electrodes), numbered counter-clockwise for KTC's keys and clockwise for
-  UEF's unless `clockwise` says; currents are relative to the largest. A calibrated device file
-  (`save_device`) also holds `angles_deg`, `width_deg`, `gain`, `contact_impedance` and
-  `current_ratio`, which hold unless an argument says otherwise. `patterns`: the current
-  patterns (columns) to keep, for a file of several protocols (UEF2017's 79 patterns)."""
-  d = array_files.read(path, (".mat", ".npz"), "device file")
-  fmt = device_format(d)
-  if fmt is None:
-    raise InputError(
-      f"{path}: no measuring system found; a device file holds {_formats_text()}; it has "
-      f"{sorted(k for k in d if not k.startswith('__'))}"
-    )
-  (ck, inj), (mk, mpat) = _first(d, fmt.currents), _first(d, fmt.pattern)
-  inj, mpat = _numbers(path, ck, inj), _numbers(path, mk, mpat)
-  if inj.ndim != 2 or mpat.ndim != 2 or inj.shape[0] != mpat.shape[0]:
-    raise InputError(
-      f"{path}: {ck} {inj.shape} and {mk} {mpat.shape} must both be (electrodes, ...) with the "
-      "same electrode count"
-    )
-  n, (num_p, num_m) = inj.shape[0], (inj.shape[1], mpat.shape[1])
-  keep = np.arange(num_p) if patterns is None else _patterns(path, ck, patterns, num_p)
-  if n < 4:
-    raise InputError(f"{path}: {ck} has {n} electrodes (rows); EIT needs at least 4")
-  plus, minus = np.argmax(mpat, 0), np.argmin(mpat, 0)
-  pm = np.zeros_like(mpat)
-  pm[plus, np.arange(num_m)], pm[minus, np.arange(num_m)] = 1.0, -1.0
-  if not np.array_equal(pm, mpat):
-    bad = int(np.flatnonzero(np.any(pm != mpat, 0))[0])
-    raise InputError(
-      f"{path}: {mk} column {bad} is not one +1 and one -1 (a differential pair); other "
-      "measurement patterns are not supported"
-    )
-  scale = np.abs(inj).max()
-  if not scale > 0:
-    raise InputError(f"{path}: {ck} holds no current")
-  idle = keep[~np.any(inj[:, keep] != 0, axis=0)]
-  if len(idle):
-    raise InputError(
-      f"{path}: {ck} columns {', '.join(map(str, idle[:5]))} carry no current (all zero): a "
-      "pattern measures nothing without one; remove them, or leave them out with --patterns"
-    )
-  rows = np.array([(p, plus[m], minus[m]) for p in range(len(keep)) for m in range(num_m)])
+  file (its keys, and what is refused in one line: `device_files.read`). Electrodes are evenly
+  spaced from `first_deg` (default: the top, or KTC2023's tank geometry for KTC's keys with 32
+  electrodes), numbered counter-clockwise for KTC's keys and clockwise for UEF's unless
+  `clockwise` says; currents are relative to the largest. A calibrated device file
+  (`device_files.save_device`) also holds `angles_deg`, `width_deg`, `gain`,
+  `contact_impedance` and `current_ratio`, which hold unless an argument says otherwise.
+  `patterns`: the current patterns (columns) to keep, for a file of several protocols (UEF2017's
+  79 patterns)."""
+  f = device_files.read(path, patterns)
+  n = f.num_electrodes
   placed = first_deg is not None or clockwise is not None  # the caller's geometry
-  cw = fmt.clockwise if clockwise is None else clockwise
-  ktc_tank = fmt.name == "KTC" and n == 32
+  cw = f.format.clockwise if clockwise is None else clockwise
+  ktc_tank = f.format.name == "KTC" and n == 32
   if first_deg is None:
     first_deg = KTC_FIRST_DEG if ktc_tank else 90.0
-  angles = evenly_spaced(n, first_deg, cw)
-  given = {k: _numbers(path, k, d[k]) for k in DEVICE_KEYS if k in d}
+  angles = pattern_rules.evenly_spaced(n, first_deg, cw)
+  given = f.given
   if "angles_deg" in given and not placed:
     angles = np.deg2rad(given["angles_deg"].reshape(-1))
   if width_deg is None:
     width_deg = float(given["width_deg"].reshape(-1)[0]) if "width_deg" in given else None
   if width_deg is None:
-    width_deg = KTC_WIDTH_DEG if ktc_tank else _default_width(n)
-  name = f"{os.path.basename(path)} ({fmt.name} keys)"
-  if NAME_KEY in d:  # a calibrated device file keeps its reference file's name
-    name = str(np.asarray(d[NAME_KEY]).reshape(-1)[0])
-  cal = {k: float(given[k].reshape(-1)[0]) for k in DEVICE_KEYS[2:] if k in given}
-  layout = Layout(name, angles, np.deg2rad(width_deg), inj[:, keep] / scale, rows, **cal)
+    width_deg = KTC_WIDTH_DEG if ktc_tank else pattern_rules.default_width(n)
+  name, currents = f.name, f.relative_currents
+  layout = Layout(name, angles, np.deg2rad(width_deg), currents, f.rows, **f.calibration)
   if layout.signature == preset("ktc2023").signature:
     layout = dataclasses.replace(layout, name=f"ktc2023 ({os.path.basename(path)})")
-  values = _first(d, fmt.values)
-  if values is None:
-    return layout, None
-  vk, v = values
-  v = _frame_values(path, vk, _numbers(path, vk, v, missing_ok=True), num_p, num_m)
-  v = v.reshape(num_p, num_m)[keep]
-  _check_repeats(path, vk, (ck, inj[:, keep].T), mk, np.stack([plus, minus], 1), v)
-  return layout, v.reshape(-1)
-
-
-# KTC2023's four repeated patterns agree to 0.1 %; distinct ones differ by over 70 %
-REPEAT_TOLERANCE = 0.05
-
-
-def _check_repeats(path: str, vk: str, currents, mk: str, pairs, v: np.ndarray) -> None:
-  """Refuse a file whose repeated current patterns (`currents`: (key, (P, E))) or repeated
-  measured pairs (`mk`, `pairs` (M, 2)) disagree in their values `v` (P, M) by more than
-  REPEAT_TOLERANCE: the same currents, or the same pair, measured twice give the same values up
-  to noise (KTC2023's own repeated patterns agree to 0.1 %), so one of them is not the pattern or
-  pair its values were measured with. A pair repeated in reverse measures the negative."""
-  ck, inj = currents
-  cases = [
-    (ck, "currents", "pattern", [(tuple(c), 1.0) for c in inj], v),
-    (mk, "pair", "pair", [((min(a, b), max(a, b)), 1.0 if a < b else -1.0) for a, b in pairs], v.T),
-  ]
-  for key, same, one, rows, values in cases:
-    seen: dict[tuple, tuple[int, float]] = {}
-    for j, (row, sign) in enumerate(rows):
-      first, first_sign = seen.setdefault(row, (j, sign))
-      if first == j:
-        continue
-      a, b = first_sign * values[first], sign * values[j]
-      both = np.isfinite(a) & np.isfinite(b)
-      size = np.linalg.norm(a[both])
-      gap = np.linalg.norm(a[both] - b[both]) / size if size > 0 else 0.0
-      if gap > REPEAT_TOLERANCE:
-        raise InputError(
-          f"{path}: {key} columns {first} and {j} are the same {same}, yet their values in "
-          f"{vk} differ by {100 * gap:.0f} % (a repeat agrees to noise): one of them is not the "
-          f"{one} it was measured with; correct the file"
-        )
-
-
-# A calibrated device file's own keys beside KTC's (`save_device`).
-DEVICE_KEYS = ("angles_deg", "width_deg", "gain", "contact_impedance", "current_ratio")
-NAME_KEY = "device_name"  # the device's own name (e.g. "ref.mat (UEF keys)"), not the copy's
-
-
-def _patterns(path: str, key: str, patterns, num_p: int) -> np.ndarray:
-  """The pattern columns `patterns` selects: indices, or text such as "0-15,32"."""
-  try:
-    if isinstance(patterns, str):
-      out = []
-      for part in patterns.replace(" ", "").split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    else:
-      out = [int(p) for p in np.asarray(patterns).reshape(-1)]
-  except ValueError:
-    out = []
-  if not out or len(set(out)) != len(out) or min(out) < 0 or max(out) >= num_p:
-    raise InputError(
-      f"{path}: patterns {patterns!r}: give distinct columns of {key} from 0 to {num_p - 1}, "
-      "e.g. '0-15'"
-    )
-  return np.asarray(out)
-
-
-# A calibrated device file's ranges of the values its frame allows (`eit.calibration`), which
-# configs/device.py trains across: name -> (low, high).
-RANGE_KEYS = {"width_deg": "width_range_deg", "contact_impedance": "contact_impedance_range"}
-
-
-def save_device(
-  path: str, layout: Layout, reference: np.ndarray | None = None, ranges: dict | None = None
-) -> None:
-  """Write `layout` (calibrated or not) as a device file in KTC's keys with its own geometry and
-  calibration (`DEVICE_KEYS`), which `from_device_file` reads back as the same device; the
-  reference frame as `Uelref`; `ranges` (the calibration's, `RANGE_KEYS`). Every pattern must
-  measure the same pairs (one `Mpat`)."""
-  first = layout.rows[layout.rows[:, 0] == 0][:, 1:]
-  pairs = np.tile(first, (layout.num_patterns, 1))
-  if len(pairs) != layout.num_values or not np.array_equal(pairs, layout.rows[:, 1:]):
-    raise InputError(f"{layout.describe()}: its patterns measure different pairs; no Mpat holds it")
-  mpat = np.zeros((layout.num_electrodes, len(first)))
-  mpat[first[:, 0], np.arange(len(first))] = 1.0
-  mpat[first[:, 1], np.arange(len(first))] = -1.0
-  arrays = {
-    "Injref": layout.currents,
-    "Mpat": mpat,
-    "angles_deg": np.rad2deg(layout.angles),
-    "width_deg": np.float64(np.rad2deg(layout.width)),
-    "gain": np.float64(layout.gain),
-    "current_ratio": np.float64(layout.current_ratio),
-    NAME_KEY: np.array(layout.name),
-  }
-  if layout.contact_impedance is not None:
-    arrays["contact_impedance"] = np.float64(layout.contact_impedance)
-  if reference is not None:
-    arrays["Uelref"] = np.asarray(reference, np.float64)[:, None]
-  for name, (lo, hi) in (ranges or {}).items():
-    arrays[RANGE_KEYS[name]] = np.array([lo, hi], np.float64)
-
-  def write(tmp):
-    with open(tmp, "wb") as fh:  # a handle: np.savez would append ".npz" to the temporary name
-      np.savez(fh, **arrays)
-
-  fileio.atomic_write(path, write)
-
-
-def _frame_values(path: str, key: str, v: np.ndarray, num_p: int, num_m: int) -> np.ndarray:
-  """A device file's frame (R,) pattern by pattern: the values in one row or column, or a
-  matrix of one column per pattern (num_m, num_p), in either key convention; other shapes
-  are refused (a matrix of one row per pattern would be read in the wrong order)."""
-  r = num_p * num_m
-  if v.ndim == 2 and v.shape == (num_m, num_p) and 1 not in v.shape:
-    return v.T.reshape(-1)  # one column per pattern -> pattern by pattern
-  if v.ndim <= 2 and v.size == r and (v.ndim < 2 or 1 in v.shape):
-    return v.reshape(-1)
-  raise InputError(
-    f"{path}: {key} {v.shape} is not one frame of these patterns: give the {r} values in one "
-    f"column, pattern by pattern, or one column per pattern ({num_m}, {num_p})"
-  )
+  return layout, f.frame()

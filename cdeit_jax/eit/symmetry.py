@@ -24,10 +24,11 @@ import numpy as np
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import layout as layout_lib
 from cdeit_jax.eit import measurement
+from cdeit_jax.eit import turns as turns_lib
 
-GROUP = layout_lib.GROUP
-turn = layout_lib.turn
-symmetric = layout_lib.has_symmetries
+GROUP = turns_lib.GROUP
+turn = turns_lib.turn
+symmetric = turns_lib.has_symmetries
 
 
 def permutation(quarter_turns: int, mirrored: bool, lay: layout_lib.Layout) -> np.ndarray:

@@ -2,8 +2,8 @@
 
 In: `.npy`, `.npz`, `.mat` (MATLAB v4 to v7.3) or `.csv`/`.txt`, frames as rows (N, R) in the
 measuring system's order (R = 208 for CDEIT's; columns (R, N), as EIDORS keeps them, are
-turned; NaN: a missing value), or the device's own file (any `eit.layout.DeviceFormat`, KTC's
-or UEF's keys: its one frame, `eit.layout.from_device_file`). Files are read through the one
+turned; NaN: a missing value), or the device's own file (any `eit.device_files.DeviceFormat`,
+KTC's or UEF's keys: its one frame, `eit.layout.from_device_file`). Files are read through the one
 registry of formats, `common.array_files`, a block of frames at a time (`Recording`). An `.npz`
 or `.mat` holds them under `frames` (or `voltages`, or as its only array) and may hold a
 reference frame under `reference`. A `.csv` may start with one header line.
@@ -26,7 +26,7 @@ import numpy as np
 
 from cdeit_jax.common import array_files, fileio, matfile
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import layout
+from cdeit_jax.eit import device_files, layout
 from cdeit_jax.eit.measurement import NUM_MEASUREMENTS
 from cdeit_jax.eit.phantom import disk_mask
 
@@ -60,7 +60,7 @@ class Recording:
     path, m, arrays = self.path, self.num_values, self._arrays
     if array_files.SINGLE in arrays:  # a format of one array: the frames
       arrays = {"frames": arrays[array_files.SINGLE]}
-    if layout.device_format(arrays) is not None:  # the device's own file: its one frame
+    if device_files.device_format(arrays) is not None:  # the device's own file: its one frame
       frame = layout.from_device_file(path)[1]
       if frame is None:
         raise InputError(f"{path}: a device file without a frame (its values, e.g. Uel)")

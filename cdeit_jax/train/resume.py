@@ -15,7 +15,7 @@ import ml_collections
 from jax.experimental import multihost_utils
 
 from cdeit_jax import config_lib
-from cdeit_jax.checkpoints import checkpoint, loading
+from cdeit_jax.checkpoints import checkpoint, loading, train_checkpoint
 from cdeit_jax.common import fileio
 from cdeit_jax.train import training
 
@@ -122,7 +122,9 @@ def restore(
 ) -> tuple[Any, dict, int, list[str], list[str]]:
   """(state, meta, step, warnings, report lines) from the newest step that restores completely,
   the calibration set in `constants`; damaged steps are moved aside (kept for inspection)."""
-  load = lambda st: checkpoint.restore_train(mngr, st, state, compiled.state_shardings, data_item)
+  load = lambda st: train_checkpoint.restore_train(
+    mngr, st, state, compiled.state_shardings, data_item
+  )
   steps = sorted(mngr.all_steps(), reverse=True)
   step, (state, meta), skipped = checkpoint.first_intact(
     steps, load, str(mngr.directory), plan.skipped

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from cdeit_jax import config_lib
-from cdeit_jax.checkpoints import checkpoint, loading, shipped
+from cdeit_jax.checkpoints import checkpoint, loading, shipped, train_checkpoint
 from cdeit_jax.common import compat, compile_cache, fileio, logs, tracking
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import CdeitError
@@ -287,7 +287,7 @@ def _train(
   lock: workdir_lock.WorkdirLock,
 ) -> dict[str, Any]:
   primary = jax.process_index() == 0
-  mngr = checkpoint.train_manager(
+  mngr = train_checkpoint.train_manager(
     workdir, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoints
   )
   try:
@@ -429,7 +429,7 @@ def _close_window(
     with clock.phase("checkpoint"):
       if primary:
         lock.check(read=True)  # the commit and the retention deletes are the lease's
-      checkpoint.save_train(
+      train_checkpoint.save_train(
         mngr, state, p.data.checkpoint_item, p.meta_now(step), last.get("val_loss")
       )
       if end:  # the last save is part of the run
