@@ -157,7 +157,7 @@ def main() -> None:
 
     from cdeit_jax.checkpoints import loading
 
-    for w in ("params", "ema"):
+    for w in ("raw", "ema"):
       model, meta = loading.load(f"{out}/train", weights=w)
       h = hashlib.sha256()
       leaves = nnx.state(model, nnx.Param).to_pure_dict()
