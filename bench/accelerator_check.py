@@ -4,11 +4,12 @@
 
 Sections, each recorded on its own (a section that fails is kept as its error and the others
 still run, so a short GPU loan always gives what it can):
-- `train`: the train step (`bench/bench_train.py`'s measure) of the platform's config: the
-  published size in bfloat16 on accelerators (configs/gpu.py on a GPU, configs/v5e8.py on a TPU),
-  the test config's tiny model on a CPU (--config to choose); samples/s, TFLOP/s per device (every
-  loop iteration counted), the fraction of the vendor's bf16 peak or, on a CPU, of the machine's
-  float32 matmul rate timed in the same run, the attention backend, global batch, peak memory.
+- `train`: the train step (`cdeit_jax.train.step_rate`, as bench/bench_train.py) of the
+  platform's config: the published size in bfloat16 on accelerators (configs/gpu.py on a GPU,
+  configs/v5e8.py on a TPU), the test config's tiny model on a CPU (--config to choose);
+  samples/s, TFLOP/s per device (every loop iteration counted), the fraction of the vendor's
+  bf16 peak or, on a CPU, of the machine's float32 matmul rate timed in the same run, the
+  attention backend, global batch, peak memory.
 - `numerics`: the loss and gradients of one batch of real UEF2017 data in bfloat16 against
   float32 on the same weights, noise and timesteps (`bf16_vs_f32_loss_rel`,
   `bf16_vs_f32_grad_cos`); the platform's attention backend against XLA's on the same bfloat16
@@ -80,9 +81,9 @@ def load_config(path: str | None, platform: str):
 
 
 def train(cfg, per_device_batch: int, steps: int) -> dict:
-  import bench_train
+  from cdeit_jax.train import step_rate
 
-  return bench_train.measure(cfg, per_device_batch, steps=steps)
+  return step_rate.measure(cfg, per_device_batch, steps=steps)
 
 
 def _uef_batch(n: int = 8) -> dict:
