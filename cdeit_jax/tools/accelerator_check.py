@@ -1,6 +1,6 @@
 """One command proves an accelerator: the mission's figures from one run, on whatever JAX sees.
 
-  make accelerator-check OUT=DIR        # python bench/accelerator_check.py --out DIR
+  make accelerator-check OUT=DIR        # python -m cdeit_jax.tools.accelerator_check --out DIR
 
 Sections, each recorded on its own (a section that fails is kept as its error and the others
 still run, so a short GPU loan always gives what it can):
@@ -39,9 +39,8 @@ import sys
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [REPO, HERE]
+# the checkout: its configs/, data/uef2017 and train.py
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cdeit_jax.common import cpu_tuning  # noqa: E402
 
