@@ -1,7 +1,7 @@
 """`make accelerator-check` in its CPU mode (the test config's small model, 8 fake devices): every
-section of `python -m cdeit_jax.tools.accelerator_check` runs and the JSON holds every figure, with the bars checked
-against their independent truths (float32 for the bfloat16 numerics, XLA's attention for the
-platform's, the uninterrupted run for the resumed one)."""
+section of `python -m cdeit_jax.tools.accelerator_check` runs and the JSON holds every figure,
+with the bars checked against their independent truths (float32 for the bfloat16 numerics, XLA's
+attention for the platform's, the uninterrupted run for the resumed one)."""
 
 import json
 import subprocess
