@@ -5,8 +5,9 @@ trained at a scale two CPU cores never reach, in at most 8 flat files.
 Stages, in order; each writes its figures when it ends (a run cut short keeps what it reached);
 one that fails does not stop the next; one that cannot run where it is is recorded as skipped,
 with the reason:
-1. `check` (2 minutes): bench/accelerator_check.py at the platform's size (the published model
-   in bfloat16, configs/gpu.py, on a GPU) -> accelerator_check.json
+1. `check` (2 minutes): the accelerator check (python -m cdeit_jax.tools.accelerator_check) at
+   the platform's size (the published model in bfloat16, configs/gpu.py, on a GPU) ->
+   accelerator_check.json
 2. `pytorch` (2 minutes): ours and the published PyTorch code side by side on the same chip, the
    same model, dtype and global batch (bench/bench_vs_reference.py) -> vs_pytorch.json; skipped
    without a checkout of the published code (--reference, default `reference/CDEIT`, carried
@@ -286,7 +287,7 @@ def main() -> None:
   t = time.perf_counter()
   check = os.path.join(scratch, "check")
   limit = min(a.check_s, stages.left())
-  cmd = [py, os.path.join(bench, "accelerator_check.py"), "--out", check, "--config", small]
+  cmd = [py, "-m", "cdeit_jax.tools.accelerator_check", "--out", check, "--config", small]
   # no section starts after half the time: one started then has the other half to end in
   cmd += ["--per-device-batch", batch, "--budget-s", str(limit / 2)]
   rc, _ = run(stages, "check", cmd, limit, env)

@@ -4,7 +4,7 @@ configs/v5e8.py in bfloat16): a change that breaks either platform's lowering fa
 any accelerator runs it. The one piece that cannot be lowered without the hardware is said below:
 cuDNN's fused attention (`attention_impl="cudnn"`, what "auto" picks on a GPU in 16-bit), which
 JAX refuses to lower where it cannot query the cuDNN version ("cuDNN is not detected"); on a GPU
-the accelerator check (bench/accelerator_check.py) runs it."""
+the accelerator check (python -m cdeit_jax.tools.accelerator_check) runs it."""
 
 import jax
 import pytest

@@ -1,14 +1,15 @@
 """One command proves an accelerator: the mission's figures from one run, on whatever JAX sees.
 
-  make accelerator-check OUT=DIR        # python bench/accelerator_check.py --out DIR
+  make accelerator-check OUT=DIR        # python -m cdeit_jax.tools.accelerator_check --out DIR
 
 Sections, each recorded on its own (a section that fails is kept as its error and the others
 still run, so a short GPU loan always gives what it can):
-- `train`: the train step (`bench/bench_train.py`'s measure) of the platform's config: the
-  published size in bfloat16 on accelerators (configs/gpu.py on a GPU, configs/v5e8.py on a TPU),
-  the test config's tiny model on a CPU (--config to choose); samples/s, TFLOP/s per device (every
-  loop iteration counted), the fraction of the vendor's bf16 peak or, on a CPU, of the machine's
-  float32 matmul rate timed in the same run, the attention backend, global batch, peak memory.
+- `train`: the train step (`cdeit_jax.train.step_rate`, as bench/bench_train.py) of the
+  platform's config: the published size in bfloat16 on accelerators (configs/gpu.py on a GPU,
+  configs/v5e8.py on a TPU), the test config's tiny model on a CPU (--config to choose);
+  samples/s, TFLOP/s per device (every loop iteration counted), the fraction of the vendor's
+  bf16 peak or, on a CPU, of the machine's float32 matmul rate timed in the same run, the
+  attention backend, global batch, peak memory.
 - `numerics`: the loss and gradients of one batch of real UEF2017 data in bfloat16 against
   float32 on the same weights, noise and timesteps (`bf16_vs_f32_loss_rel`,
   `bf16_vs_f32_grad_cos`); the platform's attention backend against XLA's on the same bfloat16
@@ -38,9 +39,8 @@ import sys
 import time
 import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [REPO, HERE]
+# the checkout: its configs/, data/uef2017 and train.py
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from cdeit_jax.common import cpu_tuning  # noqa: E402
 
@@ -80,9 +80,9 @@ def load_config(path: str | None, platform: str):
 
 
 def train(cfg, per_device_batch: int, steps: int) -> dict:
-  import bench_train
+  from cdeit_jax.train import step_rate
 
-  return bench_train.measure(cfg, per_device_batch, steps=steps)
+  return step_rate.measure(cfg, per_device_batch, steps=steps)
 
 
 def _uef_batch(n: int = 8) -> dict:
@@ -106,6 +106,7 @@ def numerics(cfg, platform: str) -> dict:
   platform's attention against XLA's."""
   from flax import nnx
 
+  from cdeit_jax.checkpoints import loading
   from cdeit_jax.common import sharding as shd
   from cdeit_jax.model import attention
   from cdeit_jax.train import training
@@ -119,7 +120,7 @@ def numerics(cfg, platform: str) -> dict:
   for dtype in ("float32", "bfloat16"):
     c = cfg.copy_and_resolve_references()
     c.model.dtype, c.batch_size, c.accum_steps = dtype, len(batch["target"]), 1
-    ts = training.setup(c, mesh)
+    ts = training.setup(c, loading.resolve(c), mesh)
     if params is None:  # float32 weights for both, made non-zero (a fresh model predicts 0)
       params = _perturbed(ts.state.params)
 
@@ -162,12 +163,12 @@ def sampling_and_reconstruct(cfg, folder: str, num_samples: int) -> tuple[dict, 
   from flax import nnx
 
   from cdeit_jax import config_lib
-  from cdeit_jax.checkpoints import checkpoint
+  from cdeit_jax.checkpoints import checkpoint, loading
   from cdeit_jax.data import npz_files, stats
   from cdeit_jax.infer.reconstructor import Reconstructor
   from cdeit_jax.model.network import CDEIT
 
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  model = CDEIT(**config_lib.model_kwargs(cfg, loading.resolve(cfg)), rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   state = _perturbed(state)
   mean, std = stats.authors_stats()
