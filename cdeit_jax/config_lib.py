@@ -350,25 +350,10 @@ def check_training_config(
   )
 
 
-# Config keys that took another name (old -> new), read under the new name from a stored config
-# (`from_json`) only: the shipped models/cdeit16 records `data.preset` (its checkpoint's metadata
-# and manifest.json). On a command line or in `override` an old key is unknown, like any other.
-RENAMED_KEYS = {"data.preset": "data.units"}
-
-
 def from_json(stored: dict[str, Any]) -> ml_collections.ConfigDict:
   """`default_config()` updated with a stored config (a checkpoint's `meta["config"]`): keys this
-  version does not know are ignored, keys it added keep their defaults, renamed keys
-  (`RENAMED_KEYS`) are read under their new names."""
+  version does not know are ignored, keys it added keep their defaults."""
   cfg = default_config()
-  for old, new in RENAMED_KEYS.items():
-    (section, leaf), (_, new_leaf) = old.split("."), new.split(".")
-    node = stored.get(section)
-    if isinstance(node, dict) and leaf in node:
-      stored = {
-        **stored,
-        section: {new_leaf: node[leaf], **{k: v for k, v in node.items() if k != leaf}},
-      }
 
   def update(node: ml_collections.ConfigDict, tree: dict) -> None:
     for k, v in tree.items():

@@ -1,5 +1,5 @@
-"""config_lib: a stored config's renamed key (`RENAMED_KEYS`: models/cdeit16 records `data.preset`)
-reads under its new name; given by a user, an old key or flag is unknown, in one line."""
+"""config_lib: a stored config reads back as it was stored (the shipped models' too); given by a
+user, a key or flag this version does not have is unknown, in one line."""
 
 import json
 import subprocess
@@ -13,18 +13,21 @@ from cdeit_jax.common.errors import InputError
 REPO = __import__("pathlib").Path(__file__).parent.parent
 
 
-def test_a_stored_config_with_an_old_key_reads_as_the_new_one():
-  """The shipped models/cdeit16 was written before data.preset became data.units: its stored
-  config keeps its units."""
-  shipped = json.loads((REPO / "models" / "cdeit16" / "manifest.json").read_text())["config"]
-  assert "preset" in shipped["data"] and "units" not in shipped["data"]
-  assert config_lib.from_json(shipped).data.units == shipped["data"]["preset"]
+def test_a_stored_config_reads_back_as_it_was_stored():
+  """Each shipped model's stored config reads back with its own values (the units its data were
+  in among them); a key this version does not have is left out, one it added keeps its
+  default."""
+  for name in ("cdeit16", "ktc2023"):
+    shipped = json.loads((REPO / "models" / name / "manifest.json").read_text())["config"]
+    cfg = config_lib.from_json(shipped)
+    assert cfg.data.units == shipped["data"]["units"]
+    for key in ("cond", "hidden_size", "patch_size", "num_scales"):
+      assert cfg.model[key] == shipped["model"][key], key
   stored = config_lib.default_config().to_dict()
-  stored["data"] = {k: v for k, v in stored["data"].items() if k != "units"}
-  stored["data"]["preset"] = "uef2017"
+  stored["data"] = {**stored["data"], "units": "uef2017", "preset": "ktc2023"}
+  del stored["data"]["stats"]
   cfg = config_lib.from_json(stored)
-  assert cfg.data.units == "uef2017" and "preset" not in cfg.data
-  assert config_lib.from_json(config_lib.default_config().to_dict()).data.units == "simulated"
+  assert cfg.data.units == "uef2017" and "preset" not in cfg.data and cfg.data.stats is None
 
 
 def test_an_old_key_given_is_an_unknown_one():
