@@ -28,7 +28,7 @@ from cdeit_jax.common import compile_cache, fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files, pipeline, sources
-from cdeit_jax.infer import metrics, outputs, reconstructor
+from cdeit_jax.infer import frame_guards, metrics, outputs, reconstructor
 
 log = logs.log.getChild("eval")
 CHUNK = 64  # examples sampled, scored and written at a time (about 32 MB at K = 8)
@@ -41,7 +41,7 @@ def check_scale(src, units: str, limit: int = 8) -> None:
   n = min(len(src), limit)
   v = np.concatenate([np.ravel(src[i]["voltages"]) for i in range(n)])
   typical = float(np.median(np.abs(v[np.isfinite(v)]))) if np.isfinite(v).any() else np.inf
-  if not typical < reconstructor.FAR_OFF:
+  if not typical < frame_guards.FAR_OFF:
     raise InputError(
       f"{src.path}: its voltages, standardised in the units {units!r}, are ~{typical:.3g} "
       "standard deviations from the training mean (expected a few): the data are in other "

@@ -20,7 +20,7 @@ from cdeit_jax.data import sources
 from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import IMAGE_SIZE
 from cdeit_jax.infer import evaluate, frames
-from cdeit_jax.infer.reconstructor import listed
+from cdeit_jax.infer.frame_guards import listed
 
 
 class RecordingSource(sources.ArraySource):
@@ -97,7 +97,7 @@ class RecordingEvaluator(evaluate.Evaluator):
 
   def _compile(self, model) -> None:
     super()._compile(model)
-    self.rec.check_frames(self.src.dv[: self.n], self.data_path)
+    self.rec.guards.check_frames(self.src.dv[: self.n], self.data_path)
 
 
 def run(kind, path: str, data_path: str, out: str, overrides=None, units=None) -> dict[str, Any]:
