@@ -98,7 +98,7 @@ def _main(argv, stack: contextlib.ExitStack):
 
   from cdeit_jax.checkpoints import loading, reader, shipped
   from cdeit_jax.common import compile_cache, fileio, logs
-  from cdeit_jax.infer import frames, outputs, reconstructor
+  from cdeit_jax.infer import frames, outputs, run_opening
   from cdeit_jax.infer.frame_guards import listed
   from cdeit_jax.infer.reconstructor import Reconstructor
 
@@ -109,7 +109,7 @@ def _main(argv, stack: contextlib.ExitStack):
   overrides = cli.checkpoint_overrides()
   voltage_ratio, current_ratio = _settings(overrides)
   with reader.open_run(FLAGS.workdir, overrides.get("eval.step")) as run:
-    meta, skipped, cfg = reconstructor.choose(run, overrides)
+    meta, skipped, cfg = run_opening.choose(run, overrides)
     system = loading.resolve(cfg, meta.record).device  # the frames are this system's values
     recording, reference = _frames_and_reference(system, run.workdir)
     stack.enter_context(recording)
@@ -215,9 +215,9 @@ def _settings(overrides: dict) -> tuple[float | None, float | None]:
   """eval.py's settings given to reconstruct (`overrides`), checked: those it applies kept,
   the ratios taken out (`_ratios`, returned), any other refused in one line."""
   from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer import reconstructor
+  from cdeit_jax.infer import run_opening
 
-  reconstructor.check_overrides(overrides)
+  run_opening.check_overrides(overrides)
   if any(k.startswith("wandb.") for k in overrides):
     raise InputError(
       f"--config.{next(k for k in overrides if k.startswith('wandb.'))}: reconstruct logs nothing "

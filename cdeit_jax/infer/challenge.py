@@ -296,16 +296,16 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
 
   from cdeit_jax.checkpoints import loading, reader
   from cdeit_jax.data import ktc2023
-  from cdeit_jax.infer import reconstructor
+  from cdeit_jax.infer import reconstructor, run_opening
 
   t0 = time.perf_counter()
   # every input checked first, the model loaded last of them: a refused one leaves no --out
   cases = ktc2023.read_cases(data_path)
   overrides = dict(overrides or {})
-  reconstructor.check_overrides(overrides)
+  run_opening.check_overrides(overrides)
   with reader.open_run(workdir, overrides.get("eval.step")) as run:
     outputs.check_place(out, data_path, run.workdir)
-    meta, skipped, cfg = reconstructor.choose(run, overrides)
+    meta, skipped, cfg = run_opening.choose(run, overrides)
     system = loading.resolve(cfg, meta.record)
     check_model(system.device, system.removed, cases)
     e = cfg.eval

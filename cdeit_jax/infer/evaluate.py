@@ -28,7 +28,7 @@ from cdeit_jax.common import compile_cache, fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files, pipeline, sources
-from cdeit_jax.infer import frame_guards, metrics, outputs, reconstructor
+from cdeit_jax.infer import frame_guards, metrics, outputs, reconstructor, run_opening
 
 log = logs.log.getChild("eval")
 CHUNK = 64  # examples sampled, scored and written at a time (about 32 MB at K = 8)
@@ -86,17 +86,17 @@ class Evaluator:
 
   def prepare(self) -> Evaluator:
     """Choose and load the model, open and check the data, compile the sampler."""
-    reconstructor.check_overrides(self.overrides)  # bad keys and values fail before any work
+    run_opening.check_overrides(self.overrides)  # bad keys and values fail before any work
     with reader.open_run(self.path, self.overrides.get("eval.step")) as run:
-      meta, skipped, self.cfg = reconstructor.choose(run, self.overrides)
+      meta, skipped, self.cfg = run_opening.choose(run, self.overrides)
       self._check_request(run.workdir)
       self._open_data(meta)
       self.mesh = shd.make_mesh()
-      loaded = reconstructor.load(
+      loaded = run_opening.load(
         run, meta, skipped, self.cfg, self.overrides, self.mesh, self.layout
       )
     self.meta, self.workdir = loaded.meta, run.workdir
-    self.calibration = reconstructor.calibration_file(run, loaded.meta.step)
+    self.calibration = run_opening.calibration_file(run, loaded.meta.step)
     self._check_statistics(loaded.model)
     self._compile(loaded.model)
     return self
@@ -130,7 +130,7 @@ class Evaluator:
     if logs_to_wandb or fileio.path(fileio.join(workdir, tracking.RUN_FILE)).exists():
       tracking.check_mode_env()  # it will log to W&B: WANDB_MODE checked before any work
     if self.primary:
-      names = outputs.OUTPUTS + ((reconstructor.UNCERTAINTY_FILE,) if self.scale_beside else ())
+      names = outputs.OUTPUTS + ((run_opening.UNCERTAINTY_FILE,) if self.scale_beside else ())
       outputs.check_out(self.out, self.data_path, workdir, names)
       logs.debug_log(self.out)
     if e.fit_uncertainty and (self.data_name != "simulated" or s.num_samples < 2):
@@ -255,7 +255,7 @@ class Evaluator:
     )
     self.baseline_keys = tuple(npz_files.BASELINE_KEYS) if self.src.baselines else ()
     self.scores = metrics.Scores((("tikhonov",) if e.tikhonov else ()) + self.baseline_keys)
-    self.scale = None if e.fit_uncertainty else reconstructor.uncertainty_scale(self.calibration)
+    self.scale = None if e.fit_uncertainty else run_opening.uncertainty_scale(self.calibration)
     self.extra: list[str] = []  # outputs beyond outputs.OUTPUTS (a scale fitted beside them)
     self.coverage = metrics.Coverage(self.scale) if s.num_samples > 1 else None
     self.tikhonov = None
@@ -343,8 +343,8 @@ class Evaluator:
       self.scale = self.coverage.fit()
       kept = self.calibration
       if self.scale_beside:
-        kept = fileio.join(self.staged.work, reconstructor.UNCERTAINTY_FILE)
-        self.extra.append(reconstructor.UNCERTAINTY_FILE)
+        kept = fileio.join(self.staged.work, run_opening.UNCERTAINTY_FILE)
+        self.extra.append(run_opening.UNCERTAINTY_FILE)
       fileio.write_text(
         kept,
         json.dumps(
@@ -359,7 +359,7 @@ class Evaluator:
           indent=1,
         ),
       )
-      where = fileio.join(self.out, reconstructor.UNCERTAINTY_FILE) if self.scale_beside else kept
+      where = fileio.join(self.out, run_opening.UNCERTAINTY_FILE) if self.scale_beside else kept
       log.info(f"uncertainty scale {self.scale:.3f} fitted on {self.n} examples, kept in {where}")
     self.predictions.scale_std(self.scale)
     return self.coverage.result(self.scale)

@@ -19,7 +19,6 @@ fits), each compiled once, so a stream of batches of any size never recompiles.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -28,137 +27,26 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import config_lib
-from cdeit_jax.checkpoints import checkpoint, loading, reader
-from cdeit_jax.common import fileio, logs
+from cdeit_jax.checkpoints import reader
+from cdeit_jax.common import logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import pipeline, sources
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit import layout, measurement, symmetry
 from cdeit_jax.infer import frame_guards, sampling
+from cdeit_jax.infer.run_opening import (
+  MAX_SAMPLES,
+  calibration_file,
+  check_overrides,
+  choose,
+  is_int,
+  load,
+  uncertainty_scale,
+)
 from cdeit_jax.model.diffusion import Diffusion
 
 log = logs.log.getChild("eval")
-
-# What eval.py and the reconstruct command may set; everything else (model, data, diffusion) is
-# the checkpoint's.
-SETTABLE = (
-  "sampling.",
-  "eval.",
-  "wandb.",
-  *(f"model.{k}" for k in loading.RUNTIME_MODEL_KEYS),
-)
-UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
-MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
-
-
-def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.ConfigDict:
-  """The checkpoint's config with `overrides` (dotted keys) applied and the sampling settings
-  checked; errors name `--config.<key>`."""
-  for key in overrides:
-    if not key.startswith(SETTABLE):
-      raise InputError(
-        f"--config.{key}: evaluation takes the model, data and training settings "
-        "from the checkpoint; only config.sampling.*, config.eval.*, config.wandb.* and "
-        f"config.model.{{{','.join(loading.RUNTIME_MODEL_KEYS)}}} can be set"
-      )
-  cfg = loading.model_config(meta)
-  config_lib.override(cfg, overrides)
-  s, e = cfg.sampling, cfg.eval
-
-  def need(ok: bool, key: str, msg: str) -> None:
-    if not ok:
-      section, leaf = key.split(".")
-      raise InputError(f"--config.{key}={cfg[section][leaf]!r}: {msg}")
-
-  need(s.steps >= 1, "sampling.steps", "must be >= 1")
-  need(
-    _is_int(s.num_samples) and 1 <= s.num_samples <= MAX_SAMPLES,
-    "sampling.num_samples",
-    f"must be an integer from 1 to {MAX_SAMPLES}",
-  )
-  need(
-    0 <= s.eta <= 1,
-    "sampling.eta",
-    "must be in [0, 1] (0: deterministic DDIM, 1: the published sampler)",
-  )
-  need(s.data_consistency >= 0, "sampling.data_consistency", "must be >= 0 (0 = off)")
-  need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
-  need(isinstance(s.symmetric, bool), "sampling.symmetric", "must be True or False")
-  need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
-  need(
-    e.weights in checkpoint.WEIGHT_ITEMS,
-    "eval.weights",
-    f"must be one of {sorted(checkpoint.WEIGHT_ITEMS)}",
-  )
-  return cfg
-
-
-def uncertainty_scale(path: str) -> float:
-  """The calibration factor kept at `path` (a step folder's UNCERTAINTY_FILE); 1 if none."""
-  try:
-    record = json.loads(fileio.path(path).read_text())
-  except FileNotFoundError:
-    return 1.0
-  except (OSError, ValueError) as e:
-    raise InputError(
-      f"{path}: unreadable ({e}); delete it (the std is then uncalibrated) or "
-      "fit it again with --config.eval.fit_uncertainty=True"
-    ) from None
-  scale = record.get("scale") if isinstance(record, dict) else None
-  if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
-    raise InputError(
-      f"{path}: 'scale' must be a positive number, got {scale!r}; delete the "
-      "file or fit it again with --config.eval.fit_uncertainty=True"
-    )
-  return float(scale)
-
-
-def check_overrides(overrides: dict[str, Any]) -> None:
-  """Bad keys and values fail before any work (against the default config)."""
-  settings({"model": {}}, overrides)
-
-
-def choose(
-  run: reader.Run, overrides: dict[str, Any]
-) -> tuple[reader.Meta, dict[int, str], ml_collections.ConfigDict]:
-  """(meta, skipped, config) of the run's first candidate whose metadata reads, its config with
-  `overrides` applied and checked."""
-  meta, skipped = run.first_readable()
-  return meta, skipped, settings(meta.record, overrides)
-
-
-def load(
-  run: reader.Run,
-  meta: reader.Meta,
-  skipped: dict[int, str],
-  cfg: ml_collections.ConfigDict,
-  overrides: dict[str, Any],
-  mesh: jax.sharding.Mesh,
-  device: layout.Layout | None = None,
-) -> reader.Loaded:
-  """The model of the first candidate from `meta`'s step on whose weights load, replicated over
-  `mesh`, with the model's runtime overrides; logs the steps passed over. `device`: the
-  measuring system the command resolved (`loading.device_of`), else resolved from `meta`."""
-  runtime = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
-  loaded = run.load(
-    weights=cfg.eval.weights,
-    sharding=shd.replicated(mesh),
-    start=meta.step,
-    passed=skipped,
-    device=device,
-    **runtime,
-  )
-  for bad, reason in loaded.skipped.items():
-    log.warning(f"skipping checkpoint step {bad}: {reason}")
-  log.info(f"checkpoint {run.step_dir(loaded.meta.step)}: {loaded.reason}")
-  return loaded
-
-
-def calibration_file(run: reader.Run, step: int) -> str:
-  """Where a step keeps its uncertainty scale (UNCERTAINTY_FILE)."""
-  return fileio.join(run.step_dir(step), UNCERTAINTY_FILE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -524,12 +412,12 @@ class Reconstructor:
     progress: Callable[[int], None] | None,
   ) -> Reconstruction:
     k = self.num_samples if num_samples is None else num_samples
-    if not _is_int(k) or not 1 <= k <= MAX_SAMPLES:
+    if not is_int(k) or not 1 <= k <= MAX_SAMPLES:
       raise InputError(f"num_samples={num_samples!r}: must be an integer from 1 to {MAX_SAMPLES}")
     k = 1 if self.segmenter else int(k)  # a segmenter is deterministic: one pass is all
     n = len(cond)
     last = np.iinfo(np.int32).max - n  # example indices are int32
-    if not _is_int(first_index) or not 0 <= first_index <= last:
+    if not is_int(first_index) or not 0 <= first_index <= last:
       raise InputError(f"first_index={first_index!r}: must be an integer from 0 to {last}")
     rows_frame = np.repeat(np.arange(n), k)  # frame-major: a frame's K samples share a batch
     rows_sample = np.tile(np.arange(k, dtype=np.int32), n)
@@ -549,7 +437,3 @@ class Reconstructor:
       f"Reconstructor({self.checkpoint or 'model'}, units={self.units.name!r}, "
       f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.buckets})"
     )
-
-
-def _is_int(v: Any) -> bool:
-  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
