@@ -130,7 +130,7 @@ def _main(argv, stack: contextlib.ExitStack):
   ok = _checked(rec, recording, reference, where)
   calls = _calls(ok, n, FLAGS.chunk)
   for size in {len(run) for runs in calls.values() for run in runs}:
-    rec.prepare(size * rec.num_samples)  # timing starts after compilation
+    rec.sampler.prepare(size * rec.num_samples)  # timing starts after compilation
   setup_s = time.perf_counter() - t0
   skipped = np.setdiff1d(np.arange(n), ok)
   if len(skipped):

@@ -84,10 +84,10 @@ def test_symmetric_samples_are_the_turned_tanks_samples_turned_back(tiny_run, re
   index = np.arange(2, dtype=np.int32)
   for k, g in enumerate(symmetry.GROUP):
     cond = rec.condition(uef_ys[:2][:, symmetry.permutation(*g, CDEIT16)])
-    want = symmetry.image_back(rec.sample_rows(cond, index, np.full(2, k, np.int32)), *g)
+    want = symmetry.image_back(rec.sampler.sample_rows(cond, index, np.full(2, k, np.int32)), *g)
     np.testing.assert_allclose(got[k], want[..., 0], atol=2e-5, rtol=0)
     if k:  # a turned tank's sample is not the plain one
-      plain = rec.sample_rows(rec.condition(uef_ys[:2]), index, np.full(2, k, np.int32))
+      plain = rec.sampler.sample_rows(rec.condition(uef_ys[:2]), index, np.full(2, k, np.int32))
       assert np.abs(plain[..., 0] - got[k]).max() > 1e-2
 
 
@@ -100,14 +100,14 @@ def test_a_stream_of_varying_batches_compiles_each_bucket_once(tiny_run, uef_ys,
     sampling, "compile_batch", lambda *a, **k: compiled.append(a[3]) or real(*a, **k)
   )
   r = Reconstructor.from_workdir(tiny_run, units="uef2017", overrides={"sampling.num_samples": 1})
-  assert r.buckets == [8, 16, 32, 64] and compiled == [64]
+  assert r.sampler.buckets == [8, 16, 32, 64] and compiled == [64]
   dv = np.concatenate([uef_ys] * 6)
   at = 0
   out = []
   for n in (1, 3, 8, 5, 17, 2):
     out.append(r.reconstruct(dv[at : at + n], first_index=at).images)
     at += n
-  assert sorted(compiled) == [8, 32, 64] and r.compiled_buckets == [8, 32, 64]
+  assert sorted(compiled) == [8, 32, 64] and r.sampler.compiled_buckets == [8, 32, 64]
   whole = r.reconstruct(dv[:at]).images  # one batch of 36 -> 64: same images
   np.testing.assert_allclose(np.concatenate(out), whole, atol=1e-6, rtol=0)
   assert sorted(compiled) == [8, 32, 64]

@@ -208,7 +208,7 @@ class Evaluator:
       )
     self.compile_s, self.cache_hit = time.perf_counter() - t0, cache.hit
     log.info(
-      f"sampler (global batch {self.rec.max_batch}, {self.cfg.sampling.steps} steps) "
+      f"sampler (global batch {self.rec.sampler.max_batch}, {self.cfg.sampling.steps} steps) "
       f"{'loaded from the persistent compilation cache' if cache.hit else 'compiled'} in "
       f"{self.compile_s:.1f} s; sampling starts {time.perf_counter() - self.t_start:.1f} s "
       "after the start"
@@ -227,7 +227,7 @@ class Evaluator:
   def run(self) -> None:
     """K samples of every example, a chunk of examples at a time, scored and written as they
     come in a worker thread (memory flat); global batch b holds examples b*G .. b*G+G-1."""
-    s, g = self.cfg.sampling, self.rec.max_batch
+    s, g = self.cfg.sampling, self.rec.sampler.max_batch
     if self.primary:
       self._open_outputs()
     chunk = g * max(1, CHUNK // g)
@@ -268,13 +268,13 @@ class Evaluator:
 
   def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:
     """(K, hi - lo, H, W, C) samples of examples lo .. hi (this host's batches of the chunk)."""
-    g, k_all = self.rec.max_batch, self.cfg.sampling.num_samples
+    g, k_all = self.rec.sampler.max_batch, self.cfg.sampling.num_samples
     mine = [next(batches) for _ in range(-(-(hi - lo) // g))]
     samples = np.zeros((k_all, hi - lo, *self.shape), np.float32)
     t0 = time.perf_counter()
     for k in range(k_all):
       for j, b in enumerate(mine):
-        imgs = self.rec.sample_local(b["cond"], b["index"], k)
+        imgs = self.rec.sampler.sample_local(b["cond"], b["index"], k)
         at = j * g
         take = min(g, hi - lo - at)
         samples[k, at : at + take] = imgs[:take]
@@ -317,7 +317,7 @@ class Evaluator:
       "compile_cache_hit": self.cache_hit,
       "devices": jax.device_count(),
       "processes": jax.process_count(),
-      "global_batch": self.rec.max_batch,
+      "global_batch": self.rec.sampler.max_batch,
     }
     if not self.primary:
       return result

@@ -31,7 +31,7 @@ from cdeit_jax.checkpoints import reader
 from cdeit_jax.common import logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.data import pipeline, sources
+from cdeit_jax.data import sources
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit import layout, measurement, symmetry
 from cdeit_jax.infer import frame_guards, sampling
@@ -153,9 +153,8 @@ class Reconstructor:
       )
       correction_graphdef, dc_state = nnx.split(dc)
       weights = (weights, jax.device_put(dc_state, shd.replicated(self.mesh)))
-    self._weights = weights
     self.symmetric = bool(s.symmetric)
-    self._sampler = sampling.make_sampler(
+    sampler = sampling.make_sampler(
       graphdef,
       Diffusion(**config.diffusion),
       self.steps,
@@ -168,16 +167,16 @@ class Reconstructor:
     )
     # The largest batch: the one that fits (or config.sampling.batch_size); smaller buckets are
     # compiled when a batch first needs them.
-    compiled, self.max_batch = sampling.compile_sampler(
-      self._sampler,
-      self._weights,
+    self.sampler = sampling.BucketedSampler(
+      sampler,
+      weights,
       self.mesh,
+      jax.random.key(self.seed),
+      self.shape,
+      self.cond_shape,
       num_examples or 8 * self.mesh.devices.size,
       s.batch_size,
-      cond_shape=self.cond_shape,
     )
-    self._compiled: dict[int, Callable] = {self.max_batch: compiled}
-    self._key = jax.random.key(self.seed)
 
   def _read_system(self, model: nnx.Module) -> None:
     """The measuring system whose values the model reads, as a vector (`vector`) or as CDEIT's
@@ -262,89 +261,6 @@ class Reconstructor:
     rec.checkpoint = run.step_dir(loaded.meta.step)
     return rec
 
-  # --------------------------------------------------------------------------- the sampler
-
-  @property
-  def buckets(self) -> list[int]:
-    """The global batch sizes a call is padded to: the devices times 1, 2, 4, ... and the
-    largest batch."""
-    n = self.mesh.devices.size
-    out, g = [], n
-    while g < self.max_batch:
-      out.append(g)
-      g *= 2
-    return out + [self.max_batch]
-
-  @property
-  def compiled_buckets(self) -> list[int]:
-    return sorted(self._compiled)
-
-  def _bucket(self, rows: int) -> int:
-    """The global batch `rows` rows (at most `max_batch`) are padded to."""
-    return next(b for b in self.buckets if b >= rows)
-
-  def _executable(self, rows: int) -> tuple[int, Callable]:
-    bucket = self._bucket(rows)
-    if bucket not in self._compiled:
-      self._compiled[bucket] = sampling.compile_batch(
-        self._sampler, self._weights, self.mesh, bucket, self.cond_shape
-      )
-      log.debug(f"sampler compiled for a batch of {bucket}")
-    return bucket, self._compiled[bucket]
-
-  def prepare(self, rows: int) -> list[int]:
-    """Compile now every bucket that `rows` rows (frames times samples) in calls of at most
-    `max_batch` will use, so that timing starts after compilation; returns those buckets."""
-    sizes = {min(self.max_batch, rows - lo) for lo in range(0, rows, self.max_batch)}
-    return sorted({self._executable(r)[0] for r in sizes})
-
-  def sample_local(
-    self, cond: np.ndarray, index: np.ndarray, sample: np.ndarray | int
-  ) -> np.ndarray:
-    """One sampler call on this host's rows (every host its equal share, in process order, of
-    a global batch of at most `max_batch` rows): conditions (b, 16, 16, 1), example indices
-    (b,), sample indices (b,) or one for all; returns the global batch's images, (B, H, W, C),
-    on every host (padding rows included)."""
-    b = len(cond)
-    sample = np.broadcast_to(np.asarray(sample, np.int32), (b,))
-    bucket, run = self._executable(b * jax.process_count())
-    per_host = bucket // jax.process_count()
-    if b < per_host:  # pad this host's share to the bucket's (the padding rows are dropped)
-      pad = per_host - b
-      cond = np.concatenate([cond, np.repeat(cond[:1], pad, 0)])
-      index, sample = (np.concatenate([a, np.repeat(a[:1], pad)]) for a in (index, sample))
-    g = pipeline.to_global(
-      {
-        "cond": np.asarray(cond, np.float32),
-        "index": np.asarray(index, np.int32),
-        "sample": np.asarray(sample, np.int32),
-      },
-      self.mesh,
-    )
-    return sampling.gather(run(self._weights, g["cond"], g["index"], g["sample"], self._key))
-
-  def sample_rows(
-    self,
-    cond: np.ndarray,
-    index: np.ndarray,
-    sample: np.ndarray,
-    progress: Callable[[int], None] | None = None,
-  ) -> np.ndarray:
-    """Images (R, H, W, C) of R rows given whole on every host (conditions, example indices,
-    sample indices), in calls of at most `max_batch` rows, each host sampling its share."""
-    out = np.empty((len(cond), *self.shape), np.float32)
-    p, procs = jax.process_index(), jax.process_count()
-    for lo in range(0, len(cond), self.max_batch):
-      hi = min(len(cond), lo + self.max_batch)
-      rows = np.arange(lo, lo + self._bucket(hi - lo))
-      rows = np.minimum(rows, hi - 1)  # padding repeats the last row
-      mine = rows.reshape(procs, -1)[p]
-      imgs = self.sample_local(cond[mine], index[mine], sample[mine])
-      out[lo:hi] = imgs[: hi - lo]
-      if progress is not None:
-        progress(hi - lo)
-    return out
-
   # --------------------------------------------------------------------------- the API
 
   def condition(self, dv: np.ndarray) -> np.ndarray:
@@ -421,7 +337,7 @@ class Reconstructor:
       raise InputError(f"first_index={first_index!r}: must be an integer from 0 to {last}")
     rows_frame = np.repeat(np.arange(n), k)  # frame-major: a frame's K samples share a batch
     rows_sample = np.tile(np.arange(k, dtype=np.int32), n)
-    imgs = self.sample_rows(
+    imgs = self.sampler.sample_rows(
       cond[rows_frame], (first_index + rows_frame).astype(np.int32), rows_sample, progress=progress
     )
     if self.segmenter:
@@ -435,5 +351,5 @@ class Reconstructor:
   def __repr__(self) -> str:
     return (
       f"Reconstructor({self.checkpoint or 'model'}, units={self.units.name!r}, "
-      f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.buckets})"
+      f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.sampler.buckets})"
     )
