@@ -320,10 +320,7 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
   r = model_samples(rec, cases, fits)
   sampled = time.perf_counter() - t1
   answers = ktc_score.to_challenge_grid(rule.answer_of(r))
-  if r.probabilities is not None:  # a segmenter's
-    p_res, p_con = r.probabilities[..., 1], r.probabilities[..., 2]
-  else:
-    p_res, p_con = answer_rules.probabilities(r.samples, rule.threshold)
+  p_res, p_con = rule.class_fractions(r)
   stds = list(r.std) if r.std is not None else None
   methods = [
     Method("cdeit", list(r.images), list(answers), stds, list(zip(p_res, p_con))),

@@ -29,6 +29,7 @@ from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files, pipeline, sources
 from cdeit_jax.infer import frame_guards, metrics, outputs, reconstructor, run_opening
+from cdeit_jax.model import output_kinds
 
 log = logs.log.getChild("eval")
 CHUNK = 64  # examples sampled, scored and written at a time (about 32 MB at K = 8)
@@ -286,7 +287,7 @@ class Evaluator:
     """Score and write examples lo .. lo + len: in a worker thread, while the devices sample
     the next chunk (host work off the hot path)."""
     hi = lo + samples.shape[1]
-    pred, std = reconstructor.summarise(samples)
+    pred, std = output_kinds.summarise(samples)
     examples = [self.src[i] for i in range(lo, hi)]
     target = np.stack([ex["target"] for ex in examples])
     stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in self.baseline_keys}

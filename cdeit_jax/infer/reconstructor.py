@@ -51,38 +51,21 @@ log = logs.log.getChild("eval")
 
 @dataclasses.dataclass(frozen=True)
 class Reconstruction:
-  """What `Reconstructor.reconstruct` returns (label units; the mean over K samples).
-
-  `images` (N, 128, 128); `std` (N, 128, 128) the calibrated per-pixel std over the samples,
-  None for K = 1; `samples` (K, N, 128, 128) when asked for. A segmenter's (`of_classes`):
-  `probabilities` (N, 128, 128, 3) of water, resistive and conductive, and the image and std
-  of its class contrast (-1, 0, +1) under them."""
+  """What `Reconstructor.reconstruct` returns (label units), as the model's output kind gives it
+  (`Output.reconstruction`): `images` (N, 128, 128), the mean over K samples; `std` (N, 128, 128)
+  the calibrated per-pixel std, None for K = 1; `samples` (K, N, 128, 128) when asked for; a
+  segmenter's `probabilities` (N, 128, 128, 3) of water, resistive and conductive, its image
+  and std those of its class contrast (-1, 0, +1) under them."""
 
   images: np.ndarray
   std: np.ndarray | None = None
   samples: np.ndarray | None = None
   probabilities: np.ndarray | None = None
 
-  @classmethod
-  def of_classes(cls, probabilities: np.ndarray, std_scale: float = 1.0) -> Reconstruction:
-    """A segmenter's reconstruction: per pixel the mean p_con - p_res and the std
-    sqrt(p_con + p_res - (p_con - p_res)^2) (times `std_scale`) of a class contrast drawn from
-    its probabilities."""
-    p = np.asarray(probabilities, np.float32)
-    mean = p[..., 2] - p[..., 1]
-    std = np.sqrt(np.maximum(p[..., 2] + p[..., 1] - mean * mean, 0.0)) * np.float32(std_scale)
-    return cls(mean, std, None, p)
-
   @property
   def nonfinite(self) -> np.ndarray:
     """The frames (indices) whose image holds NaN or infinite pixels."""
     return np.flatnonzero(~np.isfinite(self.images).all(axis=(1, 2)))
-
-
-def summarise(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-  """(mean, std) over the samples' first axis (K): the one rule for eval.py and the API (float32
-  as numpy computes it, so both give the same bits); std None for K = 1."""
-  return samples.mean(0), (samples.std(0) if len(samples) > 1 else None)
 
 
 class Reconstructor:
@@ -115,12 +98,10 @@ class Reconstructor:
   ):
     self.config = config
     s = config.sampling
-    self.steps, self.eta = int(s.steps), float(s.eta)
-    self.num_samples, self.seed = int(s.num_samples), int(s.seed)
-    # a segmenter (config.model.output "classes") answers in one deterministic pass
-    self.segmenter = model.output_kind.one_pass
-    if self.segmenter:
-      self.steps, self.num_samples = 0, 1
+    # what the model outputs (config.model.output): its steps, samples and answers
+    self.output = model.output_kind
+    self.steps, self.eta = self.output.diffusion_steps(s.steps), float(s.eta)
+    self.num_samples, self.seed = self.output.samples_per_frame(s.num_samples), int(s.seed)
     if units is None and voltage_ratio is None and current_ratio is None:
       units = measurement.own_units(model.layout)
     self.units = measurement.in_units(
@@ -330,7 +311,7 @@ class Reconstructor:
     k = self.num_samples if num_samples is None else num_samples
     if not is_int(k) or not 1 <= k <= MAX_SAMPLES:
       raise InputError(f"num_samples={num_samples!r}: must be an integer from 1 to {MAX_SAMPLES}")
-    k = 1 if self.segmenter else int(k)  # a segmenter is deterministic: one pass is all
+    k = self.output.samples_per_frame(k)  # a deterministic kind: one pass is all
     n = len(cond)
     last = np.iinfo(np.int32).max - n  # example indices are int32
     if not is_int(first_index) or not 0 <= first_index <= last:
@@ -340,13 +321,9 @@ class Reconstructor:
     imgs = self.sampler.sample_rows(
       cond[rows_frame], (first_index + rows_frame).astype(np.int32), rows_sample, progress=progress
     )
-    if self.segmenter:
-      return Reconstruction.of_classes(imgs, np.float32(self.uncertainty_scale))
-    samples = imgs[..., 0].reshape(n, k, *self.shape[:2]).swapaxes(0, 1)
-    images, std = summarise(samples)
-    if std is not None:
-      std = std * np.float32(self.uncertainty_scale)
-    return Reconstruction(images, std, samples if keep_samples else None)
+    return Reconstruction(
+      **self.output.reconstruction(imgs, n, self.uncertainty_scale, keep_samples)
+    )
 
   def __repr__(self) -> str:
     return (

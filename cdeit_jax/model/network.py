@@ -593,9 +593,10 @@ class CDEIT(nnx.Module):
     return self._forward([x], t, cond, x.dtype)
 
   def segment(self, cond: Array) -> Array:
-    """The segmenter (`output="classes"`): (B, H, W, 3) float32 logits of water, resistive and
-    conductive per pixel from the condition alone (the trunk's timestep is 0)."""
-    if not self.output_kind.gives_classes:
+    """The one pass of an output kind that reads no noisy image, from the condition alone (the
+    trunk's timestep is 0), float32: the segmenter's (`output="classes"`) (B, H, W, 3) logits of
+    water, resistive and conductive per pixel."""
+    if self.output_kind.noisy_channels(self.in_channels):
       raise InputError(f"this network outputs {self.output!r}, not classes: call it (x, t, cond)")
     t = jnp.zeros((cond.shape[0],), jnp.int32)
     return self._forward([], t, cond, jnp.float32)
