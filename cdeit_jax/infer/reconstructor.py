@@ -77,8 +77,11 @@ class Reconstructor:
   statistics the model's condition is standardised with (the checkpoint's). `units` (a name
   of `measurement.unit_names`, or a device in its units) or the ratios say in which units the
   voltages are (`measurement.in_units`; neither: the model's device's own, `measurement.own_units`).
-  `uncertainty_scale`
-  multiplies the std (`eval.py --config.eval.fit_uncertainty=True` fits it)."""
+  `uncertainty_scale` multiplies the std (`eval.py --config.eval.fit_uncertainty=True` fits it).
+
+  Its parts: `guards` (`frame_guards.FrameGuards`) check the frames every entry point takes,
+  `sampler` (`sampling.BucketedSampler`) samples their conditions, and `output` (the model's
+  `output_kinds.Output`) says a frame's steps and samples and what its answer is."""
 
   checkpoint: str | None = None  # where the weights came from (from_workdir)
 
