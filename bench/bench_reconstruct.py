@@ -47,11 +47,11 @@ def sampler_flops(rec) -> float:
   """Matmul FLOPs of one row (one image) of the Reconstructor's sampler, every step counted."""
   from cdeit_jax.model import flops
 
-  cond = jax.ShapeDtypeStruct((1, rec.cond_size, rec.cond_size, 1), jnp.float32)
+  cond = jax.ShapeDtypeStruct((1, *rec.sampler.cond_shape), jnp.float32)
   idx = jax.ShapeDtypeStruct((1,), jnp.int32)
   key = jax.eval_shape(lambda: jax.random.key(0))
   with jax.set_mesh(rec.mesh):
-    jaxpr = jax.make_jaxpr(rec._sampler)(rec._weights, cond, idx, idx, key)
+    jaxpr = jax.make_jaxpr(rec.sampler.fn)(rec.sampler.weights, cond, idx, idx, key)
   return flops.jaxpr_matmul_flops(jaxpr)
 
 
@@ -59,7 +59,7 @@ def bench_api(
   rec, dv: np.ndarray, batch: int, k: int, seconds: float, roof: float, row_flops: float
 ) -> dict:
   rows = batch * k
-  rec.prepare(rows)
+  rec.sampler.prepare(rows)
   n = len(dv)
   rec.reconstruct(dv[:batch], num_samples=k)  # warm-up
   lat, at = [], 0
@@ -71,23 +71,23 @@ def bench_api(
   lat = np.asarray(lat)
   # the compiled sampler alone on the same calls (the rows cut into calls of at most max_batch,
   # each padded to its bucket): device time plus the transfers
-  sizes = [min(rec.max_batch, rows - lo) for lo in range(0, rows, rec.max_batch)]
+  sizes = [min(rec.sampler.max_batch, rows - lo) for lo in range(0, rows, rec.sampler.max_batch)]
   key = jax.random.key(0)
   alone_by_bucket = {}
-  for bucket in {rec._executable(r)[0] for r in sizes}:
-    run = rec._executable(bucket)[1]
+  for bucket in {rec.sampler.executable(r)[0] for r in sizes}:
+    run = rec.sampler.executable(bucket)[1]
     cond = jnp.asarray(np.repeat(rec.condition(dv[:1]), bucket, 0))
     idx = jnp.arange(bucket, dtype=jnp.int32)
-    run(rec._weights, cond, idx, idx, key).block_until_ready()
+    run(rec.sampler.weights, cond, idx, idx, key).block_until_ready()
     alone_by_bucket[bucket] = float(
       np.median(
         [
-          _timed(lambda: run(rec._weights, cond, idx, idx, key).block_until_ready())
+          _timed(lambda: run(rec.sampler.weights, cond, idx, idx, key).block_until_ready())
           for _ in range(max(5, min(len(lat), 30)))
         ]
       )
     )
-  buckets = [rec._executable(r)[0] for r in sizes]
+  buckets = [rec.sampler.executable(r)[0] for r in sizes]
   alone = sum(alone_by_bucket[b] for b in buckets)
   gflops = row_flops * sum(buckets) / alone / 1e9
   return {
@@ -120,7 +120,7 @@ def bench_published(batch: int, repeats: int) -> dict:
   mean, std = stats.authors_stats()
   rec = Reconstructor(model, cfg, mean, std, num_examples=batch)
   dv = np.random.default_rng(0).standard_normal((batch, 208)).astype(np.float32) * std.ravel()
-  rec.prepare(batch)
+  rec.sampler.prepare(batch)
   rec.reconstruct(dv)
   times = [_timed(lambda: rec.reconstruct(dv)) for _ in range(repeats)]
   return {
@@ -190,7 +190,7 @@ def main():
     "matmul_gflops_f32": round(roof, 1),
     "model": rec.checkpoint,
     "sampling_steps": rec.steps,
-    "buckets": rec.buckets,
+    "buckets": rec.sampler.buckets,
     "sampler_gflop_per_image": round(row_flops / 1e9, 4),
     "cases": cases,
   }

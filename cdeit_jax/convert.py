@@ -280,7 +280,7 @@ def import_model_file(path: str, workdir: str) -> str:
   """A model file (`checkpoints.model_file`) as an inference checkpoint in `workdir`: its EMA
   weights, metadata, training record and uncertainty scale; returns the step's directory."""
   from cdeit_jax.checkpoints import checkpoint, loading, model_file
-  from cdeit_jax.infer import reconstructor
+  from cdeit_jax.infer import run_opening
 
   arrays, record, sha = model_file.read(path)
   meta = record["meta"]
@@ -328,7 +328,7 @@ def import_model_file(path: str, workdir: str) -> str:
     },
   )
   if record.get("uncertainty"):
-    fileio.write_text(fileio.join(step_dir, reconstructor.UNCERTAINTY_FILE), record["uncertainty"])
+    fileio.write_text(fileio.join(step_dir, run_opening.UNCERTAINTY_FILE), record["uncertainty"])
   return step_dir
 
 

@@ -32,7 +32,7 @@ def export(workdir: str, out: str, step: int | None = None) -> dict:
   from cdeit_jax.checkpoints import loading, model_file, reader, shipped
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer import reconstructor
+  from cdeit_jax.infer import run_opening
 
   shipped.refuse_write(out, "--out")
   fileio.refuse_own_input(out, "--out", [("--workdir", workdir)])
@@ -44,7 +44,7 @@ def export(workdir: str, out: str, step: int | None = None) -> dict:
       loading.resolve(meta.config, meta.record), weights="ema", passed=skipped, weights_only=True
     )
     meta = loaded.meta
-    scale = fileio.read_text(reconstructor.calibration_file(run, meta.step))
+    scale = fileio.read_text(run_opening.calibration_file(run, meta.step))
     where = run.workdir
   arrays = {
     "/".join(map(str, path)): np.asarray(v.get_value(), np.float32)

@@ -98,8 +98,9 @@ def _main(argv, stack: contextlib.ExitStack):
 
   from cdeit_jax.checkpoints import loading, reader, shipped
   from cdeit_jax.common import compile_cache, fileio, logs
-  from cdeit_jax.infer import frames, outputs, reconstructor
-  from cdeit_jax.infer.reconstructor import Reconstructor, listed
+  from cdeit_jax.infer import frames, outputs, run_opening
+  from cdeit_jax.infer.frame_guards import listed
+  from cdeit_jax.infer.reconstructor import Reconstructor
 
   t_start = time.perf_counter()
   shipped.refuse_write(FLAGS.out, "--out")  # before the model or the frames are read
@@ -108,7 +109,7 @@ def _main(argv, stack: contextlib.ExitStack):
   overrides = cli.checkpoint_overrides()
   voltage_ratio, current_ratio = _settings(overrides)
   with reader.open_run(FLAGS.workdir, overrides.get("eval.step")) as run:
-    meta, skipped, cfg = reconstructor.choose(run, overrides)
+    meta, skipped, cfg = run_opening.choose(run, overrides)
     system = loading.resolve(cfg, meta.record)  # the frames are its device's values
     recording, reference = _frames_and_reference(system.device, run.workdir)
     stack.enter_context(recording)
@@ -129,7 +130,7 @@ def _main(argv, stack: contextlib.ExitStack):
   ok = _checked(rec, recording, reference, where)
   calls = _calls(ok, n, FLAGS.chunk)
   for size in {len(run) for runs in calls.values() for run in runs}:
-    rec.prepare(size * rec.num_samples)  # timing starts after compilation
+    rec.sampler.prepare(size * rec.num_samples)  # timing starts after compilation
   setup_s = time.perf_counter() - t0
   skipped = np.setdiff1d(np.arange(n), ok)
   if len(skipped):
@@ -154,7 +155,7 @@ def _main(argv, stack: contextlib.ExitStack):
     t0 = time.perf_counter()
     for (lo, hi), runs in calls.items():
       # frames lo .. hi minus the reference, read from the file now (memory stays flat)
-      dv = rec.difference(frames=recording.rows(lo, hi), reference=reference, where=where)
+      dv = rec.guards.difference(frames=recording.rows(lo, hi), reference=reference, where=where)
       for run in runs:
         r = rec.reconstruct(  # checked above, as a whole
           dv[run - lo], first_index=int(run[0]), progress=lambda m: bar.update(m / k), checked=True
@@ -185,7 +186,7 @@ def _main(argv, stack: contextlib.ExitStack):
 
 
 def _checked(rec, recording, reference, where: str):
-  """The recording's rows that can be imaged (`Reconstructor.check_recording`, the whole judged
+  """The recording's rows that can be imaged (`FrameGuards.check_recording`, the whole judged
   once); a square R x R file is said to be read as one frame a row (its shape cannot tell rows
   from columns, and EIDORS keeps frames as columns), in a refusal and as a warning."""
   from cdeit_jax.common import logs
@@ -197,7 +198,7 @@ def _checked(rec, recording, reference, where: str):
     "columns (EIDORS's layout), give it transposed"
   )
   try:
-    ok = rec.check_recording(recording, reference, where, skip_bad=FLAGS.skip_bad_frames)
+    ok = rec.guards.check_recording(recording, reference, where, skip_bad=FLAGS.skip_bad_frames)
   except InputError as e:
     if not recording.square:
       raise
@@ -214,9 +215,9 @@ def _settings(overrides: dict) -> tuple[float | None, float | None]:
   """eval.py's settings given to reconstruct (`overrides`), checked: those it applies kept,
   the ratios taken out (`_ratios`, returned), any other refused in one line."""
   from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer import reconstructor
+  from cdeit_jax.infer import run_opening
 
-  reconstructor.check_overrides(overrides)
+  run_opening.check_overrides(overrides)
   if any(k.startswith("wandb.") for k in overrides):
     raise InputError(
       f"--config.{next(k for k in overrides if k.startswith('wandb.'))}: reconstruct logs nothing "

@@ -196,7 +196,7 @@ def ship(
   from cdeit_jax.checkpoints import checkpoint, loading, reader, shipped
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer import reconstructor
+  from cdeit_jax.infer import run_opening
 
   given = scores(score_pairs)  # every input checked before anything is written
   chosen = settings(set_pairs)
@@ -211,7 +211,7 @@ def ship(
     loaded = run.load(loading.resolve(meta.config, meta.record), weights="ema", passed=skipped)
     meta = loaded.meta
     apply_settings(meta.config, chosen)
-    scale_file = reconstructor.calibration_file(run, meta.step)
+    scale_file = run_opening.calibration_file(run, meta.step)
     stage = f"{out}.shipping"
     shutil.rmtree(stage, ignore_errors=True)
     checkpoint.save_inference(
@@ -226,7 +226,7 @@ def ship(
     scale = fileio.read_text(scale_file)
     if scale is not None:
       step_dir = fileio.join(stage, checkpoint.CHECKPOINTS, str(meta.step))
-      fileio.write_text(fileio.join(step_dir, reconstructor.UNCERTAINTY_FILE), scale)
+      fileio.write_text(fileio.join(step_dir, run_opening.UNCERTAINTY_FILE), scale)
   record = {
     "name": os.path.basename(out),
     "recipe": recipe,

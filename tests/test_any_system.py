@@ -419,7 +419,7 @@ def test_a_model_keeps_its_device_when_the_file_moves_or_changes(device_run, tmp
   d.device.rename(kept)
   try:
     rec = Reconstructor.from_workdir(d.run, overrides={"sampling.num_samples": 1})
-    assert rec.layout.signature == d.layout.signature and rec.num_values == 256
+    assert rec.layout.signature == d.layout.signature and rec.guards.num_values == 256
     other = lay.from_rules(16, injection="skip-3", measure_injecting=True, clockwise=False)
     device_file(d.device, other)
     rec = Reconstructor.from_workdir(d.run, overrides={"sampling.num_samples": 1})

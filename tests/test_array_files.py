@@ -203,3 +203,37 @@ def test_files_that_hold_no_frames_say_what_they_hold(tmp_path):
     with pytest.raises(InputError, match=message) as e:
       frames.read(str(tmp_path / name))
     assert "\n" not in str(e.value) and name in str(e.value)
+
+
+def test_the_streamed_npz_writer_packs_np_savez_s_layout(tmp_path):
+  """`common.streamed_npz`: rows written in any order (a block of a (K, N, ...) array by (k, i))
+  and read back, packed beside small arrays in the order given: each member the bytes np.save
+  writes, the whole read by np.load and by `array_files` (memory-mapped), no file left behind."""
+  import io
+  import zipfile
+
+  from cdeit_jax.common import streamed_npz
+
+  rng = np.random.default_rng(0)
+  a, s = rng.standard_normal((5, 2, 3)), rng.standard_normal((2, 5, 3))
+  w = streamed_npz.StreamedNpz(str(tmp_path), {"a": a.shape, "s": s.shape})
+  w.write("a", 2, a[2:])
+  w.write("a", 0, a[:2])
+  for k in (1, 0):
+    w.write("s", (k, 3), s[k, 3:])
+    w.write("s", (k, 0), s[k, :3])
+  np.testing.assert_array_equal(w.read("a", 1, 3), a[1:4].astype(np.float32))
+  np.testing.assert_array_equal(w.read("s", (1, 2), 2), s[1, 2:4].astype(np.float32))
+  names = np.asarray(["x", "y"])
+  w.pack(str(tmp_path / "out.npz"), ["a", ("names", names), "s"])
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["out.npz"]
+  with zipfile.ZipFile(tmp_path / "out.npz") as z:
+    assert z.namelist() == ["a.npy", "names.npy", "s.npy"]
+    for member, want in (("a", a.astype(np.float32)), ("names", names), ("s", s.astype("<f4"))):
+      buf = io.BytesIO()
+      np.save(buf, want, allow_pickle=False)
+      assert z.read(f"{member}.npy") == buf.getvalue()
+  with np.load(tmp_path / "out.npz") as z:
+    np.testing.assert_array_equal(z["s"], s.astype(np.float32))
+  with array_files.open(str(tmp_path / "out.npz"), (".npz",), "test file") as arrays:
+    np.testing.assert_array_equal(np.asarray(arrays["a"]), a.astype(np.float32))

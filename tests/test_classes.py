@@ -16,7 +16,7 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
 from cdeit_jax.eit import phantom as ph
 from cdeit_jax.infer import reconstructor
-from cdeit_jax.model import classes
+from cdeit_jax.model import classes, output_kinds
 from cdeit_jax.train import training
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -144,7 +144,7 @@ def test_the_reconstructor_gives_a_segmenters_probabilities_and_their_class_cont
   )
   want = np.asarray(classes.probabilities(model, jnp.asarray(batch["cond"][:5])))
   rec = reconstructor.Reconstructor(model, _config(), uef.mean, uef.std)
-  assert rec.segmenter and rec.num_samples == 1 and rec.steps == 0
+  assert rec.output is output_kinds.of("classes") and rec.num_samples == 1 and rec.steps == 0
   for k in (None, 8):
     r = rec._sample(batch["cond"][:5], k, 0, True, None)
     np.testing.assert_allclose(r.probabilities, want, atol=2e-6)
@@ -153,6 +153,6 @@ def test_the_reconstructor_gives_a_segmenters_probabilities_and_their_class_cont
   var = want[..., 2] + want[..., 1] - (want[..., 2] - want[..., 1]) ** 2
   np.testing.assert_allclose(r.std, np.sqrt(var), atol=1e-5)
   # water 0.2, resistive 0.3, conductive 0.5: mean 0.2, E[c^2] 0.8, std sqrt(0.76)
-  one = reconstructor.Reconstruction.of_classes(np.array([[[[0.2, 0.3, 0.5]]]]), std_scale=2.0)
-  assert one.images[0, 0, 0] == pytest.approx(0.2, abs=1e-7)
-  assert one.std[0, 0, 0] == pytest.approx(2 * np.sqrt(0.76), abs=1e-6)
+  one = rec.output.reconstruction(np.array([[[[0.2, 0.3, 0.5]]]]), 1, 2.0, False)
+  assert one["images"][0, 0, 0] == pytest.approx(0.2, abs=1e-7)
+  assert one["std"][0, 0, 0] == pytest.approx(2 * np.sqrt(0.76), abs=1e-6)

@@ -260,6 +260,6 @@ def test_make_device_model_then_reconstruct_without_the_device_file(tmp_path):
   np.testing.assert_allclose(one, api, atol=1e-5)
   # the recipe leaves the values on current-carrying electrodes out: a frame may miss them
   carry = layout.on_current_carrying
-  assert np.array_equal(rec.ignored, carry) and carry.sum() == 64
+  assert np.array_equal(rec.guards.ignored, carry) and carry.sum() == 64
   gaps = rec.reconstruct(frames=np.where(carry, np.nan, frames[1]), reference=ref).images
   np.testing.assert_array_equal(gaps, api)

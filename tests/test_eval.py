@@ -19,7 +19,7 @@ from flax import nnx
 from cdeit_jax import config_lib, convert
 from cdeit_jax.common import device_memory
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.infer import data_kinds, evaluate, metrics, outputs, reconstructor, sampling
+from cdeit_jax.infer import data_kinds, evaluate, metrics, outputs, run_opening, sampling
 from cdeit_jax.model.network import CDEIT
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -204,7 +204,7 @@ def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_
 @pytest.mark.parametrize("key, value", [("sampling.eta", float("nan")), ("sampling.eta", 1.5)])
 def test_sampler_settings_out_of_range_are_named(key, value):
   with pytest.raises(ValueError, match=f"--config.{key}={value!r}: must be in \\[0, 1\\]"):
-    reconstructor.settings({"model": {}}, {key: value})
+    run_opening.settings({"model": {}}, {key: value})
 
 
 def _eval_cli(*args, devices=None):

@@ -18,7 +18,7 @@ from flax import nnx
 from cdeit_jax import convert, export, ship
 from cdeit_jax.checkpoints import checkpoint, loading, model_file, shipped
 from cdeit_jax.common.errors import MissingFile
-from cdeit_jax.infer import reconstructor
+from cdeit_jax.infer import run_opening
 
 MODELS = REPO / "models"
 
@@ -57,11 +57,11 @@ def test_a_model_folder_round_trips_through_one_file(exported):
   assert meta1["weights"] == ["ema"] and meta1["source"].startswith(f"model file {path}")
   # what the model folder says of its training travels with it (machine, time, what it came of)
   assert meta1["training"] == {k: v for k, v in manifest["training"].items() if k != "shipped"}
-  scale = f"checkpoints/{manifest['step']}/{reconstructor.UNCERTAINTY_FILE}"
+  scale = f"checkpoints/{manifest['step']}/{run_opening.UNCERTAINTY_FILE}"
   kept = [(folder / scale).read_text() for folder in (model, imported) if (folder / scale).exists()]
   assert len(kept) in (0, 2) and len(set(kept)) <= 1
-  assert reconstructor.uncertainty_scale(str(imported / scale)) == (
-    reconstructor.uncertainty_scale(str(model / scale))
+  assert run_opening.uncertainty_scale(str(imported / scale)) == (
+    run_opening.uncertainty_scale(str(model / scale))
   )
 
 

@@ -84,10 +84,10 @@ def test_symmetric_samples_are_the_turned_tanks_samples_turned_back(tiny_run, re
   index = np.arange(2, dtype=np.int32)
   for k, g in enumerate(symmetry.GROUP):
     cond = rec.condition(uef_ys[:2][:, symmetry.permutation(*g, CDEIT16)])
-    want = symmetry.image_back(rec.sample_rows(cond, index, np.full(2, k, np.int32)), *g)
+    want = symmetry.image_back(rec.sampler.sample_rows(cond, index, np.full(2, k, np.int32)), *g)
     np.testing.assert_allclose(got[k], want[..., 0], atol=2e-5, rtol=0)
     if k:  # a turned tank's sample is not the plain one
-      plain = rec.sample_rows(rec.condition(uef_ys[:2]), index, np.full(2, k, np.int32))
+      plain = rec.sampler.sample_rows(rec.condition(uef_ys[:2]), index, np.full(2, k, np.int32))
       assert np.abs(plain[..., 0] - got[k]).max() > 1e-2
 
 
@@ -100,14 +100,14 @@ def test_a_stream_of_varying_batches_compiles_each_bucket_once(tiny_run, uef_ys,
     sampling, "compile_batch", lambda *a, **k: compiled.append(a[3]) or real(*a, **k)
   )
   r = Reconstructor.from_workdir(tiny_run, units="uef2017", overrides={"sampling.num_samples": 1})
-  assert r.buckets == [8, 16, 32, 64] and compiled == [64]
+  assert r.sampler.buckets == [8, 16, 32, 64] and compiled == [64]
   dv = np.concatenate([uef_ys] * 6)
   at = 0
   out = []
   for n in (1, 3, 8, 5, 17, 2):
     out.append(r.reconstruct(dv[at : at + n], first_index=at).images)
     at += n
-  assert sorted(compiled) == [8, 32, 64] and r.compiled_buckets == [8, 32, 64]
+  assert sorted(compiled) == [8, 32, 64] and r.sampler.compiled_buckets == [8, 32, 64]
   whole = r.reconstruct(dv[:at]).images  # one batch of 36 -> 64: same images
   np.testing.assert_allclose(np.concatenate(out), whole, atol=1e-6, rtol=0)
   assert sorted(compiled) == [8, 32, 64]
@@ -223,30 +223,30 @@ def test_bad_frames_are_named_by_file_and_row(rec, uef_ys, tmp_path):
   nan[[1, 4], 7] = np.nan
   nan[4, 9] = np.inf
   with pytest.raises(InputError, match=r"F: rows 1, 4 hold NaN, infinite or out-of-range"):
-    rec.check_frames(nan, "F")
-  np.testing.assert_array_equal(rec.check_frames(nan, "F", skip_bad=True), [0, 2, 3, 5])
+    rec.guards.check_frames(nan, "F")
+  np.testing.assert_array_equal(rec.guards.check_frames(nan, "F", skip_bad=True), [0, 2, 3, 5])
   # differences in other units than the preset's (1000 times too large), and a constant offset
   with pytest.raises(InputError, match=r"F: rows 0, 1, 2, 3, 4, 5 are ~.* standard deviations"):
-    rec.check_frames(uef_ys * 1e5, "F")
+    rec.guards.check_frames(uef_ys * 1e5, "F")
   with pytest.raises(
     InputError,
     match=r"F: rows 0, 1, 2, 3, 4, 5 are absolute voltages .* or "
     "carry a constant offset",
   ):
-    rec.check_frames(uef_ys / 1040.856 + 5.0, "F")
+    rec.guards.check_frames(uef_ys / 1040.856 + 5.0, "F")
   # far too small: simulation units given as the device's (the ratio applied twice); a frame
   # equal to its reference (zero) and a device's noise alone (0.3 % of the spread) pass
   small = r"^F: its frames are typically ~0.000[1-9]\d* of the training"
   with pytest.raises(InputError, match=small):
-    rec.check_frames(uef_ys / 1040.856, "F")
+    rec.guards.check_frames(uef_ys / 1040.856, "F")
   std_rms = np.sqrt(np.mean(np.ravel(rec.std) ** 2)) * 1040.856
   noise = np.random.default_rng(0).standard_normal((4, 208)) * 0.003 * std_rms
   np.testing.assert_array_equal(
-    rec.check_frames(np.vstack([uef_ys, 0 * uef_ys[:1]]), "F"), range(7)
+    rec.guards.check_frames(np.vstack([uef_ys, 0 * uef_ys[:1]]), "F"), range(7)
   )
-  np.testing.assert_array_equal(rec.check_frames(noise, "F"), range(4))
+  np.testing.assert_array_equal(rec.guards.check_frames(noise, "F"), range(4))
   with pytest.raises(InputError, match="reference frame holds NaN"):
-    rec.difference(frames=uef_ys, reference=np.full(208, np.nan))
+    rec.guards.difference(frames=uef_ys, reference=np.full(208, np.nan))
 
 
 def _ktc_208(uel) -> np.ndarray:
@@ -275,27 +275,29 @@ def test_a_recording_checked_a_block_at_a_time_names_its_rows(rec, uef_ys, tmp_p
   nan = uef_ys.copy()
   nan[[1, 4, 5], 7] = np.nan
   np.save(tmp_path / "nan.npy", nan)
-  whole = rec.check_frames(rec.difference(nan), "F", skip_bad=True)
+  whole = rec.guards.check_frames(rec.guards.difference(nan), "F", skip_bad=True)
   with frames.Recording(str(tmp_path / "nan.npy")) as r:
-    np.testing.assert_array_equal(rec.check_recording(r, None, "F", True, block=2), whole)
+    np.testing.assert_array_equal(rec.guards.check_recording(r, None, "F", True, block=2), whole)
     np.testing.assert_array_equal(whole, [0, 2, 3])
     with pytest.raises(InputError, match=r"F: rows 1, 4, 5 hold NaN") as e:
-      rec.check_recording(r, None, "F", block=2)
+      rec.guards.check_recording(r, None, "F", block=2)
     assert "\n" not in str(e.value)
   quiet = np.vstack([uef_ys, 1e-6 * uef_ys[:1]])  # a last frame with next to no change
   with pytest.raises(InputError, match="far too small"):
-    rec.check_frames(quiet[-1:], "F")  # alone, as one sampler call would have judged it
+    rec.guards.check_frames(quiet[-1:], "F")  # alone, as one sampler call would have judged it
   np.save(tmp_path / "quiet.npy", quiet)
   with frames.Recording(str(tmp_path / "quiet.npy")) as r:
-    np.testing.assert_array_equal(rec.check_recording(r, None, "F", block=2), range(len(quiet)))
+    np.testing.assert_array_equal(
+      rec.guards.check_recording(r, None, "F", block=2), range(len(quiet))
+    )
   # the reconstruct command's last sampler call, of that frame alone: not judged again
   assert np.isfinite(rec.reconstruct(quiet[-1:], checked=True).images).all()
   absolute = uef_ys.copy()
-  absolute[5] = absolute[5] + 100 * rec.voltage_ratio * rec.vh  # the empty tank's pattern
+  absolute[5] = absolute[5] + 100 * rec.voltage_ratio * rec.guards.vh  # the empty tank's pattern
   np.save(tmp_path / "abs.npy", absolute)
   with frames.Recording(str(tmp_path / "abs.npy")) as r:
     with pytest.raises(InputError, match=r"F: rows 5 are absolute voltages"):
-      rec.check_recording(r, None, "F", block=2)
+      rec.guards.check_recording(r, None, "F", block=2)
 
 
 def test_absolute_frames_are_told_from_difference_frames(rec, uef_ys, tmp_path):
@@ -306,12 +308,12 @@ def test_absolute_frames_are_told_from_difference_frames(rec, uef_ys, tmp_path):
   images). The command says it in one line."""
   import scipy.io
 
-  from cdeit_jax.infer.reconstructor import absolute_rows
+  from cdeit_jax.infer.frame_guards import absolute_rows
 
   ktc = REPO / "data" / "ktc2023" / "levels" / "level_1"
   ref = _ktc_208(scipy.io.loadmat(ktc / "ref.mat")["Uelref"])
   tanks = np.stack([_ktc_208(scipy.io.loadmat(ktc / f"data{i}.mat")["Uel"]) for i in range(1, 5)])
-  vh = rec.vh
+  vh = rec.guards.vh
   # oriented as CDEIT's order: the empty tank points along the simulated one (not against it)
   assert ref @ vh / (np.linalg.norm(ref) * np.linalg.norm(vh)) > 0.9
   assert absolute_rows(np.vstack([ref, tanks]) / 1978.0, vh).all()
@@ -350,7 +352,7 @@ def test_the_absolute_guard_allows_for_the_models_drift():
   difference frames drifted by 0.9 at its largest gain / background (1.1 / 0.9): the guard of a
   model without drift (stage one, configs/ktc2023_model.py) refuses 5 of them, the drift's
   allowance none, and it still refuses absolute frames at gains 0.5-3."""
-  from cdeit_jax.infer.reconstructor import absolute_rows, drift_allowance
+  from cdeit_jax.infer.frame_guards import absolute_rows, drift_allowance
 
   assert drift_allowance(config_lib.load(str(REPO / "configs" / "ktc2023_model.py"))) == 0.0
   cfg = config_lib.load(str(REPO / "configs" / "ktc2023_model_drift.py"))
@@ -390,7 +392,7 @@ def test_counts_indices_ratios_and_paths_are_checked_in_one_line(rec, uef_ys, tm
   with pytest.raises(
     InputError, match=r"rows 1 hold NaN, infinite or out-of-range \(beyond float32"
   ):
-    rec.check_frames(rec.difference(huge), "F")
+    rec.guards.check_frames(rec.guards.difference(huge), "F")
   np.save(tmp_path / "f.npy", uef_ys)
   inside = pathlib.Path(rec.checkpoint) / "images"
   r = _cli(

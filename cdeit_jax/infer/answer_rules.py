@@ -105,11 +105,24 @@ class AnswerRule:
       )
       raise InputError(f"{where}={self}: the model is {what}")
 
-  def answer_of(self, r) -> np.ndarray:
-    """(N, H, W) uint8 class maps of a `Reconstruction`: its samples, or a segmenter's
+  def evidence(self, r) -> np.ndarray:
+    """What the rule answers from in a `Reconstruction`: its samples, or a segmenter's class
     probabilities."""
     self.check_model(r.probabilities is not None, "the answer rule")
-    return self.answer(r.probabilities if self.of_classes else r.samples)
+    return r.probabilities if self.of_classes else r.samples
+
+  def answer_of(self, r) -> np.ndarray:
+    """(N, H, W) uint8 class maps of a `Reconstruction` (`evidence`)."""
+    return self.answer(self.evidence(r))
+
+  def class_fractions(self, r) -> tuple[np.ndarray, np.ndarray]:
+    """(resistive, conductive) per pixel of a `Reconstruction`, as the rule reads them: a
+    segmenter's class probabilities, or the fractions of the samples beyond the rule's
+    threshold (`probabilities`)."""
+    evidence = self.evidence(r)
+    if self.of_classes:
+      return evidence[..., 1], evidence[..., 2]
+    return probabilities(evidence, self.threshold)
 
   def answer(self, samples: np.ndarray) -> np.ndarray:
     """(..., H, W) uint8 class map of samples (K, ..., H, W) in label units, or with argmax of

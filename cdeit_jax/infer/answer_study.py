@@ -160,9 +160,9 @@ def study(
   overrides = {"sampling.num_samples": num_samples, **(overrides or {})}
   rec = reconstructor.Reconstructor.from_workdir(workdir, overrides=overrides)
   lay, cfg = rec.layout, rec.config
-  rules = default_rules(rec.segmenter) if rules is None else rules
+  rules = default_rules(rec.output.gives_classes) if rules is None else rules
   for rule in rules:
-    rule.check_model(rec.segmenter, "--rules")
+    rule.check_model(rec.output.gives_classes, "--rules")
   alpha, seg = challenge.linear_settings(cfg)
   names = [str(r) for r in rules] + ["tikhonov", "water", "oracle"]
   result: dict = {"workdir": workdir, "checkpoint": rec.checkpoint, "num_samples": num_samples}
@@ -176,7 +176,9 @@ def study(
       v = np.where(gone[None], np.nan, values)
       r = rec.reconstruct_values(v, keep_samples=True, where=sims)
       tik = tikhonov_answers(lay, values, ~gone, alpha, seg)
-      s = with_oracle(score_rules(rules, _evidence(r), truths, extra=(tik, 0 * truths)), len(rules))
+      s = with_oracle(
+        score_rules(rules, _evidence(rules, r), truths, extra=(tik, 0 * truths)), len(rules)
+      )
       for n, row in zip(names, s):
         per[n][f"level_{level}"] = float(np.mean(row))
         if fams is not None:
@@ -201,7 +203,9 @@ def study(
     truths = np.stack([c.truth for c in cases])
     linear = challenge.linear_images(cases, fits, alpha)
     tik = np.stack(challenge.answers_of(linear, seg))
-    s = with_oracle(score_rules(rules, _evidence(r), truths, extra=(tik, 0 * truths)), len(rules))
+    s = with_oracle(
+      score_rules(rules, _evidence(rules, r), truths, extra=(tik, 0 * truths)), len(rules)
+    )
     pub = {}
     for n, row in zip(names, s):
       levels = {
@@ -215,9 +219,9 @@ def study(
   return {"metrics": result, "settings": {**settings, "seconds": time.perf_counter() - t0}}
 
 
-def _evidence(r) -> np.ndarray:
-  """What the rules answer from: a segmenter's class probabilities, or a sampler's samples."""
-  return r.probabilities if r.probabilities is not None else r.samples
+def _evidence(rules: list[AnswerRule], r) -> np.ndarray:
+  """What the rules answer from (`AnswerRule.evidence`; all read the same, `check_model`)."""
+  return rules[0].evidence(r)
 
 
 def standing(result: dict, names: list[str]) -> dict[str, float]:

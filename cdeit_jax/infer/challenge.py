@@ -296,34 +296,29 @@ def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = No
 
   from cdeit_jax.checkpoints import loading, reader
   from cdeit_jax.data import ktc2023
-  from cdeit_jax.infer import reconstructor
+  from cdeit_jax.infer import reconstructor, run_opening
 
   t0 = time.perf_counter()
   # every input checked first, the model loaded last of them: a refused one leaves no --out
   cases = ktc2023.read_cases(data_path)
   overrides = dict(overrides or {})
-  reconstructor.check_overrides(overrides)
+  run_opening.check_overrides(overrides)
   with reader.open_run(workdir, overrides.get("eval.step")) as run:
     outputs.check_place(out, data_path, run.workdir)
-    meta, skipped, cfg = reconstructor.choose(run, overrides)
+    meta, skipped, cfg = run_opening.choose(run, overrides)
     system = loading.resolve(cfg, meta.record)
     check_model(system.device, system.removed, cases)
     e = cfg.eval
     rule = answer_rules.AnswerRule.parse(e.answer_rule)
     rule.check_model(system.output.gives_classes)
     fits = calibrate(cases)
-    rec = reconstructor.Reconstructor.from_run(
-      run, meta, skipped, cfg, overrides, device=system.device
-    )
+    rec = reconstructor.Reconstructor.from_run(run, meta, skipped, cfg, overrides, system)
     outputs.check_out(out, data_path, run.workdir, output_names(cases))
   t1 = time.perf_counter()
   r = model_samples(rec, cases, fits)
   sampled = time.perf_counter() - t1
   answers = ktc_score.to_challenge_grid(rule.answer_of(r))
-  if r.probabilities is not None:  # a segmenter's
-    p_res, p_con = r.probabilities[..., 1], r.probabilities[..., 2]
-  else:
-    p_res, p_con = answer_rules.probabilities(r.samples, rule.threshold)
+  p_res, p_con = rule.class_fractions(r)
   stds = list(r.std) if r.std is not None else None
   methods = [
     Method("cdeit", list(r.images), list(answers), stds, list(zip(p_res, p_con))),

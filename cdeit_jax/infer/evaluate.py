@@ -28,7 +28,8 @@ from cdeit_jax.common import compile_cache, fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files, pipeline, sources
-from cdeit_jax.infer import metrics, outputs, reconstructor
+from cdeit_jax.infer import frame_guards, metrics, outputs, reconstructor, run_opening
+from cdeit_jax.model import output_kinds
 
 log = logs.log.getChild("eval")
 CHUNK = 64  # examples sampled, scored and written at a time (about 32 MB at K = 8)
@@ -41,7 +42,7 @@ def check_scale(src, units: str, limit: int = 8) -> None:
   n = min(len(src), limit)
   v = np.concatenate([np.ravel(src[i]["voltages"]) for i in range(n)])
   typical = float(np.median(np.abs(v[np.isfinite(v)]))) if np.isfinite(v).any() else np.inf
-  if not typical < reconstructor.FAR_OFF:
+  if not typical < frame_guards.FAR_OFF:
     raise InputError(
       f"{src.path}: its voltages, standardised in the units {units!r}, are ~{typical:.3g} "
       "standard deviations from the training mean (expected a few): the data are in other "
@@ -86,17 +87,17 @@ class Evaluator:
 
   def prepare(self) -> Evaluator:
     """Choose and load the model, open and check the data, compile the sampler."""
-    reconstructor.check_overrides(self.overrides)  # bad keys and values fail before any work
+    run_opening.check_overrides(self.overrides)  # bad keys and values fail before any work
     with reader.open_run(self.path, self.overrides.get("eval.step")) as run:
-      meta, skipped, self.cfg = reconstructor.choose(run, self.overrides)
+      meta, skipped, self.cfg = run_opening.choose(run, self.overrides)
       self._check_request(run.workdir)
       self._open_data(meta)
       self.mesh = shd.make_mesh()
-      loaded = reconstructor.load(
-        run, meta, skipped, self.cfg, self.overrides, self.mesh, self.layout
+      loaded = run_opening.load(
+        run, meta, skipped, self.cfg, self.overrides, self.mesh, self.system
       )
     self.meta, self.workdir = loaded.meta, run.workdir
-    self.calibration = reconstructor.calibration_file(run, loaded.meta.step)
+    self.calibration = run_opening.calibration_file(run, loaded.meta.step)
     self._check_statistics(loaded.model)
     self._compile(loaded.model)
     return self
@@ -130,7 +131,7 @@ class Evaluator:
     if logs_to_wandb or fileio.path(fileio.join(workdir, tracking.RUN_FILE)).exists():
       tracking.check_mode_env()  # it will log to W&B: WANDB_MODE checked before any work
     if self.primary:
-      names = outputs.OUTPUTS + ((reconstructor.UNCERTAINTY_FILE,) if self.scale_beside else ())
+      names = outputs.OUTPUTS + ((run_opening.UNCERTAINTY_FILE,) if self.scale_beside else ())
       outputs.check_out(self.out, self.data_path, workdir, names)
       logs.debug_log(self.out)
     if e.fit_uncertainty and (self.data_name != "simulated" or s.num_samples < 2):
@@ -207,7 +208,7 @@ class Evaluator:
       )
     self.compile_s, self.cache_hit = time.perf_counter() - t0, cache.hit
     log.info(
-      f"sampler (global batch {self.rec.max_batch}, {self.cfg.sampling.steps} steps) "
+      f"sampler (global batch {self.rec.sampler.max_batch}, {self.cfg.sampling.steps} steps) "
       f"{'loaded from the persistent compilation cache' if cache.hit else 'compiled'} in "
       f"{self.compile_s:.1f} s; sampling starts {time.perf_counter() - self.t_start:.1f} s "
       "after the start"
@@ -226,7 +227,7 @@ class Evaluator:
   def run(self) -> None:
     """K samples of every example, a chunk of examples at a time, scored and written as they
     come in a worker thread (memory flat); global batch b holds examples b*G .. b*G+G-1."""
-    s, g = self.cfg.sampling, self.rec.max_batch
+    s, g = self.cfg.sampling, self.rec.sampler.max_batch
     if self.primary:
       self._open_outputs()
     chunk = g * max(1, CHUNK // g)
@@ -254,7 +255,7 @@ class Evaluator:
     )
     self.baseline_keys = tuple(npz_files.BASELINE_KEYS) if self.src.baselines else ()
     self.scores = metrics.Scores((("tikhonov",) if e.tikhonov else ()) + self.baseline_keys)
-    self.scale = None if e.fit_uncertainty else reconstructor.uncertainty_scale(self.calibration)
+    self.scale = None if e.fit_uncertainty else run_opening.uncertainty_scale(self.calibration)
     self.extra: list[str] = []  # outputs beyond outputs.OUTPUTS (a scale fitted beside them)
     self.coverage = metrics.Coverage(self.scale) if s.num_samples > 1 else None
     self.tikhonov = None
@@ -267,13 +268,13 @@ class Evaluator:
 
   def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:
     """(K, hi - lo, H, W, C) samples of examples lo .. hi (this host's batches of the chunk)."""
-    g, k_all = self.rec.max_batch, self.cfg.sampling.num_samples
+    g, k_all = self.rec.sampler.max_batch, self.cfg.sampling.num_samples
     mine = [next(batches) for _ in range(-(-(hi - lo) // g))]
     samples = np.zeros((k_all, hi - lo, *self.shape), np.float32)
     t0 = time.perf_counter()
     for k in range(k_all):
       for j, b in enumerate(mine):
-        imgs = self.rec.sample_local(b["cond"], b["index"], k)
+        imgs = self.rec.sampler.sample_local(b["cond"], b["index"], k)
         at = j * g
         take = min(g, hi - lo - at)
         samples[k, at : at + take] = imgs[:take]
@@ -285,7 +286,7 @@ class Evaluator:
     """Score and write examples lo .. lo + len: in a worker thread, while the devices sample
     the next chunk (host work off the hot path)."""
     hi = lo + samples.shape[1]
-    pred, std = reconstructor.summarise(samples)
+    pred, std = output_kinds.summarise(samples)
     examples = [self.src[i] for i in range(lo, hi)]
     target = np.stack([ex["target"] for ex in examples])
     stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in self.baseline_keys}
@@ -316,7 +317,7 @@ class Evaluator:
       "compile_cache_hit": self.cache_hit,
       "devices": jax.device_count(),
       "processes": jax.process_count(),
-      "global_batch": self.rec.max_batch,
+      "global_batch": self.rec.sampler.max_batch,
     }
     if not self.primary:
       return result
@@ -342,8 +343,8 @@ class Evaluator:
       self.scale = self.coverage.fit()
       kept = self.calibration
       if self.scale_beside:
-        kept = fileio.join(self.staged.work, reconstructor.UNCERTAINTY_FILE)
-        self.extra.append(reconstructor.UNCERTAINTY_FILE)
+        kept = fileio.join(self.staged.work, run_opening.UNCERTAINTY_FILE)
+        self.extra.append(run_opening.UNCERTAINTY_FILE)
       fileio.write_text(
         kept,
         json.dumps(
@@ -358,7 +359,7 @@ class Evaluator:
           indent=1,
         ),
       )
-      where = fileio.join(self.out, reconstructor.UNCERTAINTY_FILE) if self.scale_beside else kept
+      where = fileio.join(self.out, run_opening.UNCERTAINTY_FILE) if self.scale_beside else kept
       log.info(f"uncertainty scale {self.scale:.3f} fitted on {self.n} examples, kept in {where}")
     self.predictions.scale_std(self.scale)
     return self.coverage.result(self.scale)

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import io
 import os
-import zipfile
 from typing import Any
 
 import numpy as np
 
-from cdeit_jax.common import array_files, fileio, matfile
+from cdeit_jax.common import array_files, fileio, matfile, streamed_npz
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import device_files, layout
 from cdeit_jax.eit.measurement import NUM_MEASUREMENTS
@@ -170,8 +169,8 @@ def colour_limit(images: np.ndarray) -> float:
 
 class FramesWriter:
   """The outputs of `n` frames into `folder` (a staging folder), filled as the frames are imaged
-  (`add`), so memory stays flat however long the recording: `images` and `std` are .npy files
-  written in place (os.pwrite) and double matrices of frames.mat (`matfile`, the device's
+  (`add`), so memory stays flat however long the recording: `images` and `std` are streamed
+  into files (`common.streamed_npz`) and double matrices of frames.mat (`matfile`, the device's
   conductivity units); the frames the figures show (at most `most` evenly spaced, all of a
   short recording) are the only images kept. Rows `skipped` are NaN from the start. `finish`
   completes frames.npz (np.savez's layout, uncompressed), frames.mat and the figures."""
@@ -193,15 +192,8 @@ class FramesWriter:
     self.shown = {
       name: np.full((len(self.kept), size, size), np.nan, np.float32) for name in self.names
     }
-    self._fd, self._data, self.nonfinite = {}, {}, []
-    for name in self.names:
-      with open(self._npy(name), "wb") as fh:
-        np.lib.format.write_array_header_1_0(
-          fh, {"descr": "<f4", "fortran_order": False, "shape": (n, size, size)}
-        )
-        self._data[name] = fh.tell()
-        fh.truncate(self._data[name] + 4 * n * size * size)
-      self._fd[name] = os.open(self._npy(name), os.O_RDWR)
+    self.nonfinite = []
+    self.arrays = streamed_npz.StreamedNpz(folder, {name: (n, size, size) for name in self.names})
     # MATLAB counts rows from 1 (`images(rows(k), :, :)` is frame k); skipped: at the end
     small = {"rows": self.rows.astype(np.float64) + 1, "scale": mat_scale}
     self.mat = matfile.Writer(
@@ -211,17 +203,13 @@ class FramesWriter:
     for row in self.skipped:
       self.add(int(row), nan, nan if with_std else None)
 
-  def _npy(self, name: str) -> str:
-    return os.path.join(self.folder, f".{name}.npy")
-
   def add(self, lo: int, images: np.ndarray, std: np.ndarray | None) -> None:
     """Frames lo .. lo + len(images): images and std (b, H, W) in label units."""
     arrays = {"images": images, "std": std}
     scales = {"images": self.mat_scale, "std": abs(self.mat_scale)}
     for name in self.names:
       a = np.asarray(arrays[name], np.float32)
-      at = self._data[name] + 4 * self.size * self.size * lo
-      os.pwrite(self._fd[name], np.ascontiguousarray(a, "<f4").data, at)
+      self.arrays.write(name, lo, a)
       self.mat.write(name, lo, a * scales[name])  # float32 products, as before, widened
       keep = np.flatnonzero((self.kept >= lo) & (self.kept < lo + len(a)))
       self.shown[name][keep] = a[self.kept[keep] - lo]
@@ -235,29 +223,23 @@ class FramesWriter:
     kept frames beside them); returns the names written, frames.npz (the marker) last."""
     import json
 
-    for fd in self._fd.values():
-      os.close(fd)
+    self.arrays.close()
     # frames whose images came out NaN or infinite are bad frames too, listed with the skipped
     self.skipped = np.union1d(self.skipped, np.asarray(self.nonfinite, np.int64))
     self.mat.close({"skipped": self.skipped.astype(np.float64) + 1})  # from 1, as rows
     written = ["frames.mat"]
     if figures:
       written += self._figures(fps, targets)
-    with zipfile.ZipFile(
-      os.path.join(self.folder, "frames.npz"), "w", zipfile.ZIP_STORED, allowZip64=True
-    ) as z:
-      z.write(self._npy("images"), "images.npy")
-      for name, a in (
+    self.arrays.pack(
+      os.path.join(self.folder, "frames.npz"),
+      [
+        "images",
         ("rows", self.rows),
         ("skipped", self.skipped),
         ("info", np.asarray(json.dumps(info))),
-      ):
-        with z.open(f"{name}.npy", "w", force_zip64=True) as fh:
-          np.lib.format.write_array(fh, a, allow_pickle=False)
-      if "std" in self.names:
-        z.write(self._npy("std"), "std.npy")
-    for name in self.names:
-      os.unlink(self._npy(name))
+        *self.names[1:],  # std, when there is one
+      ],
+    )
     return [*written, "frames.npz"]
 
   def _figures(self, fps: float, targets: np.ndarray | None) -> list[str]:

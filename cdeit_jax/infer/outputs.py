@@ -19,12 +19,11 @@ import json
 import os
 import shutil
 import tempfile
-import zipfile
 
 import numpy as np
 
 from cdeit_jax.checkpoints import shipped
-from cdeit_jax.common import fileio, matfile
+from cdeit_jax.common import fileio, matfile, streamed_npz
 from cdeit_jax.common.errors import CdeitError, InputError
 from cdeit_jax.eit.phantom import disk_mask
 
@@ -297,9 +296,8 @@ class OutputError(CdeitError, OSError):
 
 class Predictions:
   """predictions.npz and predictions.mat of `n` images (H, W, C), filled a chunk of examples at a
-  time (`add`): each array a .npy file in `folder` written in place (os.pwrite: neither the
-  arrays nor a memory map's pages are held); `finish` makes the npz (np.savez's layout: a zip of
-  .npy files, uncompressed) and completes the .mat (`matfile`)."""
+  time (`add`): each array streamed into a file in `folder` (`common.streamed_npz`); `finish`
+  makes the npz and completes the .mat (`matfile`)."""
 
   def __init__(
     self, folder: str, n: int, image: tuple[int, ...], num_samples: int, mat_scale: float
@@ -309,68 +307,42 @@ class Predictions:
     self.shapes = {"pred": (n, *image), "target": (n, *image)}
     if num_samples > 1:
       self.shapes.update(std=(n, *image), samples=(num_samples, n, *image))
-    self._fd, self._data = {}, {}
-    for name, shape in self.shapes.items():
-      with open(self._npy(name), "wb") as fh:
-        np.lib.format.write_array_header_1_0(
-          fh, {"descr": "<f4", "fortran_order": False, "shape": shape}
-        )
-        self._data[name] = fh.tell()
-        fh.truncate(self._data[name] + 4 * int(np.prod(shape)))
-      self._fd[name] = os.open(self._npy(name), os.O_RDWR)
+    self.arrays = streamed_npz.StreamedNpz(folder, self.shapes)
     self.mat = matfile.Writer(
       os.path.join(folder, "predictions.mat"),
       {name: (n, *image[:2]) for name in self.shapes if name != "samples"},
       {"scale": self.mat_scale},
     )
 
-  def _npy(self, name: str) -> str:
-    return os.path.join(self.folder, f".{name}.npy")
-
-  def _offset(self, name: str, lo: int, k: int = 0) -> int:
-    return self._data[name] + 4 * int(np.prod(self.image)) * (k * self.n + lo)
-
-  def _write(self, name: str, lo: int, rows: np.ndarray, k: int = 0) -> None:
-    os.pwrite(self._fd[name], np.ascontiguousarray(rows, "<f4").data, self._offset(name, lo, k))
-
-  def _read(self, name: str, lo: int, count: int) -> np.ndarray:
-    raw = os.pread(self._fd[name], 4 * int(np.prod(self.image)) * count, self._offset(name, lo))
-    return np.frombuffer(raw, "<f4").reshape(count, *self.image)
-
   def add(
     self, lo: int, pred: np.ndarray, target: np.ndarray, std: np.ndarray | None, samples: np.ndarray
   ) -> None:
     """Examples lo .. lo + b: pred, target, std (b, H, W, C); samples (K, b, H, W, C)."""
-    self._write("pred", lo, pred)
-    self._write("target", lo, target)
+    self.arrays.write("pred", lo, pred)
+    self.arrays.write("target", lo, target)
     self.mat.write("pred", lo, pred[..., 0].astype(np.float64) * self.mat_scale)
     self.mat.write("target", lo, target[..., 0])
     if self.k > 1:
-      self._write("std", lo, std)
+      self.arrays.write("std", lo, std)
       for k in range(self.k):
-        self._write("samples", lo, samples[k], k)
+        self.arrays.write("samples", (k, lo), samples[k])
 
   def scale_std(self, scale: float, chunk: int = 64) -> None:
     """Multiply the stored std by the uncertainty scale (known once every example is in, when it
     is fitted on them) and write the .mat's, a chunk at a time."""
     for lo in range(0, self.n, chunk):
-      std = self._read("std", lo, min(chunk, self.n - lo)) * scale
-      self._write("std", lo, std)
+      std = self.arrays.read("std", lo, min(chunk, self.n - lo)) * scale
+      self.arrays.write("std", lo, std)
       self.mat.write("std", lo, std[..., 0].astype(np.float64) * abs(self.mat_scale))
 
   def finish(self, names: list[str]) -> list[str]:
     """Complete both files (the .mat gets `names`); returns their names."""
-    for fd in self._fd.values():
-      os.close(fd)
+    self.arrays.close()
     self.mat.close({"names": np.asarray(names, dtype=object)})
-    path = os.path.join(self.folder, "predictions.npz")
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
-      for name in self.shapes:  # streamed from the files
-        z.write(self._npy(name), f"{name}.npy")
-      with z.open("names.npy", "w", force_zip64=True) as fh:
-        np.lib.format.write_array(fh, np.asarray(names), allow_pickle=False)
-    for name in self.shapes:
-      os.unlink(self._npy(name))
+    self.arrays.pack(
+      os.path.join(self.folder, "predictions.npz"),
+      [*self.shapes, ("names", np.asarray(names))],  # the arrays streamed from their files
+    )
     return ["predictions.mat", "predictions.npz"]
 
 

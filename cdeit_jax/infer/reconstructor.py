@@ -9,8 +9,8 @@ units -> images, with a trained or imported CDEIT.
 eval.py and `python -m cdeit_jax.reconstruct` sample through this object, so a test set's
 predictions and a stream's frames come from one conditioning (`measurement.condition` with the
 checkpoint's statistics and the units' ratios; a model of another measuring system reads its
-R standardised values), one set of guards (`check_values`), one compiled sampler (`sampling`)
-and one noise rule (row r: fold_in(fold_in(key(seed), sample k), example index)).
+R standardised values), one set of guards (`frame_guards`: `rec.guards`), one compiled sampler
+(`sampling`) and one noise rule (row r: fold_in(fold_in(key(seed), sample k), example index)).
 
 Batches are padded to a bucket (the devices times 1, 2, 4, ... up to the largest batch that
 fits), each compiled once, so a stream of batches of any size never recompiles.
@@ -19,8 +19,6 @@ fits), each compiled once, so a stream of batches of any size never recompiles.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -29,236 +27,46 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cdeit_jax import config_lib, eit
-from cdeit_jax.checkpoints import checkpoint, loading, reader
-from cdeit_jax.common import fileio, logs
+from cdeit_jax.checkpoints import loading, reader
+from cdeit_jax.common import logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.data import pipeline, sources
+from cdeit_jax.data import sources
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit import layout, measurement, symmetry
-from cdeit_jax.infer import sampling
+from cdeit_jax.infer import frame_guards, sampling
+from cdeit_jax.infer.run_opening import (
+  MAX_SAMPLES,
+  calibration_file,
+  check_overrides,
+  choose,
+  is_int,
+  load,
+  uncertainty_scale,
+)
 from cdeit_jax.model.diffusion import Diffusion
+from cdeit_jax.model.system import ModelSystem
 
 log = logs.log.getChild("eval")
-
-# What eval.py and the reconstruct command may set; everything else (model, data, diffusion) is
-# the checkpoint's.
-SETTABLE = (
-  "sampling.",
-  "eval.",
-  "wandb.",
-  *(f"model.{k}" for k in loading.RUNTIME_MODEL_KEYS),
-)
-UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
-FAR_OFF = 100.0  # a frame whose median |standardised voltage| exceeds this is in other units
-# frames whose size (RMS) is typically under this fraction of the training data's spread (its
-# std's RMS) are in other units: real differences are 0.1-1 of it, a device's noise alone about
-# 0.003 or more, and simulation units given as a device's (divided by its gain twice) 0.0003-0.0009
-FAR_SMALL = 1e-3
-# Absolute frames (or a constant offset) instead of differences, told apart by their structure
-# (`absolute_rows`); thresholds from real and simulated frames (docs/reconstructing.md): absolute
-# ones reach 0.90-0.975 along the empty tank's pattern with a coefficient of 0.22-4.1 (gains
-# 0.3-3), difference frames at most 0.70 along it and 0.72 along a constant, offsets 0.98-1.
-ABSOLUTE_COS, ABSOLUTE_COEF, OFFSET_COS = 0.75, 0.2, 0.9
-# A model trained with the background drifting between the empty tank's and the target's
-# frames (`SystemSpec.drift`, up to D either way) reads difference frames that lie up to D x
-# their gain (gain / background up to 1.1 / 0.9 in configs/ktc2023_model.py) further along the
-# empty tank's pattern, so its coefficient's threshold grows by DRIFT_COEF x D (0.35 at
-# D = 0.1: that config's validation simulations with drift=(0.9, 1.1) reach 0.22 at the higher
-# levels; absolute frames at gains under about 0.4 then pass, at 0.5-3 they are still refused).
-DRIFT_COEF = 1.5
-MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
-
-
-def absolute_rows(ys: np.ndarray, vh: np.ndarray, drift: float = 0.0) -> np.ndarray:
-  """Which rows of `ys` (N, R), in simulation units (NaN: a missing value, left out of the
-  row's sums), are absolute voltages or carry a constant offset rather than being differences:
-  the empty tank's voltages `vh` (R,) dominate an absolute frame at any gain (a cosine of at
-  least ABSOLUTE_COS, and a coefficient along `vh` of at least ABSOLUTE_COEF + DRIFT_COEF x
-  `drift`, the model's largest drift (`drift_allowance`), which a small uniform change of a
-  difference frame stays under), and a constant dominates an offset (a cosine of at least
-  OFFSET_COS)."""
-  x = np.asarray(ys, np.float64)
-  present = np.isfinite(x)
-  x = np.where(present, x, 0.0)
-  h = np.where(present, np.asarray(vh, np.float64)[None], 0.0)  # vh at each row's values
-  norm = np.linalg.norm(x, axis=1)
-  norm = np.where(norm > 0, norm, np.inf)
-  hh = np.maximum((h * h).sum(1), 1e-300)
-  along = np.abs((x * h).sum(1))
-  cos_vh = along / (norm * np.sqrt(hh))
-  coef = along / hh
-  cos_one = np.abs(x.sum(1)) / (norm * np.sqrt(np.maximum(present.sum(1), 1)))
-  threshold = ABSOLUTE_COEF + DRIFT_COEF * float(drift)
-  return ((cos_vh >= ABSOLUTE_COS) & (coef >= threshold)) | (cos_one >= OFFSET_COS)
-
-
-def drift_allowance(config: ml_collections.ConfigDict) -> float:
-  """The largest drift |d - 1| that the model's training drew (`SystemSpec.drift`;
-  0 for a model trained without)."""
-  from cdeit_jax.data import synthetic
-
-  lo, hi = synthetic.system_spec(config.simulator).drift
-  return max(1.0 - float(lo), float(hi) - 1.0, 0.0)
-
-
-def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.ConfigDict:
-  """The checkpoint's config with `overrides` (dotted keys) applied and the sampling settings
-  checked; errors name `--config.<key>`."""
-  for key in overrides:
-    if not key.startswith(SETTABLE):
-      raise InputError(
-        f"--config.{key}: evaluation takes the model, data and training settings "
-        "from the checkpoint; only config.sampling.*, config.eval.*, config.wandb.* and "
-        f"config.model.{{{','.join(loading.RUNTIME_MODEL_KEYS)}}} can be set"
-      )
-  cfg = loading.model_config(meta)
-  config_lib.override(cfg, overrides)
-  s, e = cfg.sampling, cfg.eval
-
-  def need(ok: bool, key: str, msg: str) -> None:
-    if not ok:
-      section, leaf = key.split(".")
-      raise InputError(f"--config.{key}={cfg[section][leaf]!r}: {msg}")
-
-  need(s.steps >= 1, "sampling.steps", "must be >= 1")
-  need(
-    _is_int(s.num_samples) and 1 <= s.num_samples <= MAX_SAMPLES,
-    "sampling.num_samples",
-    f"must be an integer from 1 to {MAX_SAMPLES}",
-  )
-  need(
-    0 <= s.eta <= 1,
-    "sampling.eta",
-    "must be in [0, 1] (0: deterministic DDIM, 1: the published sampler)",
-  )
-  need(s.data_consistency >= 0, "sampling.data_consistency", "must be >= 0 (0 = off)")
-  need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
-  need(isinstance(s.symmetric, bool), "sampling.symmetric", "must be True or False")
-  need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
-  need(
-    e.weights in checkpoint.WEIGHT_ITEMS,
-    "eval.weights",
-    f"must be one of {sorted(checkpoint.WEIGHT_ITEMS)}",
-  )
-  return cfg
-
-
-def uncertainty_scale(path: str) -> float:
-  """The calibration factor kept at `path` (a step folder's UNCERTAINTY_FILE); 1 if none."""
-  try:
-    record = json.loads(fileio.path(path).read_text())
-  except FileNotFoundError:
-    return 1.0
-  except (OSError, ValueError) as e:
-    raise InputError(
-      f"{path}: unreadable ({e}); delete it (the std is then uncalibrated) or "
-      "fit it again with --config.eval.fit_uncertainty=True"
-    ) from None
-  scale = record.get("scale") if isinstance(record, dict) else None
-  if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
-    raise InputError(
-      f"{path}: 'scale' must be a positive number, got {scale!r}; delete the "
-      "file or fit it again with --config.eval.fit_uncertainty=True"
-    )
-  return float(scale)
-
-
-def check_overrides(overrides: dict[str, Any]) -> None:
-  """Bad keys and values fail before any work (against the default config)."""
-  settings({"model": {}}, overrides)
-
-
-def choose(
-  run: reader.Run, overrides: dict[str, Any]
-) -> tuple[reader.Meta, dict[int, str], ml_collections.ConfigDict]:
-  """(meta, skipped, config) of the run's first candidate whose metadata reads, its config with
-  `overrides` applied and checked."""
-  meta, skipped = run.first_readable()
-  return meta, skipped, settings(meta.record, overrides)
-
-
-def load(
-  run: reader.Run,
-  meta: reader.Meta,
-  skipped: dict[int, str],
-  cfg: ml_collections.ConfigDict,
-  overrides: dict[str, Any],
-  mesh: jax.sharding.Mesh,
-  device: layout.Layout | None = None,
-) -> reader.Loaded:
-  """The model of the first candidate from `meta`'s step on whose weights load, replicated over
-  `mesh`, with the model's runtime overrides; logs the steps passed over. `device`: the
-  measuring system the command resolved (`loading.device_of`), else resolved from `meta`."""
-  runtime = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
-  loaded = run.load(
-    weights=cfg.eval.weights,
-    sharding=shd.replicated(mesh),
-    start=meta.step,
-    passed=skipped,
-    device=device,
-    **runtime,
-  )
-  for bad, reason in loaded.skipped.items():
-    log.warning(f"skipping checkpoint step {bad}: {reason}")
-  log.info(f"checkpoint {run.step_dir(loaded.meta.step)}: {loaded.reason}")
-  return loaded
-
-
-def calibration_file(run: reader.Run, step: int) -> str:
-  """Where a step keeps its uncertainty scale (UNCERTAINTY_FILE)."""
-  return fileio.join(run.step_dir(step), UNCERTAINTY_FILE)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Screen:
-  """A block of rows through the row-wise guards (`Reconstructor.check_values`), rows numbered
-  in the whole: refused as not finite (`bad`), imageable (`ok`), of those absolute or far off
-  the training data's scale (with the largest typical |z|), and each imageable row's size."""
-
-  bad: np.ndarray
-  ok: np.ndarray
-  absolute: np.ndarray
-  far: np.ndarray
-  far_typical: float
-  sizes: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
 class Reconstruction:
-  """What `Reconstructor.reconstruct` returns (label units; the mean over K samples).
-
-  `images` (N, 128, 128); `std` (N, 128, 128) the calibrated per-pixel std over the samples,
-  None for K = 1; `samples` (K, N, 128, 128) when asked for. A segmenter's (`of_classes`):
-  `probabilities` (N, 128, 128, 3) of water, resistive and conductive, and the image and std
-  of its class contrast (-1, 0, +1) under them."""
+  """What `Reconstructor.reconstruct` returns (label units), as the model's output kind gives it
+  (`Output.reconstruction`): `images` (N, 128, 128), the mean over K samples; `std` (N, 128, 128)
+  the calibrated per-pixel std, None for K = 1; `samples` (K, N, 128, 128) when asked for; a
+  segmenter's `probabilities` (N, 128, 128, 3) of water, resistive and conductive, its image
+  and std those of its class contrast (-1, 0, +1) under them."""
 
   images: np.ndarray
   std: np.ndarray | None = None
   samples: np.ndarray | None = None
   probabilities: np.ndarray | None = None
 
-  @classmethod
-  def of_classes(cls, probabilities: np.ndarray, std_scale: float = 1.0) -> Reconstruction:
-    """A segmenter's reconstruction: per pixel the mean p_con - p_res and the std
-    sqrt(p_con + p_res - (p_con - p_res)^2) (times `std_scale`) of a class contrast drawn from
-    its probabilities."""
-    p = np.asarray(probabilities, np.float32)
-    mean = p[..., 2] - p[..., 1]
-    std = np.sqrt(np.maximum(p[..., 2] + p[..., 1] - mean * mean, 0.0)) * np.float32(std_scale)
-    return cls(mean, std, None, p)
-
   @property
   def nonfinite(self) -> np.ndarray:
     """The frames (indices) whose image holds NaN or infinite pixels."""
     return np.flatnonzero(~np.isfinite(self.images).all(axis=(1, 2)))
-
-
-def summarise(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-  """(mean, std) over the samples' first axis (K): the one rule for eval.py and the API (float32
-  as numpy computes it, so both give the same bits); std None for K = 1."""
-  return samples.mean(0), (samples.std(0) if len(samples) > 1 else None)
 
 
 class Reconstructor:
@@ -270,8 +78,11 @@ class Reconstructor:
   statistics the model's condition is standardised with (the checkpoint's). `units` (a name
   of `measurement.unit_names`, or a device in its units) or the ratios say in which units the
   voltages are (`measurement.in_units`; neither: the model's device's own, `measurement.own_units`).
-  `uncertainty_scale`
-  multiplies the std (`eval.py --config.eval.fit_uncertainty=True` fits it)."""
+  `uncertainty_scale` multiplies the std (`eval.py --config.eval.fit_uncertainty=True` fits it).
+
+  Its parts: `guards` (`frame_guards.FrameGuards`) check the frames every entry point takes,
+  `sampler` (`sampling.BucketedSampler`) samples their conditions, and `output` (the model's
+  `output_kinds.Output`) says a frame's steps and samples and what its answer is."""
 
   checkpoint: str | None = None  # where the weights came from (from_workdir)
 
@@ -291,23 +102,24 @@ class Reconstructor:
   ):
     self.config = config
     s = config.sampling
-    self.steps, self.eta = int(s.steps), float(s.eta)
-    self.num_samples, self.seed = int(s.num_samples), int(s.seed)
-    # a segmenter (config.model.output "classes") answers in one deterministic pass
-    self.segmenter = model.output_kind.one_pass
-    if self.segmenter:
-      self.steps, self.num_samples = 0, 1
+    # what the model outputs (config.model.output): its steps, samples and answers
+    self.output = model.system.output
+    self.steps, self.eta = self.output.diffusion_steps(s.steps), float(s.eta)
+    self.num_samples, self.seed = self.output.samples_per_frame(s.num_samples), int(s.seed)
     if units is None and voltage_ratio is None and current_ratio is None:
-      units = measurement.own_units(model.layout)
+      units = model.system.units
     self.units = measurement.in_units(
-      model.layout, units or measurement.SIMULATED, voltage_ratio, current_ratio
+      model.system.device, units or measurement.SIMULATED, voltage_ratio, current_ratio
     )
     self.voltage_ratio, self.current_ratio = self.units.gain, self.units.current_ratio
     self.mean, self.std = stats_lib.check_stats(
       np.asarray(mean), np.asarray(std), source="the statistics"
     )
     self.uncertainty_scale = float(uncertainty_scale)
-    self.drift = drift_allowance(config)  # the absolute frames' guard allows for it
+    # the one set of guards of the frames (the absolute frames' allows for the model's drift)
+    self.guards = frame_guards.FrameGuards(
+      model, self.mean, self.std, self.units, frame_guards.drift_allowance(config)
+    )
     self.mesh = mesh if mesh is not None else shd.make_mesh()
     self.shape = (model.image_size, model.image_size, model.out_channels)
     self.cond_shape = model.cond_shape
@@ -326,9 +138,8 @@ class Reconstructor:
       )
       correction_graphdef, dc_state = nnx.split(dc)
       weights = (weights, jax.device_put(dc_state, shd.replicated(self.mesh)))
-    self._weights = weights
     self.symmetric = bool(s.symmetric)
-    self._sampler = sampling.make_sampler(
+    sampler = sampling.make_sampler(
       graphdef,
       Diffusion(**config.diffusion),
       self.steps,
@@ -341,44 +152,34 @@ class Reconstructor:
     )
     # The largest batch: the one that fits (or config.sampling.batch_size); smaller buckets are
     # compiled when a batch first needs them.
-    compiled, self.max_batch = sampling.compile_sampler(
-      self._sampler,
-      self._weights,
+    self.sampler = sampling.BucketedSampler(
+      sampler,
+      weights,
       self.mesh,
+      jax.random.key(self.seed),
+      self.shape,
+      self.cond_shape,
       num_examples or 8 * self.mesh.devices.size,
       s.batch_size,
-      cond_shape=self.cond_shape,
     )
-    self._compiled: dict[int, Callable] = {self.max_batch: compiled}
-    self._key = jax.random.key(self.seed)
 
   def _read_system(self, model: nnx.Module) -> None:
     """The measuring system whose values the model reads, as a vector (`vector`) or as CDEIT's
-    EIM; `removed` (K, R): the values each of its electrode-removal sets leaves out; `ignored`
-    (R,): those it leaves out whatever they hold (config.model.current_carrying), which a frame
-    may miss too. Sampler settings the system cannot take are refused."""
+    EIM. Sampler settings the system cannot take are refused."""
     s = self.config.sampling
-    self.vector = model.reads_values
-    self.layout = model.layout
-    self.num_values = self.layout.num_values
+    self.vector = model.system.reads_values
+    self.layout = model.system.device
     if self.vector and s.data_consistency:
       raise InputError(
         "--config.sampling.data_consistency reads CDEIT's 16-electrode EIM; this model "
         f"(measuring system {self.layout.describe()}) samples without it: set it to 0"
       )
-    self.removed = (
-      np.asarray(model.conditioner.removed[...])
-      if self.vector
-      else np.zeros((1, self.num_values), bool)
-    )
-    self.ignored = (
-      np.asarray(model.conditioner.ignored[...]) if self.vector else np.zeros(self.num_values, bool)
-    )
-    if self.vector and s.symmetric and (self.removed.any() or not symmetry.symmetric(self.layout)):
+    removed = self.guards.removed
+    if self.vector and s.symmetric and (removed.any() or not symmetry.symmetric(self.layout)):
       raise InputError(
         f"--config.sampling.symmetric: the tank's turns and mirror are not symmetries of this "
         f"model's device ({self.layout.describe()}"
-        + (", whose electrode-removal sets they would not keep)" if self.removed.any() else ")")
+        + (", whose electrode-removal sets they would not keep)" if removed.any() else ")")
         + "; set it to False"
       )
 
@@ -406,6 +207,7 @@ class Reconstructor:
         skipped,
         cfg,
         overrides,
+        loading.resolve(cfg, meta.record),
         units=units,
         voltage_ratio=voltage_ratio,
         current_ratio=current_ratio,
@@ -420,17 +222,18 @@ class Reconstructor:
     skipped: dict[int, str],
     cfg: ml_collections.ConfigDict,
     overrides: dict[str, Any],
+    system: ModelSystem,
     *,
     units: str | layout.Layout | None = None,
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     mesh: jax.sharding.Mesh | None = None,
-    device: layout.Layout | None = None,
   ) -> Reconstructor:
     """`from_workdir` of an open run whose candidate `meta` and config `cfg` are chosen
-    already (`choose`: a command may read the model's system before loading it)."""
+    already (`choose`), of the `system` the command resolved from them (`loading.resolve`: a
+    command reads the model's system before loading it)."""
     mesh = mesh if mesh is not None else shd.make_mesh()
-    loaded = load(run, meta, skipped, cfg, overrides, mesh, device)
+    loaded = load(run, meta, skipped, cfg, overrides, mesh, system)
     rec = cls(
       loaded.model,
       cfg,
@@ -445,272 +248,20 @@ class Reconstructor:
     rec.checkpoint = run.step_dir(loaded.meta.step)
     return rec
 
-  # --------------------------------------------------------------------------- the sampler
-
-  @property
-  def buckets(self) -> list[int]:
-    """The global batch sizes a call is padded to: the devices times 1, 2, 4, ... and the
-    largest batch."""
-    n = self.mesh.devices.size
-    out, g = [], n
-    while g < self.max_batch:
-      out.append(g)
-      g *= 2
-    return out + [self.max_batch]
-
-  @property
-  def compiled_buckets(self) -> list[int]:
-    return sorted(self._compiled)
-
-  def _bucket(self, rows: int) -> int:
-    """The global batch `rows` rows (at most `max_batch`) are padded to."""
-    return next(b for b in self.buckets if b >= rows)
-
-  def _executable(self, rows: int) -> tuple[int, Callable]:
-    bucket = self._bucket(rows)
-    if bucket not in self._compiled:
-      self._compiled[bucket] = sampling.compile_batch(
-        self._sampler, self._weights, self.mesh, bucket, self.cond_shape
-      )
-      log.debug(f"sampler compiled for a batch of {bucket}")
-    return bucket, self._compiled[bucket]
-
-  def prepare(self, rows: int) -> list[int]:
-    """Compile now every bucket that `rows` rows (frames times samples) in calls of at most
-    `max_batch` will use, so that timing starts after compilation; returns those buckets."""
-    sizes = {min(self.max_batch, rows - lo) for lo in range(0, rows, self.max_batch)}
-    return sorted({self._executable(r)[0] for r in sizes})
-
-  def sample_local(
-    self, cond: np.ndarray, index: np.ndarray, sample: np.ndarray | int
-  ) -> np.ndarray:
-    """One sampler call on this host's rows (every host its equal share, in process order, of
-    a global batch of at most `max_batch` rows): conditions (b, 16, 16, 1), example indices
-    (b,), sample indices (b,) or one for all; returns the global batch's images, (B, H, W, C),
-    on every host (padding rows included)."""
-    b = len(cond)
-    sample = np.broadcast_to(np.asarray(sample, np.int32), (b,))
-    bucket, run = self._executable(b * jax.process_count())
-    per_host = bucket // jax.process_count()
-    if b < per_host:  # pad this host's share to the bucket's (the padding rows are dropped)
-      pad = per_host - b
-      cond = np.concatenate([cond, np.repeat(cond[:1], pad, 0)])
-      index, sample = (np.concatenate([a, np.repeat(a[:1], pad)]) for a in (index, sample))
-    g = pipeline.to_global(
-      {
-        "cond": np.asarray(cond, np.float32),
-        "index": np.asarray(index, np.int32),
-        "sample": np.asarray(sample, np.int32),
-      },
-      self.mesh,
-    )
-    return sampling.gather(run(self._weights, g["cond"], g["index"], g["sample"], self._key))
-
-  def sample_rows(
-    self,
-    cond: np.ndarray,
-    index: np.ndarray,
-    sample: np.ndarray,
-    progress: Callable[[int], None] | None = None,
-  ) -> np.ndarray:
-    """Images (R, H, W, C) of R rows given whole on every host (conditions, example indices,
-    sample indices), in calls of at most `max_batch` rows, each host sampling its share."""
-    out = np.empty((len(cond), *self.shape), np.float32)
-    p, procs = jax.process_index(), jax.process_count()
-    for lo in range(0, len(cond), self.max_batch):
-      hi = min(len(cond), lo + self.max_batch)
-      rows = np.arange(lo, lo + self._bucket(hi - lo))
-      rows = np.minimum(rows, hi - 1)  # padding repeats the last row
-      mine = rows.reshape(procs, -1)[p]
-      imgs = self.sample_local(cond[mine], index[mine], sample[mine])
-      out[lo:hi] = imgs[: hi - lo]
-      if progress is not None:
-        progress(hi - lo)
-    return out
-
   # --------------------------------------------------------------------------- the API
 
   def condition(self, dv: np.ndarray) -> np.ndarray:
     """The model's conditions of difference voltages (N, R) in the device's units (`units` or
     the ratios): the EIM (N, 16, 16, 1) of CDEIT's 208 voltages, or another system's
     standardised values (N, R), NaN where missing."""
-    return self._condition(_float32(dv) / np.float32(self.voltage_ratio))
+    return self._condition(frame_guards.float32(dv) / np.float32(self.voltage_ratio))
 
   def _condition(self, values: np.ndarray) -> np.ndarray:
     """`condition` of values in simulation units."""
-    values = _float32(values)
+    values = frame_guards.float32(values)
     if self.vector:
       return sources.condition(values, 1.0, self.mean, self.std, vector=True)[0]
     return measurement.condition(values, 1.0, self.mean, self.std, self.layout)[0]
-
-  def difference(
-    self,
-    voltages: np.ndarray | None = None,
-    *,
-    frames: np.ndarray | None = None,
-    reference: np.ndarray | None = None,
-    where: str = "voltages",
-  ) -> np.ndarray:
-    """(N, R) float32 difference voltages in the device's units: `voltages` as given, or
-    `frames - reference` (time-difference imaging); `check_frames` checks them."""
-    if (voltages is None) == (frames is None):
-      raise InputError("give the difference voltages, or frames (and a reference frame)")
-    if voltages is not None:
-      if reference is not None:
-        raise InputError("a reference frame goes with `frames`, not with difference voltages")
-      return _float32(self._rows(voltages, where))
-    dv = self._rows(frames, where)
-    if reference is not None:
-      # in float64: frames and reference are large beside their difference
-      ref = self._rows(reference, f"{where}: the reference frame")
-      if len(ref) != 1:
-        raise InputError(
-          f"{where}: the reference frame must be one frame of {self.num_values} voltages, got "
-          f"{len(ref)} frames"
-        )
-      bad = np.isinf(ref[0]) | (np.isnan(ref[0]) & (not self.vector))
-      if bad.any():
-        raise InputError(
-          f"{where}: the reference frame holds NaN or infinite voltages (at "
-          f"measurements {listed(np.flatnonzero(bad))}); give a finite one"
-        )
-      dv = dv - ref
-    return _float32(dv)
-
-  def check_recording(
-    self,
-    recording,
-    reference: np.ndarray | None,
-    where: str,
-    skip_bad: bool = False,
-    block: int = 4096,
-  ) -> np.ndarray:
-    """The rows of a recording (`infer.frames.Recording`, minus `reference`) that can be
-    imaged: the guards of `check_values` over the whole recording, read `block` frames at a
-    time (memory stays flat however long it is), judged once: every refused row of every block
-    named in one line, the units' check on the whole recording's frames. Its frames need no
-    check again when sampled (`reconstruct(checked=True)`)."""
-    screens = [
-      self._screen(
-        self.difference(frames=recording.rows(lo, lo + block), reference=reference, where=where)
-        / self.voltage_ratio,
-        lo,
-      )
-      for lo in range(0, recording.n, block)
-    ]
-    return self._judge(screens, where, skip_bad, self.units.name)
-
-  def check_frames(
-    self,
-    dv: np.ndarray,
-    where: str = "voltages",
-    skip_bad: bool = False,
-  ) -> np.ndarray:
-    """The rows of `dv` (N, R), in the device's units, that can be imaged (indices):
-    `check_values` of them in simulation units."""
-    values = np.asarray(dv) / self.voltage_ratio
-    return self.check_values(values, where, skip_bad, self.units.name)
-
-  def check_values(
-    self,
-    values: np.ndarray,
-    where: str = "values",
-    skip_bad: bool = False,
-    units: str = "",
-  ) -> np.ndarray:
-    """The rows of `values` (N, R), in simulation units, that can be imaged (indices): the one
-    set of guards of every entry point. Rows with infinite values, or NaN where no value is
-    missing under any of the model's electrode-removal sets (CDEIT's 208: none), are refused
-    (listed in the error), or with `skip_bad` left out; absolute frames (no reference frame
-    subtracted) and rows far off the statistics' scale (other units) are refused, and frames
-    typically far too small for any device's (other units again)."""
-    v = np.asarray(values)
-    if len(v) == 0:
-      raise InputError(f"{where}: no frames (0 rows of {self.num_values} values)")
-    return self._judge([self._screen(v, 0)], where, skip_bad, units)
-
-  def _screen(self, v: np.ndarray, first_row: int) -> _Screen:
-    """One block of rows (simulation units; rows numbered from `first_row`) through the
-    row-wise guards (`check_values`)."""
-    missing = np.isnan(v) | self.ignored
-    fits = np.all(missing[:, None] == (self.removed | self.ignored)[None], axis=-1).any(1)
-    finite = fits & ~np.isinf(v).any(1)
-    ok = np.flatnonzero(finite)
-    absolute = ok[absolute_rows(v[ok], self.vh, self.drift)] if len(ok) else ok
-    with np.errstate(over="ignore", invalid="ignore"):
-      z = (v[ok] - np.ravel(self.mean)) / np.ravel(self.std)
-      typical = np.nanmedian(np.abs(z), axis=1) if len(ok) else np.zeros(0)
-      size = np.sqrt(np.nanmean(v[ok] ** 2, axis=1) / np.nanmean(np.ravel(self.std) ** 2))
-    far = ~(typical < FAR_OFF)
-    return _Screen(
-      bad=first_row + np.flatnonzero(~finite),
-      ok=first_row + ok,
-      absolute=first_row + absolute,
-      far=first_row + ok[far],
-      far_typical=float(np.max(typical[far])) if far.any() else 0.0,
-      sizes=size[size > 0],  # a frame equal to its reference is no evidence either way
-    )
-
-  def _judge(self, screens: list[_Screen], where: str, skip_bad: bool, units: str) -> np.ndarray:
-    """The rows of screened blocks that can be imaged, or one error naming every refused row
-    of them (the first ones and how many in all), the units judged on all their frames."""
-    pick = lambda name: np.concatenate([getattr(s, name) for s in screens])
-    bad = pick("bad")
-    if len(bad) and not skip_bad:
-      sets_note = (
-        f"; a missing value is NaN, and only as one of the model's {len(self.removed)} "
-        "electrode-removal sets (config.simulator.removals)"
-        if self.vector
-        else ""
-      )
-      raise InputError(
-        f"{where}: rows {listed(bad)} hold NaN, infinite or out-of-range (beyond float32's "
-        f"3.4e38) voltages{sets_note}; remove them, or skip them (--skip_bad_frames: they are "
-        "listed and their images are NaN)"
-      )
-    ok = pick("ok")
-    if len(ok) == 0:
-      raise InputError(f"{where}: every row holds NaN or infinite voltages")
-    absolute = pick("absolute")
-    if len(absolute):
-      raise InputError(
-        f"{where}: rows {listed(absolute)} are absolute voltages (the empty tank's "
-        "pattern dominates them), or carry a constant offset, not difference voltages: give the "
-        "empty-tank frame as the reference (--reference REF or --reference_row N; the API's "
-        "`reference=`), so that each frame minus it is imaged"
-      )
-    other_units = (
-      f"units {units!r} (voltage ratio {self.voltage_ratio:g}) say; give the device's "
-      "units (uef2017, ktc2023, simulated) or its voltage and current ratios, or "
-      "difference voltages (frames minus a reference frame) if these are absolute"
-      if units
-      else "simulation units (a device's values divided by its calibrated gain)"
-    )
-    far = pick("far")
-    if len(far):
-      raise InputError(
-        f"{where}: rows {listed(far)} are ~{max(s.far_typical for s in screens):.3g} standard "
-        f"deviations from the training data's voltages (expected a few): they are in other "
-        f"units than {other_units}"
-      )
-    sizes = pick("sizes")
-    if len(sizes) and np.median(sizes) < FAR_SMALL:
-      raise InputError(
-        f"{where}: its frames are typically ~{float(np.median(sizes)):.2g} of the training "
-        "data's spread of difference voltages (real differences are 0.1-1 of it, a device's "
-        f"noise alone over {FAR_SMALL:g}): far too small, they are in other units than "
-        f"{other_units}"
-      )
-    return ok
-
-  @functools.cached_property
-  def vh(self) -> np.ndarray:
-    """The empty tank's values (R,) of the model's measuring system, in simulation units."""
-    if self.vector:
-      from cdeit_jax.eit import calibration
-
-      return calibration.homogeneous(self.layout, self.layout.z)
-    return np.asarray(eit.default_simulator(layout=self.layout).vh, np.float64)
 
   def reconstruct(
     self,
@@ -730,12 +281,12 @@ class Reconstructor:
     of the model leaves a value out). Frame i's noise is that of example `first_index + i`
     (eval.py's example index), so the same voltages and seed give eval.py's predictions.
     `num_samples` (default config.sampling.num_samples) samples per frame, all in the same
-    batches. `checked`: the frames are part of a recording `check_recording` passed (whose
+    batches. `checked`: the frames are part of a recording `guards.check_recording` passed (whose
     verdict on the whole is not asked again of each part)."""
-    dv = self.difference(voltages, frames=frames, reference=reference)
+    dv = self.guards.difference(voltages, frames=frames, reference=reference)
     values = dv / np.float32(self.voltage_ratio)
     if not checked:
-      self.check_values(values, "voltages", units=self.units.name)
+      self.guards.check_values(values, "voltages", units=self.units.name)
     return self._sample(self._condition(values), num_samples, first_index, keep_samples, progress)
 
   def reconstruct_values(
@@ -750,25 +301,10 @@ class Reconstructor:
     """Images of difference values (N, R) already in simulation units (a device's values
     divided by its calibrated gain, `eit.calibration`; the sign as the simulator's, electrode
     + minus electrode -), NaN where a removal set of the model leaves a value out: `reconstruct`
-    without the units, through the same guards (`check_values`)."""
-    values = _float32(self._rows(values, where))
-    self.check_values(values, where)
+    without the units, through the same guards (`guards.check_values`)."""
+    values = frame_guards.float32(self.guards.rows(values, where))
+    self.guards.check_values(values, where)
     return self._sample(self._condition(values), num_samples, first_index, keep_samples, None)
-
-  def _rows(self, a: Any, where: str) -> np.ndarray:
-    """`a` as float64 rows (N, R): one frame (R,) or (R, 1) is one row."""
-    try:
-      a = np.asarray(a)
-    except (ValueError, TypeError) as e:
-      raise InputError(f"{where}: not an array of voltages ({e})") from None
-    if a.dtype.kind not in "fiu" or a.dtype.kind == "b":
-      raise InputError(f"{where}: voltages must be real numbers, got dtype {a.dtype}")
-    m = self.num_values
-    if a.shape in ((m,), (m, 1)):
-      a = a.reshape(1, m)
-    if a.ndim != 2 or a.shape[1] != m:
-      raise layout.frames_shape_error(where, a.shape, m, self.layout.describe())
-    return a.astype(np.float64)
 
   def _sample(
     self,
@@ -779,46 +315,24 @@ class Reconstructor:
     progress: Callable[[int], None] | None,
   ) -> Reconstruction:
     k = self.num_samples if num_samples is None else num_samples
-    if not _is_int(k) or not 1 <= k <= MAX_SAMPLES:
+    if not is_int(k) or not 1 <= k <= MAX_SAMPLES:
       raise InputError(f"num_samples={num_samples!r}: must be an integer from 1 to {MAX_SAMPLES}")
-    k = 1 if self.segmenter else int(k)  # a segmenter is deterministic: one pass is all
+    k = self.output.samples_per_frame(k)  # a deterministic kind: one pass is all
     n = len(cond)
     last = np.iinfo(np.int32).max - n  # example indices are int32
-    if not _is_int(first_index) or not 0 <= first_index <= last:
+    if not is_int(first_index) or not 0 <= first_index <= last:
       raise InputError(f"first_index={first_index!r}: must be an integer from 0 to {last}")
     rows_frame = np.repeat(np.arange(n), k)  # frame-major: a frame's K samples share a batch
     rows_sample = np.tile(np.arange(k, dtype=np.int32), n)
-    imgs = self.sample_rows(
+    imgs = self.sampler.sample_rows(
       cond[rows_frame], (first_index + rows_frame).astype(np.int32), rows_sample, progress=progress
     )
-    if self.segmenter:
-      return Reconstruction.of_classes(imgs, np.float32(self.uncertainty_scale))
-    samples = imgs[..., 0].reshape(n, k, *self.shape[:2]).swapaxes(0, 1)
-    images, std = summarise(samples)
-    if std is not None:
-      std = std * np.float32(self.uncertainty_scale)
-    return Reconstruction(images, std, samples if keep_samples else None)
+    return Reconstruction(
+      **self.output.reconstruction(imgs, n, self.uncertainty_scale, keep_samples)
+    )
 
   def __repr__(self) -> str:
     return (
       f"Reconstructor({self.checkpoint or 'model'}, units={self.units.name!r}, "
-      f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.buckets})"
+      f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.sampler.buckets})"
     )
-
-
-def _float32(a: np.ndarray) -> np.ndarray:
-  """`a` as float32; values beyond its range become infinite (refused by `check_frames`, which
-  names them) without numpy's overflow warning."""
-  with np.errstate(over="ignore"):
-    return a.astype(np.float32)
-
-
-def _is_int(v: Any) -> bool:
-  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
-def listed(rows, most: int = 10) -> str:
-  """Rows for a message: the first `most`, then how many more."""
-  rows = [int(r) for r in rows]
-  text = ", ".join(map(str, rows[:most]))
-  return text + (f" and {len(rows) - most} more" if len(rows) > most else "")

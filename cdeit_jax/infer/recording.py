@@ -20,7 +20,7 @@ from cdeit_jax.data import sources
 from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import IMAGE_SIZE
 from cdeit_jax.infer import evaluate, frames
-from cdeit_jax.infer.reconstructor import listed
+from cdeit_jax.infer.frame_guards import listed
 
 
 class RecordingSource(sources.ArraySource):
@@ -82,13 +82,15 @@ class RecordingEvaluator(evaluate.Evaluator):
   """`evaluate.Evaluator` over a frames file: its source, and the Reconstructor's guards."""
 
   def open_source(self, meta, vector: bool) -> RecordingSource:
-    from cdeit_jax.eit import conditioning
-
-    ignored = conditioning.ignored_values(
-      self.layout, self.cfg.model.get("current_carrying", "use")
-    )
     return RecordingSource(
-      self.data_path, self.layout, self.units, meta.mean, meta.std, self.removed, vector, ignored
+      self.data_path,
+      self.layout,
+      self.units,
+      meta.mean,
+      meta.std,
+      self.removed,
+      vector,
+      self.system.ignored,
     )
 
   def check_data(self) -> None:
@@ -97,7 +99,7 @@ class RecordingEvaluator(evaluate.Evaluator):
 
   def _compile(self, model) -> None:
     super()._compile(model)
-    self.rec.check_frames(self.src.dv[: self.n], self.data_path)
+    self.rec.guards.check_frames(self.src.dv[: self.n], self.data_path)
 
 
 def run(kind, path: str, data_path: str, out: str, overrides=None, units=None) -> dict[str, Any]:

@@ -234,9 +234,10 @@ class CDEIT(nnx.Module):
     return self._forward([x], t, cond, x.dtype)
 
   def segment(self, cond: Array) -> Array:
-    """The segmenter (`output="classes"`): (B, H, W, 3) float32 logits of water, resistive and
-    conductive per pixel from the condition alone (the trunk's timestep is 0)."""
-    if not self.system.output.gives_classes:
+    """The one pass of an output kind that reads no noisy image, from the condition alone (the
+    trunk's timestep is 0), float32: the segmenter's (`output="classes"`) (B, H, W, 3) logits of
+    water, resistive and conductive per pixel."""
+    if self.system.output.noisy_channels(self.in_channels):
       name = self.system.output.name
       raise InputError(f"this network outputs {name!r}, not classes: call it (x, t, cond)")
     t = jnp.zeros((cond.shape[0],), jnp.int32)

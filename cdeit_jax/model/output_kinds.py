@@ -5,8 +5,10 @@
 
 Each kind is one small object of the `Output` interface, resolved once from its name (`of`), that
 the network, the train and eval steps, the sampler, the compile-only check, the Reconstructor and
-the challenge's answers call instead of comparing names; a third kind is one more class here,
-registered in `KINDS`.
+the challenge's answers call instead of comparing names: how many sampler steps and samples a
+frame takes, and how one sampler run's outputs become a frame's answer (the fields of the
+Reconstructor's `Reconstruction`: images, std, samples, class probabilities). A third kind is
+one more class here, registered in `KINDS`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cdeit_jax.common.errors import InputError
 
@@ -24,7 +27,7 @@ Array = jax.Array
 
 class Output:
   """The interface: the network's channels, the training and validation losses, one sampler
-  call, and how the answers are read."""
+  call, its steps and samples, and what a frame's answer is."""
 
   name: str
   one_pass = False  # deterministic: one pass per frame, no sampler steps, one sample
@@ -57,6 +60,26 @@ class Output:
     """The network passes of one sample for the sampler's `steps`."""
     return 1 if self.one_pass else int(steps)
 
+  def diffusion_steps(self, steps: int) -> int:
+    """The diffusion sampler's steps a sample takes for the config's `steps` (a one-pass kind
+    runs none: 0)."""
+    return 0 if self.one_pass else int(steps)
+
+  def samples_per_frame(self, num_samples: int) -> int:
+    """The samples drawn of a frame when `num_samples` are asked for (a one-pass kind is
+    deterministic: one is all)."""
+    return 1 if self.one_pass else int(num_samples)
+
+  def reconstruction(
+    self, outputs: np.ndarray, frames: int, std_scale: float, keep_samples: bool
+  ) -> dict[str, np.ndarray | None]:
+    """What `frames` frames' answers are, from one sampler run's outputs (frames x
+    `samples_per_frame` rows (H, W, C), a frame's samples together): the fields of the
+    Reconstructor's `Reconstruction` (`images` (N, H, W), and any of `std` (N, H, W), its
+    calibrated per-pixel uncertainty, times `std_scale`; `samples` (K, N, H, W), with
+    `keep_samples`; `probabilities` (N, H, W, classes)); a field left out is None."""
+    raise NotImplementedError
+
 
 class ImageOutput(Output):
   """The published model: x0-prediction trained on the diffusion's noisy images."""
@@ -79,6 +102,14 @@ class ImageOutput(Output):
 
   def sample(self, model, cond, draw):
     return draw(model, cond)
+
+  def reconstruction(self, outputs, frames, std_scale, keep_samples):
+    """The mean of a frame's K samples and their std (K > 1), `summarise`'s."""
+    samples = outputs[..., 0].reshape(frames, -1, *outputs.shape[1:3]).swapaxes(0, 1)
+    images, std = summarise(samples)
+    if std is not None:
+      std = std * np.float32(std_scale)
+    return {"images": images, "std": std, "samples": samples if keep_samples else None}
 
 
 class ClassOutput(Output):
@@ -117,6 +148,21 @@ class ClassOutput(Output):
     from cdeit_jax.model import classes
 
     return classes.probabilities(model, cond)
+
+  def reconstruction(self, outputs, frames, std_scale, keep_samples):
+    """The class probabilities (water, resistive, conductive), and per pixel the mean
+    p_con - p_res and the std sqrt(p_con + p_res - (p_con - p_res)^2) of a class contrast
+    (-1, 0, +1) drawn from them."""
+    p = np.asarray(outputs, np.float32)
+    mean = p[..., 2] - p[..., 1]
+    std = np.sqrt(np.maximum(p[..., 2] + p[..., 1] - mean * mean, 0.0)) * np.float32(std_scale)
+    return {"images": mean, "std": std, "probabilities": p}
+
+
+def summarise(samples: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+  """(mean, std) over the samples' first axis (K): the one rule for eval.py and the API (float32
+  as numpy computes it, so both give the same bits); std None for K = 1."""
+  return samples.mean(0), (samples.std(0) if len(samples) > 1 else None)
 
 
 KINDS: dict[str, Output] = {k.name: k for k in (ImageOutput(), ClassOutput())}

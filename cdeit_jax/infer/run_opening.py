@@ -1,0 +1,149 @@
+"""Opening a run for inference (the Reconstructor, eval.py, the reconstruct command and the
+challenge's evaluation): a workdir's or model folder's checkpoint chosen (`choose`: its first
+candidate whose metadata reads) with its config and the command's overrides checked
+(`settings`: only the sampling, eval and W&B settings and the model's runtime keys may be set),
+its weights loaded onto the devices (`load`), and the uncertainty scale a step keeps
+(`uncertainty_scale`, `calibration_file`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import checkpoint, loading, reader
+from cdeit_jax.common import fileio, logs
+from cdeit_jax.common import sharding as shd
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.model.system import ModelSystem
+
+log = logs.log.getChild("eval")
+
+# What eval.py and the reconstruct command may set; everything else (model, data, diffusion) is
+# the checkpoint's.
+SETTABLE = (
+  "sampling.",
+  "eval.",
+  "wandb.",
+  *(f"model.{k}" for k in loading.RUNTIME_MODEL_KEYS),
+)
+UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
+MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
+
+
+def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+  """The checkpoint's config with `overrides` (dotted keys) applied and the sampling settings
+  checked; errors name `--config.<key>`."""
+  for key in overrides:
+    if not key.startswith(SETTABLE):
+      raise InputError(
+        f"--config.{key}: evaluation takes the model, data and training settings "
+        "from the checkpoint; only config.sampling.*, config.eval.*, config.wandb.* and "
+        f"config.model.{{{','.join(loading.RUNTIME_MODEL_KEYS)}}} can be set"
+      )
+  cfg = loading.model_config(meta)
+  config_lib.override(cfg, overrides)
+  s, e = cfg.sampling, cfg.eval
+
+  def need(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+      section, leaf = key.split(".")
+      raise InputError(f"--config.{key}={cfg[section][leaf]!r}: {msg}")
+
+  need(s.steps >= 1, "sampling.steps", "must be >= 1")
+  need(
+    is_int(s.num_samples) and 1 <= s.num_samples <= MAX_SAMPLES,
+    "sampling.num_samples",
+    f"must be an integer from 1 to {MAX_SAMPLES}",
+  )
+  need(
+    0 <= s.eta <= 1,
+    "sampling.eta",
+    "must be in [0, 1] (0: deterministic DDIM, 1: the published sampler)",
+  )
+  need(s.data_consistency >= 0, "sampling.data_consistency", "must be >= 0 (0 = off)")
+  need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
+  need(isinstance(s.symmetric, bool), "sampling.symmetric", "must be True or False")
+  need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
+  need(
+    e.weights in checkpoint.WEIGHT_ITEMS,
+    "eval.weights",
+    f"must be one of {sorted(checkpoint.WEIGHT_ITEMS)}",
+  )
+  return cfg
+
+
+def uncertainty_scale(path: str) -> float:
+  """The calibration factor kept at `path` (a step folder's UNCERTAINTY_FILE); 1 if none."""
+  try:
+    record = json.loads(fileio.path(path).read_text())
+  except FileNotFoundError:
+    return 1.0
+  except (OSError, ValueError) as e:
+    raise InputError(
+      f"{path}: unreadable ({e}); delete it (the std is then uncalibrated) or "
+      "fit it again with --config.eval.fit_uncertainty=True"
+    ) from None
+  scale = record.get("scale") if isinstance(record, dict) else None
+  if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
+    raise InputError(
+      f"{path}: 'scale' must be a positive number, got {scale!r}; delete the "
+      "file or fit it again with --config.eval.fit_uncertainty=True"
+    )
+  return float(scale)
+
+
+def check_overrides(overrides: dict[str, Any]) -> None:
+  """Bad keys and values fail before any work (against the default config)."""
+  settings({"model": {}}, overrides)
+
+
+def choose(
+  run: reader.Run, overrides: dict[str, Any]
+) -> tuple[reader.Meta, dict[int, str], ml_collections.ConfigDict]:
+  """(meta, skipped, config) of the run's first candidate whose metadata reads, its config with
+  `overrides` applied and checked."""
+  meta, skipped = run.first_readable()
+  return meta, skipped, settings(meta.record, overrides)
+
+
+def load(
+  run: reader.Run,
+  meta: reader.Meta,
+  skipped: dict[int, str],
+  cfg: ml_collections.ConfigDict,
+  overrides: dict[str, Any],
+  mesh: jax.sharding.Mesh,
+  system: ModelSystem,
+) -> reader.Loaded:
+  """The model of the first candidate from `meta`'s step on whose weights load, replicated over
+  `mesh`, with the model's runtime overrides; logs the steps passed over. `system`: what the
+  model is of, as the command resolved it (`loading.resolve`)."""
+  runtime = {k.split(".", 1)[1]: v for k, v in overrides.items() if k.startswith("model.")}
+  loaded = run.load(
+    system,
+    weights=cfg.eval.weights,
+    sharding=shd.replicated(mesh),
+    start=meta.step,
+    passed=skipped,
+    **runtime,
+  )
+  for bad, reason in loaded.skipped.items():
+    log.warning(f"skipping checkpoint step {bad}: {reason}")
+  log.info(f"checkpoint {run.step_dir(loaded.meta.step)}: {loaded.reason}")
+  return loaded
+
+
+def calibration_file(run: reader.Run, step: int) -> str:
+  """Where a step keeps its uncertainty scale (UNCERTAINTY_FILE)."""
+  return fileio.join(run.step_dir(step), UNCERTAINTY_FILE)
+
+
+def is_int(v: Any) -> bool:
+  """Whether `v` is an integer (numpy's too), not a bool."""
+  return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
