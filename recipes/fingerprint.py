@@ -7,7 +7,8 @@ Each item is computed through the commands (stable across refactorings) or the p
 API: simulations of three systems (CDEIT's 16 electrodes, KTC2023's with removals, a calibrated
 device), the conditions each model kind computes from them, a 60-step training, both shipped
 models' reconstructions of real data, and `make device-model`'s calibration. Timing files and
-logs are not hashed; arrays are hashed by value (dtype, shape, bytes).
+logs are not hashed, nor a frames file's `info` record (it names the checkout's paths); arrays are
+hashed by value (dtype, shape, bytes).
 """
 
 from __future__ import annotations
@@ -50,9 +51,9 @@ def hash_tree(folder: str, skip=(".json", ".log", ".png", ".gif", ".txt", ".json
       rel = os.path.relpath(p, folder)
       if f.endswith(skip):
         continue
-      if f.endswith(".npz"):
+      if f.endswith(".npz"):  # (`info`: provenance, the paths of the checkout and outputs)
         with np.load(p, allow_pickle=False) as z:
-          _hash_arrays(h, rel, {k: z[k] for k in z.files})
+          _hash_arrays(h, rel, {k: z[k] for k in z.files if k != "info"})
       elif f.endswith(".npy"):
         _hash_arrays(h, rel, {"": np.load(p, allow_pickle=False)})
       elif f.endswith(".mat"):
