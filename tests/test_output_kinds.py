@@ -98,7 +98,7 @@ def test_a_third_kind_is_one_class_the_reconstructor_answers_with(monkeypatch):
   monkeypatch.setitem(output_kinds.KINDS, "mean_and_log_std", _MeanAndLogStd())
   cfg = config_lib.load(str(REPO / "configs" / "test.py"))
   cfg.model.output = "mean_and_log_std"
-  model = CDEIT(**config_lib.model_kwargs(cfg), rngs=nnx.Rngs(0))
+  model = CDEIT(**config_lib.model_kwargs(cfg, loading.resolve(cfg)), rngs=nnx.Rngs(0))
   rng = np.random.default_rng(1)  # a fresh network outputs 0 (adaLN-zero): weights moved off it
   params = nnx.state(model, nnx.Param)
   nnx.update(
