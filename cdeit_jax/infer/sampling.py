@@ -37,7 +37,7 @@ def make_sampler(
   mesh,
   correction_graphdef=None,
   symmetric_stats: tuple | None = None,
-  symmetric_layout=None,
+  values_of=None,
 ):
   """One jitted sampler: (weights, cond, example indices, sample indices, key) -> images,
   batch-sharded (a segmenter's: its class probabilities (B, H, W, 3), whatever the rest).
@@ -47,7 +47,7 @@ def make_sampler(
   `symmetric_stats` (the condition's mean and std), sample k of a frame is drawn for the tank
   turned or mirrored by the k-th of its 8 symmetries (`symmetry.GROUP`) and turned back, so
   that the mean of 8 samples is symmetric (`config.sampling.symmetric`): CDEIT's EIM, or with
-  `symmetric_layout` the values of that device (a model that reads its values)."""
+  `values_of` (a `Layout`) the values of that device (a model that reads its values)."""
 
   def sample(weights, cond, index, sample, key):
     correct = None
@@ -60,10 +60,10 @@ def make_sampler(
       keys = jax.vmap(lambda k, i: jax.random.fold_in(jax.random.fold_in(key, k), i))(sample, index)
       if symmetric_stats is not None:
         element = sample % len(symmetry.GROUP)
-        if symmetric_layout is None:
+        if values_of is None:
           cond = symmetry.turn_conditions(cond, element, *symmetric_stats)
         else:
-          cond = symmetry.turn_values(cond, element, *symmetric_stats, symmetric_layout)
+          cond = symmetry.turn_values(cond, element, *symmetric_stats, values_of)
       images = diffusion.sample_fn(
         model, cond, steps=steps, eta=eta, key=keys, shape=shape, correct=correct
       )
