@@ -77,7 +77,7 @@ def train(
       raise
     logs.debug.error("the full error behind 'no space left'", exc_info=e)
     raise fileio.no_space(
-      workdir, "the steps saved before are whole; rerun the same command to resume from the latest"
+      workdir, "the steps already saved are whole; rerun the same command to resume from the latest"
     ) from None
   finally:
     preempt.restore()
