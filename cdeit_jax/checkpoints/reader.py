@@ -6,7 +6,8 @@ loading a model returns the steps it passed over instead of filling in a caller'
 
   with reader.open_run("runs/demo") as run:
     meta, skipped = run.first_readable()           # Meta: step, config, statistics, weights
-    loaded = run.load(weights="ema", sharding=s)   # Loaded: model, meta, skipped, reason
+    system = loading.resolve(meta.config, meta.record)   # what the model is of, once
+    loaded = run.load(system, weights="ema", sharding=s)  # Loaded: model, meta, skipped, reason
 """
 
 from __future__ import annotations

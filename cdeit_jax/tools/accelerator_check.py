@@ -228,11 +228,12 @@ def _logged_step(workdir: str) -> int:
 def _ema(workdir: str, step: int) -> list[np.ndarray]:
   from flax import nnx
 
-  from cdeit_jax.checkpoints import reader
+  from cdeit_jax.checkpoints import loading, reader
 
   with reader.open_run(workdir, step) as run:
     meta, skipped = run.first_readable()
-    model = run.load(weights="ema", passed=skipped).model
+    system = loading.resolve(meta.config, meta.record)
+    model = run.load(system, weights="ema", passed=skipped).model
   return [np.asarray(x) for x in jax.tree.leaves(nnx.state(model, nnx.Param))]
 
 
