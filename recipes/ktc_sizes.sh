@@ -22,10 +22,11 @@ SIZES=${SIZES:-"A:64:8:2:4 B:96:8:2:4 D:96:4:3:4"}
 gflop() {  # training GFLOP of one example of a size (cdeit_jax.model.flops)
   $PY -c "
 from cdeit_jax import config_lib
+from cdeit_jax.checkpoints import loading
 from cdeit_jax.model import flops
 c = config_lib.load('configs/ktc2023_model.py')
 c.model.update(hidden_size=$1, patch_size=$2, num_scales=$3, num_heads=$4)
-print(flops.train_flops_per_example(config_lib.model_kwargs(c, 'cpu')) / 1e9)" 2>/dev/null
+print(flops.train_flops_per_example(config_lib.model_kwargs(c, loading.resolve(c), 'cpu')) / 1e9)" 2>/dev/null
 }
 base=$(gflop 64 8 2 4)
 for size in $SIZES; do

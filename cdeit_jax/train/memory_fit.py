@@ -15,7 +15,7 @@ def fit_advice(cfg: ml_collections.ConfigDict, num_devices: int, platform: str) 
   """What to change when the train step does not fit, most effective first."""
   per_device = cfg.batch_size // max(num_devices * cfg.accum_steps, 1)
   tips = []
-  impl = config_lib.model_kwargs(cfg, platform)["attention_impl"]
+  impl = config_lib.model_kwargs(cfg, None, platform)["attention_impl"]
   if impl == "xla":
     tips.append(
       "config.model.attention_impl=auto (a memory-efficient attention kernel for "
