@@ -54,10 +54,11 @@ SHARED_FIXTURES = {
   "model_folder": "model_folder",
   **{f: f for f in ("device_run", "small_set", "fixture_run", "step8", "profiled")},
 }
-E2E_FIXTURES = ("straight_run", "fine_tuned_run", "profiled")
-"""Fixtures that are train.py runs in subprocesses (a straight run, a fine-tuning, a profiled
-run): a test using one is end-to-end (marker `e2e`: CI's second tier, `make test-e2e`, not the
-README's `make test`)."""
+E2E_FIXTURES = ("straight_run", "fine_tuned_run", "profiled", "device_run")
+"""Fixtures that are whole runs: train.py in subprocesses (a straight run, a fine-tuning, a
+profiled run) or a device's path in one process (its file, simulations, a training step and the
+saved run: `device_run`). A test using one is end-to-end (marker `e2e`: CI's second tier,
+`make test-e2e`, not the README's `make test`)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups
