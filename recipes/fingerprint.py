@@ -92,15 +92,12 @@ def conditions(out: str) -> dict[str, str]:
     ("device", f"configs/device.py:{out}/device.npz", "sim_device"),
   ):
     cfg = config_lib.load(config)
-    if hasattr(loading, "resolve") and "system" in loading.build.__code__.co_varnames:
-      model = loading.build(cfg, system=loading.resolve(cfg))
-    else:
-      model = loading.build(cfg)
+    model = loading.build(cfg, loading.resolve(cfg))
     folder = os.path.join(out, data, "train")
     files = sorted(os.listdir(folder))[:8]
     ys = np.stack([np.load(os.path.join(folder, f))["ys"].ravel() for f in files])
     ys = ys.astype(np.float32)
-    if model.conditioner is not None and ys.shape[1] == 208 and "eim" in str(cfg.model.cond):
+    if model.conditioner is not None and model.system.condition.eim:
       from cdeit_jax.eit import measurement
 
       mean, std = ys.mean(0), ys.std(0) + 1e-3
