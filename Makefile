@@ -71,7 +71,7 @@ ktc-heldout: install
 	@$(call recipe,ktc_heldout.sh,KTC_HELD KTC_HELD_MODEL KTC_HELD_OUT KTC_HELD_RULES)
 device-model: install
 	@$(call recipe,device_model.sh,DEVICE RUN CALIBRATE WIDTH_DEG ELECTRODE_CM TANK_CM \
-	  DEVICE_CONFIG TRAIN)
+	  DEVICE_PATH DEVICE_CONFIG TRAIN)
 
 # One command proves an accelerator (GPU, TPU, or this CPU with a small model): train step,
 # bfloat16 numerics, sampling, reconstruction and an exact resume, into $(OUT)/accelerator_check.json

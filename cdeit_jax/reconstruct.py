@@ -96,7 +96,7 @@ def _main(argv, stack: contextlib.ExitStack):
 
   import numpy as np
 
-  from cdeit_jax.checkpoints import loading, reader, shipped
+  from cdeit_jax.checkpoints import loading, shipped
   from cdeit_jax.common import compile_cache, fileio, logs
   from cdeit_jax.infer import frames, outputs, run_opening
   from cdeit_jax.infer.frame_guards import listed
@@ -108,10 +108,13 @@ def _main(argv, stack: contextlib.ExitStack):
   fileio.refuse_own_input(FLAGS.out, "--out", inputs, writes=frames.OUTPUTS)
   overrides = cli.checkpoint_overrides()
   voltage_ratio, current_ratio = _settings(overrides)
-  with reader.open_run(FLAGS.workdir, overrides.get("eval.step")) as run:
+  run, translated = run_opening.open_workdir(FLAGS.workdir, overrides.get("eval.step"))
+  with run:
     meta, skipped, cfg = run_opening.choose(run, overrides)
     system = loading.resolve(cfg, meta.record)  # the frames are its device's values
-    recording, reference = _frames_and_reference(system.device, run.workdir)
+    translator = run_opening.translation(translated, system)  # or another device's, translated
+    device = translator.device if translator else system.device
+    recording, reference = _frames_and_reference(device, run.workdir)
     stack.enter_context(recording)
     t0 = time.perf_counter()
     with compile_cache.Watch() as cache:
@@ -125,6 +128,7 @@ def _main(argv, stack: contextlib.ExitStack):
         units=FLAGS.units,
         voltage_ratio=voltage_ratio,
         current_ratio=current_ratio,
+        translated=translated,
       )
   where, n = FLAGS.frames, recording.n
   ok = _checked(rec, recording, reference, where)

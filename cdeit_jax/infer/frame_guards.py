@@ -294,6 +294,28 @@ class FrameGuards:
     return np.asarray(eit.default_simulator(layout=self.layout).vh, np.float64)
 
 
+class TranslatedGuards(FrameGuards):
+  """The guards of a device's frames that a model of another system reads translated
+  (`reconstructor.TranslatedReconstructor`): the device's shapes, reference frame and non-finite
+  rows; the absolute frames', units' and size guards on the translated values, as the model's
+  own guards (`inner`) judge its frames."""
+
+  def __init__(self, inner: FrameGuards, translator, units: layout.Layout):
+    self.inner, self.translator = inner, translator
+    self.layout, self.vector = translator.device, False
+    self.num_values = self.layout.num_values
+    self.removed = np.zeros((1, self.num_values), bool)
+    self.ignored = np.zeros(self.num_values, bool)
+    self.mean, self.std, self.drift = inner.mean, inner.std, inner.drift
+    self.units, self.voltage_ratio = units, units.gain
+
+  def _screen(self, v: np.ndarray, first_row: int) -> _Screen:
+    bad = ~np.isfinite(v).all(1)
+    t = self.translator(np.where(bad[:, None], 0.0, v))
+    t[bad] = np.nan  # refused by the model's guards as a frame missing values
+    return self.inner._screen(t, first_row)
+
+
 def float32(a: np.ndarray) -> np.ndarray:
   """`a` as float32; values beyond its range become infinite (refused by the guards, which
   name them) without numpy's overflow warning."""

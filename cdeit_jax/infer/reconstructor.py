@@ -42,6 +42,8 @@ from cdeit_jax.infer.run_opening import (
   choose,
   is_int,
   load,
+  open_workdir,
+  translation,
   uncertainty_scale,
 )
 from cdeit_jax.model.diffusion import Diffusion
@@ -199,7 +201,8 @@ class Reconstructor:
     `{"sampling.num_samples": 8, "model.dtype": "bfloat16"}`)."""
     overrides = dict(overrides or {})
     check_overrides(overrides)
-    with reader.open_run(path, overrides.get("eval.step")) as run:
+    run, translated = open_workdir(path, overrides.get("eval.step"))
+    with run:
       meta, skipped, cfg = choose(run, overrides)
       return cls.from_run(
         run,
@@ -212,6 +215,7 @@ class Reconstructor:
         voltage_ratio=voltage_ratio,
         current_ratio=current_ratio,
         mesh=mesh,
+        translated=translated,
       )
 
   @classmethod
@@ -228,25 +232,27 @@ class Reconstructor:
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    translated: str | None = None,
   ) -> Reconstructor:
     """`from_workdir` of an open run whose candidate `meta` and config `cfg` are chosen
     already (`choose`), of the `system` the command resolved from them (`loading.resolve`: a
-    command reads the model's system before loading it)."""
+    command reads the model's system before loading it); `translated`: the translated run's
+    device file (`open_workdir`), whose frames the model reads translated."""
     mesh = mesh if mesh is not None else shd.make_mesh()
+    translator = translation(translated, system)
+    ratios = dict(units=units, voltage_ratio=voltage_ratio, current_ratio=current_ratio)
     loaded = load(run, meta, skipped, cfg, overrides, mesh, system)
     rec = cls(
       loaded.model,
       cfg,
       loaded.meta.mean,
       loaded.meta.std,
-      units=units,
-      voltage_ratio=voltage_ratio,
-      current_ratio=current_ratio,
+      **({} if translator else ratios),  # the model reads translated values in its own units
       mesh=mesh,
       uncertainty_scale=uncertainty_scale(calibration_file(run, loaded.meta.step)),
     )
     rec.checkpoint = run.step_dir(loaded.meta.step)
-    return rec
+    return TranslatedReconstructor(rec, translator, **ratios) if translator else rec
 
   # --------------------------------------------------------------------------- the API
 
@@ -335,4 +341,82 @@ class Reconstructor:
     return (
       f"Reconstructor({self.checkpoint or 'model'}, units={self.units.name!r}, "
       f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.sampler.buckets})"
+    )
+
+
+class TranslatedReconstructor:
+  """A Reconstructor whose model reads another device's frames translated into its own
+  measuring system's (`eit.translation`; a run of `python -m cdeit_jax.translate`): the same
+  API, its frames and units the device's. Each frame minus its reference, divided by the
+  device's gain, is translated and imaged by `inner`, the model's own Reconstructor; the guards
+  check the device's frames, and the units on the translated values."""
+
+  def __init__(
+    self,
+    inner: Reconstructor,
+    translator,
+    *,
+    units: str | layout.Layout | None = None,
+    voltage_ratio: float | None = None,
+    current_ratio: float | None = None,
+  ):
+    self.inner, self.translator = inner, translator
+    device = translator.device
+    if units is None and voltage_ratio is None and current_ratio is None:
+      units = measurement.own_units(device)
+    self.units = measurement.in_units(device, units, voltage_ratio, current_ratio)
+    self.layout, self.vector = device, False
+    self.voltage_ratio, self.current_ratio = self.units.gain, self.units.current_ratio
+    self.guards = frame_guards.TranslatedGuards(inner.guards, translator, self.units)
+
+  def __getattr__(self, name: str) -> Any:  # sampling settings, sampler, shape: the model's
+    return getattr(self.inner, name)
+
+  def condition(self, dv: np.ndarray) -> np.ndarray:
+    """The model's conditions of the device's difference voltages (N, R) in its units."""
+    return self.inner._condition(self.translated(dv / np.float32(self.voltage_ratio)))
+
+  def translated(self, values: np.ndarray) -> np.ndarray:
+    """The model's system's values (N, R_model) of device values (N, R) in simulation units."""
+    return self.translator(frame_guards.float32(values))
+
+  def reconstruct(
+    self,
+    voltages: np.ndarray | None = None,
+    *,
+    frames: np.ndarray | None = None,
+    reference: np.ndarray | None = None,
+    num_samples: int | None = None,
+    first_index: int = 0,
+    keep_samples: bool = False,
+    progress: Callable[[int], None] | None = None,
+    checked: bool = False,
+  ) -> Reconstruction:
+    """`Reconstructor.reconstruct` of the device's frames (its values, its units)."""
+    dv = self.guards.difference(voltages, frames=frames, reference=reference)
+    values = dv / np.float32(self.voltage_ratio)
+    if not checked:
+      self.guards.check_values(values, "voltages", units=self.units.name)
+    cond = self.inner._condition(self.translated(values))
+    return self.inner._sample(cond, num_samples, first_index, keep_samples, progress)
+
+  def reconstruct_values(
+    self,
+    values: np.ndarray,
+    *,
+    num_samples: int | None = None,
+    first_index: int = 0,
+    where: str = "values",
+    keep_samples: bool = False,
+  ) -> Reconstruction:
+    """`Reconstructor.reconstruct_values` of the device's values in simulation units."""
+    values = frame_guards.float32(self.guards.rows(values, where))
+    self.guards.check_values(values, where)
+    cond = self.inner._condition(self.translated(values))
+    return self.inner._sample(cond, num_samples, first_index, keep_samples, None)
+
+  def __repr__(self) -> str:
+    return (
+      f"{self.inner!r} reading {self.layout.describe()} in units {self.units.name!r} "
+      f"(voltage ratio {self.voltage_ratio:g}), translated"
     )

@@ -33,6 +33,8 @@ SETTABLE = (
   *(f"model.{k}" for k in loading.RUNTIME_MODEL_KEYS),
 )
 UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
+# in a workdir: the device whose frames the run's model reads translated (`cdeit_jax.translate`)
+TRANSLATION_FILE, MODEL_FOLDER = "translation.npz", "model"
 MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
 
 
@@ -137,6 +139,26 @@ def load(
     log.warning(f"skipping checkpoint step {bad}: {reason}")
   log.info(f"checkpoint {run.step_dir(loaded.meta.step)}: {loaded.reason}")
   return loaded
+
+
+def open_workdir(path: str, step: int | None = None) -> tuple[reader.Run, str | None]:
+  """(the run to read, its `TRANSLATION_FILE` or None) of a workdir: a translated run
+  (`python -m cdeit_jax.translate`) keeps its model whole in `MODEL_FOLDER` beside the device."""
+  translated = fileio.join(path, TRANSLATION_FILE)
+  if fileio.path(translated).exists():
+    return reader.open_run(fileio.join(path, MODEL_FOLDER), step), translated
+  return reader.open_run(path, step), None
+
+
+def translation(path: str | None, system: ModelSystem):
+  """The `eit.translation.Translator` from the device of a translated run's `TRANSLATION_FILE`
+  (`path`) into the model's system, or None without one."""
+  from cdeit_jax.eit import layout, translation
+
+  if path is None:
+    return None
+  device, _ = layout.from_device_file(path)
+  return translation.Translator.between(device, system.device)
 
 
 def calibration_file(run: reader.Run, step: int) -> str:
