@@ -66,22 +66,25 @@ def main(argv: list[str]) -> None:
 
 
 def refuse_another_device(out: str, device, calibrated: bool = True) -> None:
-  """A device file that a run's data or checkpoints beside it were made for (`make
-  device-model`: RUN/device.npz, RUN/data, RUN/checkpoints) is not replaced by another device:
-  refused in one line naming both and how they differ, before anything is written (a run is one
-  device). Called with the device file's layout before the fit (`calibrated` False: another
-  protocol is refused at once) and with the calibrated device after it (another calibration of
-  the same protocol); the
-  same calibration again, a rerun that resumes, is written as before."""
+  """A device file that a run's data, checkpoints or translation beside it were made for (`make
+  device-model`: RUN/device.npz, RUN/data, RUN/checkpoints, RUN/translation.npz) is not
+  replaced by another device: refused in one line naming both and how they differ, before
+  anything is written (a run is one device). Called with the device file's layout before the
+  fit (`calibrated` False: another protocol is refused at once) and with the calibrated device
+  after it (another calibration of the same protocol); the same calibration again, a rerun that
+  resumes, is written as before."""
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.eit import layout
+  from cdeit_jax.infer.run_opening import TRANSLATION_FILE
 
   if not fileio.path(out).is_file():
     return
   run = fileio.dirname(out)
   made = [
-    n for n in ("data/simulate.json", "checkpoints") if fileio.path(fileio.join(run, n)).exists()
+    n
+    for n in ("data/simulate.json", "checkpoints", TRANSLATION_FILE)
+    if fileio.path(fileio.join(run, n)).exists()
   ]
   if not made:
     return

@@ -34,8 +34,11 @@ def translated(tmp_path_factory):
   device = dataclasses.replace(
     device, width=np.deg2rad(14.48), contact_impedance=0.0242, gain=1073.37
   )
-  device_files.save_device(str(root / "device.npz"), device, ref)
-  p = _run("cdeit_jax.translate", f"--device={root / 'device.npz'}", f"--out={root / 'run'}")
+  (root / "run").mkdir()
+  device_files.save_device(str(root / "run" / "device.npz"), device, ref)
+  p = _run(
+    "cdeit_jax.translate", f"--device={root / 'run' / 'device.npz'}", f"--out={root / 'run'}"
+  )
   assert p.returncode == 0, p.stderr[-3000:]
   return root, p
 
@@ -81,7 +84,22 @@ def test_a_device_on_other_electrodes_is_not_translated(tmp_path):
 def test_a_trained_runs_folder_is_not_overwritten(translated, tmp_path):
   root, _ = translated
   (tmp_path / "checkpoints").mkdir()
-  p = _run("cdeit_jax.translate", f"--device={root / 'device.npz'}", f"--out={tmp_path}")
+  p = _run("cdeit_jax.translate", f"--device={root / 'run' / 'device.npz'}", f"--out={tmp_path}")
   assert p.returncode == 1
   assert "holds a trained run's checkpoints" in p.stderr
   assert not (tmp_path / "model").exists()
+
+
+def test_a_translated_run_is_one_device(translated):
+  """Calibrating another protocol into the translated run's device file is refused, naming the
+  run's translation (a run is one device: docs/your_device.md)."""
+  root, _ = translated
+  before = (root / "run" / "device.npz").read_bytes()
+  p = _run(
+    "cdeit_jax.calibrate",
+    f"--device={SKIP1.parent / 'skip3' / 'ref.mat'}",
+    f"--out={root / 'run' / 'device.npz'}",
+  )
+  assert p.returncode == 1, p.stderr[-2000:]
+  assert "translation.npz" in p.stderr and "a run is one device" in p.stderr
+  assert (root / "run" / "device.npz").read_bytes() == before
