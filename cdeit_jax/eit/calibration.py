@@ -151,19 +151,21 @@ class Homogeneous:
       ones = jnp.ones(mesh.num_elements, jnp.float64)
       angles = jnp.asarray(layout.angles, jnp.float64)
 
-      def values(log10_z, width):
-        e = layout.num_electrodes
+      def each(log10_z, centres, widths):  # per electrode (E,) each
         system = DrawnSystem(
-          centres=angles,
-          half_widths=jnp.full(e, width / 2),
-          weights=jnp.full(e, 10.0**-log10_z),
+          centres=centres,
+          half_widths=widths / 2,
+          weights=10.0**-log10_z,
           gain=jnp.ones(()),
           snr_offset_db=jnp.zeros(()),
           drift=jnp.ones(()),
         )
         return layout.measure(drawn.electrode_potentials(ones, system))
 
-      self._values = jax.jit(values)
+      e = layout.num_electrodes
+      self._values = jax.jit(lambda z, w: each(jnp.full(e, z), angles, jnp.full(e, w)))
+      self.electrodes = jax.jit(each)  # `eit.electrode_fit`: each electrode its own
+      self.electrodes_jacobian = jax.jit(jax.jacfwd(each, argnums=(0, 1, 2)))
 
   def __call__(self, contact_impedance: float, width: float | None = None) -> np.ndarray:
     """Values (R,) at contact impedance z and electrode width (radians; default the layout's)."""
