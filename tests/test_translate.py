@@ -4,6 +4,7 @@ API, scored against the 22 targets' true images (data/uef2017); a device on othe
 exits 3 with nothing written. End-to-end: the commands in subprocesses."""
 
 import dataclasses
+import json
 import pathlib
 import subprocess
 import sys
@@ -103,3 +104,42 @@ def test_a_translated_run_is_one_device(translated):
   assert p.returncode == 1, p.stderr[-2000:]
   assert "translation.npz" in p.stderr and "a run is one device" in p.stderr
   assert (root / "run" / "device.npz").read_bytes() == before
+
+
+def test_eval_scores_the_translated_runs_recording(translated, tmp_path):
+  """eval.py --data recording on the translated run: CDEIT's images are reconstruct's (the
+  same sampler, seed and translation), and the Tikhonov beside them is the device's own, the
+  one `eit.tikhonov.of_values` makes of its 256 values (a second computation here); another
+  data kind is refused naming the model's own folder."""
+  from cdeit_jax.eit import tikhonov
+
+  root, _ = translated
+  frames = np.load(SKIP1 / "frames.npy")
+  device, ref = lay.from_device_file(str(root / "run" / "device.npz"))
+  names = (SKIP1 / "names.txt").read_text().split()
+  truth = np.stack([np.load(REPO / "data" / "uef2017" / f"{n}.npz")["xs"] for n in names])
+  study = tmp_path / "study.npz"
+  np.savez(study, frames=frames, reference=ref, targets=truth)
+  out = tmp_path / "eval"
+  p = subprocess.run(
+    [sys.executable, "eval.py", f"--workdir={root / 'run'}", "--data=recording"]
+    + [f"--data_path={study}", f"--out={out}", "--config.eval.tikhonov=True"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+    timeout=600,
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  got = json.loads((out / "metrics.json").read_text())["metrics"]
+  assert got["cdeit"]["rmse"] < 0.140
+  mine = tikhonov.of_values(device)((frames - ref) / device.gain)
+  scaled = np.stack([metrics.scale_baseline(b) for b in mine])  # each image, as scored
+  assert got["tikhonov"]["rmse"] == pytest.approx(metrics.rmse(scaled, truth), rel=1e-3)
+  p = subprocess.run(
+    [sys.executable, "eval.py", f"--workdir={root / 'run'}", "--data=uef2017"]
+    + ["--data_path=data/uef2017", f"--out={tmp_path / 'other'}"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  assert p.returncode == 1 and f"--workdir {root / 'run' / 'model'}" in p.stderr

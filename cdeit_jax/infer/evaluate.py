@@ -88,7 +88,8 @@ class Evaluator:
   def prepare(self) -> Evaluator:
     """Choose and load the model, open and check the data, compile the sampler."""
     run_opening.check_overrides(self.overrides)  # bad keys and values fail before any work
-    with reader.open_run(self.path, self.overrides.get("eval.step")) as run:
+    run, self.translated = run_opening.open_workdir(self.path, self.overrides.get("eval.step"))
+    with run:
       meta, skipped, self.cfg = run_opening.choose(run, self.overrides)
       self._check_request(run.workdir)
       self._open_data(meta)
@@ -148,6 +149,17 @@ class Evaluator:
     e = self.cfg.eval
     self.system = loading.resolve(self.cfg, meta.record)
     self.layout = self.system.device
+    # a translated run (`python -m cdeit_jax.translate`): the data are its device's frames
+    self.translator = run_opening.translation(self.translated, self.system)
+    if self.translator is not None:
+      if self.kind.name != "recording":
+        raise InputError(
+          f"--workdir {self.path} reads its device's frames translated into its model's system "
+          f"(translation.npz): score its device's recordings with --data recording; --data "
+          f"{self.kind.name} is of the model's own system: --workdir "
+          f"{fileio.join(self.path, run_opening.MODEL_FOLDER)}"
+        )
+      self.layout = self.translator.device
     self.units = self.kind.units_of(self.given_units, self.layout, e.voltage_ratio, e.current_ratio)
     sets = self.system.sets
     if not (isinstance(e.removal, int) and 0 <= e.removal < len(sets)):
@@ -156,6 +168,8 @@ class Evaluator:
         f"0..{len(sets) - 1} (config.simulator.removals={self.cfg.simulator.removals!r})"
       )
     self.removed = self.system.removed[e.removal]
+    if self.translator is not None:  # the device's values, every one (its model has no sets)
+      self.removed = np.zeros(self.layout.num_values, bool)
     self.src = self.open_source(meta, self.system.reads_values)
     self.n = len(self.src) if e.max_examples is None else min(len(self.src), e.max_examples)
     self.check_data()
@@ -202,10 +216,14 @@ class Evaluator:
         self.cfg,
         self.src.mean,
         self.src.std,
-        units=self.units,
+        units=None if self.translator else self.units,  # translated values: the model's own
         mesh=self.mesh,
         num_examples=self.n,
       )
+      if self.translator is not None:
+        self.rec = reconstructor.TranslatedReconstructor(
+          self.rec, self.translator, units=self.units
+        )
     self.compile_s, self.cache_hit = time.perf_counter() - t0, cache.hit
     log.info(
       f"sampler (global batch {self.rec.sampler.max_batch}, {self.cfg.sampling.steps} steps) "

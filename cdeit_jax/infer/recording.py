@@ -78,20 +78,42 @@ class RecordingSource(sources.ArraySource):
     self.files = [f"frame_{i:05d}" for i in range(len(dv))]
 
 
+class TranslatedSource(sources.ArraySource):
+  """A device's recording (`RecordingSource`'s frames) for a translated run: each example's
+  condition made of its values translated into the model's system (`eit.translation`); `ys`
+  stays the device's own values in simulation units (Tikhonov's, of the device)."""
+
+  baselines = False
+
+  def __init__(self, recording: RecordingSource, translator, mean, std):
+    own = recording.dv / np.float32(recording.voltage_ratio)
+    super().__init__(
+      translator(own), recording._xs, mean, std, name=recording.path, vector_cond=False
+    )
+    self.own = own
+    self.dv, self.absent, self.files = recording.dv, recording.absent, recording.files
+    self.units, self.voltage_ratio = "simulated", 1.0
+
+  def __getitem__(self, i: int) -> dict[str, Any]:
+    return {**super().__getitem__(i), "ys": self.own[i]}
+
+
 class RecordingEvaluator(evaluate.Evaluator):
   """`evaluate.Evaluator` over a frames file: its source, and the Reconstructor's guards."""
 
-  def open_source(self, meta, vector: bool) -> RecordingSource:
-    return RecordingSource(
+  def open_source(self, meta, vector: bool) -> RecordingSource | TranslatedSource:
+    translated = self.translator is not None
+    src = RecordingSource(
       self.data_path,
       self.layout,
       self.units,
       meta.mean,
       meta.std,
       self.removed,
-      vector,
-      self.system.ignored,
+      vector or translated,  # a translated run's device values are conditioned below
+      None if translated else self.system.ignored,
     )
+    return TranslatedSource(src, self.translator, meta.mean, meta.std) if translated else src
 
   def check_data(self) -> None:
     """The Reconstructor's guards, once it is compiled (`_compile`): an absolute frame is told
