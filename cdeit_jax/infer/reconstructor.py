@@ -364,7 +364,9 @@ class TranslatedReconstructor:
     device = translator.device
     if units is None and voltage_ratio is None and current_ratio is None:
       units = measurement.own_units(device)
-    self.units = measurement.in_units(device, units, voltage_ratio, current_ratio)
+    self.units = measurement.in_units(
+      device, units or measurement.SIMULATED, voltage_ratio, current_ratio
+    )
     self.layout, self.vector = device, False
     self.voltage_ratio, self.current_ratio = self.units.gain, self.units.current_ratio
     self.guards = frame_guards.TranslatedGuards(inner.guards, translator, self.units)
