@@ -68,9 +68,12 @@ def main(argv: list[str]) -> None:
   staged = model + ".partial"
   shutil.rmtree(staged, ignore_errors=True)
   shutil.copytree(FLAGS.model, staged)
+  old = model + ".old"  # a rerun's model set aside, removed once the new one is in place
+  shutil.rmtree(old, ignore_errors=True)
   if os.path.exists(model):
-    shutil.rmtree(model)
+    os.replace(model, old)
   os.replace(staged, model)
+  shutil.rmtree(old, ignore_errors=True)
   # the calibrated device file itself, as it was read (any patterns and pairs it holds)
   fileio.atomic_write(target, lambda tmp: shutil.copyfile(FLAGS.device, tmp))
   logs.log.info(
