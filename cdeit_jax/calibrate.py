@@ -127,7 +127,8 @@ def refuse_another_device(out: str, device, calibrated: bool = True) -> None:
     how = f"{old.describe()}, calibrated otherwise than now ({diff or 'its geometry'})"
   holds = " and ".join(f"{run}/{n}" for n in made)
   raise InputError(
-    f"--out {out} is the device of the run in {run} ({holds} are of it): {how}; a run is one "
+    f"--out {out} is the device of the run in {run} ({holds} {'are' if len(made) > 1 else 'is'} "
+    f"of it): {how}; a run is one "
     "device: give the new device its own folder (--out NEW/device.npz; make device-model "
     f"RUN=NEW), or remove {run} to start that run again"
   )

@@ -19,13 +19,6 @@ RUN=${RUN:-runs/device}
 DEVICE_CONFIG=${DEVICE_CONFIG:-configs/device.py}
 test -n "$DEVICE" || { echo "make device-model: give DEVICE=ref.mat (the device's reference file)"; exit 2; }
 start=$(date +%s)
-# CALIBRATE and TRAIN unquoted: their flags, one word each
-"$BIN/python" -m cdeit_jax.calibrate --device "$DEVICE" --out "$RUN/device.npz" \
-  ${WIDTH_DEG:+--width_deg "$WIDTH_DEG"} ${ELECTRODE_CM:+--electrode_cm "$ELECTRODE_CM"} \
-  ${TANK_CM:+--tank_cm "$TANK_CM"} ${CALIBRATE:-}
-# A device on models/cdeit16's electrodes (16 at its places, any currents and pairs) reads its frames
-# translated into the model's 208 values (python -m cdeit_jax.translate; exit status 3: not on
-# those electrodes). DEVICE_PATH=fine_tune trains a model for it instead, as for any other device.
 # A RUN that holds a trained run's checkpoints resumes it; one that holds a translated model is
 # not trained into.
 DEVICE_PATH=${DEVICE_PATH:-auto}
@@ -35,6 +28,13 @@ if [ "$DEVICE_PATH" = fine_tune ] && [ -e "$RUN/translation.npz" ]; then
   echo "make device-model: $RUN holds a translated model (translation.npz); give another RUN"
   exit 2
 fi
+# CALIBRATE and TRAIN unquoted: their flags, one word each
+"$BIN/python" -m cdeit_jax.calibrate --device "$DEVICE" --out "$RUN/device.npz" \
+  ${WIDTH_DEG:+--width_deg "$WIDTH_DEG"} ${ELECTRODE_CM:+--electrode_cm "$ELECTRODE_CM"} \
+  ${TANK_CM:+--tank_cm "$TANK_CM"} ${CALIBRATE:-}
+# A device on models/cdeit16's electrodes (16 at its places, any currents and pairs) reads its frames
+# translated into the model's 208 values (python -m cdeit_jax.translate; exit status 3: not on
+# those electrodes). DEVICE_PATH=fine_tune trains a model for it instead, as for any other device.
 if [ "$DEVICE_PATH" = auto ] && [ ! -d "$RUN/checkpoints" ]; then
   status=0
   "$BIN/python" -m cdeit_jax.translate --device "$RUN/device.npz" --model models/cdeit16 \

@@ -418,7 +418,10 @@ class TranslatedReconstructor:
     return self.inner._sample(cond, num_samples, first_index, keep_samples, None)
 
   def __repr__(self) -> str:
+    i = self.inner
     return (
-      f"{self.inner!r} reading {self.layout.describe()} in units {self.units.name!r} "
-      f"(voltage ratio {self.voltage_ratio:g}), translated"
+      f"Reconstructor({i.checkpoint or 'model'} of {i.layout.describe()}, steps={i.steps}, "
+      f"num_samples={i.num_samples}, buckets={i.sampler.buckets}) reading "
+      f"{self.layout.describe()} translated, in units {self.units.name!r} (voltage ratio "
+      f"{self.voltage_ratio:g})"
     )
