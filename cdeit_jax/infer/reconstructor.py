@@ -374,48 +374,19 @@ class TranslatedReconstructor:
   def __getattr__(self, name: str) -> Any:  # sampling settings, sampler, shape: the model's
     return getattr(self.inner, name)
 
-  def condition(self, dv: np.ndarray) -> np.ndarray:
-    """The model's conditions of the device's difference voltages (N, R) in its units."""
-    return self.inner._condition(self.translated(dv / np.float32(self.voltage_ratio)))
+  # the Reconstructor's own entry points: the device's guards, ratio and units here, each
+  # frame's condition made of its translated values (`_condition`), sampled by `inner`
+  condition = Reconstructor.condition
+  reconstruct = Reconstructor.reconstruct
+  reconstruct_values = Reconstructor.reconstruct_values
+
+  def _condition(self, values: np.ndarray) -> np.ndarray:
+    """The model's conditions of device values (N, R) in simulation units, translated."""
+    return self.inner._condition(self.translated(values))
 
   def translated(self, values: np.ndarray) -> np.ndarray:
     """The model's system's values (N, R_model) of device values (N, R) in simulation units."""
     return self.translator(frame_guards.float32(values))
-
-  def reconstruct(
-    self,
-    voltages: np.ndarray | None = None,
-    *,
-    frames: np.ndarray | None = None,
-    reference: np.ndarray | None = None,
-    num_samples: int | None = None,
-    first_index: int = 0,
-    keep_samples: bool = False,
-    progress: Callable[[int], None] | None = None,
-    checked: bool = False,
-  ) -> Reconstruction:
-    """`Reconstructor.reconstruct` of the device's frames (its values, its units)."""
-    dv = self.guards.difference(voltages, frames=frames, reference=reference)
-    values = dv / np.float32(self.voltage_ratio)
-    if not checked:
-      self.guards.check_values(values, "voltages", units=self.units.name)
-    cond = self.inner._condition(self.translated(values))
-    return self.inner._sample(cond, num_samples, first_index, keep_samples, progress)
-
-  def reconstruct_values(
-    self,
-    values: np.ndarray,
-    *,
-    num_samples: int | None = None,
-    first_index: int = 0,
-    where: str = "values",
-    keep_samples: bool = False,
-  ) -> Reconstruction:
-    """`Reconstructor.reconstruct_values` of the device's values in simulation units."""
-    values = frame_guards.float32(self.guards.rows(values, where))
-    self.guards.check_values(values, where)
-    cond = self.inner._condition(self.translated(values))
-    return self.inner._sample(cond, num_samples, first_index, keep_samples, None)
 
   def __repr__(self) -> str:
     i = self.inner
