@@ -110,6 +110,9 @@ def _eval_config() -> ml_collections.ConfigDict:
       max_examples=config_dict.placeholder(int),  # only the first N files
       skip_bad_files=False,
       tikhonov=False,  # also the built-in one-step Tikhonov/NOSER baseline
+      greit=False,  # also the GREIT baseline (cdeit_jax.eit.greit)
+      # --data greit: the GREIT figures' definitions, EIDORS' ("eidors") or pyEIT's ("pyeit")
+      greit_figures="eidors",
       figure=True,
       # K > 1 on simulations (the validation split): fit the factor that calibrates the std
       # (metrics.fit_uncertainty_scale) and keep it in the checkpoint's step folder (a model
