@@ -171,6 +171,7 @@ GREIT = (
   _greit("RNG", "{:.3f}", "lower", greit_merit.ringing),
 )  # fmt: skip
 FIGURES = {f.name: f for f in IMAGE + GREIT}
+HEADLINE = IMAGE[0]  # the figure a method's lead over another is told in (RMSE)
 
 
 def per_image(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
@@ -303,87 +304,3 @@ def score(
   scaled = s.add(pred, target, baselines)
   report, rows = s.result()
   return report, rows, {k: v for k, v in scaled.items() if k in report}
-
-
-ONE_SIGMA = 0.6826894921370859  # P(|N(0, 1)| <= 1)
-
-
-class Coverage:
-  """How honest a per-pixel std is (`DEFINITIONS["uncertainty"]`), images given a chunk at a
-  time: the pixels inside the disk whose |pred - gt| lies within 1 and 2 stds (times `scale`, and
-  unscaled), and the correlation over images of an image's mean std and its RMSE. With
-  `scale=None` it keeps every pixel's |pred - gt| / std (8 bytes a pixel) to fit the scale
-  (`fit`) before `result`."""
-
-  def __init__(self, scale: float | None = 1.0):
-    self.scale = scale
-    self._factors = () if scale is None else (scale, 2 * scale, 1.0, 2.0)
-    self._within = np.zeros(len(self._factors))
-    self._pixels = 0
-    self._ratios: list[np.ndarray] = []
-    self._image_std: list[float] = []
-    self._image_rmse: list[float] = []
-    self._std_sum = 0.0
-
-  def add(self, pred: np.ndarray, std: np.ndarray, gt: np.ndarray) -> None:
-    """Images (n, H, W) each."""
-    from cdeit_jax.eit.phantom import disk_mask
-
-    disk = disk_mask(np.shape(gt)[-1])
-    err = np.abs(np.asarray(pred, np.float64) - gt)[:, disk]
-    sd = np.asarray(std, np.float64)[:, disk]
-    if self.scale is None:
-      self._ratios.append(
-        np.where(sd > 0, err / np.maximum(sd, 1e-12), np.where(err > 0, np.inf, 0.0)).ravel()
-      )
-    for i, c in enumerate(self._factors):
-      self._within[i] += np.count_nonzero(err <= c * sd)
-    self._pixels += err.size
-    self._image_std += sd.mean(1).tolist()
-    self._image_rmse += np.sqrt((err * err).mean(1)).tolist()
-    self._std_sum += float(sd.sum())
-
-  def fit(self) -> float:
-    """The one factor c that makes c * std cover 68.3 % of the disk's pixel errors (the 1-sigma
-    coverage of a Gaussian): the 68.3 % quantile of |pred - gt| / std."""
-    if self.scale is not None:
-      raise ValueError("Coverage.fit needs Coverage(scale=None)")
-    return float(np.quantile(np.concatenate(self._ratios), ONE_SIGMA))
-
-  def result(self, scale: float | None = None) -> dict[str, float]:
-    """The coverage at the `scale` given when built (or, built with None, at `scale`)."""
-    if self.scale is None:
-      ratios = np.concatenate(self._ratios)
-      scale = 1.0 if scale is None else scale
-      within = [np.count_nonzero(ratios <= c) for c in (scale, 2 * scale, 1.0, 2.0)]
-    else:
-      scale, within = self.scale, self._within
-    cover = [float(w / self._pixels) for w in within]
-    n = len(self._image_std)
-    return {
-      "scale": float(scale),
-      "coverage_1std": cover[0],
-      "coverage_2std": cover[1],
-      "raw_coverage_1std": cover[2],
-      "raw_coverage_2std": cover[3],
-      "std_error_cc": pearson(np.asarray(self._image_std), np.asarray(self._image_rmse))
-      if n > 1
-      else float("nan"),
-      "mean_std": float(scale * self._std_sum / self._pixels),
-    }
-
-
-def uncertainty(
-  pred: np.ndarray, std: np.ndarray, gt: np.ndarray, scale: float = 1.0
-) -> dict[str, float]:
-  """How honest the per-pixel std is (`DEFINITIONS["uncertainty"]`), images (N, H, W)."""
-  c = Coverage(scale)
-  c.add(pred, std, gt)
-  return c.result()
-
-
-def fit_uncertainty_scale(pred: np.ndarray, std: np.ndarray, gt: np.ndarray) -> float:
-  """`Coverage.fit` of images (N, H, W)."""
-  c = Coverage(None)
-  c.add(pred, std, gt)
-  return c.fit()
