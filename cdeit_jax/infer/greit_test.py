@@ -76,6 +76,7 @@ def run(kind, workdir: str, data_path, out: str, overrides=None, units=None) -> 
   test = simulate(system.device, system.removed[e.removal], positions(n), cfg.simulator.snr_db)
   t1 = time.perf_counter()
   images, noise_figures = reconstruct(rec, test)
+  images = {m: np.asarray(v, np.float32) for m, v in images.items()}  # as greit.npz holds them
   sampled = time.perf_counter() - t1
   figures = {
     m: metrics.greit_figures(im, test["positions"], test["medium"], test["truths"], e.greit_figures)
@@ -182,8 +183,7 @@ def write(out: str, test: dict, images: dict, figures: dict, result: dict) -> li
   def write_all(folder: str) -> list[str]:
     def npz(p):
       with open(p, "wb") as fh:  # a handle: np.savez would append ".npz" to the temporary name
-        arrays = {k: np.asarray(v, np.float32) for k, v in images.items()}
-        np.savez(fh, positions=test["positions"], medium=test["medium"], **arrays)
+        np.savez(fh, positions=test["positions"], medium=test["medium"], **images)
 
     fileio.atomic_write(fileio.join(folder, "greit.npz"), npz)
     fileio.atomic_write(fileio.join(folder, "greit.png"), lambda p: figure(p, test, figures))
