@@ -11,6 +11,7 @@ from cdeit_jax.eit import phantom
 from cdeit_jax.infer import data_kinds, greit_test, metrics
 
 
+@pytest.mark.e2e  # the kind's whole path: 12 targets, 64 noisy frames, GREIT built (about 65 s)
 def test_the_greit_test_writes_the_figures_of_the_images_it_writes(tiny_run, tmp_path):
   """12 targets on the tiny model's system: greit.json holds every target's position (units of
   the tank's radius, along +x) and the five figures of cdeit, tikhonov and greit, with a noise
