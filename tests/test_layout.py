@@ -58,7 +58,12 @@ def test_ktc2023_preset_is_the_challenges_own_patterns():
   for m in range(31):  # measurement m of every pattern is Mpat[:, m] . U
     assert mpat[k.rows[m, 1], m] == 1 and mpat[k.rows[m, 2], m] == -1
   read, values = lay.from_device_file(str(LEVELS / "level_1" / "ref.mat"))
-  assert read.signature == k.signature and read.name.startswith("ktc2023")
+  assert read.measures_as(k) and read.name.startswith("ktc2023")
+  # the file's electrodes are the preset's (the organisers' mesh's) turned by half a spacing
+  from cdeit_jax.eit import turns
+
+  assert np.rad2deg(turns.offset(k, read)) == pytest.approx(90.0 - 84.375)
+  assert np.rad2deg(k.angles[1] - k.angles[0]) == pytest.approx(11.25)
   np.testing.assert_array_equal(values, ref["Uelref"].ravel())
   np.testing.assert_allclose(read.currents, ref["Injref"] / np.abs(ref["Injref"]).max())
 

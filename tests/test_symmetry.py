@@ -94,3 +94,47 @@ def test_a_value_reading_models_conditions_turn_with_their_tank():
   assert np.isnan(got[3]).sum() == 1
   assert symmetry.symmetric(device)
   assert not symmetry.symmetric(lay.from_rules(16, "against-0", measure_injecting=True))
+
+
+def _disc(angle_deg: float, r: float = 0.55, size: float = 0.2) -> np.ndarray:
+  """Our grid (128, 128; rows growing with +y): a conductive disc at polar angle `angle_deg`."""
+  c = (np.arange(128) - 63.5) / 64
+  x, y = np.meshgrid(c, c)
+  a = np.deg2rad(angle_deg)
+  return (((x - r * np.cos(a)) ** 2 + (y - r * np.sin(a)) ** 2) < size**2).astype(np.float32)
+
+
+def test_a_device_turned_from_the_models_measures_the_object_turned_back():
+  """`turns.offset` finds the angle a device's electrodes are a model's turned by (None for any
+  other difference), and the simulator is the truth of what that means: the device's frame of
+  an object is the model's frame of the object turned back by that angle, and the model's image
+  turned by it (`turns.turn_images`, `Reconstruction.turned`) is where the object lies."""
+  from cdeit_jax.eit import turns
+  from cdeit_jax.eit.simulator import Simulator
+  from cdeit_jax.infer.reconstructor import Reconstruction
+
+  model = lay.from_rules(16, "adjacent")
+  delta = np.deg2rad(7.5)
+  device = lay.Layout("turned", model.angles + delta, model.width, model.currents, model.rows)
+  assert turns.offset(model, device) == pytest.approx(delta)
+  assert turns.offset(model, model) == 0.0
+  wider = lay.Layout("wider", model.angles + delta, model.width * 1.2, model.currents, model.rows)
+  uneven = lay.Layout(
+    "uneven", model.angles + delta * (np.arange(16) < 8), model.width, model.currents, model.rows
+  )
+  assert turns.offset(model, wider) is None and turns.offset(model, uneven) is None
+  assert turns.offset(model, lay.from_rules(16, "skip-2")) is None
+  on_device = Simulator(layout=device).image_voltages(_disc(40.0)[None])
+  on_model = Simulator(layout=model).image_voltages(_disc(40.0 - 7.5)[None])
+  elsewhere = Simulator(layout=model).image_voltages(_disc(40.0 + 7.5)[None])
+  assert rel_l2(on_model, on_device) < 0.05 < 0.5 < rel_l2(elsewhere, on_device)
+  # the model's image of the device's frame lies at 40 - 7.5 degrees; turned by delta, at 40
+  image = _disc(40.0 - 7.5)
+  turned = Reconstruction(
+    images=image[None], probabilities=np.stack([1 - image, 0 * image, image], -1)[None]
+  ).turned(delta)
+  back = turns.turn_images(image, -delta)  # the other way round: further off than not turning
+  assert rel_l2(turned.images[0], _disc(40.0)) < 0.2 < 0.5 < rel_l2(image, _disc(40.0))
+  assert rel_l2(image, _disc(40.0)) < rel_l2(back, _disc(40.0))
+  np.testing.assert_allclose(turned.probabilities[0, ..., 2], turned.images[0], atol=1e-6)
+  np.testing.assert_array_equal(turns.turn_images(image, 0.0), image)

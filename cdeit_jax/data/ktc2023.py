@@ -78,17 +78,24 @@ def _distinct(where: str, numbered: list[tuple[int, str]], what: str) -> None:
 
 def _truth(path: str) -> np.ndarray:
   """A trueN.mat's (256, 256) classes: 0 water, 1 resistive, 2 conductive, nothing else."""
+  return read_classes(path, "truth")
+
+
+def read_classes(path: str, key: str = "reconstruction") -> np.ndarray:
+  """A MAT-file's (256, 256) array `key` of classes (0 water, 1 resistive, 2 conductive, nothing
+  else): a truth's (`truth`) or an answer's (`reconstruction`, the challenge's format)."""
   t = matfile.read(path)
-  if "truth" not in t or np.shape(t["truth"]) != (256, 256):
-    raise InputError(f"{path}: expected a (256, 256) array 'truth'")
-  truth = np.asarray(t["truth"])
-  if truth.dtype.kind not in "iuf" or not np.isin(truth, (0, 1, 2)).all():
-    others = np.unique(truth[~np.isin(truth, (0, 1, 2))]) if truth.dtype.kind in "iuf" else []
+  if key not in t or np.shape(t[key]) != (256, 256):
+    raise InputError(f"{path}: expected a (256, 256) array '{key}'")
+  classes = np.asarray(t[key])
+  if classes.dtype.kind not in "iuf" or not np.isin(classes, (0, 1, 2)).all():
+    bad = ~np.isin(classes, (0, 1, 2))
+    others = np.unique(classes[bad]) if classes.dtype.kind in "iuf" else []
     raise InputError(
-      f"{path}: 'truth' holds values other than 0 (water), 1 (resistive) and 2 (conductive)"
+      f"{path}: '{key}' holds values other than 0 (water), 1 (resistive) and 2 (conductive)"
       + (f": {', '.join(f'{v:g}' for v in others[:5])}" if len(others) else "")
     )
-  return truth.astype(np.uint8)
+  return classes.astype(np.uint8)
 
 
 def read_cases(path: str, flag: str = "--data_path") -> list[Case]:

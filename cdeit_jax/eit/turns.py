@@ -79,3 +79,33 @@ def has_symmetries(lay: Layout) -> bool:
   except InputError:
     return False
   return True
+
+
+def offset(model: Layout, device: Layout, tolerance: float = 1e-6) -> float | None:
+  """The angle (radians, counter-clockwise) by which `device`'s electrodes are `model`'s turned,
+  all by one angle, with the same widths, current directions and rows; 0.0 at the same angles;
+  None when they differ otherwise. In a round tank a frame of such a device is the model's
+  frame of the object turned back by it, so the model's image turned by it is the device's
+  (`infer.reconstructor.Reconstruction.turned`)."""
+  if not (model.measures_as(device) and abs(float(model.width) - float(device.width)) < tolerance):
+    return None
+  gap = np.angle(np.exp(1j * (np.asarray(device.angles) - np.asarray(model.angles))))
+  if np.abs(np.angle(np.exp(1j * (gap - gap[0])))).max() > tolerance:
+    return None
+  return 0.0 if abs(gap[0]) < tolerance else float(gap[0])
+
+
+def turn_images(a: np.ndarray, radians: float, axes=(-1, -2), order: int = 1) -> np.ndarray:
+  """Images on the label grid (rows growing with +y; `axes`: (x, y)) with their object turned
+  counter-clockwise by `radians` about the tank's centre: interpolated at `order` (1 bilinear,
+  0 nearest, for class maps), the nearest edge pixel beyond the grid; the dtype kept."""
+  from scipy import ndimage
+
+  a = np.asarray(a)
+  if radians == 0:
+    return a
+  # rows grow with +y: a counter-clockwise turn of the object is ndimage's clockwise one
+  out = ndimage.rotate(
+    a, -np.rad2deg(radians), axes=axes, reshape=False, order=order, mode="nearest"
+  )
+  return out.astype(a.dtype)

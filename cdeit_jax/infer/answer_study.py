@@ -198,8 +198,7 @@ def study(
 
     cases = ktc2023.read_cases(ktc, "--ktc")
     fits = challenge.calibrate(cases)
-    values = challenge.calibrated_values(cases, fits)
-    r = rec.reconstruct_values(values, keep_samples=True, where=ktc)
+    r = challenge.model_samples(rec, cases, fits)
     truths = np.stack([c.truth for c in cases])
     linear = challenge.linear_images(cases, fits, alpha)
     tik = np.stack(challenge.answers_of(linear, seg))

@@ -25,7 +25,7 @@ import numpy as np
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.ktc2023 import Case
-from cdeit_jax.eit import calibration, tikhonov
+from cdeit_jax.eit import calibration, tikhonov, turns
 from cdeit_jax.infer import answer_rules, ktc_score, outputs
 
 METRICS = "metrics.json"
@@ -71,13 +71,17 @@ def linear_images(
   """Each case's Tikhonov/NOSER image (128 x 128) of its present values, in the simulator's
   units (the difference divided by the calibrated gain)."""
   images = []
-  for c in cases:
-    fit = fits[_reference_key(c)]
-    device = c.layout.with_contact_impedance(float(np.float32(fit.contact_impedance)))
-    diff = c.difference / fit.gain
+  for c, diff in zip(cases, calibrated_values(cases, fits)):
     present = np.isfinite(diff)  # one matrix per removal pattern (a level's targets share it)
-    images.append(tikhonov.of_values(device, present, alpha)(diff))
+    images.append(tikhonov.of_values(calibrated_device(c, fits), present, alpha)(diff))
   return images
+
+
+def calibrated_device(case: Case, fits: dict[bytes, calibration.Calibration]):
+  """The case's measuring system at its level's calibrated contact impedance (the simulator's
+  float32 of it), as the linearised answers and the frame misfit simulate it."""
+  z = fits[_reference_key(case)].contact_impedance
+  return case.layout.with_contact_impedance(float(np.float32(z)))
 
 
 def answers_of(images: list[np.ndarray], level: float) -> list[np.ndarray]:
@@ -186,10 +190,15 @@ def model_samples(rec, cases: list[Case], fits: dict[bytes, calibration.Calibrat
   """The `reconstructor.Reconstruction` (mean images, stds and samples (K, N, 128, 128), label
   units; a segmenter's: class probabilities) of every case by a CDEIT trained for the cases'
   measuring system: each difference divided by its level's calibrated gain, the removed
-  electrodes' values NaN (`check_model` first: `evaluate` runs it before loading the model).
+  electrodes' values NaN (`check_model` first: `evaluate` runs it before loading the model);
+  turned by the angle the cases' electrodes are the model's turned by (`turns.offset`).
   Targets whose images come out NaN are named in a warning (their answers are all water)."""
   values = calibrated_values(cases, fits)
   r = rec.reconstruct_values(values, where=os.path.dirname(cases[0].path), keep_samples=True)
+  turn = turns.offset(rec.layout, cases[0].layout)
+  if turn:  # the tank's electrodes are the model's turned (a model trained on the mesh's angles)
+    log.info(f"the cases' electrodes are the model's turned by {np.rad2deg(turn):.4g} degrees")
+    r = r.turned(turn)
   bad = [cases[i].name for i in r.nonfinite]
   if bad:
     log.warning(f"{len(bad)} targets gave NaN images (answered as all water): {', '.join(bad)}")

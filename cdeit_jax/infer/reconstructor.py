@@ -75,6 +75,22 @@ class Reconstruction:
     half = self.std * np.float32(c.scale(level) / c.std_scale)
     return self.images - half, self.images + half
 
+  def turned(self, radians: float) -> Reconstruction:
+    """This reconstruction with its object turned counter-clockwise by `radians` about the
+    tank's centre (`turns.turn_images`: the images, stds, samples and class probabilities
+    alike): a model's images of a device whose electrodes are the model's turned by that angle
+    (`turns.offset`)."""
+    from cdeit_jax.eit import turns
+
+    turn = lambda a, axes: None if a is None else turns.turn_images(a, radians, axes)
+    return dataclasses.replace(
+      self,
+      images=turn(self.images, (-1, -2)),
+      std=turn(self.std, (-1, -2)),
+      samples=turn(self.samples, (-1, -2)),
+      probabilities=turn(self.probabilities, (-2, -3)),
+    )
+
   @property
   def nonfinite(self) -> np.ndarray:
     """The frames (indices) whose image holds NaN or infinite pixels."""
