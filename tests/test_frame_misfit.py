@@ -7,12 +7,12 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
+from conftest import REPO
 
 from cdeit_jax.data import ktc2023
 from cdeit_jax.eit import layout as lay
 from cdeit_jax.eit.simulator import Simulator
 from cdeit_jax.infer import challenge, frame_misfit, ktc_score
-from conftest import REPO
 
 LEVELS = REPO / "data" / "ktc2023" / "levels"
 
