@@ -38,9 +38,12 @@ def main(argv: list[str]) -> None:
   shipped.refuse_write(FLAGS.out, "--out")
   device, _ = layout.from_device_file(FLAGS.device)
   if device.contact_impedance is None:
+    calibrated = os.path.join(FLAGS.out, "device.npz")
     raise InputError(
       f"--device {FLAGS.device}: not a calibrated device (no gain or contact impedance); "
-      f"make it with python -m cdeit_jax.calibrate --device ref.mat --out {FLAGS.device}"
+      f"calibrate it first (python -m cdeit_jax.calibrate --device {FLAGS.device} --out "
+      f"{calibrated}) and give --device {calibrated}; make device-model DEVICE={FLAGS.device} "
+      f"RUN={FLAGS.out} does both"
     )
   with reader.open_run(FLAGS.model) as run:
     meta, _, cfg = run_opening.choose(run, {})

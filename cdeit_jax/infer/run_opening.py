@@ -34,7 +34,7 @@ SETTABLE = (
 )
 UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
 # in a workdir: the device whose frames the run's model reads translated (`cdeit_jax.translate`)
-TRANSLATION_FILE, MODEL_FOLDER = "translation.npz", "model"
+TRANSLATION_FILE, MODEL_FOLDER = checkpoint.TRANSLATION_FILE, checkpoint.MODEL_FOLDER
 MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
 
 
@@ -83,20 +83,30 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
 def uncertainty_scale(path: str) -> float:
   """The calibration factor kept at `path` (a step folder's UNCERTAINTY_FILE); 1 if none."""
   try:
-    record = json.loads(fileio.path(path).read_text())
+    text = fileio.path(path).read_text()
   except FileNotFoundError:
     return 1.0
-  except (OSError, ValueError) as e:
-    raise InputError(
-      f"{path}: unreadable ({e}); delete it (the std is then uncalibrated) or "
-      "fit it again with --config.eval.fit_uncertainty=True"
-    ) from None
+  except OSError as e:
+    raise InputError(f"{path}: unreadable ({e}); {_REFIT}") from None
+  return parse_uncertainty(text, path)
+
+
+_REFIT = (
+  "delete it (the std is then uncalibrated) or fit it again with --config.eval.fit_uncertainty=True"
+)
+
+
+def parse_uncertainty(text: Any, where: str, fix: str = _REFIT) -> float:
+  """The calibration factor of an UNCERTAINTY_FILE's text (JSON {"scale": s}, 0 < s < inf),
+  or an InputError naming `where` and saying `fix`."""
+  try:
+    record = json.loads(text) if isinstance(text, str) else None
+  except ValueError as e:
+    raise InputError(f"{where}: the uncertainty scale is not JSON ({e}); {fix}") from None
   scale = record.get("scale") if isinstance(record, dict) else None
-  if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
-    raise InputError(
-      f"{path}: 'scale' must be a positive number, got {scale!r}; delete the "
-      "file or fit it again with --config.eval.fit_uncertainty=True"
-    )
+  if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
+    got = scale if isinstance(record, dict) else text
+    raise InputError(f"{where}: 'scale' must be a positive number, got {got!r:.80}; {fix}")
   return float(scale)
 
 
@@ -151,14 +161,12 @@ def open_workdir(path: str, step: int | None = None) -> tuple[reader.Run, str | 
 
 
 def translation(path: str | None, system: ModelSystem):
-  """The `eit.translation.Translator` from the device of a translated run's `TRANSLATION_FILE`
-  (`path`) into the model's system, or None without one."""
-  from cdeit_jax.eit import layout, translation
+  """The device of a translated run's `TRANSLATION_FILE` (`path`), its frames translated into
+  the model's system and the checks of what it is given (`translated_run.TranslatedDevice`), or
+  None without one."""
+  from cdeit_jax.infer import translated_run
 
-  if path is None:
-    return None
-  device, _ = layout.from_device_file(path)
-  return translation.Translator.between(device, system.device)
+  return None if path is None else translated_run.TranslatedDevice.open(path, system.device)
 
 
 def calibration_file(run: reader.Run, step: int) -> str:

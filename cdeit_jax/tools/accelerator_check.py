@@ -346,9 +346,9 @@ def table(result: dict) -> str:
 
 def write(result: dict, path: str) -> None:
   """The result so far, whole or not at all (every section's end)."""
-  with open(path + ".tmp", "w") as fh:
-    json.dump(result, fh, indent=1, default=str)
-  os.replace(path + ".tmp", path)
+  from cdeit_jax.common import fileio
+
+  fileio.write_text(path, json.dumps(result, indent=1, default=str))
 
 
 def refuse(message: str) -> None:
