@@ -312,8 +312,10 @@ def check_model_file(path: str) -> ModelFile:
       raise model_file.ModelFileError(f"{where}: its record's {key!r} is not a mapping")
   files = {}
   if record.get("uncertainty") is not None:
-    fix = "export the run again"
-    run_opening.parse_uncertainty(record["uncertainty"], f"{where}: its record", fix)
+    try:
+      run_opening.parse_uncertainty(record["uncertainty"], f"{where}: its record", "export again")
+    except InputError as e:
+      raise model_file.ModelFileError(str(e)) from None
     files[run_opening.UNCERTAINTY_FILE] = record["uncertainty"]
   try:
     mean, std = checkpoint.meta_stats(meta)

@@ -298,7 +298,7 @@ def _not_a_file(p: str) -> str | None:
   (which a rename replaces, never what it points to), else None."""
   try:
     mode = os.lstat(p).st_mode
-  except FileNotFoundError:
+  except (FileNotFoundError, NotADirectoryError):
     return None
   if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
     return None
