@@ -62,6 +62,16 @@ def main(argv: list[str]) -> None:
       f"--out {FLAGS.out} holds a trained run's checkpoints; give a new folder for the "
       "translated model"
     )
+  for name, what, kind in (  # what a rerun replaces must be what this command made
+    (run_opening.MODEL_FOLDER, "folder", os.path.isdir),
+    (run_opening.TRANSLATION_FILE, "file", os.path.isfile),
+  ):
+    there = os.path.join(FLAGS.out, name)
+    if os.path.islink(there) or (os.path.lexists(there) and not kind(there)):
+      raise InputError(
+        f"--out {FLAGS.out}: {name} there is not the {what} a translated run keeps; move it "
+        "away or give another --out"
+      )
   tr = translation.Translator.between(device, system.device)
   determined = tr.determined()
   # the model copied whole (its manifest too: every command checks a shipped model's files)
