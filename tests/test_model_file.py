@@ -302,17 +302,25 @@ def test_a_workdir_holds_one_model_and_wrote_is_what_it_reads(tiny_file, tmp_pat
 
 
 def test_a_failed_import_leaves_nothing(tiny_file, tmp_path, monkeypatch):
-  """A failure while the step is staged (a full disk, a kill) leaves no step and no stage:
-  the step appears whole or not at all."""
+  """A failure while the step is staged (a full disk) leaves no step and no stage: the step
+  appears whole or not at all; a stage a killed import left is removed by the next import."""
   from cdeit_jax.common import fileio
 
   def fail(src, dst):
     raise OSError(28, "No space left on device")
 
-  monkeypatch.setattr(fileio, "move", fail)
-  with pytest.raises(OSError):
-    convert.import_model_file(str(tiny_file), str(tmp_path / "w"))
+  with monkeypatch.context() as m:
+    m.setattr(fileio, "move", fail)
+    with pytest.raises(OSError):
+      convert.import_model_file(str(tiny_file), str(tmp_path / "w"))
   assert list((tmp_path / "w").iterdir()) == []
+  dead = subprocess.run(
+    [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+  )
+  killed = tmp_path / "w" / f"{checkpoint.STAGE}{int(dead.stdout)}-0123"  # a SIGKILLed import's
+  (killed / "checkpoints" / "7").mkdir(parents=True)
+  convert.import_model_file(str(tiny_file), str(tmp_path / "w"))
+  assert os.listdir(tmp_path / "w") == ["checkpoints"]
 
 
 def test_export_writes_a_model_file_and_nothing_else(tiny_run, tiny_file, tmp_path):

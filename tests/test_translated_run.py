@@ -5,8 +5,8 @@ device's, skip-3's another protocol's on the same electrodes, and a reversed cur
 every value; a missing value is left out of the translation and the rest determine it."""
 
 import dataclasses
-import re
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -66,9 +66,10 @@ def test_the_reference_is_the_runs_empty_tank(skip1):
 
 def test_missing_values_are_left_out_and_only_an_undeterminable_frame_is_refused(skip1):
   """A column of NaN (a value the device did not measure), a whole pattern or an electrode's
-  values missing: the rest determine the model's 208 values (the translation within 0.3 %, 0.6 %
-  and 1.0 % of the whole frame's at its largest), and no row is refused; a frame of a handful of values
-  cannot determine them and is refused, naming the rows and the values it misses."""
+  values missing: the rest determine the model's 208 values (the translation within 0.3 %,
+  0.6 % and 1.0 % of the whole frame's at its largest), and no row is refused; a frame of a
+  handful of values cannot determine them and is refused, naming the rows and the values it
+  misses."""
   device, ref, frames_ = skip1
   v = (frames_ - ref) / device.device.gain
   whole = device(v)

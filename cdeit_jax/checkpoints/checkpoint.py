@@ -35,7 +35,7 @@ from etils import epath
 from flax import nnx
 
 from cdeit_jax.checkpoints import shipped
-from cdeit_jax.common import compat, fileio, logs
+from cdeit_jax.common import compat, fileio, logs, stages
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.common.variables import Calibration
 from cdeit_jax.data import stats
@@ -233,7 +233,9 @@ def save_inference(
     device=model.system.device.record(),
     **(extra or {}),
   )
-  stage = fileio.join(workdir, f".import-{os.getpid()}-{secrets.token_hex(4)}")
+  for stale in stages.stale(workdir, STAGE):  # a killed import's (the step was not published)
+    fileio.remove_tree(stale)
+  stage = fileio.join(workdir, f"{STAGE}{os.getpid()}-{secrets.token_hex(4)}")
   try:
     with manager(stage) as mngr:
       items = {WEIGHT_ITEMS[weights]: ocp.args.StandardSave(weights_of(model))}
@@ -247,6 +249,9 @@ def save_inference(
   finally:
     fileio.remove_tree(stage)
   return final
+
+
+STAGE = ".import-"  # in a workdir: an inference step being written (`save_inference`)
 
 
 def step_folder(path: str) -> int | None:
@@ -400,7 +405,8 @@ def first_intact(
         skipped.setdefault(step, str(e))
   reasons = "\n  ".join(f"step {st}: {r}" for st, r in skipped.items())
   log = logs.debug_log_path()  # only where the command keeps one (a training's, an evaluation's)
-  if steps and not any(fileio.path(fileio.join(where, str(st))).exists() for st in steps):
+  gone = lambda st: not fileio.path(fileio.join(where, str(st))).exists()
+  if steps and fileio.path(where).is_dir() and all(map(gone, steps)):
     hint = (  # every step gone since it was listed: a training saving and retaining, not damage
       "its steps were removed while they were read (a training saving into it keeps its "
       "newest few): run the command again"

@@ -156,12 +156,12 @@ class FrameGuards:
       ref = self.rows(reference, ref_where)
       if len(ref) != 1:
         raise InputError(
-          f"{ref_where}: must be one frame of {self.num_values} voltages, got {len(ref)} frames"
+          f"{ref_where} must be one frame of {self.num_values} voltages, got {len(ref)} frames"
         )
       bad = np.isinf(ref[0]) | (np.isnan(ref[0]) & (not self.takes_missing))
       if bad.any():
         raise InputError(
-          f"{ref_where}: holds NaN or infinite voltages (at measurements "
+          f"{ref_where} holds NaN or infinite voltages (at measurements "
           f"{listed(np.flatnonzero(bad))}); give a finite one"
         )
       self.check_reference(ref[0], ref_where)

@@ -84,8 +84,6 @@ def check_sizes(
     raise InputError(f"config.model.mlp_ratio: {mlp_ratio!r} must be a number > 0")
   if not 0 < mlp_ratio < 1e4:
     raise InputError(f"config.model.mlp_ratio: {mlp_ratio!r} must be a number > 0 (and < 1e4)")
-  if hidden_size % num_heads:
-    raise InputError(f"hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
   if image_size % patch_size:
     raise InputError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
   grid = image_size // patch_size
