@@ -278,16 +278,17 @@ def convert(
 
 @dataclass(frozen=True)
 class ModelFile:
-  """A model file checked whole (`check_model_file`): its model assembled, what its step is
-  saved with, and its digest."""
+  """A model file checked whole (`check_model_file`): its model assembled and what its step is
+  saved with."""
 
   model: CDEIT
   cfg: Any
   meta: dict[str, Any]
+  mean: np.ndarray
+  std: np.ndarray
   files: dict[str, str]  # {name: text} for the step folder (the uncertainty scale)
-  extra: dict[str, Any]
+  extra: dict[str, Any]  # more fields of its metadata: the file's digest, its training record
   source: str
-  sha: str
 
 
 def check_model_file(path: str) -> ModelFile:
@@ -356,10 +357,11 @@ def check_model_file(path: str) -> ModelFile:
     model,
     cfg,
     meta,
+    mean,
+    std,
     files,
     {"model_file": {"sha256": sha}, **training},
     f"{where} (sha256 {sha[:16]}...; {came})",
-    sha,
   )
 
 
@@ -372,13 +374,12 @@ def import_model_file(path: str, workdir: str) -> str:
 
   checkpoint.refuse_import(workdir)  # before the work
   got = check_model_file(path)
-  mean, std = checkpoint.meta_stats(got.meta)
   return checkpoint.save_inference(
     workdir,
     got.model,
     got.cfg,
-    mean=mean,
-    std=std,
+    mean=got.mean,
+    std=got.std,
     step=int(got.meta["step"]),
     source=got.source,
     extra=got.extra,

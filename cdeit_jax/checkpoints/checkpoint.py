@@ -44,6 +44,7 @@ FORMAT = "cdeit-jax checkpoint v2"
 CHECKPOINTS = "checkpoints"
 # a translated run (`python -m cdeit_jax.translate`): its device, and the model it reads with
 TRANSLATION_FILE, MODEL_FOLDER = "translation.npz", "model"
+STAGE = ".import-"  # in a workdir: an inference step being written (`save_inference`)
 T = TypeVar("T")
 WEIGHT_ITEMS = {"raw": "params", "ema": "ema"}
 
@@ -249,9 +250,6 @@ def save_inference(
   finally:
     fileio.remove_tree(stage)
   return final
-
-
-STAGE = ".import-"  # in a workdir: an inference step being written (`save_inference`)
 
 
 def step_folder(path: str) -> int | None:
