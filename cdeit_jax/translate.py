@@ -36,6 +36,7 @@ def main(argv: list[str]) -> None:
 
   logs.console()
   shipped.refuse_write(FLAGS.out, "--out")
+  fileio.output_folder(FLAGS.out, "--out")
   device, _ = layout.from_device_file(FLAGS.device)
   if device.contact_impedance is None:
     calibrated = os.path.join(FLAGS.out, "device.npz")

@@ -288,13 +288,13 @@ def main() -> None:
   )
   a = p.parse_args()
   out = os.path.abspath(a.out)
-  if os.path.exists(out) and not os.path.isdir(out):
-    refuse(f"--out {a.out}: is a file; give a folder")
   sys.path.insert(0, REPO)
   from cdeit_jax.checkpoints import shipped  # reads no JAX backend
+  from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
 
   try:
+    fileio.output_folder(out, "--out")
     shipped.refuse_write(out, "--out")
   except InputError as e:
     refuse(str(e))

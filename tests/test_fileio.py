@@ -268,3 +268,21 @@ def test_an_output_file_replaces_only_what_the_command_wrote(tmp_path):
       fileio.output_file(str(p), "--out", ours, "a test file")
   fileio.output_file(str(tmp_path / "no" / "x.txt"), "--out", ours, makes_folder=True)
   assert not (tmp_path / "no").exists() and theirs.read_text() == "precious"
+
+
+def test_an_output_folder_is_a_folder_or_a_new_path(tmp_path):
+  """A folder output (reconstruct's, simulate's, ship's, translate's ...) given a device, a
+  FIFO, a socket or a file is refused in one line before any work, the path left as it was; a
+  folder or a new path passes, and nothing is made."""
+  (tmp_path / "file").write_text("precious")
+  specials = {**_specials(tmp_path), "a file": tmp_path / "file"}
+  for what, p in specials.items():
+    before = _state(p)
+    if what == "a folder":
+      fileio.output_folder(str(p), "--out")
+      continue
+    with pytest.raises(InputError, match=f"--out {p}: exists and is not a folder"):
+      fileio.output_folder(str(p), "--out")
+    assert _state(p) == before, what
+  fileio.output_folder(str(tmp_path / "new"), "--out")
+  assert not (tmp_path / "new").exists() and (tmp_path / "file").read_text() == "precious"

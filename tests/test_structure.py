@@ -363,6 +363,13 @@ FOLDER_OUTPUTS = {
   "recipes/uef2017_devices.py",
   "eval.py",
 }
+# Folder outputs checked by another module: the one that does it.
+FOLDER_CHECKED_BY = {
+  "eval.py": "cdeit_jax/infer/evaluate.py",
+  "bench/bench_reconstruct_memory.py": "cdeit_jax/reconstruct.py",
+  "cdeit_jax/tools/interpolate.py": "cdeit_jax/checkpoints/interpolate.py",
+}
+FOLDER_CHECKS = ("fileio.output_folder(", "fileio.writable_folder(", "outputs.check_out(")
 # Modules that publish a whole folder by a rename (a model folder, a run's copy of its model, an
 # interpolated checkpoint): never a file.
 FOLDER_RENAMES = {
@@ -376,7 +383,8 @@ def test_writers_write_regular_files_only():
   """The writers, enumerated: every command with an output flag (in the package, bench/,
   recipes/ and the two scripts) says whether it names a file or a folder, and each file output
   is checked before any work by `fileio.output_file` (devices, FIFOs, sockets, folders and
-  files the command did not write are refused); and no module publishes a file by a rename of
+  files the command did not write are refused), each folder output by a folder check (a file,
+  a device or a FIFO there is one line); and no module publishes a file by a rename of
   its own: every file goes out through `fileio.atomic_write`, which refuses anything but a
   regular file or a missing path where it publishes (the one mechanism: a rename replaces
   whatever is at its path, /dev/full included)."""
@@ -389,6 +397,9 @@ def test_writers_write_regular_files_only():
   )
   unchecked = sorted(f for f in FILE_OUTPUTS if "fileio.output_file(" not in (root / f).read_text())
   assert unchecked == []
+  text = lambda f: (root / FOLDER_CHECKED_BY.get(f, f)).read_text()
+  unchecked = sorted(f for f in FOLDER_OUTPUTS if not any(c in text(f) for c in FOLDER_CHECKS))
+  assert unchecked == []  # a file, a device, a FIFO where a folder is meant: one line
   renames = set()
   for path in paths:
     for node in ast.walk(ast.parse(path.read_text())):

@@ -169,12 +169,18 @@ def files_below(p: PathLike) -> list[str]:
   return sorted(found)
 
 
+def output_folder(p: PathLike, flag: str) -> None:
+  """An InputError naming `flag` when output folder `p` exists and is not a folder (a file, a
+  device, a FIFO, a socket); reads and makes nothing."""
+  if (path(p).exists() or os.path.lexists(resolve(p))) and not path(p).is_dir():
+    raise InputError(f"{flag} {p}: exists and is not a folder; give a folder path")
+
+
 def writable_folder(p: PathLike, flag: str) -> None:
   """Create folder `p` if needed and check that files can be written there; an InputError
   naming `flag` (e.g. "--workdir") when `p` is a file, read-only or cannot be created."""
+  output_folder(p, flag)
   folder = path(p)
-  if folder.exists() and not folder.is_dir():
-    raise InputError(f"{flag} {p}: exists and is not a folder; give a folder path")
   try:
     makedirs(p)
     if is_remote(p):

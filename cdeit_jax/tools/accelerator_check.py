@@ -375,12 +375,12 @@ def main() -> None:
   skip = {"sampling" if s == "reconstruct" else s for s in filter(None, a.skip.split(","))}
   if skip - set(SECTIONS):
     refuse(f"--skip {a.skip}: {', '.join(sorted(skip - set(SECTIONS)))} is not one of {SECTIONS}")
-  if os.path.exists(a.out) and not os.path.isdir(a.out):
-    refuse(f"--out {a.out}: is a file; give a folder (accelerator_check.json goes into it)")
   from cdeit_jax.checkpoints import shipped
+  from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
 
   try:
+    fileio.output_folder(a.out, "--out")  # the folder accelerator_check.json goes into
     shipped.refuse_write(a.out, "--out")
   except InputError as e:
     refuse(str(e))
