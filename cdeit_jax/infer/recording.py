@@ -31,7 +31,8 @@ class RecordingSource(sources.ArraySource):
   electrodes' under `config.model.current_carrying="drop"`, which a frame may hold or not);
   of a translated run's device (`translated`, `translated_run.TranslatedDevice`), anywhere, its
   reference frame checked as the run's empty tank.
-  `absent` (R,) bool: the ignored values that a frame of the file lacks."""
+  `absent` (R,) bool: the ignored values that a frame of the file lacks (a translated run's:
+  any value one lacks)."""
 
   baselines = False  # no stored classical reconstructions (Tikhonov is computed)
 
@@ -81,7 +82,8 @@ class RecordingSource(sources.ArraySource):
     super().__init__(dv, targets, mean, std, name=fileio.resolve(path), vector_cond=vector_cond)
     self.units, self.voltage_ratio = units.name, units.gain
     self.dv = self._ys
-    self.absent = ignored & np.isnan(dv).any(0)
+    # the values some frame lacks that it may lack (Tikhonov's of the device leaves them out)
+    self.absent = (ignored if translated is None else True) & np.isnan(dv).any(0)
     self.files = [f"frame_{i:05d}" for i in range(len(dv))]
 
 
