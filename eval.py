@@ -7,6 +7,7 @@
       --config.eval.tikhonov=True
   python eval.py --workdir runs/device --data recording --data_path frames.npz --out OUT
   python eval.py --data ktc2023_challenge --data_path DIR --out OUT   # no model: linearised
+  python eval.py --workdir RUN --data greit --out OUT   # GREIT's figures of merit, no data
 
 --data is the kind of test data (cdeit_jax/infer/data_kinds.py), --units the units it is in
 (default: the kind's).
@@ -16,7 +17,8 @@ cdeit_jax/config_lib.py), changed with --config.KEY=VALUE; the model's runtime k
 (--config.model.dtype=bfloat16, --config.model.attention_query_chunk=512). Multi-host: the same
 --coordinator_address/--num_processes/--process_id as train.py.
 Writes OUT/metrics.json, metrics.csv, predictions.npz, predictions.mat, reconstructions.png;
-for ktc2023_challenge OUT/level_K/N.mat (the challenge's answers), answers.png, metrics.json.
+for ktc2023_challenge OUT/level_K/N.mat (the challenge's answers), answers.png, metrics.json;
+for greit OUT/greit.json, greit.npz, greit.png.
 """
 
 if __name__ == "__main__":
@@ -44,13 +46,13 @@ flags.DEFINE_string(
   "cdeit_jax.simulate), uef2017 (npz files in the UEF2017 tank's units), recording (one frames "
   "file of the model's device with its true images as `targets`), ktc2023_challenge "
   "(KTC2023's level_K folders, answered as the challenge asks); or a named system's npz files "
-  "(e.g. ktc2023)",
+  "(e.g. ktc2023); greit (no data: GREIT's figures of merit on 100 simulated targets)",
 )
 flags.DEFINE_string(
   "data_path",
   None,
   "the data: a folder of npz files, a frames file (recording), a folder of level_K folders "
-  "(ktc2023_challenge)",
+  "(ktc2023_challenge); none for greit",
 )
 flags.DEFINE_string(
   "units",
@@ -62,7 +64,7 @@ flags.DEFINE_string(
 flags.DEFINE_string("out", None, "output folder")
 cli.define_cluster_flags()
 cli.define_cache_flag()
-flags.mark_flags_as_required(["data", "data_path", "out"])
+flags.mark_flags_as_required(["data", "out"])
 FLAGS = flags.FLAGS
 
 
@@ -75,21 +77,22 @@ def main(argv):
   r = data_kinds.evaluate(
     FLAGS.workdir, FLAGS.data, FLAGS.data_path, FLAGS.out, overrides, FLAGS.units
   )
-  if "images_per_s" not in r:  # the challenge's answers
+  if "images_per_s" not in r:  # the challenge's answers, the GREIT test
     print(r.get("table", "no truths: the answers are written, not scored"))
-    print(f"answers, figure and metrics.json in {FLAGS.out} ({r['settings']['seconds']:.1f} s)")
+    written = r.get("written", "answers, figure and metrics.json")
+    print(f"{written} in {FLAGS.out} ({r['settings']['seconds']:.1f} s)")
     return
   if "metrics" in r:
+    from cdeit_jax.infer import metrics
+
     for name, m in r["metrics"].items():
       if name == "uncertainty":
         from cdeit_jax import report
 
         print("uncertainty" + report.uncertainty_note(m).replace(";", ":", 1))
         continue
-      print(
-        f"{name:8s} RMSE {m['rmse']:.4f}  PSNR {m['psnr']:.2f}  SSIM {m['ssim']:.4f}  "
-        f"SSIM(disk) {m['ssim_disk']:.4f}  CC {m.get('cc', float('nan')):.4f}"
-      )
+      cells = [f"{f.label} " + f.fmt.format(m.get(f.name, float("nan"))) for f in metrics.IMAGE]
+      print(f"{name:8s} " + "  ".join(cells))
     print(
       f"sampling: {r['images_per_s']:.2f} images/s, {r['ms_per_image']:.1f} ms/image on "
       f"{r['devices']} device(s); outputs in {FLAGS.out}"

@@ -110,12 +110,20 @@ def _eval_config() -> ml_collections.ConfigDict:
       max_examples=config_dict.placeholder(int),  # only the first N files
       skip_bad_files=False,
       tikhonov=False,  # also the built-in one-step Tikhonov/NOSER baseline
+      greit=False,  # also the GREIT baseline (cdeit_jax.eit.greit)
+      # --data greit: the GREIT figures' definitions, EIDORS' ("eidors") or pyEIT's ("pyeit")
+      greit_figures="eidors",
       figure=True,
-      # K > 1 on simulations (the validation split): fit the factor that calibrates the std
-      # (metrics.fit_uncertainty_scale) and keep it in the checkpoint's step folder (a model
+      # K > 1 on simulations (the validation split): fit the split-conformal scales of the std
+      # (infer.intervals) and keep them in the checkpoint's step folder (a model
       # folder that ships with the code is read-only: beside the outputs instead), where
       # every later evaluation of that step applies it
       fit_uncertainty=False,
+      # the std's calibration to apply instead of the step's: an uncertainty.json (one fitted
+      # beside the outputs of a model folder that ships with the code)
+      calibration=config_dict.placeholder(str),
+      # coverage levels fitted and reported beside 68.3 % and 95.4 % ("1 and 2 std"), e.g. (0.9,)
+      interval_levels=(),
       # --data ktc2023_challenge: how the samples become the challenge's answer
       # (cdeit_jax.infer.answer_rules: "mean:T" conductive where the mean image, in label units,
       # is above +T, resistive below -T; "vote:T:Q" per-pixel class fractions of the samples;

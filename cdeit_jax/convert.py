@@ -12,6 +12,7 @@ carries its config, device and statistics: no --config.
 
 from __future__ import annotations
 
+import json
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -299,7 +300,7 @@ def check_model_file(path: str) -> ModelFile:
   allocated) and its weights' names and shapes against the model it describes; a
   `ModelFileError` in one line naming the file, else the model, assembled."""
   from cdeit_jax.checkpoints import checkpoint, loading, model_file
-  from cdeit_jax.infer import run_opening
+  from cdeit_jax.infer import intervals, run_opening
 
   arrays, record, sha = model_file.read(path)
   meta, where = record["meta"], f"model file {path}"
@@ -312,12 +313,16 @@ def check_model_file(path: str) -> ModelFile:
     if not isinstance(record.get(key) or {}, dict):
       raise model_file.ModelFileError(f"{where}: its record's {key!r} is not a mapping")
   files = {}
-  if record.get("uncertainty") is not None:
+  text = record.get("uncertainty")
+  if text is not None:  # the step's calibration file's text, as `intervals.read` reads it
     try:
-      run_opening.parse_uncertainty(record["uncertainty"], f"{where}: its record", "export again")
-    except InputError as e:
-      raise model_file.ModelFileError(str(e)) from None
-    files[run_opening.UNCERTAINTY_FILE] = record["uncertainty"]
+      intervals.from_record(json.loads(text) if isinstance(text, str) else None, where)
+    except (ValueError, InputError):
+      raise model_file.ModelFileError(
+        f"{where}: its record's uncertainty is not a calibration export writes (JSON text of "
+        f"a positive 'scale', got {text!r:.80}); export the run again"
+      ) from None
+    files[run_opening.UNCERTAINTY_FILE] = text
   try:
     mean, std = checkpoint.meta_stats(meta)
     cfg = loading.model_config(meta)

@@ -3,9 +3,11 @@
   python -m cdeit_jax.report runs/demo/eval_simulated runs/demo/eval_uef2017
   python -m cdeit_jax.report runs/demo/eval_uef2017 --figure docs/demo_uef2017.png --rows 6
 
-For each folder: CDEIT, the built-in Tikhonov (`eval.py --config.eval.tikhonov=True`) and the
-empty image, with RMSE, PSNR, SSIM (square and disk) and CC, and whether CDEIT beats Tikhonov in
-RMSE, PSNR and CC and the empty image in RMSE and PSNR (lower RMSE, higher PSNR and CC are better).
+For each folder: CDEIT, the built-in Tikhonov (`eval.py --config.eval.tikhonov=True`), the GREIT
+baseline where it was evaluated (`--config.eval.greit=True`) and the empty image, with the image
+figures of merit (`metrics.IMAGE`: RMSE, PSNR, SSIM (square and disk), CC), and whether CDEIT
+beats Tikhonov in the figures the verdict counts (RMSE, PSNR, CC) and the empty image in those it
+has (RMSE, PSNR).
 """
 
 from __future__ import annotations
@@ -18,29 +20,28 @@ from absl import app, flags
 
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.infer import metrics
 
-METHODS = (("cdeit", "CDEIT"), ("tikhonov", "Tikhonov (ours)"), ("empty", "empty image"))
-FLAGS = flags.FLAGS
-COLUMNS = (
-  ("rmse", "RMSE", "{:.4f}"),
-  ("psnr", "PSNR", "{:.2f}"),
-  ("ssim", "SSIM", "{:.3f}"),
-  ("ssim_disk", "SSIM disk", "{:.3f}"),
-  ("cc", "CC", "{:.3f}"),
+METHODS = (
+  ("cdeit", "CDEIT"),
+  ("tikhonov", "Tikhonov (ours)"),
+  ("greit", "GREIT (ours)"),
+  ("empty", "empty image"),
 )
+FLAGS = flags.FLAGS
+JUDGED = tuple(f.name for f in metrics.IMAGE if f.judged)  # CDEIT beats Tikhonov in these
 
 
 def beats(m: dict, floor: dict, keys: Sequence[str]) -> bool:
   """Whether metrics `m` are better than `floor` in every one of `keys`."""
-  better = {"rmse": lambda a, b: a < b, "psnr": lambda a, b: a > b, "cc": lambda a, b: a > b}
-  return all(better[k](m[k], floor[k]) for k in keys)
+  return all(metrics.FIGURES[k].is_better(m[k], floor[k]) for k in keys)
 
 
 def table(folders: Sequence[str]) -> tuple[str, bool]:
   """(markdown table, whether CDEIT beats both floors everywhere)."""
   lines = [
-    "| set | method | " + " | ".join(c[1] for c in COLUMNS) + " |",
-    "|---|---|" + "---|" * len(COLUMNS),
+    "| set | method | " + " | ".join(f.label for f in metrics.IMAGE) + " |",
+    "|---|---|" + "---|" * len(metrics.IMAGE),
   ]
   notes = []
   ok = True
@@ -54,28 +55,30 @@ def table(folders: Sequence[str]) -> tuple[str, bool]:
     name = f"{fileio.path(folder).name}: {s['data']} ({s['examples']})"
     for key, label in METHODS:
       if key in m:
-        cells = [fmt.format(m[key][c]) if c in m[key] else "-" for c, _, fmt in COLUMNS]
+        cells = [f.fmt.format(m[key][f.name]) if f.name in m[key] else "-" for f in metrics.IMAGE]
         lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
         name = ""
     if "tikhonov" not in m:
       raise InputError(
         f"{path}: no Tikhonov baseline; evaluate with eval.py --config.eval.tikhonov=True"
       )
-    ok &= beats(m["cdeit"], m["tikhonov"], ("rmse", "psnr", "cc"))
-    ok &= beats(m["cdeit"], m["empty"], ("rmse", "psnr"))
-    lead = 1 - m["cdeit"]["rmse"] / m["tikhonov"]["rmse"]
+    ok &= beats(m["cdeit"], m["tikhonov"], JUDGED)
+    ok &= beats(m["cdeit"], m["empty"], [k for k in JUDGED if metrics.FIGURES[k].empty])
+    head = metrics.HEADLINE
+    lead = 1 - m["cdeit"][head.name] / m["tikhonov"][head.name]
     notes.append(
-      f"- {fileio.path(folder).name}: CDEIT's RMSE {100 * lead:.1f} % under "
+      f"- {fileio.path(folder).name}: CDEIT's {head.label} {100 * lead:.1f} % under "
       "Tikhonov's" + (uncertainty_note(m["uncertainty"]) if "uncertainty" in m else "")
     )
   return "\n".join(lines + [""] + notes), ok
 
 
 def uncertainty_note(u: dict) -> str:
+  two = u.get("scale_2std", 2 * u["scale"])  # an evaluation before the conformal intervals
   return (
-    f"; std x {u['scale']:.2f} covers {100 * u['coverage_1std']:.1f} % / "
-    f"{100 * u['coverage_2std']:.1f} % of the pixel errors at 1 / 2 std (calibrated "
-    f"Gaussian 68.3 / 95.4; unscaled {100 * u['raw_coverage_1std']:.1f} / "
+    f"; std x {u['scale']:.2f} / x {two:.2f} ({u.get('calibration', 'gaussian')}) covers "
+    f"{100 * u['coverage_1std']:.1f} % / {100 * u['coverage_2std']:.1f} % of the pixel errors "
+    f"at 1 / 2 std (stated 68.3 / 95.4; unscaled {100 * u['raw_coverage_1std']:.1f} / "
     f"{100 * u['raw_coverage_2std']:.1f}), std-error correlation over images "
     f"{u['std_error_cc']:.2f}"
   )

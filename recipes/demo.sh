@@ -2,9 +2,9 @@
 # The embedded default (make demo-model, then make demo): simulate a training set once (cached),
 # whose measuring system is drawn per example (config.simulator.system), and a foreign system's
 # test set (configs/foreign.py); train the small physics-informed CDEIT of configs/demo.py on 2
-# CPU cores; fit the uncertainty scale on the validation split; evaluate it (mean of 8 samples)
-# on held-out simulations, the foreign system and the real UEF2017 tank cases beside Tikhonov and
-# the empty image; print the table.
+# CPU cores; fit the uncertainty's split-conformal scales on the validation split; evaluate it
+# (mean of 8 samples) on held-out simulations, the foreign system and the real UEF2017 tank cases
+# beside Tikhonov, GREIT and the empty image; print the table.
 #   recipes/demo.sh model    # make demo-model: the data sets and the training run
 #   recipes/demo.sh eval     # make demo: the evaluations and the table (after `model`)
 #   recipes/demo.sh moving   # make moving-demo: a moving sequence reconstructed by the model
@@ -16,7 +16,7 @@ BIN=${BIN:-.venv/bin}
 DEMO_DATA=${DEMO_DATA:-$HOME/.cache/cdeit-jax/demo-sim-v3}
 DEMO_FOREIGN=${DEMO_FOREIGN:-$HOME/.cache/cdeit-jax/demo-foreign-v1}
 DEMO_RUN=${DEMO_RUN:-runs/demo}
-DEMO_EVAL=${DEMO_EVAL:-"--config.eval.tikhonov=True --config.sampling.num_samples=8"}
+DEMO_EVAL=${DEMO_EVAL:-"--config.eval.tikhonov=True --config.eval.greit=True --config.sampling.num_samples=8"}
 MOVING=${MOVING:-$DEMO_RUN/moving}
 
 # The demo model: its training set (cached), the foreign system's test set, the training run

@@ -19,7 +19,7 @@ from flax import nnx
 from cdeit_jax import config_lib, convert
 from cdeit_jax.common import device_memory
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.infer import data_kinds, evaluate, metrics, outputs, run_opening, sampling
+from cdeit_jax.infer import data_kinds, evaluate, intervals, metrics, outputs, run_opening, sampling
 from cdeit_jax.model.network import CDEIT
 
 REPO = pathlib.Path(__file__).parent.parent
@@ -152,8 +152,10 @@ def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypa
 
 
 def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_path):
-  """fit_uncertainty on simulations writes the step's uncertainty.json; a later evaluation of
-  that step scales its std by it and reports the scaled coverage; real data cannot fit it."""
+  """fit_uncertainty on simulations writes the step's uncertainty.json (split-conformal: the 1-
+  and 2-std scales, and a user's level); a later evaluation of that step scales its std by the
+  1-std one and reports the coverage at both; a calibration kept elsewhere is applied with
+  --config.eval.calibration; real data cannot fit it."""
   sims = tmp_path / "sims"
   import dataclasses
 
@@ -172,21 +174,37 @@ def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_
     "simulated",
     str(sims / "test"),
     str(tmp_path / "a"),
-    {**common, "eval.fit_uncertainty": True},
+    {**common, "eval.fit_uncertainty": True, "eval.interval_levels": (0.9,)},
   )
-  kept = json.loads((pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json").read_text())
+  kept_file = pathlib.Path(tiny_run) / "checkpoints" / "7" / "uncertainty.json"
+  kept = json.loads(kept_file.read_text())
   z = np.load(tmp_path / "a" / "predictions.npz")
   raw_std = z["samples"].std(0)[..., 0]
-  assert kept["scale"] == pytest.approx(
-    metrics.fit_uncertainty_scale(z["pred"][..., 0], raw_std, z["target"][..., 0]), rel=1e-6
+  want = intervals.fit_images(z["pred"][..., 0], raw_std, z["target"][..., 0], (0.9,))
+  assert kept["scale"] == pytest.approx(want.std_scale, rel=1e-6)
+  assert kept["scales"][repr(intervals.TWO_SIGMA)] == pytest.approx(
+    want.scale(intervals.TWO_SIGMA), rel=1e-6
   )
+  assert set(kept["scales"]) == {repr(v) for v in (intervals.ONE_SIGMA, 0.9, intervals.TWO_SIGMA)}
   u = first["metrics"]["uncertainty"]
   assert u["scale"] == kept["scale"] and u["coverage_1std"] == pytest.approx(0.683, abs=0.01)
+  assert u["coverage_2std"] == pytest.approx(0.954, abs=0.01) and u["scale_2std"] > u["scale"]
   np.testing.assert_allclose(z["std"][..., 0], raw_std * kept["scale"], rtol=1e-5)
   again = data_kinds.evaluate(
     tiny_run, "uef2017", UEF, str(tmp_path / "b"), {**common, "eval.max_examples": 2}
   )
   assert again["metrics"]["uncertainty"]["scale"] == kept["scale"]
+  assert again["metrics"]["uncertainty"]["calibration"] == "split-conformal"
+  elsewhere = tmp_path / "elsewhere.json"
+  elsewhere.write_text(json.dumps({"scale": 3.0}))  # one factor: read as a Gaussian's
+  applied = data_kinds.evaluate(
+    tiny_run,
+    "uef2017",
+    UEF,
+    str(tmp_path / "e"),
+    {**common, "eval.max_examples": 2, "eval.calibration": str(elsewhere)},
+  )["metrics"]["uncertainty"]
+  assert (applied["scale"], applied["scale_2std"], applied["calibration"]) == (3.0, 6.0, "gaussian")
   with pytest.raises(
     ValueError, match="fit_uncertainty=True fits the uncertainty scale on simulations"
   ):
@@ -456,7 +474,7 @@ def test_memory_stays_flat_as_the_test_set_grows(tiny_run, tmp_path, monkeypatch
   report, _, _ = metrics.score(z["pred"][..., 0], z["target"][..., 0], {})
   for k in ("rmse", "psnr", "ssim", "ssim_disk", "cc"):
     assert r["metrics"]["cdeit"][k] == pytest.approx(report["cdeit"][k], rel=1e-9), k
-  u = metrics.uncertainty(z["pred"][..., 0], z["samples"].std(0)[..., 0], z["target"][..., 0])
+  u = intervals.coverage(z["pred"][..., 0], z["samples"].std(0)[..., 0], z["target"][..., 0])
   assert r["metrics"]["uncertainty"] == pytest.approx(u, rel=1e-9)
   z64 = np.load(tmp_path / "64" / "predictions.npz")
   np.testing.assert_array_equal(z["pred"][:64], z64["pred"])  # chunked alike or not

@@ -51,31 +51,6 @@ def test_ssim_matches_scikit_image(pair):
   assert metrics.ssim(pred, gt) == pytest.approx(want, abs=1e-10)
 
 
-def test_uncertainty_coverage_and_scale_by_hand():
-  """Errors drawn from N(0, (2 s)^2) with a stated std s: 1 s covers P(|N| <= 1/2) = 38.3 %,
-  2 s covers 68.3 %; the fitted scale is 2 and with it the coverage is a Gaussian's."""
-  rng = np.random.default_rng(0)
-  gt = np.zeros((40, 128, 128))
-  std = rng.uniform(0.05, 0.2, gt.shape)
-  pred = gt + 2 * std * rng.standard_normal(gt.shape)
-  u = metrics.uncertainty(pred, std, gt)
-  assert u["coverage_1std"] == pytest.approx(0.383, abs=0.005)
-  assert u["coverage_2std"] == pytest.approx(0.683, abs=0.005)
-  scale = metrics.fit_uncertainty_scale(pred, std, gt)
-  assert scale == pytest.approx(2.0, rel=0.01)
-  c = metrics.uncertainty(pred, std, gt, scale)
-  assert c["coverage_1std"] == pytest.approx(0.683, abs=0.002)
-  assert c["coverage_2std"] == pytest.approx(0.954, abs=0.005)
-  assert c["raw_coverage_1std"] == u["coverage_1std"]
-  # an image's mean std that tracks its error: correlation near 1; unrelated: near 0
-  per = rng.uniform(0.05, 0.3, (40, 1, 1))
-  tracks = metrics.uncertainty(
-    gt + per * rng.standard_normal(gt.shape), np.broadcast_to(per, gt.shape), gt
-  )
-  assert tracks["std_error_cc"] > 0.99
-  assert abs(metrics.uncertainty(pred, np.broadcast_to(per, gt.shape), gt)["std_error_cc"]) < 0.4
-
-
 def test_baseline_scaling_and_disk_mask():
   b = np.array([[0.5, -2.0], [1.0, 0.0]])
   np.testing.assert_allclose(metrics.scale_baseline(b), b / 2.0)
@@ -96,3 +71,16 @@ def test_ssim_inside_the_disk_ignores_the_background():
   assert metrics.ssim_disk(corners, gt) == pytest.approx(1.0, abs=1e-9)
   inside = gt * 0.5
   assert metrics.ssim_disk(inside, gt) < 0.99
+
+
+def test_the_registry_names_each_figure_once_with_its_direction():
+  """The figures of an image (the evaluations' columns, in order) and GREIT's, each with which
+  way is better: a lower RMSE, a higher PSNR, a PE nearer 0, an AR nearer 1."""
+  assert [f.name for f in metrics.IMAGE] == ["rmse", "psnr", "ssim", "ssim_disk", "cc"]
+  assert [f.name for f in metrics.GREIT] == ["AR", "PE", "RES", "SD", "RNG"]
+  f = metrics.FIGURES
+  assert f["rmse"].is_better(0.1, 0.2) and not f["rmse"].is_better(0.2, 0.1)
+  assert f["psnr"].is_better(22, 20) and f["PE"].is_better(-0.01, 0.02)
+  assert f["AR"].is_better(0.95, 1.1) and f["SD"].is_better(0.0, 0.1)
+  assert [k for k, v in f.items() if not v.empty] == ["cc", "AR", "PE", "RES", "SD", "RNG"]
+  assert metrics.HEADLINE is f["rmse"]

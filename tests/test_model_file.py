@@ -214,11 +214,11 @@ def _first(arrays, change):
 FORGERIES = {
   "uncertainty not a string": (
     lambda a, r: r.update(uncertainty={"scale": 0.811}),
-    "its record: 'scale' must be a positive number",
+    "its record's uncertainty is not a calibration export writes",
   ),
   "uncertainty's scale": (
     lambda a, r: r.update(uncertainty='{"scale": -1}'),
-    "'scale' must be a positive number, got -1",
+    "its record's uncertainty is not a calibration export writes .*got '\\{\"scale\": -1\\}'",
   ),
   "training not a mapping": (lambda a, r: r.update(training=[1]), "'training' is not a mapping"),
   "step": (lambda a, r: r["meta"].update(step="7"), "is not a checkpoint's \\(step '7'\\)"),

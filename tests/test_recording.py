@@ -89,7 +89,7 @@ def test_kinds_and_their_units():
   files in its units (the reference document's ratios), overridden one ratio at a time."""
   from cdeit_jax.eit import layout
 
-  assert data_kinds.names() == ["simulated", "uef2017", "recording", "ktc2023_challenge"]
+  assert data_kinds.names() == ["simulated", "uef2017", "recording", "ktc2023_challenge", "greit"]
   k = data_kinds.get("ktc2023")
   assert (k.module, k.units) == ("cdeit_jax.infer.evaluate", "ktc2023")
   cdeit16 = layout.preset("cdeit16")

@@ -8,6 +8,8 @@ unless `--units` says otherwise.
   ktc2023_challenge  KTC2023's level_K folders, answered as the challenge asks
                      (`infer.challenge`; each level calibrated from its ref.mat); without a
                      model (no --workdir), the linearised answers
+  greit              no data: GREIT's 100 small targets simulated on the model's system, their
+                     GREIT figures of merit beside the baselines' (`infer.greit_test`)
 
 A name of another named system (`measurement.unit_names`, e.g. ktc2023) is a folder of npz files
 in that system's units, as before. Each module has `run(kind, workdir, data_path, out,
@@ -28,8 +30,9 @@ from cdeit_jax.eit import measurement
 class Kind:
   """One kind of test data: its name, the module that evaluates it, its default units (a name of
   `measurement.unit_names`; None: the model's device's own, `measurement.own_units`),
-  whether other units may be given (the challenge calibrates each level itself) and whether it
-  answers without a model (the challenge's linearised answers)."""
+  whether other units may be given (the challenge calibrates each level itself), whether it
+  answers without a model (the challenge's linearised answers) and whether it reads data (the
+  GREIT test simulates its own)."""
 
   name: str
   module: str
@@ -37,6 +40,7 @@ class Kind:
   summary: str
   takes_units: bool = True
   needs_model: bool = True
+  needs_data: bool = True
 
   def units_of(self, units: str | None, device, voltage_ratio=None, current_ratio=None):
     """The units the data are read in, resolved once: `units` (--units), else the kind's, else
@@ -74,6 +78,14 @@ KINDS = {
       takes_units=False,
       needs_model=False,
     ),
+    Kind(
+      "greit",
+      "cdeit_jax.infer.greit_test",
+      None,
+      "no data: the GREIT test's 100 targets simulated on the model's system",
+      takes_units=False,
+      needs_data=False,
+    ),
   )
 }
 
@@ -97,7 +109,7 @@ def get(name: str) -> Kind:
 def evaluate(
   path: str | None,
   data_name: str,
-  data_path: str,
+  data_path: str | None,
   out: str,
   overrides: dict[str, Any] | None = None,
   units: str | None = None,
@@ -122,4 +134,10 @@ def evaluate(
       )
     if units is not None and not kind.takes_units:
       kind.units_of(units, None)  # the refusal, before any work
+    if (data_path is None) == kind.needs_data:
+      raise InputError(
+        f"--data {data_name}: give the data with --data_path"
+        if kind.needs_data
+        else f"--data {data_name} simulates its own targets: leave --data_path out"
+      )
     return importlib.import_module(kind.module).run(kind, path, data_path, out, overrides, units)

@@ -28,7 +28,7 @@ from cdeit_jax.common import compile_cache, fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import npz_files, pipeline, sources
-from cdeit_jax.infer import frame_guards, metrics, outputs, reconstructor, run_opening
+from cdeit_jax.infer import frame_guards, intervals, metrics, outputs, reconstructor, run_opening
 from cdeit_jax.model import output_kinds
 
 log = logs.log.getChild("eval")
@@ -98,7 +98,8 @@ class Evaluator:
         run, meta, skipped, self.cfg, self.overrides, self.mesh, self.system
       )
     self.meta, self.workdir = loaded.meta, run.workdir
-    self.calibration = run_opening.calibration_file(run, loaded.meta.step)
+    self.calibration_file = run_opening.calibration_file(run, loaded.meta.step)
+    self.calibration = run_opening.calibration(run, loaded.meta.step, self.cfg)
     self._check_statistics(loaded.model)
     self._compile(loaded.model)
     return self
@@ -140,6 +141,11 @@ class Evaluator:
         "--config.eval.fit_uncertainty=True fits the uncertainty scale on "
         "simulations with several samples: use --data simulated (a validation "
         "split) and --config.sampling.num_samples=8"
+      )
+    if e.fit_uncertainty and e.calibration is not None:
+      raise InputError(
+        "--config.eval.fit_uncertainty=True fits a calibration, --config.eval.calibration "
+        "applies one: give one of them"
       )
 
   def _open_data(self, meta: reader.Meta) -> None:
@@ -272,17 +278,24 @@ class Evaluator:
       self.staged.work, self.n, self.shape, s.num_samples, self.units.conductivity_factor
     )
     self.baseline_keys = tuple(npz_files.BASELINE_KEYS) if self.src.baselines else ()
-    self.scores = metrics.Scores((("tikhonov",) if e.tikhonov else ()) + self.baseline_keys)
-    self.scale = None if e.fit_uncertainty else run_opening.uncertainty_scale(self.calibration)
+    linear = self.linear_baselines(e)
+    self.scores = metrics.Scores(tuple(linear) + self.baseline_keys)
+    self.calib = None if e.fit_uncertainty else self.calibration  # None: fitted here
     self.extra: list[str] = []  # outputs beyond outputs.OUTPUTS (a scale fitted beside them)
-    self.coverage = metrics.Coverage(self.scale) if s.num_samples > 1 else None
-    self.tikhonov = None
-    if e.tikhonov:  # of the values the removal leaves and the data hold (left out, not zeros)
-      from cdeit_jax.eit import tikhonov
-
-      absent = getattr(self.src, "absent", np.zeros_like(self.removed))
-      self.tikhonov = tikhonov.of_values(self.layout, ~(self.removed | absent))
+    self.coverage = intervals.Coverage(self.calib) if s.num_samples > 1 else None
+    self.linear = linear
     self.shown: dict[str, Any] = {}
+
+  def linear_baselines(self, e) -> dict:
+    """{name: reconstruction} of the in-tool linear baselines asked for (--config.eval.tikhonov,
+    --config.eval.greit), of the values the removal leaves and the data hold (left out, not
+    zeros)."""
+    from cdeit_jax.eit import greit, tikhonov
+
+    absent = getattr(self.src, "absent", np.zeros_like(self.removed))
+    present = ~(self.removed | absent)
+    asked = {"tikhonov": (e.tikhonov, tikhonov.of_values), "greit": (e.greit, greit.of_values)}
+    return {k: of_values(self.layout, present) for k, (on, of_values) in asked.items() if on}
 
   def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:
     """(K, hi - lo, H, W, C) samples of examples lo .. hi (this host's batches of the chunk)."""
@@ -308,8 +321,9 @@ class Evaluator:
     examples = [self.src[i] for i in range(lo, hi)]
     target = np.stack([ex["target"] for ex in examples])
     stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in self.baseline_keys}
-    if self.tikhonov is not None:
-      stored = {"tikhonov": self.tikhonov(np.stack([ex["ys"] for ex in examples])), **stored}
+    if self.linear:
+      ys = np.stack([ex["ys"] for ex in examples])
+      stored = {**{k: method(ys) for k, method in self.linear.items()}, **stored}
     scaled = self.scores.add(pred[..., 0], target[..., 0], stored)
     if self.coverage is not None:
       self.coverage.add(pred[..., 0], std[..., 0], target[..., 0])
@@ -352,35 +366,34 @@ class Evaluator:
     return result
 
   def _calibrate(self) -> dict[str, float]:
-    """The uncertainty's coverage at the kept scale, or at the scale fitted here (then kept in
-    the step folder, or, for a model folder that ships with the code, which is read-only, in
-    the outputs beside metrics.json); the predictions' std scaled by it (the uncertainty
-    offered: calibrated)."""
-    s = self.cfg.sampling
-    if self.cfg.eval.fit_uncertainty:
-      self.scale = self.coverage.fit()
-      kept = self.calibration
+    """The uncertainty's coverage at the kept calibration, or at the one fitted here
+    (`intervals.fit`: split-conformal, kept in the step folder, or, for a model folder that
+    ships with the code, which is read-only, in the outputs beside metrics.json); the
+    predictions' std scaled by its 1-std scale (the uncertainty offered: calibrated)."""
+    s, e = self.cfg.sampling, self.cfg.eval
+    if e.fit_uncertainty:
+      self.calib = self.coverage.fit(tuple(e.interval_levels))
+      kept = self.calibration_file
       if self.scale_beside:
         kept = fileio.join(self.staged.work, run_opening.UNCERTAINTY_FILE)
         self.extra.append(run_opening.UNCERTAINTY_FILE)
-      fileio.write_text(
-        kept,
-        json.dumps(
-          {
-            "scale": self.scale,
-            "fitted_on": fileio.resolve(self.data_path),
-            "examples": self.n,
-            "num_samples": s.num_samples,
-            "sampling_steps": s.steps,
-            "eta": s.eta,
-          },
-          indent=1,
-        ),
-      )
+      record = {
+        **self.calib.record(),
+        "fitted_on": fileio.resolve(self.data_path),
+        "examples": self.n,
+        "num_samples": s.num_samples,
+        "sampling_steps": s.steps,
+        "eta": s.eta,
+      }
+      fileio.write_text(kept, json.dumps(record, indent=1))
       where = fileio.join(self.out, run_opening.UNCERTAINTY_FILE) if self.scale_beside else kept
-      log.info(f"uncertainty scale {self.scale:.3f} fitted on {self.n} examples, kept in {where}")
-    self.predictions.scale_std(self.scale)
-    return self.coverage.result(self.scale)
+      log.info(
+        f"uncertainty scales {self.calib.std_scale:.3f} (1 std), "
+        f"{self.calib.scale(intervals.TWO_SIGMA):.3f} (2 std) fitted on {self.n} examples, "
+        f"kept in {where}"
+      )
+    self.predictions.scale_std(self.calib.std_scale)
+    return self.coverage.result(self.calib)
 
   def _settings(self) -> dict[str, Any]:
     s, e = self.cfg.sampling, self.cfg.eval
@@ -411,5 +424,5 @@ class Evaluator:
     shown = self.shown
     figure = {**shown, "baselines": {k: v for k, v in shown["baselines"].items() if k in report}}
     if shown["std"] is not None:
-      figure["std"] = shown["std"] * np.float32(self.scale)
+      figure["std"] = shown["std"] * np.float32(self.calib.std_scale)
     return figure

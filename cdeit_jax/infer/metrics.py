@@ -1,13 +1,21 @@
-"""Image metrics of CDEIT evaluation (numpy, on the host).
+"""The figures of merit of CDEIT evaluation (numpy, on the host), and their one registry.
 
 RMSE and PSNR exactly as the CDEIT authors compute them; SSIM as Wang et al. (2004) with the
-standard Gaussian window; Pearson's correlation coefficient. Images are on the [-1, 1] scale.
+standard Gaussian window; Pearson's correlation coefficient (images on the [-1, 1] scale); the
+GREIT figures of images of small targets (`greit_merit`). `IMAGE` and `GREIT` are the registry
+(`Figure`: name, label, function, which way is better, whether the empty image has it): eval.py,
+`report` and the GREIT test read them, so a new figure is one entry here.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 import numpy as np
 from scipy import ndimage
+
+from cdeit_jax.infer import greit_merit
 
 DEFINITIONS = {
   "rmse": "sqrt(mean((pred - gt)^2)) over all pixels of all images, on the [-1, 1] scale "
@@ -24,14 +32,21 @@ DEFINITIONS = {
   "empty": "the empty image (all zeros, no change): the floor every method must beat",
   "tikhonov": "eval.py --config.eval.tikhonov=True: the built-in one-step Tikhonov/NOSER "
   "reconstruction (cdeit_jax.eit.tikhonov) of ys / voltage_ratio",
-  "uncertainty": "K > 1 samples: std over the samples, times the checkpoint's uncertainty "
-  "scale (fitted on simulations, eval.py --config.eval.fit_uncertainty=True; 1 "
-  "when none was fitted). coverage_1std / coverage_2std: the fraction of the "
-  "pixels inside the disk whose |pred - gt| <= 1 / 2 scaled stds (a calibrated "
-  "Gaussian: 0.683 / 0.954); raw_*: the same with the unscaled std; "
-  "std_error_cc: Pearson correlation over images between an image's mean std "
-  "in the disk and its RMSE",
-  "baseline_scaling": "classical reconstructions (tikhonov, TR, xs_gn) are divided by their "
+  "uncertainty": "K > 1 samples: std over the samples; the interval at a coverage level is "
+  "the std times the calibration's scale for that level (infer.intervals: split-conformal, "
+  "the level's quantile of |pred - gt| / std over a calibration split's disk pixels, eval.py "
+  "--config.eval.fit_uncertainty=True; a calibration of one scale s, as fitted before, reads as "
+  "a Gaussian's: s times the level's normal quantile; none: scale 1 at 1 std). `scale` is the "
+  "1-std scale (the offered std is the raw std times it), `scale_2std` the 2-std one. "
+  "coverage_1std / coverage_2std: the fraction of the pixels inside the disk whose |pred - gt| "
+  "lies within the 1 / 2 std intervals (stated: 0.683 / 0.954); coverage: the same at each "
+  "level the calibration holds; raw_*: within 1 / 2 unscaled stds; std_error_cc: Pearson "
+  "correlation over images between an image's mean std in the disk and its RMSE",
+  "greit": "eval.py --config.eval.greit=True: the GREIT linear reconstruction (cdeit_jax.eit."
+  "greit: desired images of radius 0.2, its weight chosen for a noise figure of 0.5) of ys / "
+  "voltage_ratio",
+  "baseline_scaling": "classical reconstructions (tikhonov, greit, TR, xs_gn) are divided by "
+  "their "
   "maximum absolute value per image (to [-1, 1], not using the ground truth) "
   "before the same metrics",
 }
@@ -95,14 +110,72 @@ def scale_baseline(b: np.ndarray) -> np.ndarray:
   return b / m if m > 0 else b
 
 
+@dataclasses.dataclass(frozen=True)
+class Figure:
+  """One figure of merit (module docstring): its name (metrics.json's key), its label and format
+  in tables, its function, which way is better (a key of `BETTER`), whether the empty image has
+  it (the CC of a constant image is undefined) and whether the report's verdict counts it. An
+  image figure's function takes (pred, gt), and its images combine by `combine` ("mean",
+  "nanmean", or "rms": the root of the images' mean squared error); a GREIT figure's takes one
+  `greit_merit.TargetImage`, by EIDORS' definition, and `variants` holds other definitions by
+  name (pyEIT's); `centre_normalised`: over more than 10 targets it is divided by the mean of the
+  targets near the centre (EIDORS' AR)."""
+
+  name: str
+  label: str
+  fmt: str
+  function: Callable
+  better: str
+  empty: bool = True
+  judged: bool = False
+  combine: str = "mean"
+  variants: dict[str, Callable] = dataclasses.field(default_factory=dict)
+  centre_normalised: bool = False
+
+  def is_better(self, a: float, b: float) -> bool:
+    """Whether value `a` of this figure is better than `b`."""
+    return BETTER[self.better](a, b)
+
+
+BETTER = {
+  "lower": lambda a, b: a < b,
+  "higher": lambda a, b: a > b,
+  "nearer 0": lambda a, b: abs(a) < abs(b),
+  "nearer 1": lambda a, b: abs(a - 1) < abs(b - 1),
+}
+
+# An image against its truth: every evaluation's columns, in this order.
+IMAGE = (
+  Figure("rmse", "RMSE", "{:.4f}", rmse, "lower", judged=True, combine="rms"),
+  Figure("psnr", "PSNR", "{:.2f}", psnr, "higher", judged=True),
+  Figure("ssim", "SSIM", "{:.3f}", ssim, "higher"),
+  Figure("ssim_disk", "SSIM disk", "{:.3f}", ssim_disk, "higher"),
+  Figure("cc", "CC", "{:.3f}", pearson, "higher", empty=False, judged=True, combine="nanmean"),
+)
+
+
+def _greit(name: str, fmt: str, better: str, fn: Callable, pyeit: Callable | None = None, **kw):
+  """A GREIT figure: EIDORS' `fn`, pyEIT's variant `pyeit` (the same function if None)."""
+  return Figure(name, name, fmt, fn, better, False, variants={"pyeit": pyeit or fn}, **kw)
+
+
+# Images of a small target (the GREIT test, `infer.greit_test`; greit_merit's definitions).
+GREIT = (
+  _greit("AR", "{:.3f}", "nearer 1", greit_merit.amplitude, greit_merit.pyeit_amplitude,
+         centre_normalised=True),
+  _greit("PE", "{:+.3f}", "nearer 0", greit_merit.position_error,
+         greit_merit.pyeit_position_error),
+  _greit("RES", "{:.3f}", "lower", greit_merit.resolution),
+  _greit("SD", "{:.3f}", "lower", greit_merit.shape_deformation,
+         greit_merit.pyeit_shape_deformation),
+  _greit("RNG", "{:.3f}", "lower", greit_merit.ringing),
+)  # fmt: skip
+FIGURES = {f.name: f for f in IMAGE + GREIT}
+HEADLINE = IMAGE[0]  # the figure a method's lead over another is told in (RMSE)
+
+
 def per_image(pred: np.ndarray, gt: np.ndarray) -> dict[str, float]:
-  return {
-    "rmse": rmse(pred, gt),
-    "psnr": psnr(pred, gt),
-    "ssim": ssim(pred, gt),
-    "ssim_disk": ssim_disk(pred, gt),
-    "cc": pearson(pred, gt),
-  }
+  return {f.name: f.function(pred, gt) for f in IMAGE}
 
 
 def _nanmean(values) -> float:
@@ -121,16 +194,47 @@ def _mse(pred: np.ndarray, gt: np.ndarray) -> float:
   return float(np.mean(d * d))
 
 
+_COMBINE = {
+  "rms": lambda values, mse: float(np.sqrt(np.mean(mse))),
+  "mean": lambda values, mse: float(np.mean(values)),
+  "nanmean": lambda values, mse: _nanmean(values),
+}
+
+
 def _overall(rows: list[dict[str, float]], mse: list[float]) -> dict[str, float]:
-  """The overall figures of per-image rows: RMSE over all pixels (every image has as many) from
-  the images' mean squared errors, the others averaged over images."""
-  return {
-    "rmse": float(np.sqrt(np.mean(mse))),
-    "psnr": float(np.mean([r["psnr"] for r in rows])),
-    "ssim": float(np.mean([r["ssim"] for r in rows])),
-    "ssim_disk": float(np.mean([r["ssim_disk"] for r in rows])),
-    "cc": _nanmean([r["cc"] for r in rows]),
-  }
+  """The overall figures of per-image rows (each figure's `combine`: RMSE over all pixels, every
+  image having as many, from the images' mean squared errors; the others averaged over
+  images)."""
+  return {f.name: _COMBINE[f.combine]([r[f.name] for r in rows], mse) for f in IMAGE}
+
+
+def greit_figures(
+  images: np.ndarray,
+  positions: np.ndarray,
+  medium: np.ndarray,
+  truths: np.ndarray | None = None,
+  definition: str = "eidors",
+) -> dict[str, np.ndarray]:
+  """{GREIT figure: (N,)} of images (N, H, W) of small targets at `positions` (N, 2, in units of
+  the tank's radius) by `definition` ("eidors", or a variant's name: "pyeit"); `truths` (N, H,
+  W) the targets' images (pyEIT's PE reads them); a centre-normalised figure of more than 10
+  images is divided by the mean of the targets within `greit_merit.CENTRE_RADIUS` of the
+  centre (EIDORS' AR)."""
+  if definition not in greit_merit.DEFINITIONS:
+    raise ValueError(f"definition {definition!r}: one of {greit_merit.DEFINITIONS}")
+  targets = [
+    greit_merit.read(im, medium, p, None if truths is None else truths[i])
+    for i, (im, p) in enumerate(zip(images, positions))
+  ]
+  out = {}
+  centre = np.hypot(*np.asarray(positions, np.float64).T) < greit_merit.CENTRE_RADIUS
+  for f in GREIT:
+    fn = f.function if definition == "eidors" else f.variants[definition]
+    values = np.array([fn(t) for t in targets])
+    if definition == "eidors" and f.centre_normalised and len(targets) > 10 and centre.any():
+      values = values / values[centre].mean()
+    out[f.name] = values
+  return out
 
 
 class Scores:
@@ -176,9 +280,11 @@ class Scores:
     report = {
       "cdeit": _overall(self.rows, self._mse["cdeit"]),
       "empty": {
-        k: v for k, v in _overall(self._rows["empty"], self._mse["empty"]).items() if k != "cc"
+        k: v
+        for k, v in _overall(self._rows["empty"], self._mse["empty"]).items()
+        if FIGURES[k].empty
       },
-    }  # CC: undefined
+    }
     rows = [dict(r) for r in self.rows]
     for name, ok in self._finite.items():
       if ok:
@@ -198,87 +304,3 @@ def score(
   scaled = s.add(pred, target, baselines)
   report, rows = s.result()
   return report, rows, {k: v for k, v in scaled.items() if k in report}
-
-
-ONE_SIGMA = 0.6826894921370859  # P(|N(0, 1)| <= 1)
-
-
-class Coverage:
-  """How honest a per-pixel std is (`DEFINITIONS["uncertainty"]`), images given a chunk at a
-  time: the pixels inside the disk whose |pred - gt| lies within 1 and 2 stds (times `scale`, and
-  unscaled), and the correlation over images of an image's mean std and its RMSE. With
-  `scale=None` it keeps every pixel's |pred - gt| / std (8 bytes a pixel) to fit the scale
-  (`fit`) before `result`."""
-
-  def __init__(self, scale: float | None = 1.0):
-    self.scale = scale
-    self._factors = () if scale is None else (scale, 2 * scale, 1.0, 2.0)
-    self._within = np.zeros(len(self._factors))
-    self._pixels = 0
-    self._ratios: list[np.ndarray] = []
-    self._image_std: list[float] = []
-    self._image_rmse: list[float] = []
-    self._std_sum = 0.0
-
-  def add(self, pred: np.ndarray, std: np.ndarray, gt: np.ndarray) -> None:
-    """Images (n, H, W) each."""
-    from cdeit_jax.eit.phantom import disk_mask
-
-    disk = disk_mask(np.shape(gt)[-1])
-    err = np.abs(np.asarray(pred, np.float64) - gt)[:, disk]
-    sd = np.asarray(std, np.float64)[:, disk]
-    if self.scale is None:
-      self._ratios.append(
-        np.where(sd > 0, err / np.maximum(sd, 1e-12), np.where(err > 0, np.inf, 0.0)).ravel()
-      )
-    for i, c in enumerate(self._factors):
-      self._within[i] += np.count_nonzero(err <= c * sd)
-    self._pixels += err.size
-    self._image_std += sd.mean(1).tolist()
-    self._image_rmse += np.sqrt((err * err).mean(1)).tolist()
-    self._std_sum += float(sd.sum())
-
-  def fit(self) -> float:
-    """The one factor c that makes c * std cover 68.3 % of the disk's pixel errors (the 1-sigma
-    coverage of a Gaussian): the 68.3 % quantile of |pred - gt| / std."""
-    if self.scale is not None:
-      raise ValueError("Coverage.fit needs Coverage(scale=None)")
-    return float(np.quantile(np.concatenate(self._ratios), ONE_SIGMA))
-
-  def result(self, scale: float | None = None) -> dict[str, float]:
-    """The coverage at the `scale` given when built (or, built with None, at `scale`)."""
-    if self.scale is None:
-      ratios = np.concatenate(self._ratios)
-      scale = 1.0 if scale is None else scale
-      within = [np.count_nonzero(ratios <= c) for c in (scale, 2 * scale, 1.0, 2.0)]
-    else:
-      scale, within = self.scale, self._within
-    cover = [float(w / self._pixels) for w in within]
-    n = len(self._image_std)
-    return {
-      "scale": float(scale),
-      "coverage_1std": cover[0],
-      "coverage_2std": cover[1],
-      "raw_coverage_1std": cover[2],
-      "raw_coverage_2std": cover[3],
-      "std_error_cc": pearson(np.asarray(self._image_std), np.asarray(self._image_rmse))
-      if n > 1
-      else float("nan"),
-      "mean_std": float(scale * self._std_sum / self._pixels),
-    }
-
-
-def uncertainty(
-  pred: np.ndarray, std: np.ndarray, gt: np.ndarray, scale: float = 1.0
-) -> dict[str, float]:
-  """How honest the per-pixel std is (`DEFINITIONS["uncertainty"]`), images (N, H, W)."""
-  c = Coverage(scale)
-  c.add(pred, std, gt)
-  return c.result()
-
-
-def fit_uncertainty_scale(pred: np.ndarray, std: np.ndarray, gt: np.ndarray) -> float:
-  """`Coverage.fit` of images (N, H, W)."""
-  c = Coverage(None)
-  c.add(pred, std, gt)
-  return c.fit()

@@ -34,17 +34,16 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit import layout, measurement, symmetry
-from cdeit_jax.infer import frame_guards, sampling, translated_run
+from cdeit_jax.infer import frame_guards, intervals, sampling, translated_run
 from cdeit_jax.infer.run_opening import (
   MAX_SAMPLES,
-  calibration_file,
+  calibration,
   check_overrides,
   choose,
   is_int,
   load,
   open_workdir,
   translation,
-  uncertainty_scale,
 )
 from cdeit_jax.model.diffusion import Diffusion
 from cdeit_jax.model.system import ModelSystem
@@ -58,12 +57,23 @@ class Reconstruction:
   (`Output.reconstruction`): `images` (N, 128, 128), the mean over K samples; `std` (N, 128, 128)
   the calibrated per-pixel std, None for K = 1; `samples` (K, N, 128, 128) when asked for; a
   segmenter's `probabilities` (N, 128, 128, 3) of water, resistive and conductive, its image
-  and std those of its class contrast (-1, 0, +1) under them."""
+  and std those of its class contrast (-1, 0, +1) under them; `calibration` the std's
+  (`infer.intervals`), whose `interval` at any level it holds."""
 
   images: np.ndarray
   std: np.ndarray | None = None
   samples: np.ndarray | None = None
   probabilities: np.ndarray | None = None
+  calibration: intervals.Calibration | None = None
+
+  def interval(self, level: float = intervals.TWO_SIGMA) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) (N, 128, 128): the per-pixel interval at coverage `level` (default "2
+    std", 95.4 %), the std's calibrated scale for that level."""
+    if self.std is None:
+      raise InputError("an interval needs the std of several samples (num_samples > 1)")
+    c = self.calibration or intervals.UNCALIBRATED
+    half = self.std * np.float32(c.scale(level) / c.std_scale)
+    return self.images - half, self.images + half
 
   @property
   def nonfinite(self) -> np.ndarray:
@@ -80,7 +90,9 @@ class Reconstructor:
   statistics the model's condition is standardised with (the checkpoint's). `units` (a name
   of `measurement.unit_names`, or a device in its units) or the ratios say in which units the
   voltages are (`measurement.in_units`; neither: the model's device's own, `measurement.own_units`).
-  `uncertainty_scale` multiplies the std (`eval.py --config.eval.fit_uncertainty=True` fits it).
+  `uncertainty_scale` calibrates the std (an `intervals.Calibration`, as `eval.py
+  --config.eval.fit_uncertainty=True` fits it, or one factor read as a Gaussian's): the offered
+  std is the raw one times its 1-std scale.
 
   Its parts: `guards` (`frame_guards.FrameGuards`) check the frames every entry point takes,
   `sampler` (`sampling.BucketedSampler`) samples their conditions, and `output` (the model's
@@ -99,7 +111,7 @@ class Reconstructor:
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     mesh: jax.sharding.Mesh | None = None,
-    uncertainty_scale: float = 1.0,
+    uncertainty_scale: float | intervals.Calibration = 1.0,
     num_examples: int | None = None,
   ):
     self.config = config
@@ -117,7 +129,12 @@ class Reconstructor:
     self.mean, self.std = stats_lib.check_stats(
       np.asarray(mean), np.asarray(std), source="the statistics"
     )
-    self.uncertainty_scale = float(uncertainty_scale)
+    self.calibration = (
+      uncertainty_scale
+      if isinstance(uncertainty_scale, intervals.Calibration)
+      else intervals.Calibration.of_scale(float(uncertainty_scale))
+    )
+    self.uncertainty_scale = self.calibration.std_scale
     # the one set of guards of the frames (the absolute frames' allows for the model's drift)
     self.guards = frame_guards.FrameGuards(
       model, self.mean, self.std, self.units, frame_guards.drift_allowance(config)
@@ -249,7 +266,7 @@ class Reconstructor:
       loaded.meta.std,
       **({} if translator else ratios),  # the model reads translated values in its own units
       mesh=mesh,
-      uncertainty_scale=uncertainty_scale(calibration_file(run, loaded.meta.step)),
+      uncertainty_scale=calibration(run, loaded.meta.step, cfg),
     )
     rec.checkpoint = run.step_dir(loaded.meta.step)
     return TranslatedReconstructor(rec, translator, **ratios) if translator else rec
@@ -333,9 +350,8 @@ class Reconstructor:
     imgs = self.sampler.sample_rows(
       cond[rows_frame], (first_index + rows_frame).astype(np.int32), rows_sample, progress=progress
     )
-    return Reconstruction(
-      **self.output.reconstruction(imgs, n, self.uncertainty_scale, keep_samples)
-    )
+    fields = self.output.reconstruction(imgs, n, self.uncertainty_scale, keep_samples)
+    return Reconstruction(**fields, calibration=self.calibration)
 
   def __repr__(self) -> str:
     return (

@@ -2,13 +2,12 @@
 challenge's evaluation): a workdir's or model folder's checkpoint chosen (`choose`: its first
 candidate whose metadata reads) with its config and the command's overrides checked
 (`settings`: only the sampling, eval and W&B settings and the model's runtime keys may be set),
-its weights loaded onto the devices (`load`), and the uncertainty scale a step keeps
-(`uncertainty_scale`, `calibration_file`).
+its weights loaded onto the devices (`load`), and the calibration of the uncertainty a step
+keeps (`calibration`, `calibration_file`; `infer.intervals`).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import jax
@@ -20,6 +19,7 @@ from cdeit_jax.checkpoints import checkpoint, loading, reader
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.infer import intervals
 from cdeit_jax.model.system import ModelSystem
 
 log = logs.log.getChild("eval")
@@ -32,7 +32,7 @@ SETTABLE = (
   "wandb.",
   *(f"model.{k}" for k in loading.RUNTIME_MODEL_KEYS),
 )
-UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration factor
+UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration (intervals)
 # in a workdir: the device whose frames the run's model reads translated (`cdeit_jax.translate`)
 TRANSLATION_FILE, MODEL_FOLDER = checkpoint.TRANSLATION_FILE, checkpoint.MODEL_FOLDER
 MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
@@ -81,33 +81,22 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
 
 
 def uncertainty_scale(path: str) -> float:
-  """The calibration factor kept at `path` (a step folder's UNCERTAINTY_FILE); 1 if none."""
-  try:
-    text = fileio.path(path).read_text()
-  except FileNotFoundError:
-    return 1.0
-  except OSError as e:
-    raise InputError(f"{path}: unreadable ({e}); {_REFIT}") from None
-  return parse_uncertainty(text, path)
+  """The 1-std scale of the calibration kept at `path` (a step folder's UNCERTAINTY_FILE); 1 if
+  none."""
+  return intervals.read(path).std_scale
 
 
-_REFIT = (
-  "delete it (the std is then uncalibrated) or fit it again with --config.eval.fit_uncertainty=True"
-)
-
-
-def parse_uncertainty(text: Any, where: str, fix: str = _REFIT) -> float:
-  """The calibration factor of an UNCERTAINTY_FILE's text (JSON {"scale": s}, 0 < s < inf),
-  or an InputError naming `where` and saying `fix`."""
-  try:
-    record = json.loads(text) if isinstance(text, str) else None
-  except ValueError as e:
-    raise InputError(f"{where}: the uncertainty scale is not JSON ({e}); {fix}") from None
-  scale = record.get("scale") if isinstance(record, dict) else None
-  if isinstance(scale, bool) or not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
-    got = scale if isinstance(record, dict) else text
-    raise InputError(f"{where}: 'scale' must be a positive number, got {got!r:.80}; {fix}")
-  return float(scale)
+def calibration(run: reader.Run, step: int, cfg: ml_collections.ConfigDict):
+  """The `intervals.Calibration` a step's std is read with: the file `--config.eval.calibration`
+  names (one fitted elsewhere, e.g. beside the outputs of a fit on a model folder that ships with
+  the code), else the step's own (`calibration_file`; none: uncalibrated)."""
+  given = cfg.eval.calibration
+  if given is not None and not fileio.path(given).exists():
+    raise InputError(
+      f"--config.eval.calibration={given}: no such file (an {UNCERTAINTY_FILE} that eval.py "
+      "--config.eval.fit_uncertainty=True wrote)"
+    )
+  return intervals.read(given or calibration_file(run, step))
 
 
 def check_overrides(overrides: dict[str, Any]) -> None:
