@@ -75,6 +75,15 @@ def reference_sizes(config: str | None) -> dict:
   return {"patch": m.patch_size, "hidden": m.hidden_size, "dtype": m.dtype}
 
 
+def ours_out(path: str) -> bool:
+  """Whether `path` is a JSON this benchmark wrote (its `bench` field), which --out replaces."""
+  try:
+    with open(path) as fh:
+      return str(json.load(fh).get("bench", "")).endswith("_vs_reference")
+  except (OSError, ValueError, AttributeError):
+    return False
+
+
 def refuse(message: str) -> None:
   """A bad argument, in one line (no usage text), exit code 2, before any work."""
   print(f"error: {message}", file=sys.stderr)
@@ -93,10 +102,12 @@ def main():
   a = p.parse_args()
   if a.out:
     from cdeit_jax.checkpoints import shipped
+    from cdeit_jax.common import fileio
     from cdeit_jax.common.errors import InputError
 
     try:
       shipped.refuse_write(a.out, "--out")  # before minutes of timing
+      fileio.output_file(a.out, "--out", ours_out, "this benchmark's JSON")
     except InputError as e:
       refuse(str(e))
   check_reference(a.reference)
@@ -192,10 +203,14 @@ def main():
     out.update(cpu_extras(a, py, env, ref_cmd, ref_env, train, sample, flops))
   text = json.dumps(out)
   if a.out:
-    tmp = a.out + ".tmp"
-    with open(tmp, "w") as fh:
-      fh.write(text + "\n")
-    os.replace(tmp, a.out)
+    from cdeit_jax.common import fileio
+
+    fileio.atomic_write(
+      a.out,
+      lambda tmp: open(tmp, "w").write(text + "\n"),
+      ours=ours_out,
+      what="this benchmark's JSON",
+    )
   print(text)
 
 

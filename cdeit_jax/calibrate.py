@@ -38,6 +38,10 @@ def main(argv: list[str]) -> None:
     raise InputError(f"--out {FLAGS.out}: the calibrated device is written as an .npz file")
   shipped.refuse_write(FLAGS.out, "--out")
   fileio.refuse_own_input(FLAGS.out, "--out", [("--device", FLAGS.device)], writes=())
+  # a device file this command wrote is replaced (a rerun), nothing else; its folder is made
+  fileio.output_file(
+    FLAGS.out, "--out", device_files.is_saved_device, device_files.SAVED, makes_folder=True
+  )
   width_deg = given_width(FLAGS.width_deg, FLAGS.electrode_cm, FLAGS.tank_cm)
   lay, reference = layout.from_device_file(
     FLAGS.device,

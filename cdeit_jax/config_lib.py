@@ -323,9 +323,14 @@ def check_training_config(
     )
   need(
     cfg.time_budget_s is None
-    or (isinstance(cfg.time_budget_s, (int, float)) and cfg.time_budget_s > 0),
+    or (
+      isinstance(cfg.time_budget_s, (int, float))
+      and not isinstance(cfg.time_budget_s, bool)
+      and 0 < cfg.time_budget_s < float("inf")
+    ),
     "time_budget_s",
-    "must be a number of seconds > 0 (or None: no limit)",
+    "must be a finite number of seconds > 0 (or None: no limit; a run without a budget ends at "
+    "config.steps)",
   )
   need(cfg.optimizer.lr > 0, "optimizer.lr", "must be > 0")
   need(cfg.optimizer.grad_clip >= 0, "optimizer.grad_clip", "must be >= 0 (0 disables clipping)")

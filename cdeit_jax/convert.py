@@ -12,6 +12,7 @@ carries its config, device and statistics: no --config.
 
 from __future__ import annotations
 
+import json
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -276,24 +277,62 @@ def convert(
   )
 
 
-def import_model_file(path: str, workdir: str) -> str:
-  """A model file (`checkpoints.model_file`) as an inference checkpoint in `workdir`: its EMA
-  weights, metadata, training record and uncertainty scale; returns the step's directory."""
+@dataclass(frozen=True)
+class ModelFile:
+  """A model file checked whole (`check_model_file`): its model assembled and what its step is
+  saved with."""
+
+  model: CDEIT
+  cfg: Any
+  meta: dict[str, Any]
+  mean: np.ndarray
+  std: np.ndarray
+  files: dict[str, str]  # {name: text} for the step folder (the uncertainty scale)
+  extra: dict[str, Any]  # more fields of its metadata: the file's digest, its training record
+  source: str
+
+
+def check_model_file(path: str) -> ModelFile:
+  """Everything a model file says, checked before anything is written (`import_model_file`):
+  the file whole (`model_file.read`: format, digest, float32 finite weights), its record (the
+  step's metadata as a checkpoint's is checked, statistics, calibration, uncertainty scale,
+  training record), the sizes its config implies (`network.check_sizes`, before anything is
+  allocated) and its weights' names and shapes against the model it describes; a
+  `ModelFileError` in one line naming the file, else the model, assembled."""
   from cdeit_jax.checkpoints import checkpoint, loading, model_file
-  from cdeit_jax.infer import run_opening
+  from cdeit_jax.infer import intervals, run_opening
 
   arrays, record, sha = model_file.read(path)
-  meta = record["meta"]
-  where = f"model file {path}"
+  meta, where = record["meta"], f"model file {path}"
+  step = meta.get("step")
+  whole = isinstance(step, int) and not isinstance(step, bool) and step >= 0
+  problem = checkpoint.meta_problem(meta, step) if whole else f"step {step!r}"
+  if problem:
+    raise model_file.ModelFileError(f"{where}: its metadata is not a checkpoint's ({problem})")
+  for key in ("training", "exported"):
+    if not isinstance(record.get(key) or {}, dict):
+      raise model_file.ModelFileError(f"{where}: its record's {key!r} is not a mapping")
+  files = {}
+  text = record.get("uncertainty")
+  if text is not None:  # the step's calibration file's text, as `intervals.read` reads it
+    try:
+      intervals.from_record(json.loads(text) if isinstance(text, str) else None, where)
+    except (ValueError, InputError):
+      raise model_file.ModelFileError(
+        f"{where}: its record's uncertainty is not a calibration export writes (JSON text of "
+        f"a positive 'scale', got {text!r:.80}); export the run again"
+      ) from None
+    files[run_opening.UNCERTAINTY_FILE] = text
   try:
-    step, (mean, std) = int(meta["step"]), checkpoint.meta_stats(meta)
-  except (KeyError, TypeError, ValueError) as e:
-    raise model_file.ModelFileError(f"{where}: its metadata lacks {e}") from None
-  cfg = loading.model_config(meta)
-  system = loading.resolve(cfg, meta)
-  abstract = nnx.state(nnx.eval_shape(lambda: loading.build(cfg, system)), nnx.Param)
-  flat = nnx.to_flat_state(abstract)
-  names = {"/".join(map(str, p)): (p, v) for p, v in flat}
+    mean, std = checkpoint.meta_stats(meta)
+    cfg = loading.model_config(meta)
+    system = loading.resolve(cfg, meta)
+    abstract = nnx.eval_shape(lambda: loading.build(cfg, system))  # sizes checked first
+  except InputError as e:
+    raise model_file.ModelFileError(f"{where}: its record does not describe a model: {e}") from None
+  names = {
+    "/".join(map(str, p)): (p, v) for p, v in nnx.to_flat_state(nnx.state(abstract, nnx.Param))
+  }
   missing, unexpected = sorted(set(names) - set(arrays)), sorted(set(arrays) - set(names))
   shapes = [
     f"{n}: file {arrays[n].shape}, model {v.shape}"
@@ -313,23 +352,44 @@ def import_model_file(path: str, workdir: str) -> str:
     [(p, v.replace(value=jax.numpy.asarray(arrays[n], v.dtype))) for n, (p, v) in names.items()]
   )
   sharding = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  model = loading.assemble(cfg, system, params, meta.get("calibration", {}), sharding)
-  step_dir = checkpoint.save_inference(
-    workdir,
+  try:
+    model = loading.assemble(cfg, system, params, meta.get("calibration", {}), sharding, abstract)
+  except InputError as e:
+    raise model_file.ModelFileError(f"{where}: its calibration: {e}") from None
+  training = {"training": record["training"]} if record.get("training") else {}
+  came = (record.get("exported") or {}).get("from", "")
+  return ModelFile(
     model,
     cfg,
-    mean=mean,
-    std=std,
-    step=step,
-    source=f"{where} (sha256 {sha[:16]}...; {record.get('exported', {}).get('from', '')})",
-    extra={
-      "model_file": {"sha256": sha},
-      **({"training": record["training"]} if record.get("training") else {}),
-    },
+    meta,
+    mean,
+    std,
+    files,
+    {"model_file": {"sha256": sha}, **training},
+    f"{where} (sha256 {sha[:16]}...; {came})",
   )
-  if record.get("uncertainty"):
-    fileio.write_text(fileio.join(step_dir, run_opening.UNCERTAINTY_FILE), record["uncertainty"])
-  return step_dir
+
+
+def import_model_file(path: str, workdir: str) -> str:
+  """A model file (`checkpoints.model_file`) as an inference checkpoint in `workdir`, whole or
+  not at all: checked whole first (`check_model_file`), then its EMA weights, metadata, training
+  record and uncertainty scale saved as the workdir's one step (`checkpoint.save_inference`,
+  which refuses a workdir holding a model or a run); returns the step's directory."""
+  from cdeit_jax.checkpoints import checkpoint
+
+  checkpoint.refuse_import(workdir)  # before the work
+  got = check_model_file(path)
+  return checkpoint.save_inference(
+    workdir,
+    got.model,
+    got.cfg,
+    mean=got.mean,
+    std=got.std,
+    step=int(got.meta["step"]),
+    source=got.source,
+    extra=got.extra,
+    files=got.files,
+  )
 
 
 def main(argv: list[str]) -> None:
@@ -337,10 +397,17 @@ def main(argv: list[str]) -> None:
 
   del argv
   f = flags.FLAGS
-  from cdeit_jax.checkpoints import model_file, shipped
+  from cdeit_jax.checkpoints import checkpoint, model_file, shipped
 
   shipped.refuse_write(f.workdir, "--workdir")
   fileio.refuse_own_input(f.workdir, "--workdir", [("--checkpoint", f.checkpoint)])
+  checkpoint.refuse_import(f.workdir)  # a file, a run, a model there: before any work
+  if fileio.path(f.checkpoint).is_dir():
+    raise InputError(
+      f"--checkpoint {f.checkpoint}: is a folder; give a model file ({model_file.SUFFIX}, python "
+      "-m cdeit_jax.export) or a PyTorch checkpoint file (.pt, .pth, .npz); a workdir is read "
+      "as it is (eval.py --workdir, reconstruct --workdir)"
+    )
   if model_file.is_model_file(f.checkpoint) or f.checkpoint.endswith(model_file.SUFFIX):
     given = [n for n in ("config", "stats", "step", "weights") if f[n].present]
     if given:
@@ -358,7 +425,9 @@ def main(argv: list[str]) -> None:
     path = convert(
       f.checkpoint, f.config, f.workdir, stats_dir=f.stats, step=f.step, weights=f.weights
     )
-  print(f"wrote {path}")
+  step = int(fileio.basename(path))
+  assert checkpoint.resolve(f.workdir)[1] == step  # the only step (`refuse_import`): the one read
+  print(f"wrote {path} (step {step}: what eval.py and reconstruct read with --workdir {f.workdir})")
 
 
 if __name__ == "__main__":

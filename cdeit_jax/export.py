@@ -31,13 +31,12 @@ def export(workdir: str, out: str, step: int | None = None) -> dict:
   from cdeit_jax import ship
   from cdeit_jax.checkpoints import loading, model_file, reader, shipped
   from cdeit_jax.common import fileio
-  from cdeit_jax.common.errors import InputError
   from cdeit_jax.infer import run_opening
 
   shipped.refuse_write(out, "--out")
   fileio.refuse_own_input(out, "--out", [("--workdir", workdir)])
-  if fileio.path(out).is_dir():
-    raise InputError(f"--out {out}: is a folder; give a file name ({model_file.SUFFIX})")
+  # a regular file or a new one, in a folder that exists; a model file is replaced, nothing else
+  fileio.output_file(out, "--out", model_file.is_model_file, model_file.WHAT)
   with reader.open_run(workdir, step) as run:
     meta, skipped = run.first_readable()
     loaded = run.load(

@@ -114,7 +114,7 @@ def _main(argv, stack: contextlib.ExitStack):
     system = loading.resolve(cfg, meta.record)  # the frames are its device's values
     translator = run_opening.translation(translated, system)  # or another device's, translated
     device = translator.device if translator else system.device
-    recording, reference = _frames_and_reference(device, run.workdir)
+    recording, reference, ref_where = _frames_and_reference(device, run.workdir)
     stack.enter_context(recording)
     t0 = time.perf_counter()
     with compile_cache.Watch() as cache:
@@ -131,7 +131,7 @@ def _main(argv, stack: contextlib.ExitStack):
         translated=translated,
       )
   where, n = FLAGS.frames, recording.n
-  ok = _checked(rec, recording, reference, where)
+  ok = _checked(rec, recording, reference, where, ref_where)
   calls = _calls(ok, n, FLAGS.chunk)
   for size in {len(run) for runs in calls.values() for run in runs}:
     rec.sampler.prepare(size * rec.num_samples)  # timing starts after compilation
@@ -159,7 +159,9 @@ def _main(argv, stack: contextlib.ExitStack):
     t0 = time.perf_counter()
     for (lo, hi), runs in calls.items():
       # frames lo .. hi minus the reference, read from the file now (memory stays flat)
-      dv = rec.guards.difference(frames=recording.rows(lo, hi), reference=reference, where=where)
+      dv = rec.guards.difference(
+        frames=recording.rows(lo, hi), reference=reference, where=where, ref_where=ref_where
+      )
       for run in runs:
         r = rec.reconstruct(  # checked above, as a whole
           dv[run - lo], first_index=int(run[0]), progress=lambda m: bar.update(m / k), checked=True
@@ -189,7 +191,7 @@ def _main(argv, stack: contextlib.ExitStack):
   )
 
 
-def _checked(rec, recording, reference, where: str):
+def _checked(rec, recording, reference, where: str, ref_where: str):
   """The recording's rows that can be imaged (`FrameGuards.check_recording`, the whole judged
   once); a square R x R file is said to be read as one frame a row (its shape cannot tell rows
   from columns, and EIDORS keeps frames as columns), in a refusal and as a warning."""
@@ -202,7 +204,9 @@ def _checked(rec, recording, reference, where: str):
     "columns (EIDORS's layout), give it transposed"
   )
   try:
-    ok = rec.guards.check_recording(recording, reference, where, skip_bad=FLAGS.skip_bad_frames)
+    ok = rec.guards.check_recording(
+      recording, reference, where, skip_bad=FLAGS.skip_bad_frames, ref_where=ref_where
+    )
   except InputError as e:
     if not recording.square:
       raise
@@ -256,9 +260,10 @@ def _ratios(overrides: dict) -> tuple[float | None, float | None]:
 
 
 def _frames_and_reference(system, workdir: str):
-  """(the --frames recording, open (`infer.frames.Recording`), its reference frame or None) of
-  the measuring system `system` (the model's: its values per frame), from --frames, --reference
-  and --reference_row, the flags checked first; --out checked against `workdir`'s checkpoints."""
+  """(the --frames recording, open (`infer.frames.Recording`), its reference frame or None, where
+  that came from in words) of the measuring system `system` (the model's, or a translated run's
+  device: its values per frame), from --frames, --reference and --reference_row, the flags
+  checked first; --out checked against `workdir`'s checkpoints."""
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.infer import frames
 
@@ -275,18 +280,20 @@ def _frames_and_reference(system, workdir: str):
   r, described = system.num_values, system.describe()
   recording = frames.Recording(FLAGS.frames, r, described)
   try:
-    return recording, _reference(recording, r, described, workdir)
+    return recording, *_reference(recording, system, workdir)
   except BaseException:
     recording.close()
     raise
 
 
-def _reference(recording, r: int, described: str, workdir: str):
-  """The reference frame of --frames, --reference or --reference_row (one of them), or None."""
+def _reference(recording, system, workdir: str):
+  """(the reference frame of --frames, --reference or --reference_row (one of them), or None;
+  where it came from, in words); a device file given as --reference must be `system`'s."""
   from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer import frames, outputs
+  from cdeit_jax.infer import frame_guards, frames, outputs
 
-  reference = recording.reference
+  r, described = system.num_values, system.describe()
+  reference, where = recording.reference, f"{FLAGS.frames}: its reference frame"
   outputs.check_out(FLAGS.out, workdir=workdir, names=frames.OUTPUTS)
   if FLAGS.reference is not None:
     if reference is not None:
@@ -294,9 +301,11 @@ def _reference(recording, r: int, described: str, workdir: str):
         f"--reference {FLAGS.reference}: {FLAGS.frames} holds a reference frame "
         "already; give one of them"
       )
+    where = f"--reference {FLAGS.reference}"
     with frames.Recording(FLAGS.reference, r, described) as ref:
+      frame_guards.check_source(ref, system, where)
       if ref.n != 1:
-        raise InputError(f"--reference {FLAGS.reference}: holds {ref.n} frames; give one")
+        raise InputError(f"{where}: holds {ref.n} frames; give one")
       reference = ref.rows(0, 1)[0]
   if FLAGS.reference_row is not None:
     if reference is not None:
@@ -309,7 +318,8 @@ def _reference(recording, r: int, described: str, workdir: str):
         f"--reference_row={FLAGS.reference_row}: {FLAGS.frames} has rows 0 to {recording.n - 1}"
       )
     reference = recording.rows(FLAGS.reference_row, FLAGS.reference_row + 1)[0]
-  return reference
+    where = f"--reference_row {FLAGS.reference_row} of {FLAGS.frames}"
+  return reference, where
 
 
 def _info(rec, reference, k: int) -> dict:

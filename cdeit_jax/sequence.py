@@ -12,6 +12,8 @@ its own noise. Writes an npz with `frames` (N, 208), `reference` (208,) and `tar
 
 from __future__ import annotations
 
+import zipfile
+
 import numpy as np
 from absl import app, flags
 
@@ -88,6 +90,20 @@ def simulate(
   }
 
 
+MARK, WRITER = "written_by", "cdeit_jax.sequence"  # in the file: what --out may replace
+WHAT = "a moving sequence (python -m cdeit_jax.sequence)"
+
+
+def ours(path: str) -> bool:
+  """Whether `path` is a sequence this command wrote (its MARK), which --out replaces."""
+  from cdeit_jax.common import fileio
+
+  try:
+    return str(fileio.load_npz(path, [MARK]).get(MARK, "")) == WRITER
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+    return False
+
+
 def main(argv: list[str]) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments {argv[1:]}: every setting is a flag")
@@ -97,13 +113,14 @@ def main(argv: list[str]) -> None:
   f = FLAGS
   shipped.refuse_write(f.out, "--out")
   fileio.writable_folder(fileio.dirname(fileio.resolve(f.out)), "--out")
+  fileio.output_file(f.out, "--out", ours, WHAT)  # a sequence is replaced, nothing else
   seq = simulate(f.num_frames, None if np.isinf(f.snr_db) else f.snr_db, f.seed)
 
   def write(path):
     with open(path, "wb") as fh:
-      np.savez(fh, **seq)
+      np.savez(fh, **seq, **{MARK: np.asarray(WRITER)})
 
-  fileio.atomic_write(f.out, write)
+  fileio.atomic_write(f.out, write, ours=ours, what=WHAT)
   print(
     f"wrote {f.out}: {f.num_frames} frames of {seq['frames'].shape[1]} voltages, a "
     "reference frame (the empty tank) and the true images"

@@ -204,6 +204,7 @@ def ship(
   if shipped.model_folder_of(os.path.dirname(out)) is not None:  # itself: replaced whole
     shipped.refuse_write(out, "--out")
   fileio.refuse_own_input(out, "--out", [("--workdir", workdir)])  # replaced whole
+  fileio.output_folder(out, "--out")
   if os.path.exists(out) and os.listdir(out) and shipped.read(out) is None:
     raise InputError(f"--out {out}: holds files and no {shipped.MANIFEST}; give a new folder")
   with reader.open_run(workdir, step) as run:

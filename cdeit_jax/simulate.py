@@ -258,6 +258,7 @@ def main(argv: list[str]) -> None:
   from cdeit_jax.checkpoints import shipped
 
   shipped.refuse_write(f.out, "--out")
+  fileio.output_folder(f.out, "--out")
   r = generate(f.out, counts, f.config.simulator, f.batch_size, tr)
   rate = f", {r['examples_per_s']:.1f} examples/s" if r["generated"] else ""
   print(f"{f.out}: generated {r['generated']} examples in {r['seconds']:.1f} s{rate}")

@@ -36,11 +36,15 @@ def main(argv: list[str]) -> None:
 
   logs.console()
   shipped.refuse_write(FLAGS.out, "--out")
+  fileio.output_folder(FLAGS.out, "--out")
   device, _ = layout.from_device_file(FLAGS.device)
   if device.contact_impedance is None:
+    calibrated = os.path.join(FLAGS.out, "device.npz")
     raise InputError(
       f"--device {FLAGS.device}: not a calibrated device (no gain or contact impedance); "
-      f"make it with python -m cdeit_jax.calibrate --device ref.mat --out {FLAGS.device}"
+      f"calibrate it first (python -m cdeit_jax.calibrate --device {FLAGS.device} --out "
+      f"{calibrated}) and give --device {calibrated}; make device-model DEVICE={FLAGS.device} "
+      f"RUN={FLAGS.out} does both"
     )
   with reader.open_run(FLAGS.model) as run:
     meta, _, cfg = run_opening.choose(run, {})
@@ -59,6 +63,16 @@ def main(argv: list[str]) -> None:
       f"--out {FLAGS.out} holds a trained run's checkpoints; give a new folder for the "
       "translated model"
     )
+  for name, what, kind in (  # what a rerun replaces must be what this command made
+    (run_opening.MODEL_FOLDER, "folder", os.path.isdir),
+    (run_opening.TRANSLATION_FILE, "file", os.path.isfile),
+  ):
+    there = os.path.join(FLAGS.out, name)
+    if os.path.islink(there) or (os.path.lexists(there) and not kind(there)):
+      raise InputError(
+        f"--out {FLAGS.out}: {name} there is not the {what} a translated run keeps; move it "
+        "away or give another --out"
+      )
   tr = translation.Translator.between(device, system.device)
   determined = tr.determined()
   # the model copied whole (its manifest too: every command checks a shipped model's files)

@@ -28,6 +28,19 @@ if [ "$DEVICE_PATH" = fine_tune ] && [ -e "$RUN/translation.npz" ]; then
   echo "make device-model: $RUN holds a translated model (translation.npz); give another RUN"
   exit 2
 fi
+# A RUN is one device's, made here: a run of anything else in it (a training, an import) is
+# refused before the calibration writes RUN/device.npz or anything is simulated.
+if [ -e "$RUN/translation.npz" ] && [ -e "$RUN/checkpoints" ]; then
+  echo "make device-model: $RUN holds a translated model (translation.npz) and checkpoints/ of" \
+    "another model beside it, which no reader of the RUN takes; give a new RUN (or move" \
+    "$RUN/checkpoints away)"
+  exit 2
+fi
+if [ ! -e "$RUN/device.npz" ] && { [ -e "$RUN/checkpoints" ] || [ -e "$RUN/metrics.jsonl" ]; }; then
+  echo "make device-model: $RUN holds a run that make device-model did not make (checkpoints/" \
+    "or metrics.jsonl, and no device.npz); give a new RUN for the device"
+  exit 2
+fi
 # CALIBRATE and TRAIN unquoted: their flags, one word each
 "$BIN/python" -m cdeit_jax.calibrate --device "$DEVICE" --out "$RUN/device.npz" \
   ${WIDTH_DEG:+--width_deg "$WIDTH_DEG"} ${ELECTRODE_CM:+--electrode_cm "$ELECTRODE_CM"} \

@@ -122,8 +122,10 @@ def main() -> None:
   out = os.path.abspath(a.out)
   skip = set(filter(None, a.skip.split(",")))
   from cdeit_jax.checkpoints import shipped
+  from cdeit_jax.common import fileio
 
   shipped.refuse_write(out, "--out")  # it is replaced whole
+  fileio.output_folder(out, "--out")  # a folder: a file given here is never removed
   subprocess.run(["rm", "-rf", out], check=True)
   os.makedirs(out)
   fp: dict[str, str] = {}

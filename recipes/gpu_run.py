@@ -33,6 +33,7 @@ removed at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -111,16 +112,53 @@ class Stages:
 
 
 def _write(path: str, text: str) -> None:
-  """`text` at `path`, whole or not at all."""
-  tmp = f"{path}.tmp"
-  with open(tmp, "w") as fh:
-    fh.write(text)
-  os.replace(tmp, path)
+  """`text` at `path`, whole or not at all (a regular file only: `fileio.atomic_write`)."""
+  from cdeit_jax.common import fileio
+
+  fileio.write_text(path, text)
+
+
+class Stopped(Exception):
+  """This run got SIGTERM or SIGINT (`stop_on_signals`): its stage is stopped, its scratch
+  removed, and it exits with 128 + the signal's number."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+
+def stop_on_signals() -> None:
+  """SIGTERM and SIGINT raise `Stopped` in the main thread, wherever it waits: a stage runs in
+  a process group of its own (a signal to this one does not reach it), so `run` passes the
+  stop on to it."""
+
+  def stop(signum, frame):
+    raise Stopped(signum)
+
+  for s in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(s, stop)
+
+
+def end(p: subprocess.Popen) -> None:
+  """Stop stage `p`'s process group: SIGTERM (train.py saves its step on it), SIGKILL 20 s
+  later if it still runs; further signals wait until it has ended."""
+  for s in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(s, signal.SIG_IGN)
+  with contextlib.suppress(ProcessLookupError):
+    os.killpg(p.pid, signal.SIGTERM)
+  try:
+    p.wait(timeout=20)
+  except subprocess.TimeoutExpired:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+  stop_on_signals()
 
 
 def run(stages: Stages, name: str, cmd: list[str], limit: float, env: dict) -> tuple[int, str]:
   """`cmd` in its own process group, stopped at `limit` seconds (SIGTERM, then SIGKILL 20 s later:
-  train.py saves its step on SIGTERM); (exit code, output). The output's end goes to the log."""
+  train.py saves its step on SIGTERM), and stopped so when this run is (`Stopped`, raised
+  again); (exit code, output). The output's end goes to the log."""
   path = os.path.join(stages.scratch, f"{name}.out")
   t0 = time.perf_counter()
   with open(path, "w") as fh:
@@ -130,13 +168,14 @@ def run(stages: Stages, name: str, cmd: list[str], limit: float, env: dict) -> t
     try:
       rc = p.wait(timeout=max(limit, 1.0))
     except subprocess.TimeoutExpired:
-      os.killpg(p.pid, signal.SIGTERM)
-      try:
-        p.wait(timeout=20)
-      except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+      end(p)
       rc = 124
+    except Stopped:
+      end(p)
+      stages.log.append(
+        f"===== {name}: stopped by a signal after {time.perf_counter() - t0:.1f} s\n"
+      )
+      raise
   with open(path, errors="replace") as fh:
     text = fh.read()
   took = time.perf_counter() - t0
@@ -249,13 +288,13 @@ def main() -> None:
   )
   a = p.parse_args()
   out = os.path.abspath(a.out)
-  if os.path.exists(out) and not os.path.isdir(out):
-    refuse(f"--out {a.out}: is a file; give a folder")
   sys.path.insert(0, REPO)
   from cdeit_jax.checkpoints import shipped  # reads no JAX backend
+  from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
 
   try:
+    fileio.output_folder(out, "--out")
     shipped.refuse_write(out, "--out")
   except InputError as e:
     refuse(str(e))
@@ -268,6 +307,24 @@ def main() -> None:
     refuse(f"--scratch {scratch}: lies in --out, whose files are the ones that come back")
   os.makedirs(scratch, exist_ok=True)
   stages = Stages(out, scratch, a.minutes - a.spent_s / 60)
+  stop_on_signals()
+  try:
+    written = run_stages(a, stages, out, scratch)
+  except Stopped as e:  # SIGTERM or SIGINT: the stage was stopped; what it reached is in OUT
+    for s in (signal.SIGTERM, signal.SIGINT):
+      signal.signal(s, signal.SIG_IGN)
+    stages.record["stopped"] = str(e)
+    stages.write()
+    print(f"gpu-run: stopped by {e}; files in {out}", file=sys.stderr)
+    sys.exit(128 + e.signum)
+  finally:
+    if a.scratch is None:  # the stages' checkpoints and caches (their logs' ends are in OUT)
+      shutil.rmtree(scratch, ignore_errors=True)
+  sys.exit(0 if written else 1)
+
+
+def run_stages(a: argparse.Namespace, stages: Stages, out: str, scratch: str) -> bool:
+  """The four stages (module docstring) into `out`; whether the model file was written."""
   env = dict(
     os.environ,
     PYTHONUNBUFFERED="1",
@@ -384,11 +441,9 @@ def main() -> None:
   sizes = {f: os.path.getsize(os.path.join(out, f)) for f in sorted(os.listdir(out))}
   stages.record["files"] = {**sizes, SUMMARY: None}  # its own size: the one it has when written
   stages.write()
-  if a.scratch is None:  # the stages' checkpoints and caches (their logs' ends are in OUT)
-    shutil.rmtree(scratch, ignore_errors=True)
   print(json.dumps(stages.record, indent=1))
   print(f"gpu-run: {'model ' + model_path if written else 'NO model file written'}; files in {out}")
-  sys.exit(0 if written else 1)
+  return written
 
 
 if __name__ == "__main__":

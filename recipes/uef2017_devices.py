@@ -94,6 +94,7 @@ def adjacent_frames(lay: layout.Layout) -> np.ndarray:
 
 def cmd_adjacent(args) -> None:
   shipped.refuse_write(args.out, "--out")  # before any work: never into a shipped model's folder
+  fileio.output_folder(args.out, "--out")
   lay, ranges = adjacent_device(args.calibrated)
   os.makedirs(args.out, exist_ok=True)
   device_files.save_device(os.path.join(args.out, "device.npz"), lay, ranges=ranges)

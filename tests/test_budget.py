@@ -61,6 +61,21 @@ def test_a_new_horizon_moves_the_decay_in_the_compiled_step():
   assert float(m["lr"]) == pytest.approx(0.0, abs=1e-9)  # past the horizon: the end value
 
 
+@pytest.mark.parametrize("seconds", [0, -5, float("nan"), float("inf"), float("1e400")])
+def test_a_budget_that_is_not_a_finite_time_is_refused_before_any_work(seconds):
+  """0, negative, NaN, infinite (`inf`, or 1e400 as a command line parses it): refused in one
+  line naming the key and saying what it takes, by the check every training passes before its
+  setup (an infinite budget used to crash after the first window); a string is refused by the
+  config's type already."""
+  cfg = config_lib.load(TEST_CONFIG)
+  cfg.time_budget_s = seconds
+  with pytest.raises(ValueError, match="config.time_budget_s=.*: must be a finite number of") as e:
+    config_lib.check_training_config(cfg, num_devices=8)
+  assert "\n" not in str(e.value) and "or None: no limit" in str(e.value)
+  cfg.time_budget_s = 60.0
+  config_lib.check_training_config(cfg, num_devices=8)
+
+
 def test_the_budget_decides_from_what_it_measured():
   b = budget.Budget(100.0, start=0.0, steps=10**6)  # margin: max(2, 1 %) = 2 s
   b.begin(0, 10.0)  # steps begin 10 s in (start-up and compilation)

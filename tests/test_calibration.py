@@ -50,7 +50,7 @@ def test_frames_that_cannot_be_the_empty_tank_are_refused():
   inf[7] = np.inf
   for bad, words in (
     (-frame, r"ref.mat: gain -123\d\.\d+ .*: the gain is not positive, so the frame's sign"),
-    (np.full_like(frame, 0.5), r"relative residual (0\.99\d+|1\.0000) .*beyond 0.3 means"),
+    (np.full_like(frame, 0.5), r"ref.mat: current pattern 0's 16 values are all 0.5, which no"),
     (noise, r"relative residual (0\.99\d+|1\.0000) .*beyond 0.3 means the frame is not"),
     (1e30 * frame, r"gain 1\.23\d+e\+33 .*outside 1e-06\.\.1e\+12 measured per simulated volt"),
     (0 * frame, "ref.mat: every value is zero"),
@@ -59,6 +59,28 @@ def test_frames_that_cannot_be_the_empty_tank_are_refused():
     with pytest.raises(InputError, match=words) as e:
       calibration.fit(layout, bad, "ref.mat")
     assert "\n" not in str(e.value)
+
+
+def test_a_pattern_of_constant_values_is_refused_and_calibrates_as_missing():
+  """One current pattern whose values are all one number (a stuck channel, a placeholder) in an
+  otherwise good frame: the fit would take it (the issue's UEF2017 case: residual 0.25 against
+  0.014, the gain 5.6 % low), so it is refused in one line naming the pattern, whichever pattern
+  and value; the same values given as NaN calibrate as the frame without them."""
+  layout = lay.from_rules(16, injection="skip-2", measure_injecting=True)
+  frame = 1234.0 * calibration.homogeneous(layout, 0.05)
+  frame *= 1 + 0.002 * np.random.default_rng(2).standard_normal(frame.shape)
+  for k, value in ((3, None), (11, 0.0)):
+    bad = frame.copy()
+    of_k = layout.rows[:, 0] == k
+    bad[of_k] = np.mean(frame[of_k]) if value is None else value
+    with pytest.raises(
+      InputError, match=rf"ref.mat: current pattern {k}'s 16 values are all "
+    ) as e:
+      calibration.fit(layout, bad, "ref.mat")
+    assert "\n" not in str(e.value) and "NaN (missing)" in str(e.value)
+  bad[of_k] = np.nan
+  fit = calibration.fit(layout, bad, "ref.mat")
+  assert fit.values == layout.num_values - 16 and fit.gain == pytest.approx(1234.0, rel=0.01)
 
 
 def test_the_electrode_width_is_fitted_where_the_frame_determines_it():

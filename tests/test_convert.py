@@ -133,8 +133,11 @@ def test_convert_writes_loadable_checkpoint(tmp_path):
   assert meta["weights"] == ["ema"] and meta["model"]["hidden_size"] == 64
   with pytest.raises(ValueError, match="--config.eval.weights=ema"):
     loading.load(str(tmp_path / "run"), weights="raw")
-  with pytest.raises(ValueError, match="0 exists already: choose another --workdir or --step"):
-    convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
+  for step in (0, 5):  # the same step, or any other: a workdir holds one model
+    with pytest.raises(ValueError, match=r"holds a model already \(checkpoints/ has step 0,"):
+      convert.convert(
+        str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"), step=step
+      )
   (tmp_path / "run" / "metrics.jsonl").write_text("")  # as train.py's workdirs hold
   with pytest.raises(ValueError, match="is a training run's .* give a new --workdir"):
     convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"), step=5)

@@ -4,6 +4,7 @@ calibration (`eit.system.draw` for any layout), and a model of it reconstructs t
 frames in its own units after the device file is gone (`make device-model`, slow)."""
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -275,3 +276,31 @@ def test_make_device_model_then_reconstruct_without_the_device_file(tmp_path):
   assert np.array_equal(rec.guards.ignored, carry) and carry.sum() == 64
   gaps = rec.reconstruct(frames=np.where(carry, np.nan, frames[1]), reference=ref).images
   np.testing.assert_array_equal(gaps, api)
+
+
+@pytest.mark.parametrize("holds", ["checkpoints", "metrics.jsonl", "translation+checkpoints"])
+def test_make_device_model_refuses_a_run_it_did_not_make_before_any_work(tmp_path, holds):
+  """A RUN holding a trained run of anything else (checkpoints/ or metrics.jsonl, and no
+  device.npz), or a translated model with another model's checkpoints beside it (an import
+  into it), is refused in one line before the calibration writes RUN/device.npz or anything is
+  simulated; the RUN is left as it was."""
+  run = tmp_path / "RUN"
+  run.mkdir()
+  if holds == "metrics.jsonl":
+    (run / "metrics.jsonl").write_text("")
+  else:
+    (run / "checkpoints").mkdir()
+  if holds.startswith("translation"):
+    (run / "translation.npz").write_bytes(b"")
+    (run / "device.npz").write_bytes(b"")
+  before = sorted(p.name for p in run.iterdir())
+  env = dict(
+    os.environ, DEVICE=str(PROTOCOLS / "skip1" / "ref.mat"), RUN=str(run), BIN="/nonexistent"
+  )
+  p = subprocess.run(
+    ["bash", "recipes/device_model.sh"], capture_output=True, text=True, cwd=REPO, env=env
+  )
+  assert p.returncode == 2 and p.stdout.count("\n") == 1, p.stdout + p.stderr
+  words = "translated model" if holds.startswith("translation") else "did not make"
+  assert p.stdout.startswith(f"make device-model: {run} holds a") and words in p.stdout
+  assert sorted(p.name for p in run.iterdir()) == before

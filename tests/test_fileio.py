@@ -3,11 +3,13 @@ under the errors libraries wrap it in; MAT-files written in place read back with
 
 import errno
 import os
+import re
 
 import numpy as np
 import pytest
 
 from cdeit_jax.common import compat, fileio, matfile
+from cdeit_jax.common.errors import InputError
 
 
 def test_a_failed_atomic_write_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -186,3 +188,101 @@ def test_numpy_files_decode_alike_from_paths_bytes_and_many_threads(tmp_path):
 
   with concurrent.futures.ThreadPoolExecutor(8) as pool:
     assert all(pool.map(read, range(800)))
+
+
+def _specials(folder):
+  """{what: path} of the kinds of path that are not regular files, made in `folder`: a FIFO, a
+  socket, a folder, and a character device where this process may make one (root: mknod, with
+  /dev/null's numbers; /dev's own devices are never touched)."""
+  import socket
+  import stat
+
+  made = {"a named pipe (FIFO)": folder / "fifo", "a folder": folder / "dir"}
+  os.mkfifo(made["a named pipe (FIFO)"])
+  made["a folder"].mkdir()
+  sock = socket.socket(socket.AF_UNIX)
+  sock.bind(str(folder / "sock"))
+  sock.close()
+  made["a socket"] = folder / "sock"
+  try:
+    os.mknod(folder / "chr", 0o644 | stat.S_IFCHR, os.makedev(1, 3))
+    made["a character device"] = folder / "chr"
+  except PermissionError:  # not root: the other kinds still make the case
+    pass
+  return made
+
+
+def _state(p):
+  st = os.lstat(p)
+  return st.st_mode, st.st_rdev, st.st_ino, st.st_size
+
+
+@pytest.mark.parametrize("via", ["atomic_write", "write_text", "output_file"])
+def test_writers_write_regular_files_only(tmp_path, via):
+  """The one mechanism under every writer: a device, a FIFO, a socket or a folder where a file
+  is to be written is refused in one line naming it and its kind, and is left as it was (a
+  rename would have replaced any of them, /dev/full included); no temporary file is left."""
+  specials = _specials(tmp_path)
+  for what, p in specials.items():
+    before = _state(p)
+    with pytest.raises(InputError, match=re.escape(f"{p}: is {what}: cdeit-jax writes")) as e:
+      if via == "atomic_write":
+        fileio.atomic_write(str(p), lambda tmp: open(tmp, "wb").write(b"x"))
+      elif via == "write_text":
+        fileio.write_text(str(p), "x")
+      else:
+        fileio.output_file(str(p), "--out")
+    assert "\n" not in str(e.value) and _state(p) == before, what
+  assert sorted(q.name for q in tmp_path.iterdir()) == sorted(p.name for p in specials.values())
+
+
+def test_an_output_file_replaces_only_what_the_command_wrote(tmp_path):
+  """`ours` says which existing file a command may replace (a model file over a model file):
+  any other is refused in one line before any work and at the publish, and kept; a new file, or
+  one `ours` recognises, is written; a link at the path, a missing or unwritable folder are
+  refused in one line."""
+  ours = lambda p: open(p).read().startswith("ours")
+  mine, theirs = tmp_path / "mine.txt", tmp_path / "theirs.txt"
+  mine.write_text("ours 1")
+  theirs.write_text("precious")
+  fileio.output_file(str(mine), "--out", ours, "a test file")
+  fileio.output_file(str(tmp_path / "new.txt"), "--out", ours, "a test file")
+  fileio.write_text(str(mine), "ours 2", ours=ours, what="a test file")
+  assert mine.read_text() == "ours 2"
+  refusal = f"--out {theirs}: is a file that cdeit-jax did not write as a test file"
+  with pytest.raises(InputError, match=refusal):
+    fileio.output_file(str(theirs), "--out", ours, "a test file")
+  with pytest.raises(InputError, match="did not write as a test file"):
+    fileio.write_text(str(theirs), "ours", ours=ours, what="a test file")
+  with pytest.raises(InputError, match="did not write"):  # without `ours`: no file is replaced
+    fileio.output_file(str(mine), "--out")
+  assert theirs.read_text() == "precious"
+  (tmp_path / "link.txt").symlink_to(theirs)
+  for p, words in (
+    (tmp_path / "link.txt", "is a symbolic link"),
+    (tmp_path / "no" / "such" / "x.txt", f"its folder {tmp_path / 'no' / 'such'} does not exist"),
+    (theirs / "x.txt", f"is under {theirs}, which is not a folder"),
+    ("/proc/x.txt", "its folder /proc cannot be written"),
+  ):
+    with pytest.raises(InputError, match=words):
+      fileio.output_file(str(p), "--out", ours, "a test file")
+  fileio.output_file(str(tmp_path / "no" / "x.txt"), "--out", ours, makes_folder=True)
+  assert not (tmp_path / "no").exists() and theirs.read_text() == "precious"
+
+
+def test_an_output_folder_is_a_folder_or_a_new_path(tmp_path):
+  """A folder output (reconstruct's, simulate's, ship's, translate's ...) given a device, a
+  FIFO, a socket or a file is refused in one line before any work, the path left as it was; a
+  folder or a new path passes, and nothing is made."""
+  (tmp_path / "file").write_text("precious")
+  specials = {**_specials(tmp_path), "a file": tmp_path / "file"}
+  for what, p in specials.items():
+    before = _state(p)
+    if what == "a folder":
+      fileio.output_folder(str(p), "--out")
+      continue
+    with pytest.raises(InputError, match=f"--out {p}: exists and is not a folder"):
+      fileio.output_folder(str(p), "--out")
+    assert _state(p) == before, what
+  fileio.output_folder(str(tmp_path / "new"), "--out")
+  assert not (tmp_path / "new").exists() and (tmp_path / "file").read_text() == "precious"

@@ -3,11 +3,14 @@ recorded (done, or skipped with its reason), the files a lent machine sends back
 limits, and the model file imported by convert and answering the challenge's public 28 with
 eval.py; the limits' check against folders made to break each."""
 
+import contextlib
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import REPO
@@ -104,3 +107,78 @@ def test_the_rehearsal_writes_what_a_gpu_run_brings_back(tmp_path):
   )  # fmt: skip
   errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
   assert r.returncode != 0 and len(errors) == 1 and "SHA-256" in errors[0]
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  return True
+
+
+def test_a_signal_stops_the_stage_it_reaches(tmp_path):
+  """SIGTERM to the run while a stage runs (in a process group of its own, which no signal to
+  the run reaches): the stage is stopped too, and the run stops with `Stopped`; the handlers
+  are this process's own for the test, restored after it."""
+  import signal
+  import threading
+
+  stages = gpu_run.Stages(str(tmp_path), str(tmp_path), 1.0)
+  pid_file = tmp_path / "pid"
+  code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+  saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+  def term_once_started():
+    while not pid_file.exists() or not pid_file.read_text():
+      time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+  try:
+    gpu_run.stop_on_signals()
+    threading.Thread(target=term_once_started, daemon=True).start()
+    t0 = time.perf_counter()
+    with pytest.raises(gpu_run.Stopped, match="SIGTERM"):
+      gpu_run.run(stages, "stage", [sys.executable, "-c", code], 60, dict(os.environ))
+  finally:
+    for s, handler in saved.items():
+      signal.signal(s, handler)
+  assert time.perf_counter() - t0 < 20 and not _alive(int(pid_file.read_text()))
+  assert "stage: stopped by a signal" in stages.log[-1]
+
+
+@pytest.mark.e2e
+def test_make_gpu_run_stopped_by_sigterm_stops_its_stage_and_removes_its_scratch(tmp_path):
+  """The whole run (the rehearsal), SIGTERMed while its first stage runs: it exits 143 within
+  the stage's grace, no process of the stage is left, its temporary scratch folder is gone and
+  gpu_run.json says it was stopped."""
+  import signal
+
+  out = tmp_path / "out"
+  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+  p = subprocess.Popen(
+    [sys.executable, "recipes/gpu_run.py", "--out", str(out), "--reference", str(tmp_path / "no")],
+    cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+  )  # fmt: skip
+  deadline = time.time() + 300
+  scratch = None
+  while time.time() < deadline and p.poll() is None:
+    summary = out / "gpu_run.json"
+    if summary.exists():
+      scratch = json.loads(summary.read_text())["scratch"]
+      if os.path.exists(os.path.join(scratch, "check.out")):
+        break
+    time.sleep(0.5)
+  assert scratch and p.poll() is None, p.communicate()[1][-3000:]
+  time.sleep(3)  # the stage under way
+  p.send_signal(signal.SIGTERM)
+  _, err = p.communicate(timeout=60)
+  assert p.returncode == 143, err[-3000:]
+  assert not os.path.exists(scratch)
+  left = []
+  for proc in pathlib.Path("/proc").iterdir():
+    with contextlib.suppress(OSError):
+      if proc.name.isdigit() and scratch.encode() in (proc / "cmdline").read_bytes():
+        left.append(proc.name)
+  assert left == []
+  assert json.loads((out / "gpu_run.json").read_text())["stopped"] == "SIGTERM"

@@ -336,3 +336,78 @@ def test_one_model_system_made_in_one_place_and_handed_down():
           defaulted.append(f"{rel}:{fn.name}({p.arg}=None)")
   assert made == ["checkpoints/loading.py:resolve"], made
   assert defaulted == [], defaulted
+
+
+# Every command's output flag, by what it names: a file (checked before any work by
+# `fileio.output_file`: a regular file or a new one, and an existing one only if the command
+# wrote it, as `fileio.atomic_write` checks again when it publishes) or a folder.
+FILE_OUTPUTS = {
+  "cdeit_jax/export.py",  # a model file
+  "cdeit_jax/calibrate.py",  # a device file
+  "cdeit_jax/sequence.py",  # a moving sequence's npz
+  "cdeit_jax/tools/answer_study.py",  # the study's JSON
+  "bench/bench_vs_reference.py",  # the benchmark's JSON
+}
+FOLDER_OUTPUTS = {
+  "cdeit_jax/reconstruct.py",
+  "cdeit_jax/simulate.py",
+  "cdeit_jax/ship.py",
+  "cdeit_jax/translate.py",
+  "cdeit_jax/tools/interpolate.py",
+  "cdeit_jax/tools/voltage_stats.py",
+  "cdeit_jax/tools/heldout_families.py",
+  "cdeit_jax/tools/accelerator_check.py",
+  "bench/bench_reconstruct_memory.py",
+  "recipes/gpu_run.py",
+  "recipes/fingerprint.py",
+  "recipes/uef2017_devices.py",
+  "eval.py",
+}
+# Folder outputs checked by another module: the one that does it.
+FOLDER_CHECKED_BY = {
+  "eval.py": "cdeit_jax/infer/evaluate.py",
+  "bench/bench_reconstruct_memory.py": "cdeit_jax/reconstruct.py",
+  "cdeit_jax/tools/interpolate.py": "cdeit_jax/checkpoints/interpolate.py",
+}
+FOLDER_CHECKS = ("fileio.output_folder(", "fileio.writable_folder(", "outputs.check_out(")
+# Modules that publish a whole folder by a rename (a model folder, a run's copy of its model, an
+# interpolated checkpoint): never a file.
+FOLDER_RENAMES = {
+  "cdeit_jax/ship.py",
+  "cdeit_jax/translate.py",
+  "cdeit_jax/checkpoints/interpolate.py",
+}
+
+
+def test_writers_write_regular_files_only():
+  """The writers, enumerated: every command with an output flag (in the package, bench/,
+  recipes/ and the two scripts) says whether it names a file or a folder, and each file output
+  is checked before any work by `fileio.output_file` (devices, FIFOs, sockets, folders and
+  files the command did not write are refused), each folder output by a folder check (a file,
+  a device or a FIFO there is one line); and no module publishes a file by a rename of
+  its own: every file goes out through `fileio.atomic_write`, which refuses anything but a
+  regular file or a missing path where it publishes (the one mechanism: a rename replaces
+  whatever is at its path, /dev/full included)."""
+  root = PACKAGE.parent
+  paths = [*PACKAGE.rglob("*.py"), *(root / "bench").glob("*.py"), *(root / "recipes").glob("*.py")]
+  paths += [root / "train.py", root / "eval.py"]
+  commands = {str(p.relative_to(root)) for p in paths if _output_flags(p)}
+  assert commands == FILE_OUTPUTS | FOLDER_OUTPUTS and not FILE_OUTPUTS & FOLDER_OUTPUTS, sorted(
+    commands ^ (FILE_OUTPUTS | FOLDER_OUTPUTS)
+  )
+  unchecked = sorted(f for f in FILE_OUTPUTS if "fileio.output_file(" not in (root / f).read_text())
+  assert unchecked == []
+  text = lambda f: (root / FOLDER_CHECKED_BY.get(f, f)).read_text()
+  unchecked = sorted(f for f in FOLDER_OUTPUTS if not any(c in text(f) for c in FOLDER_CHECKS))
+  assert unchecked == []  # a file, a device, a FIFO where a folder is meant: one line
+  renames = set()
+  for path in paths:
+    for node in ast.walk(ast.parse(path.read_text())):
+      f = getattr(node, "func", None)
+      if isinstance(node, ast.Call) and ast.unparse(f) in (
+        "os.replace",
+        "os.rename",
+        "shutil.move",
+      ):
+        renames.add(str(path.relative_to(root)))
+  assert renames - FOLDER_RENAMES == {"cdeit_jax/common/fileio.py"}, sorted(renames)

@@ -107,14 +107,16 @@ def test_a_translated_run_is_one_device(translated):
 
 
 def test_eval_scores_the_translated_runs_recording(translated, tmp_path):
-  """eval.py --data recording on the translated run: CDEIT's images are reconstruct's (the
-  same sampler, seed and translation), and the Tikhonov beside them is the device's own, the
-  one `eit.tikhonov.of_values` makes of its 256 values (a second computation here); another
+  """eval.py --data recording on the translated run, of frames that lack one value (NaN: left
+  out of the translation and of the Tikhonov image): CDEIT's images score as the whole frames'
+  do through reconstruct, and the Tikhonov beside them is the device's own, the one
+  `eit.tikhonov.of_values` makes of its 255 other values (a second computation here); another
   data kind is refused naming the model's own folder."""
   from cdeit_jax.eit import tikhonov
 
   root, _ = translated
   frames = np.load(SKIP1 / "frames.npy")
+  frames[:, 10] = np.nan
   device, ref = lay.from_device_file(str(root / "run" / "device.npz"))
   names = (SKIP1 / "names.txt").read_text().split()
   truth = np.stack([np.load(REPO / "data" / "uef2017" / f"{n}.npz")["xs"] for n in names])
@@ -132,7 +134,7 @@ def test_eval_scores_the_translated_runs_recording(translated, tmp_path):
   assert p.returncode == 0, p.stderr[-3000:]
   got = json.loads((out / "metrics.json").read_text())["metrics"]
   assert got["cdeit"]["rmse"] < 0.140
-  mine = tikhonov.of_values(device)((frames - ref) / device.gain)
+  mine = tikhonov.of_values(device, np.arange(256) != 10)((frames - ref) / device.gain)
   scaled = np.stack([metrics.scale_baseline(b) for b in mine])  # each image, as scored
   assert got["tikhonov"]["rmse"] == pytest.approx(metrics.rmse(scaled, truth), rel=1e-3)
   p = subprocess.run(
@@ -143,3 +145,78 @@ def test_eval_scores_the_translated_runs_recording(translated, tmp_path):
     cwd=REPO,
   )
   assert p.returncode == 1 and f"--workdir {root / 'run' / 'model'}" in p.stderr
+
+
+def test_a_translated_run_checks_what_it_is_given(translated, tmp_path):
+  """The issue's cases, as a user meets them: the skip-1 run's frames with one column NaN (a
+  value not measured) image all 22 targets within 0.01 RMSE of the whole frames' (the command);
+  skip-3's frames with skip-3's ref.mat (another protocol on the same electrodes), and frames
+  and reference negated (a reversed current), are refused in one line, the first by the
+  ref.mat's patterns, the second by the run's calibrated empty tank (the API, and eval.py's
+  recording of such a study, judge it the same way)."""
+  from cdeit_jax import Reconstructor
+  from cdeit_jax.common.errors import InputError
+
+  root, _ = translated
+  frames = np.load(SKIP1 / "frames.npy")
+  ref = lay.from_device_file(str(SKIP1 / "ref.mat"))[1]
+  names = (SKIP1 / "names.txt").read_text().split()
+  truth = np.stack([np.load(REPO / "data" / "uef2017" / f"{n}.npz")["xs"] for n in names])
+  rec = Reconstructor.from_workdir(str(root / "run"))
+  whole = metrics.rmse(rec.reconstruct(frames=frames, reference=ref).images, truth)
+  partial = frames.copy()
+  partial[:, 10] = np.nan
+  np.save(tmp_path / "nan10.npy", partial)
+  p = _run(
+    "cdeit_jax.reconstruct",
+    f"--workdir={root / 'run'}",
+    f"--frames={tmp_path / 'nan10.npy'}",
+    f"--reference={SKIP1 / 'ref.mat'}",
+    f"--out={tmp_path / 'nan10'}",
+  )
+  assert p.returncode == 0, p.stderr[-3000:]
+  images = np.load(tmp_path / "nan10" / "frames.npz")["images"]
+  assert np.isfinite(images).all() and len(images) == 22
+  assert abs(metrics.rmse(images, truth) - whole) < 0.01, (metrics.rmse(images, truth), whole)
+  skip3 = SKIP1.parent / "skip3"
+  p = _run(
+    "cdeit_jax.reconstruct",
+    f"--workdir={root / 'run'}",
+    f"--frames={skip3 / 'frames.npy'}",
+    f"--reference={skip3 / 'ref.mat'}",
+    f"--out={tmp_path / 'skip3'}",
+  )
+  errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+  assert p.returncode == 1 and len(errors) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+  assert "skip 3" in errors[0] and "skip 1" in errors[0] and not (tmp_path / "skip3").exists()
+  other = lay.from_device_file(str(skip3 / "ref.mat"))[1]
+  for f, r, words in (
+    (np.load(skip3 / "frames.npy"), other, "differs from this run's empty tank"),
+    (-frames, -ref, "negated \\(cosine -1.00\\)"),
+  ):
+    with pytest.raises(InputError, match=words):
+      rec.reconstruct(frames=f[:2], reference=r)
+  study = tmp_path / "negated.npz"
+  np.savez(study, frames=-frames, reference=-ref, targets=truth)
+  e = subprocess.run(
+    [sys.executable, "eval.py", f"--workdir={root / 'run'}", "--data=recording"]
+    + [f"--data_path={study}", f"--out={tmp_path / 'eval'}"],
+    capture_output=True,
+    text=True,
+    cwd=REPO,
+  )
+  errors = [ln for ln in e.stderr.splitlines() if ln.startswith("error:")]
+  assert e.returncode == 1 and len(errors) == 1, e.stderr[-3000:]
+  assert "its reference frame: is this run's empty tank" in errors[0] and "negated" in errors[0]
+
+
+def test_convert_into_a_translated_run_is_refused(translated, tmp_path):
+  root, _ = translated
+  before = sorted(p.name for p in (root / "run").iterdir())
+  p = _run(
+    "cdeit_jax.convert", "--checkpoint=models/cdeit16/checkpoints/4000", f"--workdir={root / 'run'}"
+  )
+  errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+  assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
+  assert "is a translated run's" in errors[0]
+  assert sorted(p.name for p in (root / "run").iterdir()) == before

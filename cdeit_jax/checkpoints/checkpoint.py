@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import secrets
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,16 +31,20 @@ import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
 from cdeit_jax.checkpoints import shipped
-from cdeit_jax.common import compat, fileio, logs
+from cdeit_jax.common import compat, fileio, logs, stages
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.common.variables import Calibration
 from cdeit_jax.data import stats
 
 FORMAT = "cdeit-jax checkpoint v2"
 CHECKPOINTS = "checkpoints"
+# a translated run (`python -m cdeit_jax.translate`): its device, and the model it reads with
+TRANSLATION_FILE, MODEL_FOLDER = "translation.npz", "model"
+STAGE = ".import-"  # in a workdir: an inference step being written (`save_inference`)
 T = TypeVar("T")
 WEIGHT_ITEMS = {"raw": "params", "ema": "ema"}
 
@@ -90,13 +96,18 @@ def set_calibration(
     if key not in calibration:
       raise CheckpointError(f"checkpoint metadata has no calibration for {key!r}")
     old = v.get_value()
-    value = np.asarray(calibration[key], np.float32)
+    try:
+      value = np.asarray(calibration[key], np.float32)
+    except (TypeError, ValueError):
+      raise CheckpointError(f"checkpoint calibration {key!r} is not a list of numbers") from None
     if prefix and old.ndim == 1 and 0 < value.size < old.size:
       value = np.concatenate([value, np.asarray(old)[value.size :]])
     if value.size != old.size:
       raise CheckpointError(
         f"checkpoint calibration {key!r} has {value.size} values, the model {old.size}"
       )
+    if not np.isfinite(value).all():
+      raise CheckpointError(f"checkpoint calibration {key!r} holds NaN or infinite values")
     v.set_value(jax.device_put(value.reshape(old.shape), old.sharding))
 
 
@@ -159,6 +170,36 @@ def make_meta(
   }
 
 
+def refuse_import(workdir: str, flag: str = "--workdir") -> None:
+  """The one check of a workdir an inference checkpoint is saved into (convert, interpolate,
+  ship's stage), before any work: refused in one line saying what to do when it is a file, a
+  training run's (metrics.jsonl: its retention could delete the step, its steps would be taken
+  for it), a translated run's (its model is MODEL_FOLDER) or holds a model already (any step:
+  orbax would skip a lower one without a word, and a reader takes the newest or best)."""
+  where = fileio.path(workdir)
+  if where.exists() and not where.is_dir():
+    raise InputError(f"{flag} {workdir}: exists and is not a folder; give a new folder")
+  if (where / "metrics.jsonl").exists():
+    raise InputError(
+      f"{flag} {workdir} is a training run's (it holds metrics.jsonl): give a new {flag} (an "
+      "imported step among its steps would be taken for one of them, and its retention could "
+      "delete it)"
+    )
+  if (where / TRANSLATION_FILE).exists() or (where / MODEL_FOLDER).exists():
+    raise InputError(
+      f"{flag} {workdir} is a translated run's (python -m cdeit_jax.translate; its model is "
+      f"{fileio.join(workdir, MODEL_FOLDER)}), which reads no checkpoint of its own: give a new "
+      f"{flag}"
+    )
+  steps = all_steps(workdir) if (where / CHECKPOINTS).is_dir() else []
+  if steps:
+    raise InputError(
+      f"{flag} {workdir} holds a model already ({CHECKPOINTS}/ has step "
+      f"{', '.join(map(str, steps))}, which its readers would take): give a new {flag}, or "
+      f"remove {fileio.join(workdir, CHECKPOINTS)} to replace that model"
+    )
+
+
 def save_inference(
   workdir: str,
   model: nnx.Module,
@@ -170,19 +211,18 @@ def save_inference(
   source: str = "",
   weights: str = "ema",
   extra: dict[str, Any] | None = None,
+  files: dict[str, str] | None = None,
 ) -> str:
   """Save one weight set (`ema` or `raw`) with its metadata (`extra`: more fields of it, e.g.
-  an imported model file's training record); returns the step's directory."""
+  an imported model file's training record) and `files` ({name: text} in the step folder, e.g.
+  the uncertainty scale) as the only step of `workdir` (`refuse_import`): written whole in a
+  hidden stage beside it and moved into place complete, so a reader finds all of it or nothing;
+  returns the step's directory."""
   if weights not in WEIGHT_ITEMS:
     raise InputError(f"weights must be one of {sorted(WEIGHT_ITEMS)}, got {weights!r}")
   if not (isinstance(step, int) and step >= 0):
     raise InputError(f"step {step!r}: must be an integer >= 0 (--step)")
-  if fileio.path(fileio.join(workdir, "metrics.jsonl")).exists():
-    raise InputError(
-      f"--workdir {workdir} is a training run's (it holds metrics.jsonl): give a "
-      "new --workdir (an imported step among its steps would be taken for one of "
-      "them, and its retention could delete it)"
-    )
+  refuse_import(workdir)
   meta = make_meta(
     cfg,
     step=step,
@@ -194,22 +234,22 @@ def save_inference(
     device=model.system.device.record(),
     **(extra or {}),
   )
-  with manager(workdir) as mngr:
-    if step in mngr.all_steps():
-      raise InputError(
-        f"{mngr.directory}/{step} exists already: choose another --workdir or --step"
-      )
-    mngr.save(
-      step,
-      args=ocp.args.Composite(
-        **{
-          WEIGHT_ITEMS[weights]: ocp.args.StandardSave(weights_of(model)),
-          "meta": ocp.args.JsonSave(meta),
-        }
-      ),
-    )
-    mngr.wait_until_finished()
-    return str(mngr.directory / str(step))
+  for stale in stages.stale(workdir, STAGE):  # a killed import's (the step was not published)
+    fileio.remove_tree(stale)
+  stage = fileio.join(workdir, f"{STAGE}{os.getpid()}-{secrets.token_hex(4)}")
+  try:
+    with manager(stage) as mngr:
+      items = {WEIGHT_ITEMS[weights]: ocp.args.StandardSave(weights_of(model))}
+      mngr.save(step, args=ocp.args.Composite(**items, meta=ocp.args.JsonSave(meta)))
+      mngr.wait_until_finished()
+    staged = fileio.join(stage, CHECKPOINTS, str(step))
+    for name, text in (files or {}).items():
+      fileio.write_text(fileio.join(staged, name), text)
+    final = fileio.join(fileio.resolve(workdir), CHECKPOINTS, str(step))
+    fileio.move(staged, final)
+  finally:
+    fileio.remove_tree(stage)
+  return final
 
 
 def step_folder(path: str) -> int | None:
@@ -233,12 +273,25 @@ def locate(path: str) -> tuple[str, int | None]:
     p = p.parent
     path = str(p)
   if not (p / CHECKPOINTS).is_dir():
-    raise MissingFile(
-      f"checkpoint {path}: no {CHECKPOINTS}/ folder here (give a workdir "
-      "written by train.py or `python -m cdeit_jax.convert`)"
-    )
+    raise MissingFile(f"checkpoint {path}: no {CHECKPOINTS}/ folder here ({_what_instead(p)})")
   shipped.verify(path)  # a model folder that ships with the code: its files as its manifest's
   return path, None
+
+
+def _what_instead(p: epath.Path) -> str:
+  """What to give instead of folder `p`, which holds no checkpoints: a translated run's model,
+  or a device run to make again, or a workdir."""
+  if (p / TRANSLATION_FILE).exists():
+    return (
+      f"a translated run: eval.py and reconstruct read it as it is; its model is "
+      f"{p / MODEL_FOLDER}, the one to give here"
+    )
+  if any((p / n).exists() for n in (MODEL_FOLDER, "device.npz")):
+    return (
+      "a device run that make device-model did not finish: run make device-model again with "
+      f"its DEVICE and RUN={p}"
+    )
+  return "give a workdir written by train.py or `python -m cdeit_jax.convert`"
 
 
 def resolve(path: str, step: int | None = None) -> tuple[str, int]:
@@ -297,13 +350,13 @@ def read_meta(
     raise failure(f"{where}/meta/metadata", e) from None
   if not isinstance(meta, dict) or meta.get("format") != FORMAT:
     raise CheckpointError(f"{where}: not a {FORMAT!r} checkpoint")
-  problem = _meta_problem(meta, step)
+  problem = meta_problem(meta, step)
   if problem:
     raise CheckpointError(f"{where}/meta/metadata: {problem} (edited or damaged)")
   return meta
 
 
-def _meta_problem(meta: dict[str, Any], step: int) -> str | None:
+def meta_problem(meta: dict[str, Any], step: int) -> str | None:
   """What is wrong with a checkpoint's metadata fields, or None."""
   if meta.get("step") != step or isinstance(meta.get("step"), bool):
     return f"step is {meta.get('step')!r}, the folder says {step}"
@@ -350,11 +403,17 @@ def first_intact(
         skipped.setdefault(step, str(e))
   reasons = "\n  ".join(f"step {st}: {r}" for st, r in skipped.items())
   log = logs.debug_log_path()  # only where the command keeps one (a training's, an evaluation's)
-  raise CheckpointError(
-    f"no checkpoint in {where} can be read:\n  {reasons}\n"
-    + (f"The whole errors are in {log}; " if log else "")
-    + "move the steps away to start afresh"
-  )
+  gone = lambda st: not fileio.path(fileio.join(where, str(st))).exists()
+  if steps and fileio.path(where).is_dir() and all(map(gone, steps)):
+    hint = (  # every step gone since it was listed: a training saving and retaining, not damage
+      "its steps were removed while they were read (a training saving into it keeps its "
+      "newest few): run the command again"
+    )
+  else:
+    hint = (
+      f"The whole errors are in {log}; " if log else ""
+    ) + "move the steps away to start afresh"
+  raise CheckpointError(f"no checkpoint in {where} can be read:\n  {reasons}\n" + hint)
 
 
 def first_readable(workdir: str, steps: list[int]) -> tuple[int, dict[str, Any], dict[int, str]]:

@@ -102,6 +102,7 @@ def write(workdir: str, alpha: float, out: str, step: int | None = None) -> str:
       "earlier one by a rename); give a local --out and copy it to the bucket afterwards"
     )
   shipped.refuse_write(out, "--out")
+  fileio.output_folder(out, "--out")
   fileio.refuse_own_input(out, "--out", _inputs(workdir, step))
   out = fileio.resolve(out)
   if os.path.exists(out) and not _is_wise_ft(out):

@@ -15,8 +15,10 @@ library, no pickle):
   - `sha256`: SHA-256 of the record's text and of every tensor (name, dtype, shape, bytes) in
     name order.
 
-Reading checks the length the header declares (a truncated file is named as one) and the
-digest (one changed byte anywhere is refused), each in one line, before anything is used.
+Reading checks what the file is (another format is named), the header's entries, the length the
+header declares (a truncated file is named as one), the digest (one changed byte anywhere is
+refused) and the tensors (float32, finite: an edited record's digest recomputed still cannot
+bring NaN or other dtypes in), each in one line, before anything is used.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from cdeit_jax.common.errors import InputError, MissingFile
 
 FORMAT = "cdeit-jax model file v1"
 SUFFIX = ".safetensors"
+WHAT = f"a model file ({SUFFIX}, python -m cdeit_jax.export)"
 _HEADER = 8  # safetensors: a little-endian u64, the JSON header's length, then the header
 
 
@@ -51,15 +54,43 @@ def digest(record_text: str, arrays: dict[str, np.ndarray]) -> str:
 
 
 def write(path: str, arrays: dict[str, np.ndarray], record: dict[str, Any]) -> str:
-  """Write the model file at `path` atomically (whole or not at all); returns its digest."""
+  """Write the model file at `path` atomically (whole or not at all): a new file, or in place of
+  a model file (nothing else is replaced: `fileio.atomic_write`); returns its digest."""
   from safetensors.numpy import save
 
   arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
   text = json.dumps(record, sort_keys=True)
   sha = digest(text, arrays)
   data = save(arrays, metadata={"format": FORMAT, "record": text, "sha256": sha})
-  fileio.atomic_write(path, lambda tmp: open(tmp, "wb").write(data))
+  fileio.atomic_write(path, lambda tmp: open(tmp, "wb").write(data), ours=is_model_file, what=WHAT)
   return sha
+
+
+# What a file that is not a model file starts with, for a message that names it
+_OTHER_FORMATS = (
+  (b"\x1f\x8b", "a gzip archive (decompress it first: gunzip)"),
+  (b"\x93NUMPY", "a NumPy .npy array"),
+  (b"PK\x03\x04", "a zip archive (an .npz, or a PyTorch checkpoint: convert it with --config)"),
+  (b"\x80", "a Python pickle (a PyTorch checkpoint: convert it with --config)"),
+  (b"\x89HDF", "an HDF5 file (MATLAB v7.3?)"),
+  (b"MATLAB", "a MATLAB .mat file"),
+)
+
+
+def _entry_problem(name: str, t: Any) -> str | None:
+  """What is wrong with a header entry as a tensor's (dtype, shape, data_offsets), or None."""
+  ints = lambda v, n=None: (
+    isinstance(v, list)
+    and (n is None or len(v) == n)
+    and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in v)
+  )
+  if not isinstance(t, dict):
+    return f"entry {name!r} is a {type(t).__name__}, not a tensor's description"
+  if not isinstance(t.get("dtype"), str) or not ints(t.get("shape")):
+    return f"entry {name!r} has no dtype and shape of a tensor"
+  if not ints(t.get("data_offsets"), 2) or t["data_offsets"][0] > t["data_offsets"][1]:
+    return f"entry {name!r} has no data_offsets [start, end]"
+  return None
 
 
 def _header(data: bytes, where: str) -> dict[str, Any]:
@@ -68,6 +99,9 @@ def _header(data: bytes, where: str) -> dict[str, Any]:
   if len(data) < _HEADER:
     raise ModelFileError(f"{not_ours}: {len(data)} bytes")
   (size,) = struct.unpack("<Q", data[:_HEADER])
+  if data[_HEADER : _HEADER + 1] not in (b"{", b""):  # a safetensors header is a JSON object
+    other = next((what for magic, what in _OTHER_FORMATS if data.startswith(magic)), None)
+    raise ModelFileError(f"{not_ours}: it is {other or 'not a safetensors file'}")
   if size > len(data) - _HEADER:
     raise ModelFileError(
       f"{where}: truncated: its header alone declares {size} bytes, the file has "
@@ -80,7 +114,11 @@ def _header(data: bytes, where: str) -> dict[str, Any]:
   meta = header.get("__metadata__") if isinstance(header, dict) else None
   if not isinstance(meta, dict) or meta.get("format") != FORMAT:
     raise ModelFileError(f"{not_ours}: its header has no {FORMAT!r} format")
-  ends = [t.get("data_offsets", [0, 0])[1] for k, t in header.items() if k != "__metadata__"]
+  tensors = {k: t for k, t in header.items() if k != "__metadata__"}
+  problem = next(filter(None, (_entry_problem(k, t) for k, t in tensors.items())), None)
+  if problem is not None:
+    raise ModelFileError(f"{where}: its header is damaged or not as written ({problem})")
+  ends = [t["data_offsets"][1] for t in tensors.values()]
   want = _HEADER + size + max(ends, default=0)
   if len(data) != want:
     what = "truncated" if len(data) < want else "longer than written (bytes added)"
@@ -132,4 +170,15 @@ def read(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any], str]:
     raise ModelFileError(f"{where}: its record is not JSON") from None
   if not isinstance(record, dict) or not isinstance(record.get("meta"), dict):
     raise ModelFileError(f"{where}: its record holds no checkpoint metadata ('meta')")
+  not_f32 = [f"{k} ({a.dtype})" for k, a in sorted(arrays.items()) if a.dtype != np.float32]
+  nonfinite = [
+    k for k, a in sorted(arrays.items()) if k not in not_f32 and not np.isfinite(a).all()
+  ]
+  for bad, what in ((not_f32, "are not float32"), (nonfinite, "hold NaN or infinite values")):
+    if bad:
+      shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+      raise ModelFileError(
+        f"{where}: {len(bad)} of its weight tensors {what} ({shown}): python -m cdeit_jax.export "
+        "writes float32, finite weights; export the run again"
+      )
   return arrays, record, sha

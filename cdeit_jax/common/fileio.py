@@ -19,6 +19,7 @@ import os
 import pathlib
 import secrets
 import shutil
+import stat
 import sys
 import tempfile
 import threading
@@ -168,12 +169,18 @@ def files_below(p: PathLike) -> list[str]:
   return sorted(found)
 
 
+def output_folder(p: PathLike, flag: str) -> None:
+  """An InputError naming `flag` when output folder `p` exists and is not a folder (a file, a
+  device, a FIFO, a socket); reads and makes nothing."""
+  if (path(p).exists() or os.path.lexists(resolve(p))) and not path(p).is_dir():
+    raise InputError(f"{flag} {p}: exists and is not a folder; give a folder path")
+
+
 def writable_folder(p: PathLike, flag: str) -> None:
   """Create folder `p` if needed and check that files can be written there; an InputError
   naming `flag` (e.g. "--workdir") when `p` is a file, read-only or cannot be created."""
+  output_folder(p, flag)
   folder = path(p)
-  if folder.exists() and not folder.is_dir():
-    raise InputError(f"{flag} {p}: exists and is not a folder; give a folder path")
   try:
     makedirs(p)
     if is_remote(p):
@@ -282,11 +289,119 @@ def no_space(where: str, what: str = "nothing was half-written there") -> DiskFu
   return err
 
 
-def atomic_write(p: PathLike, write: Callable[[str], object]) -> None:
-  """Call write(tmp) with a local temporary file name, then publish that file as `p`: renamed in
-  the same folder (local), or uploaded in one request (object store). The temporary file is
-  removed on any failure; a full disk is a `DiskFull` naming the folder."""
+# What a path holds, in words, for the kinds of file that are not regular files (`lstat`'s mode).
+_KINDS = (
+  (stat.S_ISDIR, "a folder"),
+  (stat.S_ISCHR, "a character device"),
+  (stat.S_ISBLK, "a block device"),
+  (stat.S_ISFIFO, "a named pipe (FIFO)"),
+  (stat.S_ISSOCK, "a socket"),
+)
+
+
+def _not_a_file(p: str) -> str | None:
+  """What local path `p` is when it exists and is neither a regular file nor a symbolic link
+  (which a rename replaces, never what it points to), else None."""
+  try:
+    mode = os.lstat(p).st_mode
+  except (FileNotFoundError, NotADirectoryError):
+    return None
+  if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+    return None
+  return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def _target_problem(p: str, ours: Callable[[str], bool] | None) -> str | None:
+  """Why a file may not be published at `p` (resolved): it is not a regular file or a missing
+  path, or it is an existing file that `ours` (a test that this project wrote it) refuses;
+  None when it may."""
+  if is_remote(p):
+    return None if ours is None or not path(p).exists() or ours(p) else "ours"
+  kind = _not_a_file(p)
+  if kind is not None:
+    return kind
+  if ours is not None and os.path.isfile(p) and not os.path.islink(p) and not ours(p):
+    return "ours"
+  return None
+
+
+def _refusal(p: str, flag: str | None, problem: str, what: str) -> InputError:
+  named = f"{flag} {p}" if flag else p
+  if problem == "ours":
+    return InputError(
+      f"{named}: is a file that cdeit-jax did not write as {what}; it is never replaced (move it "
+      "away, or give another path)"
+    )
+  return InputError(
+    f"{named}: is {problem}: cdeit-jax writes {what} as a regular file only; give a file path"
+  )
+
+
+def output_file(
+  p: PathLike,
+  flag: str,
+  ours: Callable[[str], bool] | None = None,
+  what: str = "this output",
+  *,
+  makes_folder: bool = False,
+) -> None:
+  """The one check of a command's output file (`flag`, e.g. "--out"), before any work: refused
+  in one line when `p` is anything but a regular file or a missing path (a folder, a device, a
+  FIFO, a socket: as `atomic_write` refuses it), a symbolic link, a file in a folder that is
+  missing or cannot be written, or an existing file that `ours` does not recognise as one this
+  project writes there (`what`, e.g. "a model file"; None: no existing file is replaced).
+  `makes_folder`: the command makes a missing folder (the nearest one there is must then be
+  writable). Leaves nothing behind."""
   p = resolve(p)
+  problem = _target_problem(p, ours if ours is not None else (lambda _: False))
+  if problem is not None:
+    raise _refusal(p, flag, problem, what)
+  if is_remote(p):
+    return
+  if os.path.islink(p):
+    raise InputError(_is_link_message(p))
+  folder = above = os.path.dirname(p)
+  while not os.path.exists(above):
+    above = os.path.dirname(above)
+  if not os.path.isdir(above) or (above != folder and not makes_folder):
+    why = "does not exist" if os.path.isdir(above) else f"is under {above}, which is not a folder"
+    raise InputError(
+      f"{flag} {p}: its folder {folder} {why}; make the folder first (mkdir -p), or give "
+      "another path"
+    )
+  folder = above
+  try:  # a probe, as `writable_folder`'s (root may write where the mode bits say not)
+    fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
+  except OSError as e:
+    raise InputError(
+      f"{flag} {p}: its folder {folder} cannot be written ({e.strerror or e}); give another path"
+    ) from None
+
+
+def atomic_write(
+  p: PathLike,
+  write: Callable[[str], object],
+  *,
+  ours: Callable[[str], bool] | None = None,
+  what: str = "this output",
+) -> None:
+  """Call write(tmp) with a local temporary file name, then publish that file as `p`: renamed in
+  the same folder (local), or uploaded in one request (object store). Only a regular file or a
+  missing path is replaced (a folder, a device, a FIFO, a socket is refused before anything is
+  written, and again just before the rename), and with `ours`, an existing file only if `ours`
+  says this project wrote it (`what` names it; `output_file` is the same check before a
+  command's work). The temporary file is removed on any failure; a full disk is a `DiskFull`
+  naming the folder."""
+  p = resolve(p)
+
+  def check() -> None:
+    problem = _target_problem(p, ours)
+    if problem is not None:
+      raise _refusal(p, None, problem, what)
+
+  check()
   if not is_remote(p):
     # A fresh name made by an exclusive create (never an existing file or a link planted there;
     # `os.replace` then swaps a link at `p` itself, never what it points to), with the mode an
@@ -295,6 +410,7 @@ def atomic_write(p: PathLike, write: Callable[[str], object]) -> None:
     os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
     try:
       write(tmp)
+      check()
       os.replace(tmp, p)
     except BaseException as e:
       with contextlib.suppress(OSError):
@@ -309,9 +425,9 @@ def atomic_write(p: PathLike, write: Callable[[str], object]) -> None:
     epath.Path(p).write_bytes(pathlib.Path(tmp).read_bytes())
 
 
-def write_text(p: PathLike, text: str) -> None:
-  """Write `text` to `p` atomically."""
-  atomic_write(p, lambda t: pathlib.Path(t).write_text(text))
+def write_text(p: PathLike, text: str, **replaces) -> None:
+  """Write `text` to `p` atomically (`replaces`: `atomic_write`'s `ours` and `what`)."""
+  atomic_write(p, lambda t: pathlib.Path(t).write_text(text), **replaces)
 
 
 def read_text(p: PathLike) -> str | None:

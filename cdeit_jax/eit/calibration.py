@@ -25,8 +25,8 @@ its range. `configs/device.py` trains across the ranges (the randomised system).
 A frame that cannot be the empty tank of this system is refused in one line (`check`): a gain
 that is not positive (the frame's sign is flipped: a reversed measurement or current pattern),
 a relative residual beyond `MAX_RESIDUAL` (not the empty tank's pattern: noise, a constant, a
-target's frame, another device's), a gain beyond `GAIN_RANGE` (no unit of volts gives it), or
-no non-zero value.
+target's frame, another device's), a gain beyond `GAIN_RANGE` (no unit of volts gives it), no
+non-zero value, or a current pattern whose values are one constant (`_frame`).
 """
 
 from __future__ import annotations
@@ -361,6 +361,15 @@ def _frame(layout: Layout, reference: np.ndarray, what: str) -> tuple[np.ndarray
   u = u[present]
   if not np.any(u != 0):
     raise InputError(f"{what}: every value is zero; give the empty tank's measurement")
+  patterns = layout.rows[present, 0]
+  for k in np.unique(patterns):  # an empty tank's values vary along every pattern's electrodes
+    values = u[patterns == k]
+    if len(values) >= 3 and np.all(values == values[0]):
+      raise InputError(
+        f"{what}: current pattern {int(k)}'s {len(values)} values are all {values[0]:g}, which no "
+        "empty tank measures (a stuck or unconnected channel, a placeholder); give the frame as "
+        "the device measured it, or those values as NaN (missing) to calibrate without them"
+      )
   return u, present
 
 

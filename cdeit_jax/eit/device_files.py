@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import zipfile
 
 import numpy as np
 
@@ -295,7 +296,19 @@ def save_device(
     with open(tmp, "wb") as fh:  # a handle: np.savez would append ".npz" to the temporary name
       np.savez(fh, **arrays)
 
-  fileio.atomic_write(path, write)
+  fileio.atomic_write(path, write, ours=is_saved_device, what=SAVED)
+
+
+SAVED = "a device file (python -m cdeit_jax.calibrate)"
+
+
+def is_saved_device(path: str) -> bool:
+  """Whether `path` is a device file `save_device` wrote (its own keys), which it replaces."""
+  try:
+    got = fileio.load_npz(path, [NAME_KEY, *DEVICE_KEYS[:3]])
+  except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+    return False
+  return {NAME_KEY, *DEVICE_KEYS[:3]} <= set(got)
 
 
 def _frame_values(path: str, key: str, v: np.ndarray, num_p: int, num_m: int) -> np.ndarray:

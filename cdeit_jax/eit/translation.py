@@ -136,11 +136,26 @@ class Translator:
         out[rows] = v[rows][:, mask] @ self.matrix(mask).T
     return out.astype(np.float32)
 
+  def determined_values(self, present: np.ndarray | None = None) -> np.ndarray:
+    """(R_t,): the share of each target value's prior variance that frames holding the values
+    `present` (R_d,) bool (default: all) determine (1: it follows from them)."""
+    if present is None:
+      present = np.ones(self.device.num_values, bool)
+    present = np.asarray(present, bool)
+    explained, prior = self._explained(present)
+    return explained / prior
+
+  def _explained(self, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(R_t,) twice: each target value's prior variance explained by the values `present`,
+    and its prior variance."""
+    a_d, a_t = self._designs
+    t = self.matrix(present)
+    prior = np.einsum("ij,jk,ik->i", a_t, self.prior, a_t)
+    explained = np.einsum("ij,ji->i", t, a_d[present] @ self.prior @ a_t.T)
+    return explained, prior
+
   def determined(self) -> float:
     """The share of the target values' prior variance that the device's values determine
     (1: every target value follows from the device's; under the prior and noise above)."""
-    a_d, a_t = self._designs
-    t = self.matrix()
-    prior = a_t @ self.prior @ a_t.T
-    explained = t @ (a_d @ self.prior @ a_t.T)
-    return float(np.trace(explained) / np.trace(prior))
+    explained, prior = self._explained(np.ones(self.device.num_values, bool))
+    return float(explained.sum() / prior.sum())

@@ -72,7 +72,7 @@ def drift_allowance(config: ml_collections.ConfigDict) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Screen:
+class Screen:
   """A block of rows through the row-wise guards (`FrameGuards.check_values`), rows numbered
   in the whole: refused as not finite (`bad`), imageable (`ok`), of those absolute or far off
   the training data's scale (with the largest typical |z|), and each imageable row's size."""
@@ -83,6 +83,7 @@ class _Screen:
   far: np.ndarray
   far_typical: float
   sizes: np.ndarray
+  note: str = ""  # why rows are refused, beyond their values (a translated run's missing ones)
 
 
 class FrameGuards:
@@ -124,6 +125,12 @@ class FrameGuards:
       raise layout.frames_shape_error(where, a.shape, m, self.layout.describe())
     return a.astype(np.float64)
 
+  @property
+  def takes_missing(self) -> bool:
+    """Whether a reference frame may miss values (NaN): a model of a system's values (its
+    removal sets say which frames may miss them), not CDEIT's EIM of every value."""
+    return self.vector
+
   def difference(
     self,
     voltages: np.ndarray | None = None,
@@ -131,9 +138,11 @@ class FrameGuards:
     frames: np.ndarray | None = None,
     reference: np.ndarray | None = None,
     where: str = "voltages",
+    ref_where: str | None = None,
   ) -> np.ndarray:
     """(N, R) float32 difference voltages in the device's units: `voltages` as given, or
-    `frames - reference` (time-difference imaging); `check_frames` checks them."""
+    `frames - reference` (time-difference imaging; `ref_where` names where the reference came
+    from, by default `where`'s); `check_frames` checks them."""
     if (voltages is None) == (frames is None):
       raise InputError("give the difference voltages, or frames (and a reference frame)")
     if voltages is not None:
@@ -143,20 +152,25 @@ class FrameGuards:
     dv = self.rows(frames, where)
     if reference is not None:
       # in float64: frames and reference are large beside their difference
-      ref = self.rows(reference, f"{where}: the reference frame")
+      ref_where = ref_where or f"{where}: the reference frame"
+      ref = self.rows(reference, ref_where)
       if len(ref) != 1:
         raise InputError(
-          f"{where}: the reference frame must be one frame of {self.num_values} voltages, got "
-          f"{len(ref)} frames"
+          f"{ref_where} must be one frame of {self.num_values} voltages, got {len(ref)} frames"
         )
-      bad = np.isinf(ref[0]) | (np.isnan(ref[0]) & (not self.vector))
+      bad = np.isinf(ref[0]) | (np.isnan(ref[0]) & (not self.takes_missing))
       if bad.any():
         raise InputError(
-          f"{where}: the reference frame holds NaN or infinite voltages (at "
-          f"measurements {listed(np.flatnonzero(bad))}); give a finite one"
+          f"{ref_where} holds NaN or infinite voltages (at measurements "
+          f"{listed(np.flatnonzero(bad))}); give a finite one"
         )
+      self.check_reference(ref[0], ref_where)
       dv = dv - ref
     return float32(dv)
+
+  def check_reference(self, reference: np.ndarray, where: str) -> None:
+    """What a reference frame (R,) must be beyond finite values: nothing here (a translated
+    run's is its device's empty tank, `translated_run.TranslatedGuards`)."""
 
   def check_recording(
     self,
@@ -165,15 +179,22 @@ class FrameGuards:
     where: str,
     skip_bad: bool = False,
     block: int = 4096,
+    ref_where: str | None = None,
   ) -> np.ndarray:
     """The rows of a recording (`infer.frames.Recording`, minus `reference`) that can be
     imaged: the guards of `check_values` over the whole recording, read `block` frames at a
     time (memory stays flat however long it is), judged once: every refused row of every block
     named in one line, the units' check on the whole recording's frames. Its frames need no
     check again when sampled (`Reconstructor.reconstruct(checked=True)`)."""
+    check_source(recording, self.layout, where)
     screens = [
       self._screen(
-        self.difference(frames=recording.rows(lo, lo + block), reference=reference, where=where)
+        self.difference(
+          frames=recording.rows(lo, lo + block),
+          reference=reference,
+          where=where,
+          ref_where=ref_where,
+        )
         / self.voltage_ratio,
         lo,
       )
@@ -210,7 +231,7 @@ class FrameGuards:
       raise InputError(f"{where}: no frames (0 rows of {self.num_values} values)")
     return self._judge([self._screen(v, 0)], where, skip_bad, units)
 
-  def _screen(self, v: np.ndarray, first_row: int) -> _Screen:
+  def _screen(self, v: np.ndarray, first_row: int) -> Screen:
     """One block of rows (simulation units; rows numbered from `first_row`) through the
     row-wise guards (`check_values`)."""
     missing = np.isnan(v) | self.ignored
@@ -223,7 +244,7 @@ class FrameGuards:
       typical = np.nanmedian(np.abs(z), axis=1) if len(ok) else np.zeros(0)
       size = np.sqrt(np.nanmean(v[ok] ** 2, axis=1) / np.nanmean(np.ravel(self.std) ** 2))
     far = ~(typical < FAR_OFF)
-    return _Screen(
+    return Screen(
       bad=first_row + np.flatnonzero(~finite),
       ok=first_row + ok,
       absolute=first_row + absolute,
@@ -232,7 +253,7 @@ class FrameGuards:
       sizes=size[size > 0],  # a frame equal to its reference is no evidence either way
     )
 
-  def _judge(self, screens: list[_Screen], where: str, skip_bad: bool, units: str) -> np.ndarray:
+  def _judge(self, screens: list[Screen], where: str, skip_bad: bool, units: str) -> np.ndarray:
     """The rows of screened blocks that can be imaged, or one error naming every refused row
     of them (the first ones and how many in all), the units judged on all their frames."""
     pick = lambda name: np.concatenate([getattr(s, name) for s in screens])
@@ -244,6 +265,7 @@ class FrameGuards:
         if self.vector
         else ""
       )
+      sets_note += "".join(f"; {s.note}" for s in screens if s.note)
       raise InputError(
         f"{where}: rows {listed(bad)} hold NaN, infinite or out-of-range (beyond float32's "
         f"3.4e38) voltages{sets_note}; remove them, or skip them (--skip_bad_frames: they are "
@@ -294,26 +316,17 @@ class FrameGuards:
     return np.asarray(eit.default_simulator(layout=self.layout).vh, np.float64)
 
 
-class TranslatedGuards(FrameGuards):
-  """The guards of a device's frames that a model of another system reads translated
-  (`reconstructor.TranslatedReconstructor`): the device's shapes, reference frame and non-finite
-  rows; the absolute frames', units' and size guards on the translated values, as the model's
-  own guards (`inner`) judge its frames."""
-
-  def __init__(self, inner: FrameGuards, translator, units: layout.Layout):
-    self.inner, self.translator = inner, translator
-    self.layout, self.vector = translator.device, False
-    self.num_values = self.layout.num_values
-    self.removed = np.zeros((1, self.num_values), bool)
-    self.ignored = np.zeros(self.num_values, bool)
-    self.mean, self.std, self.drift = inner.mean, inner.std, inner.drift
-    self.units, self.voltage_ratio = units, units.gain
-
-  def _screen(self, v: np.ndarray, first_row: int) -> _Screen:
-    bad = ~np.isfinite(v).all(1)
-    t = self.translator(np.where(bad[:, None], 0.0, v))
-    t[bad] = np.nan  # refused by the model's guards as a frame missing values
-    return self.inner._screen(t, first_row)
+def check_source(recording, device: layout.Layout, where: str) -> None:
+  """A frames file that is a device file (`infer.frames.Recording.device`: its own currents and
+  measured pairs) must measure as `device`, the one whose values the run reads (the model's,
+  or a translated run's device): another protocol's file is refused in one line naming both."""
+  given = getattr(recording, "device", None)
+  if given is not None and not given.measures_as(device):
+    raise InputError(
+      f"{where}: a device file of {given.describe()}, where the run reads "
+      f"{device.describe()}: its currents or measured pairs are not the run's, so its values "
+      "are another protocol's; give frames of the device the run was made for"
+    )
 
 
 def float32(a: np.ndarray) -> np.ndarray:

@@ -43,7 +43,8 @@ class Recording:
   stays flat however long the recording (`common.array_files`: a local .npy or np.savez's .npz
   memory-mapped, a MATLAB v7.3 file from its HDF5 datasets, a .csv by rows; a v5 .mat or a
   compressed .npz whole). `n` frames, the `reference` frame (R,) or None, `has_targets` (the
-  true images: an npz's `targets`, as simulated sequences carry). A bad file is an InputError
+  true images: an npz's `targets`, as simulated sequences carry), `device` (a device file's own
+  measuring system, else None). A bad file is an InputError
   naming it (and the row, where one is at fault). `close` it, or use it in `with`."""
 
   def __init__(self, path: str, num_values: int = NUM_MEASUREMENTS, system: str | None = None):
@@ -59,8 +60,9 @@ class Recording:
     path, m, arrays = self.path, self.num_values, self._arrays
     if array_files.SINGLE in arrays:  # a format of one array: the frames
       arrays = {"frames": arrays[array_files.SINGLE]}
+    self.device = None  # a device file's own measuring system (`frame_guards.check_source`)
     if device_files.device_format(arrays) is not None:  # the device's own file: its one frame
-      frame = layout.from_device_file(path)[1]
+      self.device, frame = layout.from_device_file(path)
       if frame is None:
         raise InputError(f"{path}: a device file without a frame (its values, e.g. Uel)")
       arrays = {"frames": frame[None]}

@@ -23,7 +23,7 @@ import tempfile
 import numpy as np
 
 from cdeit_jax.checkpoints import shipped
-from cdeit_jax.common import fileio, matfile, streamed_npz
+from cdeit_jax.common import fileio, matfile, stages, streamed_npz
 from cdeit_jax.common.errors import CdeitError, InputError
 from cdeit_jax.eit.phantom import disk_mask
 
@@ -39,6 +39,7 @@ OUTPUTS = (
 SHOWN = 32  # examples in the figure
 
 
+STAGING = ".staging-"  # in OUT: a run's outputs being made (`Staged`)
 MANIFEST = ".cdeit-outputs.json"  # in OUT: the files this project wrote there (`Staged.commit`)
 
 
@@ -139,9 +140,9 @@ class Staged:
 
   def __init__(self, out: str):
     self.out = out
-    self.dir = fileio.join(out, f".staging-{os.getpid()}")
+    self.dir = fileio.join(out, f"{STAGING}{os.getpid()}")
     fileio.refuse_link(self.dir)
-    for stale in stale_staging(out):  # a dead run's (ours too: a reused pid), links and all
+    for stale in stages.stale(out, STAGING):  # a dead run's (ours too: a reused pid), links too
       fileio.remove_tree(stale)
     fileio.makedirs(self.dir)
     self.work = tempfile.mkdtemp(prefix="cdeit-eval-") if fileio.is_remote(out) else self.dir
@@ -203,30 +204,6 @@ def _write_manifest(out: str, files: set[str]) -> None:
     json.dumps({"written_by": "cdeit-jax", "files": sorted(files)}, indent=1),
   )
 
-
-def stale_staging(out: str) -> list[str]:
-  """The staging folders in local folder `out` that no live process owns: those of processes
-  that are gone (a kill, SIGTERM, a lost machine) and one left under this process's own pid.
-  (In a bucket there is no pid to ask: they stay.)"""
-  if fileio.is_remote(out) or not os.path.isdir(fileio.resolve(out)):
-    return []
-  stale = []
-  for entry in os.scandir(fileio.resolve(out)):
-    pid = entry.name.removeprefix(".staging-")
-    if pid == entry.name or not pid.isdigit():
-      continue
-    if int(pid) == os.getpid() or not _alive(int(pid)):
-      stale.append(entry.path)
-  return stale
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except PermissionError:  # another user's live process
-    return True
   return True
 
 

@@ -34,7 +34,7 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit import layout, measurement, symmetry
-from cdeit_jax.infer import frame_guards, intervals, sampling
+from cdeit_jax.infer import frame_guards, intervals, sampling, translated_run
 from cdeit_jax.infer.run_opening import (
   MAX_SAMPLES,
   calibration,
@@ -386,7 +386,7 @@ class TranslatedReconstructor:
   def __init__(
     self,
     inner: Reconstructor,
-    translator,
+    translator: translated_run.TranslatedDevice,
     *,
     units: str | layout.Layout | None = None,
     voltage_ratio: float | None = None,
@@ -401,7 +401,7 @@ class TranslatedReconstructor:
     )
     self.layout, self.vector = device, False
     self.voltage_ratio, self.current_ratio = self.units.gain, self.units.current_ratio
-    self.guards = frame_guards.TranslatedGuards(inner.guards, translator, self.units)
+    self.guards = translated_run.TranslatedGuards(inner.guards, translator, self.units)
 
   def __getattr__(self, name: str) -> Any:  # sampling settings, sampler, shape: the model's
     return getattr(self.inner, name)

@@ -20,7 +20,7 @@ from cdeit_jax.data import sources
 from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import IMAGE_SIZE
 from cdeit_jax.infer import evaluate, frames
-from cdeit_jax.infer.frame_guards import listed
+from cdeit_jax.infer.frame_guards import check_source, listed
 
 
 class RecordingSource(sources.ArraySource):
@@ -28,8 +28,11 @@ class RecordingSource(sources.ArraySource):
   each frame's difference from the reference, in the device's `units`, conditioned with the
   model's statistics; NaN only where the evaluated removal set (`removed`, (R,) bool) leaves a
   value out, or on a value the model ignores (`ignored`, (R,) bool: the current-carrying
-  electrodes' under `config.model.current_carrying="drop"`, which a frame may hold or not).
-  `absent` (R,) bool: the ignored values that a frame of the file lacks."""
+  electrodes' under `config.model.current_carrying="drop"`, which a frame may hold or not);
+  of a translated run's device (`translated`, `translated_run.TranslatedDevice`), anywhere, its
+  reference frame checked as the run's empty tank.
+  `absent` (R,) bool: the ignored values that a frame of the file lacks (a translated run's:
+  any value one lacks)."""
 
   baselines = False  # no stored classical reconstructions (Tikhonov is computed)
 
@@ -43,8 +46,11 @@ class RecordingSource(sources.ArraySource):
     removed: np.ndarray,
     vector_cond: bool,
     ignored: np.ndarray | None = None,
+    translated=None,
   ):
-    v, reference, targets = frames.read(path, system.num_values, system.describe())
+    with frames.Recording(path, system.num_values, system.describe()) as r:
+      check_source(r, system, path)
+      v, reference, targets = r.rows(0, r.n), r.reference, r.targets()
     if targets is None:
       raise InputError(
         f"{path}: no `targets` (the true images, (N, {IMAGE_SIZE}, {IMAGE_SIZE})), which eval.py "
@@ -56,7 +62,9 @@ class RecordingSource(sources.ArraySource):
         f"{path}: `targets` must be (N, {IMAGE_SIZE}, {IMAGE_SIZE}) images in label units, got "
         f"{targets.shape}"
       )
-    if reference is not None and not np.isfinite(reference[~removed]).all():
+    if translated is not None and reference is not None:  # the run's empty tank, as calibrated
+      translated.check_reference(reference, f"{path}: its reference frame")
+    if reference is not None and not np.isfinite(reference[~removed]).all() and not translated:
       raise InputError(
         f"{path}: the reference frame holds NaN or infinite values; give the empty tank's frame"
       )
@@ -65,7 +73,7 @@ class RecordingSource(sources.ArraySource):
     ignored = np.zeros_like(removed) if ignored is None else ignored
     missing = np.isnan(dv) | ignored[None]
     wrong = np.flatnonzero((missing != (removed | ignored)[None]).any(1))
-    if len(wrong):
+    if len(wrong) and translated is None:  # a translated run's: left out (`translated_run`)
       raise InputError(
         f"{path}: rows {listed(wrong)} miss other values than the evaluated electrode-removal "
         f"set leaves out ({int(removed.sum())} values, --config.eval.removal); give frames of "
@@ -74,7 +82,8 @@ class RecordingSource(sources.ArraySource):
     super().__init__(dv, targets, mean, std, name=fileio.resolve(path), vector_cond=vector_cond)
     self.units, self.voltage_ratio = units.name, units.gain
     self.dv = self._ys
-    self.absent = ignored & np.isnan(dv).any(0)
+    # the values some frame lacks that it may lack (Tikhonov's of the device leaves them out)
+    self.absent = (ignored if translated is None else True) & np.isnan(dv).any(0)
     self.files = [f"frame_{i:05d}" for i in range(len(dv))]
 
 
@@ -112,6 +121,7 @@ class RecordingEvaluator(evaluate.Evaluator):
       self.removed,
       vector or translated,  # a translated run's device values are conditioned below
       None if translated else self.system.ignored,
+      self.translator,
     )
     return TranslatedSource(src, self.translator, meta.mean, meta.std) if translated else src
 

@@ -34,7 +34,7 @@ SETTABLE = (
 )
 UNCERTAINTY_FILE = "uncertainty.json"  # in a step folder: the std's calibration (intervals)
 # in a workdir: the device whose frames the run's model reads translated (`cdeit_jax.translate`)
-TRANSLATION_FILE, MODEL_FOLDER = "translation.npz", "model"
+TRANSLATION_FILE, MODEL_FOLDER = checkpoint.TRANSLATION_FILE, checkpoint.MODEL_FOLDER
 MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
 
 
@@ -150,14 +150,12 @@ def open_workdir(path: str, step: int | None = None) -> tuple[reader.Run, str | 
 
 
 def translation(path: str | None, system: ModelSystem):
-  """The `eit.translation.Translator` from the device of a translated run's `TRANSLATION_FILE`
-  (`path`) into the model's system, or None without one."""
-  from cdeit_jax.eit import layout, translation
+  """The device of a translated run's `TRANSLATION_FILE` (`path`), its frames translated into
+  the model's system and the checks of what it is given (`translated_run.TranslatedDevice`), or
+  None without one."""
+  from cdeit_jax.infer import translated_run
 
-  if path is None:
-    return None
-  device, _ = layout.from_device_file(path)
-  return translation.Translator.between(device, system.device)
+  return None if path is None else translated_run.TranslatedDevice.open(path, system.device)
 
 
 def calibration_file(run: reader.Run, step: int) -> str:

@@ -37,21 +37,71 @@ DType = Any
 # ----------------------------------------------------------------------------- the network
 
 
-def _token_grid(
-  image_size: int, patch_size: int, num_scales: int, window_size, cond_size: int, system
+MAX_TABLE_BYTES = 1 << 30
+"""The most that the tables a model computes itself may take (its position table, the token grid
+squared by hidden_size in float32, made at every call: 8 MiB for the published model; Swin's
+relative position index): sizes beyond it (an edited checkpoint or model file) are refused by
+`check_sizes` before anything is allocated."""
+
+
+def check_sizes(
+  system,
+  *,
+  image_size: Any,
+  patch_size: Any,
+  in_channels: Any,
+  hidden_size: Any,
+  num_heads: Any,
+  mlp_ratio: Any,
+  num_scales: Any,
+  window_size: Any,
+  cond_size: Any,
+  freq_dim: Any,
+  cond_grid: Any,
 ) -> tuple[int, int]:
-  """(token grid, attention window) of CDEIT's sizes; an InputError naming what does not fit."""
+  """(token grid, attention window) of CDEIT's sizes, every one checked before anything is
+  built: whole numbers in range (mlp_ratio a number), dividing as the network needs, and the
+  tables they imply within MAX_TABLE_BYTES; an InputError naming the first that does not fit
+  (a config's, or an edited checkpoint's)."""
+  whole = lambda v: isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+  counts = dict(
+    image_size=image_size,
+    patch_size=patch_size,
+    in_channels=in_channels,
+    hidden_size=hidden_size,
+    num_heads=num_heads,
+    num_scales=num_scales,
+    window_size=window_size,
+    cond_size=cond_size,
+    freq_dim=freq_dim,
+    cond_grid=cond_grid,
+  )
+  for name, v in counts.items():
+    low = 0 if name == "num_scales" else 1
+    if not (whole(v) and v >= low) and not (name == "window_size" and v is None):
+      raise InputError(f"config.model.{name}: {v!r} must be a whole number >= {low}")
+  if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, (int, float)):
+    raise InputError(f"config.model.mlp_ratio: {mlp_ratio!r} must be a number > 0")
+  if not 0 < mlp_ratio < 1e4:
+    raise InputError(f"config.model.mlp_ratio: {mlp_ratio!r} must be a number > 0 (and < 1e4)")
   if image_size % patch_size:
     raise InputError(f"image_size {image_size} is not divisible by patch_size {patch_size}")
   grid = image_size // patch_size
-  if grid % (2**num_scales):
+  if num_scales >= grid.bit_length() or grid % (2**num_scales):
     raise InputError(
       f"token grid {grid} (image_size/patch_size) must be divisible by "
-      f"2**num_scales = {2**num_scales}"
+      f"2**num_scales = 2**{num_scales}"
     )
   window = grid // 4 if window_size is None else window_size
   if grid % window:
     raise InputError(f"window_size {window} does not divide the token grid {grid}")
+  table = max(grid * grid * hidden_size * 4, window**4 * 8)
+  if table > MAX_TABLE_BYTES:
+    raise InputError(
+      f"image_size {image_size}, patch_size {patch_size}, hidden_size {hidden_size} and window "
+      f"{window} make tables of {table / 2**30:.3g} GiB, over the {MAX_TABLE_BYTES / 2**30:g} "
+      "GiB a model here may compute: not a model of this project (an edited checkpoint?)"
+    )
   if image_size % cond_size:
     raise InputError(f"image_size {image_size} is not divisible by cond_size {cond_size}")
   if system.condition.linear and image_size != 128:
@@ -137,7 +187,20 @@ class CDEIT(nnx.Module):
     removal_input: bool = False,
     rngs: nnx.Rngs,
   ):
-    grid, window = _token_grid(image_size, patch_size, num_scales, window_size, cond_size, system)
+    grid, window = check_sizes(  # before anything is allocated
+      system,
+      image_size=image_size,
+      patch_size=patch_size,
+      in_channels=in_channels,
+      hidden_size=hidden_size,
+      num_heads=num_heads,
+      mlp_ratio=mlp_ratio,
+      num_scales=num_scales,
+      window_size=window_size,
+      cond_size=cond_size,
+      freq_dim=freq_dim,
+      cond_grid=cond_grid,
+    )
     system.output.check(system.condition)
     self.image_size, self.patch_size, self.in_channels = image_size, patch_size, in_channels
     self.system = system  # what it is of, as the command resolved it

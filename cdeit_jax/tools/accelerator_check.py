@@ -346,9 +346,9 @@ def table(result: dict) -> str:
 
 def write(result: dict, path: str) -> None:
   """The result so far, whole or not at all (every section's end)."""
-  with open(path + ".tmp", "w") as fh:
-    json.dump(result, fh, indent=1, default=str)
-  os.replace(path + ".tmp", path)
+  from cdeit_jax.common import fileio
+
+  fileio.write_text(path, json.dumps(result, indent=1, default=str))
 
 
 def refuse(message: str) -> None:
@@ -375,12 +375,12 @@ def main() -> None:
   skip = {"sampling" if s == "reconstruct" else s for s in filter(None, a.skip.split(","))}
   if skip - set(SECTIONS):
     refuse(f"--skip {a.skip}: {', '.join(sorted(skip - set(SECTIONS)))} is not one of {SECTIONS}")
-  if os.path.exists(a.out) and not os.path.isdir(a.out):
-    refuse(f"--out {a.out}: is a file; give a folder (accelerator_check.json goes into it)")
   from cdeit_jax.checkpoints import shipped
+  from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
 
   try:
+    fileio.output_folder(a.out, "--out")  # the folder accelerator_check.json goes into
     shipped.refuse_write(a.out, "--out")
   except InputError as e:
     refuse(str(e))

@@ -18,6 +18,16 @@ from cdeit_jax.infer.answer_rules import AnswerRule
 from cdeit_jax.infer.answer_study import study, tables
 
 FLAGS = flags.FLAGS
+WHAT = "an answer study's JSON (python -m cdeit_jax.tools.answer_study)"
+
+
+def ours(path: str) -> bool:
+  """Whether `path` is a study's JSON this command wrote (its metrics and settings)."""
+  try:
+    got = json.loads(fileio.read_text(path) or "")
+  except (OSError, ValueError):
+    return False
+  return isinstance(got, dict) and {"metrics", "settings"} <= set(got)
 
 
 def main(argv: list[str]) -> None:
@@ -31,10 +41,11 @@ def main(argv: list[str]) -> None:
     sims = [("--sims", s) for s in (FLAGS.sims or "").split(",") if s]
     inputs = [*sims, ("--ktc", FLAGS.ktc)]  # the workdir may hold it (not its checkpoints/)
     fileio.refuse_own_input(FLAGS.out, "--out", inputs, writes=())
+    fileio.output_file(FLAGS.out, "--out", ours, WHAT)  # a study's JSON is replaced, no other
   result = study(FLAGS.workdir, FLAGS.sims, FLAGS.num, FLAGS.ktc, rules, FLAGS.samples)
   print(tables(result))
   if FLAGS.out:
-    fileio.write_text(FLAGS.out, json.dumps(result, indent=1))
+    fileio.write_text(FLAGS.out, json.dumps(result, indent=1), ours=ours, what=WHAT)
 
 
 if __name__ == "__main__":
