@@ -346,6 +346,7 @@ FILE_OUTPUTS = {
   "cdeit_jax/calibrate.py",  # a device file
   "cdeit_jax/sequence.py",  # a moving sequence's npz
   "cdeit_jax/tools/answer_study.py",  # the study's JSON
+  "cdeit_jax/tools/frame_misfit.py",  # the misfit's JSON
   "bench/bench_vs_reference.py",  # the benchmark's JSON
 }
 FOLDER_OUTPUTS = {

@@ -19,6 +19,16 @@ from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 
 FLAGS = flags.FLAGS
+WHAT = "a frame misfit's JSON (python -m cdeit_jax.tools.frame_misfit)"
+
+
+def ours(path: str) -> bool:
+  """Whether `path` is a misfit JSON this command wrote (its cases, levels and settings)."""
+  try:
+    got = json.loads(fileio.read_text(path) or "")
+  except (OSError, ValueError):
+    return False
+  return isinstance(got, dict) and {"cases", "levels", "settings"} <= set(got)
 
 
 def main(argv: list[str]) -> None:
@@ -33,6 +43,7 @@ def main(argv: list[str]) -> None:
     shipped.refuse_write(FLAGS.out, "--out")
     inputs = [("--data", FLAGS.data), *((f"--answers {n}", p) for n, p in answers.items())]
     fileio.refuse_own_input(FLAGS.out, "--out", inputs, writes=())
+    fileio.output_file(FLAGS.out, "--out", ours, WHAT)  # a misfit JSON is replaced, no other
   result = frame_misfit.run(
     FLAGS.data,
     answers,
@@ -41,7 +52,7 @@ def main(argv: list[str]) -> None:
     tuple(float(d) for d in FLAGS.turns_deg),
   )
   if FLAGS.out:
-    fileio.write_text(FLAGS.out, json.dumps(result, indent=1))
+    fileio.write_text(FLAGS.out, json.dumps(result, indent=1), ours=ours, what=WHAT)
   print(frame_misfit.table(result["levels"]))
 
 
