@@ -4,6 +4,8 @@ it cannot parse and a missing plugin are one line each, unknown names are refuse
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -62,6 +64,24 @@ def test_a_spec_this_jaxlib_cannot_parse_is_one_line(tmp_path, monkeypatch):
   with pytest.raises(InputError, match=r"h100_sxm.txtpb does not parse with jaxlib [\d.]+ ") as e:
     topologies.target("h100-1")
   assert "\n" not in str(e.value) and "README.md" in str(e.value)
+
+
+@needs_cuda_plugin
+def test_a_process_whose_jax_started_on_its_own_is_told_what_to_do():
+  """JAX's backends started without JAX_PLATFORMS=cpu (the plugin then fails without a GPU and
+  does not register): one line saying to run in a fresh process or with JAX_PLATFORMS=cpu."""
+  code = (
+    "import jax; jax.devices()\n"
+    "from cdeit_jax.common import topologies\n"
+    "try:\n  topologies.target('h100-1')\n"
+    "except topologies.InputError as e:\n  print('ERROR', e)\n"
+  )
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_FLAGS")}
+  r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+  line = [ln for ln in r.stdout.splitlines() if ln.startswith("ERROR")]
+  assert len(line) == 1, r.stdout + r.stderr[-2000:]
+  assert "CUDA plugin is not registered in this process" in line[0]
+  assert "run it in a fresh process, or with JAX_PLATFORMS=cpu" in line[0]
 
 
 def test_without_the_plugin_the_install_is_named(monkeypatch):

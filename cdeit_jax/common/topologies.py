@@ -56,7 +56,7 @@ MAX_GPUS = 8  # one host: the NVLink-connected machines these chips come in
 # The share of a GPU's memory a JAX process may use: JAX preallocates 75 % of it unless
 # XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise (JAX's docs, "GPU memory allocation").
 DEFAULT_MEM_FRACTION = 0.75
-CUDA_PLUGIN = "jax_plugins.xla_cuda12"
+CUDA_PLUGINS = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")  # either registers "cuda"
 INSTALL = "pip install -e '.[cuda-aot]'"
 
 
@@ -143,8 +143,20 @@ def mem_fraction() -> float:
     ) from None
 
 
+def _plugin_versions() -> dict[str, str]:
+  from importlib import metadata
+
+  found = {}
+  for dist in ("jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt"):
+    try:
+      found[dist] = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+      pass
+  return found
+
+
 def cuda_plugin_installed() -> bool:
-  return importlib.util.find_spec(CUDA_PLUGIN) is not None
+  return any(importlib.util.find_spec(m) is not None for m in CUDA_PLUGINS)
 
 
 def _gpu(gpu: str, count: int) -> Target:
@@ -169,10 +181,16 @@ def _gpu(gpu: str, count: int) -> Target:
       platform="cuda", target_config=text, topology=f"1x1x{count}"
     )
   except NotImplementedError as e:  # the plugin did not register
+    versions = _plugin_versions()
+    if any(v != jaxlib.__version__ for v in versions.values()):
+      why = f"its version is not jaxlib's {jaxlib.__version__} ({versions}): {INSTALL}"
+    else:
+      why = (
+        "JAX started its backends before, without JAX_PLATFORMS=cpu, and the plugin failed "
+        "without a GPU: run it in a fresh process, or with JAX_PLATFORMS=cpu"
+      )
     raise InputError(
-      f"--compile_topology {name}: JAX's CUDA plugin is not registered in this process (JAX "
-      "started its backends before, without JAX_PLATFORMS=cpu, and the plugin failed without a "
-      f"GPU); run it in a fresh process, or with JAX_PLATFORMS=cpu ({e})"
+      f"--compile_topology {name}: JAX's CUDA plugin is not registered in this process; {why}"
     ) from e
   except Exception as e:
     if "GpuTargetConfigProto" not in str(e):

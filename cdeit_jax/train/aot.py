@@ -13,7 +13,6 @@ graphs: it says what fits and what is compiled, not how fast it runs.
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
@@ -86,7 +85,7 @@ def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dic
     "steps": steps,
     "peak_bytes_per_device": mem.get("peak_bytes"),
     "memory": mem,
-    "fused_attention": fused_attention(compiled),
+    "fused_attention": dm.fused_attention(compiled),
     "flops_per_call": flops.sample_flops_per_image(m, steps) * global_batch,
     "compile_s": round(time.perf_counter() - t0, 1),
   }
@@ -138,28 +137,6 @@ def _compile_simulator(cfg, model_system, mesh, step_flops: float) -> dict[str, 
   }
 
 
-def fused_attention(compiled) -> dict[str, Any]:
-  """The fused attention kernels a compiled program holds, counted in its optimized HLO: cuDNN's
-  (`__cudnn$fmha...` custom calls, forward and backward) and the splash kernel (a TPU custom call
-  named for it). {"calls": total, "targets": {target: count}}; calls 0 where XLA's own attention
-  (or the blocked loop) was compiled instead."""
-  text = compiled.as_text()
-  targets: dict[str, int] = {}
-  for line in text.splitlines():
-    m = _CUSTOM_CALL.search(line)
-    if not m:
-      continue
-    target = m.group(1)
-    if target.startswith("__cudnn$fmha"):
-      targets[target] = targets.get(target, 0) + 1
-    elif target == "tpu_custom_call" and "splash" in line:
-      targets["tpu_custom_call (splash)"] = targets.get("tpu_custom_call (splash)", 0) + 1
-  return {"calls": sum(targets.values()), "targets": targets}
-
-
-_CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
-
-
 def compile_step(
   setup: training.Setup, global_batch: int, mesh, hbm: int, shard_params: bool = False
 ) -> dict[str, Any]:
@@ -183,7 +160,7 @@ def compile_step(
     "fits": mem["peak_bytes"] <= hbm,
     "peak_bytes_per_device": mem["peak_bytes"],
     "memory": mem,
-    "fused_attention": fused_attention(compiled.fn),
+    "fused_attention": dm.fused_attention(compiled.fn),
     "compile_s": round(time.perf_counter() - t0, 1),
   }
 
@@ -199,11 +176,16 @@ def _setup(cfg: ml_collections.ConfigDict, topology: str):
 
 
 def largest_batch(
-  cfg: ml_collections.ConfigDict, topology: str, print_fn=print, most: int = 4096
+  cfg: ml_collections.ConfigDict,
+  topology: str,
+  print_fn=print,
+  most: int = 4096,
+  report: dict | None = None,
 ) -> dict[str, Any]:
   """The largest per-device batch (at `cfg.accum_steps`) whose train step fits `topology`'s
   devices, each candidate compiled (`memory_fit.largest_fitting`'s search from the config's
-  batch). {"per_device_batch", "peak_bytes", "compiles": [[per-device batch, fits, peak], ...]}."""
+  batch; `report`: its `compile_check` of the config, not compiled again). {"per_device_batch",
+  "peak_bytes", "compiles": [[per-device batch, fits, peak bytes], ...]}."""
   target, mesh, setup = _setup(cfg, topology)
   n, k = len(target.devices), cfg.accum_steps
 
@@ -214,7 +196,10 @@ def largest_batch(
     return r["fits"], peak
 
   start = max(cfg.batch_size // (n * k), 1)
-  best, tried = memory_fit.largest_fitting(measure, start, target.hbm_bytes, most)
+  known = {}
+  if report and report["topology"] == topology and report["global_batch"] == start * n * k:
+    known[start] = (report["fits"], report["peak_bytes_per_device"])
+  best, tried = memory_fit.largest_fitting(measure, start, target.hbm_bytes, most, known)
   return {
     "topology": topology,
     "per_device_batch": best,

@@ -39,15 +39,19 @@ def fit_advice(cfg: ml_collections.ConfigDict, num_devices: int, platform: str) 
 
 
 def largest_fitting(
-  measure: Callable[[int], tuple[bool, int | None]], start: int, budget: int, most: int = 4096
+  measure: Callable[[int], tuple[bool, int | None]],
+  start: int,
+  budget: int,
+  most: int = 4096,
+  known: dict[int, tuple[bool, int | None]] | None = None,
 ) -> tuple[int, dict[int, tuple[bool, int | None]]]:
   """The largest batch b <= `most` with measure(b) fitting, measure(b + 1) not (0: none fits), and
   every batch measured: {b: (fits, peak bytes)}. `measure` compiles, so few are asked: `start`
   and twice it give the bytes an example adds (memory is near linear in the batch), the batch
   that reaches `budget` is measured, then its neighbour, and what is left between a batch that
   fits and one that does not is halved (steps doubling up where none is known not to fit): the
-  measurements decide, not the prediction."""
-  tried: dict[int, tuple[bool, int | None]] = {}
+  measurements decide, not the prediction. `known`: batches measured before."""
+  tried: dict[int, tuple[bool, int | None]] = dict(known or {})
 
   def fits(b: int) -> bool:
     if b < 1:
