@@ -8,14 +8,12 @@ import subprocess
 import sys
 
 import pytest
-from flax import nnx
+from conftest import attention_layers
 
 from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import loading
 from cdeit_jax.common import topologies
 from cdeit_jax.model import flops
-from cdeit_jax.model.layers import Attention
-from cdeit_jax.model.network import CDEIT
 from cdeit_jax.train import aot
 
 needs_libtpu = pytest.mark.skipif(
@@ -125,14 +123,6 @@ def test_cli_says_when_it_does_not_fit(tmp_path):
   assert "config.accum_steps=2" in saved["advice"]
 
 
-def _attention_layers(cfg) -> tuple[int, int]:
-  """(global, windowed) attention layers of `cfg`'s model, counted in its module graph."""
-  kw = config_lib.model_kwargs(cfg, loading.resolve(cfg), "gpu")
-  model = nnx.eval_shape(lambda: CDEIT(**kw, rngs=nnx.Rngs(0)))
-  layers = [m for _, m in nnx.iter_graph(model) if isinstance(m, Attention)]
-  return sum(m.window is None for m in layers), sum(m.window is not None for m in layers)
-
-
 def _cudnn_calls(global_layers: int, windowed: int, backward: bool) -> dict[str, int]:
   """One fused call per attention layer (windowed ones carry their position bias), and as many
   backward ones in a train step."""
@@ -171,7 +161,7 @@ def test_a_tiny_model_compiles_for_one_h100(tmp_path):
   assert saved["hbm_bytes_per_device"] == int(84942979072 * topologies.mem_fraction())
   assert saved["fits"] and 0 < saved["peak_bytes_per_device"] < saved["hbm_bytes_per_device"]
   assert _peak_is_the_sum(saved["memory"]) and saved["memory"]["alias_size_in_bytes"] > 0
-  layers = _attention_layers(cfg)
+  layers = attention_layers(cfg)
   assert saved["fused_attention"]["targets"] == _cudnn_calls(*layers, backward=True)
   assert saved["flops_per_step"] == 2 * 3 * _traced_forward_flops(cfg)
 
@@ -192,7 +182,7 @@ def test_the_gpu_config_compiles_for_eight_h100s(tmp_path):
   assert saved["attention_impl"] == "cudnn" and saved["dtype"] == "bfloat16"
   assert saved["params"] == 109_719_108 and saved["fits"] and saved["within_margin"]
   assert _peak_is_the_sum(saved["memory"])
-  layers = _attention_layers(config_lib.load(os.path.join(ROOT, "configs", "gpu.py")))
+  layers = attention_layers(config_lib.load(os.path.join(ROOT, "configs", "gpu.py")))
   assert saved["fused_attention"]["targets"] == _cudnn_calls(*layers, backward=True)
   cfg = config_lib.load(os.path.join(ROOT, "configs", "gpu.py"))
   assert saved["flops_per_step"] == 32 * 3 * _traced_forward_flops(cfg)

@@ -89,17 +89,19 @@ def test_the_gpu_runs_model_and_its_simulations_lower_for_cuda():
 
 def test_cudnn_attention_lowers_where_jax_finds_cudnn():
   """cuDNN's attention is lowered only where JAX can read cuDNN's version: with the CUDA plugin
-  installed (its cuDNN wheel; no GPU needed), each call inside the custom partitioning that JAX
-  gives it (the `__cudnn$fmha` calls appear when XLA partitions the program: `--compile_topology
-  h100-N`, tests/test_aot.py); without it, refused. If a JAX release lowers it without cuDNN,
-  this test fails: then lower it above."""
+  installed (its cuDNN wheel; no GPU needed), each call, forward and backward, as the custom
+  partitioning JAX gives it (its `__cudnn$fmha` calls appear when XLA partitions the program:
+  `--compile_topology h100-N`, tests/test_aot.py); without it, refused. If a JAX release lowers
+  it without cuDNN, this test fails: then lower it above. The test model's size (7 s)."""
+  from conftest import attention_layers
+
   from cdeit_jax.common import topologies
 
   cfg = _config("gpu", "cudnn")
+  cfg.model.update(patch_size=8, hidden_size=32, num_heads=4, num_scales=1)
   if topologies.cuda_plugin_installed():
-    text = _train_step(cfg, "gpu", "cuda")
-    assert "@CustomSPMDPartitioning" in text
-    assert "@CustomSPMDPartitioning" not in _train_step(_config("gpu", "blocked"), "gpu", "cuda")
+    calls = _train_step(cfg, "gpu", "cuda").count("@CustomSPMDPartitioning(")
+    assert calls == 2 * sum(attention_layers(cfg))
   else:
     with pytest.raises(RuntimeError, match="cuDNN is not detected"):
       _train_step(cfg, "gpu", "cuda")

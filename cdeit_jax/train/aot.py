@@ -203,6 +203,7 @@ def largest_batch(
   return {
     "topology": topology,
     "per_device_batch": best,
+    "at_ceiling": best >= most,  # the search's ceiling fits: the largest is more
     "global_batch": best * n * k,
     "peak_bytes": tried[best][1] if best else None,
     "hbm_bytes_per_device": target.hbm_bytes,
