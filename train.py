@@ -3,6 +3,7 @@
   python train.py --config configs/v5e8.py --workdir DIR [--config.key=value ...]
   python train.py --config configs/test.py --workdir /tmp/run          # tiny, CPU, shipped data
   python train.py --config configs/v5e8.py --compile_topology v5e-8 --workdir DIR  # fits? (no TPU)
+  python train.py --config configs/gpu.py --compile_topology h100-8 --workdir DIR  # (no GPU)
 
 A workdir that holds a checkpoint resumes from it. Explicit clusters (GPUs, CPUs):
   --coordinator_address HOST:PORT --num_processes N --process_id I
@@ -28,9 +29,10 @@ flags.DEFINE_string("workdir", None, "checkpoints, metrics.jsonl and TensorBoard
 flags.DEFINE_string(
   "compile_topology",
   None,
-  "compile only, for a TPU topology such as v5e-8 "
-  "(any machine with libtpu: pip install -e '.[tpu]'); writes "
-  "WORKDIR/compile.json and exits 0 when the step fits, 1 when not",
+  "compile only, for a TPU topology such as v5e-8 (any machine with libtpu: pip install -e "
+  "'.[tpu]') or one host of NVIDIA GPUs such as h100-8, h200-1 (any machine with JAX's CUDA "
+  "plugin: pip install -e '.[cuda-aot]'); writes WORKDIR/compile.json and exits 0 when the "
+  "step fits, 1 when not",
 )
 cli.define_cluster_flags()
 cli.define_cache_flag()

@@ -18,6 +18,12 @@ with the reason:
 4. `simulator` (45 s, kept free for it; 150 s on a CPU): the simulator's examples/s against the
    train step's consumption at the trained size (bench/bench_simulate.py --source) ->
    simulator.json: what the next size choice needs
+Beside stage 1, on the CPU (it takes no GPU memory and no time of its own; a CPU rehearsal runs it
+after stage 1, its time not counted in the minutes): `deviceless`, the compile of stage 1's train
+step for compile-only GPUs of the machine's kind and count (`train.py --compile_topology
+h200-1`: XLA's spec of the chip, no device), whose memory goes into gpu_run.json beside the
+memory the device reports for the same step (`memory`): how far the deviceless figures the docs
+give for GPUs are from a GPU's.
 gpu_run.json holds every stage's status, time and reason, and the machine; gpu_run.log the end of
 every stage's output. Exit 0 when the model file was written, 1 when not.
 
@@ -49,6 +55,8 @@ MODEL_FILE = "ktc2023_gpu.safetensors"
 FILES = ("accelerator_check.json", "vs_pytorch.json", "train.json", "simulator.json")
 SUMMARY, LOG = "gpu_run.json", "gpu_run.log"
 LIMITS = {"check": 120.0, "pytorch": 120.0, "simulator": 45.0}
+DEVICELESS_S = {"gpu": 150.0, "cpu": 300.0}  # from its start, beside stage 1; no stage waits longer
+GPUS = {"H100": "h100", "H200": "h200"}  # device kind -> --compile_topology name
 EXPORT_S = 40.0  # kept after training for the export (a process, its imports, one step's read)
 REHEARSAL_TRAIN_S = 120.0  # the training budget of the rehearsal on a CPU
 TAIL = 40_000  # characters of each stage's output kept in gpu_run.log
@@ -155,34 +163,106 @@ def end(p: subprocess.Popen) -> None:
   stop_on_signals()
 
 
-def run(stages: Stages, name: str, cmd: list[str], limit: float, env: dict) -> tuple[int, str]:
-  """`cmd` in its own process group, stopped at `limit` seconds (SIGTERM, then SIGKILL 20 s later:
-  train.py saves its step on SIGTERM), and stopped so when this run is (`Stopped`, raised
-  again); (exit code, output). The output's end goes to the log."""
+def start(stages: Stages, name: str, cmd: list[str], env: dict) -> dict:
+  """`cmd` started in its own process group, its output to the scratch folder; kept in
+  `stages.running` until `finish` (a signal to this run stops every started stage: `main`)."""
   path = os.path.join(stages.scratch, f"{name}.out")
-  t0 = time.perf_counter()
-  with open(path, "w") as fh:
-    p = subprocess.Popen(
-      cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    try:
-      rc = p.wait(timeout=max(limit, 1.0))
-    except subprocess.TimeoutExpired:
-      end(p)
-      rc = 124
-    except Stopped:
-      end(p)
-      stages.log.append(
-        f"===== {name}: stopped by a signal after {time.perf_counter() - t0:.1f} s\n"
-      )
-      raise
-  with open(path, errors="replace") as fh:
+  fh = open(path, "w")
+  p = subprocess.Popen(
+    cmd, cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True
+  )
+  job = {"name": name, "cmd": cmd, "p": p, "fh": fh, "path": path, "t0": time.perf_counter()}
+  stages.running.append(job)
+  return job
+
+
+def finish(stages: Stages, job: dict, limit: float) -> tuple[int, str]:
+  """Wait for a started `job` until `limit` seconds from its start (then SIGTERM, and SIGKILL 20 s
+  later: train.py saves its step on SIGTERM), stopped so when this run is (`Stopped`, raised
+  again); (exit code, output). The output's end goes to the log."""
+  p = job["p"]
+  try:
+    rc = p.wait(timeout=max(limit - (time.perf_counter() - job["t0"]), 1.0))
+  except subprocess.TimeoutExpired:
+    end(p)
+    rc = 124
+  except Stopped:
+    stop_all(stages)
+    raise
+  stages.running.remove(job)
+  job["fh"].close()
+  with open(job["path"], errors="replace") as fh:
     text = fh.read()
-  took = time.perf_counter() - t0
+  took = time.perf_counter() - job["t0"]
   stages.log.append(
-    f"===== {name}: exit {rc} after {took:.1f} s: {' '.join(cmd)}\n{text[-TAIL:]}\n"
+    f"===== {job['name']}: exit {rc} after {took:.1f} s: {' '.join(job['cmd'])}\n{text[-TAIL:]}\n"
   )
   return rc, text
+
+
+def stop_all(stages: Stages) -> None:
+  """Stop every started stage (`end`), each logged as stopped by a signal."""
+  while stages.running:
+    job = stages.running.pop()
+    end(job["p"])
+    job["fh"].close()
+    took = time.perf_counter() - job["t0"]
+    stages.log.append(f"===== {job['name']}: stopped by a signal after {took:.1f} s\n")
+
+
+def run(stages: Stages, name: str, cmd: list[str], limit: float, env: dict) -> tuple[int, str]:
+  """`cmd` in its own process group, stopped at `limit` seconds; (exit code, output)."""
+  return finish(stages, start(stages, name, cmd, env), limit)
+
+
+def deviceless_topology(info: dict) -> tuple[str | None, str]:
+  """The compile-only topology of this machine's accelerators (`h200-1`, ...; a CPU rehearses
+  with H100s), or None and why not."""
+  sys.path.insert(0, REPO)
+  from cdeit_jax.common import topologies  # reads no JAX backend
+
+  if not topologies.cuda_plugin_installed():
+    return None, f"JAX's CUDA plugin is not installed ({topologies.INSTALL})"
+  n = info["devices"]
+  if info["platform"] == "cpu":
+    return f"h100-{min(n, topologies.MAX_GPUS)}", ""  # a CPU rehearses with H100s
+  gpu = next((g for kind, g in GPUS.items() if kind in info["device_kind"]), None)
+  if gpu is None or n > topologies.MAX_GPUS:
+    return None, f"no target spec of {n} x {info['device_kind']} (cdeit_jax/assets/gpu_targets)"
+  return f"{gpu}-{n}", ""
+
+
+def memory_beside(deviceless: dict | None, check: dict | None) -> dict:
+  """The train step's memory per device as the deviceless compile gave it and as the device's
+  own compile and allocator report it (the accelerator check's `train` section), with the
+  ratios device / deviceless."""
+  d, t = deviceless or {}, (check or {}).get("train") or {}
+  on = t.get("memory_per_device") or {}
+  ratio = lambda a, b: round(a / b, 4) if a and b else None
+  return {
+    "deviceless": {
+      k: d.get(k)
+      for k in ("topology", "device_kind", "global_batch", "attention_impl", "fits")
+      + ("peak_bytes_per_device", "memory", "hbm_bytes_per_device", "fused_attention")
+    },
+    "device": {
+      "device_kind": t.get("device"),
+      "global_batch": t.get("global_batch"),
+      "attention_impl": t.get("attention_impl"),
+      "peak_bytes_per_device": on.get("peak_bytes"),
+      "memory": on or None,
+      "bytes_limit": t.get("device_bytes_limit"),
+      "peak_bytes_in_use": t.get("device_peak_bytes"),
+      "fused_attention": t.get("fused_attention"),
+    },
+    "device_over_deviceless": {
+      "peak": ratio(on.get("peak_bytes"), d.get("peak_bytes_per_device")),
+      "temporaries": ratio(
+        on.get("temp_size_in_bytes"), (d.get("memory") or {}).get("temp_size_in_bytes")
+      ),
+      "limit": ratio(t.get("device_bytes_limit"), d.get("hbm_bytes_per_device")),
+    },
+  }
 
 
 def status_of(rc: int, figures: bool) -> str:
@@ -311,6 +391,7 @@ def main() -> None:
   try:
     written = run_stages(a, stages, out, scratch)
   except Stopped as e:  # SIGTERM or SIGINT: the stage was stopped; what it reached is in OUT
+    stop_all(stages)  # a stage started beside the one stopped (the deviceless compile)
     for s in (signal.SIGTERM, signal.SIGINT):
       signal.signal(s, signal.SIG_IGN)
     stages.record["stopped"] = str(e)
@@ -340,6 +421,18 @@ def run_stages(a: argparse.Namespace, stages: Stages, out: str, scratch: str) ->
   small = "configs/gpu.py:rehearsal" if cpu else "configs/gpu.py"
   batch = "2" if cpu else "32"
 
+  # beside stage 1 (a CPU rehearsal: after it, not to slow it): its train step compiled for
+  # compile-only GPUs, on the CPU
+  topology, reason = deviceless_topology(info)
+  job, deviceless = None, []
+  if topology is None:
+    stages.skipped("deviceless", reason)
+  else:
+    deviceless = [py, "train.py", "--config", small, "--compile_topology", topology]
+    deviceless += ["--workdir", os.path.join(scratch, "deviceless")]
+    deviceless += [f"--config.batch_size={int(batch) * int(topology.split('-')[1])}"]
+    job = None if cpu else start(stages, "deviceless", deviceless, env)
+
   # 1. the accelerator check at the platform's size
   t = time.perf_counter()
   check = os.path.join(scratch, "check")
@@ -357,6 +450,17 @@ def run_stages(a: argparse.Namespace, stages: Stages, out: str, scratch: str) ->
   stages.done(
     "check", status, time.perf_counter() - t, exit_code=rc, passed=passed, sections_skipped=skipped
   )
+  if deviceless:
+    job = job or start(stages, "deviceless", deviceless, env)
+    rc, text = finish(stages, job, DEVICELESS_S["cpu" if cpu else "gpu"])
+    compiled = _json_file(os.path.join(scratch, "deviceless", "compile.json"))
+    stages.record["memory"] = memory_beside(compiled, got)
+    status = "ok" if compiled is not None and rc in (0, 1) else status_of(rc, False)
+    failed = {} if compiled else {"reason": (text.strip().splitlines() or [""])[-1][:500]}
+    took = time.perf_counter() - job["t0"]
+    if cpu:  # on a GPU it costs the other stages nothing: neither does it here
+      stages.deadline += took
+    stages.done("deviceless", status, took, exit_code=rc, topology=topology, **failed)
 
   # 2. the published PyTorch code beside ours
   problem = reference_problem(a.reference)

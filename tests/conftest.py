@@ -40,6 +40,21 @@ def system_of(cond="eim", layout=None, removals=None, output="image", current_ca
   return loading.resolve(cfg)
 
 
+def attention_layers(cfg) -> tuple[int, int]:
+  """(global, windowed) attention layers of `cfg`'s model, counted in its module graph."""
+  from flax import nnx
+
+  from cdeit_jax import config_lib
+  from cdeit_jax.checkpoints import loading
+  from cdeit_jax.model.layers import Attention
+  from cdeit_jax.model.network import CDEIT
+
+  kw = config_lib.model_kwargs(cfg, loading.resolve(cfg), "gpu")
+  model = nnx.eval_shape(lambda: CDEIT(**kw, rngs=nnx.Rngs(0)))
+  layers = [m for _, m in nnx.iter_graph(model) if isinstance(m, Attention)]
+  return sum(m.window is None for m in layers), sum(m.window is not None for m in layers)
+
+
 def nhwc(a: np.ndarray) -> np.ndarray:
   """NCHW (reference) -> NHWC (ours), on the last three axes."""
   return np.moveaxis(np.asarray(a), -3, -1)

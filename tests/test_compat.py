@@ -38,10 +38,10 @@ def test_tpu_compiler_out_of_memory_and_its_figure():
   """A compile-only v5e chip (15.75 GiB of HBM) refusing x @ x.T of a 16 GiB x: out of memory,
   with a figure above the chip's memory (it did not fit) and below the 64 GiB product."""
   pytest.importorskip("libtpu")
-  from cdeit_jax.train import aot
+  from cdeit_jax.common import topologies
 
   try:
-    devices = aot.topology_devices("v5e-8")
+    devices = topologies.target("v5e-8").devices
   except Exception as e:  # libtpu without compile-only support here
     pytest.skip(f"no compile-only TPU devices: {e}")
   mesh = jax.sharding.Mesh(np.array(devices[:1]), ("d",))

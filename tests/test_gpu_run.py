@@ -15,6 +15,8 @@ import time
 import pytest
 from conftest import REPO
 
+from cdeit_jax.common import topologies
+
 sys.path.insert(0, str(REPO / "recipes"))
 import gpu_run  # noqa: E402
 
@@ -41,6 +43,53 @@ def test_what_a_lent_machine_would_not_send_back_is_named(tmp_path):
   assert any(p == "10 files, over 8" for p in problems)
 
 
+def test_the_deviceless_memory_stands_beside_the_devices():
+  """gpu_run.json's `memory`: the deviceless compile's figures, the accelerator check's for the
+  same step on the device, and device / deviceless (by hand: 30 / 24, 20 / 16, 105 / 100)."""
+  compiled = {
+    "topology": "h200-1",
+    "device_kind": "NVIDIA H200 141GB HBM3e",
+    "global_batch": 32,
+    "peak_bytes_per_device": 24,
+    "memory": {"temp_size_in_bytes": 16, "peak_bytes": 24},
+    "hbm_bytes_per_device": 100,
+    "fused_attention": {"calls": 42},
+  }
+  check = {
+    "train": {
+      "device": "NVIDIA H200",
+      "global_batch": 32,
+      "memory_per_device": {"temp_size_in_bytes": 20, "peak_bytes": 30},
+      "device_bytes_limit": 105,
+      "device_peak_bytes": 31,
+      "fused_attention": {"calls": 42},
+    }
+  }
+  m = gpu_run.memory_beside(compiled, check)
+  assert m["device_over_deviceless"] == {"peak": 1.25, "temporaries": 1.25, "limit": 1.05}
+  assert m["deviceless"]["peak_bytes_per_device"] == 24 and m["device"]["bytes_limit"] == 105
+  assert m["device"]["peak_bytes_in_use"] == 31 and m["deviceless"]["topology"] == "h200-1"
+  empty = gpu_run.memory_beside(compiled, None)  # the check left no figures
+  assert empty["device"]["peak_bytes_per_device"] is None
+  assert set(empty["device_over_deviceless"].values()) == {None}
+
+
+def test_the_deviceless_topology_is_the_machines():
+  if not topologies.cuda_plugin_installed():
+    assert (
+      gpu_run.deviceless_topology({"platform": "gpu", "device_kind": "x", "devices": 1})[0] is None
+    )
+    return
+  gpu = lambda kind, n: gpu_run.deviceless_topology(
+    {"platform": "gpu", "device_kind": kind, "devices": n}
+  )
+  assert gpu("NVIDIA H200", 1) == ("h200-1", "") and gpu("NVIDIA H100 80GB HBM3", 8)[0] == "h100-8"
+  assert gpu("NVIDIA A100-SXM4-80GB", 1)[0] is None and "no target spec" in gpu("NVIDIA A100", 1)[1]
+  assert gpu_run.deviceless_topology({"platform": "cpu", "device_kind": "cpu", "devices": 1})[
+    0
+  ] == ("h100-1")
+
+
 @pytest.mark.e2e
 def test_the_rehearsal_writes_what_a_gpu_run_brings_back(tmp_path):
   out, scratch = tmp_path / "out", tmp_path / "scratch"
@@ -60,6 +109,16 @@ def test_the_rehearsal_writes_what_a_gpu_run_brings_back(tmp_path):
   assert [stages[s]["status"] for s in ("check", "train", "simulator")] == ["ok"] * 3, stages
   assert stages["pytorch"]["status"] == "skipped"
   assert "no published code at" in stages["pytorch"]["reason"]
+  if topologies.cuda_plugin_installed():  # the check's step, compiled for one H100 too
+    assert stages["deviceless"]["status"] == "ok" and stages["deviceless"]["topology"] == "h100-1"
+    mem = summary["memory"]
+    assert mem["deviceless"]["global_batch"] == mem["device"]["global_batch"] == 2
+    assert mem["deviceless"]["device_kind"] == "NVIDIA H100 80GB HBM3"
+    on, off = mem["device"]["peak_bytes_per_device"], mem["deviceless"]["peak_bytes_per_device"]
+    assert on > 0 and off > 0 and mem["device_over_deviceless"]["peak"] == round(on / off, 4)
+  else:
+    assert stages["deviceless"]["status"] == "skipped"
+    assert "'.[cuda-aot]'" in stages["deviceless"]["reason"]
   files = sorted(os.listdir(out))
   assert files == sorted(summary["files"]) and len(files) <= 8
   assert not scratch.exists() or any(scratch.iterdir())  # given: kept (the default is removed)

@@ -1,10 +1,11 @@
 """The train step and the sampler lower for NVIDIA GPUs and for TPUs on a CPU-only machine
 (`.lower(lowering_platforms=...)`, shapes only, the published size of configs/gpu.py and
 configs/v5e8.py in bfloat16): a change that breaks either platform's lowering fails here, before
-any accelerator runs it. The one piece that cannot be lowered without the hardware is said below:
-cuDNN's fused attention (`attention_impl="cudnn"`, what "auto" picks on a GPU in 16-bit), which
-JAX refuses to lower where it cannot query the cuDNN version ("cuDNN is not detected"); on a GPU
-the accelerator check (python -m cdeit_jax.tools.accelerator_check) runs it."""
+any accelerator runs it. cuDNN's fused attention (`attention_impl="cudnn"`, what "auto" picks on a
+GPU in 16-bit) lowers only where JAX can query cuDNN's version: with JAX's CUDA plugin installed
+(`pip install -e '.[cuda-aot]'`, which also compiles it: tests/test_aot.py), not without ("cuDNN
+is not detected"); on a GPU the accelerator check (python -m cdeit_jax.tools.accelerator_check)
+runs it."""
 
 import jax
 import pytest
@@ -86,11 +87,24 @@ def test_the_gpu_runs_model_and_its_simulations_lower_for_cuda():
   assert "@cusolver_potrf_ffi" in text and "stablehlo.while" not in text  # batched, no loop
 
 
-def test_cudnn_attention_cannot_be_lowered_without_a_gpu():
-  """The piece left to the accelerator check: cuDNN's attention is refused at lowering on a
-  machine without cuDNN. If a JAX release lowers it, this test fails: then lower it above."""
-  with pytest.raises(RuntimeError, match="cuDNN is not detected"):
-    _train_step(_config("gpu", "cudnn"), "gpu", "cuda")
+def test_cudnn_attention_lowers_where_jax_finds_cudnn():
+  """cuDNN's attention is lowered only where JAX can read cuDNN's version: with the CUDA plugin
+  installed (its cuDNN wheel; no GPU needed), each call, forward and backward, as the custom
+  partitioning JAX gives it (its `__cudnn$fmha` calls appear when XLA partitions the program:
+  `--compile_topology h100-N`, tests/test_aot.py); without it, refused. If a JAX release lowers
+  it without cuDNN, this test fails: then lower it above. The test model's size (7 s)."""
+  from conftest import attention_layers
+
+  from cdeit_jax.common import topologies
+
+  cfg = _config("gpu", "cudnn")
+  cfg.model.update(patch_size=8, hidden_size=32, num_heads=4, num_scales=1)
+  if topologies.cuda_plugin_installed():
+    calls = _train_step(cfg, "gpu", "cuda").count("@CustomSPMDPartitioning(")
+    assert calls == 2 * sum(attention_layers(cfg))
+  else:
+    with pytest.raises(RuntimeError, match="cuDNN is not detected"):
+      _train_step(cfg, "gpu", "cuda")
 
 
 def test_the_tpu_train_step_and_sampler_lower_with_the_splash_kernel():

@@ -1,9 +1,12 @@
 """Compiled programs and device memory, in one place for the trainer, evaluation and the
-ahead-of-time check: what a compiled program needs (the compiler's memory analysis), what a
-device offers, and whether an error means "out of memory" (`compat` reads XLA's text). What to
-change when a train step does not fit is training's (`cdeit_jax.train.memory_fit`)."""
+ahead-of-time check: what a compiled program needs (the compiler's memory analysis) and which
+fused attention kernels it holds, what a device offers, and whether an error means "out of
+memory" (`compat` reads XLA's text). What to change when a train step does not fit is
+training's (`cdeit_jax.train.memory_fit`)."""
 
 from __future__ import annotations
+
+import re
 
 import jax
 
@@ -38,6 +41,31 @@ def memory_of(compiled) -> dict[str, int]:
     + out.get("generated_code_size_in_bytes", 0)
   )
   return out
+
+
+_CUSTOM_CALL = re.compile(r'custom_call_target="([^"]+)"')
+SPLASH = "tpu_custom_call (splash)"
+
+
+def fused_attention(compiled) -> dict:
+  """The fused attention kernels a compiled program holds, counted in its optimized HLO: cuDNN's
+  (`__cudnn$fmha...` custom calls, forward and backward) and the splash kernel (a TPU custom call
+  named for it). {"calls": total, "targets": {target: count}}; calls 0 where XLA's own attention
+  or the blocked loop was compiled instead, or where the backend gives no HLO text."""
+  try:
+    text = compiled.as_text()
+  except Exception:  # not every backend prints its program
+    text = ""
+  targets: dict[str, int] = {}
+  for line in (text or "").splitlines():
+    m = _CUSTOM_CALL.search(line)
+    if m is None:
+      continue
+    if m.group(1).startswith("__cudnn$fmha"):
+      targets[m.group(1)] = targets.get(m.group(1), 0) + 1
+    elif m.group(1) == "tpu_custom_call" and "splash" in line:
+      targets[SPLASH] = targets.get(SPLASH, 0) + 1
+  return {"calls": sum(targets.values()), "targets": targets}
 
 
 def budget(device: jax.Device) -> tuple[int | None, int]:

@@ -1,14 +1,17 @@
-"""Ahead-of-time compile checks for TPU topologies, on any machine with libtpu installed.
+"""Ahead-of-time compile checks for TPU and GPU topologies, on any machine (no accelerator).
 
-`python train.py --config CONFIG --compile_topology v5e-8 --workdir DIR` builds the run's exact
-train step (same mesh, shardings, donation; the model only as shapes) and the sampler that
-`eval.py` uses over compile-only devices of the topology (as MaxText's train_compile.py does),
-then writes DIR/compile.json and prints a table. No TPU is needed: `pip install -e ".[tpu]"`.
+`python train.py --config CONFIG --compile_topology v5e-8 --workdir DIR` (or `h100-8`, `h200-1`)
+builds the run's exact train step (same mesh, shardings, donation; the model only as shapes) and
+the sampler that `eval.py` uses over compile-only devices of the topology (as MaxText's
+train_compile.py does; `common.topologies`), then writes DIR/compile.json and prints a table.
+TPUs need libtpu (`pip install -e ".[tpu]"`), GPUs JAX's CUDA plugin (`pip install -e
+".[cuda-aot]"`). The FLOPs are the analytic count (`model.flops`); the fused attention calls are
+counted in the compiled HLO. A GPU compile without a GPU autotunes nothing and builds no cuDNN
+graphs: it says what fits and what is compiled, not how fast it runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from typing import Any
@@ -18,71 +21,15 @@ import numpy as np
 
 from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import loading
-from cdeit_jax.common import compat, fileio
+from cdeit_jax.common import compat, fileio, topologies
 from cdeit_jax.common import device_memory as dm
 from cdeit_jax.common import sharding as shd
-from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit import measurement
 from cdeit_jax.infer import sampling
 from cdeit_jax.model import flops
 from cdeit_jax.train import memory_fit, training
 
 GIB = dm.GIB
-
-
-@dataclasses.dataclass(frozen=True)
-class Topology:
-  topology_name: str
-  chip_config_name: str  # "megacore" (v4, v5p: one device per chip) or "default"
-  chips_per_host_bounds: tuple[int, int, int]
-  hbm_bytes: int  # usable HBM per device, as the TPU compiler reports it
-
-
-_V4, _V5E, _V5P, _V6E = 30.75 * GIB, 15.75 * GIB, 95.74 * GIB, 31.25 * GIB
-TOPOLOGIES = {
-  "v4-8": Topology("v4:2x2x1", "megacore", (2, 2, 1), _V4),
-  "v4-16": Topology("v4:2x2x2", "megacore", (2, 2, 1), _V4),
-  "v4-32": Topology("v4:2x2x4", "megacore", (2, 2, 1), _V4),
-  "v5e-1": Topology("v5e:1x1", "default", (1, 1, 1), _V5E),
-  "v5e-4": Topology("v5e:2x2", "default", (2, 2, 1), _V5E),
-  "v5e-8": Topology("v5e:2x4", "default", (2, 4, 1), _V5E),
-  "v5e-16": Topology("v5e:4x4", "default", (2, 2, 1), _V5E),
-  "v5e-32": Topology("v5e:4x8", "default", (2, 2, 1), _V5E),
-  "v5e-64": Topology("v5e:8x8", "default", (2, 2, 1), _V5E),
-  "v5p-8": Topology("v5:2x2x1", "megacore", (2, 2, 1), _V5P),
-  "v5p-16": Topology("v5:2x2x2", "megacore", (2, 2, 1), _V5P),
-  "v5p-32": Topology("v5:2x2x4", "megacore", (2, 2, 1), _V5P),
-  "v6e-1": Topology("v6e:1x1", "default", (1, 1, 1), _V6E),
-  "v6e-4": Topology("v6e:2x2", "default", (2, 2, 1), _V6E),
-  "v6e-8": Topology("v6e:2x4", "default", (2, 4, 1), _V6E),
-  "v6e-16": Topology("v6e:4x4", "default", (2, 2, 1), _V6E),
-  "v6e-32": Topology("v6e:4x8", "default", (2, 2, 1), _V6E),
-}
-
-
-def topology_devices(name: str) -> list:
-  """Compile-only TPU devices of topology `name` (e.g. "v5e-8"); needs libtpu, not a TPU."""
-  if name not in TOPOLOGIES:
-    raise InputError(f"--compile_topology {name!r}: unknown; use one of {', '.join(TOPOLOGIES)}")
-  t = TOPOLOGIES[name]
-  try:
-    from jax.experimental import topologies
-
-    desc = topologies.get_topology_desc(
-      platform="tpu",
-      topology_name=t.topology_name,
-      chip_config_name=t.chip_config_name,
-      chips_per_host_bounds=t.chips_per_host_bounds,
-      num_slices=1,
-      wrap=(False, False, False),
-    )
-  except Exception as e:  # libtpu missing or incompatible
-    raise InputError(
-      f"--compile_topology {name}: cannot create TPU compile-only devices "
-      f"({type(e).__name__}: {e}); install libtpu matching jax with "
-      f'pip install -e ".[tpu]"'
-    ) from e
-  return list(desc.devices)
 
 
 # ----------------------------------------------------------------------------- the check
@@ -138,6 +85,7 @@ def _compile_sampler(setup: training.Setup, mesh, cfg, global_batch: int) -> dic
     "steps": steps,
     "peak_bytes_per_device": mem.get("peak_bytes"),
     "memory": mem,
+    "fused_attention": dm.fused_attention(compiled),
     "flops_per_call": flops.sample_flops_per_image(m, steps) * global_batch,
     "compile_s": round(time.perf_counter() - t0, 1),
   }
@@ -189,18 +137,96 @@ def _compile_simulator(cfg, model_system, mesh, step_flops: float) -> dict[str, 
   }
 
 
-def compile_check(
-  cfg: ml_collections.ConfigDict, topology: str, workdir: str, print_fn=print, margin: float = 0.85
+def compile_step(
+  setup: training.Setup, global_batch: int, mesh, hbm: int, shard_params: bool = False
 ) -> dict[str, Any]:
-  """Compile the train step and the sampler for `topology`; write workdir/compile.json."""
-  devices = topology_devices(topology)
-  hbm = TOPOLOGIES[topology].hbm_bytes
-  n, hosts = len(devices), len({d.process_index for d in devices})
+  """The train step of `setup` at `global_batch` compiled for `mesh`: fits `hbm` per device, peak
+  bytes per device, the memory breakdown, the fused attention it holds, compile seconds (a
+  program the compiler refuses for memory: fits false with the figure it needed)."""
+  t0 = time.perf_counter()
+  try:
+    compiled = training.compile_train_step(setup, global_batch, mesh, shard_params)
+  except Exception as e:
+    if not compat.is_out_of_memory(e):
+      raise
+    return {
+      "fits": False,
+      "peak_bytes_per_device": compat.required_bytes(e),
+      "error": str(e).splitlines()[0][:300],
+      "compile_s": round(time.perf_counter() - t0, 1),
+    }
+  mem = compiled.memory
+  return {
+    "fits": mem["peak_bytes"] <= hbm,
+    "peak_bytes_per_device": mem["peak_bytes"],
+    "memory": mem,
+    "fused_attention": dm.fused_attention(compiled.fn),
+    "compile_s": round(time.perf_counter() - t0, 1),
+  }
+
+
+def _setup(cfg: ml_collections.ConfigDict, topology: str):
+  """(target, mesh, setup) of `cfg` on the compile-only devices of `topology`."""
+  target = topologies.target(topology)
+  n, hosts = len(target.devices), len({d.process_index for d in target.devices})
   config_lib.check_training_config(cfg, n, hosts, need_data=False)
-  mesh = shd.make_mesh(devices)
-  setup = training.setup(cfg, loading.resolve(cfg), mesh, platform="tpu", abstract=True)
+  mesh = shd.make_mesh(target.devices)
+  # the platform is the devices' own: what a run on them resolves (attention "auto" included)
+  return target, mesh, training.setup(cfg, loading.resolve(cfg), mesh, abstract=True)
+
+
+def largest_batch(
+  cfg: ml_collections.ConfigDict,
+  topology: str,
+  print_fn=print,
+  most: int = 4096,
+  report: dict | None = None,
+) -> dict[str, Any]:
+  """The largest per-device batch (at `cfg.accum_steps`) whose train step fits `topology`'s
+  devices, each candidate compiled (`memory_fit.largest_fitting`'s search from the config's
+  batch; `report`: its `compile_check` of the config, not compiled again). {"per_device_batch",
+  "peak_bytes", "compiles": [[per-device batch, fits, peak bytes], ...]}."""
+  target, mesh, setup = _setup(cfg, topology)
+  n, k = len(target.devices), cfg.accum_steps
+
+  def measure(b: int) -> tuple[bool, int | None]:
+    r = compile_step(setup, b * n * k, mesh, target.hbm_bytes, cfg.shard_params)
+    peak = r["peak_bytes_per_device"]
+    print_fn(f"{topology}: per-device batch {b}: peak {peak} bytes, fits {r['fits']}")
+    return r["fits"], peak
+
+  start = max(cfg.batch_size // (n * k), 1)
+  known = {}
+  if report and report["topology"] == topology and report["global_batch"] == start * n * k:
+    known[start] = (report["fits"], report["peak_bytes_per_device"])
+  best, tried = memory_fit.largest_fitting(measure, start, target.hbm_bytes, most, known)
+  return {
+    "topology": topology,
+    "per_device_batch": best,
+    "at_ceiling": best >= most,  # the search's ceiling fits: the largest is more
+    "global_batch": best * n * k,
+    "peak_bytes": tried[best][1] if best else None,
+    "hbm_bytes_per_device": target.hbm_bytes,
+    "compiles": [[b, ok, peak] for b, (ok, peak) in sorted(tried.items())],
+  }
+
+
+def compile_check(
+  cfg: ml_collections.ConfigDict,
+  topology: str,
+  workdir: str,
+  print_fn=print,
+  margin: float = 0.85,
+  sampler: bool = True,
+) -> dict[str, Any]:
+  """Compile the train step and (`sampler`) the sampler for `topology`; write
+  workdir/compile.json."""
+  target, mesh, setup = _setup(cfg, topology)
+  devices, hbm = target.devices, target.hbm_bytes
+  n, hosts = len(devices), len({d.process_index for d in devices})
   report: dict[str, Any] = {
     "topology": topology,
+    "platform": target.platform,
     "device_kind": devices[0].device_kind,
     "num_devices": n,
     "num_hosts": hosts,
@@ -212,33 +238,23 @@ def compile_check(
     "remat": cfg.model.remat,
     "params": setup.num_params,
     "hbm_bytes_per_device": int(hbm),
+    "hbm_source": target.hbm_source,
+    "device_memory_bytes": int(target.device_memory_bytes),
+    # analytic, every loop iteration counted (a compile-only GPU client's cost_analysis() is None)
     "flops_per_step": flops.train_flops_per_example(setup.model_kwargs) * cfg.batch_size,
+    **compile_step(setup, cfg.batch_size, mesh, hbm, cfg.shard_params),
   }
-  t0 = time.perf_counter()
-  try:
-    compiled = training.compile_train_step(setup, cfg.batch_size, mesh, cfg.shard_params)
-    mem = compiled.memory
-    report.update(
-      fits=mem["peak_bytes"] <= hbm, peak_bytes_per_device=mem["peak_bytes"], memory=mem
-    )
-  except Exception as e:
-    if not compat.is_out_of_memory(e):
-      raise
-    report.update(
-      fits=False, peak_bytes_per_device=compat.required_bytes(e), error=str(e).splitlines()[0][:300]
-    )
-  report["compile_s"] = round(time.perf_counter() - t0, 1)
   report["within_margin"] = bool(
     report["fits"]
     and report["peak_bytes_per_device"] is not None
     and report["peak_bytes_per_device"] <= margin * hbm
   )
-  eval_batch = cfg.eval_batch_size or cfg.batch_size
-  report["sampler"] = _compile_sampler(setup, mesh, cfg, eval_batch)
+  if sampler:
+    report["sampler"] = _compile_sampler(setup, mesh, cfg, cfg.eval_batch_size or cfg.batch_size)
   if config_lib.training_source(cfg).simulates:
     report["simulator"] = _compile_simulator(cfg, setup.system, mesh, report["flops_per_step"])
   if not report["fits"]:
-    report["advice"] = memory_fit.fit_advice(cfg, n, "tpu")
+    report["advice"] = memory_fit.fit_advice(cfg, n, target.platform)
   fileio.makedirs(workdir)
   fileio.write_text(fileio.join(workdir, "compile.json"), json.dumps(report, indent=2) + "\n")
   print_fn(format_table([report]))
@@ -261,6 +277,7 @@ def format_table(reports: list[dict]) -> str:
     "used",
     "TFLOP/step",
     "sampler GiB",
+    "attn calls",
     "compile s",
   )
   rows = [head]
@@ -280,6 +297,7 @@ def format_table(reports: list[dict]) -> str:
         f"{peak / r['hbm_bytes_per_device']:.0%}" if peak else "-",
         f"{r['flops_per_step'] / 1e12:.1f}",
         gib(s.get("peak_bytes_per_device")),
+        str(r.get("fused_attention", {}).get("calls", "-")),
         str(r["compile_s"]),
       )
     )

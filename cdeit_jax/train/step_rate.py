@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from cdeit_jax.checkpoints import loading
-from cdeit_jax.common import hardware
+from cdeit_jax.common import device_memory, hardware
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.train import training
 
@@ -91,17 +91,19 @@ def measure(
     "matmul_gflops_f32": round(roof, 1) if roof else None,
     "fraction_of_matmul_rate": round(tflops * 1e3 / roof, 3) if roof else None,
     "memory_per_device": c.memory,
+    "fused_attention": device_memory.fused_attention(c.fn),
     "peak_rss_bytes": peak_rss(),
     "loss": float(m["loss"]),
-    "device_peak_bytes": device_peak_bytes(),
+    "device_peak_bytes": device_stat("peak_bytes_in_use"),
+    "device_bytes_limit": device_stat("bytes_limit"),
   }
 
 
-def device_peak_bytes() -> int | None:
-  """The first device's peak memory in use so far (accelerators; None where JAX has no figure,
-  a CPU)."""
+def device_stat(key: str) -> int | None:
+  """The first device's memory statistic `key` (`peak_bytes_in_use` so far, `bytes_limit`: what
+  this process's allocator may hold); None where JAX has no figure (a CPU)."""
   stats = jax.devices()[0].memory_stats() or {}
-  return stats.get("peak_bytes_in_use")
+  return stats.get(key)
 
 
 def peak_rss() -> int:
