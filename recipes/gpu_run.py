@@ -102,6 +102,7 @@ class Stages:
     self.deadline = self.t0 + 60.0 * minutes
     self.record: dict = {"minutes": minutes, "stages": {}, "scratch": scratch}
     self.log: list[str] = []
+    self.running: list[dict] = []  # stages started and not yet finished (`start`)
 
   def left(self) -> float:
     return self.deadline - time.perf_counter()

@@ -156,7 +156,15 @@ def _plugin_versions() -> dict[str, str]:
 
 
 def cuda_plugin_installed() -> bool:
-  return any(importlib.util.find_spec(m) is not None for m in CUDA_PLUGINS)
+  """Whether JAX's CUDA plugin is installed (without importing it: a CPU run never loads it)."""
+
+  def found(name: str) -> bool:
+    try:
+      return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # no jax_plugins package at all
+      return False
+
+  return any(found(m) for m in CUDA_PLUGINS)
 
 
 def _gpu(gpu: str, count: int) -> Target:
