@@ -152,6 +152,7 @@ def test_inputs_that_cannot_be_a_measurement_are_refused_before_out(levels, tmp_
   assert not (tmp_path / "never").exists()
 
 
+@pytest.mark.e2e
 def test_the_command_says_a_refusal_in_one_line(levels, tmp_path):
   """eval.py --data ktc2023_challenge without a model (the linearised answers): a negated
   reference is one line on stderr, rc 1, no --out; another kind without --workdir is one line
@@ -176,8 +177,9 @@ def test_the_command_says_a_refusal_in_one_line(levels, tmp_path):
 def test_a_models_answers_keep_the_data_and_refuse_what_cannot_be(device_run, levels, tmp_path):
   """eval.py's challenge path (`challenge.evaluate`, a tiny model of the device): --out as the
   data's parent and as a link to the data are refused with every data file byte for byte; a
-  user's file in OUT/level_1 is kept; a negated and a constant reference are refused in one
-  line with no answers written; a target stored as one column per pattern answers as before."""
+  user's file in OUT/level_1 is kept; a negated, a constant and a shuffled reference are refused
+  in one line with no answers written; a target stored as one column per pattern answers as
+  before."""
   common = {"sampling.num_samples": 1, "eval.figure": False}
   data = _copy(levels, tmp_path, "level_1")
   level = os.path.join(data, "level_1")
@@ -201,7 +203,12 @@ def test_a_models_answers_keep_the_data_and_refuse_what_cannot_be(device_run, le
   )
   assert again["metrics"]["cdeit"] == first["metrics"]["cdeit"]
   ref = scipy.io.loadmat(os.path.join(level, "ref.mat"))["Uelref"]
-  for bad, words in ((-ref, "sign is flipped"), (np.full_like(ref, 0.3), "a residual beyond")):
+  shuffled = np.random.default_rng(0).permutation(ref.ravel()).reshape(ref.shape)
+  for bad, words in (
+    (-ref, "sign is flipped"),
+    (np.full_like(ref, 0.3), "which no empty tank measures"),
+    (shuffled, "a residual beyond"),
+  ):
     _edit(level, "ref.mat", Uelref=bad)
     with pytest.raises(InputError, match=words) as e:
       challenge.evaluate(device_run.run, level, str(tmp_path / "never"), common)

@@ -85,6 +85,7 @@ def test_the_calibrated_device_is_what_every_command_reads(calibrated):
     config_lib.load(str(REPO / "configs" / "device.py"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("protocol", ["skip1", "skip3"])
 def test_a_real_device_gets_through_from_its_calibration_to_its_simulations(
   protocol, tmp_path, caplog
@@ -139,6 +140,7 @@ def test_a_real_device_gets_through_from_its_calibration_to_its_simulations(
   assert width.shape == (4, 16) and w_lo * 0.95 <= width.min() and width.max() <= 20.0 * 1.05
 
 
+@pytest.mark.e2e
 def test_a_run_of_one_device_is_not_given_another(tmp_path):
   """`make device-model` into the RUN of another device: its calibration (skip-3) is refused
   before RUN/device.npz (skip-1, which RUN's checkpoints were made for) is replaced, in one line

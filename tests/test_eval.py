@@ -151,6 +151,7 @@ def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypa
     data_kinds.evaluate(tiny_run, "uef2017", UEF, UEF, {"eval.max_examples": 2})
 
 
+@pytest.mark.e2e
 def test_uncertainty_scale_is_fitted_kept_in_the_step_and_applied(tiny_run, tmp_path):
   """fit_uncertainty on simulations writes the step's uncertainty.json (split-conformal: the 1-
   and 2-std scales, and a user's level); a later evaluation of that step scales its std by the

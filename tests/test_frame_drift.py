@@ -2,6 +2,7 @@
 with the truth."""
 
 import numpy as np
+import pytest
 
 from cdeit_jax import eit
 from cdeit_jax.data import frame_drift
@@ -45,6 +46,7 @@ def test_fit_recovers_an_injected_drift():
   assert got["residual"] < 1e-3 and got["residual_without_drift"] > 0.3
 
 
+@pytest.mark.e2e
 def test_the_command_says_bad_flags_and_folders_in_one_line(tmp_path):
   """--contrast 0, nan or negative (before: NaN fits with rc 0, or a LinAlgError),
   --contact_impedance 0, and a folder without levels: rc 1, one line naming the command's own

@@ -90,7 +90,9 @@ def test_the_deviceless_topology_is_the_machines():
   ] == ("h100-1")
 
 
-@pytest.mark.e2e
+@pytest.mark.slow  # 8 minutes on 2 cores, and its stages' own time limits are cut short when
+# other tests load them (the deviceless compile runs beside the check): make test-all; the
+# signal and refusal paths of the same script run by default and in the end-to-end tier
 def test_the_rehearsal_writes_what_a_gpu_run_brings_back(tmp_path):
   out, scratch = tmp_path / "out", tmp_path / "scratch"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")  # one CPU device, as a laptop has

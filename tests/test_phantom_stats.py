@@ -51,6 +51,7 @@ def test_the_shipped_models_phantoms_cover_the_public_truths():
     assert c["count"]["drawn_quantiles"]["0.99"] == 4.0
 
 
+@pytest.mark.e2e
 def test_the_command_compares_a_configs_phantoms_with_the_truths():
   """`python -m cdeit_jax.tools.phantom_stats`: the JSON of the config's drawn phantoms against
   level 1's truths (6 objects, test_the_shipped_models_phantoms_cover_the_public_truths); its

@@ -208,6 +208,7 @@ def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path
     assert _files(model_copy) == before, args
 
 
+@pytest.mark.e2e
 def test_an_uncertainty_fit_on_a_model_folder_keeps_its_scale_beside_the_outputs(
   model_copy, tmp_path
 ):

@@ -478,6 +478,7 @@ def test_frames_writer_lists_frames_whose_images_are_not_finite(tmp_path):
   assert np.isnan(m["images"][1]).all() and m["images"].shape == (6, 8, 8)
 
 
+@pytest.mark.e2e
 def test_moving_sequence_is_the_simulators_voltages_of_its_phantoms():
   """The demo sequence: frames minus the reference are the simulator's difference voltages of
   the same phantoms (noise-free), the true images are those phantoms rendered."""

@@ -239,6 +239,7 @@ def test_nonsense_settings_are_named(key, value, match):
     synthetic.settings_json(cfg.simulator)
 
 
+@pytest.mark.e2e
 def test_cli_errors_name_the_flag(tmp_path):
   run = lambda *a: subprocess.run(
     [sys.executable, "-m", "cdeit_jax.simulate", "--out", str(tmp_path / "x"), *a],

@@ -383,6 +383,7 @@ def test_compile_out_of_memory_gives_advice_not_a_traceback(tmp_path, monkeypatc
     assert tip in text
 
 
+@pytest.mark.e2e
 def test_a_full_disk_while_saving_is_one_line_and_the_saved_steps_stay(tmp_path, monkeypatch):
   """The disk fills at the second checkpoint (the error as orbax's asynchronous save raises it:
   TensorStore's text inside a ValueError): one DiskFull naming the workdir; the first step is
