@@ -101,6 +101,8 @@ def test_a_segmenter_and_a_denoiser_refuse_each_others_calls(uef, batch):
     training.setup(eim, loading.resolve(eim), mesh)
 
 
+@pytest.mark.slow  # 50 s; the cross-entropy against a hand computation and an image model
+# learning a fixed batch on 8 devices (test_training.py) run by default
 def test_a_segmenter_learns_a_fixed_batch_on_8_devices(uef, batch):
   """The sharded train step with the cross-entropy: from log 3 (a fresh segmenter) to well below
   the classes' entropy on 8 examples, and the eval step's losses are the model's."""

@@ -155,6 +155,7 @@ def test_folders_from_before_phantom_target_extend_with_label_targets_only(small
   )
 
 
+@pytest.mark.slow  # 40 s; a folder from before the phantom target extends by default (above)
 def test_folders_from_before_the_drift_and_resistive_range_extend_without_them(small_set, tmp_path):
   """simulate.json records `system.drift` and `phantom.resistive_v_min/max` only when they are
   used: a folder written before they existed still extends, and is refused for either."""
