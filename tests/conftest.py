@@ -97,7 +97,7 @@ def pytest_sessionstart(session):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
   """The machine's matmul rate beside the suite's time (the README's test command's budget is
-  10 minutes on 2 cores; a slower machine's time is read against its rate)."""
+  15 minutes on 2 cores; a slower machine's time is read against its rate)."""
   if hasattr(config, "workerinput"):  # an xdist worker: the controller prints it
     return
   import time
