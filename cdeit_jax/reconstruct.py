@@ -21,9 +21,6 @@ if __name__ == "__main__":
 
   cpu_tuning.apply()  # before jax starts (may re-execute this command once)
 
-import contextlib
-import math
-
 from absl import flags
 
 from cdeit_jax import cli
@@ -82,292 +79,26 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  """The command; an --out folder it made is removed again when a refusal leaves it empty."""
-  from cdeit_jax.infer import outputs
-
-  with outputs.left_as_found(FLAGS.out), contextlib.ExitStack() as stack:
-    _main(argv, stack)
-
-
-def _main(argv, stack: contextlib.ExitStack):
+  """The command: its flags, then `reconstruct_frames.reconstruct`."""
   del argv
   cli.init_distributed()
-  import time
+  from cdeit_jax.infer import reconstruct_frames
 
-  import numpy as np
-
-  from cdeit_jax.checkpoints import loading, shipped
-  from cdeit_jax.common import compile_cache, fileio, logs
-  from cdeit_jax.infer import frames, outputs, run_opening
-  from cdeit_jax.infer.frame_guards import listed
-  from cdeit_jax.infer.reconstructor import Reconstructor
-
-  t_start = time.perf_counter()
-  shipped.refuse_write(FLAGS.out, "--out")  # before the model or the frames are read
-  inputs = [("--frames", FLAGS.frames), ("--reference", FLAGS.reference)]
-  fileio.refuse_own_input(FLAGS.out, "--out", inputs, writes=frames.OUTPUTS)
-  overrides = cli.checkpoint_overrides()
-  voltage_ratio, current_ratio = _settings(overrides)
-  run, translated = run_opening.open_workdir(FLAGS.workdir, overrides.get("eval.step"))
-  with run:
-    meta, skipped, cfg = run_opening.choose(run, overrides)
-    system = loading.resolve(cfg, meta.record)  # the frames are its device's values
-    translator = run_opening.translation(translated, system)  # or another device's, translated
-    device = translator.device if translator else system.device
-    recording, reference, ref_where = _frames_and_reference(device, run.workdir)
-    stack.enter_context(recording)
-    t0 = time.perf_counter()
-    with compile_cache.Watch() as cache:
-      rec = Reconstructor.from_run(
-        run,
-        meta,
-        skipped,
-        cfg,
-        overrides,
-        system,
-        units=FLAGS.units,
-        voltage_ratio=voltage_ratio,
-        current_ratio=current_ratio,
-        translated=translated,
-      )
-  where, n = FLAGS.frames, recording.n
-  ok = _checked(rec, recording, reference, where, ref_where)
-  calls = _calls(ok, n, FLAGS.chunk)
-  for size in {len(run) for runs in calls.values() for run in runs}:
-    rec.sampler.prepare(size * rec.num_samples)  # timing starts after compilation
-  setup_s = time.perf_counter() - t0
-  skipped = np.setdiff1d(np.arange(n), ok)
-  if len(skipped):
-    logs.log.warning(
-      f"{where}: skipping {len(skipped)} rows with NaN or infinite voltages "
-      f"(their images are NaN): {listed(skipped)}"
-    )
-  k = rec.num_samples
-  logs.log.info(
-    f"{rec!r} from {rec.checkpoint}: ready in {setup_s:.1f} s "
-    f"({'compilation cache' if cache.hit else 'compiled'}); {len(ok)} frames"
+  request = reconstruct_frames.Request(
+    workdir=FLAGS.workdir,
+    frames=FLAGS.frames,
+    out=FLAGS.out,
+    units=FLAGS.units,
+    voltage_ratio=FLAGS.voltage_ratio,
+    current_ratio=FLAGS.current_ratio,
+    reference=FLAGS.reference,
+    reference_row=FLAGS.reference_row,
+    skip_bad_frames=FLAGS.skip_bad_frames,
+    chunk=FLAGS.chunk,
+    fps=FLAGS.fps,
+    figures=FLAGS.figures,
   )
-  primary = jax_primary()
-  staged = outputs.Staged(FLAGS.out) if primary else None
-  with outputs.failing(staged) if primary else contextlib.nullcontext():
-    sink = None
-    if primary:  # every frame written as it comes: memory stays flat
-      sink = frames.FramesWriter(
-        staged.work, n, rec.shape[0], k > 1, skipped, rec.current_ratio / rec.voltage_ratio
-      )
-    bar = logs.progress(len(ok), "reconstructing", "frame", enabled=primary)
-    t0 = time.perf_counter()
-    for (lo, hi), runs in calls.items():
-      # frames lo .. hi minus the reference, read from the file now (memory stays flat)
-      dv = rec.guards.difference(
-        frames=recording.rows(lo, hi), reference=reference, where=where, ref_where=ref_where
-      )
-      for run in runs:
-        r = rec.reconstruct(  # checked above, as a whole
-          dv[run - lo], first_index=int(run[0]), progress=lambda m: bar.update(m / k), checked=True
-        )
-        if sink is not None:
-          sink.add(int(run[0]), r.images, r.std)
-    sample_s = time.perf_counter() - t0
-    bar.close()
-    written = []
-    if sink is not None:
-      shown = recording.targets(sink.kept)
-      written = sink.finish(
-        _info(rec, reference, k), fps=FLAGS.fps, figures=FLAGS.figures, targets=shown
-      )
-      if sink.nonfinite:
-        logs.log.warning(
-          f"{where}: rows {listed(sink.nonfinite)} gave NaN or infinite images "
-          "(listed in frames.npz's and frames.mat's `skipped`); check those frames' voltages"
-        )
-      staged.commit(written)
-  rate = len(ok) / sample_s
-  print(
-    f"reconstructed {len(ok)} frames ({k} sample{'s' if k > 1 else ''} each, {rec.steps} "
-    f"steps) in {sample_s:.2f} s: {rate:.1f} frames/s after {setup_s:.1f} s of loading and "
-    f"compilation ({time.perf_counter() - t_start:.1f} s in all); "
-    f"{', '.join(written) or 'nothing'} in {FLAGS.out}"
-  )
-
-
-def _checked(rec, recording, reference, where: str, ref_where: str):
-  """The recording's rows that can be imaged (`FrameGuards.check_recording`, the whole judged
-  once); a square R x R file is said to be read as one frame a row (its shape cannot tell rows
-  from columns, and EIDORS keeps frames as columns), in a refusal and as a warning."""
-  from cdeit_jax.common import logs
-  from cdeit_jax.common.errors import InputError
-
-  n = recording.n
-  square = (
-    f"{where} is a square {n} x {n} array, read as one frame a row; if its frames are its "
-    "columns (EIDORS's layout), give it transposed"
-  )
-  try:
-    ok = rec.guards.check_recording(
-      recording, reference, where, skip_bad=FLAGS.skip_bad_frames, ref_where=ref_where
-    )
-  except InputError as e:
-    if not recording.square:
-      raise
-    raise InputError(f"{e}. Note: {square}") from None
-  if recording.square:
-    logs.log.warning(square)
-  return ok
-
-
-EVAL_KEYS = ("eval.step", "eval.weights")  # eval.py's settings that reconstruct applies too
-
-
-def _settings(overrides: dict) -> tuple[float | None, float | None]:
-  """eval.py's settings given to reconstruct (`overrides`), checked: those it applies kept,
-  the ratios taken out (`_ratios`, returned), any other refused in one line."""
-  from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer import run_opening
-
-  run_opening.check_overrides(overrides)
-  if any(k.startswith("wandb.") for k in overrides):
-    raise InputError(
-      f"--config.{next(k for k in overrides if k.startswith('wandb.'))}: reconstruct logs nothing "
-      "to W&B; eval.py logs an evaluation into a run's W&B run (docs/training.md)"
-    )
-  ratios = _ratios(overrides)
-  unused = [k for k in overrides if k.startswith("eval.") and k not in EVAL_KEYS]
-  if unused:
-    raise InputError(
-      f"--config.{unused[0]}: reconstruct does not use it (of eval.py's settings it takes "
-      f"{', '.join('--config.' + k for k in EVAL_KEYS)} and the units' ratios; its own flags say "
-      "the rest: --units, --skip_bad_frames, --figures); leave it out, or evaluate with eval.py"
-    )
-  return ratios
-
-
-def _ratios(overrides: dict) -> tuple[float | None, float | None]:
-  """(voltage ratio, current ratio): --voltage_ratio / --current_ratio, or eval.py's
-  --config.eval.voltage_ratio / current_ratio (taken out of `overrides`); both given and not
-  equal is refused in one line."""
-  from cdeit_jax.common.errors import InputError
-
-  got = []
-  for name in ("voltage_ratio", "current_ratio"):
-    flag, setting = getattr(FLAGS, name), overrides.pop(f"eval.{name}", None)
-    if flag is not None and setting is not None and flag != setting:
-      raise InputError(
-        f"--{name}={flag:g} and --config.eval.{name}={setting:g} disagree; give one of them"
-      )
-    got.append(flag if flag is not None else setting)
-  return got[0], got[1]
-
-
-def _frames_and_reference(system, workdir: str):
-  """(the --frames recording, open (`infer.frames.Recording`), its reference frame or None, where
-  that came from in words) of the measuring system `system` (the model's, or a translated run's
-  device: its values per frame), from --frames, --reference and --reference_row, the flags
-  checked first; --out checked against `workdir`'s checkpoints."""
-  from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer import frames
-
-  if FLAGS.chunk < 1:
-    raise InputError(f"--chunk={FLAGS.chunk}: must be >= 1")
-  if FLAGS.figures and not frames.GIF_FPS[0] <= FLAGS.fps <= frames.GIF_FPS[1]:
-    raise InputError(
-      f"--fps={FLAGS.fps:g}: a GIF shows {math.ceil(frames.GIF_FPS[0] * 1e5) / 1e5:g} to "
-      f"{frames.GIF_FPS[1]:g} frames "
-      "a second (each frame lasts 1/100 s to 655.35 s); give one in that range, or --nofigures"
-    )
-  if not FLAGS.fps > 0:
-    raise InputError(f"--fps={FLAGS.fps}: must be > 0")
-  r, described = system.num_values, system.describe()
-  recording = frames.Recording(FLAGS.frames, r, described)
-  try:
-    return recording, *_reference(recording, system, workdir)
-  except BaseException:
-    recording.close()
-    raise
-
-
-def _reference(recording, system, workdir: str):
-  """(the reference frame of --frames, --reference or --reference_row (one of them), or None;
-  where it came from, in words); a device file given as --reference must be `system`'s."""
-  from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer import frame_guards, frames, outputs
-
-  r, described = system.num_values, system.describe()
-  reference, where = recording.reference, f"{FLAGS.frames}: its reference frame"
-  outputs.check_out(FLAGS.out, workdir=workdir, names=frames.OUTPUTS)
-  if FLAGS.reference is not None:
-    if reference is not None:
-      raise InputError(
-        f"--reference {FLAGS.reference}: {FLAGS.frames} holds a reference frame "
-        "already; give one of them"
-      )
-    where = f"--reference {FLAGS.reference}"
-    with frames.Recording(FLAGS.reference, r, described) as ref:
-      frame_guards.check_source(ref, system, where)
-      if ref.n != 1:
-        raise InputError(f"{where}: holds {ref.n} frames; give one")
-      reference = ref.rows(0, 1)[0]
-  if FLAGS.reference_row is not None:
-    if reference is not None:
-      raise InputError(
-        "--reference_row: a reference frame is given already (the file's "
-        "`reference` or --reference); give one"
-      )
-    if not 0 <= FLAGS.reference_row < recording.n:
-      raise InputError(
-        f"--reference_row={FLAGS.reference_row}: {FLAGS.frames} has rows 0 to {recording.n - 1}"
-      )
-    reference = recording.rows(FLAGS.reference_row, FLAGS.reference_row + 1)[0]
-    where = f"--reference_row {FLAGS.reference_row} of {FLAGS.frames}"
-  return reference, where
-
-
-def _info(rec, reference, k: int) -> dict:
-  """What frames.npz records of how the images were made."""
-  from cdeit_jax.common import fileio
-
-  return {
-    "checkpoint": rec.checkpoint,
-    "frames": fileio.resolve(FLAGS.frames),
-    "units": rec.units.name,
-    "voltage_ratio": rec.voltage_ratio,
-    "current_ratio": rec.current_ratio,
-    "reference": "given" if reference is not None else "none (difference voltages)",
-    "sampling_steps": rec.steps,
-    "eta": rec.eta,
-    "num_samples": k,
-    "seed": rec.seed,
-    "uncertainty_scale": rec.uncertainty_scale,
-  }
-
-
-def jax_primary() -> bool:
-  import jax
-
-  return jax.process_index() == 0
-
-
-def _calls(ok, n: int, chunk: int) -> dict:
-  """{(lo, hi): runs}: the sampler's calls, for each block lo .. hi of at most `chunk` rows of
-  the file, the runs of consecutive rows `ok` (sorted) in it; each row's example index is its
-  row number (its noise is its own, whatever the chunking)."""
-  import numpy as np
-
-  calls = {}
-  for lo in range(0, n, chunk):
-    hi = min(lo + chunk, n)
-    rows = ok[np.searchsorted(ok, lo) : np.searchsorted(ok, hi)]
-    if len(rows):
-      calls[lo, hi] = _runs(rows)
-  return calls
-
-
-def _runs(rows):
-  """`rows` (sorted) cut into runs of consecutive numbers."""
-  import numpy as np
-
-  cuts = np.flatnonzero(np.diff(rows) != 1) + 1
-  return np.split(rows, cuts)
+  print(reconstruct_frames.reconstruct(request, cli.checkpoint_overrides()))
 
 
 if __name__ == "__main__":

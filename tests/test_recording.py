@@ -113,6 +113,7 @@ def test_values_the_model_ignores_may_be_missing(tmp_path):
   second system that measures exactly those); NaN on another value names its row."""
   from cdeit_jax.eit import layout, tikhonov
   from cdeit_jax.infer.recording import RecordingSource
+  from cdeit_jax.infer.run_frames import Frames
 
   full = layout.from_rules(16, measure_injecting=True)
   ignored = np.asarray(full.on_current_carrying, bool)
@@ -126,7 +127,8 @@ def test_values_the_model_ignores_may_be_missing(tmp_path):
   np.savez(tmp_path / "rec.npz", frames=frames, targets=targets)
   mean, std = np.zeros(256), np.ones(256)
   nothing = np.zeros(256, bool)
-  src = RecordingSource(str(tmp_path / "rec.npz"), full, full, mean, std, nothing, True, ignored)
+  own = Frames(full)  # the model's own system's frames
+  src = RecordingSource(str(tmp_path / "rec.npz"), own, full, mean, std, nothing, True, ignored)
   np.testing.assert_array_equal(src.absent, ignored)
   got = tikhonov.of_values(full, ~src.absent)(src.dv)
   want = tikhonov.of_values(CDEIT16)(ys.astype(np.float32))
@@ -134,4 +136,4 @@ def test_values_the_model_ignores_may_be_missing(tmp_path):
   frames[1, index[5]] = np.nan  # a value the model reads
   np.savez(tmp_path / "bad.npz", frames=frames, targets=targets)
   with pytest.raises(InputError, match=r"bad.npz: rows 1 miss other values"):
-    RecordingSource(str(tmp_path / "bad.npz"), full, full, mean, std, nothing, True, ignored)
+    RecordingSource(str(tmp_path / "bad.npz"), own, full, mean, std, nothing, True, ignored)

@@ -116,7 +116,11 @@ def test_commands_live_in_the_top_layer():
 # Commands whose output flag another command or library module checks, the one it goes to.
 OUTPUT_CHECKED_BY = {
   "cdeit_jax/tools/interpolate.py": "cdeit_jax/checkpoints/interpolate.py",
-  "bench/bench_reconstruct_memory.py": "cdeit_jax/reconstruct.py",  # its --out is reconstruct's
+  "cdeit_jax/reconstruct.py": "cdeit_jax/infer/reconstruct_frames.py",
+  "cdeit_jax/ship.py": "cdeit_jax/infer/shipping.py",
+  "cdeit_jax/export.py": "cdeit_jax/infer/shipping.py",
+  # its --out is reconstruct's
+  "bench/bench_reconstruct_memory.py": "cdeit_jax/infer/reconstruct_frames.py",
 }
 
 
@@ -367,14 +371,17 @@ FOLDER_OUTPUTS = {
 # Folder outputs checked by another module: the one that does it.
 FOLDER_CHECKED_BY = {
   "eval.py": "cdeit_jax/infer/evaluate.py",
-  "bench/bench_reconstruct_memory.py": "cdeit_jax/reconstruct.py",
+  "cdeit_jax/reconstruct.py": "cdeit_jax/infer/reconstruct_frames.py",
+  "cdeit_jax/ship.py": "cdeit_jax/infer/shipping.py",
+  "cdeit_jax/export.py": "cdeit_jax/infer/shipping.py",
+  "bench/bench_reconstruct_memory.py": "cdeit_jax/infer/reconstruct_frames.py",
   "cdeit_jax/tools/interpolate.py": "cdeit_jax/checkpoints/interpolate.py",
 }
 FOLDER_CHECKS = ("fileio.output_folder(", "fileio.writable_folder(", "outputs.check_out(")
 # Modules that publish a whole folder by a rename (a model folder, a run's copy of its model, an
 # interpolated checkpoint): never a file.
 FOLDER_RENAMES = {
-  "cdeit_jax/ship.py",
+  "cdeit_jax/infer/shipping.py",
   "cdeit_jax/translate.py",
   "cdeit_jax/checkpoints/interpolate.py",
 }
@@ -396,7 +403,8 @@ def test_writers_write_regular_files_only():
   assert commands == FILE_OUTPUTS | FOLDER_OUTPUTS and not FILE_OUTPUTS & FOLDER_OUTPUTS, sorted(
     commands ^ (FILE_OUTPUTS | FOLDER_OUTPUTS)
   )
-  unchecked = sorted(f for f in FILE_OUTPUTS if "fileio.output_file(" not in (root / f).read_text())
+  text = lambda f: (root / FOLDER_CHECKED_BY.get(f, f)).read_text()
+  unchecked = sorted(f for f in FILE_OUTPUTS if "fileio.output_file(" not in text(f))
   assert unchecked == []
   text = lambda f: (root / FOLDER_CHECKED_BY.get(f, f)).read_text()
   unchecked = sorted(f for f in FOLDER_OUTPUTS if not any(c in text(f) for c in FOLDER_CHECKS))
@@ -412,3 +420,80 @@ def test_writers_write_regular_files_only():
       ):
         renames.add(str(path.relative_to(root)))
   assert renames - FOLDER_RENAMES == {"cdeit_jax/common/fileio.py"}, sorted(renames)
+
+
+def _source(path: pathlib.Path) -> tuple[str, ast.Module]:
+  text = path.read_text()
+  return text, ast.parse(text)
+
+
+def test_each_figure_of_merit_is_named_in_one_module():
+  """The figures of merit are one registry (`infer.metrics`: IMAGE and GREIT): no other module
+  of the package, nor eval.py or train.py, writes a figure's name out as a string of its own."""
+  from cdeit_jax.infer import metrics
+
+  names = set(metrics.FIGURES)
+  root = PACKAGE.parent
+  named = {}
+  for path in [*PACKAGE.rglob("*.py"), root / "eval.py", root / "train.py"]:
+    _, tree = _source(path)
+    for node in ast.walk(tree):
+      if isinstance(node, ast.Constant) and node.value in names:
+        named.setdefault(str(path.relative_to(root)), set()).add(node.value)
+  assert set(named) == {"cdeit_jax/infer/metrics.py"}, named
+  assert named["cdeit_jax/infer/metrics.py"] == names
+
+
+# Where a folder is told to be a translated run's: the run opened for inference (its frames
+# resolved once, `run_opening.open_run`) and what a folder holds when a model is written or asked
+# for (`checkpoint.refuse_import`, `checkpoint.missing_advice`). Nowhere else.
+TELLS_TRANSLATED = {"infer/run_opening.py", "checkpoints/checkpoint.py"}
+
+
+def test_no_branch_on_a_translation_below_the_commands():
+  """What the frames are is one value (`infer.run_frames.Frames`, a translated run's
+  `translated_run.TranslatedDevice`), which the Reconstructor, its guards, the evaluation and its
+  sources call: no `if` (or conditional expression) below the commands tests a translation,
+  outside the folders' identification (TELLS_TRANSLATED), and no class delegates through
+  `__getattr__` (a module's lazy imports aside)."""
+  branches, delegating = [], []
+  for path in PACKAGE.rglob("*.py"):
+    rel = str(path.relative_to(PACKAGE))
+    text, tree = _source(path)
+    if layer(_module(path)) == len(LAYERS) - 1 and "/" not in rel:
+      continue  # a command
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.If, ast.IfExp, ast.While)) and not _is_main_block(node):
+        test = ast.get_source_segment(text, node.test) or ""
+        if "translat" in test.lower() and rel not in TELLS_TRANSLATED:
+          branches.append(f"{rel}:{node.lineno}: {test}")
+      if isinstance(node, ast.ClassDef):
+        for item in node.body:
+          if isinstance(item, ast.FunctionDef) and item.name == "__getattr__":
+            delegating.append(f"{rel}:{node.name}")
+  assert branches == []
+  assert delegating == []
+  assert "is_translated" in (PACKAGE / "infer" / "run_opening.py").read_text()  # the one place
+
+
+def test_the_evaluator_samples_through_the_reconstructor():
+  """eval.py's evaluations (`infer.evaluate`, `infer.recording`, `infer.greit_test`,
+  `infer.challenge`) sample through the Reconstructor's entry points: none imports the sampler
+  module or calls a sampler's method, and none sizes its outputs by a model's channels."""
+  calls = []
+  for name in ("evaluate", "recording", "greit_test", "challenge"):
+    path = PACKAGE / "infer" / f"{name}.py"
+    text, tree = _source(path)
+    for node in ast.walk(tree):
+      if isinstance(node, (ast.Import, ast.ImportFrom)):
+        imported = [a.name for a in node.names] + [getattr(node, "module", "") or ""]
+        if any(n == "sampling" or n.endswith(".sampling") for n in imported):
+          calls.append(f"{name}:{node.lineno}: imports the sampler")
+      if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        chain = ast.unparse(node.func.value)
+        if chain.endswith("sampler") or chain.endswith("sampler_fn"):
+          calls.append(f"{name}:{node.lineno}: {ast.unparse(node.func)}")
+      if isinstance(node, ast.Attribute) and node.attr in ("in_channels", "out_channels"):
+        calls.append(f"{name}:{node.lineno}: sizes by .{node.attr}")
+  assert calls == []
+  assert "reconstruct_conditions(" in (PACKAGE / "infer" / "evaluate.py").read_text()

@@ -293,35 +293,34 @@ def run(kind, workdir: str | None, data_path: str, out: str, overrides=None, uni
   of the model at `workdir`, or without one the linearised answers."""
   if workdir is None:
     return linear_answers(data_path, out, overrides)
-  return evaluate(workdir, data_path, out, overrides)
+  return evaluate(workdir, data_path, out, overrides, kind)
 
 
-def evaluate(workdir: str, data_path: str, out: str, overrides: dict | None = None) -> dict:
+def evaluate(
+  workdir: str, data_path: str, out: str, overrides: dict | None = None, kind=None
+) -> dict:
   """`eval.py --data ktc2023_challenge`: the answers of the CDEIT at `workdir` (trained for the
   challenge's system, `configs/ktc2023.py`) for every case under `data_path`, beside the
   in-tool Tikhonov's (`--config.eval.tikhonov=True`) and all water's; writes `write`'s outputs
   into `out` and returns metrics.json's content (with `table` when every truth is known)."""
   import time
 
-  from cdeit_jax.checkpoints import loading, reader
   from cdeit_jax.data import ktc2023
-  from cdeit_jax.infer import reconstructor, run_opening
+  from cdeit_jax.infer import data_kinds, reconstructor, run_opening
 
   t0 = time.perf_counter()
   # every input checked first, the model loaded last of them: a refused one leaves no --out
   cases = ktc2023.read_cases(data_path)
-  overrides = dict(overrides or {})
-  run_opening.check_overrides(overrides)
-  with reader.open_run(workdir, overrides.get("eval.step")) as run:
+  with run_opening.open_run(workdir, overrides) as opened:
+    run, cfg, system = opened.run, opened.cfg, opened.system
     outputs.check_place(out, data_path, run.workdir)
-    meta, skipped, cfg = run_opening.choose(run, overrides)
-    system = loading.resolve(cfg, meta.record)
+    opened.frames.check_kind(kind or data_kinds.get("ktc2023_challenge"), workdir)
     check_model(system.device, system.removed, cases)
     e = cfg.eval
     rule = answer_rules.AnswerRule.parse(e.answer_rule)
     rule.check_model(system.output.gives_classes)
     fits = calibrate(cases)
-    rec = reconstructor.Reconstructor.from_run(run, meta, skipped, cfg, overrides, system)
+    rec = reconstructor.Reconstructor.from_opened(opened)
     outputs.check_out(out, data_path, run.workdir, output_names(cases))
   t1 = time.perf_counter()
   r = model_samples(rec, cases, fits)

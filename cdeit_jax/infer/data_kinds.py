@@ -31,8 +31,10 @@ class Kind:
   """One kind of test data: its name, the module that evaluates it, its default units (a name of
   `measurement.unit_names`; None: the model's device's own, `measurement.own_units`),
   whether other units may be given (the challenge calibrates each level itself), whether it
-  answers without a model (the challenge's linearised answers) and whether it reads data (the
-  GREIT test simulates its own)."""
+  answers without a model (the challenge's linearised answers), whether it reads data (the
+  GREIT test simulates its own), whether it is a device's own frames (`device_frames`: what a
+  translated run's device gives, `run_frames`) and whether a std's calibration may be fitted on
+  it (`fits_uncertainty`: simulations of the model's own distribution)."""
 
   name: str
   module: str
@@ -41,6 +43,8 @@ class Kind:
   takes_units: bool = True
   needs_model: bool = True
   needs_data: bool = True
+  device_frames: bool = False
+  fits_uncertainty: bool = False
 
   def units_of(self, units: str | None, device, voltage_ratio=None, current_ratio=None):
     """The units the data are read in, resolved once: `units` (--units), else the kind's, else
@@ -61,13 +65,20 @@ _NPZ = "cdeit_jax.infer.evaluate"
 KINDS = {
   k.name: k
   for k in (
-    Kind("simulated", _NPZ, "simulated", "a folder of npz files (python -m cdeit_jax.simulate)"),
+    Kind(
+      "simulated",
+      _NPZ,
+      "simulated",
+      "a folder of npz files (python -m cdeit_jax.simulate)",
+      fits_uncertainty=True,
+    ),
     Kind("uef2017", _NPZ, "uef2017", "a folder of npz files in the UEF2017 tank's units"),
     Kind(
       "recording",
       "cdeit_jax.infer.recording",
       None,
       "one frames file of the model's device (frames, reference, targets), in its units",
+      device_frames=True,
     ),
     Kind(
       "ktc2023_challenge",

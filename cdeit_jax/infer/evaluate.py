@@ -1,10 +1,12 @@
 """Reconstruct a test set with a trained or imported CDEIT (eval.py), in three phases of one
 object, `Evaluator`:
 
-  prepare  choose and load the checkpoint (`checkpoints.reader`), open the data in the units it
-           was made in and check them, compile the sampler (the Reconstructor's);
-  run      sample K images of every example, a chunk at a time, while a worker thread scores
-           (`metrics`) and writes (`outputs`) the chunk before (memory stays flat);
+  prepare  open the run (`run_opening.open_run`: its checkpoint, system and frames resolved once)
+           and load its model, open the data in the units it was made in and check them, make
+           the Reconstructor (its guards and compiled sampler);
+  run      reconstruct every example (the Reconstructor's `reconstruct_conditions`, its answer
+           as the model's output kind gives it), a chunk at a time, while a worker thread
+           scores (`metrics`) and writes (`outputs`) the chunk before (memory stays flat);
   finish   the scores beside the baselines, the uncertainty's calibration, the outputs, published
            whole (`outputs.Staged`).
 
@@ -27,9 +29,8 @@ from cdeit_jax.checkpoints import reader, shipped
 from cdeit_jax.common import compile_cache, fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.data import npz_files, pipeline, sources
+from cdeit_jax.data import npz_files, sources
 from cdeit_jax.infer import frame_guards, intervals, metrics, outputs, reconstructor, run_opening
-from cdeit_jax.model import output_kinds
 
 log = logs.log.getChild("eval")
 CHUNK = 64  # examples sampled, scored and written at a time (about 32 MB at K = 8)
@@ -87,16 +88,13 @@ class Evaluator:
 
   def prepare(self) -> Evaluator:
     """Choose and load the model, open and check the data, compile the sampler."""
-    run_opening.check_overrides(self.overrides)  # bad keys and values fail before any work
-    run, self.translated = run_opening.open_workdir(self.path, self.overrides.get("eval.step"))
-    with run:
-      meta, skipped, self.cfg = run_opening.choose(run, self.overrides)
+    # bad keys and values fail before any work
+    with run_opening.open_run(self.path, self.overrides) as opened:
+      self.cfg, run = opened.cfg, opened.run
       self._check_request(run.workdir)
-      self._open_data(meta)
+      self._open_data(opened)
       self.mesh = shd.make_mesh()
-      loaded = run_opening.load(
-        run, meta, skipped, self.cfg, self.overrides, self.mesh, self.system
-      )
+      loaded = run_opening.load_opened(opened, self.mesh)
     self.meta, self.workdir = loaded.meta, run.workdir
     self.calibration_file = run_opening.calibration_file(run, loaded.meta.step)
     self.calibration = run_opening.calibration(run, loaded.meta.step, self.cfg)
@@ -136,7 +134,7 @@ class Evaluator:
       names = outputs.OUTPUTS + ((run_opening.UNCERTAINTY_FILE,) if self.scale_beside else ())
       outputs.check_out(self.out, self.data_path, workdir, names)
       logs.debug_log(self.out)
-    if e.fit_uncertainty and (self.data_name != "simulated" or s.num_samples < 2):
+    if e.fit_uncertainty and (not self.kind.fits_uncertainty or s.num_samples < 2):
       raise InputError(
         "--config.eval.fit_uncertainty=True fits the uncertainty scale on "
         "simulations with several samples: use --data simulated (a validation "
@@ -148,24 +146,13 @@ class Evaluator:
         "applies one: give one of them"
       )
 
-  def _open_data(self, meta: reader.Meta) -> None:
-    """The data, conditioned as in training, in the units resolved once."""
-    from cdeit_jax.checkpoints import loading
-
-    e = self.cfg.eval
-    self.system = loading.resolve(self.cfg, meta.record)
-    self.layout = self.system.device
-    # a translated run (`python -m cdeit_jax.translate`): the data are its device's frames
-    self.translator = run_opening.translation(self.translated, self.system)
-    if self.translator is not None:
-      if self.kind.name != "recording":
-        raise InputError(
-          f"--workdir {self.path} reads its device's frames translated into its model's system "
-          f"(translation.npz): score its device's recordings with --data recording; --data "
-          f"{self.kind.name} is of the model's own system: --workdir "
-          f"{fileio.join(self.path, run_opening.MODEL_FOLDER)}"
-        )
-      self.layout = self.translator.device
+  def _open_data(self, opened: run_opening.Opened) -> None:
+    """The data, conditioned as in training, in the units resolved once, of the device the
+    run's frames are of (`opened.frames`: the model's own, or a translated run's device)."""
+    e, meta = self.cfg.eval, opened.meta
+    self.system, self.frames = opened.system, opened.frames
+    self.frames.check_kind(self.kind, self.path)
+    self.layout = self.frames.device
     self.units = self.kind.units_of(self.given_units, self.layout, e.voltage_ratio, e.current_ratio)
     sets = self.system.sets
     if not (isinstance(e.removal, int) and 0 <= e.removal < len(sets)):
@@ -173,9 +160,7 @@ class Evaluator:
         f"--config.eval.removal={e.removal!r}: this model knows the electrode-removal sets "
         f"0..{len(sets) - 1} (config.simulator.removals={self.cfg.simulator.removals!r})"
       )
-    self.removed = self.system.removed[e.removal]
-    if self.translator is not None:  # the device's values, every one (its model has no sets)
-      self.removed = np.zeros(self.layout.num_values, bool)
+    self.removed = self.frames.removed(self.system.removed[e.removal])
     self.src = self.open_source(meta, self.system.reads_values)
     self.n = len(self.src) if e.max_examples is None else min(len(self.src), e.max_examples)
     self.check_data()
@@ -213,8 +198,8 @@ class Evaluator:
       )
 
   def _compile(self, model) -> None:
-    """The sampler (the API's), compiled for the largest batch that fits."""
-    self.shape = (model.image_size, model.image_size, model.in_channels)
+    """The Reconstructor of the run's frames, its sampler compiled for the largest batch that
+    fits; its std uncalibrated (the calibration is applied, or fitted, in `finish`)."""
     t0 = time.perf_counter()
     with compile_cache.Watch() as cache:
       self.rec = reconstructor.Reconstructor(
@@ -222,14 +207,13 @@ class Evaluator:
         self.cfg,
         self.src.mean,
         self.src.std,
-        units=None if self.translator else self.units,  # translated values: the model's own
+        units=self.units,
         mesh=self.mesh,
         num_examples=self.n,
+        frames=self.frames,
       )
-      if self.translator is not None:
-        self.rec = reconstructor.TranslatedReconstructor(
-          self.rec, self.translator, units=self.units
-        )
+    self.shape = (*self.rec.shape[:2], 1)  # the answers' images (label units)
+    self.k = self.rec.num_samples  # a frame's samples, as its output kind draws them
     self.compile_s, self.cache_hit = time.perf_counter() - t0, cache.hit
     log.info(
       f"sampler (global batch {self.rec.sampler.max_batch}, {self.cfg.sampling.steps} steps) "
@@ -249,40 +233,39 @@ class Evaluator:
     return outputs.failing(self.staged)
 
   def run(self) -> None:
-    """K samples of every example, a chunk of examples at a time, scored and written as they
-    come in a worker thread (memory flat); global batch b holds examples b*G .. b*G+G-1."""
-    s, g = self.cfg.sampling, self.rec.sampler.max_batch
+    """Every example reconstructed, a chunk of examples at a time (whole global batches:
+    batch b holds examples b*G .. b*G+G-1), scored and written as they come in a worker thread
+    (memory flat)."""
+    g = self.rec.sampler.max_batch
     if self.primary:
       self._open_outputs()
     chunk = g * max(1, CHUNK // g)
-    batches = pipeline.eval_batches(self.src, g, keys=("cond",), limit=self.n)
     self.sample_s = 0.0
-    bar = logs.progress(
-      self.n * s.num_samples, "sampling", "image", enabled=self.primary, mininterval=1.0
-    )
+    bar = logs.progress(self.n * self.k, "sampling", "image", enabled=self.primary, mininterval=1.0)
     with concurrent.futures.ThreadPoolExecutor(1) as worker:
       pending = None  # one chunk in the worker, one being sampled: memory stays two chunks
       for lo in range(0, self.n, chunk):
-        samples = self._sample_chunk(lo, min(self.n, lo + chunk), batches, bar)
+        examples = [self.src[i] for i in range(lo, min(self.n, lo + chunk))]
+        answer = self._reconstruct(lo, examples, bar)
         if self.primary:
           if pending is not None:
             pending.result()  # its errors are raised here
-          pending = worker.submit(self._take_in, lo, samples)
+          pending = worker.submit(self._take_in, lo, examples, answer)
       if pending is not None:
         pending.result()
     bar.close()
 
   def _open_outputs(self) -> None:
-    s, e = self.cfg.sampling, self.cfg.eval
+    e = self.cfg.eval
     self.predictions = outputs.Predictions(
-      self.staged.work, self.n, self.shape, s.num_samples, self.units.conductivity_factor
+      self.staged.work, self.n, self.shape, self.k, self.units.conductivity_factor
     )
     self.baseline_keys = tuple(npz_files.BASELINE_KEYS) if self.src.baselines else ()
     linear = self.linear_baselines(e)
     self.scores = metrics.Scores(tuple(linear) + self.baseline_keys)
     self.calib = None if e.fit_uncertainty else self.calibration  # None: fitted here
     self.extra: list[str] = []  # outputs beyond outputs.OUTPUTS (a scale fitted beside them)
-    self.coverage = intervals.Coverage(self.calib) if s.num_samples > 1 else None
+    self.coverage = intervals.Coverage(self.calib) if self.k > 1 else None
     self.linear = linear
     self.shown: dict[str, Any] = {}
 
@@ -297,28 +280,25 @@ class Evaluator:
     asked = {"tikhonov": (e.tikhonov, tikhonov.of_values), "greit": (e.greit, greit.of_values)}
     return {k: of_values(self.layout, present) for k, (on, of_values) in asked.items() if on}
 
-  def _sample_chunk(self, lo: int, hi: int, batches, bar) -> np.ndarray:
-    """(K, hi - lo, H, W, C) samples of examples lo .. hi (this host's batches of the chunk)."""
-    g, k_all = self.rec.sampler.max_batch, self.cfg.sampling.num_samples
-    mine = [next(batches) for _ in range(-(-(hi - lo) // g))]
-    samples = np.zeros((k_all, hi - lo, *self.shape), np.float32)
+  def _reconstruct(self, lo: int, examples: list[dict], bar) -> reconstructor.Reconstruction:
+    """The Reconstructor's answers to examples lo .. lo + len (their conditions as the source
+    made them), every sample kept."""
     t0 = time.perf_counter()
-    for k in range(k_all):
-      for j, b in enumerate(mine):
-        imgs = self.rec.sampler.sample_local(b["cond"], b["index"], k)
-        at = j * g
-        take = min(g, hi - lo - at)
-        samples[k, at : at + take] = imgs[:take]
-        bar.update(take)
+    answer = self.rec.reconstruct_conditions(
+      np.stack([ex["cond"] for ex in examples]),
+      first_index=lo,
+      keep_samples=True,
+      progress=bar.update,
+    )
     self.sample_s += time.perf_counter() - t0
-    return samples
+    return answer
 
-  def _take_in(self, lo: int, samples: np.ndarray) -> None:
+  def _take_in(self, lo: int, examples: list[dict], answer: reconstructor.Reconstruction) -> None:
     """Score and write examples lo .. lo + len: in a worker thread, while the devices sample
     the next chunk (host work off the hot path)."""
-    hi = lo + samples.shape[1]
-    pred, std = output_kinds.summarise(samples)
-    examples = [self.src[i] for i in range(lo, hi)]
+    channel = lambda a: None if a is None else a[..., None]  # as predictions.npz holds them
+    pred, std = channel(answer.images), channel(answer.std)
+    samples = channel(answer.samples) if answer.samples is not None else pred[None]
     target = np.stack([ex["target"] for ex in examples])
     stored = {k: np.stack([ex[k] for ex in examples])[..., 0] for k in self.baseline_keys}
     if self.linear:
@@ -341,7 +321,7 @@ class Evaluator:
 
   def finish(self) -> dict[str, Any]:
     """metrics.json's content; process 0 also writes every output and publishes them."""
-    done = self.n * self.cfg.sampling.num_samples
+    done = self.n * self.k
     result = {
       "images_per_s": done / self.sample_s,
       "ms_per_image": 1000 * self.sample_s / done,

@@ -50,28 +50,25 @@ def positions(n: int = NUM_TARGETS) -> np.ndarray:
 
 def run(kind, workdir: str, data_path, out: str, overrides=None, units=None) -> dict:
   """`data_kinds`' greit (no data, no units: the targets are simulated in the simulator's)."""
-  from cdeit_jax.checkpoints import loading, reader
   from cdeit_jax.infer import reconstructor, run_opening
 
   t0 = time.perf_counter()
-  overrides = dict(overrides or {})
-  run_opening.check_overrides(overrides)
-  with reader.open_run(workdir, overrides.get("eval.step")) as run_:
+  with run_opening.open_run(workdir, overrides) as opened:
+    run_, cfg, system = opened.run, opened.cfg, opened.system
     outputs.check_place(out, None, run_.workdir)
-    meta, skipped, cfg = run_opening.choose(run_, overrides)
+    opened.frames.check_kind(kind, workdir)
     e = cfg.eval
     if e.greit_figures not in greit_merit.DEFINITIONS:
       raise InputError(
         f"--config.eval.greit_figures={e.greit_figures!r}: one of {greit_merit.DEFINITIONS}"
       )
-    system = loading.resolve(cfg, meta.record)
     if not (isinstance(e.removal, int) and 0 <= e.removal < len(system.sets)):
       raise InputError(
         f"--config.eval.removal={e.removal!r}: this model knows the electrode-removal sets "
         f"0..{len(system.sets) - 1}"
       )
     outputs.check_out(out, None, run_.workdir, OUTPUTS)
-    rec = reconstructor.Reconstructor.from_run(run_, meta, skipped, cfg, overrides, system)
+    rec = reconstructor.Reconstructor.from_opened(opened)
   n = NUM_TARGETS if e.max_examples is None else min(NUM_TARGETS, e.max_examples)
   test = simulate(system.device, system.removed[e.removal], positions(n), cfg.simulator.snr_db)
   t1 = time.perf_counter()

@@ -27,26 +27,15 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cdeit_jax.checkpoints import loading, reader
 from cdeit_jax.common import logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
 from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit import layout, measurement, symmetry
-from cdeit_jax.infer import frame_guards, intervals, sampling, translated_run
-from cdeit_jax.infer.run_opening import (
-  MAX_SAMPLES,
-  calibration,
-  check_overrides,
-  choose,
-  is_int,
-  load,
-  open_workdir,
-  translation,
-)
+from cdeit_jax.infer import frame_guards, intervals, run_frames, run_opening, sampling
+from cdeit_jax.infer.run_opening import MAX_SAMPLES, is_int
 from cdeit_jax.model.diffusion import Diffusion
-from cdeit_jax.model.system import ModelSystem
 
 log = logs.log.getChild("eval")
 
@@ -103,9 +92,12 @@ class Reconstructor:
   `config` is the model's config (`loading.model_config(meta)`, or the checkpoint's with
   overrides): `config.sampling` (steps, eta, num_samples, seed, batch_size, data consistency),
   `config.diffusion`, `config.simulator.contact_impedance`. `mean`, `std` (1, 16, 13) are the
-  statistics the model's condition is standardised with (the checkpoint's). `units` (a name
-  of `measurement.unit_names`, or a device in its units) or the ratios say in which units the
-  voltages are (`measurement.in_units`; neither: the model's device's own, `measurement.own_units`).
+  statistics the model's condition is standardised with (the checkpoint's). `frames` says what
+  the frames are (`run_frames.Frames`: by default the model's own system's values; a translated
+  run's device's, `translated_run.TranslatedDevice`, whose values are translated into the
+  model's). `units` (a name of `measurement.unit_names`, or a device in its units) or the ratios
+  say in which units the frames' voltages are (`measurement.in_units`; neither: the frames'
+  device's own, `measurement.own_units`).
   `uncertainty_scale` calibrates the std (an `intervals.Calibration`, as `eval.py
   --config.eval.fit_uncertainty=True` fits it, or one factor read as a Gaussian's): the offered
   std is the raw one times its 1-std scale.
@@ -129,17 +121,20 @@ class Reconstructor:
     mesh: jax.sharding.Mesh | None = None,
     uncertainty_scale: float | intervals.Calibration = 1.0,
     num_examples: int | None = None,
+    frames: run_frames.Frames | None = None,
   ):
     self.config = config
+    self.frames = frames if frames is not None else run_frames.Frames(model.system.device)
+    self.device = self.frames.device  # the device whose frames the API takes
     s = config.sampling
     # what the model outputs (config.model.output): its steps, samples and answers
     self.output = model.system.output
     self.steps, self.eta = self.output.diffusion_steps(s.steps), float(s.eta)
     self.num_samples, self.seed = self.output.samples_per_frame(s.num_samples), int(s.seed)
     if units is None and voltage_ratio is None and current_ratio is None:
-      units = model.system.units
+      units = measurement.own_units(self.device)
     self.units = measurement.in_units(
-      model.system.device, units or measurement.SIMULATED, voltage_ratio, current_ratio
+      self.device, units or measurement.SIMULATED, voltage_ratio, current_ratio
     )
     self.voltage_ratio, self.current_ratio = self.units.gain, self.units.current_ratio
     self.mean, self.std = stats_lib.check_stats(
@@ -151,14 +146,16 @@ class Reconstructor:
       else intervals.Calibration.of_scale(float(uncertainty_scale))
     )
     self.uncertainty_scale = self.calibration.std_scale
-    # the one set of guards of the frames (the absolute frames' allows for the model's drift)
-    self.guards = frame_guards.FrameGuards(
+    # the one set of guards of the frames (the absolute frames' allows for the model's drift):
+    # the model's own, as the frames are judged (a translated device's: on their translation)
+    own = frame_guards.FrameGuards(
       model, self.mean, self.std, self.units, frame_guards.drift_allowance(config)
     )
+    self.guards = self.frames.guards(own, self.units)
     self.mesh = mesh if mesh is not None else shd.make_mesh()
     self.shape = (model.image_size, model.image_size, model.out_channels)
     self.cond_shape = model.cond_shape
-    self._read_system(model)
+    self._read_system(model, own.removed)
     graphdef, weights = nnx.split(model)
     correction_graphdef = None
     if s.data_consistency:
@@ -198,9 +195,10 @@ class Reconstructor:
       s.batch_size,
     )
 
-  def _read_system(self, model: nnx.Module) -> None:
-    """The measuring system whose values the model reads, as a vector (`vector`) or as CDEIT's
-    EIM. Sampler settings the system cannot take are refused."""
+  def _read_system(self, model: nnx.Module, removed: np.ndarray) -> None:
+    """The measuring system whose values the model reads (`layout`), as a vector (`vector`) or
+    as CDEIT's EIM, with the values its removal sets leave out (`removed`). Sampler settings the
+    system cannot take are refused."""
     s = self.config.sampling
     self.vector = model.system.reads_values
     self.layout = model.system.device
@@ -209,7 +207,6 @@ class Reconstructor:
         "--config.sampling.data_consistency reads CDEIT's 16-electrode EIM; this model "
         f"(measuring system {self.layout.describe()}) samples without it: set it to 0"
       )
-    removed = self.guards.removed
     if self.vector and s.symmetric and (removed.any() or not symmetry.symmetric(self.layout)):
       raise InputError(
         f"--config.sampling.symmetric: the tank's turns and mirror are not symmetries of this "
@@ -230,62 +227,44 @@ class Reconstructor:
     mesh: jax.sharding.Mesh | None = None,
   ) -> Reconstructor:
     """The checkpoint at `path` (local or gs://; a run: its best validated step, else the
-    latest; or one `RUN/checkpoints/STEP`), with eval.py's overrides (dotted keys:
-    `{"sampling.num_samples": 8, "model.dtype": "bfloat16"}`)."""
-    overrides = dict(overrides or {})
-    check_overrides(overrides)
-    run, translated = open_workdir(path, overrides.get("eval.step"))
-    with run:
-      meta, skipped, cfg = choose(run, overrides)
-      return cls.from_run(
-        run,
-        meta,
-        skipped,
-        cfg,
-        overrides,
-        loading.resolve(cfg, meta.record),
-        units=units,
-        voltage_ratio=voltage_ratio,
-        current_ratio=current_ratio,
-        mesh=mesh,
-        translated=translated,
+    latest; or one `RUN/checkpoints/STEP`; a translated run: its model, reading its device's
+    frames), with eval.py's overrides (dotted keys: `{"sampling.num_samples": 8,
+    "model.dtype": "bfloat16"}`)."""
+    with run_opening.open_run(path, overrides) as opened:
+      return cls.from_opened(
+        opened, units=units, voltage_ratio=voltage_ratio, current_ratio=current_ratio, mesh=mesh
       )
 
   @classmethod
-  def from_run(
+  def from_opened(
     cls,
-    run: reader.Run,
-    meta: reader.Meta,
-    skipped: dict[int, str],
-    cfg: ml_collections.ConfigDict,
-    overrides: dict[str, Any],
-    system: ModelSystem,
+    opened: run_opening.Opened,
     *,
     units: str | layout.Layout | None = None,
     voltage_ratio: float | None = None,
     current_ratio: float | None = None,
     mesh: jax.sharding.Mesh | None = None,
-    translated: str | None = None,
+    num_examples: int | None = None,
   ) -> Reconstructor:
-    """`from_workdir` of an open run whose candidate `meta` and config `cfg` are chosen
-    already (`choose`), of the `system` the command resolved from them (`loading.resolve`: a
-    command reads the model's system before loading it); `translated`: the translated run's
-    device file (`open_workdir`), whose frames the model reads translated."""
+    """`from_workdir` of a run a command opened (`run_opening.open_run`: its candidate, config,
+    system and frames resolved already), its weights loaded onto `mesh` here."""
     mesh = mesh if mesh is not None else shd.make_mesh()
-    translator = translation(translated, system)
-    ratios = dict(units=units, voltage_ratio=voltage_ratio, current_ratio=current_ratio)
-    loaded = load(run, meta, skipped, cfg, overrides, mesh, system)
+    loaded = run_opening.load_opened(opened, mesh)
     rec = cls(
       loaded.model,
-      cfg,
+      opened.cfg,
       loaded.meta.mean,
       loaded.meta.std,
-      **({} if translator else ratios),  # the model reads translated values in its own units
+      units=units,
+      voltage_ratio=voltage_ratio,
+      current_ratio=current_ratio,
       mesh=mesh,
-      uncertainty_scale=calibration(run, loaded.meta.step, cfg),
+      uncertainty_scale=run_opening.calibration(opened.run, loaded.meta.step, opened.cfg),
+      num_examples=num_examples,
+      frames=opened.frames,
     )
-    rec.checkpoint = run.step_dir(loaded.meta.step)
-    return TranslatedReconstructor(rec, translator, **ratios) if translator else rec
+    rec.checkpoint = opened.run.step_dir(loaded.meta.step)
+    return rec
 
   # --------------------------------------------------------------------------- the API
 
@@ -296,8 +275,9 @@ class Reconstructor:
     return self._condition(frame_guards.float32(dv) / np.float32(self.voltage_ratio))
 
   def _condition(self, values: np.ndarray) -> np.ndarray:
-    """`condition` of values in simulation units."""
-    values = frame_guards.float32(values)
+    """`condition` of the frames' values in simulation units (the model's values of them,
+    `frames`)."""
+    values = frame_guards.float32(self.frames(frame_guards.float32(values)))
     if self.vector:
       return sources.condition(values, 1.0, self.mean, self.std, vector=True)[0]
     return measurement.condition(values, 1.0, self.mean, self.std, self.layout)[0]
@@ -345,6 +325,44 @@ class Reconstructor:
     self.guards.check_values(values, where)
     return self._sample(self._condition(values), num_samples, first_index, keep_samples, None)
 
+  def reconstruct_conditions(
+    self,
+    cond: np.ndarray,
+    *,
+    num_samples: int | None = None,
+    first_index: int = 0,
+    keep_samples: bool = False,
+    progress: Callable[[int], None] | None = None,
+  ) -> Reconstruction:
+    """Images of conditions `cond` (N, *cond_shape) made already (eval.py's test sets, which
+    their sources condition as in training), one sample of every frame at a time, each sampler
+    call a full largest batch of frames (one compiled size, so a test set's images do not
+    depend on how it is chunked); frame i's noise is that of example `first_index + i`, as in
+    `reconstruct`."""
+    n = len(cond)
+    k = self._samples(num_samples, first_index, n)
+    index = (first_index + np.arange(n)).astype(np.int32)
+    outs = np.stack(
+      [
+        self.sampler.sample_rows(cond, index, np.full(n, j, np.int32), progress, full=True)
+        for j in range(k)
+      ]
+    )
+    frame_major = outs.swapaxes(0, 1).reshape(n * k, *outs.shape[2:])
+    fields = self.output.reconstruction(frame_major, n, self.uncertainty_scale, keep_samples)
+    return Reconstruction(**fields, calibration=self.calibration)
+
+  def _samples(self, num_samples: int | None, first_index: int, n: int) -> int:
+    """The samples a frame of `n` takes (`num_samples`, default the config's), checked with
+    the first example index."""
+    k = self.num_samples if num_samples is None else num_samples
+    if not is_int(k) or not 1 <= k <= MAX_SAMPLES:
+      raise InputError(f"num_samples={num_samples!r}: must be an integer from 1 to {MAX_SAMPLES}")
+    last = np.iinfo(np.int32).max - n  # example indices are int32
+    if not is_int(first_index) or not 0 <= first_index <= last:
+      raise InputError(f"first_index={first_index!r}: must be an integer from 0 to {last}")
+    return self.output.samples_per_frame(k)  # a deterministic kind: one pass is all
+
   def _sample(
     self,
     cond: np.ndarray,
@@ -353,14 +371,8 @@ class Reconstructor:
     keep_samples: bool,
     progress: Callable[[int], None] | None,
   ) -> Reconstruction:
-    k = self.num_samples if num_samples is None else num_samples
-    if not is_int(k) or not 1 <= k <= MAX_SAMPLES:
-      raise InputError(f"num_samples={num_samples!r}: must be an integer from 1 to {MAX_SAMPLES}")
-    k = self.output.samples_per_frame(k)  # a deterministic kind: one pass is all
     n = len(cond)
-    last = np.iinfo(np.int32).max - n  # example indices are int32
-    if not is_int(first_index) or not 0 <= first_index <= last:
-      raise InputError(f"first_index={first_index!r}: must be an integer from 0 to {last}")
+    k = self._samples(num_samples, first_index, n)
     rows_frame = np.repeat(np.arange(n), k)  # frame-major: a frame's K samples share a batch
     rows_sample = np.tile(np.arange(k, dtype=np.int32), n)
     imgs = self.sampler.sample_rows(
@@ -373,58 +385,5 @@ class Reconstructor:
     return (
       f"Reconstructor({self.checkpoint or 'model'}, units={self.units.name!r}, "
       f"steps={self.steps}, num_samples={self.num_samples}, buckets={self.sampler.buckets})"
-    )
-
-
-class TranslatedReconstructor:
-  """A Reconstructor whose model reads another device's frames translated into its own
-  measuring system's (`eit.translation`; a run of `python -m cdeit_jax.translate`): the same
-  API, its frames and units the device's. Each frame minus its reference, divided by the
-  device's gain, is translated and imaged by `inner`, the model's own Reconstructor; the guards
-  check the device's frames, and the units on the translated values."""
-
-  def __init__(
-    self,
-    inner: Reconstructor,
-    translator: translated_run.TranslatedDevice,
-    *,
-    units: str | layout.Layout | None = None,
-    voltage_ratio: float | None = None,
-    current_ratio: float | None = None,
-  ):
-    self.inner, self.translator = inner, translator
-    device = translator.device
-    if units is None and voltage_ratio is None and current_ratio is None:
-      units = measurement.own_units(device)
-    self.units = measurement.in_units(
-      device, units or measurement.SIMULATED, voltage_ratio, current_ratio
-    )
-    self.layout, self.vector = device, False
-    self.voltage_ratio, self.current_ratio = self.units.gain, self.units.current_ratio
-    self.guards = translated_run.TranslatedGuards(inner.guards, translator, self.units)
-
-  def __getattr__(self, name: str) -> Any:  # sampling settings, sampler, shape: the model's
-    return getattr(self.inner, name)
-
-  # the Reconstructor's own entry points: the device's guards, ratio and units here, each
-  # frame's condition made of its translated values (`_condition`), sampled by `inner`
-  condition = Reconstructor.condition
-  reconstruct = Reconstructor.reconstruct
-  reconstruct_values = Reconstructor.reconstruct_values
-
-  def _condition(self, values: np.ndarray) -> np.ndarray:
-    """The model's conditions of device values (N, R) in simulation units, translated."""
-    return self.inner._condition(self.translated(values))
-
-  def translated(self, values: np.ndarray) -> np.ndarray:
-    """The model's system's values (N, R_model) of device values (N, R) in simulation units."""
-    return self.translator(frame_guards.float32(values))
-
-  def __repr__(self) -> str:
-    i = self.inner
-    return (
-      f"Reconstructor({i.checkpoint or 'model'} of {i.layout.describe()}, steps={i.steps}, "
-      f"num_samples={i.num_samples}, buckets={i.sampler.buckets}) reading "
-      f"{self.layout.describe()} translated, in units {self.units.name!r} (voltage ratio "
-      f"{self.voltage_ratio:g})"
+      f"{self.frames.reading()}"
     )

@@ -19,7 +19,8 @@ from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
 from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import IMAGE_SIZE
-from cdeit_jax.infer import evaluate, frames
+from cdeit_jax.infer import evaluate, run_frames
+from cdeit_jax.infer import frames as frames_files
 from cdeit_jax.infer.frame_guards import check_source, listed
 
 
@@ -28,28 +29,28 @@ class RecordingSource(sources.ArraySource):
   each frame's difference from the reference, in the device's `units`, conditioned with the
   model's statistics; NaN only where the evaluated removal set (`removed`, (R,) bool) leaves a
   value out, or on a value the model ignores (`ignored`, (R,) bool: the current-carrying
-  electrodes' under `config.model.current_carrying="drop"`, which a frame may hold or not);
-  of a translated run's device (`translated`, `translated_run.TranslatedDevice`), anywhere, its
-  reference frame checked as the run's empty tank.
-  `absent` (R,) bool: the ignored values that a frame of the file lacks (a translated run's:
-  any value one lacks)."""
+  electrodes' under `config.model.current_carrying="drop"`, which a frame may hold or not), or
+  anywhere where the run's frames may miss values (`frames.may_miss`: a translated run's
+  device's); its reference frame checked as the frames ask (`frames.check_reference`).
+  `absent` (R,) bool: the ignored values that a frame of the file lacks (anyone it lacks where
+  the frames may miss values)."""
 
   baselines = False  # no stored classical reconstructions (Tikhonov is computed)
 
   def __init__(
     self,
     path: str,
-    system,
+    frames: run_frames.Frames,
     units: Layout,
     mean: np.ndarray,
     std: np.ndarray,
     removed: np.ndarray,
     vector_cond: bool,
     ignored: np.ndarray | None = None,
-    translated=None,
   ):
-    with frames.Recording(path, system.num_values, system.describe()) as r:
-      check_source(r, system, path)
+    device = frames.device
+    with frames_files.Recording(path, device.num_values, device.describe()) as r:
+      check_source(r, device, path)
       v, reference, targets = r.rows(0, r.n), r.reference, r.targets()
     if targets is None:
       raise InputError(
@@ -62,9 +63,10 @@ class RecordingSource(sources.ArraySource):
         f"{path}: `targets` must be (N, {IMAGE_SIZE}, {IMAGE_SIZE}) images in label units, got "
         f"{targets.shape}"
       )
-    if translated is not None and reference is not None:  # the run's empty tank, as calibrated
-      translated.check_reference(reference, f"{path}: its reference frame")
-    if reference is not None and not np.isfinite(reference[~removed]).all() and not translated:
+    if reference is not None:  # a translated run's: its empty tank, as calibrated
+      frames.check_reference(reference, f"{path}: its reference frame")
+    finite = reference is None or np.isfinite(reference[~removed]).all()
+    if not (finite or frames.may_miss):
       raise InputError(
         f"{path}: the reference frame holds NaN or infinite values; give the empty tank's frame"
       )
@@ -73,7 +75,7 @@ class RecordingSource(sources.ArraySource):
     ignored = np.zeros_like(removed) if ignored is None else ignored
     missing = np.isnan(dv) | ignored[None]
     wrong = np.flatnonzero((missing != (removed | ignored)[None]).any(1))
-    if len(wrong) and translated is None:  # a translated run's: left out (`translated_run`)
+    if len(wrong) and not frames.may_miss:  # a translated run's: left out (`translated_run`)
       raise InputError(
         f"{path}: rows {listed(wrong)} miss other values than the evaluated electrode-removal "
         f"set leaves out ({int(removed.sum())} values, --config.eval.removal); give frames of "
@@ -83,47 +85,27 @@ class RecordingSource(sources.ArraySource):
     self.units, self.voltage_ratio = units.name, units.gain
     self.dv = self._ys
     # the values some frame lacks that it may lack (Tikhonov's of the device leaves them out)
-    self.absent = (ignored if translated is None else True) & np.isnan(dv).any(0)
+    self.absent = (ignored | frames.may_miss) & np.isnan(dv).any(0)
     self.files = [f"frame_{i:05d}" for i in range(len(dv))]
-
-
-class TranslatedSource(sources.ArraySource):
-  """A device's recording (`RecordingSource`'s frames) for a translated run: each example's
-  condition made of its values translated into the model's system (`eit.translation`); `ys`
-  stays the device's own values in simulation units (Tikhonov's, of the device)."""
-
-  baselines = False
-
-  def __init__(self, recording: RecordingSource, translator, mean, std):
-    own = recording.dv / np.float32(recording.voltage_ratio)
-    super().__init__(
-      translator(own), recording._xs, mean, std, name=recording.path, vector_cond=False
-    )
-    self.own = own
-    self.dv, self.absent, self.files = recording.dv, recording.absent, recording.files
-    self.units, self.voltage_ratio = "simulated", 1.0
-
-  def __getitem__(self, i: int) -> dict[str, Any]:
-    return {**super().__getitem__(i), "ys": self.own[i]}
 
 
 class RecordingEvaluator(evaluate.Evaluator):
   """`evaluate.Evaluator` over a frames file: its source, and the Reconstructor's guards."""
 
-  def open_source(self, meta, vector: bool) -> RecordingSource | TranslatedSource:
-    translated = self.translator is not None
+  def open_source(self, meta, vector: bool) -> sources.ArraySource:
+    """The recording's examples, as the run's frames make them (`run_frames.Frames.source`: a
+    translated run's conditioned on their translation)."""
     src = RecordingSource(
       self.data_path,
-      self.layout,
+      self.frames,
       self.units,
       meta.mean,
       meta.std,
       self.removed,
-      vector or translated,  # a translated run's device values are conditioned below
-      None if translated else self.system.ignored,
-      self.translator,
+      self.frames.reads_values(vector),
+      self.frames.ignored(self.system.ignored),
     )
-    return TranslatedSource(src, self.translator, meta.mean, meta.std) if translated else src
+    return self.frames.source(src, meta.mean, meta.std)
 
   def check_data(self) -> None:
     """The Reconstructor's guards, once it is compiled (`_compile`): an absolute frame is told

@@ -3,11 +3,15 @@ challenge's evaluation): a workdir's or model folder's checkpoint chosen (`choos
 candidate whose metadata reads) with its config and the command's overrides checked
 (`settings`: only the sampling, eval and W&B settings and the model's runtime keys may be set),
 its weights loaded onto the devices (`load`), and the calibration of the uncertainty a step
-keeps (`calibration`, `calibration_file`; `infer.intervals`).
+keeps (`calibration`, `calibration_file`; `infer.intervals`); `open_run` does the opening once,
+what the run's frames are (`run_frames`) resolved with it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -19,7 +23,7 @@ from cdeit_jax.checkpoints import checkpoint, loading, reader
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.infer import intervals
+from cdeit_jax.infer import intervals, run_frames
 from cdeit_jax.model.system import ModelSystem
 
 log = logs.log.getChild("eval")
@@ -140,22 +144,56 @@ def load(
   return loaded
 
 
-def open_workdir(path: str, step: int | None = None) -> tuple[reader.Run, str | None]:
-  """(the run to read, its `TRANSLATION_FILE` or None) of a workdir: a translated run
-  (`python -m cdeit_jax.translate`) keeps its model whole in `MODEL_FOLDER` beside the device."""
-  translated = fileio.join(path, TRANSLATION_FILE)
-  if fileio.path(translated).exists():
-    return reader.open_run(fileio.join(path, MODEL_FOLDER), step), translated
-  return reader.open_run(path, step), None
+@dataclasses.dataclass(frozen=True)
+class Opened:
+  """A run opened for inference, everything about it resolved once: the reader's `run`, its
+  chosen candidate (`meta`, `skipped`: `choose`), its config with the command's `overrides`
+  (`cfg`), the model's measuring system (`system`, `loading.resolve`) and what its frames are
+  (`frames`, a `run_frames.Frames`: the model's own system's values, or a translated run's
+  device's, `translated_run.TranslatedDevice`)."""
+
+  run: reader.Run
+  meta: reader.Meta
+  skipped: dict[int, str]
+  cfg: ml_collections.ConfigDict
+  overrides: dict[str, Any]
+  system: ModelSystem
+  frames: run_frames.Frames
+  path: str  # the workdir as given (a translated run's: the folder beside its model)
+
+  @property
+  def workdir(self) -> str:
+    return self.run.workdir
 
 
-def translation(path: str | None, system: ModelSystem):
-  """The device of a translated run's `TRANSLATION_FILE` (`path`), its frames translated into
-  the model's system and the checks of what it is given (`translated_run.TranslatedDevice`), or
-  None without one."""
+@contextlib.contextmanager
+def open_run(path: str, overrides: dict[str, Any] | None = None) -> Iterator[Opened]:
+  """The run at `path` opened for inference (`Opened`), its overrides checked first. A
+  translated run (`python -m cdeit_jax.translate`) keeps its model whole in `MODEL_FOLDER`
+  beside its device (`TRANSLATION_FILE`): its model is read from there, and its frames are the
+  device's; this is the one place that tells the two apart."""
   from cdeit_jax.infer import translated_run
 
-  return None if path is None else translated_run.TranslatedDevice.open(path, system.device)
+  overrides = dict(overrides or {})
+  check_overrides(overrides)
+  translated = fileio.join(path, TRANSLATION_FILE)
+  is_translated = fileio.path(translated).exists()
+  folder = fileio.join(path, MODEL_FOLDER) if is_translated else path
+  with reader.open_run(folder, overrides.get("eval.step")) as run:
+    meta, skipped, cfg = choose(run, overrides)
+    system = loading.resolve(cfg, meta.record)
+    frames = (
+      translated_run.TranslatedDevice.open(translated, system.device)
+      if is_translated
+      else run_frames.Frames(system.device)
+    )
+    yield Opened(run, meta, skipped, cfg, overrides, system, frames, path)
+
+
+def load_opened(opened: Opened, mesh: jax.sharding.Mesh) -> reader.Loaded:
+  """`load` of an opened run's chosen candidate."""
+  o = opened
+  return load(o.run, o.meta, o.skipped, o.cfg, o.overrides, mesh, o.system)
 
 
 def calibration_file(run: reader.Run, step: int) -> str:

@@ -239,14 +239,16 @@ class BucketedSampler:
     index: np.ndarray,
     sample: np.ndarray,
     progress: Callable[[int], None] | None = None,
+    full: bool = False,
   ) -> np.ndarray:
     """Images (R, H, W, C) of R rows given whole on every host (conditions, example indices,
-    sample indices), in calls of at most `max_batch` rows, each host sampling its share."""
+    sample indices), in calls of at most `max_batch` rows, each host sampling its share; with
+    `full`, every call padded to `max_batch` (one compiled size for a whole test set)."""
     out = np.empty((len(cond), *self.shape), np.float32)
     p, procs = jax.process_index(), jax.process_count()
     for lo in range(0, len(cond), self.max_batch):
       hi = min(len(cond), lo + self.max_batch)
-      rows = np.arange(lo, lo + self._bucket(hi - lo))
+      rows = np.arange(lo, lo + (self.max_batch if full else self._bucket(hi - lo)))
       rows = np.minimum(rows, hi - 1)  # padding repeats the last row
       mine = rows.reshape(procs, -1)[p]
       imgs = self.sample_local(cond[mine], index[mine], sample[mine])

@@ -1,7 +1,8 @@
 """A translated run's device (`python -m cdeit_jax.translate`, docs/your_device.md): the
 translation of its frames into its model's system, and the checks of what a run is given as its
-frames, in one place (`TranslatedDevice`), which the Reconstructor's guards (`TranslatedGuards`)
-and eval.py's recording source (`infer.recording`) both use:
+frames, in one place (`TranslatedDevice`, the run's `run_frames.Frames` value), which the
+Reconstructor's guards (`TranslatedGuards`) and eval.py's recording source (`TranslatedSource`)
+both use:
 
 - a reference frame is the device's empty tank as the run calibrated it (`check_reference`):
   one that is not its pattern (another protocol's, another device's), is its negation (a
@@ -17,11 +18,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 
+from cdeit_jax.checkpoints import checkpoint
+from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.data import sources
 from cdeit_jax.eit import layout, translation
+from cdeit_jax.infer import run_frames
 from cdeit_jax.infer.frame_guards import FrameGuards, Screen, listed
 
 # A reference frame is the run's empty tank when its cosine with the calibrated one is at least
@@ -38,14 +44,17 @@ INFERRED = 0.5
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class TranslatedDevice:
+class TranslatedDevice(run_frames.Frames):
   """The device of a translated run's `path` (its TRANSLATION_FILE: the calibrated device file)
   and its frames' translation into the model's system (`translator`); `empty` (R,): the empty
-  tank's frame in the device's units as calibrated (NaN: a value it lacks), or None."""
+  tank's frame in the device's units as calibrated (NaN: a value it lacks), or None. As a run's
+  `run_frames.Frames`: every value of the device read (its model has no removal sets), a
+  missing one left out of the translation."""
 
   translator: translation.Translator
   empty: np.ndarray | None
   path: str
+  may_miss = True  # a missing value is left out of the translation
 
   @classmethod
   def open(cls, path: str, target: layout.Layout) -> TranslatedDevice:
@@ -61,6 +70,35 @@ class TranslatedDevice:
     """The model's values (N, R_model) of device values (N, R) in simulation units (NaN: left
     out), as `eit.translation.Translator` makes them."""
     return self.translator(values)
+
+  def guards(self, own: FrameGuards, units: layout.Layout) -> TranslatedGuards:
+    return TranslatedGuards(own, self, units)
+
+  def removed(self, removed: np.ndarray) -> np.ndarray:
+    return np.zeros(self.device.num_values, bool)
+
+  def ignored(self, ignored: np.ndarray) -> np.ndarray:
+    return np.zeros(self.device.num_values, bool)
+
+  def reads_values(self, vector: bool) -> bool:
+    return True  # the device's values, conditioned once translated (`TranslatedSource`)
+
+  def source(self, recording, mean: np.ndarray, std: np.ndarray) -> TranslatedSource:
+    return TranslatedSource(recording, self, mean, std)
+
+  def check_kind(self, kind, workdir: str) -> None:
+    """Only the device's own recordings are its frames: another kind is of the model's own
+    system, which its model folder reads."""
+    if not kind.device_frames:
+      raise InputError(
+        f"--workdir {workdir} reads its device's frames translated into its model's system "
+        f"(translation.npz): score its device's recordings with --data recording; --data "
+        f"{kind.name} is of the model's own system: --workdir "
+        f"{fileio.join(workdir, checkpoint.MODEL_FOLDER)}"
+      )
+
+  def reading(self) -> str:
+    return f" reading {self.device.describe()} translated into {self.translator.target.describe()}"
 
   def check_reference(self, reference: np.ndarray, where: str) -> None:
     """An InputError naming `where` when `reference` (R,), in the device's units, is not the
@@ -129,9 +167,30 @@ class TranslatedDevice:
     return f"value {i}: pattern {p}, electrodes {plus}-{minus}"
 
 
+class TranslatedSource(sources.ArraySource):
+  """A device's recording (`recording.RecordingSource`'s frames) for a translated run: each
+  example's condition made of its values translated into the model's system
+  (`eit.translation`); `ys` stays the device's own values in simulation units (Tikhonov's, of
+  the device)."""
+
+  baselines = False
+
+  def __init__(self, recording, translator: TranslatedDevice, mean, std):
+    own = recording.dv / np.float32(recording.voltage_ratio)
+    super().__init__(
+      translator(own), recording._xs, mean, std, name=recording.path, vector_cond=False
+    )
+    self.own = own
+    self.dv, self.absent, self.files = recording.dv, recording.absent, recording.files
+    self.units, self.voltage_ratio = "simulated", 1.0
+
+  def __getitem__(self, i: int) -> dict[str, Any]:
+    return {**super().__getitem__(i), "ys": self.own[i]}
+
+
 class TranslatedGuards(FrameGuards):
   """The guards of a device's frames that a model of another system reads translated
-  (`reconstructor.TranslatedReconstructor`): the device's shapes, reference frame (its empty
+  (a Reconstructor of `TranslatedDevice` frames): the device's shapes, reference frame (its empty
   tank, `TranslatedDevice.check_reference`), missing values (left out where the rest determine
   the translation) and infinite ones; the absolute frames', units' and size guards on the
   translated values, as the model's own guards (`inner`) judge its frames."""
