@@ -87,9 +87,9 @@ def main(argv):
 
     for name, m in r["metrics"].items():
       if name == "uncertainty":
-        from cdeit_jax import report
+        from cdeit_jax.infer.evaluation_table import uncertainty_note
 
-        print("uncertainty" + report.uncertainty_note(m).replace(";", ":", 1))
+        print("uncertainty" + uncertainty_note(m).replace(";", ":", 1))
         continue
       cells = [f"{f.label} " + f.fmt.format(m.get(f.name, float("nan"))) for f in metrics.IMAGE]
       print(f"{name:8s} " + "  ".join(cells))

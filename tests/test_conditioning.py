@@ -253,9 +253,9 @@ def test_physics_informed_model_trains_saves_and_evaluates(uef, tmp_path, caplog
     )
   assert "other statistics" not in caplog.text
   # the README's figure from the same outputs
-  from cdeit_jax import report
+  from cdeit_jax.infer import evaluation_table
 
-  report.figure(str(out), str(tmp_path / "fig.png"), rows=2)
+  evaluation_table.figure(str(out), str(tmp_path / "fig.png"), rows=2)
   assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

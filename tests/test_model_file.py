@@ -18,10 +18,10 @@ import pytest
 from conftest import REPO
 from flax import nnx
 
-from cdeit_jax import convert, export, ship
+from cdeit_jax import convert
 from cdeit_jax.checkpoints import checkpoint, loading, model_file, shipped
 from cdeit_jax.common.errors import InputError, MissingFile
-from cdeit_jax.infer import run_opening
+from cdeit_jax.infer import run_opening, shipping
 
 MODELS = REPO / "models"
 
@@ -31,7 +31,7 @@ def exported(request, tmp_path_factory):
   """(a model folder, exported as one file, the export's figures, that file imported again)."""
   d = tmp_path_factory.mktemp("model_file")
   model = MODELS / request.param
-  got = export.export(str(model), str(d / f"{request.param}.safetensors"))
+  got = shipping.export(str(model), str(d / f"{request.param}.safetensors"))
   convert.import_model_file(got["path"], str(d / "imported"))
   return model, pathlib.Path(got["path"]), got, d / "imported"
 
@@ -72,7 +72,7 @@ def test_a_model_folder_round_trips_through_one_file(exported):
 def test_an_imported_model_ships_with_the_training_it_carries(exported, tmp_path):
   model, _, _, imported = exported
   out = tmp_path / "models" / "again"
-  m = ship.ship(str(imported), str(out), "imported", [], None)
+  m = shipping.ship(str(imported), str(out), "imported", [], None)
   before = shipped.read(str(model))["training"]
   assert {k: v for k, v in m["training"].items() if k != "shipped"} == {
     k: v for k, v in before.items() if k != "shipped"
@@ -184,7 +184,7 @@ def tiny_file(tiny_run, tmp_path_factory):
     json.dumps({"scale": 0.811})
   )
   path = tmp_path_factory.mktemp("tiny_file") / "tiny.safetensors"
-  export.export(tiny_run, str(path))
+  shipping.export(tiny_run, str(path))
   return path
 
 
@@ -340,12 +340,12 @@ def test_export_writes_a_model_file_and_nothing_else(tiny_run, tiny_file, tmp_pa
   for p, words in targets.items():
     before = _state(p) if os.path.lexists(p) else None
     with pytest.raises(InputError, match=words) as e:
-      export.export(tiny_run, str(p))
+      shipping.export(tiny_run, str(p))
     assert "\n" not in str(e.value) and str(e.value).startswith(f"--out {p}")
     assert (_state(p) if os.path.lexists(p) else None) == before
   again = tmp_path / "again.safetensors"
   shutil.copy(tiny_file, again)
-  got = export.export(tiny_run, str(again))
+  got = shipping.export(tiny_run, str(again))
   assert model_file.read(str(again))[2] == got["sha256"]
 
 

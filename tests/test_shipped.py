@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -15,9 +16,10 @@ import pytest
 from conftest import REPO, run_train
 from flax import nnx
 
-from cdeit_jax import config_lib, ship
+from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import checkpoint, loading, reader, shipped
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.infer import shipping
 
 UEF = REPO / "data" / "uef2017"
 
@@ -167,7 +169,7 @@ def test_training_time_counts_a_killed_invocations_windows(tmp_path):
     {"step": 8, "window_s": 6.0, "run": {"wall_s": 13.0, "startup_s": 1.5, "compile_s": 0.5}},
   ]
   (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-  assert ship.training_record(str(tmp_path)) == {"seconds": 20.0, "ended_invocations": 1}
+  assert shipping.training_record(str(tmp_path)) == {"seconds": 20.0, "ended_invocations": 1}
 
 
 def test_a_fine_tuned_models_time_counts_what_it_started_from(
@@ -235,7 +237,7 @@ def test_wise_ft_writes_the_line_between_start_and_fine_tuned(tmp_path):
   for a, b in zip(got, jax.tree.leaves(by_hand)):
     np.testing.assert_allclose(np.asarray(a), b, rtol=1e-6, atol=1e-7)
   assert not np.allclose(got[0], jax.tree.leaves(nnx.state(fine, nnx.Param))[0])
-  m = ship.ship(str(tmp_path / "wise"), str(tmp_path / "out"), "r", [], None)
+  m = shipping.ship(str(tmp_path / "wise"), str(tmp_path / "out"), "r", [], None)
   t = m["training"]
   assert t["made_of"] == (
     f"WiSE-FT: 0.75 x {tmp_path / 'start'} step 7 + 0.25 x {tmp_path / 'fine'} step 7 (EMA weights)"
@@ -307,7 +309,7 @@ def test_interpolation_mixes_the_step_the_fine_tuning_started_from(straight_run,
   for x, y in zip(jax.tree.leaves(nnx.state(made, nnx.Param)), jax.tree.leaves(by_hand)):
     np.testing.assert_allclose(np.asarray(x), y, rtol=1e-6, atol=1e-7)
 
-  first = ship.ship(str(b), str(tmp_path / "M1"), "r", [], None)  # records A step 24
+  first = shipping.ship(str(b), str(tmp_path / "M1"), "r", [], None)  # records A step 24
   assert first["training"]["started_from"]["steps"] == 24
 
   big = max(
@@ -340,8 +342,55 @@ def test_interpolation_mixes_the_step_the_fine_tuning_started_from(straight_run,
   assert not (tmp_path / "w2").exists() and not (tmp_path / "w3").exists()
   # the model shipped from B, away from A (its builder's start is gone): shipped again with
   # another rule, its manifest keeps the training it records
-  again = ship.ship(
+  again = shipping.ship(
     str(tmp_path / "M1"), str(tmp_path / "M2"), "r2", [], None, ["sampling.steps=3"]
   )
   assert again["training"] == {**first["training"], "shipped": again["training"]["shipped"]}
   assert again["config"]["sampling"]["steps"] == 3
+
+
+def test_a_model_folder_shipped_again_with_a_new_calibration(model_folder, tmp_path):
+  """`ship --out M --calibration F --scores NAME=...`: a copy of the shipped folder gets the
+  split-conformal calibration F in its step (what eval.py then applies by default) and the score
+  given in place of that name; every other file's bytes, the config, the training and the other
+  scores stay; the manifest verifies (its digest by hand). A calibration the readers refuse, or
+  --workdir beside --calibration, is refused in one line and the folder is left as it was."""
+  from cdeit_jax.infer import intervals, run_opening
+
+  out, root = model_folder
+  folder = tmp_path / "models" / "tiny"
+  shutil.copytree(out, folder)
+  before = json.loads((folder / "manifest.json").read_text())
+  step_dir = folder / "checkpoints" / str(before["step"])
+  fitted = intervals.fit(np.random.default_rng(0).exponential(1.0, 10_000))
+  cal = tmp_path / "uncertainty.json"
+  cal.write_text(json.dumps({**fitted.record(), "examples": 3}))
+  score = tmp_path / "metrics.json"
+  score.write_text(json.dumps({"metrics": {"cdeit": {"rmse": 0.5}}, "settings": {"data": "x"}}))
+  bad = tmp_path / "bad.json"
+  bad.write_text(json.dumps({"scale": -1}))
+  for args, why in (
+    ([f"--calibration={bad}"], "'scale' must be a positive number"),
+    ([f"--calibration={cal}", f"--workdir={out}"], "leave --workdir out"),
+  ):
+    p = _run("-m", "cdeit_jax.ship", f"--out={folder}", *args)
+    assert p.returncode == 1 and why in p.stderr and "Traceback" not in p.stderr, p.stderr
+  assert json.loads((folder / "manifest.json").read_text()) == before
+  p = _run(
+    "-m", "cdeit_jax.ship", f"--out={folder}", f"--calibration={cal}", f"--scores=sim={score}"
+  )
+  assert p.returncode == 0 and "again with the calibration" in p.stdout, p.stderr[-3000:]
+  m = shipped.verify(str(folder))
+  kept = str((step_dir / run_opening.UNCERTAINTY_FILE).relative_to(folder))
+  assert m["sha256"] == _by_hand(folder, m["files"])
+  assert set(m["files"]) == {*before["files"], kept}
+  for rel in m["files"]:
+    if not rel.endswith(run_opening.UNCERTAINTY_FILE):
+      assert (folder / rel).read_bytes() == (out / rel).read_bytes(), rel
+  assert (step_dir / run_opening.UNCERTAINTY_FILE).read_text() == cal.read_text()
+  got = intervals.read(str(step_dir / run_opening.UNCERTAINTY_FILE))
+  assert got.method == "split-conformal" and got.scales == fitted.scales
+  assert m["scores"] == {**before["scores"], "sim": {"metrics": {"cdeit": {"rmse": 0.5}},
+                                                     "settings": {"data": "x"}}}  # fmt: skip
+  assert m["config"] == before["config"] and m["recipe"] == before["recipe"]
+  assert {k: v for k, v in m["training"].items() if k != "recalibrated"} == before["training"]
