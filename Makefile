@@ -75,11 +75,11 @@ device-model: install
 
 # One command proves an accelerator (GPU, TPU, or this CPU with a small model): train step,
 # bfloat16 numerics, sampling, reconstruction and an exact resume, into $(OUT)/accelerator_check.json
-# (python -m cdeit_jax.tools.accelerator_check; docs/gpu.md). Exits 1 when a section fails or a
+# (python -m cdeit_jax.accelerator_check; docs/gpu.md). Exits 1 when a section fails or a
 # bar is missed.
 OUT ?= runs/accelerator_check
 accelerator-check: install
-	$(BIN)/python -m cdeit_jax.tools.accelerator_check --out $(OUT) $(CHECK_ARGS)
+	$(BIN)/python -m cdeit_jax.accelerator_check --out $(OUT) $(CHECK_ARGS)
 
 # One prepared command for a lent GPU (recipes/gpu_run.py, docs/gpu.md), in at most 9 minutes:
 # the accelerator check at the published size, ours beside the published PyTorch code on the same

@@ -5,7 +5,7 @@ trained at a scale two CPU cores never reach, in at most 8 flat files.
 Stages, in order; each writes its figures when it ends (a run cut short keeps what it reached);
 one that fails does not stop the next; one that cannot run where it is is recorded as skipped,
 with the reason:
-1. `check` (2 minutes): the accelerator check (python -m cdeit_jax.tools.accelerator_check) at
+1. `check` (2 minutes): the accelerator check (python -m cdeit_jax.accelerator_check) at
    the platform's size (the published model in bfloat16, configs/gpu.py, on a GPU) ->
    accelerator_check.json
 2. `pytorch` (2 minutes): ours and the published PyTorch code side by side on the same chip, the
@@ -438,7 +438,7 @@ def run_stages(a: argparse.Namespace, stages: Stages, out: str, scratch: str) ->
   t = time.perf_counter()
   check = os.path.join(scratch, "check")
   limit = min(a.check_s, stages.left())
-  cmd = [py, "-m", "cdeit_jax.tools.accelerator_check", "--out", check, "--config", small]
+  cmd = [py, "-m", "cdeit_jax.accelerator_check", "--out", check, "--config", small]
   # no section starts after half the time: one started then has the other half to end in
   cmd += ["--per-device-batch", batch, "--budget-s", str(limit / 2)]
   rc, _ = run(stages, "check", cmd, limit, env)

@@ -4,9 +4,9 @@ outlines, touching pairs), in two groups: OUT/few (1-4 objects: KTC2023's levels
 OUT/many (3-4 objects of both classes: levels 5-7), with OUT/heldout.json listing each file's
 family, object count and classes. Score a model on them with
 
-  python -m cdeit_jax.tools.heldout_families --config configs/ktc2023_model.py --out HELD --num 100
-  python -m cdeit_jax.tools.answer_study --workdir models/ktc2023 --sims HELD/few --rules argmax
-  python -m cdeit_jax.tools.answer_study --workdir models/ktc2023 --sims HELD/many --rules argmax
+  python -m cdeit_jax.heldout_families --config configs/ktc2023_model.py --out HELD --num 100
+  python -m cdeit_jax.answer_study --workdir models/ktc2023 --sims HELD/few --rules argmax
+  python -m cdeit_jax.answer_study --workdir models/ktc2023 --sims HELD/many --rules argmax
 
 (levels 1-4 from `few`, 5-7 from `many`). Choose nothing on them: they are a test.
 """

@@ -1,6 +1,6 @@
 """One command proves an accelerator: the mission's figures from one run, on whatever JAX sees.
 
-  make accelerator-check OUT=DIR        # python -m cdeit_jax.tools.accelerator_check --out DIR
+  make accelerator-check OUT=DIR        # python -m cdeit_jax.accelerator_check --out DIR
 
 Sections, each recorded on its own (a section that fails is kept as its error and the others
 still run, so a short GPU loan always gives what it can):
