@@ -21,9 +21,7 @@ FLAGS = flags.FLAGS
 def main(argv: list[str]) -> None:
   f = FLAGS
   if len(argv) != 2:
-    raise app.UsageError(
-      "give one split folder: python -m cdeit_jax.voltage_stats DATA/train"
-    )
+    raise app.UsageError("give one split folder: python -m cdeit_jax.voltage_stats DATA/train")
   split = argv[1]
   out = f.out or fileio.dirname(split)
   shipped.refuse_write(out, "--out" if f.out else "the split's parent folder")
