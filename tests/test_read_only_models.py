@@ -195,10 +195,10 @@ def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path
   for flag, target, args in cases:
     _refused(_run(*args), flag, target)
     assert _files(model_copy) == before, args
-  # the argparse commands' (the accelerator check, a recipe, a benchmark: one line, rc 2)
+  # the argparse commands' (the accelerator check, the GPU run, a benchmark: one line, rc 2)
   for args in (
     ["-m", "cdeit_jax.accelerator_check", f"--out={m / 'checkpoints'}"],
-    ["recipes/gpu_run.py", f"--out={m / 'gpu'}"],
+    ["-m", "cdeit_jax.gpu_run", f"--out={m / 'gpu'}"],
     ["bench/bench_vs_reference.py", "--reference=none", f"--out={m / 'vs.json'}"],
   ):
     p = _run(*args)

@@ -363,9 +363,9 @@ FOLDER_OUTPUTS = {
   "cdeit_jax/heldout_families.py",
   "cdeit_jax/accelerator_check.py",
   "bench/bench_reconstruct_memory.py",
-  "recipes/gpu_run.py",
-  "recipes/fingerprint.py",
-  "recipes/uef2017_devices.py",
+  "cdeit_jax/gpu_run.py",
+  "cdeit_jax/fingerprint.py",
+  "cdeit_jax/uef2017_devices.py",
   "eval.py",
 }
 # Folder outputs checked by another module: the one that does it.

@@ -1,7 +1,7 @@
 """Behaviour fingerprint: SHA-256 of what the code computes, to check that a refactoring changes
 nothing (issue 73 item 7). Run it before and after, on the same machine, and compare the JSON:
 
-  python recipes/fingerprint.py --out /tmp/fp > before.json
+  python -m cdeit_jax.fingerprint --out /tmp/fp > before.json
 
 Each item is computed through the commands (stable across refactorings) or the public loading
 API: simulations of three systems (CDEIT's 16 electrodes, KTC2023's with removals, a calibrated
@@ -25,7 +25,6 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), "shared")
 SKIP1 = os.path.join(REPO, "data", "uef2017_protocols", "skip1")
-sys.path.insert(0, REPO)  # this checkout's package, whichever is installed
 if not os.path.isdir(SKIP1):
   SKIP1 = os.path.join(SHARED, "data", "uef2017_protocols", "skip1")
 
