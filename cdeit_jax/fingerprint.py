@@ -118,8 +118,14 @@ def main() -> None:
   ap.add_argument("--out", required=True, help="a scratch folder (replaced)")
   ap.add_argument("--skip", default="", help="comma-separated items to leave out")
   a = ap.parse_args()
-  out = os.path.abspath(a.out)
-  skip = set(filter(None, a.skip.split(",")))
+  print(
+    json.dumps(fingerprint(os.path.abspath(a.out), set(filter(None, a.skip.split(",")))), indent=1)
+  )
+
+
+def fingerprint(out: str, skip: set[str]) -> dict[str, str]:
+  """Item -> SHA-256 (module docstring), computed in `out` (replaced), the items in `skip` left
+  out."""
   from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio
 
@@ -184,7 +190,7 @@ def main() -> None:
       "data/ktc2023/levels", "--out", f"{out}/eval_ktc2023", "--config.eval.tikhonov=True",
     )  # fmt: skip
     fp["shipped_ktc2023_challenge"] = hash_tree(f"{out}/eval_ktc2023")
-  print(json.dumps(fp, indent=1))
+  return fp
 
 
 if __name__ == "__main__":
