@@ -13,62 +13,39 @@ family, object count and classes. Score a model on them with
 
 from __future__ import annotations
 
-import functools
-import json
-import time
-
 from absl import flags
 
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 
 FLAGS = flags.FLAGS
-RECORD = "heldout.json"
 
 
 def main(argv: list[str]) -> None:
   del argv
+  write_families(FLAGS.out, FLAGS.config, FLAGS.num, FLAGS.seed)
+
+
+def write_families(out_flag: str, config: str, num: int, seed: int) -> None:
+  """Both groups of `num` targets (module docstring) of `config`'s system into `out_flag`, after
+  the checks of the output folder (never a shipped model's; new, empty or a set made before)."""
   from cdeit_jax import config_lib
   from cdeit_jax.checkpoints import shipped
   from cdeit_jax.data import heldout
-  from cdeit_jax.simulate import file_name, savez
 
   logs.console()
-  if FLAGS.num < 1:
-    raise InputError(f"--num {FLAGS.num}: give 1 or more targets per group")
-  out = fileio.resolve(FLAGS.out)
+  if num < 1:
+    raise InputError(f"--num {num}: give 1 or more targets per group")
+  out = fileio.resolve(out_flag)
   shipped.refuse_write(out, "--out")
   fileio.writable_folder(out, "--out")  # a file there is refused before any simulating
-  ours = fileio.path(fileio.join(out, RECORD)).exists()
+  ours = fileio.path(fileio.join(out, heldout.RECORD)).exists()
   if not ours and any(fileio.path(out).iterdir()):
     raise InputError(
-      f"--out {FLAGS.out}: holds files and no {RECORD} (not a set of held-out families); give a "
-      "new or empty folder"
+      f"--out {out_flag}: holds files and no {heldout.RECORD} (not a set of held-out families); "
+      "give a new or empty folder"
     )
-  cfg = config_lib.load(FLAGS.config)
-  record = {"config": FLAGS.config, "seed": FLAGS.seed, "num": FLAGS.num, "groups": {}}
-  stage = f"{out}.partial"  # the new set, made whole beside the old one, then put in its place
-  fileio.remove_tree(stage)
-  for group in heldout.GROUPS:
-    t0 = time.perf_counter()
-    made = heldout.make(cfg.simulator, group, FLAGS.num, FLAGS.seed)
-    folder = fileio.join(stage, group)
-    fileio.makedirs(folder)
-    for i, (ys, xs) in enumerate(zip(made["ys"], made["xs"])):
-      arrays = {"ys": ys[:, None], "xs": xs}
-      fileio.atomic_write(
-        fileio.join(folder, file_name(i)), functools.partial(savez, arrays=arrays)
-      )
-    record["groups"][group] = {k: made[k] for k in ("families", "objects", "classes")}
-    took = time.perf_counter() - t0
-    logs.log.info(f"{fileio.join(out, group)}: {FLAGS.num} targets in {took:.0f} s")
-  fileio.write_text(fileio.join(stage, RECORD), json.dumps(record, indent=1))
-  # a set made before (another --num or seed) is replaced whole: no target of it stays
-  for group in heldout.GROUPS:
-    fileio.remove_tree(fileio.join(out, group))
-    fileio.move(fileio.join(stage, group), fileio.join(out, group))
-  fileio.move(fileio.join(stage, RECORD), fileio.join(out, RECORD))  # the record last
-  fileio.remove_tree(stage)
+  heldout.write_set(out, config_lib.load(config).simulator, num, seed, config)
 
 
 if __name__ == "__main__":
