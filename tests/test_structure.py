@@ -116,6 +116,97 @@ def test_commands_live_in_the_top_layer():
   assert layer("cdeit_jax.interpolate") == layer("cdeit_jax.reconstruct") == len(LAYERS) - 1
 
 
+ROOT = PACKAGE.parent
+# The two documented entry points at the repository's root; every other command is a top-level
+# module of the package (`python -m cdeit_jax.NAME`).
+ROOT_COMMANDS = ("train.py", "eval.py")
+# Mains over MAIN_LINES and imports of a command module: being thinned in the same change.
+LONG_MAINS = ("eval.py", "cdeit_jax/reconstruct.py")
+COMMAND_IMPORTS = ("cdeit_jax/export.py -> cdeit_jax.ship", "eval.py -> cdeit_jax.report")
+MAIN_LINES = 30
+PLUMBING = ("cdeit_jax", "cdeit_jax.cli", "cdeit_jax.config_lib")  # shared by the commands
+
+
+def command_files() -> list[str]:
+  """Every module that runs as a command (an `if __name__ == "__main__":` block), relative to the
+  repository's root: the benchmarks (bench/) and the tests aside."""
+  skip = ("bench", "tests", "data", "models", "runs")
+  tops = [d for d in ROOT.iterdir() if d.is_dir() and d.name not in skip and d.name[0] != "."]
+  paths = [*ROOT.glob("*.py"), *(p for d in tops for p in d.rglob("*.py"))]
+  return sorted(str(p.relative_to(ROOT)) for p in paths if _is_command(p))
+
+
+def _is_home(rel: str) -> bool:
+  parts = pathlib.PurePosixPath(rel).parts
+  return rel in ROOT_COMMANDS or (len(parts) == 2 and parts[0] == "cdeit_jax")
+
+
+def long_mains(rels: list[str], root: pathlib.Path = ROOT) -> list[str]:
+  """`path:name lines` of each command's `main`, and of a `_main` it calls, over MAIN_LINES."""
+  long = []
+  for rel in rels:
+    fns = {
+      n.name: n
+      for n in ast.parse((root / rel).read_text()).body
+      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    if "main" not in fns:
+      continue
+    calls = {getattr(c.func, "id", None) for c in ast.walk(fns["main"]) if isinstance(c, ast.Call)}
+    names = ["main", *(["_main"] if "_main" in fns and "_main" in calls else [])]
+    for name in names:
+      n = fns[name].end_lineno - fns[name].lineno + 1
+      if n > MAIN_LINES:
+        long.append(f"{rel}:{name} {n}")
+  return long
+
+
+def command_imports(rels: list[str], root: pathlib.Path = ROOT) -> list[str]:
+  """`path -> module` of each command module importing another command module (anywhere in its
+  text, its command block included), the shared plumbing aside."""
+  modules = {r[:-3].replace("/", "."): r for r in rels if r.startswith("cdeit_jax/")}
+  found = []
+  for rel in rels:
+    for node in ast.walk(ast.parse((root / rel).read_text())):
+      names = []
+      if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cdeit_jax"):
+        names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+      for name in names:
+        if name in modules and name not in PLUMBING and modules[name] != rel:
+          found.append(f"{rel} -> {name}")
+  return sorted(set(found))
+
+
+def test_commands_live_in_one_home():
+  """Every command is `train.py`, `eval.py` or a top-level module of the package."""
+  rels = command_files()
+  assert "cdeit_jax/simulate.py" in rels and "train.py" in rels
+  assert [r for r in rels if not _is_home(r)] == []
+  assert not _is_home("cdeit_jax/tools/x.py") and not _is_home("recipes/x.py")
+
+
+def test_command_mains_are_thin(tmp_path):
+  """A command's `main` (and a `_main` it calls) reads its flags and calls one function with
+  them: at most MAIN_LINES lines."""
+  assert [m for m in long_mains(command_files()) if m.split(":")[0] not in LONG_MAINS] == []
+  body = "".join(f"  x{i} = {i}\n" for i in range(MAIN_LINES))
+  (tmp_path / "c.py").write_text(f"def main():\n  _main()\n\n\ndef _main():\n{body}")
+  assert long_mains(["c.py"], tmp_path) == [f"c.py:_main {MAIN_LINES + 1}"]
+
+
+def test_no_command_imports_another(tmp_path):
+  """A command's library code is in a library module: no command module imports another (the
+  package's `__init__`, `cli` and `config_lib` aside)."""
+  assert set(command_imports(command_files())) <= set(COMMAND_IMPORTS)
+  (tmp_path / "cdeit_jax").mkdir()
+  (tmp_path / "cdeit_jax" / "a.py").write_text("from cdeit_jax import b, cli\n")
+  (tmp_path / "cdeit_jax" / "b.py").write_text("import cdeit_jax.config_lib\n")
+  got = command_imports(["cdeit_jax/a.py", "cdeit_jax/b.py"], tmp_path)
+  assert got == ["cdeit_jax/a.py -> cdeit_jax.b"]
+
+
 # Commands whose output flag another command or library module checks, the one it goes to.
 OUTPUT_CHECKED_BY = {
   "cdeit_jax/interpolate.py": "cdeit_jax/checkpoints/interpolate.py",
