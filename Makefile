@@ -75,13 +75,13 @@ device-model: install
 
 # One command proves an accelerator (GPU, TPU, or this CPU with a small model): train step,
 # bfloat16 numerics, sampling, reconstruction and an exact resume, into $(OUT)/accelerator_check.json
-# (python -m cdeit_jax.tools.accelerator_check; docs/gpu.md). Exits 1 when a section fails or a
+# (python -m cdeit_jax.accelerator_check; docs/gpu.md). Exits 1 when a section fails or a
 # bar is missed.
 OUT ?= runs/accelerator_check
 accelerator-check: install
-	$(BIN)/python -m cdeit_jax.tools.accelerator_check --out $(OUT) $(CHECK_ARGS)
+	$(BIN)/python -m cdeit_jax.accelerator_check --out $(OUT) $(CHECK_ARGS)
 
-# One prepared command for a lent GPU (recipes/gpu_run.py, docs/gpu.md), in at most 9 minutes:
+# One prepared command for a lent GPU (python -m cdeit_jax.gpu_run, docs/gpu.md), in at most 9 minutes:
 # the accelerator check at the published size, ours beside the published PyTorch code on the same
 # chip (REFERENCE: a copy of it, `make gpu-reference REF=PATH`: recipes/gpu_reference.sh), a
 # KTC2023 model trained on fresh simulations for the rest of the time and exported as one file,
@@ -98,7 +98,7 @@ ifneq ($(WHEELS),)
 	WHEELS=$(WHEELS) bash recipes/gpu_run.sh $(GPU_OUT) $(GPU_FLAGS)
 else
 	@$(MAKE) -s install
-	$(BIN)/python recipes/gpu_run.py --out $(GPU_OUT) $(GPU_FLAGS)
+	$(BIN)/python -m cdeit_jax.gpu_run --out $(GPU_OUT) $(GPU_FLAGS)
 endif
 gpu-reference:
 	@$(call recipe,gpu_reference.sh,REF)

@@ -28,48 +28,71 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> None:
   del argv
+  calibrate(
+    FLAGS.device, FLAGS.out, patterns=FLAGS.patterns, width_deg=FLAGS.width_deg,
+    electrode_cm=FLAGS.electrode_cm, tank_cm=FLAGS.tank_cm,
+    contact_impedance=FLAGS.contact_impedance, first_deg=FLAGS.first_deg,
+    clockwise=FLAGS.clockwise, electrodes=FLAGS.electrodes,
+  )  # fmt: skip
+
+
+def calibrate(
+  device_file: str,
+  out: str,
+  *,
+  patterns: str | None,
+  width_deg: float | None,
+  electrode_cm: float | None,
+  tank_cm: float | None,
+  contact_impedance: float | None,
+  first_deg: float | None,
+  clockwise: bool | None,
+  electrodes: bool,
+) -> None:
+  """`device_file`'s device calibrated to its empty tank (module docstring), written to `out`
+  (.npz), its JSON record printed."""
   from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio, logs
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.eit import calibration, device_files, layout
 
   logs.console()
-  if not FLAGS.out.lower().endswith(".npz"):
-    raise InputError(f"--out {FLAGS.out}: the calibrated device is written as an .npz file")
-  shipped.refuse_write(FLAGS.out, "--out")
-  fileio.refuse_own_input(FLAGS.out, "--out", [("--device", FLAGS.device)], writes=())
+  if not out.lower().endswith(".npz"):
+    raise InputError(f"--out {out}: the calibrated device is written as an .npz file")
+  shipped.refuse_write(out, "--out")
+  fileio.refuse_own_input(out, "--out", [("--device", device_file)], writes=())
   # a device file this command wrote is replaced (a rerun), nothing else; its folder is made
   fileio.output_file(
-    FLAGS.out, "--out", device_files.is_saved_device, device_files.SAVED, makes_folder=True
+    out, "--out", device_files.is_saved_device, device_files.SAVED, makes_folder=True
   )
-  width_deg = given_width(FLAGS.width_deg, FLAGS.electrode_cm, FLAGS.tank_cm)
+  width_deg = given_width(width_deg, electrode_cm, tank_cm)
   lay, reference = layout.from_device_file(
-    FLAGS.device,
-    first_deg=FLAGS.first_deg,
-    clockwise=FLAGS.clockwise,
-    patterns=FLAGS.patterns,
+    device_file,
+    first_deg=first_deg,
+    clockwise=clockwise,
+    patterns=patterns,
   )
   if reference is None:
-    raise InputError(f"{FLAGS.device}: no empty-tank frame (Uelref or Uel) to calibrate with")
-  refuse_another_device(FLAGS.out, lay, calibrated=False)  # another protocol: before the fit
+    raise InputError(f"{device_file}: no empty-tank frame (Uelref or Uel) to calibrate with")
+  refuse_another_device(out, lay, calibrated=False)  # another protocol: before the fit
   fit = calibration.fit(
     lay,
     reference,
-    FLAGS.device,
+    device_file,
     width=width_deg is None,
     width_deg=width_deg,
-    contact_impedance=FLAGS.contact_impedance,
+    contact_impedance=contact_impedance,
   )
-  logs.log.info(f"calibration of {lay.describe()} from {FLAGS.device}: {fit.describe()}")
+  logs.log.info(f"calibration of {lay.describe()} from {device_file}: {fit.describe()}")
   logs.log.info(what_follows(fit, width_deg))
   record = {}
-  if FLAGS.electrodes:
+  if electrodes:
     record["electrodes"] = per_electrode(lay, reference, fit)
   device = calibration.calibrated(lay, fit)
-  refuse_another_device(FLAGS.out, device)
-  fileio.makedirs(fileio.dirname(FLAGS.out))
-  device_files.save_device(FLAGS.out, device, reference, ranges=fit.ranges)
-  print(json.dumps({"device": device.describe(), "out": FLAGS.out, **vars(fit), **record}))
+  refuse_another_device(out, device)
+  fileio.makedirs(fileio.dirname(out))
+  device_files.save_device(out, device, reference, ranges=fit.ranges)
+  print(json.dumps({"device": device.describe(), "out": out, **vars(fit), **record}))
 
 
 def per_electrode(lay, reference, fit) -> dict:

@@ -397,37 +397,53 @@ def main(argv: list[str]) -> None:
 
   del argv
   f = flags.FLAGS
+  given = [n for n in ("config", "stats", "step", "weights") if f[n].present]
+  write_workdir(
+    f.checkpoint, f.workdir, config=f.config, stats=f.stats, step=f.step, weights=f.weights,
+    given=given,
+  )  # fmt: skip
+
+
+def write_workdir(
+  checkpoint_path: str,
+  workdir: str,
+  *,
+  config: Any,
+  stats: str | None,
+  step: int,
+  weights: str,
+  given: list[str],
+) -> None:
+  """`workdir` made from a model file or a PyTorch checkpoint (`config`'s model, `stats`, `step`,
+  `weights`; `given`: those of them the command line gave, which a model file carries itself)."""
   from cdeit_jax.checkpoints import checkpoint, model_file, shipped
 
-  shipped.refuse_write(f.workdir, "--workdir")
-  fileio.refuse_own_input(f.workdir, "--workdir", [("--checkpoint", f.checkpoint)])
-  checkpoint.refuse_import(f.workdir)  # a file, a run, a model there: before any work
-  if fileio.path(f.checkpoint).is_dir():
+  shipped.refuse_write(workdir, "--workdir")
+  fileio.refuse_own_input(workdir, "--workdir", [("--checkpoint", checkpoint_path)])
+  checkpoint.refuse_import(workdir)  # a file, a run, a model there: before any work
+  if fileio.path(checkpoint_path).is_dir():
     raise InputError(
-      f"--checkpoint {f.checkpoint}: is a folder; give a model file ({model_file.SUFFIX}, python "
-      "-m cdeit_jax.export) or a PyTorch checkpoint file (.pt, .pth, .npz); a workdir is read "
-      "as it is (eval.py --workdir, reconstruct --workdir)"
+      f"--checkpoint {checkpoint_path}: is a folder; give a model file ({model_file.SUFFIX}, "
+      "python -m cdeit_jax.export) or a PyTorch checkpoint file (.pt, .pth, .npz); a workdir is "
+      "read as it is (eval.py --workdir, reconstruct --workdir)"
     )
-  if model_file.is_model_file(f.checkpoint) or f.checkpoint.endswith(model_file.SUFFIX):
-    given = [n for n in ("config", "stats", "step", "weights") if f[n].present]
+  if model_file.is_model_file(checkpoint_path) or checkpoint_path.endswith(model_file.SUFFIX):
     if given:
       raise InputError(
-        f"--{given[0]}: {f.checkpoint} is a model file, which carries its config, statistics, "
+        f"--{given[0]}: {checkpoint_path} is a model file, which carries its config, statistics, "
         "step and weights; leave --config, --stats, --step and --weights out"
       )
-    path = import_model_file(f.checkpoint, f.workdir)
+    path = import_model_file(checkpoint_path, workdir)
   else:
-    if f.config is None:
+    if config is None:
       raise InputError(
-        f"--config: {f.checkpoint} is a PyTorch checkpoint; give the config whose model section "
+        f"--config: {checkpoint_path} is a PyTorch checkpoint; give the config whose model section "
         "matches it (e.g. --config configs/default.py)"
       )
-    path = convert(
-      f.checkpoint, f.config, f.workdir, stats_dir=f.stats, step=f.step, weights=f.weights
-    )
+    path = convert(checkpoint_path, config, workdir, stats_dir=stats, step=step, weights=weights)
   step = int(fileio.basename(path))
-  assert checkpoint.resolve(f.workdir)[1] == step  # the only step (`refuse_import`): the one read
-  print(f"wrote {path} (step {step}: what eval.py and reconstruct read with --workdir {f.workdir})")
+  assert checkpoint.resolve(workdir)[1] == step  # the only step (`refuse_import`): the one read
+  print(f"wrote {path} (step {step}: what eval.py and reconstruct read with --workdir {workdir})")
 
 
 if __name__ == "__main__":

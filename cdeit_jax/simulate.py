@@ -33,6 +33,7 @@ import numpy as np
 
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.data.npz_files import file_name, savez
 from cdeit_jax.data.synthetic import SPLITS
 
 
@@ -44,16 +45,6 @@ def _described(record: dict) -> str:
     return layout.Layout.from_record(record).describe()
   except (InputError, KeyError, TypeError, ValueError):  # unreadable: its name alone
     return repr(record.get("name"))
-
-
-def file_name(index: int) -> str:
-  return f"{index:07d}.npz"
-
-
-def savez(p: str, arrays: dict) -> None:
-  """Write one example's arrays to `p` (an `fileio.atomic_write` writer)."""
-  with open(p, "wb") as fh:  # a handle: np.savez would append ".npz" to the temporary name
-    np.savez(fh, **arrays)
 
 
 def _check_settings(out: str, sim: ml_collections.ConfigDict, tr_splits=SPLITS) -> None:

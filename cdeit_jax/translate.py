@@ -28,6 +28,12 @@ NOT_TRANSLATABLE = 3  # the exit status when the device's electrodes are not the
 
 def main(argv: list[str]) -> None:
   del argv
+  translate(FLAGS.device, FLAGS.model, FLAGS.out)
+
+
+def translate(device_file: str, model_folder: str, out: str) -> None:
+  """OUT made a run that reads `device_file`'s frames with `model_folder`'s model (module
+  docstring); exits NOT_TRANSLATABLE, writing nothing, when their electrodes differ."""
   from cdeit_jax.checkpoints import checkpoint, loading, reader, shipped
   from cdeit_jax.common import fileio, logs
   from cdeit_jax.common.errors import InputError
@@ -35,53 +41,52 @@ def main(argv: list[str]) -> None:
   from cdeit_jax.infer import run_opening
 
   logs.console()
-  shipped.refuse_write(FLAGS.out, "--out")
-  fileio.output_folder(FLAGS.out, "--out")
-  device, _ = layout.from_device_file(FLAGS.device)
+  shipped.refuse_write(out, "--out")
+  fileio.output_folder(out, "--out")
+  device, _ = layout.from_device_file(device_file)
   if device.contact_impedance is None:
-    calibrated = os.path.join(FLAGS.out, "device.npz")
+    calibrated = os.path.join(out, "device.npz")
     raise InputError(
-      f"--device {FLAGS.device}: not a calibrated device (no gain or contact impedance); "
-      f"calibrate it first (python -m cdeit_jax.calibrate --device {FLAGS.device} --out "
-      f"{calibrated}) and give --device {calibrated}; make device-model DEVICE={FLAGS.device} "
-      f"RUN={FLAGS.out} does both"
+      f"--device {device_file}: not a calibrated device (no gain or contact impedance); "
+      f"calibrate it first (python -m cdeit_jax.calibrate --device {device_file} --out "
+      f"{calibrated}) and give --device {calibrated}; make device-model DEVICE={device_file} "
+      f"RUN={out} does both"
     )
-  with reader.open_run(FLAGS.model) as run:
+  with reader.open_run(model_folder) as run:
     meta, _, cfg = run_opening.choose(run, {})
     system = loading.resolve(cfg, meta.record)
   order = translation.electrode_order(device, system.device)
   if order is None:
     print(
-      f"{device.describe()} has not the electrodes of {FLAGS.model}'s system "
+      f"{device.describe()} has not the electrodes of {model_folder}'s system "
       f"({system.device.describe()}): no translation; a model is trained for it instead",
       file=sys.stderr,
     )
     sys.exit(NOT_TRANSLATABLE)
-  target = os.path.join(FLAGS.out, run_opening.TRANSLATION_FILE)
-  if os.path.exists(os.path.join(FLAGS.out, checkpoint.CHECKPOINTS)):
+  target = os.path.join(out, run_opening.TRANSLATION_FILE)
+  if os.path.exists(os.path.join(out, checkpoint.CHECKPOINTS)):
     raise InputError(
-      f"--out {FLAGS.out} holds a trained run's checkpoints; give a new folder for the "
-      "translated model"
+      f"--out {out} holds a trained run's checkpoints; give a new folder for the translated model"
     )
   for name, what, kind in (  # what a rerun replaces must be what this command made
     (run_opening.MODEL_FOLDER, "folder", os.path.isdir),
     (run_opening.TRANSLATION_FILE, "file", os.path.isfile),
   ):
-    there = os.path.join(FLAGS.out, name)
+    there = os.path.join(out, name)
     if os.path.islink(there) or (os.path.lexists(there) and not kind(there)):
       raise InputError(
-        f"--out {FLAGS.out}: {name} there is not the {what} a translated run keeps; move it "
+        f"--out {out}: {name} there is not the {what} a translated run keeps; move it "
         "away or give another --out"
       )
   tr = translation.Translator.between(device, system.device)
   determined = tr.determined()
   # the model copied whole (its manifest too: every command checks a shipped model's files)
   # before the translation is written: a folder with a translation.npz has its model
-  model = os.path.join(FLAGS.out, run_opening.MODEL_FOLDER)
-  fileio.makedirs(FLAGS.out)
+  model = os.path.join(out, run_opening.MODEL_FOLDER)
+  fileio.makedirs(out)
   staged = model + ".partial"
   shutil.rmtree(staged, ignore_errors=True)
-  shutil.copytree(FLAGS.model, staged)
+  shutil.copytree(model_folder, staged)
   old = model + ".old"  # a rerun's model set aside, removed once the new one is in place
   shutil.rmtree(old, ignore_errors=True)
   if os.path.exists(model):
@@ -89,16 +94,14 @@ def main(argv: list[str]) -> None:
   os.replace(staged, model)
   shutil.rmtree(old, ignore_errors=True)
   # the calibrated device file itself, as it was read (any patterns and pairs it holds)
-  fileio.atomic_write(target, lambda tmp: shutil.copyfile(FLAGS.device, tmp))
+  fileio.atomic_write(target, lambda tmp: shutil.copyfile(device_file, tmp))
   logs.log.info(
     f"{device.describe()} translated into {system.device.describe()} through the tank's "
     f"transfer matrix: the device's values determine {determined:.2%} of the target values' "
-    f"prior variance (noise {tr.noise_db:g} dB); {FLAGS.out} reads the device's frames with "
-    f"{FLAGS.model}'s model"
+    f"prior variance (noise {tr.noise_db:g} dB); {out} reads the device's frames with "
+    f"{model_folder}'s model"
   )
-  print(
-    f"translated model: {FLAGS.out} (then: python -m cdeit_jax.reconstruct --workdir {FLAGS.out})"
-  )
+  print(f"translated model: {out} (then: python -m cdeit_jax.reconstruct --workdir {out})")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def get_config():
   c.sampling.num_samples = 8
   # the answer: per pixel, the class that at least half of the 8 samples put beyond +-0.2; a
   # class covering under 0.5 % of the tank is answered as water (python -m
-  # cdeit_jax.tools.answer_study, docs/ktc2023.md: at least as good as the mean at +-0.3 on the
+  # cdeit_jax.answer_study, docs/ktc2023.md: at least as good as the mean at +-0.3 on the
   # demo's simulations, on challenge-like ones and on the public cases)
   c.eval.answer_rule = "vote:0.2:0.5:area=0.005"
   return c

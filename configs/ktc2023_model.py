@@ -13,7 +13,7 @@ drawn per example around the calibrated device, trained longer on more simulatio
 Phantoms: 1-4 objects (both classes in one target: each object's sign is drawn), every kind
 (discs, ellipses, half discs, rings, rectangles, polygons, stars), bounding radius 0.1-0.45 of
 the tank's, a third of them touching 0.95 of the radius. Against the public truths
-(`python -m cdeit_jax.tools.phantom_stats`, 1,000 drawn phantoms): objects' areas 0.65 % to 17 % of
+(`python -m cdeit_jax.phantom_stats`, 1,000 drawn phantoms): objects' areas 0.65 % to 17 % of
 the tank (1 % and 99 % quantiles; the truths' 4.6-10.7 % lie at the 57th-90th percentiles; the
 configs/ktc2023.py demo's largest drawn, 8.3 %, is below three of the six), gaps to the wall
 0.05-0.68 (the truths' 0.21-0.61 at the 63rd-98th), 52 % of targets with both classes (the

@@ -7,7 +7,7 @@ and 20 % of the background conductivity, at 35 +- 10 dB.
 
   python -m cdeit_jax.simulate --config configs/ktc2023_shifted.py --out SHIFTED \\
       --num_test 256 --tr_splits test
-  python -m cdeit_jax.tools.answer_study --workdir MODEL --sims SHIFTED/test
+  python -m cdeit_jax.answer_study --workdir MODEL --sims SHIFTED/test
 """
 
 import dataclasses

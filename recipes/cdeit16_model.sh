@@ -3,7 +3,7 @@
 # docs/checkpoints.md): simulate 24,000 training examples once (cached), twice: with label
 # targets and with class targets (the same voltages); train configs/cdeit16.py 30,000 steps on
 # the labels, fine-tune it 4,000 steps on the classes (configs/cdeit16_class.py), and take the
-# weights half-way between the two (WiSE-FT, python -m cdeit_jax.tools.interpolate; rerunning
+# weights half-way between the two (WiSE-FT, python -m cdeit_jax.interpolate; rerunning
 # resumes each stage); fit the uncertainty scale, evaluate on held-out simulations, the foreign
 # system and UEF2017, and write the model folder with those scores (python -m cdeit_jax.ship).
 # Environment (make passes what it is given): BIN (default .venv/bin), CDEIT16_DATA,
@@ -33,7 +33,7 @@ start=$(date +%s)
   --config.data.path="$CDEIT16_DATA"
 "$BIN/python" train.py --config configs/cdeit16_class.py --workdir "$CDEIT16_FINE" \
   --config.data.path="$CDEIT16_CLASS_DATA" --config.init_from="$CDEIT16_BASE"
-"$BIN/python" -m cdeit_jax.tools.interpolate --workdir "$CDEIT16_FINE" \
+"$BIN/python" -m cdeit_jax.interpolate --workdir "$CDEIT16_FINE" \
   --alpha "$CDEIT16_ALPHA" --out "$run"
 "$BIN/python" eval.py --workdir "$run" --data simulated \
   --data_path "$CDEIT16_CLASS_DATA/valid" --out "$run/eval_valid" $CDEIT16_EVAL \

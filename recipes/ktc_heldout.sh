@@ -15,11 +15,11 @@ KTC_HELD=${KTC_HELD:-$HOME/.cache/cdeit-jax/ktc-heldout-v1}
 # ktc_heldout MODEL OUT [RULES]: the families made once, then both groups scored
 ktc_heldout() {
   local model=$1 out=$2 rules=${3:-}
-  test -f "$KTC_HELD/heldout.json" || "$BIN/python" -m cdeit_jax.tools.heldout_families \
+  test -f "$KTC_HELD/heldout.json" || "$BIN/python" -m cdeit_jax.heldout_families \
     --config configs/ktc2023_model.py --out "$KTC_HELD" --num 100
   mkdir -p "$out"
   for group in few many; do
-    "$BIN/python" -m cdeit_jax.tools.answer_study --workdir "$model" --sims "$KTC_HELD/$group" \
+    "$BIN/python" -m cdeit_jax.answer_study --workdir "$model" --sims "$KTC_HELD/$group" \
       --num 100 ${rules:+--rules "$rules"} --out "$out/heldout_$group.json" || exit 1
   done
 }

@@ -7,7 +7,7 @@
 # it on the drifting frames (about 15 min; rerunning either resumes) and take the point
 # KTC_MODEL_ALPHA along the line between the two (WiSE-FT; 1, the fine-tuned weights, is what the
 # validation simulations chose: docs/ktc2023.md); choose the answer rule on the validation
-# simulations at every level (python -m cdeit_jax.tools.answer_study; the public 28 beside), score
+# simulations at every level (python -m cdeit_jax.answer_study; the public 28 beside), score
 # it on both test splits and the held-out families (recipes/ktc_heldout.sh), answer the public
 # cases with it, and write the model folder with the rule and scores.
 # Environment (make passes what it is given): BIN (default .venv/bin), KTC_MODEL_DATA,
@@ -34,14 +34,14 @@ start=$(date +%s)
   --config.data.path="$data"
 "$BIN/python" train.py --config configs/ktc2023_model_drift.py --workdir "$KTC_MODEL_FINE" \
   --config.data.path="$drift" --config.init_from="$KTC_MODEL_BASE"
-"$BIN/python" -m cdeit_jax.tools.interpolate --workdir "$KTC_MODEL_FINE" \
+"$BIN/python" -m cdeit_jax.interpolate --workdir "$KTC_MODEL_FINE" \
   --alpha "$KTC_MODEL_ALPHA" --out "$run"
-"$BIN/python" -m cdeit_jax.tools.answer_study --workdir "$run" \
+"$BIN/python" -m cdeit_jax.answer_study --workdir "$run" \
   --sims "$data/valid,$drift/valid" --ktc data/ktc2023/levels --out "$run/answer_study.json"
 rule=$("$BIN/python" -c "import json; print(json.load(open('$run/answer_study.json'))['metrics']['chosen'])")
-"$BIN/python" -m cdeit_jax.tools.answer_study --workdir "$run" --rules "$rule" \
+"$BIN/python" -m cdeit_jax.answer_study --workdir "$run" --rules "$rule" \
   --sims "$data/test" --out "$run/answer_test.json"
-"$BIN/python" -m cdeit_jax.tools.answer_study --workdir "$run" --rules "$rule" \
+"$BIN/python" -m cdeit_jax.answer_study --workdir "$run" --rules "$rule" \
   --sims "$drift/test" --out "$run/answer_test_drift.json"
 ktc_heldout "$run" "$run" "$rule"
 "$BIN/python" eval.py --workdir "$run" --data ktc2023_challenge \

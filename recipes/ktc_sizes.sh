@@ -41,10 +41,10 @@ for size in $SIZES; do
     --config.model.num_scales="$s" --config.model.num_heads="$nh" --config.steps="$steps" \
     --config.eval_every="$steps" --config.log_every=100 --config.optimizer.warmup_steps=100
   echo "size $name: trained in $(( $(date +%s) - start )) s"
-  $PY -m cdeit_jax.tools.answer_study --workdir "$run" --sims "$DATA/valid" --rules "$RULE" \
+  $PY -m cdeit_jax.answer_study --workdir "$run" --sims "$DATA/valid" --rules "$RULE" \
     --out "$run/valid.json"
   for group in few many; do
-    $PY -m cdeit_jax.tools.answer_study --workdir "$run" --sims "$HELD/$group" --num 100 \
+    $PY -m cdeit_jax.answer_study --workdir "$run" --sims "$HELD/$group" --num 100 \
       --rules "$RULE" --out "$run/heldout_$group.json"
   done
 done

@@ -1,5 +1,5 @@
 """`make accelerator-check` in its CPU mode (the test config's small model, 8 fake devices): every
-section of `python -m cdeit_jax.tools.accelerator_check` runs and the JSON holds every figure,
+section of `python -m cdeit_jax.accelerator_check` runs and the JSON holds every figure,
 with the bars checked against their independent truths (float32 for the bfloat16 numerics, XLA's
 attention for the platform's, the uninterrupted run for the resumed one)."""
 
@@ -15,7 +15,7 @@ from conftest import REPO
 def test_the_cpu_accelerator_check_writes_every_figure_and_passes(tmp_path):
   out = tmp_path / "check"
   p = subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.tools.accelerator_check", "--out", str(out), "--steps", "1"],
+    [sys.executable, "-m", "cdeit_jax.accelerator_check", "--out", str(out), "--steps", "1"],
     cwd=REPO,
     capture_output=True,
     text=True,

@@ -111,7 +111,7 @@ def test_compute_stats_matches_numpy(folder, tmp_path):
   np.testing.assert_allclose(mean.ravel(), ys.mean(0), rtol=1e-5)
   np.testing.assert_allclose(std.ravel(), ys.std(0, ddof=1), rtol=1e-5)
   r = subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.tools.voltage_stats", str(folder), "--out", str(tmp_path)],
+    [sys.executable, "-m", "cdeit_jax.voltage_stats", str(folder), "--out", str(tmp_path)],
     capture_output=True,
     text=True,
     cwd=pathlib.Path(__file__).parent.parent,

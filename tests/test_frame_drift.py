@@ -70,7 +70,7 @@ def test_the_command_says_bad_flags_and_folders_in_one_line(tmp_path):
     ),
   ):
     p = subprocess.run(
-      [sys.executable, "-m", "cdeit_jax.tools.frame_drift", *args],
+      [sys.executable, "-m", "cdeit_jax.frame_drift", *args],
       capture_output=True,
       text=True,
       cwd=REPO,

@@ -1,7 +1,7 @@
-"""`make gpu-run` (recipes/gpu_run.py) rehearsed on a CPU, as a lent GPU would run it: every stage
-recorded (done, or skipped with its reason), the files a lent machine sends back within its
-limits, and the model file imported by convert and answering the challenge's public 28 with
-eval.py; the limits' check against folders made to break each."""
+"""`make gpu-run` (python -m cdeit_jax.gpu_run) rehearsed on a CPU, as a lent GPU would run
+it: every stage recorded (done, or skipped with its reason), the files a lent machine sends back
+within its limits, and the model file imported by convert and answering the challenge's public
+28 with eval.py; the limits' check against folders made to break each."""
 
 import contextlib
 import json
@@ -15,10 +15,8 @@ import time
 import pytest
 from conftest import REPO
 
+from cdeit_jax import gpu_run
 from cdeit_jax.common import topologies
-
-sys.path.insert(0, str(REPO / "recipes"))
-import gpu_run  # noqa: E402
 
 
 def test_what_a_lent_machine_would_not_send_back_is_named(tmp_path):
@@ -99,7 +97,7 @@ def test_the_rehearsal_writes_what_a_gpu_run_brings_back(tmp_path):
   # the check's own limit (120 s: no section starts after 60 s): with 90 s, CI's 2 cores, another
   # test beside it, cut the check short at its limit
   p = subprocess.run(
-    [sys.executable, "recipes/gpu_run.py", "--out", str(out), "--scratch", str(scratch),
+    [sys.executable, "-m", "cdeit_jax.gpu_run", "--out", str(out), "--scratch", str(scratch),
      "--reference", str(tmp_path / "no_reference"), "--check-s", "120", "--train-s", "45",
      "--simulator-s", "150"],
     cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
@@ -218,7 +216,8 @@ def test_make_gpu_run_stopped_by_sigterm_stops_its_stage_and_removes_its_scratch
   out = tmp_path / "out"
   env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
   p = subprocess.Popen(
-    [sys.executable, "recipes/gpu_run.py", "--out", str(out), "--reference", str(tmp_path / "no")],
+    [sys.executable, "-m", "cdeit_jax.gpu_run", "--out", str(out), "--reference",
+     str(tmp_path / "no")],
     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
   )  # fmt: skip
   deadline = time.time() + 300

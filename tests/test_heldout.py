@@ -91,11 +91,11 @@ def test_conductivity_of_a_disc_is_the_phantom_modules():
 
 @pytest.mark.e2e
 def test_the_command_writes_each_groups_files(tmp_path):
-  """`python -m cdeit_jax.tools.heldout_families` writes few/ and many/ files that the
+  """`python -m cdeit_jax.heldout_families` writes few/ and many/ files that the
   simulator's readers take (ys (208, 1), xs (128, 128)), the record of each target, and the
   same bytes again from the same seed."""
   out = tmp_path / "held"
-  cmd = [sys.executable, "-m", "cdeit_jax.tools.heldout_families", "--config=configs/test.py"]
+  cmd = [sys.executable, "-m", "cdeit_jax.heldout_families", "--config=configs/test.py"]
   for where in (out, tmp_path / "again"):
     p = subprocess.run(
       [*cmd, f"--out={where}", "--num=3"], capture_output=True, text=True, cwd=REPO

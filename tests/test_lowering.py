@@ -4,7 +4,7 @@ configs/v5e8.py in bfloat16): a change that breaks either platform's lowering fa
 any accelerator runs it. cuDNN's fused attention (`attention_impl="cudnn"`, what "auto" picks on a
 GPU in 16-bit) lowers only where JAX can query cuDNN's version: with JAX's CUDA plugin installed
 (`pip install -e '.[cuda-aot]'`, which also compiles it: tests/test_aot.py), not without ("cuDNN
-is not detected"); on a GPU the accelerator check (python -m cdeit_jax.tools.accelerator_check)
+is not detected"); on a GPU the accelerator check (python -m cdeit_jax.accelerator_check)
 runs it."""
 
 import jax

@@ -114,7 +114,7 @@ def test_answer_study_refuses_an_out_inside_its_simulations(tmp_path):
   line = _one_line(
     _run(
       "-m",
-      "cdeit_jax.tools.answer_study",
+      "cdeit_jax.answer_study",
       f"--workdir={CDEIT16}",
       f"--sims={sims}",
       f"--out={out}",
@@ -151,6 +151,6 @@ def test_interpolating_a_shipped_model_away_from_its_builder_says_why(tmp_path):
   k = tmp_path / "K"
   shutil.copytree(CDEIT16, k)
   out = tmp_path / "o"
-  p = _run("-m", "cdeit_jax.tools.interpolate", f"--workdir={k}", "--alpha=0.5", f"--out={out}")
+  p = _run("-m", "cdeit_jax.interpolate", f"--workdir={k}", "--alpha=0.5", f"--out={out}")
   line = _one_line(p)
   assert f"fine-tuned from {start} (config.init_from), which is not here" in line, line

@@ -53,7 +53,7 @@ def test_the_shipped_models_phantoms_cover_the_public_truths():
 
 @pytest.mark.e2e
 def test_the_command_compares_a_configs_phantoms_with_the_truths():
-  """`python -m cdeit_jax.tools.phantom_stats`: the JSON of the config's drawn phantoms against
+  """`python -m cdeit_jax.phantom_stats`: the JSON of the config's drawn phantoms against
   level 1's truths (6 objects, test_the_shipped_models_phantoms_cover_the_public_truths); its
   --config is a config file's path (a string flag, not the checkpoint commands' config)."""
   import json
@@ -61,7 +61,7 @@ def test_the_command_compares_a_configs_phantoms_with_the_truths():
   import sys
 
   p = subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.tools.phantom_stats", "--config=configs/ktc2023_model.py"]
+    [sys.executable, "-m", "cdeit_jax.phantom_stats", "--config=configs/ktc2023_model.py"]
     + [f"--truths={LEVEL_1}", "--num=20"],
     capture_output=True,
     text=True,

@@ -150,7 +150,7 @@ def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path
     (
       "--out",
       m / "s.json",
-      ["-m", "cdeit_jax.tools.answer_study", f"--workdir={m}", "--ktc=x", f"--out={m / 's.json'}"],
+      ["-m", "cdeit_jax.answer_study", f"--workdir={m}", "--ktc=x", f"--out={m / 's.json'}"],
     ),
     (
       "--out",
@@ -162,7 +162,7 @@ def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path
       m / "checkpoints" / "w",
       [
         "-m",
-        "cdeit_jax.tools.interpolate",
+        "cdeit_jax.interpolate",
         f"--workdir={m}",
         "--alpha=0.5",
         f"--out={m / 'checkpoints' / 'w'}",
@@ -188,17 +188,17 @@ def test_every_command_refuses_to_write_into_a_model_folder(model_copy, tmp_path
     (
       "--out",
       m / "checkpoints",
-      ["-m", "cdeit_jax.tools.voltage_stats", UEF, "--units=uef2017", f"--out={m}/checkpoints"],
+      ["-m", "cdeit_jax.voltage_stats", UEF, "--units=uef2017", f"--out={m}/checkpoints"],
     ),
     ("--out", m / "m.st", ["-m", "cdeit_jax.export", f"--workdir={m}", f"--out={m}/m.st"]),
   ]  # fmt: skip
   for flag, target, args in cases:
     _refused(_run(*args), flag, target)
     assert _files(model_copy) == before, args
-  # the argparse commands' (the accelerator check, a recipe, a benchmark: one line, rc 2)
+  # the argparse commands' (the accelerator check, the GPU run, a benchmark: one line, rc 2)
   for args in (
-    ["-m", "cdeit_jax.tools.accelerator_check", f"--out={m / 'checkpoints'}"],
-    ["recipes/gpu_run.py", f"--out={m / 'gpu'}"],
+    ["-m", "cdeit_jax.accelerator_check", f"--out={m / 'checkpoints'}"],
+    ["-m", "cdeit_jax.gpu_run", f"--out={m / 'gpu'}"],
     ["bench/bench_vs_reference.py", "--reference=none", f"--out={m / 'vs.json'}"],
   ):
     p = _run(*args)

@@ -321,7 +321,7 @@ def test_interpolation_mixes_the_step_the_fine_tuning_started_from(straight_run,
   big.write_bytes(bytes(data))
   p = _run(
     "-m",
-    "cdeit_jax.tools.interpolate",
+    "cdeit_jax.interpolate",
     f"--workdir={b}",
     "--alpha=0.5",
     f"--out={tmp_path / 'w2'}",

@@ -158,7 +158,7 @@ def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):
   np.savez(d / "a.npz", ys=np.ones((208, 1)), xs=np.zeros((128, 128)))
   np.savez(d / "b.npz", ys=np.full((208, 1), 2.0), xs=np.zeros((128, 128)))
   run = lambda *a: subprocess.run(
-    [sys.executable, "-m", "cdeit_jax.tools.voltage_stats", str(d), *a],
+    [sys.executable, "-m", "cdeit_jax.voltage_stats", str(d), *a],
     capture_output=True,
     text=True,
     cwd=REPO,

@@ -31,6 +31,11 @@ def _is_main_block(node: ast.AST) -> bool:
   )
 
 
+def _is_command(path: pathlib.Path) -> bool:
+  """A module that runs as a command: it has an `if __name__ == "__main__":` block."""
+  return any(_is_main_block(n) for n in ast.parse(path.read_text()).body)
+
+
 def import_graph() -> dict[str, set[str]]:
   """Module -> the package modules it imports anywhere in its text (function-level imports
   included: a circle through them is a circle all the same), its command block aside."""
@@ -88,21 +93,19 @@ def test_the_circle_finder_finds_a_circle():
 
 
 # The layers, lowest first: a module imports only from its own layer or lower ones. The top
-# layer is the package's own modules (the public API, the config tree, the commands) and tools/
-# (the secondary commands).
+# layer is the package's own modules (the public API, the config tree, the commands).
 LAYERS = ("common", "eit", "model", "config_lib", "data", "checkpoints", "infer", "train", "")
-TOP = ("", "tools")
 
 
 def layer(module: str) -> int:
   parts = module.split(".")
   head = parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else ""
-  return LAYERS.index("" if head in TOP else head)
+  return LAYERS.index(head)
 
 
 def test_commands_live_in_the_top_layer():
   """No `if __name__ == "__main__":` block below the top layer: a library module is imported,
-  never run; its command, if it had one, is a thin module in tools/."""
+  never run; its command, if it had one, is a thin module at the package's top level."""
   below = sorted(
     str(path.relative_to(PACKAGE))
     for path in PACKAGE.rglob("*.py")
@@ -110,12 +113,103 @@ def test_commands_live_in_the_top_layer():
     and any(_is_main_block(n) for n in ast.parse(path.read_text()).body)
   )
   assert below == []
-  assert layer("cdeit_jax.tools.interpolate") == layer("cdeit_jax.reconstruct") == len(LAYERS) - 1
+  assert layer("cdeit_jax.interpolate") == layer("cdeit_jax.reconstruct") == len(LAYERS) - 1
+
+
+ROOT = PACKAGE.parent
+# The two documented entry points at the repository's root; every other command is a top-level
+# module of the package (`python -m cdeit_jax.NAME`).
+ROOT_COMMANDS = ("train.py", "eval.py")
+# Mains over MAIN_LINES and imports of a command module, allowed by name.
+LONG_MAINS = ()  # none: every command's main reads its flags and calls one function
+COMMAND_IMPORTS = ()  # none: a command imports the library, never another command
+MAIN_LINES = 30
+PLUMBING = ("cdeit_jax", "cdeit_jax.cli", "cdeit_jax.config_lib")  # shared by the commands
+
+
+def command_files() -> list[str]:
+  """Every module that runs as a command (an `if __name__ == "__main__":` block), relative to the
+  repository's root: the benchmarks (bench/) and the tests aside."""
+  skip = ("bench", "tests", "data", "models", "runs")
+  tops = [d for d in ROOT.iterdir() if d.is_dir() and d.name not in skip and d.name[0] != "."]
+  paths = [*ROOT.glob("*.py"), *(p for d in tops for p in d.rglob("*.py"))]
+  return sorted(str(p.relative_to(ROOT)) for p in paths if _is_command(p))
+
+
+def _is_home(rel: str) -> bool:
+  parts = pathlib.PurePosixPath(rel).parts
+  return rel in ROOT_COMMANDS or (len(parts) == 2 and parts[0] == "cdeit_jax")
+
+
+def long_mains(rels: list[str], root: pathlib.Path = ROOT) -> list[str]:
+  """`path:name lines` of each command's `main`, and of a `_main` it calls, over MAIN_LINES."""
+  long = []
+  for rel in rels:
+    fns = {
+      n.name: n
+      for n in ast.parse((root / rel).read_text()).body
+      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    }
+    if "main" not in fns:
+      continue
+    calls = {getattr(c.func, "id", None) for c in ast.walk(fns["main"]) if isinstance(c, ast.Call)}
+    names = ["main", *(["_main"] if "_main" in fns and "_main" in calls else [])]
+    for name in names:
+      n = fns[name].end_lineno - fns[name].lineno + 1
+      if n > MAIN_LINES:
+        long.append(f"{rel}:{name} {n}")
+  return long
+
+
+def command_imports(rels: list[str], root: pathlib.Path = ROOT) -> list[str]:
+  """`path -> module` of each command module importing another command module (anywhere in its
+  text, its command block included), the shared plumbing aside."""
+  modules = {r[:-3].replace("/", "."): r for r in rels if r.startswith("cdeit_jax/")}
+  found = []
+  for rel in rels:
+    for node in ast.walk(ast.parse((root / rel).read_text())):
+      names = []
+      if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("cdeit_jax"):
+        names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+      for name in names:
+        if name in modules and name not in PLUMBING and modules[name] != rel:
+          found.append(f"{rel} -> {name}")
+  return sorted(set(found))
+
+
+def test_commands_live_in_one_home():
+  """Every command is `train.py`, `eval.py` or a top-level module of the package."""
+  rels = command_files()
+  assert "cdeit_jax/simulate.py" in rels and "train.py" in rels
+  assert [r for r in rels if not _is_home(r)] == []
+  assert not _is_home("cdeit_jax/tools/x.py") and not _is_home("recipes/x.py")
+
+
+def test_command_mains_are_thin(tmp_path):
+  """A command's `main` (and a `_main` it calls) reads its flags and calls one function with
+  them: at most MAIN_LINES lines."""
+  assert [m for m in long_mains(command_files()) if m.split(":")[0] not in LONG_MAINS] == []
+  body = "".join(f"  x{i} = {i}\n" for i in range(MAIN_LINES))
+  (tmp_path / "c.py").write_text(f"def main():\n  _main()\n\n\ndef _main():\n{body}")
+  assert long_mains(["c.py"], tmp_path) == [f"c.py:_main {MAIN_LINES + 1}"]
+
+
+def test_no_command_imports_another(tmp_path):
+  """A command's library code is in a library module: no command module imports another (the
+  package's `__init__`, `cli` and `config_lib` aside)."""
+  assert set(command_imports(command_files())) <= set(COMMAND_IMPORTS)
+  (tmp_path / "cdeit_jax").mkdir()
+  (tmp_path / "cdeit_jax" / "a.py").write_text("from cdeit_jax import b, cli\n")
+  (tmp_path / "cdeit_jax" / "b.py").write_text("import cdeit_jax.config_lib\n")
+  got = command_imports(["cdeit_jax/a.py", "cdeit_jax/b.py"], tmp_path)
+  assert got == ["cdeit_jax/a.py -> cdeit_jax.b"]
 
 
 # Commands whose output flag another command or library module checks, the one it goes to.
 OUTPUT_CHECKED_BY = {
-  "cdeit_jax/tools/interpolate.py": "cdeit_jax/checkpoints/interpolate.py",
+  "cdeit_jax/interpolate.py": "cdeit_jax/checkpoints/interpolate.py",
   "cdeit_jax/reconstruct.py": "cdeit_jax/infer/reconstruct_frames.py",
   "cdeit_jax/ship.py": "cdeit_jax/infer/shipping.py",
   "cdeit_jax/export.py": "cdeit_jax/infer/shipping.py",
@@ -151,7 +245,7 @@ def test_every_command_that_writes_refuses_a_shipped_model_folder():
     if "shipped.refuse_write(" not in checker.read_text():
       skipping.append(rel)
   assert skipping == []
-  assert _output_flags(root / "cdeit_jax" / "tools" / "voltage_stats.py") == ["out"]
+  assert _output_flags(root / "cdeit_jax" / "voltage_stats.py") == ["out"]
 
 
 def test_imports_run_one_way_between_layers():
@@ -163,11 +257,12 @@ def test_imports_run_one_way_between_layers():
 
 
 def test_the_package_is_small_at_the_top_and_in_each_function():
-  """At most 15 modules directly in the package, at least 4 subpackages, no function over 100
-  lines (the redesign's bars: a newcomer finds the layers by the folders)."""
-  top = sorted(p.name for p in PACKAGE.glob("*.py"))
+  """Directly in the package its commands and at most 5 other modules (the API, the config tree,
+  the command plumbing), at least 4 subpackages, no function over 100 lines (the redesign's
+  bars: a newcomer finds the commands at the top and the layers by the folders)."""
+  top = sorted(p.name for p in PACKAGE.glob("*.py") if not _is_command(p))
   subpackages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
-  assert len(top) <= 15, top
+  assert len(top) <= 5, top
   assert len(subpackages) >= 4, subpackages
   long = []
   for path in PACKAGE.rglob("*.py"):
@@ -349,8 +444,8 @@ FILE_OUTPUTS = {
   "cdeit_jax/export.py",  # a model file
   "cdeit_jax/calibrate.py",  # a device file
   "cdeit_jax/sequence.py",  # a moving sequence's npz
-  "cdeit_jax/tools/answer_study.py",  # the study's JSON
-  "cdeit_jax/tools/frame_misfit.py",  # the misfit's JSON
+  "cdeit_jax/answer_study.py",  # the study's JSON
+  "cdeit_jax/frame_misfit.py",  # the misfit's JSON
   "bench/bench_vs_reference.py",  # the benchmark's JSON
 }
 FOLDER_OUTPUTS = {
@@ -358,14 +453,14 @@ FOLDER_OUTPUTS = {
   "cdeit_jax/simulate.py",
   "cdeit_jax/ship.py",
   "cdeit_jax/translate.py",
-  "cdeit_jax/tools/interpolate.py",
-  "cdeit_jax/tools/voltage_stats.py",
-  "cdeit_jax/tools/heldout_families.py",
-  "cdeit_jax/tools/accelerator_check.py",
+  "cdeit_jax/interpolate.py",
+  "cdeit_jax/voltage_stats.py",
+  "cdeit_jax/heldout_families.py",
+  "cdeit_jax/accelerator_check.py",
   "bench/bench_reconstruct_memory.py",
-  "recipes/gpu_run.py",
-  "recipes/fingerprint.py",
-  "recipes/uef2017_devices.py",
+  "cdeit_jax/gpu_run.py",
+  "cdeit_jax/fingerprint.py",
+  "cdeit_jax/uef2017_devices.py",
   "eval.py",
 }
 # Folder outputs checked by another module: the one that does it.
@@ -375,7 +470,7 @@ FOLDER_CHECKED_BY = {
   "cdeit_jax/ship.py": "cdeit_jax/infer/shipping.py",
   "cdeit_jax/export.py": "cdeit_jax/infer/shipping.py",
   "bench/bench_reconstruct_memory.py": "cdeit_jax/infer/reconstruct_frames.py",
-  "cdeit_jax/tools/interpolate.py": "cdeit_jax/checkpoints/interpolate.py",
+  "cdeit_jax/interpolate.py": "cdeit_jax/checkpoints/interpolate.py",
 }
 FOLDER_CHECKS = ("fileio.output_folder(", "fileio.writable_folder(", "outputs.check_out(")
 # Modules that publish a whole folder by a rename (a model folder, a run's copy of its model, an

@@ -2,7 +2,7 @@
 run's weights interpolated with those it started from, (1 - alpha) start + alpha fine-tuned,
 written as a checkpoint that eval.py, `cdeit_jax.reconstruct` and `cdeit_jax.ship` read.
 
-  python -m cdeit_jax.tools.interpolate --workdir runs/cdeit16_class --alpha 0.5 \\
+  python -m cdeit_jax.interpolate --workdir runs/cdeit16_class --alpha 0.5 \\
       --out runs/cdeit16_wise
 
 A run fine-tuned from another (`config.init_from`) stays in its basin, so the line between the

@@ -1,7 +1,7 @@
 """The background's drift between each target frame and its empty tank's, measured on cases with
 truths (KTC2023's public levels): what `SystemSpec.drift` has to span.
 
-  python -m cdeit_jax.tools.frame_drift --data data/ktc2023/levels [--contrast 2]
+  python -m cdeit_jax.frame_drift --data data/ktc2023/levels [--contrast 2]
 
 Per case, the difference frame - reference in simulation units (over the gain that fits the
 reference frame to the empty tank's simulated voltages F(1), least squares) is fitted as

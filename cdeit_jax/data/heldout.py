@@ -20,19 +20,25 @@ config's simulator's for the element conductivities at its sample points (as
 `Simulator.phantom_conductivity`), each target measured by its own system drawn as the config
 draws (`data.synthetic.Generator.systems`) with the config's noise. The files are the
 simulator's (`NNNNNNN.npz`: `ys` (R, 1), `xs` (128, 128)), so eval.py (`--data simulated`) and
-`tools.answer_study --sims` read them.
+`cdeit_jax.answer_study --sims` read them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
 
+from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.data.npz_files import file_name, savez
 
+RECORD = "heldout.json"  # beside the groups' folders: each file's family, objects and classes
 FAMILIES = ("letters", "blobs", "thin", "concave", "touching")
 GROUPS = {"few": (1, 4, False), "many": (3, 4, True)}  # objects min, max; both classes
 LETTERS = "CEFGHIJKLMNSTUVWXYZ"  # capitals without holes (a hole would be water inside)
@@ -262,3 +268,32 @@ def make(sim_cfg, group: str, num: int, seed: int = 0) -> dict:
     "objects": [len(t.shapes) for t in targets],
     "classes": [[int(sum(v > 0 for v in t.v)), int(sum(v < 0 for v in t.v))] for t in targets],
   }
+
+
+def write_set(out: str, sim_cfg, num: int, seed: int, config: str) -> None:
+  """`make`'s targets of every group, `num` each, written as `out`/GROUP/NNNNNNN.npz and
+  `out`/RECORD (naming `config`): made whole beside `out`, then put in place of a set made before,
+  the record last."""
+  record = {"config": config, "seed": seed, "num": num, "groups": {}}
+  stage = f"{out}.partial"  # the new set, made whole beside the old one, then put in its place
+  fileio.remove_tree(stage)
+  for group in GROUPS:
+    t0 = time.perf_counter()
+    made = make(sim_cfg, group, num, seed)
+    folder = fileio.join(stage, group)
+    fileio.makedirs(folder)
+    for i, (ys, xs) in enumerate(zip(made["ys"], made["xs"])):
+      arrays = {"ys": ys[:, None], "xs": xs}
+      fileio.atomic_write(
+        fileio.join(folder, file_name(i)), functools.partial(savez, arrays=arrays)
+      )
+    record["groups"][group] = {k: made[k] for k in ("families", "objects", "classes")}
+    took = time.perf_counter() - t0
+    logs.log.info(f"{fileio.join(out, group)}: {num} targets in {took:.0f} s")
+  fileio.write_text(fileio.join(stage, RECORD), json.dumps(record, indent=1))
+  # a set made before (another --num or seed) is replaced whole: no target of it stays
+  for group in GROUPS:
+    fileio.remove_tree(fileio.join(out, group))
+    fileio.move(fileio.join(stage, group), fileio.join(out, group))
+  fileio.move(fileio.join(stage, RECORD), fileio.join(out, RECORD))  # the record last
+  fileio.remove_tree(stage)

@@ -1,8 +1,9 @@
 """The CDEIT npz file format: one example per file, `ys` (208, 1) difference voltages (another
 measuring system's: (R, 1), `config.simulator.layout`) in the measuring system's units
 (`measurement.resolve_ratios`) and `xs` (128, 128) the conductivity-change target, optionally
-`TR` and `xs_gn` (classical reconstructions, kept for evaluation); reading and validating a folder
-of them.
+`TR` and `xs_gn` (classical reconstructions, kept for evaluation); writing one (`file_name`,
+`savez`: the simulator's and the held-out families' files), reading and validating a folder of
+them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,17 @@ from cdeit_jax.eit.measurement import IMAGE_SIZE, NUM_MEASUREMENTS
 log = logging.getLogger(__name__)
 
 BASELINE_KEYS = ("TR", "xs_gn")
+
+
+def file_name(index: int) -> str:
+  """Example `index`'s file name in a folder of them (`NNNNNNN.npz`)."""
+  return f"{index:07d}.npz"
+
+
+def savez(p: str, arrays: dict) -> None:
+  """Write one example's arrays to `p` (an `fileio.atomic_write` writer)."""
+  with open(p, "wb") as fh:  # a handle: np.savez would append ".npz" to the temporary name
+    np.savez(fh, **arrays)
 
 
 def read_npz(path: str, keys: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -128,7 +140,7 @@ def check_folder(
       f"{listing}{more}\nFix or remove them, or skip them: "
       "--config.data.skip_bad_files=True (train.py), "
       "--config.eval.skip_bad_files=True (eval.py), --skip_bad_files "
-      "(python -m cdeit_jax.tools.voltage_stats)."
+      "(python -m cdeit_jax.voltage_stats)."
     )
   log.warning(
     "data folder %s: skipping %d of %d bad files:\n%s%s",

@@ -1,7 +1,7 @@
 """The objects of a phantom distribution beside those of real truths: counts, areas and distances
 to the wall, measured the one way (`objects` on class maps) for both.
 
-  python -m cdeit_jax.tools.phantom_stats --config configs/ktc2023_model.py \\
+  python -m cdeit_jax.phantom_stats --config configs/ktc2023_model.py \\
       --truths data/ktc2023/levels/level_1 [--num 2000]
 
 prints JSON: the distribution's quantiles of each figure and, for every object of the truths

@@ -265,7 +265,7 @@ def resolve_stats(
     return check_stats(*checkpoint_stats, source="checkpoint")
   raise MissingFile(
     f"no normalisation statistics for {split_dir}: put mean/std (.npy or .pth) in {root}, "
-    "pass stats=, or compute them with `python -m cdeit_jax.tools.voltage_stats DATA/train`"
+    "pass stats=, or compute them with `python -m cdeit_jax.voltage_stats DATA/train`"
   )
 
 

@@ -2,7 +2,7 @@
 level on held-out simulations (each level's electrodes removed from every example) and on the
 challenge's public cases, from one set of samples per target.
 
-  python -m cdeit_jax.tools.answer_study --workdir runs/ktc2023_model \\
+  python -m cdeit_jax.answer_study --workdir runs/ktc2023_model \\
       --sims DATA/valid[,DATA_DRIFT/valid] --num 256 --ktc data/ktc2023/levels --out study.json
 
 The simulated target's truth is its label image's classes (`eit.phantom.class_map`), its
@@ -82,8 +82,8 @@ def _split_files(folder: str, num: int) -> list[str]:
 
 def families(folders: str, num: int) -> np.ndarray | None:
   """Each studied target's held-out shape family (`data.heldout`: the `heldout.json` beside a
-  split folder made by `tools.heldout_families`), in `simulated`'s order; None unless every
-  folder has one."""
+  split folder made by `python -m cdeit_jax.heldout_families`), in `simulated`'s order; None
+  unless every folder has one."""
   import json
 
   out: list[str] = []

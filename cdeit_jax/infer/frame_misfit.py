@@ -1,6 +1,6 @@
 """Whether a KTC2023 frame can tell its truth from the answers: the calibrated simulator's misfit
 to each target's measured difference, for its truth, for answers, and for worse answers made
-from the truth (`python -m cdeit_jax.tools.frame_misfit`, docs/ktc2023.md).
+from the truth (`python -m cdeit_jax.frame_misfit`, docs/ktc2023.md).
 
 A class map (0 water, 1 resistive, 2 conductive) is simulated with each class at 10^v times the
 water's conductivity (resistive -v, conductive +v, each v on `CONTRASTS`: plastic and metal lie
@@ -161,7 +161,7 @@ def run(
   turns_deg: tuple[float, ...] = (),
   contrasts=CONTRASTS,
 ) -> dict:
-  """`python -m cdeit_jax.tools.frame_misfit`: `measure` on the cases under `data` that have a
+  """`python -m cdeit_jax.frame_misfit`: `measure` on the cases under `data` that have a
   truth (of `levels`, all if none), each level calibrated as eval.py calibrates it, with the
   answers of each folder of `answers` (name -> eval.py's ktc2023_challenge output,
   `level_K/N.mat`), simulated in float64 (contrasts up to 10^3)."""

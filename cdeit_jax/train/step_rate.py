@@ -1,6 +1,6 @@
 """The train step's throughput on all local devices, after compilation: the figures
 `bench/bench_train.py` prints and the accelerator check's `train` section records
-(`python -m cdeit_jax.tools.accelerator_check`)."""
+(`python -m cdeit_jax.accelerator_check`)."""
 
 from __future__ import annotations
 

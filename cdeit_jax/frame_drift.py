@@ -1,7 +1,7 @@
 """The background's drift between each KTC2023 target frame and its empty tank's, per case with a
 truth, as JSON (`cdeit_jax.data.frame_drift` fits it).
 
-  python -m cdeit_jax.tools.frame_drift --data data/ktc2023/levels [--contrast 2]
+  python -m cdeit_jax.frame_drift --data data/ktc2023/levels [--contrast 2]
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Behaviour fingerprint: SHA-256 of what the code computes, to check that a refactoring changes
 nothing (issue 73 item 7). Run it before and after, on the same machine, and compare the JSON:
 
-  python recipes/fingerprint.py --out /tmp/fp > before.json
+  python -m cdeit_jax.fingerprint --out /tmp/fp > before.json
 
 Each item is computed through the commands (stable across refactorings) or the public loading
 API: simulations of three systems (CDEIT's 16 electrodes, KTC2023's with removals, a calibrated
@@ -25,7 +25,6 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), "shared")
 SKIP1 = os.path.join(REPO, "data", "uef2017_protocols", "skip1")
-sys.path.insert(0, REPO)  # this checkout's package, whichever is installed
 if not os.path.isdir(SKIP1):
   SKIP1 = os.path.join(SHARED, "data", "uef2017_protocols", "skip1")
 
@@ -119,8 +118,14 @@ def main() -> None:
   ap.add_argument("--out", required=True, help="a scratch folder (replaced)")
   ap.add_argument("--skip", default="", help="comma-separated items to leave out")
   a = ap.parse_args()
-  out = os.path.abspath(a.out)
-  skip = set(filter(None, a.skip.split(",")))
+  print(
+    json.dumps(fingerprint(os.path.abspath(a.out), set(filter(None, a.skip.split(",")))), indent=1)
+  )
+
+
+def fingerprint(out: str, skip: set[str]) -> dict[str, str]:
+  """Item -> SHA-256 (module docstring), computed in `out` (replaced), the items in `skip` left
+  out."""
   from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio
 
@@ -185,7 +190,7 @@ def main() -> None:
       "data/ktc2023/levels", "--out", f"{out}/eval_ktc2023", "--config.eval.tikhonov=True",
     )  # fmt: skip
     fp["shipped_ktc2023_challenge"] = hash_tree(f"{out}/eval_ktc2023")
-  print(json.dumps(fp, indent=1))
+  return fp
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 parent (where the loaders look first) unless --out says otherwise (`cdeit_jax.data.stats`
 computes them).
 
-  python -m cdeit_jax.tools.voltage_stats DATA/train [--units U | --voltage_ratio R] [--out DIR]
+  python -m cdeit_jax.voltage_stats DATA/train [--units U | --voltage_ratio R] [--out DIR]
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ FLAGS = flags.FLAGS
 def main(argv: list[str]) -> None:
   f = FLAGS
   if len(argv) != 2:
-    raise app.UsageError(
-      "give one split folder: python -m cdeit_jax.tools.voltage_stats DATA/train"
-    )
+    raise app.UsageError("give one split folder: python -m cdeit_jax.voltage_stats DATA/train")
   split = argv[1]
   out = f.out or fileio.dirname(split)
   shipped.refuse_write(out, "--out" if f.out else "the split's parent folder")

@@ -1,7 +1,7 @@
 """WiSE-FT: a fine-tuned run's weights interpolated with those it started from, (1 - alpha) start
 + alpha fine-tuned, written as a checkpoint (`cdeit_jax.checkpoints.interpolate` does it).
 
-  python -m cdeit_jax.tools.interpolate --workdir runs/cdeit16_class --alpha 0.5 \\
+  python -m cdeit_jax.interpolate --workdir runs/cdeit16_class --alpha 0.5 \\
       --out runs/cdeit16_wise
 """
 

@@ -1,6 +1,6 @@
 """One command proves an accelerator: the mission's figures from one run, on whatever JAX sees.
 
-  make accelerator-check OUT=DIR        # python -m cdeit_jax.tools.accelerator_check --out DIR
+  make accelerator-check OUT=DIR        # python -m cdeit_jax.accelerator_check --out DIR
 
 Sections, each recorded on its own (a section that fails is kept as its error and the others
 still run, so a short GPU loan always gives what it can):
@@ -40,7 +40,7 @@ import time
 import traceback
 
 # the checkout: its configs/, data/uef2017 and train.py
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from cdeit_jax.common import cpu_tuning  # noqa: E402
 
@@ -371,39 +371,57 @@ def main() -> None:
   )
   p.add_argument("--budget-s", type=float, default=None, help="start no section after this")
   a = p.parse_args()
+  check(
+    a.out, config=a.config, per_device_batch=a.per_device_batch, steps=a.steps,
+    num_samples=a.num_samples, skip=a.skip, budget_s=a.budget_s,
+  )  # fmt: skip
+
+
+def check(
+  out: str,
+  *,
+  config: str | None,
+  per_device_batch: int | None,
+  steps: int,
+  num_samples: int,
+  skip: str,
+  budget_s: float | None,
+) -> None:
+  """Every section (module docstring) into `out`/accelerator_check.json, the table printed;
+  exits 1 when a section failed or a bar was missed, 0 when not, 2 on a bad argument."""
   # `reconstruct` is the sampling section's second half (one Reconstructor serves both)
-  skip = {"sampling" if s == "reconstruct" else s for s in filter(None, a.skip.split(","))}
-  if skip - set(SECTIONS):
-    refuse(f"--skip {a.skip}: {', '.join(sorted(skip - set(SECTIONS)))} is not one of {SECTIONS}")
+  left_out = {"sampling" if s == "reconstruct" else s for s in filter(None, skip.split(","))}
+  if left_out - set(SECTIONS):
+    refuse(f"--skip {skip}: {', '.join(sorted(left_out - set(SECTIONS)))} is not one of {SECTIONS}")
   from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
 
   try:
-    fileio.output_folder(a.out, "--out")  # the folder accelerator_check.json goes into
-    shipped.refuse_write(a.out, "--out")
+    fileio.output_folder(out, "--out")  # the folder accelerator_check.json goes into
+    shipped.refuse_write(out, "--out")
   except InputError as e:
     refuse(str(e))
-  os.makedirs(a.out, exist_ok=True)
-  path = os.path.join(a.out, "accelerator_check.json")
+  os.makedirs(out, exist_ok=True)
+  path = os.path.join(out, "accelerator_check.json")
   t0 = time.perf_counter()
   result = platform_info()
   plat = result["platform"]
-  cfg = load_config(a.config, plat)
-  result["config"] = a.config or CONFIGS.get(plat, CONFIGS["cpu"])
-  batch = a.per_device_batch or (2 if plat == "cpu" else 8)
+  cfg = load_config(config, plat)
+  result["config"] = config or CONFIGS.get(plat, CONFIGS["cpu"])
+  batch = per_device_batch or (2 if plat == "cpu" else 8)
   runs = {
-    "train": (train, cfg, batch, a.steps),
+    "train": (train, cfg, batch, steps),
     "numerics": (numerics, cfg, plat),
-    "sampling": (sampling_and_reconstruct, cfg, a.out, a.num_samples),
-    "resume": (resume, os.path.join(a.out, "resume")),
+    "sampling": (sampling_and_reconstruct, cfg, out, num_samples),
+    "resume": (resume, os.path.join(out, "resume")),
   }
   for name in SECTIONS:
     spent = time.perf_counter() - t0
-    if name in skip:
+    if name in left_out:
       result[name] = {"skipped": "--skip"}
-    elif a.budget_s is not None and spent >= a.budget_s:
-      result[name] = {"skipped": f"--budget-s {a.budget_s:g}: {spent:.0f} s spent before it"}
+    elif budget_s is not None and spent >= budget_s:
+      result[name] = {"skipped": f"--budget-s {budget_s:g}: {spent:.0f} s spent before it"}
     else:
       fn, *args = runs[name]
       got = _run(name, fn, result, *args)

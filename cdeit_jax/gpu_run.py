@@ -5,7 +5,7 @@ trained at a scale two CPU cores never reach, in at most 8 flat files.
 Stages, in order; each writes its figures when it ends (a run cut short keeps what it reached);
 one that fails does not stop the next; one that cannot run where it is is recorded as skipped,
 with the reason:
-1. `check` (2 minutes): the accelerator check (python -m cdeit_jax.tools.accelerator_check) at
+1. `check` (2 minutes): the accelerator check (python -m cdeit_jax.accelerator_check) at
    the platform's size (the published model in bfloat16, configs/gpu.py, on a GPU) ->
    accelerator_check.json
 2. `pytorch` (2 minutes): ours and the published PyTorch code side by side on the same chip, the
@@ -33,7 +33,7 @@ first GPU finds nothing untried. Scratch (checkpoints, the compilation cache sha
 stages, each stage's whole output) goes to --scratch, kept; by default to a temporary folder,
 removed at the end.
 
-  python recipes/gpu_run.py --out DIR [--reference reference/CDEIT] [--minutes 9]
+  python -m cdeit_jax.gpu_run --out DIR [--reference reference/CDEIT] [--minutes 9]
 """
 
 from __future__ import annotations
@@ -219,7 +219,6 @@ def run(stages: Stages, name: str, cmd: list[str], limit: float, env: dict) -> t
 def deviceless_topology(info: dict) -> tuple[str | None, str]:
   """The compile-only topology of this machine's accelerators (`h200-1`, ...; a CPU rehearses
   with H100s), or None and why not."""
-  sys.path.insert(0, REPO)
   from cdeit_jax.common import topologies  # reads no JAX backend
 
   if not topologies.cuda_plugin_installed():
@@ -368,8 +367,26 @@ def main() -> None:
     "--spent-s", type=float, default=0.0, help="of the minutes, spent before (the wheels' install)"
   )
   a = p.parse_args()
-  out = os.path.abspath(a.out)
-  sys.path.insert(0, REPO)
+  gpu_run(
+    a.out, scratch=a.scratch, reference=a.reference, minutes=a.minutes, check_s=a.check_s,
+    train_s=a.train_s, simulator_s=a.simulator_s, spent_s=a.spent_s,
+  )  # fmt: skip
+
+
+def gpu_run(
+  out_flag: str,
+  *,
+  scratch: str | None,
+  reference: str,
+  minutes: float,
+  check_s: float,
+  train_s: float | None,
+  simulator_s: float | None,
+  spent_s: float,
+) -> None:
+  """The whole run (module docstring) into `out_flag`; exits 0 when the model file was written,
+  1 when not, 2 on a bad argument, 128 + the signal's number when stopped."""
+  out = os.path.abspath(out_flag)
   from cdeit_jax.checkpoints import shipped  # reads no JAX backend
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
@@ -382,15 +399,16 @@ def main() -> None:
   os.makedirs(out, exist_ok=True)
   stale = [f for f in os.listdir(out) if f in (*FILES, SUMMARY, LOG, MODEL_FILE)]
   if stale:
-    refuse(f"--out {a.out}: holds a run's files already ({', '.join(stale)}); give a new folder")
-  scratch = os.path.abspath(a.scratch or tempfile.mkdtemp(prefix="gpu-run-"))
+    refuse(f"--out {out_flag}: holds a run's files already ({', '.join(stale)}); give a new folder")
+  kept = scratch is not None
+  scratch = os.path.abspath(scratch or tempfile.mkdtemp(prefix="gpu-run-"))
   if scratch == out or scratch.startswith(out + os.sep):
     refuse(f"--scratch {scratch}: lies in --out, whose files are the ones that come back")
   os.makedirs(scratch, exist_ok=True)
-  stages = Stages(out, scratch, a.minutes - a.spent_s / 60)
+  stages = Stages(out, scratch, minutes - spent_s / 60)
   stop_on_signals()
   try:
-    written = run_stages(a, stages, out, scratch)
+    written = run_stages(stages, out, scratch, reference, check_s, train_s, simulator_s)
   except Stopped as e:  # SIGTERM or SIGINT: the stage was stopped; what it reached is in OUT
     stop_all(stages)  # a stage started beside the one stopped (the deviceless compile)
     for s in (signal.SIGTERM, signal.SIGINT):
@@ -400,12 +418,20 @@ def main() -> None:
     print(f"gpu-run: stopped by {e}; files in {out}", file=sys.stderr)
     sys.exit(128 + e.signum)
   finally:
-    if a.scratch is None:  # the stages' checkpoints and caches (their logs' ends are in OUT)
+    if not kept:  # the stages' checkpoints and caches (their logs' ends are in OUT)
       shutil.rmtree(scratch, ignore_errors=True)
   sys.exit(0 if written else 1)
 
 
-def run_stages(a: argparse.Namespace, stages: Stages, out: str, scratch: str) -> bool:
+def run_stages(
+  stages: Stages,
+  out: str,
+  scratch: str,
+  reference: str,
+  check_s: float,
+  train_s: float | None,
+  simulator_s: float | None,
+) -> bool:
   """The four stages (module docstring) into `out`; whether the model file was written."""
   env = dict(
     os.environ,
@@ -421,7 +447,70 @@ def run_stages(a: argparse.Namespace, stages: Stages, out: str, scratch: str) ->
   bench = os.path.join(REPO, "bench")
   small = "configs/gpu.py:rehearsal" if cpu else "configs/gpu.py"
   batch = "2" if cpu else "32"
+  check_stages(stages, out, scratch, env, info, small, batch, check_s)
 
+  # 2. the published PyTorch code beside ours
+  problem = reference_problem(reference)
+  if problem:
+    stages.skipped("pytorch", problem)
+  else:
+    t = time.perf_counter()
+    limit = min(LIMITS["pytorch"], stages.left())
+    cmd = [py, os.path.join(bench, "bench_vs_reference.py"), "--reference", reference]
+    cmd += ["--config", small, "--batch", batch, "--quick", "--out", os.path.join(out, FILES[1])]
+    rc, text = run(stages, "pytorch", cmd, limit, env)
+    status = status_of(rc, False)
+    why = {} if rc == 0 else {"reason": (text.strip().splitlines() or [""])[-1][:500]}
+    stages.done("pytorch", status, time.perf_counter() - t, exit_code=rc, **why)
+
+  # 3. the model: trained for the rest of the time, then exported as one file
+  cfg = "configs/gpu_ktc2023.py:rehearsal" if cpu else "configs/gpu_ktc2023.py"
+  sim_s = simulator_s or (150.0 if cpu else LIMITS["simulator"])
+  model_path = os.path.join(out, MODEL_FILE)
+  train_stage(stages, out, scratch, env, cpu, cfg, train_s, EXPORT_S + sim_s)
+
+  # 4. the simulator's share of a step at the trained size (for the next size choice)
+  limit = min(sim_s, stages.left())
+  if limit < 15:
+    stages.skipped("simulator", f"{max(limit, 0):.0f} s left")
+  else:
+    t = time.perf_counter()
+    sim_batch = "4" if cpu else "64"
+    cmd = [py, os.path.join(bench, "bench_simulate.py"), "--source", "--config", cfg]
+    cmd += ["--batch", sim_batch, "--repeats", "2"]
+    rc, text = run(stages, "simulator", cmd, limit, env)
+    lines = [ln for ln in text.splitlines() if ln.startswith('{"bench": "simulator_source"')]
+    if lines:
+      _write(os.path.join(out, FILES[3]), lines[-1] + "\n")
+    stages.done("simulator", status_of(rc, bool(lines)), time.perf_counter() - t, exit_code=rc)
+
+  written = os.path.exists(model_path)
+  stages.record["model_file"] = MODEL_FILE if written else None
+  stages.write()
+  # what would not come back, checked on the files as they are (this summary included)
+  stages.record["returns"] = return_problems(out) or "all"
+  sizes = {f: os.path.getsize(os.path.join(out, f)) for f in sorted(os.listdir(out))}
+  stages.record["files"] = {**sizes, SUMMARY: None}  # its own size: the one it has when written
+  stages.write()
+  print(json.dumps(stages.record, indent=1))
+  print(f"gpu-run: {'model ' + model_path if written else 'NO model file written'}; files in {out}")
+  return written
+
+
+def check_stages(
+  stages: Stages,
+  out: str,
+  scratch: str,
+  env: dict,
+  info: dict,
+  small: str,
+  batch: str,
+  check_s: float,
+) -> None:
+  """Stage 1, the accelerator check at the platform's size, and the deviceless compile beside
+  it."""
+  py = sys.executable
+  cpu = info["platform"] == "cpu"
   # beside stage 1 (a CPU rehearsal: after it, not to slow it): its train step compiled for
   # compile-only GPUs, on the CPU
   topology, reason = deviceless_topology(info)
@@ -437,8 +526,8 @@ def run_stages(a: argparse.Namespace, stages: Stages, out: str, scratch: str) ->
   # 1. the accelerator check at the platform's size
   t = time.perf_counter()
   check = os.path.join(scratch, "check")
-  limit = min(a.check_s, stages.left())
-  cmd = [py, "-m", "cdeit_jax.tools.accelerator_check", "--out", check, "--config", small]
+  limit = min(check_s, stages.left())
+  cmd = [py, "-m", "cdeit_jax.accelerator_check", "--out", check, "--config", small]
   # no section starts after half the time: one started then has the other half to end in
   cmd += ["--per-device-batch", batch, "--budget-s", str(limit / 2)]
   rc, _ = run(stages, "check", cmd, limit, env)
@@ -463,27 +552,23 @@ def run_stages(a: argparse.Namespace, stages: Stages, out: str, scratch: str) ->
       stages.deadline += took
     stages.done("deviceless", status, took, exit_code=rc, topology=topology, **failed)
 
-  # 2. the published PyTorch code beside ours
-  problem = reference_problem(a.reference)
-  if problem:
-    stages.skipped("pytorch", problem)
-  else:
-    t = time.perf_counter()
-    limit = min(LIMITS["pytorch"], stages.left())
-    cmd = [py, os.path.join(bench, "bench_vs_reference.py"), "--reference", a.reference]
-    cmd += ["--config", small, "--batch", batch, "--quick", "--out", os.path.join(out, FILES[1])]
-    rc, text = run(stages, "pytorch", cmd, limit, env)
-    status = status_of(rc, False)
-    why = {} if rc == 0 else {"reason": (text.strip().splitlines() or [""])[-1][:500]}
-    stages.done("pytorch", status, time.perf_counter() - t, exit_code=rc, **why)
 
-  # 3. the model: trained for the rest of the time, then exported as one file
+def train_stage(
+  stages: Stages,
+  out: str,
+  scratch: str,
+  env: dict,
+  cpu: bool,
+  cfg: str,
+  train_s: float | None,
+  reserve: float,
+) -> None:
+  """Stage 3: the model trained for the rest of the time but `reserve` s, then exported as one
+  file."""
   t = time.perf_counter()
-  cfg = "configs/gpu_ktc2023.py:rehearsal" if cpu else "configs/gpu_ktc2023.py"
+  py = sys.executable
   workdir = os.path.join(scratch, "train")
-  sim_s = a.simulator_s or (150.0 if cpu else LIMITS["simulator"])
-  reserve = EXPORT_S + sim_s
-  budget = a.train_s or (REHEARSAL_TRAIN_S if cpu else stages.left() - reserve)
+  budget = train_s or (REHEARSAL_TRAIN_S if cpu else stages.left() - reserve)
   budget = min(budget, stages.left() - reserve)
   model_path = os.path.join(out, MODEL_FILE)
   if budget < 30:
@@ -522,33 +607,6 @@ def run_stages(a: argparse.Namespace, stages: Stages, out: str, scratch: str) ->
       "train", status, time.perf_counter() - t, exit_code=rc, export_exit_code=ex_rc,
       model_file=MODEL_FILE if os.path.exists(model_path) else None,
     )  # fmt: skip
-
-  # 4. the simulator's share of a step at the trained size (for the next size choice)
-  limit = min(sim_s, stages.left())
-  if limit < 15:
-    stages.skipped("simulator", f"{max(limit, 0):.0f} s left")
-  else:
-    t = time.perf_counter()
-    sim_batch = "4" if cpu else "64"
-    cmd = [py, os.path.join(bench, "bench_simulate.py"), "--source", "--config", cfg]
-    cmd += ["--batch", sim_batch, "--repeats", "2"]
-    rc, text = run(stages, "simulator", cmd, limit, env)
-    lines = [ln for ln in text.splitlines() if ln.startswith('{"bench": "simulator_source"')]
-    if lines:
-      _write(os.path.join(out, FILES[3]), lines[-1] + "\n")
-    stages.done("simulator", status_of(rc, bool(lines)), time.perf_counter() - t, exit_code=rc)
-
-  written = os.path.exists(model_path)
-  stages.record["model_file"] = MODEL_FILE if written else None
-  stages.write()
-  # what would not come back, checked on the files as they are (this summary included)
-  stages.record["returns"] = return_problems(out) or "all"
-  sizes = {f: os.path.getsize(os.path.join(out, f)) for f in sorted(os.listdir(out))}
-  stages.record["files"] = {**sizes, SUMMARY: None}  # its own size: the one it has when written
-  stages.write()
-  print(json.dumps(stages.record, indent=1))
-  print(f"gpu-run: {'model ' + model_path if written else 'NO model file written'}; files in {out}")
-  return written
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 frame_misfit`): per public target, the calibrated simulator's misfit to its frame for the truth,
 each answer folder's answer and worse answers made from the truth, as JSON and a table per level.
 
-  python -m cdeit_jax.tools.frame_misfit --data data/ktc2023/levels --answers cdeit=OUT \
+  python -m cdeit_jax.frame_misfit --data data/ktc2023/levels --answers cdeit=OUT \
       [--answers tikhonov=OUT2] [--levels 1,4,7] [--turns_deg=-5.625,0,5.625] [--out misfit.json]
 
 OUT: eval.py's ktc2023_challenge output (`level_K/N.mat`). `--turns_deg` adds the truth turned
@@ -19,7 +19,7 @@ from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 
 FLAGS = flags.FLAGS
-WHAT = "a frame misfit's JSON (python -m cdeit_jax.tools.frame_misfit)"
+WHAT = "a frame misfit's JSON (python -m cdeit_jax.frame_misfit)"
 
 
 def ours(path: str) -> bool:

@@ -1,7 +1,7 @@
 """A config's drawn phantoms beside real truths: counts, areas and distances to the wall, as JSON
 (`cdeit_jax.data.phantom_stats` measures them).
 
-  python -m cdeit_jax.tools.phantom_stats --config configs/ktc2023_model.py \\
+  python -m cdeit_jax.phantom_stats --config configs/ktc2023_model.py \\
       --truths data/ktc2023/levels/level_1 [--num 2000]
 """
 

@@ -1,7 +1,7 @@
 """KTC2023's answer rules scored for a model per level, on held-out simulations and the public
 cases, and the rule chosen (`cdeit_jax.infer.answer_study` does the study).
 
-  python -m cdeit_jax.tools.answer_study --workdir runs/ktc2023_model \\
+  python -m cdeit_jax.answer_study --workdir runs/ktc2023_model \\
       --sims DATA/valid[,DATA_DRIFT/valid] --num 256 --ktc data/ktc2023/levels --out study.json
 """
 
@@ -18,7 +18,7 @@ from cdeit_jax.infer.answer_rules import AnswerRule
 from cdeit_jax.infer.answer_study import study, tables
 
 FLAGS = flags.FLAGS
-WHAT = "an answer study's JSON (python -m cdeit_jax.tools.answer_study)"
+WHAT = "an answer study's JSON (python -m cdeit_jax.answer_study)"
 
 
 def ours(path: str) -> bool:

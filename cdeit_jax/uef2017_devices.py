@@ -10,7 +10,7 @@ of a calibration of the same tank under another protocol; and the 22 cases' fram
 truths (`targets`), which eval.py scores as a recording (beside Tikhonov and the empty image).
 
   python -m cdeit_jax.calibrate --device data/uef2017_protocols/skip1/ref.mat --out W/skip1.npz
-  python recipes/uef2017_devices.py adjacent --calibrated W/skip1.npz --out W/adjacent
+  python -m cdeit_jax.uef2017_devices adjacent --calibrated W/skip1.npz --out W/adjacent
   python -m cdeit_jax.simulate --config configs/device.py:W/adjacent/device.npz \\
       --out W/adjacent/data --num_train 3000 --num_valid 64 --num_test 64 --tr_splits valid,test
   python train.py --config configs/device.py:W/adjacent/device.npz --workdir W/adjacent \\
@@ -29,13 +29,12 @@ import sys
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from cdeit_jax.checkpoints import shipped
+from cdeit_jax.common import fileio
+from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import device_files, layout
 
-from cdeit_jax.checkpoints import shipped  # noqa: E402
-from cdeit_jax.common import fileio  # noqa: E402
-from cdeit_jax.common.errors import InputError  # noqa: E402
-from cdeit_jax.eit import device_files, layout  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ADJACENT = os.path.join(REPO, "data", "uef2017")
 NAMES = os.path.join(REPO, "data", "uef2017_protocols", "skip1", "names.txt")
