@@ -62,7 +62,7 @@ moving-demo: install
 ktc-demo: install
 	@$(call recipe,ktc_demo.sh,KTC_DATA KTC_RUN)
 cdeit16-model: install
-	@$(call recipe,cdeit16_model.sh,CDEIT16_DATA CDEIT16_CLASS_DATA CDEIT16_FOREIGN CDEIT16_BASE \
+	@$(call recipe,cdeit16_model.sh,CDEIT16_DATA CDEIT16_CLASS_DATA CDEIT16_FOREIGN CDEIT16_CALIB CDEIT16_BASE \
 	  CDEIT16_FINE CDEIT16_RUN CDEIT16_ALPHA CDEIT16_EVAL CDEIT16_SIM)
 ktc-model: install
 	@$(call recipe,ktc_model.sh,KTC_MODEL_DATA KTC_MODEL_DRIFT_DATA KTC_MODEL_BASE KTC_MODEL_FINE \

@@ -4,10 +4,12 @@
 # targets and with class targets (the same voltages); train configs/cdeit16.py 30,000 steps on
 # the labels, fine-tune it 4,000 steps on the classes (configs/cdeit16_class.py), and take the
 # weights half-way between the two (WiSE-FT, python -m cdeit_jax.interpolate; rerunning
-# resumes each stage); fit the uncertainty scale, evaluate on held-out simulations, the foreign
+# resumes each stage); fit the uncertainty's split-conformal scales on a calibration split (2,048
+# class targets of simulator seed 1), evaluate on held-out simulations, the foreign
 # system and UEF2017, and write the model folder with those scores (python -m cdeit_jax.ship).
 # Environment (make passes what it is given): BIN (default .venv/bin), CDEIT16_DATA,
-# CDEIT16_CLASS_DATA, CDEIT16_FOREIGN, CDEIT16_BASE, CDEIT16_FINE, CDEIT16_RUN, CDEIT16_ALPHA,
+# CDEIT16_CLASS_DATA, CDEIT16_FOREIGN, CDEIT16_CALIB, CDEIT16_BASE, CDEIT16_FINE, CDEIT16_RUN,
+# CDEIT16_ALPHA,
 # CDEIT16_EVAL (the evaluations' flags), CDEIT16_SIM (the simulations' sizes); defaults below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,7 @@ BIN=${BIN:-.venv/bin}
 CDEIT16_DATA=${CDEIT16_DATA:-$HOME/.cache/cdeit-jax/cdeit16-sim-v1}
 CDEIT16_CLASS_DATA=${CDEIT16_CLASS_DATA:-$HOME/.cache/cdeit-jax/cdeit16-sim-class-v1}
 CDEIT16_FOREIGN=${CDEIT16_FOREIGN:-$HOME/.cache/cdeit-jax/demo-foreign-class-v1}
+CDEIT16_CALIB=${CDEIT16_CALIB:-$HOME/.cache/cdeit-jax/cdeit16-calib-class-v1}
 CDEIT16_BASE=${CDEIT16_BASE:-runs/cdeit16}
 CDEIT16_FINE=${CDEIT16_FINE:-runs/cdeit16_class}
 CDEIT16_RUN=${CDEIT16_RUN:-runs/cdeit16_wise}
@@ -29,6 +32,9 @@ start=$(date +%s)
   --config.simulator.phantom.target=class
 "$BIN/python" -m cdeit_jax.simulate --config configs/foreign.py --out "$CDEIT16_FOREIGN" \
   --num_test 64 --config.simulator.phantom.target=class
+# the calibration split of the std's split-conformal scales: 2,048 class targets of another seed
+"$BIN/python" -m cdeit_jax.simulate --out "$CDEIT16_CALIB" --num_valid 2048 --tr_splits valid \
+  --config.simulator.phantom.target=class --config.simulator.seed=1
 "$BIN/python" train.py --config configs/cdeit16.py --workdir "$CDEIT16_BASE" \
   --config.data.path="$CDEIT16_DATA"
 "$BIN/python" train.py --config configs/cdeit16_class.py --workdir "$CDEIT16_FINE" \
@@ -36,7 +42,7 @@ start=$(date +%s)
 "$BIN/python" -m cdeit_jax.interpolate --workdir "$CDEIT16_FINE" \
   --alpha "$CDEIT16_ALPHA" --out "$run"
 "$BIN/python" eval.py --workdir "$run" --data simulated \
-  --data_path "$CDEIT16_CLASS_DATA/valid" --out "$run/eval_valid" $CDEIT16_EVAL \
+  --data_path "$CDEIT16_CALIB/valid" --out "$run/eval_calibration" $CDEIT16_EVAL \
   --config.eval.fit_uncertainty=True
 "$BIN/python" eval.py --workdir "$run" --data simulated \
   --data_path "$CDEIT16_CLASS_DATA/test" --out "$run/eval_simulated" $CDEIT16_EVAL
