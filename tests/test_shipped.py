@@ -351,10 +351,11 @@ def test_interpolation_mixes_the_step_the_fine_tuning_started_from(straight_run,
 
 def test_a_model_folder_shipped_again_with_a_new_calibration(model_folder, tmp_path):
   """`ship --out M --calibration F --scores NAME=...`: a copy of the shipped folder gets the
-  split-conformal calibration F in its step (what eval.py then applies by default) and the score
-  given in place of that name; every other file's bytes, the config, the training and the other
-  scores stay; the manifest verifies (its digest by hand). A calibration the readers refuse, or
-  --workdir beside --calibration, is refused in one line and the folder is left as it was."""
+  split-conformal calibration F in its step (what eval.py then applies by default) and the scores
+  given in place of those names; every other file's bytes, the config and the training stay;
+  the manifest verifies (its digest by hand). Refused in one line, the folder left as it was: a
+  calibration the readers refuse, --workdir beside --calibration, and a manifest that would hold
+  intervals of another calibration (a score given, or one kept, evaluated with other scales)."""
   from cdeit_jax.infer import intervals, run_opening
 
   out, root = model_folder
@@ -365,32 +366,44 @@ def test_a_model_folder_shipped_again_with_a_new_calibration(model_folder, tmp_p
   fitted = intervals.fit(np.random.default_rng(0).exponential(1.0, 10_000))
   cal = tmp_path / "uncertainty.json"
   cal.write_text(json.dumps({**fitted.record(), "examples": 3}))
-  score = tmp_path / "metrics.json"
-  score.write_text(json.dumps({"metrics": {"cdeit": {"rmse": 0.5}}, "settings": {"data": "x"}}))
+
+  def score(name: str, scale: float, scale_2std: float) -> str:
+    u = {"scale": scale, "scale_2std": scale_2std, "coverage_1std": 0.683}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"metrics": {"cdeit": {"rmse": 0.5}, "uncertainty": u}}))
+    return f"--scores={name}={path}"
+
+  ok = (fitted.std_scale, fitted.scale(intervals.TWO_SIGMA))
   bad = tmp_path / "bad.json"
   bad.write_text(json.dumps({"scale": -1}))
-  for args, why in (
-    ([f"--calibration={bad}"], "'scale' must be a positive number"),
-    ([f"--calibration={cal}", f"--workdir={out}"], "leave --workdir out"),
-  ):
+  other = intervals.fit(np.random.default_rng(1).exponential(2.0, 10_000))
+  cal2 = tmp_path / "other.json"
+  cal2.write_text(json.dumps(other.record()))
+
+  def refused(args, why):
     p = _run("-m", "cdeit_jax.ship", f"--out={folder}", *args)
     assert p.returncode == 1 and why in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+  refused([f"--calibration={bad}"], "'scale' must be a positive number")
+  refused([f"--calibration={cal}", f"--workdir={out}"], "leave --workdir out")
+  refused([f"--calibration={cal}", score("sim", 1.0, 2.0)], "--scores sim: its intervals")
   assert json.loads((folder / "manifest.json").read_text()) == before
-  p = _run(
-    "-m", "cdeit_jax.ship", f"--out={folder}", f"--calibration={cal}", f"--scores=sim={score}"
-  )
+  p = _run("-m", "cdeit_jax.ship", f"--out={folder}", f"--calibration={cal}", score("uef2017", *ok))
   assert p.returncode == 0 and "again with the calibration" in p.stdout, p.stderr[-3000:]
   m = shipped.verify(str(folder))
+  # another calibration now: the kept uef2017 score is of this one, so it must come again
+  refused([f"--calibration={cal2}"], "the manifest's score 'uef2017'")
+  assert shipped.verify(str(folder)) == m
   kept = str((step_dir / run_opening.UNCERTAINTY_FILE).relative_to(folder))
   assert m["sha256"] == _by_hand(folder, m["files"])
   assert set(m["files"]) == {*before["files"], kept}
   for rel in m["files"]:
-    if not rel.endswith(run_opening.UNCERTAINTY_FILE):
+    if rel != kept:
       assert (folder / rel).read_bytes() == (out / rel).read_bytes(), rel
   assert (step_dir / run_opening.UNCERTAINTY_FILE).read_text() == cal.read_text()
   got = intervals.read(str(step_dir / run_opening.UNCERTAINTY_FILE))
   assert got.method == "split-conformal" and got.scales == fitted.scales
-  assert m["scores"] == {**before["scores"], "sim": {"metrics": {"cdeit": {"rmse": 0.5}},
-                                                     "settings": {"data": "x"}}}  # fmt: skip
+  assert m["scores"]["uef2017"]["metrics"]["uncertainty"]["scale"] == ok[0]
   assert m["config"] == before["config"] and m["recipe"] == before["recipe"]
   assert {k: v for k, v in m["training"].items() if k != "recalibrated"} == before["training"]

@@ -45,6 +45,7 @@ class Kind:
   needs_data: bool = True
   device_frames: bool = False
   fits_uncertainty: bool = False
+  no_units: str = ""  # why a kind that takes no units needs none
 
   def units_of(self, units: str | None, device, voltage_ratio=None, current_ratio=None):
     """The units the data are read in, resolved once: `units` (--units), else the kind's, else
@@ -52,8 +53,7 @@ class Kind:
     (--config.eval.*) override either ratio."""
     if units is not None and not self.takes_units:
       raise InputError(
-        f"--units {units}: --data {self.name} reads no units (each level is calibrated from its "
-        "reference frame); leave --units out"
+        f"--units {units}: --data {self.name} reads no units ({self.no_units}); leave --units out"
       )
     base = units if units is not None else self.units
     if base is None:
@@ -88,6 +88,7 @@ KINDS = {
       "without --workdir)",
       takes_units=False,
       needs_model=False,
+      no_units="each level is calibrated from its reference frame",
     ),
     Kind(
       "greit",
@@ -96,6 +97,7 @@ KINDS = {
       "no data: the GREIT test's 100 targets simulated on the model's system",
       takes_units=False,
       needs_data=False,
+      no_units="its targets are simulated in the simulator's units",
     ),
   )
 }

@@ -24,6 +24,7 @@ place whole; an --out that is not a model folder (no manifest) is refused.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shutil
@@ -266,7 +267,7 @@ def recalibrate(out: str, calibration: str, score_pairs: list[str]) -> dict:
       f"--calibration {calibration}: no such file (an {run_opening.UNCERTAINTY_FILE} that "
       "eval.py --config.eval.fit_uncertainty=True wrote)"
     )
-  intervals.read(calibration)  # a record the readers take, else one line naming it
+  cal = intervals.read(calibration)  # a record the readers take, else one line naming it
   out = os.path.abspath(out)
   manifest = shipped.verify(out)
   if manifest is None:
@@ -274,6 +275,19 @@ def recalibrate(out: str, calibration: str, score_pairs: list[str]) -> dict:
       f"--out {out}: no {shipped.MANIFEST}; --calibration ships a model folder again (ship a "
       "run with --workdir)"
     )
+  # every score the manifest will hold is of this calibration: the ones given, and those kept
+  scales = (cal.std_scale, cal.scale(intervals.TWO_SIGMA))
+  for name, score in {**manifest["scores"], **given}.items():
+    u = score.get("metrics", {}).get("uncertainty")
+    got = None if u is None else (u.get("scale"), u.get("scale_2std", 2 * u.get("scale", 0)))
+    if got is not None and not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(got, scales)):
+      where = f"--scores {name}" if name in given else f"the manifest's score {name!r}"
+      raise InputError(
+        f"{where}: its intervals were evaluated with the std scales {got[0]:.4g} / {got[1]:.4g} "
+        f"(1 / 2 std), not --calibration's {scales[0]:.4g} / {scales[1]:.4g}: evaluate it with "
+        f"eval.py --config.eval.calibration={calibration} and give its metrics.json as "
+        f"--scores {name}=..."
+      )
   step = manifest["step"]
   stage = f"{out}.shipping"
   shutil.rmtree(stage, ignore_errors=True)
