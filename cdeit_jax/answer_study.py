@@ -23,11 +23,7 @@ WHAT = "an answer study's JSON (python -m cdeit_jax.answer_study)"
 
 def ours(path: str) -> bool:
   """Whether `path` is a study's JSON this command wrote (its metrics and settings)."""
-  try:
-    got = json.loads(fileio.read_text(path) or "")
-  except (OSError, ValueError):
-    return False
-  return isinstance(got, dict) and {"metrics", "settings"} <= set(got)
+  return fileio.json_holds(path, ("metrics", "settings"))
 
 
 def main(argv: list[str]) -> None:

@@ -24,11 +24,7 @@ WHAT = "a frame misfit's JSON (python -m cdeit_jax.frame_misfit)"
 
 def ours(path: str) -> bool:
   """Whether `path` is a misfit JSON this command wrote (its cases, levels and settings)."""
-  try:
-    got = json.loads(fileio.read_text(path) or "")
-  except (OSError, ValueError):
-    return False
-  return isinstance(got, dict) and {"cases", "levels", "settings"} <= set(got)
+  return fileio.json_holds(path, ("cases", "levels", "settings"))
 
 
 def main(argv: list[str]) -> None:

@@ -82,22 +82,12 @@ def main(argv):
   """The command: its flags, then `reconstruct_frames.reconstruct`."""
   del argv
   cli.init_distributed()
+  import dataclasses
+
   from cdeit_jax.infer import reconstruct_frames
 
-  request = reconstruct_frames.Request(
-    workdir=FLAGS.workdir,
-    frames=FLAGS.frames,
-    out=FLAGS.out,
-    units=FLAGS.units,
-    voltage_ratio=FLAGS.voltage_ratio,
-    current_ratio=FLAGS.current_ratio,
-    reference=FLAGS.reference,
-    reference_row=FLAGS.reference_row,
-    skip_bad_frames=FLAGS.skip_bad_frames,
-    chunk=FLAGS.chunk,
-    fps=FLAGS.fps,
-    figures=FLAGS.figures,
-  )
+  fields = dataclasses.fields(reconstruct_frames.Request)  # the flags, by the same names
+  request = reconstruct_frames.Request(**{f.name: FLAGS[f.name].value for f in fields})
   print(reconstruct_frames.reconstruct(request, cli.checkpoint_overrides()))
 
 

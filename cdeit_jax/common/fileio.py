@@ -438,6 +438,18 @@ def read_text(p: PathLike) -> str | None:
     return None
 
 
+def json_holds(p: PathLike, keys) -> bool:
+  """Whether `p` is a JSON object holding every one of `keys` (a command's own output, which it
+  may replace); False for a missing or unreadable file."""
+  import json
+
+  try:
+    got = json.loads(read_text(p) or "")
+  except (OSError, ValueError):
+    return False
+  return isinstance(got, dict) and set(keys) <= set(got)
+
+
 class AppendLog:
   """A text log written in appends: a line-buffered local file, or an object store's object
   rewritten whole after each append by one background thread (so the caller never waits on the
