@@ -16,6 +16,7 @@ from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.infer.answer_rules import AnswerRule
 from cdeit_jax.infer.answer_study import study, tables
+from cdeit_jax.infer.refinement import Refinement
 
 FLAGS = flags.FLAGS
 WHAT = "an answer study's JSON (python -m cdeit_jax.answer_study)"
@@ -38,7 +39,11 @@ def main(argv: list[str]) -> None:
     inputs = [*sims, ("--ktc", FLAGS.ktc)]  # the workdir may hold it (not its checkpoints/)
     fileio.refuse_own_input(FLAGS.out, "--out", inputs, writes=())
     fileio.output_file(FLAGS.out, "--out", ours, WHAT)  # a study's JSON is replaced, no other
-  result = study(FLAGS.workdir, FLAGS.sims, FLAGS.num, FLAGS.ktc, rules, FLAGS.samples)
+  refinements = [Refinement.parse(f, "--refinements") for f in FLAGS.refinements]
+  refinements = [f for f in refinements if f is not None]  # "" or none: no refinement
+  result = study(
+    FLAGS.workdir, FLAGS.sims, FLAGS.num, FLAGS.ktc, rules, FLAGS.samples, None, refinements
+  )
   print(tables(result))
   if FLAGS.out:
     fileio.write_text(FLAGS.out, json.dumps(result, indent=1), ours=ours, what=WHAT)
@@ -55,5 +60,11 @@ if __name__ == "__main__":
   flags.DEFINE_string("ktc", None, "the challenge's levels folder (data/ktc2023/levels)")
   flags.DEFINE_integer("samples", 8, "samples per target")
   flags.DEFINE_string("rules", None, "comma-separated rules instead of the default candidates")
+  flags.DEFINE_multi_string(
+    "refinements",
+    [],
+    "a refinement of the first rule's answers against their frames, scored beside "
+    "(objects:tau=...:move=..., repeatable; cdeit_jax.infer.refinement)",
+  )
   flags.DEFINE_string("out", None, "write the JSON here")
   cli.run(main)

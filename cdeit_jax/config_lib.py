@@ -129,6 +129,10 @@ def _eval_config() -> ml_collections.ConfigDict:
       # is above +T, resistive below -T; "vote:T:Q" per-pixel class fractions of the samples;
       # ":area=A" drops a class covering under A of the tank)
       answer_rule="mean:0.3",
+      # --data ktc2023_challenge: each answer refined against its own frame, its objects moved,
+      # scaled and given their contrast (cdeit_jax.infer.refinement: "objects:tau=...:move=...",
+      # "" none)
+      refinement="",
       # --data ktc2023_challenge: the Tikhonov answer (the linearised one, and the baseline
       # beside a model's) keeps the pixels beyond this fraction of its image's largest magnitude
       tikhonov_segment_level=0.4,

@@ -6,6 +6,8 @@ its std; the work is `infer.shipping`'s.
       --scores uef2017=runs/cdeit16/eval_uef2017/metrics.json
   python -m cdeit_jax.ship --out models/cdeit16 --calibration FIT/uncertainty.json \\
       --scores simulated=EVAL/metrics.json
+  python -m cdeit_jax.ship --out models/ktc2023 --set eval.refinement=objects \\
+      --scores ktc2023_public=EVAL/metrics.json
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ def main(argv: list[str]) -> None:
   from cdeit_jax.infer import shipping
 
   logs.console()
-  if FLAGS.calibration is not None:
-    if FLAGS.workdir is not None:
-      raise InputError("--calibration ships the model folder --out again: leave --workdir out")
-    m = shipping.recalibrate(FLAGS.out, FLAGS.calibration, FLAGS.scores)
-    what = f"{FLAGS.out} again with the calibration {FLAGS.calibration}"
+  if FLAGS.workdir is None and (FLAGS.calibration is not None or FLAGS.set):
+    m = shipping.ship_again(FLAGS.out, FLAGS.calibration, FLAGS.scores, FLAGS.set)
+    what = f"{FLAGS.out} again with " + ", ".join(
+      ([f"the calibration {FLAGS.calibration}"] if FLAGS.calibration else []) + FLAGS.set
+    )
   else:
+    if FLAGS.calibration is not None:
+      raise InputError("--calibration ships the model folder --out again: leave --workdir out")
     if FLAGS.workdir is None:
-      raise InputError("--workdir: give the trained run to ship (or --calibration FILE)")
+      raise InputError("--workdir: give the trained run to ship (or --calibration FILE, --set)")
     m = shipping.ship(FLAGS.workdir, FLAGS.out, FLAGS.recipe, FLAGS.scores, FLAGS.step, FLAGS.set)
     what = f"step {m['step']} of {FLAGS.workdir} to {FLAGS.out}"
   size = sum(os.path.getsize(os.path.join(FLAGS.out, f)) for f in m["files"])
@@ -49,7 +53,10 @@ if __name__ == "__main__":
   flags.DEFINE_multi_string("scores", [], "NAME=PATH of an evaluation's metrics.json, repeated")
   flags.DEFINE_integer("step", None, "the step to ship (default: the best validated)")
   flags.DEFINE_multi_string(
-    "set", [], "KEY=VALUE: an evaluation setting the model ships with (eval.*, sampling.*)"
+    "set",
+    [],
+    "KEY=VALUE: an evaluation setting the model ships with (eval.*, sampling.*); without "
+    "--workdir, the model folder --out shipped again with it",
   )
   flags.DEFINE_string(
     "calibration",

@@ -9,10 +9,13 @@
 # validation simulations chose: docs/ktc2023.md); choose the answer rule on the validation
 # simulations at every level (python -m cdeit_jax.answer_study; the public 28 beside), score
 # it on both test splits and the held-out families (recipes/ktc_heldout.sh), answer the public
-# cases with it, and write the model folder with the rule and scores.
+# cases with it and the refinement against each frame (KTC_MODEL_REFINEMENT; "" for none:
+# docs/ktc2023.md, "Refinement against the frame"), and write the model folder with the rule,
+# the refinement and the scores.
 # Environment (make passes what it is given): BIN (default .venv/bin), KTC_MODEL_DATA,
 # KTC_MODEL_DRIFT_DATA, KTC_MODEL_BASE, KTC_MODEL_FINE, KTC_MODEL_ALPHA, KTC_MODEL_RUN,
-# KTC_MODEL_SIM (the simulations' sizes), KTC_HELD (the held-out families); defaults below.
+# KTC_MODEL_SIM (the simulations' sizes), KTC_MODEL_REFINEMENT, KTC_HELD (the held-out
+# families); defaults below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source recipes/ktc_heldout.sh  # ktc_heldout MODEL OUT RULES
@@ -23,6 +26,7 @@ KTC_MODEL_BASE=${KTC_MODEL_BASE:-runs/ktc2023_model}
 KTC_MODEL_FINE=${KTC_MODEL_FINE:-runs/ktc2023_model_drift}
 KTC_MODEL_ALPHA=${KTC_MODEL_ALPHA:-1}
 KTC_MODEL_RUN=${KTC_MODEL_RUN:-runs/ktc2023_model_wise}
+KTC_MODEL_REFINEMENT=${KTC_MODEL_REFINEMENT-objects}
 KTC_MODEL_SIM=${KTC_MODEL_SIM:-"--num_train 24000 --num_valid 256 --num_test 256 --tr_splits valid,test"}
 data=$KTC_MODEL_DATA drift=$KTC_MODEL_DRIFT_DATA run=$KTC_MODEL_RUN
 start=$(date +%s)
@@ -46,10 +50,11 @@ rule=$("$BIN/python" -c "import json; print(json.load(open('$run/answer_study.js
 ktc_heldout "$run" "$run" "$rule"
 "$BIN/python" eval.py --workdir "$run" --data ktc2023_challenge \
   --data_path data/ktc2023/levels --out "$run/eval_ktc2023" \
-  --config.eval.tikhonov=True --config.eval.answer_rule="$rule"
+  --config.eval.tikhonov=True --config.eval.answer_rule="$rule" \
+  --config.eval.refinement="$KTC_MODEL_REFINEMENT"
 "$BIN/python" -m cdeit_jax.ship --workdir "$run" --out models/ktc2023 \
   --recipe "make ktc-model (configs/ktc2023_model.py, configs/ktc2023_model_drift.py, WiSE-FT $KTC_MODEL_ALPHA)" \
-  --set eval.answer_rule="$rule" \
+  --set eval.answer_rule="$rule" --set eval.refinement="$KTC_MODEL_REFINEMENT" \
   --scores ktc2023_public="$run/eval_ktc2023/metrics.json" \
   --scores rule_study="$run/answer_study.json" \
   --scores simulated_levels="$run/answer_test.json" \

@@ -315,3 +315,27 @@ def test_a_skip_2_device_through_the_challenge_command(tmp_path):
   assert p.returncode == 1 and p.stderr.count("error:") == 1 and "no such folder" in p.stderr
   assert "data/ktc2023/levels" in p.stderr  # where the public data are
   assert not (tmp_path / "out2").exists()  # a refused input leaves no empty --out
+
+
+def test_a_refined_answer_is_the_models_own_with_the_networks_beside(device_run, levels, tmp_path):
+  """--config.eval.refinement: the answers written are the network's refined against their
+  frames (`challenge.refined` on the network's answers, as `cdeit_network` scores them beside),
+  each refinement's record in metrics.json with a misfit no higher than before, the setting
+  recorded."""
+  from cdeit_jax.infer.refinement import Refinement
+
+  setting = "objects:steps=2:move=4"
+  common = {"sampling.num_samples": 1, "eval.figure": False, "eval.refinement": setting}
+  level = os.path.join(_copy(levels, tmp_path, "level_2"), "level_2")
+  m = challenge.evaluate(device_run.run, level, str(tmp_path / "out"), common)
+  assert m["settings"]["refinement"] == str(Refinement.parse(setting))
+  assert set(m["metrics"]) == {"cdeit", "cdeit_network", "water"}
+  rec = m["refinement"]["level_2/1"]
+  assert rec["steps"] <= 2
+  if rec["objects"]:
+    assert rec["misfit"] <= rec["misfit_before"]
+  with pytest.raises(InputError, match="eval.refinement"):
+    challenge.evaluate(
+      device_run.run, level, str(tmp_path / "never"), {**common, "eval.refinement": "pixels"}
+    )
+  assert not (tmp_path / "never").exists()

@@ -407,3 +407,33 @@ def test_a_model_folder_shipped_again_with_a_new_calibration(model_folder, tmp_p
   assert m["scores"]["uef2017"]["metrics"]["uncertainty"]["scale"] == ok[0]
   assert m["config"] == before["config"] and m["recipe"] == before["recipe"]
   assert {k: v for k, v in m["training"].items() if k != "recalibrated"} == before["training"]
+
+
+def test_a_model_folder_shipped_again_with_a_setting(model_folder, tmp_path):
+  """`ship --out M --set eval.refinement=...`: the copy's step evaluates with the setting by
+  default (its config, read back by eval.py's opening, and the manifest's), every file other
+  than the step's meta keeps its bytes, the manifest verifies; a setting eval.py would refuse
+  and nothing to change are refused in one line with the folder as it was."""
+  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.infer import run_opening, shipping
+
+  out, _ = model_folder
+  folder = tmp_path / "models" / "tiny"
+  shutil.copytree(out, folder)
+  before = json.loads((folder / "manifest.json").read_text())
+  for sets, words in ((["eval.refinement=pixels"], "--set eval.refinement"), ([], "--set")):
+    with pytest.raises(InputError, match=words):
+      shipping.ship_again(str(folder), None, [], sets)
+  assert json.loads((folder / "manifest.json").read_text()) == before
+  m = shipping.ship_again(str(folder), None, [], ["eval.refinement=objects:move=4"])
+  assert m["config"]["eval"]["refinement"] == "objects:move=4"
+  assert {k: v for k, v in m["config"].items() if k != "eval"} == {
+    k: v for k, v in before["config"].items() if k != "eval"
+  }
+  assert m["sha256"] == _by_hand(folder, m["files"]) and m["files"] == before["files"]
+  meta = f"checkpoints/{before['step']}/meta/metadata"
+  for rel in m["files"]:
+    if rel != meta:
+      assert (folder / rel).read_bytes() == (out / rel).read_bytes(), rel
+  with run_opening.open_run(str(folder)) as opened:
+    assert opened.cfg.eval.refinement == "objects:move=4"

@@ -153,7 +153,11 @@ def study(
   rules: list[AnswerRule] | None,
   num_samples: int = 8,
   overrides: dict | None = None,
+  refinements=(),
 ) -> dict:
+  """The study (module docstring); with `refinements` (`refinement.Refinement`s), the first
+  rule's answers refined by each against their frames, scored beside as '<rule> + <refinement>'
+  (not candidates of the rule's choice: the study reports them)."""
   from cdeit_jax.infer import challenge, reconstructor
 
   t0 = time.perf_counter()
@@ -165,12 +169,14 @@ def study(
     rule.check_model(rec.output.gives_classes, "--rules")
   alpha, seg = challenge.linear_settings(cfg)
   names = [str(r) for r in rules] + ["tikhonov", "water", "oracle"]
+  refined_names = [f"{rules[0]} + {f}" for f in refinements]
   result: dict = {"workdir": workdir, "checkpoint": rec.checkpoint, "num_samples": num_samples}
   if sims:
     values, truths = simulated(sims, num)
     fams = families(sims, num)
-    per = {n: {} for n in names}
-    by_family: dict[str, dict] = {n: {} for n in names}
+    per = {n: {} for n in names + refined_names}
+    refiners = _refiners(rec, refinements)
+    by_family: dict[str, dict] = {n: {} for n in names + refined_names}
     for level in LEVELS:
       gone = level_removed(lay, level)
       v = np.where(gone[None], np.nan, values)
@@ -179,7 +185,9 @@ def study(
       s = with_oracle(
         score_rules(rules, _evidence(rules, r), truths, extra=(tik, 0 * truths)), len(rules)
       )
-      for n, row in zip(names, s):
+      for refiner in refiners:
+        s = np.concatenate([s, _refined_scores(refiner, rules[0].answer_of(r), v, truths)])
+      for n, row in zip(names + refined_names, s):
         per[n][f"level_{level}"] = float(np.mean(row))
         if fams is not None:
           by_family[n][f"level_{level}"] = family_means(row, fams)
@@ -205,8 +213,12 @@ def study(
     s = with_oracle(
       score_rules(rules, _evidence(rules, r), truths, extra=(tik, 0 * truths)), len(rules)
     )
+    answers = rules[0].answer_of(r)
+    for f in refinements:
+      refined = challenge.refined(cases, fits, answers, f)[0]
+      s = np.concatenate([s, score_rules([], None, truths, extra=(refined,))])
     pub = {}
-    for n, row in zip(names, s):
+    for n, row in zip(names + refined_names, s):
       levels = {
         f"level_{k}": float(sum(x for x, c in zip(row, cases) if c.level == k)) for k in LEVELS
       }
@@ -216,6 +228,30 @@ def study(
   result["chosen"] = choose(result, [str(r) for r in rules])
   settings = {k: result.pop(k) for k in ("workdir", "checkpoint", "num_samples")}
   return {"metrics": result, "settings": {**settings, "seconds": time.perf_counter() - t0}}
+
+
+def _refiners(rec, refinements) -> list:
+  """One `refinement.Refiner` per refinement on the model's own system (float64): the
+  simulations' measuring system, as their frames were made."""
+  if not refinements:
+    return []
+  import jax
+
+  from cdeit_jax.eit.simulator import Simulator
+  from cdeit_jax.infer import refinement
+
+  with jax.enable_x64(True):
+    sim = Simulator(layout=rec.layout.physics, dtype=np.float64)
+  return [refinement.Refiner(sim, f) for f in refinements]
+
+
+def _refined_scores(refiner, answers: np.ndarray, values: np.ndarray, truths) -> np.ndarray:
+  """(1, N) the scores of `answers` (N, 128, 128) refined against their values (N, R)."""
+  import jax
+
+  with jax.enable_x64(True):
+    refined = np.stack([refiner.refine(a, v)[0] for a, v in zip(answers, values)])
+  return score_rules([], None, truths, extra=(refined,))
 
 
 def _evidence(rules: list[AnswerRule], r) -> np.ndarray:

@@ -26,7 +26,7 @@ from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.ktc2023 import Case
 from cdeit_jax.eit import calibration, tikhonov, turns
-from cdeit_jax.infer import answer_rules, ktc_score, outputs
+from cdeit_jax.infer import answer_rules, ktc_score, outputs, refinement
 
 METRICS = "metrics.json"
 log = logs.log.getChild("challenge")
@@ -205,6 +205,27 @@ def model_samples(rec, cases: list[Case], fits: dict[bytes, calibration.Calibrat
   return r
 
 
+def refined(cases: list[Case], fits, answers: np.ndarray, settings) -> tuple[np.ndarray, list]:
+  """Each answer (N, 128, 128 class maps) refined against its case's calibrated difference
+  (`refinement.Refiner`, in float64 on the case's calibrated device, one per device), and each
+  one's record (objects, steps, misfits, seconds)."""
+  import jax
+
+  from cdeit_jax.eit.simulator import Simulator
+
+  refiners: dict = {}
+  out, records = [], []
+  with jax.enable_x64(True):
+    for c, answer, d in zip(cases, answers, calibrated_values(cases, fits)):
+      device = calibrated_device(c, fits).physics
+      if device not in refiners:
+        refiners[device] = refinement.Refiner(Simulator(layout=device, dtype=np.float64), settings)
+      a, rec = refiners[device].refine(answer, d)
+      out.append(a)
+      records.append(rec)
+  return np.stack(out), records
+
+
 def calibrated_values(cases: list[Case], fits: dict[bytes, calibration.Calibration]) -> np.ndarray:
   """(N, R) each case's difference divided by its level's calibrated gain (simulation units),
   NaN where its level removed a value."""
@@ -325,12 +346,26 @@ def evaluate(
   t1 = time.perf_counter()
   r = model_samples(rec, cases, fits)
   sampled = time.perf_counter() - t1
-  answers = ktc_score.to_challenge_grid(rule.answer_of(r))
+  classes = rule.answer_of(r)
   p_res, p_con = rule.class_fractions(r)
   stds = list(r.std) if r.std is not None else None
+  refine = refinement.Refinement.parse(e.refinement)
+  records = None
+  if refine is not None:  # the model's own answer: refined against each frame
+    t1 = time.perf_counter()
+    network = classes
+    classes, records = refined(cases, fits, network, refine)
+    log.info(
+      f"{len(cases)} answers refined against their frames in {time.perf_counter() - t1:.1f} s"
+    )
+  answers = ktc_score.to_challenge_grid(classes)
   methods = [
     Method("cdeit", list(r.images), list(answers), stds, list(zip(p_res, p_con))),
   ]
+  if refine is not None:  # the network's answers beside, to show what the frames changed
+    methods.append(
+      Method("cdeit_network", list(r.images), list(ktc_score.to_challenge_grid(network)))
+    )
   if e.tikhonov:
     alpha, level = linear_settings(cfg)
     linear = linear_images(cases, fits, alpha)
@@ -347,12 +382,15 @@ def evaluate(
       "num_samples": rec.num_samples,
       "sampling_steps": rec.steps,
       "answer_rule": str(rule),
+      "refinement": "" if refine is None else str(refine),
       "tikhonov_segment_level": float(e.tikhonov_segment_level),
       "sampling_seconds": sampled,
       "seconds": time.perf_counter() - t0,
     },
     "calibration": [vars(f) for f in fits.values()],
   }
+  if records is not None:
+    metrics["refinement"] = {c.name: rec for c, rec in zip(cases, records)}
   write(out, cases, methods, metrics)
   if all(r is not None for r in results.values()):
     metrics["table"] = table(cases, results)

@@ -23,7 +23,7 @@ from cdeit_jax.checkpoints import checkpoint, loading, reader
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.infer import intervals, run_frames
+from cdeit_jax.infer import intervals, refinement, run_frames
 from cdeit_jax.model.system import ModelSystem
 
 log = logs.log.getChild("eval")
@@ -76,6 +76,7 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
   need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
   need(isinstance(s.symmetric, bool), "sampling.symmetric", "must be True or False")
   need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
+  refinement.Refinement.parse(e.get("refinement", ""))  # a bad one: one line naming the flag
   need(
     e.weights in checkpoint.WEIGHT_ITEMS,
     "eval.weights",

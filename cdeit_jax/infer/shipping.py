@@ -1,13 +1,15 @@
 """What `python -m cdeit_jax.ship` does: a trained run made into a model folder that ships with
 the code (`models/cdeit16`, `models/ktc2023`; `cdeit_jax.checkpoints.shipped`), or a model
-folder shipped again with a new calibration of its std (`recalibrate`); and what `python -m
-cdeit_jax.export` does, a run or model folder as one model file (`export`), which records the
-training as a model folder's manifest does.
+folder shipped again with a new calibration of its std or new settings (`ship_again`); and
+what `python -m cdeit_jax.export` does, a run or model folder as one model file (`export`),
+which records the training as a model folder's manifest does.
 
   python -m cdeit_jax.ship --workdir runs/cdeit16 --out models/cdeit16 --recipe "make ..." \\
       --scores uef2017=runs/cdeit16/eval_uef2017/metrics.json
   python -m cdeit_jax.ship --out models/cdeit16 --calibration FIT/uncertainty.json \\
       --scores simulated=EVAL/metrics.json
+  python -m cdeit_jax.ship --out models/ktc2023 --set eval.refinement=objects \\
+      --scores ktc2023_public=EVAL/metrics.json
 
 The run's best validated step (or --step) is loaded with its EMA weights and written as one
 inference step (EMA only; the step's uncertainty scale beside it), with `manifest.json`: the
@@ -140,6 +142,7 @@ def apply_settings(cfg, given: dict[str, str]) -> None:
   from cdeit_jax import config_lib
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.infer.answer_rules import AnswerRule
+  from cdeit_jax.infer.refinement import Refinement
 
   for key, text in given.items():
     try:
@@ -158,6 +161,8 @@ def apply_settings(cfg, given: dict[str, str]) -> None:
     config_lib.override(cfg, {key: value})
   if "eval.answer_rule" in given:
     AnswerRule.parse(cfg.eval.answer_rule, "--set eval.answer_rule")
+  if "eval.refinement" in given:
+    Refinement.parse(cfg.eval.refinement, "--set eval.refinement")
 
 
 def training_of(workdir: str, meta) -> dict:
@@ -250,56 +255,61 @@ def ship(
   return manifest
 
 
-def recalibrate(out: str, calibration: str, score_pairs: list[str]) -> dict:
-  """The model folder `out` shipped again with the std's calibration kept in `calibration` (an
+def ship_again(
+  out: str,
+  calibration: str | None,
+  score_pairs: list[str],
+  set_pairs: list[str] | None = None,
+) -> dict:
+  """The model folder `out` shipped again: with the std's calibration kept in `calibration` (an
   uncertainty.json that `eval.py --config.eval.fit_uncertainty=True` wrote; `infer.intervals`)
-  in place of its step's, and the scores given (NAME=PATH of eval.py's metrics.json, evaluated
-  with that calibration) in place of those names; its weights, config, training and other
-  scores kept byte for byte. Staged beside `out` and put in its place whole; its manifest."""
+  in place of its step's, and/or with the evaluation settings of `set_pairs` (KEY=VALUE, eval.*
+  and sampling.*: what the model is evaluated with by default, e.g. a KTC2023 refinement), and
+  the scores given (NAME=PATH of eval.py's metrics.json, evaluated with them) in place of those
+  names; its weights, training and other scores kept byte for byte. Staged beside `out` and put
+  in its place whole; its manifest."""
   from cdeit_jax.checkpoints import checkpoint, shipped
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.infer import intervals, run_opening
 
   given = scores(score_pairs)  # every input checked before anything is written
-  if not fileio.path(calibration).exists():
+  chosen = settings(set_pairs)
+  if calibration is None and not chosen:
+    raise InputError("--out alone: give --calibration, --set or both to ship it again")
+  if calibration is not None and not fileio.path(calibration).exists():
     raise InputError(
       f"--calibration {calibration}: no such file (an {run_opening.UNCERTAINTY_FILE} that "
       "eval.py --config.eval.fit_uncertainty=True wrote)"
     )
-  cal = intervals.read(calibration)  # a record the readers take, else one line naming it
+  # a record the readers take, else one line naming it
+  cal = None if calibration is None else intervals.read(calibration)
   out = os.path.abspath(out)
   manifest = shipped.verify(out)
   if manifest is None:
     raise InputError(
-      f"--out {out}: no {shipped.MANIFEST}; --calibration ships a model folder again (ship a "
-      "run with --workdir)"
+      f"--out {out}: no {shipped.MANIFEST}; --calibration and --set ship a model folder again "
+      "(ship a run with --workdir)"
     )
-  # every score the manifest will hold is of this calibration: the ones given, and those kept
-  scales = (cal.std_scale, cal.scale(intervals.TWO_SIGMA))
-  for name, score in {**manifest["scores"], **given}.items():
-    u = score.get("metrics", {}).get("uncertainty")
-    got = None if u is None else (u.get("scale"), u.get("scale_2std", 2 * u.get("scale", 0)))
-    if got is not None and not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(got, scales)):
-      where = f"--scores {name}" if name in given else f"the manifest's score {name!r}"
-      raise InputError(
-        f"{where}: its intervals were evaluated with the std scales {got[0]:.4g} / {got[1]:.4g} "
-        f"(1 / 2 std), not --calibration's {scales[0]:.4g} / {scales[1]:.4g}: evaluate it with "
-        f"eval.py --config.eval.calibration={calibration} and give its metrics.json as "
-        f"--scores {name}=..."
-      )
+  if cal is not None:  # every score the manifest will hold is of this calibration
+    _same_calibration(cal, calibration, manifest["scores"], given)
   step = manifest["step"]
   stage = f"{out}.shipping"
   shutil.rmtree(stage, ignore_errors=True)
   shutil.copytree(out, stage)
   step_dir = fileio.join(stage, checkpoint.CHECKPOINTS, str(step))
-  fileio.write_text(
-    fileio.join(step_dir, run_opening.UNCERTAINTY_FILE), fileio.read_text(calibration)
-  )
   kept = ("format", "step", "files", "sha256", shipped.OWN)
   record = {k: v for k, v in manifest.items() if k not in kept}
+  record["training"] = dict(record["training"])
+  if cal is not None:
+    fileio.write_text(
+      fileio.join(step_dir, run_opening.UNCERTAINTY_FILE), fileio.read_text(calibration)
+    )
+    record["training"]["recalibrated"] = time.strftime("%Y-%m-%d")
+  if chosen:
+    record["config"] = _set_in_step(step_dir, chosen)
+    record["training"]["settings_changed"] = time.strftime("%Y-%m-%d")
   record["scores"] = {**manifest["scores"], **given}
-  record["training"] = {**record["training"], "recalibrated": time.strftime("%Y-%m-%d")}
   manifest = shipped.write(stage, step, record)
   old = f"{out}.old"
   os.replace(out, old)
@@ -307,6 +317,40 @@ def recalibrate(out: str, calibration: str, score_pairs: list[str]) -> dict:
   shutil.rmtree(old, ignore_errors=True)
   shipped.verify(out)
   return manifest
+
+
+def _same_calibration(cal, path: str, kept: dict, given: dict) -> None:
+  """Refuse, naming it, a score given or kept whose intervals are of other std scales."""
+  from cdeit_jax.common.errors import InputError
+  from cdeit_jax.infer import intervals
+
+  scales = (cal.std_scale, cal.scale(intervals.TWO_SIGMA))
+  for name, score in {**kept, **given}.items():
+    u = score.get("metrics", {}).get("uncertainty")
+    got = None if u is None else (u.get("scale"), u.get("scale_2std", 2 * u.get("scale", 0)))
+    if got is not None and not all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(got, scales)):
+      where = f"--scores {name}" if name in given else f"the manifest's score {name!r}"
+      raise InputError(
+        f"{where}: its intervals were evaluated with the std scales {got[0]:.4g} / {got[1]:.4g} "
+        f"(1 / 2 std), not --calibration's {scales[0]:.4g} / {scales[1]:.4g}: evaluate it with "
+        f"eval.py --config.eval.calibration={path} and give its metrics.json as --scores {name}=..."
+      )
+
+
+def _set_in_step(step_dir: str, chosen: dict[str, str]) -> dict:
+  """The settings set in the config a staged step's `meta` holds (as `apply_settings` reads
+  them); the config, for the manifest."""
+  import ml_collections
+
+  from cdeit_jax.common import fileio
+
+  path = fileio.join(step_dir, "meta", "metadata")
+  meta = json.loads(fileio.read_text(path))
+  cfg = ml_collections.ConfigDict(meta["config"])
+  apply_settings(cfg, chosen)
+  meta["config"] = json.loads(cfg.to_json_best_effort())
+  fileio.write_text(path, json.dumps(meta))
+  return meta["config"]
 
 
 def export(workdir: str, out: str, step: int | None = None) -> dict:
