@@ -268,7 +268,7 @@ def ship_again(
   the scores given (NAME=PATH of eval.py's metrics.json, evaluated with them) in place of those
   names; its weights, training and other scores kept byte for byte. Staged beside `out` and put
   in its place whole; its manifest."""
-  from cdeit_jax.checkpoints import checkpoint, shipped
+  from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
   from cdeit_jax.infer import intervals, run_opening
@@ -293,10 +293,29 @@ def ship_again(
     )
   if cal is not None:  # every score the manifest will hold is of this calibration
     _same_calibration(cal, calibration, manifest["scores"], given)
-  step = manifest["step"]
   stage = f"{out}.shipping"
   shutil.rmtree(stage, ignore_errors=True)
   shutil.copytree(out, stage)
+  try:
+    manifest = _stage_again(stage, manifest, calibration, cal, chosen, given)
+  except BaseException:
+    shutil.rmtree(stage, ignore_errors=True)  # a refused setting leaves no half-made copy
+    raise
+  old = f"{out}.old"
+  os.replace(out, old)
+  os.replace(stage, out)
+  shutil.rmtree(old, ignore_errors=True)
+  shipped.verify(out)
+  return manifest
+
+
+def _stage_again(stage, manifest, calibration, cal, chosen, given) -> dict:
+  """`ship_again`'s changes made in the staged copy; its new manifest."""
+  from cdeit_jax.checkpoints import checkpoint, shipped
+  from cdeit_jax.common import fileio
+  from cdeit_jax.infer import run_opening
+
+  step = manifest["step"]
   step_dir = fileio.join(stage, checkpoint.CHECKPOINTS, str(step))
   kept = ("format", "step", "files", "sha256", shipped.OWN)
   record = {k: v for k, v in manifest.items() if k not in kept}
@@ -310,13 +329,7 @@ def ship_again(
     record["config"] = _set_in_step(step_dir, chosen)
     record["training"]["settings_changed"] = time.strftime("%Y-%m-%d")
   record["scores"] = {**manifest["scores"], **given}
-  manifest = shipped.write(stage, step, record)
-  old = f"{out}.old"
-  os.replace(out, old)
-  os.replace(stage, out)
-  shutil.rmtree(old, ignore_errors=True)
-  shipped.verify(out)
-  return manifest
+  return shipped.write(stage, step, record)
 
 
 def _same_calibration(cal, path: str, kept: dict, given: dict) -> None:
@@ -342,11 +355,18 @@ def _set_in_step(step_dir: str, chosen: dict[str, str]) -> dict:
   them); the config, for the manifest."""
   import ml_collections
 
+  from cdeit_jax import config_lib
   from cdeit_jax.common import fileio
 
   path = fileio.join(step_dir, "meta", "metadata")
   meta = json.loads(fileio.read_text(path))
   cfg = ml_collections.ConfigDict(meta["config"])
+  defaults = config_lib.default_config()
+  for key in chosen:  # a setting newer than the model's config: its section gets it
+    section, _, leaf = key.rpartition(".")
+    if section in cfg and leaf not in cfg[section] and leaf in defaults[section]:
+      with cfg.unlocked():
+        cfg[section][leaf] = defaults[section][leaf]
   apply_settings(cfg, chosen)
   meta["config"] = json.loads(cfg.to_json_best_effort())
   fileio.write_text(path, json.dumps(meta))
