@@ -71,14 +71,19 @@ class Refinement:
     if text in ("", "none"):
       return None
     kind, *parts = [p.strip() for p in text.split(":")]
-    if kind != "objects":
-      raise InputError(f"{where}={text!r}: 'objects[:key=value...]' or '' (none)")
     fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    if kind != "objects":
+      raise InputError(
+        f"{where}={text!r}: 'objects' with any of {', '.join(f'{k}=' for k in fields)} after "
+        "':' (e.g. objects:tau=0.13:move=3), or '' for none"
+      )
     given = {}
     for part in parts:
       key, sep, value = part.partition("=")
       if not sep or key not in fields:
-        raise InputError(f"{where}={text!r}: {part!r} is not one of {', '.join(fields)}=VALUE")
+        raise InputError(
+          f"{where}={text!r}: {part!r} is not KEY=VALUE of a key among {', '.join(fields)}"
+        )
       try:
         given[key] = int(value) if key == "steps" else float(value)
       except ValueError:

@@ -293,6 +293,7 @@ def ship_again(
     )
   if cal is not None:  # every score the manifest will hold is of this calibration
     _same_calibration(cal, calibration, manifest["scores"], given)
+  _warn_of_other_settings(chosen, manifest["scores"], given)
   stage = f"{out}.shipping"
   shutil.rmtree(stage, ignore_errors=True)
   shutil.copytree(out, stage)
@@ -330,6 +331,30 @@ def _stage_again(stage, manifest, calibration, cal, chosen, given) -> dict:
     record["training"]["settings_changed"] = time.strftime("%Y-%m-%d")
   record["scores"] = {**manifest["scores"], **given}
   return shipped.write(stage, step, record)
+
+
+def _warn_of_other_settings(chosen: dict[str, str], kept: dict, given: dict) -> None:
+  """Log each score kept (not given again) whose evaluation recorded another value of a setting
+  now set (eval.py's metrics.json records e.g. `answer_rule`, `refinement`): it no longer
+  scores the model as it now answers."""
+  from cdeit_jax.common import logs
+  from cdeit_jax.infer.answer_rules import AnswerRule
+  from cdeit_jax.infer.refinement import Refinement
+
+  spelled = {  # the settings a metrics.json records in their own spelling
+    "answer_rule": lambda t: str(AnswerRule.parse(t)),
+    "refinement": lambda t: str(Refinement.parse(t) or ""),
+  }
+  for name, score in kept.items():
+    recorded = score.get("settings") or {}
+    for key, text in chosen.items():
+      leaf = key.rpartition(".")[2]
+      same = spelled.get(leaf, str)
+      if name not in given and leaf in recorded and same(str(recorded[leaf])) != same(text):
+        logs.log.warning(
+          f"the manifest's score {name!r} was evaluated with {leaf}={recorded[leaf]!r}, not "
+          f"{text!r}: evaluate it again and give it as --scores {name}=..."
+        )
 
 
 def _same_calibration(cal, path: str, kept: dict, given: dict) -> None:
