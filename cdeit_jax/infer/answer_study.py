@@ -158,7 +158,7 @@ def study(
   """The study (module docstring); with `refinements` (`refinement.Refinement`s), the first
   rule's answers refined by each against their frames, scored beside as '<rule> + <refinement>'
   (not candidates of the rule's choice: the study reports them)."""
-  from cdeit_jax.infer import challenge, reconstructor
+  from cdeit_jax.infer import challenge, reconstructor, refinement
 
   t0 = time.perf_counter()
   overrides = {"sampling.num_samples": num_samples, **(overrides or {})}
@@ -175,7 +175,8 @@ def study(
     values, truths = simulated(sims, num)
     fams = families(sims, num)
     per = {n: {} for n in names + refined_names}
-    refiners = _refiners(rec, refinements)
+    # the simulations' own measuring system, as their frames were made
+    refiners = [refinement.Refiner.of(rec.layout.physics, f) for f in refinements]
     by_family: dict[str, dict] = {n: {} for n in names + refined_names}
     for level in LEVELS:
       gone = level_removed(lay, level)
@@ -185,8 +186,9 @@ def study(
       s = with_oracle(
         score_rules(rules, _evidence(rules, r), truths, extra=(tik, 0 * truths)), len(rules)
       )
+      answers = rules[0].answer_of(r) if refiners else None
       for refiner in refiners:
-        s = np.concatenate([s, _refined_scores(refiner, rules[0].answer_of(r), v, truths)])
+        s = np.concatenate([s, _refined_scores(refiner, answers, v, truths)])
       for n, row in zip(names + refined_names, s):
         per[n][f"level_{level}"] = float(np.mean(row))
         if fams is not None:
@@ -230,28 +232,9 @@ def study(
   return {"metrics": result, "settings": {**settings, "seconds": time.perf_counter() - t0}}
 
 
-def _refiners(rec, refinements) -> list:
-  """One `refinement.Refiner` per refinement on the model's own system (float64): the
-  simulations' measuring system, as their frames were made."""
-  if not refinements:
-    return []
-  import jax
-
-  from cdeit_jax.eit.simulator import Simulator
-  from cdeit_jax.infer import refinement
-
-  with jax.enable_x64(True):
-    sim = Simulator(layout=rec.layout.physics, dtype=np.float64)
-  return [refinement.Refiner(sim, f) for f in refinements]
-
-
 def _refined_scores(refiner, answers: np.ndarray, values: np.ndarray, truths) -> np.ndarray:
   """(1, N) the scores of `answers` (N, 128, 128) refined against their values (N, R)."""
-  import jax
-
-  with jax.enable_x64(True):
-    refined = np.stack([refiner.refine(a, v)[0] for a, v in zip(answers, values)])
-  return score_rules([], None, truths, extra=(refined,))
+  return score_rules([], None, truths, extra=(refiner.refine_all(answers, values)[0],))
 
 
 def _evidence(rules: list[AnswerRule], r) -> np.ndarray:

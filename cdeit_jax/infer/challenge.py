@@ -207,22 +207,17 @@ def model_samples(rec, cases: list[Case], fits: dict[bytes, calibration.Calibrat
 
 def refined(cases: list[Case], fits, answers: np.ndarray, settings) -> tuple[np.ndarray, list]:
   """Each answer (N, 128, 128 class maps) refined against its case's calibrated difference
-  (`refinement.Refiner`, in float64 on the case's calibrated device, one per device), and each
-  one's record (objects, steps, misfits, seconds)."""
-  import jax
-
-  from cdeit_jax.eit.simulator import Simulator
-
+  (`refinement.Refiner`, on the case's calibrated device, one per device), and each one's
+  record (objects, steps, misfits, seconds)."""
   refiners: dict = {}
   out, records = [], []
-  with jax.enable_x64(True):
-    for c, answer, d in zip(cases, answers, calibrated_values(cases, fits)):
-      device = calibrated_device(c, fits).physics
-      if device not in refiners:
-        refiners[device] = refinement.Refiner(Simulator(layout=device, dtype=np.float64), settings)
-      a, rec = refiners[device].refine(answer, d)
-      out.append(a)
-      records.append(rec)
+  for c, answer, d in zip(cases, answers, calibrated_values(cases, fits)):
+    device = calibrated_device(c, fits).physics
+    if device not in refiners:
+      refiners[device] = refinement.Refiner.of(device, settings)
+    a, rec = refiners[device].refine_all(answer[None], d[None])
+    out.append(a[0])
+    records += rec
   return np.stack(out), records
 
 

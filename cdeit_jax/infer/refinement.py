@@ -131,6 +131,25 @@ class Refiner:
     self.simulator, self.settings = simulator, settings
     self._fns: dict[int, dict] = {}
 
+  @classmethod
+  def of(cls, device, settings: Refinement) -> Refiner:
+    """The refiner of a measuring system (a `Layout`'s physics): its simulator in float64."""
+    import jax
+
+    from cdeit_jax.eit.simulator import Simulator
+
+    with jax.enable_x64(True):
+      return cls(Simulator(layout=device, dtype=np.float64), settings)
+
+  def refine_all(self, answers, differences) -> tuple[np.ndarray, list[dict]]:
+    """`refine` of each answer (N, 128, 128) against its difference (N, R), in float64: the
+    refined answers stacked and their records."""
+    import jax
+
+    with jax.enable_x64(True):
+      done = [self.refine(a, d) for a, d in zip(answers, differences)]
+    return np.stack([a for a, _ in done]), [r for _, r in done]
+
   def _functions(self, n: int) -> dict:
     """render(theta) -> (image, warped masks) and the residual vector and its Jacobian, for n
     objects; theta = n x (row shift, column shift, log scale), then each object's log of its
