@@ -128,6 +128,48 @@ def test_a_new_evaluation_replaces_every_old_output(tiny_run, tmp_path):
   assert os.listdir(mine) == ["metrics.csv"] and (mine / "metrics.csv").read_text() == "the user's"
 
 
+def test_the_authors_layout_keeps_the_checkpoints_statistics(tiny_run, tmp_path, caplog):
+  """UEF2017's files in D/test2017 with other statistics in D (the authors' mean.pth/std.pth
+  layout): the same predictions as the files alone, the checkpoint's statistics named in
+  metrics.json and the folder's in one warning with the flag; that flag uses them."""
+  from cdeit_jax.data import stats
+
+  data = tmp_path / "D"
+  (data / "test2017").mkdir(parents=True)
+  for f in sorted(os.listdir(UEF))[:2]:
+    (data / "test2017" / f).write_bytes((pathlib.Path(UEF) / f).read_bytes())
+  mean, std = stats.authors_stats()
+  np.save(data / "mean.npy", mean * 0.5)
+  np.save(data / "std.npy", std * 3.0)
+  settings = {"eval.max_examples": 2, "eval.figure": False}
+  data_kinds.evaluate(tiny_run, "uef2017", UEF, str(tmp_path / "alone"), settings)
+  with caplog.at_level(logging.WARNING):
+    data_kinds.evaluate(tiny_run, "uef2017", str(data / "test2017"), str(tmp_path / "a"), settings)
+  assert any(
+    f"{data}/mean.npy and {data}/std.npy differ" in r.getMessage()
+    and f"--config.eval.stats={data}" in r.getMessage()
+    for r in caplog.records
+  )
+  alone, a = (np.load(tmp_path / n / "predictions.npz")["pred"] for n in ("alone", "a"))
+  np.testing.assert_array_equal(a, alone)
+  record = json.loads((tmp_path / "a" / "metrics.json").read_text())["settings"]["statistics"]
+  digest = __import__("hashlib").sha256(mean.astype("<f4").tobytes() + std.astype("<f4").tobytes())
+  assert record == {"source": "checkpoint", "files": None, "sha256": digest.hexdigest()}
+  data_kinds.evaluate(
+    tiny_run,
+    "uef2017",
+    str(data / "test2017"),
+    str(tmp_path / "b"),
+    {**settings, "eval.stats": str(data)},
+  )
+  record = json.loads((tmp_path / "b" / "metrics.json").read_text())["settings"]["statistics"]
+  assert record["source"] == str(data) and record["files"] == [
+    f"{data}/mean.npy",
+    f"{data}/std.npy",
+  ]
+  assert not np.allclose(np.load(tmp_path / "b" / "predictions.npz")["pred"], alone)
+
+
 def test_a_failed_evaluation_keeps_the_previous_one(tiny_run, tmp_path, monkeypatch):
   """The disk fills while a new evaluation writes its outputs: the earlier evaluation stays byte
   for byte, no temporary file or staging folder is left, and the error names the output folder;

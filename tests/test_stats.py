@@ -1,5 +1,6 @@
 """Normalisation statistics: the torch-free .pth reader against .npy and against torch itself."""
 
+import logging
 import pathlib
 import pickle
 import subprocess
@@ -173,3 +174,69 @@ def test_stats_command_on_a_bad_folder_is_one_line(tmp_path):
   r = run("--skip_bad_files", "--out", str(tmp_path / "a_file" / "stats"))
   assert r.returncode == 1 and "Traceback" not in r.stderr
   assert f"--out {tmp_path / 'a_file' / 'stats'}: cannot write there" in r.stderr
+
+
+# ----------------------------------------------------------------------------- which statistics
+
+
+def _folder(root, mean, std, ext=".npy"):
+  """A dataset folder in the authors' layout: ROOT/test/ (the split) and ROOT/mean, ROOT/std."""
+  (root / "test").mkdir(parents=True)
+  for name, a in (("mean", mean), ("std", std)):
+    np.save(root / f"{name}{ext}", a)
+  return str(root / "test")
+
+
+def _digest(mean, std):
+  import hashlib
+
+  return hashlib.sha256(
+    np.asarray(mean, "<f4").tobytes() + np.asarray(std, "<f4").tobytes()
+  ).hexdigest()
+
+
+def test_a_checkpoints_statistics_win_over_the_data_folders_and_those_are_named(tmp_path, caplog):
+  """The authors' layout (mean/std beside the split folder) with a checkpoint: the checkpoint's
+  are used, the folder's named with the flag that would use them; no checkpoint (a new
+  training): the folder's, said in the log; given ones win over both."""
+  mean, std = stats.authors_stats()
+  other = (mean + 1.0, std * 2.0)
+  split = _folder(tmp_path / "data", *other)
+  with caplog.at_level(logging.INFO, logger="cdeit_jax.data.stats"):
+    got = stats.resolve_stats(split, None, (mean, std))
+  np.testing.assert_array_equal(got.mean, mean)
+  np.testing.assert_array_equal(got.std, std)
+  assert got.record() == {"source": "checkpoint", "files": None, "sha256": _digest(mean, std)}
+  (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  root = str(tmp_path / "data")
+  assert f"{root}/mean.npy and {root}/std.npy differ" in warning
+  assert f"--config.eval.stats={root}" in warning
+  # the same values beside the data: nothing to say
+  caplog.clear()
+  same = _folder(tmp_path / "same", mean, std)
+  with caplog.at_level(logging.INFO, logger="cdeit_jax.data.stats"):
+    assert stats.resolve_stats(same, None, (mean, std)).source == "checkpoint"
+  assert not caplog.records
+  # a new training: the data folder's, stated
+  with caplog.at_level(logging.INFO, logger="cdeit_jax.data.stats"):
+    got = stats.resolve_stats(split, None, None)
+  np.testing.assert_array_equal(got.mean, other[0].astype(np.float32))
+  assert got.source == root and got.files == (f"{root}/mean.npy", f"{root}/std.npy")
+  assert got.digest() == _digest(*other)
+  assert "the data folder's" in caplog.records[-1].getMessage()
+  # given: a folder, "authors", arrays; the data folder's then never looked at
+  assert stats.resolve_stats(split, root, (mean, std)).source == root
+  assert stats.resolve_stats(split, "authors", None).digest() == _digest(mean, std)
+  assert stats.resolve_stats(None, other, (mean, std)).source == "given"
+  # a frames file (no folder): the checkpoint's
+  assert stats.resolve_stats(None, None, (mean, std)).source == "checkpoint"
+
+
+def test_unreadable_statistics_beside_the_data_do_not_stop_an_evaluation(tmp_path, caplog):
+  mean, std = stats.authors_stats()
+  split = _folder(tmp_path / "data", mean[..., :12], std[..., :12])
+  with caplog.at_level(logging.WARNING, logger="cdeit_jax.data.stats"):
+    assert stats.resolve_stats(split, None, (mean, std)).source == "checkpoint"
+  assert "mean has shape (1, 16, 12)" in caplog.records[-1].getMessage()
+  with pytest.raises(ValueError, match=r"mean has shape \(1, 16, 12\)"):
+    stats.resolve_stats(split, None, None)  # a training has nothing else: refused

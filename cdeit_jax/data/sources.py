@@ -65,6 +65,7 @@ class NpzSource:
     num_values: int = measurement.NUM_MEASUREMENTS,
     vector_cond: bool = False,
     removed: np.ndarray | None = None,
+    stats_flag: str = "--config.eval.stats",
   ):
     self.path = fileio.resolve(path)
     self.num_values, self.vector_cond = num_values, vector_cond
@@ -88,7 +89,8 @@ class NpzSource:
       )
     else:
       self.files = names
-    self.mean, self.std = stats_lib.resolve_stats(self.path, stats, checkpoint_stats)
+    self.statistics = stats_lib.resolve_stats(self.path, stats, checkpoint_stats, flag=stats_flag)
+    self.mean, self.std = self.statistics.mean, self.statistics.std
     stats_lib.check_count(self.mean, num_values, self.path)
     self.baselines = baselines
     self._cache: list[dict] | None = None

@@ -9,6 +9,8 @@ single saved tensor uses (`torch.load(weights_only=True)` would need torch, whic
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import hashlib
 import logging
 import os
 import pickle
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from cdeit_jax.common import fileio
-from cdeit_jax.common.errors import InputError, MissingFile
+from cdeit_jax.common.errors import CdeitError, InputError, MissingFile
 from cdeit_jax.data import npz_files
 from cdeit_jax.eit import measurement
 from cdeit_jax.eit.measurement import NUM_MEASUREMENTS, STATS_SHAPE
@@ -235,34 +237,108 @@ def authors_stats() -> tuple[np.ndarray, np.ndarray]:
 # ----------------------------------------------------------------------------- datasets
 
 
+@dataclasses.dataclass(frozen=True)
+class Statistics:
+  """The statistics a dataset is standardised with, and where they came from: `source` is
+  "checkpoint", "authors", "given" (arrays) or the folder they were read from; `files` the
+  (mean, std) files read, if any. `record()` goes into metrics.json, with a digest of the values
+  (two evaluations used the same statistics exactly when their digests agree)."""
+
+  mean: np.ndarray
+  std: np.ndarray
+  source: str
+  files: tuple[str, str] | None = None
+
+  def digest(self) -> str:
+    """SHA-256 of the float32 mean then std, little-endian (the values, not the files)."""
+    h = hashlib.sha256()
+    for a in (self.mean, self.std):
+      h.update(np.ascontiguousarray(a, "<f4").tobytes())
+    return h.hexdigest()
+
+  def record(self) -> dict[str, Any]:
+    return {
+      "source": self.source,
+      "files": None if self.files is None else list(self.files),
+      "sha256": self.digest(),
+    }
+
+
+def same_stats(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> bool:
+  """Equal statistics (to float32 rounding), whatever their shapes' spelling."""
+  return all(
+    np.size(x) == np.size(y) and np.allclose(np.ravel(x), np.ravel(y), rtol=1e-6, atol=0)
+    for x, y in zip(a, b)
+  )
+
+
+def _beside(root: str, lenient: bool) -> Statistics | None:
+  """The statistics in `root` (a dataset's folder), or None; `lenient`: unreadable ones are
+  named and left out (they are not what an evaluation with a checkpoint uses)."""
+  found = find_stats_files(root)
+  if found is None:
+    return None
+  try:
+    return Statistics(*load_stats(root), source=root, files=found)
+  except CdeitError as e:
+    if not lenient:
+      raise
+    log.warning(f"{e} (left out)")
+    return None
+
+
 def resolve_stats(
-  split_dir: str, stats: Any = None, checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-  """Statistics to standardise with: explicit (arrays, a folder, or "authors"), else the dataset
-  root's (the split folder's parent), else the checkpoint's. An explicit choice that differs from
-  the
-  checkpoint's is reported."""
+  split_dir: str | None,
+  stats: Any = None,
+  checkpoint_stats: tuple[np.ndarray, np.ndarray] | None = None,
+  *,
+  flag: str = "--config.eval.stats",
+) -> Statistics:
+  """Statistics to standardise the split folder `split_dir` with:
+
+  1. given (`stats`: arrays, a folder, or "authors"), reported when they differ from the
+     checkpoint's;
+  2. else the checkpoint's, when there is one (evaluation, reconstruction, a resumed training):
+     the model was trained with them. Statistics in the dataset's folder (the split folder's
+     parent, the authors' layout: `data/mean.pth` beside `data/test2017/`) that differ are named
+     in one line with `flag`, which would use them; they are never taken silently;
+  3. else the dataset folder's (a new training), as the authors' code looks them up.
+
+  `split_dir` None: data that are no folder of files (a frames file): 1, else 2."""
   if isinstance(stats, str) and stats == "authors":
-    stats = authors_stats()  # the CDEIT authors' statistics, shipped with the package
-  if stats is not None:
-    if isinstance(stats, (str, os.PathLike)):
-      mean, std = load_stats(os.fspath(stats))
-    else:
-      mean, std = check_stats(*stats, source="stats argument")
-    if checkpoint_stats is not None and not (
-      np.allclose(mean, checkpoint_stats[0], rtol=1e-6, atol=0)
-      and np.allclose(std, checkpoint_stats[1], rtol=1e-6, atol=0)
-    ):
+    chosen = Statistics(*authors_stats(), source="authors")
+  elif isinstance(stats, (str, os.PathLike)):
+    folder = os.fspath(stats)
+    chosen = Statistics(*load_stats(folder), source=folder, files=find_stats_files(folder))
+  elif stats is not None:
+    chosen = Statistics(*check_stats(*stats, source="stats argument"), source="given")
+  else:
+    chosen = None
+  if chosen is not None:
+    if checkpoint_stats is not None and not same_stats((chosen.mean, chosen.std), checkpoint_stats):
       log.warning(
-        "the given normalisation statistics differ from those stored in the checkpoint "
-        "(the model was trained with the checkpoint's); using the given ones"
+        f"the normalisation statistics given ({chosen.source}) differ from the checkpoint's, "
+        "which the model was trained with; using the given ones"
       )
-    return mean, std
-  root = fileio.dirname(split_dir)
-  if find_stats_files(root):
-    return load_stats(root)
+    return chosen
+  root = None if split_dir is None else fileio.dirname(split_dir)
   if checkpoint_stats is not None:
-    return check_stats(*checkpoint_stats, source="checkpoint")
+    ck = Statistics(*check_stats(*checkpoint_stats, source="checkpoint"), source="checkpoint")
+    beside = None if root is None else _beside(root, lenient=True)
+    if beside is not None and not same_stats((beside.mean, beside.std), (ck.mean, ck.std)):
+      log.warning(
+        f"{beside.files[0]} and {beside.files[1]} differ from the checkpoint's statistics: "
+        f"using the checkpoint's, which the model was trained with ({flag}={root} would use "
+        "those files)"
+      )
+    return ck
+  beside = None if root is None else _beside(root, lenient=False)
+  if beside is not None:
+    log.info(
+      f"normalisation statistics: {beside.files[0]}, {beside.files[1]} (the data folder's, "
+      "where the authors' code looks)"
+    )
+    return beside
   raise MissingFile(
     f"no normalisation statistics for {split_dir}: put mean/std (.npy or .pth) in {root}, "
     "pass stats=, or compute them with `python -m cdeit_jax.voltage_stats DATA/train`"

@@ -60,6 +60,7 @@ class FileData:
       d.units,
       d.stats if start_stats is None else start_stats,  # a fine-tuning's: over the folder's
       checkpoint_stats=checkpoint_stats,
+      stats_flag="--config.data.stats",
       **common,
     )
     self.valid = sources.NpzSource(

@@ -172,7 +172,7 @@ class Evaluator:
   def open_source(self, meta: reader.Meta, vector: bool):
     """The examples (a folder of npz files here; `infer.recording` reads a frames file)."""
     e = self.cfg.eval
-    return sources.NpzSource(
+    src = sources.NpzSource(
       self.data_path,
       self.units,
       e.stats,
@@ -183,6 +183,8 @@ class Evaluator:
       vector_cond=vector,
       removed=self.removed,
     )
+    self.statistics = src.statistics  # the checkpoint's, or those --config.eval.stats names
+    return src
 
   def _check_statistics(self, model) -> None:
     c = model.conditioner
@@ -193,8 +195,7 @@ class Evaluator:
       log.warning(
         f"{self.data_path} is standardised with other statistics than this physics-"
         "informed model was trained with, so its linear input channels are computed "
-        "from wrong voltages; use the checkpoint's statistics (no --config.eval.stats, "
-        "and no mean/std in the data folder's parent)"
+        "from wrong voltages; leave out --config.eval.stats to use the checkpoint's"
       )
 
   def _compile(self, model) -> None:
@@ -384,6 +385,7 @@ class Evaluator:
       "data": self.data_name,
       "data_path": fileio.resolve(self.data_path),
       "units": self.units.name,
+      "statistics": self.statistics.record(),
       "voltage_ratio": self.units.gain,
       "current_ratio": self.units.current_ratio,
       "sampling_steps": s.steps,

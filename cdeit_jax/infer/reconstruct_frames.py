@@ -151,7 +151,8 @@ def _checked(req: Request, rec, recording, reference, where: str, ref_where: str
   return ok
 
 
-EVAL_KEYS = ("eval.step", "eval.weights")  # eval.py's settings that reconstruct applies too
+# eval.py's settings that reconstruct applies too
+EVAL_KEYS = ("eval.step", "eval.weights", "eval.stats")
 
 
 def _settings(req: Request, overrides: dict) -> tuple[float | None, float | None]:

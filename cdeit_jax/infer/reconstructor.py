@@ -140,6 +140,8 @@ class Reconstructor:
     self.mean, self.std = stats_lib.check_stats(
       np.asarray(mean), np.asarray(std), source="the statistics"
     )
+    # what they are (from_workdir: the checkpoint's, or those --config.eval.stats names)
+    self.statistics = stats_lib.Statistics(self.mean, self.std, source="given")
     self.calibration = (
       uncertainty_scale
       if isinstance(uncertainty_scale, intervals.Calibration)
@@ -250,11 +252,15 @@ class Reconstructor:
     system and frames resolved already), its weights loaded onto `mesh` here."""
     mesh = mesh if mesh is not None else shd.make_mesh()
     loaded = run_opening.load_opened(opened, mesh)
+    # the checkpoint's statistics, or those --config.eval.stats names
+    statistics = stats_lib.resolve_stats(
+      None, opened.cfg.eval.stats, (loaded.meta.mean, loaded.meta.std)
+    )
     rec = cls(
       loaded.model,
       opened.cfg,
-      loaded.meta.mean,
-      loaded.meta.std,
+      statistics.mean,
+      statistics.std,
       units=units,
       voltage_ratio=voltage_ratio,
       current_ratio=current_ratio,
@@ -264,6 +270,7 @@ class Reconstructor:
       frames=opened.frames,
     )
     rec.checkpoint = opened.run.step_dir(loaded.meta.step)
+    rec.statistics = statistics
     return rec
 
   # --------------------------------------------------------------------------- the API

@@ -17,6 +17,7 @@ import numpy as np
 from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
+from cdeit_jax.data import stats as stats_lib
 from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import IMAGE_SIZE
 from cdeit_jax.infer import evaluate, run_frames
@@ -94,18 +95,21 @@ class RecordingEvaluator(evaluate.Evaluator):
 
   def open_source(self, meta, vector: bool) -> sources.ArraySource:
     """The recording's examples, as the run's frames make them (`run_frames.Frames.source`: a
-    translated run's conditioned on their translation)."""
+    translated run's conditioned on their translation), standardised with the checkpoint's
+    statistics or those --config.eval.stats names."""
+    self.statistics = stats_lib.resolve_stats(None, self.cfg.eval.stats, (meta.mean, meta.std))
+    mean, std = self.statistics.mean, self.statistics.std
     src = RecordingSource(
       self.data_path,
       self.frames,
       self.units,
-      meta.mean,
-      meta.std,
+      mean,
+      std,
       self.removed,
       self.frames.reads_values(vector),
       self.frames.ignored(self.system.ignored),
     )
-    return self.frames.source(src, meta.mean, meta.std)
+    return self.frames.source(src, mean, std)
 
   def check_data(self) -> None:
     """The Reconstructor's guards, once it is compiled (`_compile`): an absolute frame is told
