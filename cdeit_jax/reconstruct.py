@@ -72,6 +72,12 @@ flags.DEFINE_integer(
 )
 flags.DEFINE_float("fps", 10.0, "frames per second of the GIF")
 flags.DEFINE_boolean("figures", True, "write montage.png and frames.gif")
+flags.DEFINE_boolean(
+  "negate",
+  False,
+  "read the frames and the reference negated: a device that measures with the opposite sign "
+  "to the model's (its empty tank's values negative; a negated reference is refused)",
+)
 cli.define_cluster_flags()
 cli.define_cache_flag()
 flags.mark_flags_as_required(["workdir", "frames", "out"])

@@ -346,6 +346,38 @@ def test_absolute_frames_are_told_from_difference_frames(rec, uef_ys, tmp_path):
   assert not (tmp_path / "out").exists()  # a refusal leaves no empty --out behind
 
 
+def test_a_reference_of_the_other_sign_is_refused_and_negate_reads_it(rec, uef_ys, tmp_path):
+  """A device that measures with the other sign (the empty tank's values negative, as
+  UEF2017's raw files are before the authors' conversion): its reference is refused in one line
+  that names the sign and --negate, real (KTC2023's empty tank) and simulated alike; with
+  --negate the frames and the reference read as the model's sign image as the plain ones do."""
+  import scipy.io
+
+  empty = 1040.856 * rec.guards.vh  # the empty tank in UEF2017's units
+  for ref in (
+    -empty,
+    -_ktc_208(scipy.io.loadmat(REPO / "data/ktc2023/levels/level_1/ref.mat")["Uelref"]),
+  ):
+    with pytest.raises(InputError, match=r"negated \(cosine -0\.9\d|negated \(cosine -1\.00"):
+      rec.reconstruct(frames=uef_ys * 0 + ref, reference=ref)
+  assert rec.reconstruct(frames=uef_ys + empty, reference=empty).images.shape[0] == 6  # passes
+  np.save(tmp_path / "f.npy", -(uef_ys + empty))
+  np.save(tmp_path / "ref.npy", -empty)
+  with frames.Recording(str(tmp_path / "f.npy"), negate=True) as r:
+    np.testing.assert_allclose(r.rows(0, 6), uef_ys + empty, rtol=1e-15)
+  flags = ["--workdir", rec.checkpoint, "--frames", tmp_path / "f.npy", "--reference"]
+  flags += [tmp_path / "ref.npy", "--units", "uef2017", "--config.sampling.seed=3"]
+  flags += ["--config.sampling.num_samples=2", "--nofigures"]
+  r = _cli(*flags, "--out", tmp_path / "refused")
+  assert r.returncode == 1 and r.stderr.count("error:") == 1, r.stderr[-2000:]
+  assert "negated" in r.stderr and "--negate" in r.stderr and "Traceback" not in r.stderr
+  r = _cli(*flags, "--negate", "--out", tmp_path / "out")
+  assert r.returncode == 0, r.stderr[-2000:]
+  z = np.load(tmp_path / "out" / "frames.npz")
+  np.testing.assert_allclose(z["images"], rec.reconstruct(uef_ys).images, atol=1e-5, rtol=0)
+  assert '"negated": true' in str(z["info"])
+
+
 def test_the_absolute_guard_allows_for_the_models_drift():
   """A model trained with the background drifting by up to 10 % (configs/ktc2023_model_drift.py,
   stage two of models/ktc2023: `simulator.system.drift=(0.9, 1.1)`) reads UEF2017's 22

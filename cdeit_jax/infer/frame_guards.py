@@ -169,8 +169,25 @@ class FrameGuards:
     return float32(dv)
 
   def check_reference(self, reference: np.ndarray, where: str) -> None:
-    """What a reference frame (R,) must be beyond finite values: nothing here (a translated
-    run's is its device's empty tank, `translated_run.TranslatedGuards`)."""
+    """A reference frame (R,), in the device's units, that is the empty tank's pattern negated
+    (the device measures with the other sign: every value of the model's empty tank is
+    positive) is refused in one line (a translated run's is checked against its device's empty
+    tank, `translated_run.TranslatedGuards`). A difference frame alone carries no sign: -dv is
+    dv's objects with their contrasts reversed, so only a reference (or absolute frames) can
+    tell."""
+    x, h = np.asarray(reference, np.float64), np.asarray(self.vh, np.float64)
+    both = np.isfinite(x) & np.isfinite(h)
+    norms = float(np.linalg.norm(x[both]) * np.linalg.norm(h[both]))
+    if norms == 0:
+      return
+    cos = float(x[both] @ h[both]) / norms
+    if cos <= -ABSOLUTE_COS:
+      raise InputError(
+        f"{where}: is the empty tank's voltages negated (cosine {cos:.2f} with the model's "
+        "empty tank, whose values are all positive): the device measures with the opposite "
+        "sign; negate the frames and the reference (reconstruct --negate; the API's "
+        "`frames=-v, reference=-v_ref`)"
+      )
 
   def check_recording(
     self,

@@ -45,10 +45,18 @@ class Recording:
   compressed .npz whole). `n` frames, the `reference` frame (R,) or None, `has_targets` (the
   true images: an npz's `targets`, as simulated sequences carry), `device` (a device file's own
   measuring system, else None). A bad file is an InputError
-  naming it (and the row, where one is at fault). `close` it, or use it in `with`."""
+  naming it (and the row, where one is at fault). `close` it, or use it in `with`. `negate`:
+  the frames and the reference read with the other sign (a device measuring with the opposite
+  sign to the model's)."""
 
-  def __init__(self, path: str, num_values: int = NUM_MEASUREMENTS, system: str | None = None):
-    self.path, self.num_values = path, num_values
+  def __init__(
+    self,
+    path: str,
+    num_values: int = NUM_MEASUREMENTS,
+    system: str | None = None,
+    negate: bool = False,
+  ):
+    self.path, self.num_values, self.sign = path, num_values, -1.0 if negate else 1.0
     self._arrays = array_files.open(path, SUFFIXES, "frames file")
     try:
       self._open(system)
@@ -88,6 +96,7 @@ class Recording:
           f"{path}: the reference frame must hold {m} voltages, got shape {reference.shape}"
         )
       reference = _numeric(path, reference, "the reference frame").astype(np.float64).reshape(m)
+      reference = self.sign * reference
     self.reference = reference
     targets = arrays.get("targets")
     if targets is not None:
@@ -103,7 +112,8 @@ class Recording:
 
   def rows(self, lo: int, hi: int) -> np.ndarray:
     """Frames lo .. hi (hi - lo, R) in float64."""
-    return np.asarray(self._frames(lo, min(hi, self.n)), np.float64)
+    rows = np.asarray(self._frames(lo, min(hi, self.n)), np.float64)
+    return rows if self.sign > 0 else -rows
 
   def targets(self, rows: np.ndarray | None = None) -> np.ndarray | None:
     """The true images (len(rows), size, size) float32 of frames `rows` (all: None), or None."""

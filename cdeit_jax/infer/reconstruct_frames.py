@@ -26,6 +26,7 @@ class Request:
   chunk: int = 256
   fps: float = 10.0
   figures: bool = True
+  negate: bool = False
 
 
 def reconstruct(req: Request, overrides: dict) -> str:
@@ -214,7 +215,7 @@ def _frames_and_reference(req: Request, system, workdir: str):
   if not req.fps > 0:
     raise InputError(f"--fps={req.fps}: must be > 0")
   r, described = system.num_values, system.describe()
-  recording = frames.Recording(req.frames, r, described)
+  recording = frames.Recording(req.frames, r, described, negate=req.negate)
   try:
     return recording, *_reference(req, recording, system, workdir)
   except BaseException:
@@ -238,7 +239,7 @@ def _reference(req: Request, recording, system, workdir: str):
         "already; give one of them"
       )
     where = f"--reference {req.reference}"
-    with frames.Recording(req.reference, r, described) as ref:
+    with frames.Recording(req.reference, r, described, negate=req.negate) as ref:
       frame_guards.check_source(ref, system, where)
       if ref.n != 1:
         raise InputError(f"{where}: holds {ref.n} frames; give one")
@@ -269,6 +270,7 @@ def _info(req: Request, rec, reference, k: int) -> dict:
     "voltage_ratio": rec.voltage_ratio,
     "current_ratio": rec.current_ratio,
     "reference": "given" if reference is not None else "none (difference voltages)",
+    "negated": req.negate,
     "sampling_steps": rec.steps,
     "eta": rec.eta,
     "num_samples": k,
