@@ -12,7 +12,8 @@ and the electrodes' angular width, each with its uncertainty and the range that 
 value given on the command line is held instead. A value the frame does not determine is said
 so, with its range, which a model for the device is trained across (configs/device.py). Writes
 OUT (the device with its geometry, calibration and ranges, which every command reads as
-`config.simulator.layout`) and prints the fit as one JSON line.
+`config.simulator.layout`) and the fit's whole record as JSON beside it (OUT's name with
+`.json`: `record_file`), and prints one line of the fit.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def calibrate(
   electrodes: bool,
 ) -> None:
   """`device_file`'s device calibrated to its empty tank (module docstring), written to `out`
-  (.npz), its JSON record printed."""
+  (.npz), its JSON record beside it (`record_file`); the fit printed in one line."""
   from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio, logs
   from cdeit_jax.common.errors import InputError
@@ -65,6 +66,7 @@ def calibrate(
   fileio.output_file(
     out, "--out", device_files.is_saved_device, device_files.SAVED, makes_folder=True
   )
+  fileio.output_file(record_file(out), "--out", _is_record, "a calibration record")
   width_deg = given_width(width_deg, electrode_cm, tank_cm)
   lay, reference = layout.from_device_file(
     device_file,
@@ -92,7 +94,30 @@ def calibrate(
   refuse_another_device(out, device)
   fileio.makedirs(fileio.dirname(out))
   device_files.save_device(out, device, reference, ranges=fit.ranges)
-  print(json.dumps({"device": device.describe(), "out": out, **vars(fit), **record}))
+  kept = record_file(out)
+  fileio.write_text(
+    kept,
+    json.dumps({"device": device.describe(), "out": out, **vars(fit), **record}, indent=1),
+    ours=_is_record,
+    what="a calibration record",
+  )
+  print(f"calibrated {device.describe()}: {out} (the fit: {fit.describe()}; its record: {kept})")
+
+
+def record_file(out: str) -> str:
+  """The calibration's JSON record of the device file `out` (.npz): beside it, named alike."""
+  return out[: -len(".npz")] + ".json"
+
+
+def _is_record(path: str) -> bool:
+  """Whether `path` is a calibration record this command wrote (a rerun replaces it)."""
+  from cdeit_jax.common import fileio
+
+  try:
+    got = json.loads(fileio.read_text(path) or "")
+  except ValueError:
+    return False
+  return isinstance(got, dict) and {"device", "out", "gain"} <= set(got)
 
 
 def per_electrode(lay, reference, fit) -> dict:

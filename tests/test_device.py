@@ -56,7 +56,8 @@ def calibrated(tmp_path_factory):
     timeout=300,
   )
   assert p.returncode == 0, p.stderr[-3000:]
-  return root, layout, ref, json.loads(p.stdout.splitlines()[-1]), p.stderr
+  assert p.stdout.count("\n") == 1 and f"its record: {root / 'device.json'}" in p.stdout
+  return root, layout, ref, json.loads((root / "device.json").read_text()), p.stderr
 
 
 def test_the_calibrated_device_is_what_every_command_reads(calibrated):
@@ -111,7 +112,7 @@ def test_a_real_device_gets_through_from_its_calibration_to_its_simulations(
     timeout=300,
   )
   assert p.returncode == 0, p.stderr[-3000:]
-  fit = json.loads(p.stdout.splitlines()[-1])
+  fit = json.loads((tmp_path / "device.json").read_text())
   assert fit["identifiable"] == {"contact_impedance": False, "width_deg": False}
   assert "the frame does not determine the electrode width: a model for this device" in p.stderr
   # each electrode's own values fit the frame better and held-out patterns worse (the model's

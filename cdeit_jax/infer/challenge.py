@@ -167,9 +167,13 @@ def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
+  from matplotlib.patches import Patch
+
   rows = cases[:28]
   cols = 1 + len(methods)
-  fig, axes = plt.subplots(len(rows), cols, figsize=(1.6 * cols, 1.6 * len(rows)), squeeze=False)
+  fig, axes = plt.subplots(
+    len(rows), cols, figsize=(1.6 * cols, 1.6 * len(rows) + 0.4), squeeze=False
+  )
   for i, c in enumerate(rows):
     panels = [(f"{c.name} truth", c.truth)] + [(m.name, m.answers[i]) for m in methods]
     for j, (label, a) in enumerate(panels):
@@ -178,7 +182,18 @@ def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
       ax.set_title(label if a is not None else f"{label}: not known", fontsize=6)
       if a is not None:
         ax.imshow(a, cmap="viridis", vmin=0, vmax=2, interpolation="nearest")
-  fig.subplots_adjust(left=0.02, right=0.98, top=0.97, bottom=0.01, wspace=0.05, hspace=0.25)
+  # the challenge's classes, as the answers' .mat files hold them
+  cmap = plt.get_cmap("viridis")
+  classes = ("0 water", "1 resistive", "2 conductive")
+  fig.legend(
+    handles=[Patch(color=cmap(k / 2), label=name) for k, name in enumerate(classes)],
+    loc="upper center",
+    ncol=3,
+    fontsize=7,
+    frameon=False,
+  )
+  top = 1 - 0.4 / (1.6 * len(rows) + 0.4)  # the legend's strip
+  fig.subplots_adjust(left=0.02, right=0.98, top=top - 0.01, bottom=0.01, wspace=0.05, hspace=0.25)
   fig.savefig(path, dpi=80)
   plt.close(fig)
 

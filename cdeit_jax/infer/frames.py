@@ -314,7 +314,7 @@ def save_montage(
       ax.set_title(title, fontsize=8)
   fig.colorbar(im, ax=axes.ravel().tolist(), fraction=0.03, pad=0.02, label="conductivity change")
   buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=80)
+  fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")  # the colour bar's labels whole
   plt.close(fig)
   with open(path, "wb") as fh:
     fh.write(buf.getvalue())
