@@ -346,6 +346,24 @@ def test_absolute_frames_are_told_from_difference_frames(rec, uef_ys, tmp_path):
   assert not (tmp_path / "out").exists()  # a refusal leaves no empty --out behind
 
 
+def test_the_checkpoints_statistics_unless_eval_stats_names_others(tiny_run, rec, uef_ys, tmp_path):
+  """The Reconstructor standardises with the checkpoint's statistics; --config.eval.stats (the
+  API's overrides, reconstruct's flag) names others, which change the images."""
+  from cdeit_jax.data import stats
+
+  mean, std = stats.authors_stats()
+  assert rec.statistics.source == "checkpoint"
+  np.testing.assert_array_equal(rec.mean, mean)
+  np.save(tmp_path / "mean.npy", mean * 0.5)
+  np.save(tmp_path / "std.npy", std * 3.0)
+  other = Reconstructor.from_workdir(
+    tiny_run, units="uef2017", overrides={**SETTINGS, "eval.stats": str(tmp_path)}
+  )
+  assert other.statistics.source == str(tmp_path)
+  np.testing.assert_array_equal(other.std, std * 3.0)
+  assert not np.allclose(other.reconstruct(uef_ys).images, rec.reconstruct(uef_ys).images)
+
+
 def test_a_reference_of_the_other_sign_is_refused_and_negate_reads_it(rec, uef_ys, tmp_path):
   """A device that measures with the other sign (the empty tank's values negative, as
   UEF2017's raw files are before the authors' conversion): its reference is refused in one line
