@@ -45,7 +45,7 @@ def main(argv):
   from cdeit_jax import config_lib
 
   config_lib.none_strings(FLAGS.config)
-  if FLAGS.compile_topology:  # exit 0: fits, 1: does not fit, 2: bad input
+  if FLAGS.compile_topology is not None:  # exit 0: fits, 1: does not fit, 2: bad input
     from cdeit_jax.common import compile_cache
     from cdeit_jax.train import aot
 

@@ -592,3 +592,19 @@ def test_the_evaluator_samples_through_the_reconstructor():
         calls.append(f"{name}:{node.lineno}: sizes by .{node.attr}")
   assert calls == []
   assert "reconstruct_conditions(" in (PACKAGE / "infer" / "evaluate.py").read_text()
+
+
+def test_python_m_cdeit_jax_lists_every_command():
+  """`python -m cdeit_jax` names each command module of the package (the same set the structure
+  check finds), with its docstring's first sentence, and exits 2 (no command given)."""
+  import subprocess
+  import sys
+
+  listed = subprocess.run(
+    [sys.executable, "-m", "cdeit_jax"], capture_output=True, text=True, cwd=ROOT, timeout=60
+  )
+  assert listed.returncode == 2, listed.stderr
+  names = {line.split()[0] for line in listed.stdout.splitlines()[1:]}
+  tops = {r.split("/")[1][:-3] for r in command_files() if r.startswith("cdeit_jax/")}
+  assert names == tops - {"__main__"} and "reconstruct" in names
+  assert "Reconstruct a device's voltage frames into images" in listed.stdout

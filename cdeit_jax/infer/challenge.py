@@ -166,7 +166,6 @@ def figure(path: str, cases: list[Case], methods: list[Method]) -> None:
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-
   from matplotlib.patches import Patch
 
   rows = cases[:28]
