@@ -358,6 +358,8 @@ def refuse(message: str) -> None:
 
 
 def main() -> None:
+  from cdeit_jax import cli
+
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--out", required=True, help="output folder (accelerator_check.json)")
   p.add_argument(
@@ -370,7 +372,7 @@ def main() -> None:
     "--skip", default="", help=f"sections to leave out, of {','.join(SECTIONS)} (and reconstruct)"
   )
   p.add_argument("--budget-s", type=float, default=None, help="start no section after this")
-  a = p.parse_args()
+  a = cli.parse_args(p)
   check(
     a.out, config=a.config, per_device_batch=a.per_device_batch, steps=a.steps,
     num_samples=a.num_samples, skip=a.skip, budget_s=a.budget_s,

@@ -4,6 +4,7 @@ own errors (`cdeit_jax.common.errors`); any other exception keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -216,3 +217,31 @@ def run(main: Callable[[list[str]], None]) -> None:
       sys.exit(1)
 
   app.run(wrapped, flags_parser=parse_flags)
+
+
+def parse_args(
+  parser: argparse.ArgumentParser, argv: list[str] | None = None
+) -> argparse.Namespace:
+  """argparse's parsing for the argparse commands, an unknown flag named first: argparse reports
+  a missing required flag before an unknown one, which blames the flag the user did not mistype."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  known = _options(parser)
+  unknown = [
+    name
+    for name in (a.split("=", 1)[0] for a in argv if a.startswith("--") and a != "--")
+    if not any(k.startswith(name) for k in known)  # argparse takes a flag's unique prefix too
+  ]
+  if unknown:
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+  return parser.parse_args(argv)
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+  """Every option string `parser` and its subcommands take (argparse keeps them in private
+  fields, unchanged since Python 3.2; no public API lists them)."""
+  names = set(parser._option_string_actions)
+  for action in parser._actions:
+    if isinstance(action, argparse._SubParsersAction):
+      for sub in action.choices.values():
+        names |= _options(sub)
+  return names

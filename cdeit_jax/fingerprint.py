@@ -114,10 +114,12 @@ def conditions(out: str) -> dict[str, str]:
 
 
 def main() -> None:
+  from cdeit_jax import cli
+
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", required=True, help="a scratch folder (replaced)")
   ap.add_argument("--skip", default="", help="comma-separated items to leave out")
-  a = ap.parse_args()
+  a = cli.parse_args(ap)
   print(
     json.dumps(fingerprint(os.path.abspath(a.out), set(filter(None, a.skip.split(",")))), indent=1)
   )

@@ -353,6 +353,8 @@ def refuse(message: str) -> None:
 
 
 def main() -> None:
+  from cdeit_jax import cli
+
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   p.add_argument("--out", required=True, help="the folder of the files that come back")
   p.add_argument("--scratch", default=None, help="checkpoints and caches (default: a temp folder)")
@@ -366,7 +368,7 @@ def main() -> None:
   p.add_argument(
     "--spent-s", type=float, default=0.0, help="of the minutes, spent before (the wheels' install)"
   )
-  a = p.parse_args()
+  a = cli.parse_args(p)
   gpu_run(
     a.out, scratch=a.scratch, reference=a.reference, minutes=a.minutes, check_s=a.check_s,
     train_s=a.train_s, simulator_s=a.simulator_s, spent_s=a.spent_s,

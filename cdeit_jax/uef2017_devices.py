@@ -108,12 +108,14 @@ def cmd_adjacent(args) -> None:
 
 
 def main() -> None:
+  from cdeit_jax import cli
+
   p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
   sub = p.add_subparsers(dest="cmd", required=True)
   a = sub.add_parser("adjacent", help="the adjacent protocol as a device, and its frames")
   a.add_argument("--calibrated", required=True, help="the same tank calibrated (device.npz)")
   a.add_argument("--out", required=True, help="folder for device.npz and frames.npz")
-  args = p.parse_args()
+  args = cli.parse_args(p)
   try:
     {"adjacent": cmd_adjacent}[args.cmd](args)
   except InputError as e:  # ours: one line; any other error keeps its traceback
