@@ -6,6 +6,7 @@ device is a 16-electrode skip-2 system in KTC's keys (`conftest.challenge_folder
 every case runs in seconds."""
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -75,6 +76,25 @@ def test_outputs_never_touch_the_data_or_a_users_files(levels, tmp_path):
   assert (out / "level_1" / "notes.txt").read_text() == "mine"
   assert not (out / "level_2").exists()  # the earlier run's level, not this one's
   assert _tree(data) == before
+
+
+def test_a_missing_truth_is_named_and_the_others_are_scored(levels, tmp_path, caplog):
+  """One level's truth file missing: every target is answered, the others scored (the level
+  with no truth left out of the table), the missing file named in a warning and in
+  metrics.json's `unscored`."""
+  data = _copy(levels, tmp_path, "level_1", "level_2")
+  os.remove(os.path.join(data, "level_2", "true1.mat"))
+  with caplog.at_level(logging.WARNING):
+    r = challenge.linear_answers(data, str(tmp_path / "out"))
+  missing = os.path.join(data, "level_2", "true1.mat")
+  assert r["unscored"] == [missing] and any(missing in m.getMessage() for m in caplog.records)
+  assert sorted(os.listdir(tmp_path / "out" / "level_2")) == ["1.mat"]
+  full = challenge.linear_answers(_copy(levels, tmp_path / "full", "level_1"), str(tmp_path / "f"))
+  for method in ("tikhonov", "water"):
+    got = r["metrics"][method]
+    assert got["targets"] == 1 and list(got["ktc_score_per_level"]) == ["level_1"]
+    assert got["ktc_score"] == pytest.approx(full["metrics"][method]["ktc_score"], abs=1e-12)
+  assert "| level 1 (1) | total |" in r["table"] and "level 2" not in r["table"]
 
 
 def test_a_frame_of_pattern_columns_answers_as_its_column(levels, tmp_path):

@@ -94,23 +94,41 @@ def water(cases: list[Case]) -> Method:
 
 
 def scores(cases: list[Case], method: Method) -> dict | None:
-  """The challenge score per target, per level and in total (None without truths)."""
-  if any(c.truth is None for c in cases):
+  """The challenge score per target, per level and in total, of the targets whose truth is
+  known (None when no truth is: `unscored` names the others)."""
+  known = [(c, a) for c, a in zip(cases, method.answers) if c.truth is not None]
+  if not known:
     return None
-  per_target = {c.name: ktc_score.score(c.truth, a) for c, a in zip(cases, method.answers)}
+  per_target = {c.name: ktc_score.score(c.truth, a) for c, a in known}
   per_level: dict[str, float] = {}
-  for c in cases:
+  for c, _ in known:
     per_level[f"level_{c.level}"] = per_level.get(f"level_{c.level}", 0.0) + per_target[c.name]
   return {
     "ktc_score": sum(per_target.values()),
     "ktc_score_per_level": per_level,
     "ktc_score_per_target": per_target,
-    "targets": len(cases),
+    "targets": len(known),
   }
 
 
+def unscored(cases: list[Case]) -> list[str]:
+  """The truth files a scored run misses (answered, not scored), named in one warning: a level
+  with one missing truth is scored over the others, its count in the table says how many."""
+  missing = [
+    os.path.join(os.path.dirname(c.path), f"true{c.target}.mat") for c in cases if c.truth is None
+  ]
+  if missing and len(missing) < len(cases):
+    log.warning(
+      f"{len(missing)} of {len(cases)} targets have no truth ({', '.join(missing[:5])}"
+      f"{', ...' if len(missing) > 5 else ''}): answered, and left out of the scores"
+    )
+  return missing
+
+
 def table(cases: list[Case], results: dict[str, dict]) -> str:
-  """A markdown table: the score per level (sum over its targets) and in total, per method."""
+  """A markdown table: the score per level (sum over its scored targets, their count beside the
+  level) and in total, per method."""
+  cases = [c for c in cases if c.truth is not None]
   levels = sorted({c.level for c in cases})
   counts = {k: sum(c.level == k for c in cases) for k in levels}
   head = "| method | " + " | ".join(f"level {k} ({counts[k]})" for k in levels) + " | total |"
@@ -300,6 +318,7 @@ def linear_answers(data_path: str, out: str, overrides: dict | None = None) -> d
   results = {m.name: scores(cases, m) for m in methods}
   metrics = {
     "metrics": {k: v for k, v in results.items() if v is not None},
+    "unscored": unscored(cases),
     "settings": {
       "data": "ktc2023_challenge",
       "data_path": data_path,
@@ -383,6 +402,7 @@ def evaluate(
   results = {m.name: scores(cases, m) for m in methods}
   metrics = {
     "metrics": {k: v for k, v in results.items() if v is not None},
+    "unscored": unscored(cases),
     "settings": {
       "data": "ktc2023_challenge",
       "data_path": data_path,
