@@ -36,6 +36,7 @@ flags.DEFINE_string(
 )
 cli.define_cluster_flags()
 cli.define_cache_flag()
+cli.define_config_help()
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
