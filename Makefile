@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 .PHONY: install lint test test-e2e test-all accelerator-check gpu-run gpu-reference gpu-wheels demo demo-model \
   ktc-demo ktc-model ktc-heldout \
-  cdeit16-model device-model moving-demo train-test bench clean
+  cdeit16-model device-model moving-demo train-test bench clean config-docs
 
 install: $(BIN)/.installed
 
@@ -107,6 +107,12 @@ gpu-wheels: install
 
 train-test: install
 	$(BIN)/python train.py --config configs/test.py --workdir runs/test
+
+# docs/config.md, every config key explained, from cdeit_jax/config_lib.py (KEYS, SECTIONS);
+# tests/test_config_docs.py keeps the two equal.
+config-docs: install
+	$(BIN)/python -c 'from cdeit_jax import config_lib; print(config_lib.markdown(), end="")' \
+	  > docs/config.md
 
 bench: install
 	$(BIN)/python bench/bench_model.py

@@ -14,8 +14,9 @@
 
 The settings are the checkpoint's config (`config.sampling`, `config.eval`, see
 cdeit_jax/config_lib.py), changed with --config.KEY=VALUE; the model's runtime keys too
-(--config.model.dtype=bfloat16, --config.model.attention_query_chunk=512). Multi-host: the same
---coordinator_address/--num_processes/--process_id as train.py.
+(--config.model.dtype=bfloat16, --config.model.attention_query_chunk=512); --config_help lists
+every key with the checkpoint's value, its default and meaning (docs/config.md). Multi-host: the
+same --coordinator_address/--num_processes/--process_id as train.py.
 Writes OUT/metrics.json, metrics.csv, predictions.npz, predictions.mat, reconstructions.png;
 for ktc2023_challenge OUT/level_K/N.mat (the challenge's answers), answers.png, metrics.json;
 for greit OUT/greit.json, greit.npz, greit.png.

@@ -5,6 +5,9 @@
   python train.py --config configs/v5e8.py --compile_topology v5e-8 --workdir DIR  # fits? (no TPU)
   python train.py --config configs/gpu.py --compile_topology h100-8 --workdir DIR  # (no GPU)
 
+Every config key with its default and meaning: `python train.py [--config FILE] --config_help`
+(docs/config.md).
+
 A workdir that holds a checkpoint resumes from it. Explicit clusters (GPUs, CPUs):
   --coordinator_address HOST:PORT --num_processes N --process_id I
 On Cloud TPU pods and SLURM jobs jax.distributed.initialize() finds the cluster by itself.
@@ -36,6 +39,7 @@ flags.DEFINE_string(
 )
 cli.define_cluster_flags()
 cli.define_cache_flag()
+cli.define_config_help()
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 

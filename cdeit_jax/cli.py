@@ -66,13 +66,20 @@ def init_distributed() -> None:
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a missing config file or an unknown config key reported as one
   line (ml_collections raises them, some only when the config is first read, as OSError and
-  KeyError with long tracebacks)."""
+  KeyError with long tracebacks); --config_help lists the config's keys and exits."""
   try:
-    rest = FLAGS(argv)
+    try:
+      rest = FLAGS(argv)
+    except flags.IllegalFlagValueError:
+      if not _config_help_asked():  # the keys are listed without the required flags
+        raise
+      rest = argv[:1]
     if "config" in FLAGS and FLAGS.config is not None and not isinstance(FLAGS.config, str):
       FLAGS.config.keys()  # config_flags defers a failed load to the first access (a tool's
       # --config may be a plain path, loaded by the tool: config_lib.load)
-    return rest
+    if not _config_help_asked():
+      return rest
+    listing = _config_listing()
   except flags.Error as e:
     print(f"error: {e}\nPass --help for the flags.", file=sys.stderr)
   except CdeitError as e:  # a config file's own refusal (configs/device.py without its device)
@@ -85,7 +92,57 @@ def parse_flags(argv: list[str]) -> list[str]:
       print(f"error: --config: {' '.join(str(e).split())}", file=sys.stderr)
   except (KeyError, AttributeError) as e:  # an unknown key: config files, config dicts
     unknown_config_key(argv, e)
+  else:
+    try:
+      print(listing, flush=True)
+    except BrokenPipeError:  # `--config_help | head`: the reader has what it wanted
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(0)
   sys.exit(2)
+
+
+# Whether --config_help lists a checkpoint's config (`define_checkpoint_config`'s commands: the
+# run --workdir names) rather than --config's file.
+_help_reads_checkpoint = False
+
+
+def define_config_help(checkpoint: bool = False) -> None:
+  """--config_help: list every config key with the value this command line gives it, its
+  default and its meaning (`config_lib.listing`, docs/config.md), and exit; the command's
+  required flags may be left out. `checkpoint`: the config is the checkpoint's of --workdir."""
+  global _help_reads_checkpoint
+  _help_reads_checkpoint = checkpoint
+  what = "--workdir's checkpoint (else the defaults)" if checkpoint else "--config's file"
+  flags.DEFINE_boolean(
+    "config_help",
+    False,
+    f"list every config key with its value in {what} and the --config.KEY given, its default "
+    "and meaning (docs/config.md), and exit",
+    flag_values=FLAGS,
+  )
+
+
+def _config_help_asked() -> bool:
+  return "config_help" in FLAGS and FLAGS.is_parsed() and bool(FLAGS.config_help)
+
+
+def _config_listing() -> str:
+  """`config_lib.listing` of the config this command line gives."""
+  from cdeit_jax import config_lib
+
+  cfg = FLAGS.config if "config" in FLAGS else None
+  given = checkpoint_overrides() if cfg is not None else {}
+  changed = " ".join(f"--config.{k}={v}" for k, v in given.items())
+  if _help_reads_checkpoint and "workdir" in FLAGS and FLAGS.workdir:
+    from cdeit_jax.infer import run_opening
+
+    cfg = run_opening.config_of(FLAGS.workdir, given)
+    source = f"the checkpoint of --workdir {FLAGS.workdir}"
+  elif not _help_reads_checkpoint and cfg is not None:
+    source = f"--config {FLAGS['config'].config_filename}"
+  else:
+    source = "the defaults" if given else ""
+  return config_lib.listing(cfg, f"{source} with {changed}" if changed else source)
 
 
 def define_checkpoint_config(examples: str) -> None:
@@ -104,6 +161,7 @@ def define_checkpoint_config(examples: str) -> None:
     )
   except (KeyError, AttributeError) as e:  # an unknown --config.KEY on the command line
     unknown_config_key(sys.argv, e)
+  define_config_help(checkpoint=True)
 
 
 def checkpoint_overrides() -> dict:
@@ -114,15 +172,38 @@ def checkpoint_overrides() -> dict:
 
 
 def unknown_config_key(argv: list[str], e: Exception) -> None:
-  """Report an unknown `--config.KEY` in one line and exit 2 (`DEFINE_config_dict` meets it when
-  the flag is defined, `DEFINE_config_file` when the flags are parsed)."""
-  arg = e
-  while isinstance(arg, BaseException) and arg.args:  # AttributeError(KeyError(text))
-    arg = arg.args[0]
-  text = " ".join(str(arg).split())
-  bad = [a.split("=")[0] for a in argv[1:] if a.startswith("--config.")]
-  print(f"error: {', '.join(bad)}: no such config key: {text}", file=sys.stderr)
+  """Report the unknown `--config.KEY`s of `argv` in one line, each with the key it most likely
+  meant, and exit 2 (`DEFINE_config_dict` meets one when the flag is defined,
+  `DEFINE_config_file` when the flags are parsed; either names only the first, without its
+  path)."""
+  from cdeit_jax import config_lib
+
+  keys = [a.split("=")[0][len("--config.") :] for a in argv[1:] if a.startswith("--config.")]
+  bad = config_lib.unknown_keys(_config_of(argv), keys)
+  if not bad:  # not a key of the config given (a config file's own failure): the library's text
+    arg = e
+    while isinstance(arg, BaseException) and arg.args:  # AttributeError(KeyError(text))
+      arg = arg.args[0]
+    bad = [f"--config: {' '.join(str(arg).split())}"]
+  print(f"error: {'; '.join(bad)}", file=sys.stderr)
   sys.exit(2)
+
+
+def _config_of(argv: list[str]):
+  """The config a command line's `--config FILE` gives (its keys are the ones known), else the
+  default tree (`define_checkpoint_config`'s commands, a file that does not load)."""
+  from cdeit_jax import config_lib
+
+  path = None
+  for i, a in enumerate(argv[1:], 1):
+    if a.startswith("--config="):
+      path = a.split("=", 1)[1]
+    elif a == "--config" and i + 1 < len(argv):
+      path = argv[i + 1]
+  try:
+    return config_lib.load(path) if path else config_lib.default_config()
+  except Exception:  # its own error is reported where the command loads it
+    return config_lib.default_config()
 
 
 class _QuietDiskFull(logging.Filter):

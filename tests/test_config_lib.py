@@ -45,7 +45,7 @@ def test_an_old_key_given_is_an_unknown_one():
     ),
     (
       ["train.py", "--config=configs/test.py", "--workdir=x", "--config.data.preset=uef2017"],
-      "error: --config.data.preset: no such config key:",
+      "error: --config.data.preset: no such config key (data has no preset;",
     ),
   ],
 )

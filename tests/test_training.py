@@ -616,7 +616,8 @@ def test_metrics_jsonl_is_cut_to_the_resumed_step(tmp_path):
     (["--config", "configs/nope.py"], "error: --config configs/nope.py: no such file"),
     (
       ["--config", TEST_CONFIG, "--config.modle.x=1"],
-      "error: --config.modle.x: no such config key: 'modle' Did you mean \"model\"",
+      "error: --config.modle.x: no such config key (model has no x; docs/config.md lists every "
+      "key)",
     ),
   ],
 )

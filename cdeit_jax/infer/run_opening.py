@@ -191,6 +191,13 @@ def open_run(path: str, overrides: dict[str, Any] | None = None) -> Iterator[Ope
     yield Opened(run, meta, skipped, cfg, overrides, system, frames, path)
 
 
+def config_of(path: str, overrides: dict[str, Any] | None = None) -> ml_collections.ConfigDict:
+  """The config the run at `path` is evaluated with (its chosen checkpoint's, `overrides`
+  applied): what the commands' --config_help lists."""
+  with open_run(path, overrides) as opened:
+    return opened.cfg
+
+
 def load_opened(opened: Opened, mesh: jax.sharding.Mesh) -> reader.Loaded:
   """`load` of an opened run's chosen candidate."""
   o = opened
