@@ -100,7 +100,14 @@ def test_stats_lookup_order(folder, tmp_path, caplog):
     sources.NpzSource(str(lone))
   with caplog.at_level(logging.WARNING):
     sources.NpzSource(str(lone), stats=str(folder.parent), checkpoint_stats=ck)
-  assert "differ from those stored in the checkpoint" in caplog.text
+  assert "differ from the checkpoint's" in caplog.text
+  # the dataset root's beside a checkpoint's: the checkpoint's, the root's named with the flag
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    src = sources.NpzSource(str(folder), checkpoint_stats=ck, stats_flag="--config.data.stats")
+  np.testing.assert_array_equal(src.mean, ck[0])
+  assert src.statistics.source == "checkpoint"
+  assert f"--config.data.stats={folder.parent}" in caplog.text
 
 
 def test_compute_stats_matches_numpy(folder, tmp_path):
