@@ -246,7 +246,8 @@ def compile_check(
     "flops_per_step": flops.train_flops_per_example(setup.model_kwargs) * cfg.batch_size,
     **compile_step(setup, cfg.batch_size, mesh, hbm, cfg.shard_params),
   }
-  print_fn(f"train step compiled in {report['compile_s']} s")
+  done = "refused by the compiler (memory)" if "error" in report else "compiled"
+  print_fn(f"train step {done} in {report['compile_s']} s")
   report["within_margin"] = bool(
     report["fits"]
     and report["peak_bytes_per_device"] is not None

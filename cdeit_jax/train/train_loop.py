@@ -151,6 +151,16 @@ def devices_line(cfg: ml_collections.ConfigDict) -> str:
   )
 
 
+def _log_devices(cfg: ml_collections.ConfigDict) -> str:
+  """Log the devices line, and the fewer-devices line where it applies; the devices line."""
+  devices = devices_line(cfg)
+  log.info(devices)
+  few = fewer_devices_line(cfg.get("expected_devices"), jax.device_count())
+  if few:
+    log.warning(few)
+  return devices
+
+
 def fewer_devices_line(expected: int | None, count: int) -> str | None:
   """One line where a config meant for `expected` devices (`config.expected_devices`) runs on
   fewer: what runs is not the data-parallel path it was made for, and how to get as many on a
@@ -296,11 +306,7 @@ def _prepare(
   """The resume plan, the data, the model and its compiled step, and the state: fresh, or the
   newest intact step. `stop` may end the data's start-up early (`simulator_source.Stopped`).
   The start-up block (devices, mesh, batch, model) is logged as each part is known."""
-  devices = devices_line(cfg)
-  log.info(devices)
-  few = fewer_devices_line(cfg.get("expected_devices"), jax.device_count())
-  if few:
-    log.warning(few)
+  devices = _log_devices(cfg)
   plan = plan_resume(mngr, cfg, workdir)
   system = loading.resolve(cfg)
   device = system.device
@@ -394,6 +400,23 @@ def _prepare(
   )
 
 
+def _start(cfg: ml_collections.ConfigDict, workdir: str, mesh, preempt: Preemption):
+  """(the checkpoint manager, the prepared run, or None where a signal stopped the data's
+  start-up); the manager is closed when start-up fails."""
+  mngr = train_checkpoint.train_manager(
+    workdir, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoints
+  )
+  try:
+    return mngr, _prepare(cfg, workdir, mesh, mngr, preempt.requested_here)
+  except simulator_source.Stopped as e:
+    mngr.close()
+    log.info(f"a signal during start-up: {e}; nothing was saved; rerun the same command to start")
+    return mngr, None
+  except BaseException:
+    mngr.close()
+    raise
+
+
 def _train(
   cfg: ml_collections.ConfigDict,
   workdir: str,
@@ -403,18 +426,9 @@ def _train(
   lock: workdir_lock.WorkdirLock,
 ) -> dict[str, Any]:
   primary = jax.process_index() == 0
-  mngr = train_checkpoint.train_manager(
-    workdir, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoints
-  )
-  try:
-    p = _prepare(cfg, workdir, mesh, mngr, preempt.requested_here)
-  except simulator_source.Stopped as e:
-    mngr.close()
-    log.info(f"a signal during start-up: {e}; nothing was saved; rerun the same command to start")
+  mngr, p = _start(cfg, workdir, mesh, preempt)
+  if p is None:
     return {"step": 0, "saved": False}
-  except BaseException:
-    mngr.close()
-    raise
   logger = logs.MetricLogger(workdir, cfg.steps, p.start, enabled=primary)
   for line in p.report:
     log.info(line)
