@@ -59,7 +59,8 @@ def main(argv):
     from cdeit_jax.common.errors import CdeitError
 
     try:
-      report = aot.compile_check(FLAGS.config, FLAGS.compile_topology, FLAGS.workdir)
+      say = lambda text: print(text, flush=True)  # each program as it starts (a log file too)
+      report = aot.compile_check(FLAGS.config, FLAGS.compile_topology, FLAGS.workdir, say)
     except CdeitError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(2)

@@ -245,6 +245,9 @@ def default_config() -> ml_collections.ConfigDict:
     dict(beta=0.995, update_every=10, update_after_step=100, power=2 / 3)
   )  # ema_pytorch 0.5.2 defaults
   c.shard_params = False  # True: FSDP-style, params/optimizer state split over the data axis
+  # the devices the config is made for (configs/v5e8.py: 8); a run on fewer says so at start-up,
+  # with how to get as many on a CPU (None: any number)
+  c.expected_devices = config_dict.placeholder(int)
   c.log_every = 100
   c.eval_every = 1000  # validation loss (EMA weights, fixed seed); also the checkpoint interval
   c.eval_batch_size = config_dict.placeholder(int)  # default: batch_size

@@ -10,5 +10,6 @@ from cdeit_jax import config_lib
 def get_config():
   c = config_lib.default_config()
   c.batch_size = 64
+  c.expected_devices = 8  # a run on fewer says so (on a CPU: docs/training.md)
   c.model.dtype = "bfloat16"
   return c

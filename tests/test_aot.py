@@ -121,6 +121,14 @@ def test_cli_says_when_it_does_not_fit(tmp_path):
   assert saved["peak_bytes_per_device"] > saved["hbm_bytes_per_device"]
   assert "does not fit: set config.model.attention_impl=auto" in r.stdout
   assert "config.accum_steps=2" in saved["advice"]
+  # one line says what this is, then each program as it starts and its seconds; no libtpu block
+  first, *rest = r.stdout.splitlines()
+  assert "compile-only check for v5e-8 (8 TPU v5 lite devices); libtpu compiles" in first
+  assert rest[:2] == ["compiling the train step (global batch 65536, bfloat16) ..."] + [
+    f"train step refused by the compiler (memory) in {saved['compile_s']} s"
+  ]
+  assert "compiling eval.py's sampler (batch 65536) ..." in rest
+  assert "unexpected worker hostname" not in r.stderr and "E0000" not in r.stderr, r.stderr
 
 
 def _cudnn_calls(global_layers: int, windowed: int, backward: bool) -> dict[str, int]:

@@ -865,3 +865,136 @@ def test_a_fine_tuning_may_add_condition_priors_and_the_removal_input(tmp_path):
     *[f"--config.{k}={v}" for k, v in system.items()],
   )
   assert rc != 0 and "its model is not this config's" in err and "removal_input" in err
+
+
+# ----------------------------------------------------------------------------- the log
+
+
+class _Records(logging.Handler):
+  def __init__(self):
+    super().__init__()
+    self.lines = []
+
+  def emit(self, record):
+    self.lines.append(record.getMessage())
+
+
+def test_the_log_shows_the_setup_and_each_windows_figures(tmp_path, monkeypatch):
+  """configs/test.py on the 8 fake devices, 10 steps, a window of 5, a config meant for 16: the
+  start-up block names the mesh, the per-device batch and the dtypes; the fewer-devices line
+  says how to get 16 on a CPU; each progress line shows its own window (the mean of the losses
+  its steps computed, fetched here step by step) and that window's metrics.jsonl record; the
+  summary comes after the last one."""
+  from flax import nnx
+
+  from cdeit_jax.common import logs
+  from cdeit_jax.model.network import CDEIT
+  from cdeit_jax.train import log_windows, train_loop
+
+  losses = []
+  add = log_windows.Window.add
+  monkeypatch.setattr(
+    log_windows.Window, "add", lambda w, m: (losses.append(float(m["loss"])), add(w, m))[1]
+  )
+  handler = _Records()
+  logs.log.addHandler(handler)
+  level = logs.log.level
+  logs.log.setLevel(logging.INFO)
+  try:
+    cfg = cfg_(steps=10, log_every=5, eval_every=10, expected_devices=16)
+    train_loop.train(cfg, str(tmp_path))
+  finally:
+    logs.log.removeHandler(handler)
+    logs.log.setLevel(level)
+  lines = handler.lines
+  model = CDEIT(**config_lib.model_kwargs(cfg, loading.resolve(cfg)), rngs=nnx.Rngs(0))
+  # the trained parameters and the fixed position table, as the reference counts them
+  params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  params += (cfg.model.image_size // cfg.model.patch_size) ** 2 * cfg.model.hidden_size
+  assert lines[0] == (
+    "devices: 8 x cpu over 1 process(es); mesh data=8 (the batch split over it, parameters "
+    "replicated)"
+  )
+  assert lines[1].startswith("this config is meant for 16 devices (config.expected_devices) and ")
+  assert "runs on 8" in lines[1] and "--xla_force_host_platform_device_count=16" in lines[1]
+  assert (
+    "batch: global 8, 1 per device per micro-batch on 8 device(s); no gradient accumulation"
+    in lines
+  )
+  (model_line,) = [x for x in lines if x.startswith("model: ")]
+  assert model_line.startswith(f"model: {params:,} parameters in float32, computing in float32")
+  records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  progress = [x for x in lines if x.startswith("step ")]
+  assert [r["step"] for r in records] == [5, 10] and len(progress) == 2 and len(losses) == 10
+  for r, line, window in zip(records, progress, (losses[:5], losses[5:])):
+    assert r["loss"] == pytest.approx(np.mean(window), rel=1e-6)
+    assert line.startswith(f"step {r['step']}/10: loss {np.mean(window):.4g} (mean of steps ")
+    for text in (
+      f"grad norm {r['grad_norm']:.3g}",
+      f"lr {r['lr']:.3g}",
+      f"{r['samples_per_sec']:.4g} samples/s",
+      f"{r['tflops_per_device']:.3g} TFLOP/s per device",
+    ):
+      assert text in line
+  assert "ETA " in progress[0] and f"val_loss {r['val_loss']:.4g}" in progress[1]
+  assert lines.index(progress[-1]) == len(lines) - 2 and lines[-1].startswith("wall time ")
+
+
+def test_the_batch_line_counts_devices_and_micro_batches():
+  from cdeit_jax.train import train_loop
+
+  assert train_loop.batch_line(cfg_(batch_size=64, accum_steps=2), 8) == (
+    "batch: global 64, 4 per device per micro-batch on 8 device(s); gradient accumulation over "
+    "2 micro-batches of 32"
+  )
+  assert train_loop.fewer_devices_line(8, 8) is None
+  assert train_loop.fewer_devices_line(None, 1) is None
+  assert "meant for 8 devices" in train_loop.fewer_devices_line(8, 1)
+  assert config_lib.load(str(REPO / "configs" / "v5e8.py")).expected_devices == 8
+
+
+def test_a_run_refused_before_its_first_step_leaves_nothing_it_made(tmp_path):
+  """A bad data path: a new workdir (and the folder above it) is gone again; in the user's own
+  folder only the user's file stays (no lock, no checkpoints folder)."""
+  from cdeit_jax.train import train_loop
+
+  bad = cfg_(**{"data.path": str(tmp_path / "no_data")})
+  with pytest.raises(InputError, match="does not exist"):
+    train_loop.train(bad, str(tmp_path / "new" / "run"))
+  assert not (tmp_path / "new").exists()
+  mine = tmp_path / "mine"
+  mine.mkdir()
+  (mine / "notes.txt").write_text("mine")
+  with pytest.raises(InputError, match="does not exist"):
+    train_loop.train(bad, str(mine))
+  assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_a_deleted_lock_file_is_never_held_as_the_workdirs_lock(tmp_path):
+  """A refused run deletes the lock file it made while holding it; a run that locked that inode
+  meanwhile sees that the path no longer names it and locks the path's new file."""
+  import os
+
+  from cdeit_jax.train import workdir_lock
+
+  first = workdir_lock.WorkdirLock(str(tmp_path)).acquire()
+  first.release(remove=True)
+  assert not (tmp_path / "lock").exists()
+  lock = workdir_lock.WorkdirLock(str(tmp_path))
+  real, opened = lock._lock_file, []
+
+  def racing():  # the first file it locks is deleted before it looks
+    fd = real()
+    if not opened:
+      os.unlink(lock.path)
+    opened.append(os.fstat(fd).st_ino)
+    return fd
+
+  lock._lock_file = racing
+  lock.acquire()
+  try:
+    assert len(opened) == 2 and os.stat(lock.path).st_ino == opened[1]
+    with pytest.raises(workdir_lock.WorkdirBusy):
+      workdir_lock.WorkdirLock(str(tmp_path)).acquire()
+  finally:
+    lock.release()

@@ -14,7 +14,8 @@ Measured on 2 cores (AMD EPYC with AVX-512), published model, float32, batch 2:
   own matrix products do not use OpenBLAS.
 - `simulate=True` (`python -m cdeit_jax.simulate`): one host device per core
   (`--xla_force_host_platform_device_count`), each solving its share of the examples.
-Set CDEIT_CPU_TUNING=0 to run without them. None changes results.
+Set CDEIT_CPU_TUNING=0 to run without them. None changes results. `apply` also quiets libtpu on a
+machine without a TPU (`common/libtpu_env.py`; CDEIT_LIBTPU_ENV=0 turns that off).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def tuned_environment(env: dict[str, str], simulate: bool = False) -> dict[str, 
 def apply(simulate: bool = False) -> None:
   """Call first thing in a command's `__main__` (before importing jax or numpy): sets the
   variables and, when the malloc setting is missing, re-executes the same command line with it."""
+  from cdeit_jax.common import libtpu_env
+
+  libtpu_env.apply()
   env = tuned_environment(os.environ, simulate)
   needs_restart = env.get("GLIBC_TUNABLES") != os.environ.get("GLIBC_TUNABLES")
   os.environ.update(env)

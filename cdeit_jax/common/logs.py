@@ -1,7 +1,7 @@
 """Logging: one logger (`cdeit_jax` and its children) for every message, shown on stderr through
 tqdm so progress bars stay intact; the debug log of full errors behind one-line reports; and the
-training metrics of process 0: progress bar with ETA, `metrics.jsonl`, TensorBoard event files
-(tensorboardX, no TensorFlow)."""
+training metrics of process 0: a progress bar on a terminal, `metrics.jsonl`, TensorBoard event
+files (tensorboardX, no TensorFlow)."""
 
 from __future__ import annotations
 
@@ -244,9 +244,13 @@ class MetricLogger:
     self.jsonl = fileio.AppendLog(path, kept)  # rewritten atomically first
     # tensorboardX writes gs:// itself (google-cloud-storage; the whole event file per flush).
     self.tb = SummaryWriter(fileio.join(workdir, "tensorboard"), purge_step=start_step + 1)
-    self.bar = progress(
-      total_steps, "training", "step", initial=start_step, dynamic_ncols=True, mininterval=2.0
-    )
+    # a bar on a terminal (steps, rate, tqdm's ETA) below the training's own line per log window;
+    # elsewhere (a log file) those lines alone
+    self.bar = None
+    if sys.stderr.isatty():
+      self.bar = progress(
+        total_steps, "training", "step", initial=start_step, dynamic_ncols=True, mininterval=2.0
+      )
 
   def write(self, step: int, metrics: dict[str, Any], advance: int = 0) -> None:
     if not self.enabled:
@@ -258,15 +262,12 @@ class MetricLogger:
     for k, v in metrics.items():
       if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
         self.tb.add_scalar(k, v, step)
-    if advance:
+    if advance and self.bar is not None:
       self.bar.update(advance)
-    shown = {
-      k: f"{v:.4g}" for k, v in metrics.items() if k in ("loss", "val_loss", "samples_per_sec")
-    }
-    self.bar.set_postfix(shown, refresh=False)
 
   def close(self) -> None:
     if self.enabled:
-      self.bar.close()
+      if self.bar is not None:
+        self.bar.close()
       self.tb.close()
       self.jsonl.close()

@@ -21,7 +21,7 @@ import numpy as np
 
 from cdeit_jax import config_lib
 from cdeit_jax.checkpoints import loading
-from cdeit_jax.common import compat, fileio, topologies
+from cdeit_jax.common import compat, fileio, libtpu_env, topologies
 from cdeit_jax.common import device_memory as dm
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.eit import measurement
@@ -224,6 +224,8 @@ def compile_check(
   target, mesh, setup = _setup(cfg, topology)
   devices, hbm = target.devices, target.hbm_bytes
   n, hosts = len(devices), len({d.process_index for d in devices})
+  print_fn(opening_line(target, hosts))
+  print_fn(f"compiling the train step (global batch {cfg.batch_size}, {cfg.model.dtype}) ...")
   report: dict[str, Any] = {
     "topology": topology,
     "platform": target.platform,
@@ -244,15 +246,22 @@ def compile_check(
     "flops_per_step": flops.train_flops_per_example(setup.model_kwargs) * cfg.batch_size,
     **compile_step(setup, cfg.batch_size, mesh, hbm, cfg.shard_params),
   }
+  done = "refused by the compiler (memory)" if "error" in report else "compiled"
+  print_fn(f"train step {done} in {report['compile_s']} s")
   report["within_margin"] = bool(
     report["fits"]
     and report["peak_bytes_per_device"] is not None
     and report["peak_bytes_per_device"] <= margin * hbm
   )
   if sampler:
-    report["sampler"] = _compile_sampler(setup, mesh, cfg, cfg.eval_batch_size or cfg.batch_size)
+    batch = cfg.eval_batch_size or cfg.batch_size
+    print_fn(f"compiling eval.py's sampler (batch {batch}) ...")
+    report["sampler"] = _compile_sampler(setup, mesh, cfg, batch)
+    print_fn(f"sampler compiled in {report['sampler'].get('compile_s', '-')} s")
   if config_lib.training_source(cfg).simulates:
+    print_fn(f"compiling the simulator source's batch ({cfg.batch_size} examples) ...")
     report["simulator"] = _compile_simulator(cfg, setup.system, mesh, report["flops_per_step"])
+    print_fn(f"simulator source compiled in {report['simulator']['compile_s']} s")
   if not report["fits"]:
     report["advice"] = memory_fit.fit_advice(cfg, n, target.platform)
   fileio.makedirs(workdir)
@@ -261,6 +270,23 @@ def compile_check(
   if not report["fits"]:
     print_fn(f"does not fit: set {report['advice']}")
   return report
+
+
+def opening_line(target: topologies.Target, hosts: int) -> str:
+  """The check's first line: what it compiles for, and that nothing runs (no accelerator needed;
+  a published-size config takes minutes on a few CPU cores: docs/training.md)."""
+  devices = f"{len(target.devices)} {target.devices[0].device_kind} devices"
+  if hosts > 1:
+    devices += f" on {hosts} hosts"
+  if target.platform == "tpu":
+    here = "this machine has no TPU: " if not libtpu_env.tpu_chips_present() else ""
+    how = "libtpu compiles for them"
+  else:
+    here, how = "", "XLA's GPU compiler compiles for them (no GPU needed)"
+  return (
+    f"{here}compile-only check for {target.name} ({devices}); {how}, nothing runs; the "
+    "published size takes minutes on a CPU (each program's seconds follow)"
+  )
 
 
 def format_table(reports: list[dict]) -> str:

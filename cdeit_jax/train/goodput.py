@@ -30,6 +30,7 @@ class Clock:
     self.run = dict.fromkeys(("startup", "compile", *PHASES), 0.0)
     self.window = dict.fromkeys(PHASES, 0.0)
     self.window_t0 = time.perf_counter()
+    self.steps_t0: float | None = None  # when the steps began (None: still starting up)
 
   def add(self, phase: str, seconds: float) -> None:
     self.run[phase] += seconds
@@ -61,7 +62,7 @@ class Clock:
     now = time.perf_counter()  # the line above is start-up too, not the first window's
     self.add("compile", compile_s)
     self.add("startup", now - self.t0 - compile_s)
-    self.window_t0 = now
+    self.window_t0 = self.steps_t0 = now
 
   def window_split(self) -> dict[str, float]:
     """The window's wall time by phase (`time_<phase>_s`, `time_other_s` the rest) and

@@ -1,6 +1,6 @@
 """The log window: the device metrics of the steps since the last log, fetched once at the
 window's end (one host sync), with their rates, the gradient norms outside a plausible range,
-and the stop at a non-finite loss.
+and the stop at a non-finite loss; the console's progress line of a window, with the time left.
 """
 
 from __future__ import annotations
@@ -85,3 +85,43 @@ class Window:
 
   def reset(self, step: int) -> None:
     self.start, self.t0, self.pending = step, time.perf_counter(), []
+
+
+def eta_s(step: int, last: int, start: int, elapsed_s: float) -> float | None:
+  """Seconds to step `last` at this run's rate so far: `elapsed_s` since its steps began at step
+  `start` (validations and checkpoints included, as the steps to come will have them); None
+  before a step is done."""
+  if step <= start:
+    return None
+  return (last - step) * elapsed_s / (step - start)
+
+
+def duration(seconds: float) -> str:
+  """`3h05m`, `4m10s`, `12s`: a time left, as a progress line shows it."""
+  s = round(seconds)
+  if s >= 3600:
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+  if s >= 60:
+    return f"{s // 60}m{s % 60:02d}s"
+  return f"{s}s"
+
+
+def progress_line(step: int, last: int, window_start: int, m: dict[str, Any]) -> str:
+  """The console's line of the log window that ends at `step` (steps `window_start` + 1 ..
+  `step`): the figures of its `metrics.jsonl` record `m`, the same numbers."""
+  steps = f"step {step}" if step == window_start + 1 else f"steps {window_start + 1}-{step}"
+  parts = [
+    f"step {step}/{last}: loss {m['loss']:.4g} (mean of {steps})",
+    f"grad norm {m['grad_norm']:.3g}",
+    f"lr {m['lr']:.3g}",
+    f"{m['samples_per_sec']:.4g} samples/s",
+  ]
+  tflops = f"{m['tflops_per_device']:.3g} TFLOP/s per device"
+  if m.get("fraction_of_peak") is not None:
+    tflops += f" ({m['fraction_of_peak']:.1%} of peak)"
+  parts.append(tflops)
+  if m.get("val_loss") is not None:
+    parts.append(f"val_loss {m['val_loss']:.4g}")
+  if m.get("eta_s") is not None and step < last:
+    parts.append(f"ETA {duration(m['eta_s'])}")
+  return ", ".join(parts)

@@ -28,9 +28,10 @@ from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import CdeitError
 from cdeit_jax.data import pipeline, simulator_source, training_data
 from cdeit_jax.eit import conditioning
+from cdeit_jax.model import flops
 from cdeit_jax.train import budget as budget_lib
 from cdeit_jax.train import goodput, memory_fit, training, workdir_lock
-from cdeit_jax.train.log_windows import Window
+from cdeit_jax.train.log_windows import Window, eta_s, progress_line
 from cdeit_jax.train.preemption import Preemption
 from cdeit_jax.train.resume import check_device, plan_resume, restore
 
@@ -52,18 +53,21 @@ def train(
   tracking.settings(cfg)  # W&B's environment (WANDB_MODE) checked before any work
   workdir = fileio.resolve(workdir)
   shipped.refuse_write(workdir, "--workdir")  # at any depth: the model's own checkpoints too
+  primary = jax.process_index() == 0
+  made = StartupPieces.missing(workdir) if primary else None
   fileio.writable_folder(workdir, "--workdir")
   lock = workdir_lock.WorkdirLock(workdir, lease_s=cfg.lock_lease_s)
   # from before the lock exists: a SIGTERM once it is visible (while starting or compiling)
   # stops the run cleanly and releases it, never kills the process with the lock left behind
   preempt = Preemption()
+  clock, refused = goodput.Clock(t0), False
   try:
-    if jax.process_index() == 0:  # one run per workdir (the other processes belong to this run)
+    if primary:  # one run per workdir (the other processes belong to this run)
       lock.acquire()
-    logs.debug_log(workdir, enabled=jax.process_index() == 0)
+    logs.debug_log(workdir, enabled=primary)
     mesh = shd.make_mesh()
     with jax.set_mesh(mesh):  # per-device kernels (splash attention) find the mesh when traced
-      result = _train(cfg, workdir, mesh, goodput.Clock(t0), preempt, lock)
+      result = _train(cfg, workdir, mesh, clock, preempt, lock)
     if preempt.signal == signal.SIGINT:
       done = (
         "during start-up, before step 0 (nothing to save)"
@@ -73,6 +77,9 @@ def train(
       raise Interrupted(f"interrupted (Ctrl-C) {done}; rerun the same command to resume")
     return result
   except Exception as e:
+    # refused before its first step (bad data, a config the checkpoint refuses, a step that
+    # does not fit): it leaves nothing it made (a busy workdir's lock is its holder's)
+    refused = clock.steps_t0 is None and not isinstance(e, workdir_lock.WorkdirBusy)
     if isinstance(e, fileio.DiskFull) or not compat.is_disk_full(e):
       raise
     logs.debug.error("the full error behind 'no space left'", exc_info=e)
@@ -81,7 +88,119 @@ def train(
     ) from None
   finally:
     preempt.restore()
-    lock.release()
+    lock.release(remove=refused and made is not None and made.lock)
+    if refused and made is not None:
+      made.remove()
+
+
+@dataclasses.dataclass
+class StartupPieces:
+  """What a run's start-up makes in its workdir where nothing was: the folder (and the missing
+  folders above it), the lock file, the `checkpoints` folder, `debug.log`. A run refused before
+  its first step removes them again, and only them: the user's files, a damaged step set aside,
+  a debug log that holds the refusal's whole error, stay."""
+
+  workdir: str
+  folders: list[str]  # the missing folders, the workdir first, then each one above it
+  lock: bool
+  checkpoints: bool
+  debug_log: bool
+
+  @classmethod
+  def missing(cls, workdir: str) -> StartupPieces:
+    there = lambda name: fileio.path(fileio.join(workdir, name)).exists()
+    folders = []
+    if not fileio.is_remote(workdir):  # an object store has no empty folders to leave
+      p = fileio.path(workdir)
+      while not p.exists() and p != p.parent:
+        folders.append(str(p))
+        p = p.parent
+    if not fileio.path(workdir).exists():
+      return cls(workdir, folders, True, True, True)
+    names = (workdir_lock.LOCK_NAME, checkpoint.CHECKPOINTS, logs.DEBUG_LOG)
+    return cls(workdir, folders, *(not there(n) for n in names))
+
+  def remove(self) -> None:
+    """Remove what start-up made (the lock file: `WorkdirLock.release(remove=True)`), each only
+    if it is still empty."""
+    try:
+      ckpt = fileio.path(fileio.join(self.workdir, checkpoint.CHECKPOINTS))
+      if self.checkpoints and ckpt.is_dir() and not any(ckpt.iterdir()):
+        ckpt.rmdir()
+      debug_log = fileio.path(fileio.join(self.workdir, logs.DEBUG_LOG))
+      if self.debug_log and debug_log.exists() and debug_log.stat().length == 0:
+        debug_log.unlink()
+      for folder in map(fileio.path, self.folders):
+        if not folder.is_dir() or any(folder.iterdir()):
+          break
+        folder.rmdir()
+    except OSError as e:  # never in the way of the refusal's own message
+      logs.debug.error(f"removing what the refused run made in {self.workdir}: {e}")
+
+
+# ----------------------------------------------------------------------------- start-up block
+
+
+def devices_line(cfg: ml_collections.ConfigDict) -> str:
+  """The devices and the mesh the step runs over."""
+  n, kind = jax.device_count(), jax.devices()[0].device_kind
+  params = "split over it (FSDP)" if cfg.shard_params else "replicated"
+  return (
+    f"devices: {n} x {kind} over {jax.process_count()} process(es); mesh {shd.DATA}={n} "
+    f"(the batch split over it, parameters {params})"
+  )
+
+
+def _log_devices(cfg: ml_collections.ConfigDict) -> str:
+  """Log the devices line, and the fewer-devices line where it applies; the devices line."""
+  devices = devices_line(cfg)
+  log.info(devices)
+  few = fewer_devices_line(cfg.get("expected_devices"), jax.device_count())
+  if few:
+    log.warning(few)
+  return devices
+
+
+def fewer_devices_line(expected: int | None, count: int) -> str | None:
+  """One line where a config meant for `expected` devices (`config.expected_devices`) runs on
+  fewer: what runs is not the data-parallel path it was made for, and how to get as many on a
+  CPU."""
+  if not expected or count >= expected:
+    return None
+  return (
+    f"this config is meant for {expected} devices (config.expected_devices) and runs on {count}, "
+    f"so its batch is not split {expected} ways as there; to check that path on a CPU, run with "
+    f"XLA_FLAGS=--xla_force_host_platform_device_count={expected} (docs/training.md)"
+  )
+
+
+def batch_line(cfg: ml_collections.ConfigDict, num_devices: int) -> str:
+  """The global batch, per device and per micro-batch."""
+  k = cfg.accum_steps
+  per_device = cfg.batch_size // (num_devices * k)
+  accum = (
+    "no gradient accumulation"
+    if k == 1
+    else f"gradient accumulation over {k} micro-batches of {cfg.batch_size // k}"
+  )
+  return (
+    f"batch: global {cfg.batch_size}, {per_device} per device per micro-batch on "
+    f"{num_devices} device(s); {accum}"
+  )
+
+
+def model_line(cfg: ml_collections.ConfigDict, ts: training.Setup) -> str:
+  """Parameters (their number and dtype), the compute dtype, attention, remat, FLOPs a step."""
+  kw = ts.model_kwargs
+  dtypes = "/".join(sorted({str(x.dtype) for x in jax.tree.leaves(ts.state.params)}))
+  per_example = flops.train_flops_per_example(kw)
+  flop = lambda x: f"{x / 1e12:.4g} TFLOP" if x >= 1e12 else f"{x / 1e9:.4g} GFLOP"
+  return (
+    f"model: {ts.num_params:,} parameters in {dtypes}, computing in "
+    f"{jnp.dtype(kw['dtype']).name} (attention {kw['attention_impl']}, remat "
+    f"{'on' if kw.get('remat') else 'off'}); {flop(per_example * cfg.batch_size)} a step "
+    f"({flop(per_example / 3)} a forward pass per example, x3 with the backward)"
+  )
 
 
 # ----------------------------------------------------------------------------- phases
@@ -178,13 +297,16 @@ class _Prepared:
   meta_now: Callable[[int], dict]
   report: list[str]
   warnings: list[str]
+  devices: str  # the start-up block's devices line (W&B's `device`)
 
 
 def _prepare(
   cfg: ml_collections.ConfigDict, workdir: str, mesh, mngr, stop: Callable[[], bool]
 ) -> _Prepared:
   """The resume plan, the data, the model and its compiled step, and the state: fresh, or the
-  newest intact step. `stop` may end the data's start-up early (`simulator_source.Stopped`)."""
+  newest intact step. `stop` may end the data's start-up early (`simulator_source.Stopped`).
+  The start-up block (devices, mesh, batch, model) is logged as each part is known."""
+  devices = _log_devices(cfg)
   plan = plan_resume(mngr, cfg, workdir)
   system = loading.resolve(cfg)
   device = system.device
@@ -205,12 +327,11 @@ def _prepare(
     cfg, mesh, system, plan.checkpoint_stats, stop, start_stats=inherited[0] if inherited else None
   )
   ts = training.setup(cfg, system, mesh, calibration_source=data.calibration)
+  for line in (batch_line(cfg, jax.device_count()), model_line(cfg, ts)):
+    log.info(line)
   compiled, cached = compile_step(ts, cfg, mesh)
   how = "loaded from the persistent compilation cache" if cached else "compiled"
   report = [
-    f"devices: {jax.device_count()} x {jax.devices()[0].device_kind} over "
-    f"{jax.process_count()} process(es); global batch {cfg.batch_size} "
-    f"({cfg.accum_steps} micro-batches); params {ts.num_params:,}",
     f"train step {how} in {compiled.compile_s:.1f} s; "
     f"{memory_fit.train_step_report(compiled.memory, cfg)}",
     data.description,
@@ -275,7 +396,25 @@ def _prepare(
     meta_now,
     report,
     warnings,
+    devices,
   )
+
+
+def _start(cfg: ml_collections.ConfigDict, workdir: str, mesh, preempt: Preemption):
+  """(the checkpoint manager, the prepared run, or None where a signal stopped the data's
+  start-up); the manager is closed when start-up fails."""
+  mngr = train_checkpoint.train_manager(
+    workdir, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoints
+  )
+  try:
+    return mngr, _prepare(cfg, workdir, mesh, mngr, preempt.requested_here)
+  except simulator_source.Stopped as e:
+    mngr.close()
+    log.info(f"a signal during start-up: {e}; nothing was saved; rerun the same command to start")
+    return mngr, None
+  except BaseException:
+    mngr.close()
+    raise
 
 
 def _train(
@@ -287,18 +426,13 @@ def _train(
   lock: workdir_lock.WorkdirLock,
 ) -> dict[str, Any]:
   primary = jax.process_index() == 0
-  mngr = train_checkpoint.train_manager(
-    workdir, keep=cfg.keep_checkpoints, async_save=cfg.async_checkpoints
-  )
-  try:
-    p = _prepare(cfg, workdir, mesh, mngr, preempt.requested_here)
-  except simulator_source.Stopped as e:
-    log.info(f"a signal during start-up: {e}; nothing was saved; rerun the same command to start")
+  mngr, p = _start(cfg, workdir, mesh, preempt)
+  if p is None:
     return {"step": 0, "saved": False}
   logger = logs.MetricLogger(workdir, cfg.steps, p.start, enabled=primary)
   for line in p.report:
     log.info(line)
-  tracker = tracking.Tracker.start(cfg, workdir, p.report[0], p.start, logger.history, primary)
+  tracker = tracking.Tracker.start(cfg, workdir, p.devices, p.start, logger.history, primary)
   for line in p.warnings:
     log.warning(line.removeprefix("warning: "))
   if primary and logger.dropped:
@@ -354,8 +488,12 @@ def _train(
         expired,
       )
       with clock.phase("logging"):
+        last["eta_s"] = eta_s(step, cfg.steps, p.start, time.perf_counter() - clock.steps_t0)
         logger.write(step, last, advance=window.steps)
         tracker.log(step, last, checkpoint=step if last_good != saved_before else None)
+        log.info(progress_line(step, cfg.steps, window.start, last))
+        if "run" in last:  # the run's end: its summary after its last progress line
+          log.info(goodput.describe(last["run"]))
       window.reset(step)
       if out_of_time:
         log.info(
@@ -464,5 +602,4 @@ def _close_window(
   last.update(clock.window_split())
   if end:
     last["run"] = clock.totals()
-    log.info(goodput.describe(last["run"]))
   return last_good, state, out_of_time

@@ -5,8 +5,10 @@ holder's process ends in any way (kill -9 included), and on NFS Linux emulates f
 locks that the server drops when the client's lease lapses, so a dead run's lock is taken over
 with no liveness guessing and no race between two newcomers. (The `filelock` package wraps the
 same call but truncates the file on every attempt, which would erase the holder's name that the
-error message shows.) The file itself is never deleted: deleting it would let a later run lock a
-fresh inode while an earlier one still holds the old.
+error message shows.) The file is deleted only by a run refused before its first step that created
+it (`release(remove=True)`, while still holding it), so that a refused run leaves nothing behind; a
+run that locked the file's old inode meanwhile sees that the path no longer names it and opens the
+path again, so two runs never hold two inodes of one lock.
 
 Object stores (gs://) have no locks and no rename, so there the lock is a lease: the `lock`
 object names its holder and the time it was last renewed, rewritten every `lease_s / 4` by a
@@ -87,6 +89,25 @@ class WorkdirLock:
     if fileio.is_remote(self.path):
       self._lease = _Lease(self.path, self.workdir, self.lease_s, self.on_lost)
       return self
+    while True:
+      fd = self._lock_file()
+      if _names(self.path, fd):
+        break
+      os.close(fd)  # a refused run deleted the file we locked: lock the path's new one
+    record = json.dumps(
+      {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+      }
+    ).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record, 0)
+    self._fd = fd
+    return self
+
+  def _lock_file(self) -> int:
+    """The lock file opened (created if missing) and locked; WorkdirBusy when held."""
     try:
       fd = fileio.open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
     except OSError as e:
@@ -106,23 +127,16 @@ class WorkdirLock:
     except BaseException:
       os.close(fd)
       raise
-    record = json.dumps(
-      {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-      }
-    ).encode()
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, record, 0)
-    self._fd = fd
-    return self
+    return fd
 
-  def release(self) -> None:
+  def release(self, remove: bool = False) -> None:
+    """Unlock; `remove`: delete the lock file too (a refused run that created it)."""
     if self._lease is not None:
       self._lease.release()
       self._lease = None
     if self._fd is not None:
+      if remove and _names(self.path, self._fd):
+        os.unlink(self.path)  # while held: a newcomer that locks this inode next sees it gone
       os.ftruncate(self._fd, 0)
       fcntl.flock(self._fd, fcntl.LOCK_UN)
       os.close(self._fd)
@@ -133,6 +147,16 @@ class WorkdirLock:
 
   def __exit__(self, *exc) -> None:
     self.release()
+
+
+def _names(p: str, fd: int) -> bool:
+  """Whether path `p` is still the file open as `fd` (not deleted or replaced since)."""
+  try:
+    st = os.stat(p, follow_symlinks=False)
+  except FileNotFoundError:
+    return False
+  own = os.fstat(fd)
+  return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def _read_holder(fd: int) -> str:
