@@ -577,6 +577,9 @@ KEYS = {
   "shard_params": "split parameters and optimizer state over the devices (FSDP-style) instead "
   "of replicating them",
   "log_every": "steps between log lines (console, metrics.jsonl, TensorBoard)",
+  "expected_devices": "the devices the config is made for (configs/v5e8.py: 8); a run on fewer "
+  "says so in one line at start-up, with how to get that many on a CPU (XLA_FLAGS="
+  "--xla_force_host_platform_device_count=N); None: any",
   "eval_every": "steps between validations (the EMA weights' loss at a fixed seed) and checkpoints",
   "eval_batch_size": "validation's global batch (None: batch_size)",
   "eval_max_batches": "validation batches each time (None: the whole validation split)",

@@ -147,7 +147,7 @@ def test_config_help_lists_a_configs_values_beside_the_defaults(train_flags, cap
   keyed = [line for line in lines if line[:2] in ("* ", "  ")]
   assert sorted(line[2:].split(" = ")[0] for line in keyed) == sorted(config_lib.KEYS)
   changed = {line[2:].split(" = ")[0] for line in keyed if line.startswith("*")}
-  assert changed == {"batch_size", "model.dtype", "model.patch_size"}  # configs/v5e8.py's two
+  assert changed == {"batch_size", "model.dtype", "expected_devices", "model.patch_size"}  # v5e8.py
   assert "* model.dtype = 'bfloat16' (default 'float32'; str): compute dtype" in "\n".join(lines)
   assert "  model.hidden_size = 512 (int): width of every token" in "\n".join(lines)
   assert train_flags("--config_help") == 0  # no config: the defaults
