@@ -295,6 +295,7 @@ def ship(
   if shipped.model_folder_of(os.path.dirname(out)) is not None:  # itself: replaced whole
     shipped.refuse_write(out, "--out")
   fileio.refuse_own_input(out, "--out", [("--workdir", workdir)])  # replaced whole
+  os.makedirs(os.path.dirname(out), exist_ok=True)
   with _turn(out):
     if os.path.exists(out) and os.listdir(out) and shipped.read(out) is None:
       raise InputError(f"--out {out}: holds files and no {shipped.MANIFEST}; give a new folder")
@@ -357,7 +358,6 @@ def _turn(out: str):
   from cdeit_jax.common import logs, stages
 
   parent = os.path.dirname(out)
-  os.makedirs(parent, exist_ok=True)
   busy = (
     f"--out {out}: another python -m cdeit_jax.ship is writing in {parent} now; wait for it "
     "to end and run this again"
@@ -453,6 +453,8 @@ def ship_again(
   # a record the readers take, else one line naming it
   cal = None if calibration is None else intervals.read(calibration)
   out = _out_folder(out)
+  if not os.path.isdir(os.path.dirname(out)):
+    raise InputError(f"--out {out}: no such model folder (nor the folder it would lie in)")
   with _turn(out):
     manifest = shipped.verify(out)
     if manifest is None:
