@@ -19,8 +19,9 @@ the machine, the data seeds, the scores given, and the SHA-256 of the step's fil
 run (`config.init_from`) records what it started from and the seconds of both (`seconds_in_all`).
 `--set eval.answer_rule=...` (repeatable; eval.* and sampling.* keys) changes a setting the model
 is evaluated with by default, e.g. the KTC2023 answer rule chosen for it by
-`python -m cdeit_jax.answer_study`. The folder is written beside --out and put in its
-place whole; an --out that is not a model folder (no manifest) is refused.
+`python -m cdeit_jax.answer_study`. The folder is written in a stage of its own beside --out,
+read back as the commands read it, and put in its place whole, one ship at a time
+(`_put_in_place`, `_turn`); an --out that is not a model folder (no manifest) is refused.
 """
 
 from __future__ import annotations
