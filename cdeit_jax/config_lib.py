@@ -391,9 +391,11 @@ def from_json(stored: dict[str, Any]) -> ml_collections.ConfigDict:
   return cfg
 
 
-def override(cfg: ml_collections.ConfigDict, values: dict[str, Any]) -> None:
+def override(
+  cfg: ml_collections.ConfigDict, values: dict[str, Any], flag: str = "--config."
+) -> None:
   """Set dotted keys (`{"sampling.steps": 2}`); an unknown key or a wrongly typed value is an
-  InputError naming `--config.<key>`."""
+  InputError naming `<flag><key>` (`--config.<key>`, or ship's `--set <key>`)."""
   for key, value in values.items():
     node, *path = [cfg, *key.split(".")]
     *parents, leaf = path
@@ -408,7 +410,7 @@ def override(cfg: ml_collections.ConfigDict, values: dict[str, Any]) -> None:
         tuple(value) if isinstance(value, list) and isinstance(node[leaf], tuple) else value
       )
     except (KeyError, TypeError, AttributeError) as e:
-      raise InputError(f"--config.{key}={value!r}: {e.args[0] if e.args else e}") from None
+      raise InputError(f"{flag}{key}={value!r}: {e.args[0] if e.args else e}") from None
 
 
 def none_strings(cfg: ml_collections.ConfigDict) -> None:

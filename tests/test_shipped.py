@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -149,7 +150,7 @@ def test_a_changed_byte_or_file_is_refused_in_one_line(model_folder, tmp_path):
   for setting, words in (
     ("model.hidden_size=64", "give KEY=VALUE of an evaluation setting"),
     ("eval.answer_rule=median:0.3", "--set eval.answer_rule='median:0.3': not an answer rule"),
-    ("sampling.num_samples=four", "--set sampling.num_samples=four: invalid literal"),
+    ("sampling.num_samples=four", "--set sampling.num_samples=four: not an integer"),
   ):
     p = _run(
       "-m", "cdeit_jax.ship", f"--workdir={out}", f"--out={tmp_path / 'x'}", f"--set={setting}"
@@ -437,3 +438,236 @@ def test_a_model_folder_shipped_again_with_a_setting(model_folder, tmp_path):
       assert (folder / rel).read_bytes() == (out / rel).read_bytes(), rel
   with run_opening.open_run(str(folder)) as opened:
     assert opened.cfg.eval.refinement == "objects:move=4"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_run, tmp_path_factory):
+  """The tiny test model (`tiny_run`) shipped as a model folder: copies of it are shipped again
+  by the tests below (cheaper than a trained run)."""
+  out = tmp_path_factory.mktemp("tiny_model") / "tiny"
+  shipping.ship(tiny_run, str(out), "r", [], None)
+  return out
+
+
+def _hashes(root: pathlib.Path) -> dict[str, str]:
+  """Every file below `root` (links too, as links) by its bytes' SHA-256."""
+  out = {}
+  for p in sorted(root.rglob("*")):
+    if p.is_symlink():
+      out[str(p.relative_to(root))] = "-> " + os.readlink(p)
+    elif p.is_file():
+      out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
+  return out
+
+
+def _copy(tiny_model, tmp_path) -> pathlib.Path:
+  folder = tmp_path / "models" / "tiny"
+  shutil.copytree(tiny_model, folder)
+  return folder
+
+
+@pytest.mark.parametrize(
+  "setting, why",
+  [
+    ("eval.voltage_ratio=abc", "--set eval.voltage_ratio=abc: not a number (or None)"),
+    ("sampling.batch_size=4.5", "--set sampling.batch_size=4.5: not an integer"),
+    ("sampling.num_samples=-1", "--set sampling.num_samples=-1: must be an integer from 1"),
+    ("sampling.steps=0", "--set sampling.steps=0: must be >= 1"),
+    ("sampling.eta=nan", "--set sampling.eta=nan: must be a finite number"),
+    ("sampling.eta=2", "--set sampling.eta=2.0: must be in [0, 1]"),
+    ("eval.max_examples=0", "--set eval.max_examples=0: must be >= 1"),
+    ("eval.calibration=/etc/passwd", "--set eval.calibration=/etc/passwd: a model folder keeps"),
+    ("eval.stats=/tmp", "--set eval.stats=/tmp: a model folder keeps no path"),
+    ("eval.step=3", "--set eval.step=3: a model folder holds one step"),
+    ("eval.weights=raw", "--set eval.weights=raw: the model folder holds the ema weights only"),
+    ("eval.refinement=pixels", "--set eval.refinement='pixels'"),
+    ("eval.answer_rule=nope", "--set eval.answer_rule"),
+    ("sampling.symmetric=maybe", "--set sampling.symmetric=maybe: not True or False"),
+    ("eval.foo=1", "--set eval.foo=1: no such setting; config.eval has"),
+    ("eval.answer_rule.x=1", "--set eval.answer_rule.x=1: no such setting"),
+    ("model.dtype=float16", "--set 'model.dtype=float16': give KEY=VALUE of an evaluation"),
+  ],
+)
+def test_a_refused_setting_leaves_the_folder_byte_identical(tiny_model, tmp_path, setting, why):
+  """`ship --out M --set KEY=VALUE`: a value is read as its config field's type and checked as
+  every reader checks the config (run_opening.settings), paths and steps are refused; the
+  refusal is one line naming --set (never --config), and every file beside and below M keeps
+  its bytes (no stage, no backup left)."""
+  folder = _copy(tiny_model, tmp_path)
+  before = _hashes(tmp_path)
+  with pytest.raises(InputError) as e:
+    shipping.ship_again(str(folder), None, [], [setting])
+  assert str(e.value).startswith(why) and "--config" not in str(e.value), e.value
+  assert "\n" not in str(e.value)
+  assert _hashes(tmp_path) == before
+
+
+def test_numbers_given_as_text_are_stored_as_numbers_and_read_back(tiny_model, tmp_path):
+  """`--set eval.voltage_ratio=1040.86` (a float field whose default is None), `--set
+  sampling.batch_size=4`, `--set eval.max_examples=2`, a bool and a tuple: stored as the field's
+  type, so the folder verifies and every reader opens it with those values."""
+  from cdeit_jax.infer import run_opening
+
+  folder = _copy(tiny_model, tmp_path)
+  sets = [
+    "eval.voltage_ratio=1040.86",
+    "sampling.batch_size=4",
+    "eval.max_examples=2",
+    "eval.figure=false",
+    "eval.interval_levels=(0.9,)",
+  ]
+  m = shipping.ship_again(str(folder), None, [], sets)
+  assert m["config"]["eval"]["voltage_ratio"] == 1040.86
+  assert m["config"]["sampling"]["batch_size"] == 4 and m["config"]["eval"]["max_examples"] == 2
+  assert shipped.verify(str(folder)) == m
+  with run_opening.open_run(str(folder)) as opened:
+    e, s = opened.cfg.eval, opened.cfg.sampling
+    assert (e.voltage_ratio, s.batch_size, e.max_examples) == (1040.86, 4, 2)
+    assert type(e.voltage_ratio) is float and type(s.batch_size) is int
+    assert e.figure is False and tuple(e.interval_levels) == (0.9,)
+  assert sorted(os.listdir(tmp_path / "models")) == ["tiny"]  # no stage, no backup left
+
+
+def test_ship_keeps_what_it_did_not_make(tiny_model, tmp_path):
+  """A user's `M.shipping` and `M.old` beside --out M are neither removed nor in the way; --out
+  a file is refused in one line; --out LINK (a link to a model folder) ships the folder the link
+  names in its place and keeps the link."""
+  folder = _copy(tiny_model, tmp_path)
+  for mine in ("tiny.shipping", "tiny.old"):
+    (tmp_path / "models" / mine).mkdir()
+    (tmp_path / "models" / mine / "my_notes.txt").write_text("mine")
+  shipping.ship_again(str(folder), None, [], ["sampling.steps=3"])
+  for mine in ("tiny.shipping", "tiny.old"):
+    assert (tmp_path / "models" / mine / "my_notes.txt").read_text() == "mine"
+  assert sorted(os.listdir(tmp_path / "models")) == ["tiny", "tiny.old", "tiny.shipping"]
+  (tmp_path / "file").write_text("x")
+  with pytest.raises(InputError, match="--out .*file: exists and is not a folder"):
+    shipping.ship_again(str(tmp_path / "file"), None, [], ["sampling.steps=3"])
+  link = tmp_path / "current"
+  link.symlink_to(folder)
+  m = shipping.ship_again(str(link), None, [], ["sampling.steps=4"])
+  assert link.is_symlink() and os.readlink(link) == str(folder)
+  assert shipped.verify(str(folder)) == m and m["config"]["sampling"]["steps"] == 4
+  assert sorted(os.listdir(tmp_path)) == ["current", "file", "models"]
+
+
+def _gone_pid() -> int:
+  """The pid of a process that has ended (its stages are stale)."""
+  p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+  return int(p.stdout)
+
+
+def test_a_ship_stopped_between_its_renames_is_named_and_put_back(tiny_model, tmp_path):
+  """A ship killed after moving M aside and before putting its new copy in place leaves no M:
+  every reader names where the model is in one line, and the next ship puts it back first (and
+  removes a killed ship's half-made stage); an older ship's `M.old` is named, never moved."""
+  from cdeit_jax.checkpoints import checkpoint
+  from cdeit_jax.common.errors import CdeitError
+
+  folder = _copy(tiny_model, tmp_path)
+  before = _hashes(folder)
+  pid = _gone_pid()
+  aside = tmp_path / "models" / f"{shipped.replaced_prefix(str(folder))}{pid}-x1"
+  stage = tmp_path / "models" / f"{shipped.stage_prefix(str(folder))}{pid}-x2"
+  folder.rename(aside)
+  stage.mkdir()
+  (stage / "half").write_text("")
+  for read in (shipped.verify, checkpoint.locate):
+    with pytest.raises(CdeitError, match=f"its model is in {aside} .*mv {aside} {folder}"):
+      read(str(folder))
+  m = shipping.ship_again(str(folder), None, [], ["sampling.steps=3"])
+  assert shipped.verify(str(folder)) == m and sorted(os.listdir(tmp_path / "models")) == ["tiny"]
+  assert {k: v for k, v in _hashes(folder).items() if "meta" not in k and "manifest" not in k} == {
+    k: v for k, v in before.items() if "meta" not in k and "manifest" not in k
+  }
+  old = tmp_path / "models" / "tiny.old"
+  folder.rename(old)  # as an older ship, which named its backup so, left it
+  with pytest.raises(InputError, match=f"its model is in {old} "):
+    shipping.ship_again(str(folder), None, [], ["sampling.steps=4"])
+  assert shipped.verify(str(old)) == m
+
+
+def test_a_score_or_calibration_that_is_not_one_is_refused(tiny_model, tmp_path):
+  """--scores takes an evaluation's metrics.json only (an object with figures, no NaN, positive
+  std scales, at most 1 MB); --calibration a record of positive numbers (not true) up to 1e6
+  that grow with the level; each refusal one line naming the flag, the folder unchanged."""
+  from cdeit_jax.infer import intervals
+
+  folder = _copy(tiny_model, tmp_path)
+  before = _hashes(tmp_path / "models")
+
+  def metrics(name, text):
+    path = tmp_path / f"{name}.json"
+    path.write_text(text)
+    return f"{name}={path}"
+
+  for text, why in [
+    ("[1, 2]", "holds no 'metrics' object"),
+    ('{"metrics": "good"}', "holds no 'metrics' object"),
+    ('{"metrics": {"cdeit": {"rmse": "low"}}}', "holds no 'metrics' object"),
+    ('{"metrics": {"cdeit": {"rmse": NaN}}}', "NaN is no number JSON knows"),
+    ('{"metrics": {"cdeit": {"rmse": 1}}, "settings": 3}', "its 'settings' is not an object"),
+    ('{"metrics": {"uncertainty": {"scale": -1}}}', "holds no positive std scales"),
+    ('{"metrics": {"x": 1}, "pad": "' + "x" * 1_000_001 + '"}', "bytes, not an evaluation's"),
+  ]:
+    with pytest.raises(InputError, match=f"--scores s=.*: .*{re.escape(why)}"):
+      shipping.ship_again(str(folder), None, [metrics("s", text)], ["sampling.steps=3"])
+  fitted = intervals.fit(np.random.default_rng(0).exponential(1.0, 1000)).record()
+  for record, why in [
+    ({"scale": True}, "'scale' must be a positive number up to 1e+06, got True"),
+    ({"scale": 1e308}, "'scale' must be a positive number up to 1e+06"),
+    ({**fitted, "scales": {k: 1.0 / (i + 1) for i, k in enumerate(fitted["scales"])}}, "grow"),
+  ]:
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps(record))
+    with pytest.raises(InputError, match=f"{cal}: .*{re.escape(why)}"):
+      shipping.ship_again(str(folder), str(cal), [], [])
+  assert _hashes(tmp_path / "models") == before
+
+
+def test_a_segmenter_takes_no_calibration(tiny_model, tmp_path):
+  """A model whose outputs are classes (KTC2023's segmenter) has no std: --calibration is
+  refused in one line, the folder unchanged (its manifest's config says `output: classes`)."""
+  from cdeit_jax.infer import intervals
+
+  folder = _copy(tiny_model, tmp_path)
+  m = json.loads((folder / "manifest.json").read_text())
+  m["config"]["model"]["output"] = "classes"
+  m[shipped.OWN] = shipped.own_digest(m)
+  (folder / "manifest.json").write_text(json.dumps(m))
+  before = _hashes(tmp_path / "models")
+  cal = tmp_path / "cal.json"
+  cal.write_text(json.dumps(intervals.fit(np.ones(100)).record()))
+  with pytest.raises(InputError, match="--calibration .*a segmenter's"):
+    shipping.ship_again(str(folder), str(cal), [], [])
+  assert _hashes(tmp_path / "models") == before
+
+
+@pytest.mark.e2e
+def test_two_ships_at_once_leave_a_folder_that_verifies(tiny_model, tmp_path):
+  """Two `ship --set` processes on one folder at once, 4 times: they take turns (the lock on
+  the folder's parent): each either ships or is refused in one line saying another ship is
+  writing, at least one ships, and the folder verifies with the setting of the last that did."""
+  folder = _copy(tiny_model, tmp_path)
+  code = (
+    "import sys; from cdeit_jax.infer import shipping; "
+    "shipping.ship_again(sys.argv[1], None, [], [sys.argv[2]])"
+  )
+  for attempt in range(4):
+    procs = [
+      subprocess.Popen(
+        [sys.executable, "-c", code, str(folder), f"sampling.steps={10 * attempt + k + 1}"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+      )
+      for k in range(2)
+    ]
+    results = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    for rc, err in results:
+      assert rc == 0 or "another python -m cdeit_jax.ship is writing" in err, err[-2000:]
+    assert any(rc == 0 for rc, _ in results)
+    m = shipped.verify(str(folder))
+    assert m["config"]["sampling"]["steps"] in {10 * attempt + 1, 10 * attempt + 2}
+    assert sorted(os.listdir(tmp_path / "models")) == ["tiny"]

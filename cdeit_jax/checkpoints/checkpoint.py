@@ -265,7 +265,7 @@ def locate(path: str) -> tuple[str, int | None]:
   p = fileio.path(path)
   path = str(p)
   if not p.exists():
-    raise MissingFile(f"checkpoint {path}: no such file or directory")
+    raise MissingFile(f"checkpoint {path}: no such file or directory{shipped.missing_note(path)}")
   if step_folder(path) is not None:
     shipped.verify(str(p.parent.parent))
     return str(p.parent.parent), step_folder(path)

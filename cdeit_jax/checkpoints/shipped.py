@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from typing import Any
 
-from cdeit_jax.common import fileio
+from cdeit_jax.common import fileio, stages
 from cdeit_jax.common.errors import InputError
 
 MANIFEST = "manifest.json"
@@ -61,6 +62,44 @@ def _tracked(folder: str) -> bool:
   except (OSError, subprocess.TimeoutExpired):  # no git, or a folder git cannot enter
     return False
   return r.returncode == 0
+
+
+def stage_prefix(folder: str) -> str:
+  """The name, beside model folder `folder`, of ship's stages: `.NAME.shipping-PID-XXXX`."""
+  return f".{os.path.basename(fileio.resolve(folder))}.shipping-"
+
+
+def replaced_prefix(folder: str) -> str:
+  """The name, beside `folder`, under which ship keeps the model it replaces between its two
+  renames: `.NAME.replaced-PID-XXXX`."""
+  return f".{os.path.basename(fileio.resolve(folder))}.replaced-"
+
+
+def left_between_renames(folder: str) -> str | None:
+  """Where the model of a missing local `folder` is when a ship was stopped between its two
+  renames (the model moved aside, its new copy not yet in place): ship's backup beside it, of a
+  process gone (`replaced_prefix`), or an older ship's `NAME.old`; None when `folder` exists or
+  no such folder holds a manifest."""
+  folder = fileio.resolve(folder)
+  if fileio.is_remote(folder) or os.path.lexists(folder):
+    return None
+  parent = os.path.dirname(folder)
+  for left in [*sorted(stages.stale(parent, replaced_prefix(folder))), f"{folder}.old"]:
+    if os.path.isfile(os.path.join(left, MANIFEST)):
+      return left
+  return None
+
+
+def missing_note(folder: str) -> str:
+  """'' or, for a model folder a stopped ship left aside (`left_between_renames`), what to do,
+  to follow a 'no such folder' message."""
+  left = left_between_renames(folder)
+  if left is None:
+    return ""
+  return (
+    f"; its model is in {left} (a python -m cdeit_jax.ship stopped between its two renames): "
+    f"run that ship again, which puts it back first, or: mv {left} {fileio.resolve(folder)}"
+  )
 
 
 def is_model_folder(folder: str) -> bool:
@@ -172,6 +211,8 @@ def read(workdir: str) -> dict[str, Any] | None:
     raise _damaged(workdir, f"its {MANIFEST} is a folder, not the model's manifest")
   text = fileio.read_text(path)
   if text is None:
+    if missing_note(workdir):
+      raise ManifestError(f"model folder {workdir}: no such folder{missing_note(workdir)}")
     if lost_manifest(workdir):
       raise _damaged(workdir, f"its {MANIFEST} is missing (its one step is as ship writes it)")
     return None

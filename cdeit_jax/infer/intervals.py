@@ -94,22 +94,35 @@ class Calibration:
 UNCALIBRATED = Calibration.of_scale(1.0)
 
 
+MAX_SCALE = 1e6  # a std scaled by more is no calibration (a fit's scales are of order 1-10)
+
+
 def from_record(record, where: str) -> Calibration:
-  """The calibration of a record (dict) read from `where` (named in errors)."""
-  positive = lambda v: isinstance(v, (int, float)) and 0 < v < math.inf
+  """The calibration of a record (dict) read from `where` (named in errors): its scales numbers
+  (not true/false, not text) in (0, MAX_SCALE], growing with the coverage level (a wider
+  interval covers more: the 2-std scale is not below the 1-std one)."""
+  positive = lambda v: (
+    isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_SCALE
+  )
   scale = record.get("scale") if isinstance(record, dict) else None
   if not positive(scale):
-    raise _refit(where, f"'scale' must be a positive number, got {scale!r}")
+    raise _refit(where, f"'scale' must be a positive number up to {MAX_SCALE:g}, got {scale!r}")
   if "scales" not in record:
     return Calibration.of_scale(float(scale))
   try:
-    scales = {float(k): float(v) for k, v in record["scales"].items()}
+    scales = {float(k): v for k, v in record["scales"].items()}
   except (AttributeError, TypeError, ValueError):
     raise _refit(where, "'scales' must map coverage levels to scales") from None
   bad = {k: v for k, v in scales.items() if not (0 < k < 1 and positive(v))}
   if bad or ONE_SIGMA not in scales or TWO_SIGMA not in scales:
-    raise _refit(where, f"'scales' must hold positive scales at levels {LEVELS} and in (0, 1)")
-  return Calibration(scales)
+    raise _refit(
+      where,
+      f"'scales' must hold positive scales up to {MAX_SCALE:g} at levels {LEVELS} and in (0, 1)",
+    )
+  ordered = [scales[k] for k in sorted(scales)]
+  if any(b < a for a, b in zip(ordered, ordered[1:])):
+    raise _refit(where, "'scales' must grow with the level (the 2-std scale not below the 1-std)")
+  return Calibration({k: float(v) for k, v in scales.items()})
 
 
 def read(path: str) -> Calibration:

@@ -42,9 +42,11 @@ TRANSLATION_FILE, MODEL_FOLDER = checkpoint.TRANSLATION_FILE, checkpoint.MODEL_F
 MAX_SAMPLES = 1024  # samples per frame: a frame's K share its batches (1024 x 64 KB per frame)
 
 
-def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.ConfigDict:
+def settings(
+  meta: dict[str, Any], overrides: dict[str, Any], flag: str = "--config."
+) -> ml_collections.ConfigDict:
   """The checkpoint's config with `overrides` (dotted keys) applied and the sampling settings
-  checked; errors name `--config.<key>`."""
+  checked; errors name `<flag><key>` (`--config.<key>`; ship's `--set <key>`)."""
   for key in overrides:
     if not key.startswith(SETTABLE):
       raise InputError(
@@ -53,13 +55,13 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
         f"config.model.{{{','.join(loading.RUNTIME_MODEL_KEYS)}}} can be set"
       )
   cfg = loading.model_config(meta)
-  config_lib.override(cfg, overrides)
+  config_lib.override(cfg, overrides, flag)
   s, e = cfg.sampling, cfg.eval
 
   def need(ok: bool, key: str, msg: str) -> None:
     if not ok:
       section, leaf = key.split(".")
-      raise InputError(f"--config.{key}={cfg[section][leaf]!r}: {msg}")
+      raise InputError(f"{flag}{key}={cfg[section][leaf]!r}: {msg}")
 
   need(s.steps >= 1, "sampling.steps", "must be >= 1")
   need(
@@ -76,7 +78,8 @@ def settings(meta: dict[str, Any], overrides: dict[str, Any]) -> ml_collections.
   need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
   need(isinstance(s.symmetric, bool), "sampling.symmetric", "must be True or False")
   need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
-  refinement.Refinement.parse(e.get("refinement", ""))  # a bad one: one line naming the flag
+  # a bad one: one line naming the flag
+  refinement.Refinement.parse(e.get("refinement", ""), f"{flag}eval.refinement")
   need(
     e.weights in checkpoint.WEIGHT_ITEMS,
     "eval.weights",

@@ -19,12 +19,14 @@ the machine, the data seeds, the scores given, and the SHA-256 of the step's fil
 run (`config.init_from`) records what it started from and the seconds of both (`seconds_in_all`).
 `--set eval.answer_rule=...` (repeatable; eval.* and sampling.* keys) changes a setting the model
 is evaluated with by default, e.g. the KTC2023 answer rule chosen for it by
-`python -m cdeit_jax.answer_study`. The folder is written beside --out and put in its
-place whole; an --out that is not a model folder (no manifest) is refused.
+`python -m cdeit_jax.answer_study`. The folder is written in a stage of its own beside --out,
+read back as the commands read it, and put in its place whole, one ship at a time
+(`_put_in_place`, `_turn`); an --out that is not a model folder (no manifest) is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -99,8 +101,14 @@ def machine() -> str:
   return f"{cpu}, {os.cpu_count()} cores; jax {jax.__version__}, {len(d)} x {d[0].device_kind}"
 
 
+MAX_SCORES_BYTES = 1_000_000  # an evaluation's metrics.json is some KB; a larger file is not one
+
+
 def scores(pairs: list[str]) -> dict:
-  """{name: the metrics (and settings) of an evaluation's metrics.json} of NAME=PATH pairs."""
+  """{name: the metrics (and settings) of an evaluation's metrics.json} of NAME=PATH pairs; a
+  file that is not an evaluation's (not a JSON object with a `metrics` object holding a number,
+  a NaN or infinity anywhere, a std scale that is not a positive number, over 1 MB) is refused
+  in one line naming --scores."""
   from cdeit_jax.common.errors import InputError
 
   out = {}
@@ -108,22 +116,71 @@ def scores(pairs: list[str]) -> dict:
     name, sep, path = pair.partition("=")
     if not sep or not name:
       raise InputError(f"--scores {pair!r}: give NAME=PATH to an evaluation's metrics.json")
+
+    def refuse(why: str, name=name, path=path) -> InputError:
+      return InputError(
+        f"--scores {name}={path}: {why}; give the metrics.json eval.py wrote (its 'metrics')"
+      )
+
+    def constant(text: str):
+      raise ValueError(f"{text} is no number JSON knows")
+
     try:
+      if os.path.getsize(path) > MAX_SCORES_BYTES:
+        raise refuse(f"{os.path.getsize(path)} bytes, not an evaluation's metrics.json")
       with open(path) as fh:
-        m = json.load(fh)
+        m = json.load(fh, parse_constant=constant)
     except (OSError, ValueError) as e:
-      raise InputError(f"--scores {name}={path}: not a readable metrics.json ({e})") from None
+      raise refuse(f"not a readable metrics.json ({e})") from None
+    metrics = m.get("metrics") if isinstance(m, dict) else None
+    if not isinstance(metrics, dict) or not _holds_number(metrics):
+      raise refuse("holds no 'metrics' object with figures")
+    if not isinstance(m.get("settings", {}), dict):
+      raise refuse("its 'settings' is not an object")
+    u = metrics.get("uncertainty")
+    if u is not None and not (
+      isinstance(u, dict) and all(_positive(u[k]) for k in ("scale", "scale_2std") if k in u)
+    ):
+      raise refuse("its 'uncertainty' holds no positive std scales")
     out[name] = {k: m[k] for k in ("metrics", "settings") if k in m}
   return out
 
 
+def _positive(v) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < math.inf
+
+
+def _holds_number(tree) -> bool:
+  """Whether a JSON tree holds a number (a figure) anywhere."""
+  if isinstance(tree, dict):
+    return any(_holds_number(v) for v in tree.values())
+  if isinstance(tree, list):
+    return any(_holds_number(v) for v in tree)
+  return isinstance(tree, (int, float)) and not isinstance(tree, bool)
+
+
 SETTABLE = ("eval.", "sampling.")
+# settings a model folder never ships with: a path to a file or folder (no other machine has
+# it; a model folder holds its own statistics and calibration), or another step than its one
+NOT_SHIPPED = {
+  "eval.stats": "a model folder keeps no path to a folder outside it (its statistics are its "
+  "step's)",
+  "eval.calibration": "a model folder keeps no path to a file outside it (ship a calibration "
+  "into its step with --calibration FILE)",
+  "eval.step": "a model folder holds one step, which its readers open",
+}
+KINDS = {bool: "True or False", int: "an integer", float: "a number", tuple: "a tuple"}
 
 
-def settings(pairs: list[str]) -> dict[str, str]:
-  """{dotted key: text} of KEY=VALUE pairs, each an evaluation setting (eval.*, sampling.*)."""
+def settings(pairs: list[str]) -> dict:
+  """{dotted key: value} of KEY=VALUE pairs, each an evaluation setting (eval.*, sampling.*)
+  read as its field's type in the default config (as ml_collections' config_flags reads
+  `--config.KEY=VALUE`: the same parsers; "None" for a setting that may be None), a float
+  finite; a path or a step refused (`NOT_SHIPPED`). One line naming --set for anything else."""
+  from cdeit_jax import config_lib
   from cdeit_jax.common.errors import InputError
 
+  defaults = config_lib.default_config()
   out = {}
   for pair in pairs or []:
     key, sep, text = pair.partition("=")
@@ -132,37 +189,63 @@ def settings(pairs: list[str]) -> dict[str, str]:
         f"--set {pair!r}: give KEY=VALUE of an evaluation setting (eval.*, sampling.*), e.g. "
         "--set eval.answer_rule=vote:0.3:0.5"
       )
-    out[key] = text
+    out[key] = _setting(key, text, defaults)
   return out
 
 
-def apply_settings(cfg, given: dict[str, str]) -> None:
-  """Set each text in `cfg` as its key's type (an unknown key or unreadable value: one line
-  naming --set); an answer rule is checked as eval.py reads it."""
-  from cdeit_jax import config_lib
-  from cdeit_jax.common.errors import InputError
-  from cdeit_jax.infer.answer_rules import AnswerRule
-  from cdeit_jax.infer.refinement import Refinement
+def _setting(key: str, text: str, defaults) -> object:
+  """The value of `--set key=text` (`settings`)."""
+  import ml_collections
+  from absl import flags
+  from ml_collections.config_flags import tuple_parser
 
-  for key, text in given.items():
-    try:
-      old = cfg
-      for k in key.split("."):
-        old = old[k]
-      kind = type(old)
-      if kind is bool:
-        if text not in ("True", "False"):
-          raise ValueError("True or False")
-        value = text == "True"
-      else:
-        value = kind(text) if kind in (int, float, str) else text
-    except (KeyError, ValueError) as e:
-      raise InputError(f"--set {key}={text}: {e}") from None
-    config_lib.override(cfg, {key: value})
-  if "eval.answer_rule" in given:
+  from cdeit_jax.common.errors import InputError
+
+  section, _, leaf = key.partition(".")
+  node = defaults[section]
+  if "." in leaf or leaf not in node or isinstance(node[leaf], ml_collections.ConfigDict):
+    raise InputError(
+      f"--set {key}={text}: no such setting; config.{section} has {', '.join(sorted(node))}"
+    )
+  if key in NOT_SHIPPED and text.strip() not in ("None", "none", ""):
+    raise InputError(f"--set {key}={text}: {NOT_SHIPPED[key]}; leave it None")
+  kind = node.get_type(leaf)
+  if node[leaf] is None and text.strip() in ("None", "none", "null"):
+    return None
+  parsers = {  # config_flags' parsers of these field types
+    bool: flags.BooleanParser(),
+    int: flags.IntegerParser(),
+    float: flags.FloatParser(),
+    str: flags.ArgumentParser(),
+    tuple: tuple_parser.TupleParser(),
+  }
+  if kind not in parsers:
+    raise InputError(f"--set {key}={text}: a {kind.__name__} setting cannot be set by ship")
+  try:
+    value = parsers[kind].parse(text)
+  except (ValueError, TypeError, SyntaxError) as e:
+    optional = " (or None)" if node[leaf] is None else ""
+    raise InputError(
+      f"--set {key}={text}: not {KINDS.get(kind, kind.__name__)}{optional} "
+      f"({' '.join(str(e).split())})"
+    ) from None
+  if isinstance(value, float) and not math.isfinite(value):
+    raise InputError(f"--set {key}={text}: must be a finite number")
+  return value
+
+
+def apply_settings(cfg, values: dict, record: dict) -> None:
+  """Set `values` (`settings`) in `cfg` and check the result as every reader does
+  (`run_opening.settings` on the step's metadata `record` with this config; an answer rule as
+  eval.py reads it): one line naming --set."""
+  from cdeit_jax import config_lib
+  from cdeit_jax.infer import run_opening
+  from cdeit_jax.infer.answer_rules import AnswerRule
+
+  config_lib.override(cfg, values, "--set ")
+  run_opening.settings({**record, "config": json.loads(cfg.to_json_best_effort())}, {}, "--set ")
+  if "eval.answer_rule" in values:
     AnswerRule.parse(cfg.eval.answer_rule, "--set eval.answer_rule")
-  if "eval.refinement" in given:
-    Refinement.parse(cfg.eval.refinement, "--set eval.refinement")
 
 
 def training_of(workdir: str, meta) -> dict:
@@ -209,50 +292,136 @@ def ship(
 
   given = scores(score_pairs)  # every input checked before anything is written
   chosen = settings(set_pairs)
-  out = os.path.abspath(out)
+  out = _out_folder(out)
   if shipped.model_folder_of(os.path.dirname(out)) is not None:  # itself: replaced whole
     shipped.refuse_write(out, "--out")
   fileio.refuse_own_input(out, "--out", [("--workdir", workdir)])  # replaced whole
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  with _turn(out):
+    if os.path.exists(out) and os.listdir(out) and shipped.read(out) is None:
+      raise InputError(f"--out {out}: holds files and no {shipped.MANIFEST}; give a new folder")
+    with reader.open_run(workdir, step) as run:
+      meta, skipped = run.first_readable()
+      loaded = run.load(loading.resolve(meta.config, meta.record), weights="ema", passed=skipped)
+      meta = loaded.meta
+      apply_settings(meta.config, chosen, meta.record)
+      scale = fileio.read_text(run_opening.calibration_file(run, meta.step))
+      where = run.workdir
+
+    def fill(stage: str) -> dict:
+      checkpoint.save_inference(
+        stage,
+        loaded.model,
+        meta.config,
+        mean=meta.mean,
+        std=meta.std,
+        step=meta.step,
+        source=f"{where} step {meta.step} (EMA weights)",
+        files={} if scale is None else {run_opening.UNCERTAINTY_FILE: scale},
+      )
+      record = {
+        "name": os.path.basename(out),
+        "recipe": recipe,
+        "config": json.loads(meta.config.to_json_best_effort()),
+        "device": meta.record.get("device") or loaded.model.system.device.record(),
+        "training": {**training_of(workdir, meta), "shipped": time.strftime("%Y-%m-%d")},
+        "scores": given,
+      }
+      return shipped.write(stage, meta.step, record)
+
+    return _put_in_place(out, fill)
+
+
+def _out_folder(out: str) -> str:
+  """--out as an absolute path, a symbolic link followed: `--out LINK` ships the model folder
+  the link names, in its place, and the link keeps naming it (replacing the link by a folder
+  would leave every other user of the link on the old model). Not a folder: one line."""
+  from cdeit_jax.common import fileio
+  from cdeit_jax.common.errors import InputError
+
+  out = os.path.abspath(out)
+  if os.path.islink(out):
+    target = os.path.realpath(out)
+    if not os.path.isdir(target):
+      raise InputError(f"--out {out}: a symbolic link to {target}, which is no folder")
+    out = target
   fileio.output_folder(out, "--out")
-  if os.path.exists(out) and os.listdir(out) and shipped.read(out) is None:
-    raise InputError(f"--out {out}: holds files and no {shipped.MANIFEST}; give a new folder")
-  with reader.open_run(workdir, step) as run:
-    meta, skipped = run.first_readable()
-    loaded = run.load(loading.resolve(meta.config, meta.record), weights="ema", passed=skipped)
-    meta = loaded.meta
-    apply_settings(meta.config, chosen)
-    scale_file = run_opening.calibration_file(run, meta.step)
-    stage = f"{out}.shipping"
+  return out
+
+
+@contextlib.contextmanager
+def _turn(out: str):
+  """This ship's turn at --out: the lock on its folder's parent (`stages.locked`: two ships
+  into one folder never interleave; one finds the other busy), a model a stopped ship left
+  aside between its two renames put back (`shipped.left_between_renames`, this ship's own
+  backups only), and the stages and backups of ships no longer running removed."""
+  from cdeit_jax.checkpoints import shipped
+  from cdeit_jax.common import logs, stages
+
+  parent = os.path.dirname(out)
+  busy = (
+    f"--out {out}: another python -m cdeit_jax.ship is writing in {parent} now; wait for it "
+    "to end and run this again"
+  )
+  with stages.locked(parent, busy):
+    left = shipped.left_between_renames(out)
+    if left is not None and os.path.basename(left).startswith(shipped.replaced_prefix(out)):
+      os.rename(left, out)
+      logs.log.warning(f"{out}: put back from {left}, where a stopped ship had left it")
+    for prefix in (shipped.stage_prefix(out), shipped.replaced_prefix(out)):
+      for stale in stages.stale(parent, prefix):
+        shutil.rmtree(stale, ignore_errors=True)
+    yield
+
+
+def _put_in_place(out: str, fill) -> dict:
+  """`fill(stage)` (it writes the model folder in an empty stage of this ship's own beside
+  `out` and returns its manifest), the stage proved to read back as every command reads a model
+  folder (`_reads_back`), then put in `out`'s place: `out` renamed aside, the stage renamed to
+  `out`, the old one removed. Anything refused: the stage removed, `out` as it was."""
+  import tempfile
+
+  from cdeit_jax.checkpoints import shipped
+
+  parent = os.path.dirname(out)
+  stage = tempfile.mkdtemp(dir=parent, prefix=f"{shipped.stage_prefix(out)}{os.getpid()}-")
+  try:
+    manifest = fill(stage)
+    _reads_back(stage, out)
+    if os.path.exists(out):
+      aside = tempfile.mkdtemp(dir=parent, prefix=f"{shipped.replaced_prefix(out)}{os.getpid()}-")
+      os.rename(out, aside)  # onto the empty folder just made: the name is this ship's
+      try:
+        os.rename(stage, out)
+      except BaseException:
+        os.rename(aside, out)
+        raise
+      shutil.rmtree(aside, ignore_errors=True)
+    else:
+      os.rename(stage, out)
+  finally:
     shutil.rmtree(stage, ignore_errors=True)
-    checkpoint.save_inference(
-      stage,
-      loaded.model,
-      meta.config,
-      mean=meta.mean,
-      std=meta.std,
-      step=meta.step,
-      source=f"{run.workdir} step {meta.step} (EMA weights)",
-    )
-    scale = fileio.read_text(scale_file)
-    if scale is not None:
-      step_dir = fileio.join(stage, checkpoint.CHECKPOINTS, str(meta.step))
-      fileio.write_text(fileio.join(step_dir, run_opening.UNCERTAINTY_FILE), scale)
-  record = {
-    "name": os.path.basename(out),
-    "recipe": recipe,
-    "config": json.loads(meta.config.to_json_best_effort()),
-    "device": meta.record.get("device") or loaded.model.system.device.record(),
-    "training": {**training_of(workdir, meta), "shipped": time.strftime("%Y-%m-%d")},
-    "scores": given,
-  }
-  manifest = shipped.write(stage, meta.step, record)
-  old = f"{out}.old"
-  if os.path.exists(out):
-    os.replace(out, old)
-  os.replace(stage, out)
-  shutil.rmtree(old, ignore_errors=True)
   shipped.verify(out)
   return manifest
+
+
+def _reads_back(stage: str, out: str) -> None:
+  """The staged folder read as every command opens a model folder (`run_opening.open_run`: its
+  manifest verified, its config loaded and checked); else one line, nothing put in place."""
+  from cdeit_jax.common.errors import CdeitError, InputError
+  from cdeit_jax.infer import run_opening
+
+  try:
+    with run_opening.open_run(stage) as opened:
+      weights, have = opened.cfg.eval.weights, opened.meta.record.get("weights", [])
+  except CdeitError as e:
+    raise InputError(
+      f"--out {out}: the folder shipped would not be read ({e}); {out} is left as it was"
+    ) from None
+  if weights not in have:  # what loading its weights would refuse
+    raise InputError(
+      f"--set eval.weights={weights}: the model folder holds the {', '.join(have)} weights only"
+    )
 
 
 def ship_again(
@@ -266,8 +435,8 @@ def ship_again(
   in place of its step's, and/or with the evaluation settings of `set_pairs` (KEY=VALUE, eval.*
   and sampling.*: what the model is evaluated with by default, e.g. a KTC2023 refinement), and
   the scores given (NAME=PATH of eval.py's metrics.json, evaluated with them) in place of those
-  names; its weights, training and other scores kept byte for byte. Staged beside `out` and put
-  in its place whole; its manifest."""
+  names; its weights, training and other scores kept byte for byte. Staged beside `out`, read
+  back and put in its place whole (`_put_in_place`); its manifest."""
   from cdeit_jax.checkpoints import shipped
   from cdeit_jax.common import fileio
   from cdeit_jax.common.errors import InputError
@@ -284,30 +453,31 @@ def ship_again(
     )
   # a record the readers take, else one line naming it
   cal = None if calibration is None else intervals.read(calibration)
-  out = os.path.abspath(out)
-  manifest = shipped.verify(out)
-  if manifest is None:
-    raise InputError(
-      f"--out {out}: no {shipped.MANIFEST}; --calibration and --set ship a model folder again "
-      "(ship a run with --workdir)"
-    )
-  if cal is not None:  # every score the manifest will hold is of this calibration
-    _same_calibration(cal, calibration, manifest["scores"], given)
-  _warn_of_other_settings(chosen, manifest["scores"], given)
-  stage = f"{out}.shipping"
-  shutil.rmtree(stage, ignore_errors=True)
-  shutil.copytree(out, stage)
-  try:
-    manifest = _stage_again(stage, manifest, calibration, cal, chosen, given)
-  except BaseException:
-    shutil.rmtree(stage, ignore_errors=True)  # a refused setting leaves no half-made copy
-    raise
-  old = f"{out}.old"
-  os.replace(out, old)
-  os.replace(stage, out)
-  shutil.rmtree(old, ignore_errors=True)
-  shipped.verify(out)
-  return manifest
+  out = _out_folder(out)
+  if not os.path.isdir(os.path.dirname(out)):
+    raise InputError(f"--out {out}: no such model folder (nor the folder it would lie in)")
+  with _turn(out):
+    manifest = shipped.verify(out)
+    if manifest is None:
+      raise InputError(
+        f"--out {out}: no {shipped.MANIFEST}; --calibration and --set ship a model folder "
+        "again (ship a run with --workdir)"
+      )
+    if cal is not None:
+      if manifest.get("config", {}).get("model", {}).get("output") == "classes":
+        raise InputError(
+          f"--calibration {calibration}: {out} is a segmenter's (its outputs are classes, "
+          "with no std to calibrate); leave --calibration out"
+        )
+      # every score the manifest will hold is of this calibration
+      _same_calibration(cal, calibration, manifest["scores"], given)
+    _warn_of_other_settings(chosen, manifest["scores"], given)
+
+    def fill(stage: str) -> dict:
+      shutil.copytree(out, stage, dirs_exist_ok=True, symlinks=True)
+      return _stage_again(stage, manifest, calibration, cal, chosen, given)
+
+    return _put_in_place(out, fill)
 
 
 def _stage_again(stage, manifest, calibration, cal, chosen, given) -> dict:
@@ -333,7 +503,7 @@ def _stage_again(stage, manifest, calibration, cal, chosen, given) -> dict:
   return shipped.write(stage, step, record)
 
 
-def _warn_of_other_settings(chosen: dict[str, str], kept: dict, given: dict) -> None:
+def _warn_of_other_settings(chosen: dict, kept: dict, given: dict) -> None:
   """Log each score kept (not given again) whose evaluation recorded another value of a setting
   now set (eval.py's metrics.json records e.g. `answer_rule`, `refinement`): it no longer
   scores the model as it now answers."""
@@ -375,9 +545,9 @@ def _same_calibration(cal, path: str, kept: dict, given: dict) -> None:
       )
 
 
-def _set_in_step(step_dir: str, chosen: dict[str, str]) -> dict:
-  """The settings set in the config a staged step's `meta` holds (as `apply_settings` reads
-  them); the config, for the manifest."""
+def _set_in_step(step_dir: str, chosen: dict) -> dict:
+  """The settings (`settings`) set in the config a staged step's `meta` holds, checked as the
+  readers check it (`apply_settings`); the config, for the manifest."""
   import ml_collections
 
   from cdeit_jax import config_lib
@@ -392,7 +562,7 @@ def _set_in_step(step_dir: str, chosen: dict[str, str]) -> dict:
     if section in cfg and leaf not in cfg[section] and leaf in defaults[section]:
       with cfg.unlocked():
         cfg[section][leaf] = defaults[section][leaf]
-  apply_settings(cfg, chosen)
+  apply_settings(cfg, chosen, meta)
   meta["config"] = json.loads(cfg.to_json_best_effort())
   fileio.write_text(path, json.dumps(meta))
   return meta["config"]
