@@ -6,13 +6,17 @@ reference name and transform; a state dict must match it key for key and shape f
 Command line (writes a checkpoint that eval.py, reconstruct, ship and `config.init_from` take):
   python -m cdeit_jax.convert --checkpoint best.pt --config configs/default.py --workdir DIR
   python -m cdeit_jax.convert --checkpoint MODEL.safetensors --workdir DIR
-The second imports a model file (`python -m cdeit_jax.export`, `checkpoints.model_file`), which
-carries its config, device and statistics: no --config.
+The first reads the authors' best.pt (their EMA weights; torch needed, or an .npz of it made
+where torch is: `NPZ_RECIPE`), with the model sizes its shapes give (`sizes_of`) and the rest
+from the config. The second imports a model file (`python -m cdeit_jax.export`,
+`checkpoints.model_file`), which carries its config, device and statistics: no --config.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import math
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -118,6 +122,88 @@ def name_table(model: CDEIT) -> tuple[dict[str, Entry], dict[str, np.ndarray]]:
   return table, buffers
 
 
+# config.model's sizes in the order they are printed; every one is in a state dict's shapes.
+SIZE_KEYS = (
+  "image_size",
+  "patch_size",
+  "in_channels",
+  "hidden_size",
+  "num_heads",
+  "mlp_ratio",
+  "num_scales",
+  "window_size",
+  "freq_dim",
+)
+
+
+def sizes_of(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, Any]:
+  """config.model's sizes that reference-named tensor shapes ({name: shape}) give: hidden_size
+  and patch_size (the patch conv), in_channels (the final layer's outputs per patch), image_size
+  (the position table's tokens), freq_dim (the timestep MLP), num_heads and window_size (a window
+  block's relative position table, ((2w-1)^2, heads); every block has the same heads), mlp_ratio
+  (an MLP's width), num_scales (the downsampling stages). A size whose tensor is absent or
+  malformed is left out; window_size is None where it is the default, a quarter of the grid."""
+  get = lambda k, n: tuple(int(d) for d in shapes[k]) if len(shapes.get(k, ())) == n else None
+  out: dict[str, Any] = {}
+  conv = get("x_embedder.proj.weight", 4)  # (hidden, channels, p, p)
+  if conv and conv[2] == conv[3] > 0:
+    out["hidden_size"], out["patch_size"] = conv[0], conv[2]
+  patch = out.get("patch_size")
+  final = get("final_layer.linear.weight", 2)  # (p * p * channels, hidden)
+  if final and patch and final[0] % (patch * patch) == 0:
+    out["in_channels"] = final[0] // (patch * patch)
+  pos, grid = get("pos_embed", 3), None  # (1, grid * grid, hidden)
+  if pos and math.isqrt(pos[1]) ** 2 == pos[1]:
+    grid = math.isqrt(pos[1])
+    if patch:
+      out["image_size"] = grid * patch
+  table = get(f"blocks.{WINDOW_BLOCKS[0]}.attn.attn.relative_position_bias_table", 2)
+  if table and math.isqrt(table[0]) ** 2 == table[0] and math.isqrt(table[0]) % 2:
+    out["num_heads"] = table[1]
+    window = (math.isqrt(table[0]) + 1) // 2
+    out["window_size"] = None if grid and window == grid // 4 else window
+  fc1 = get("blocks.mid.mlp.fc1.weight", 2)  # (hidden * mlp_ratio, hidden)
+  if fc1 and fc1[1]:
+    out["mlp_ratio"] = fc1[0] / fc1[1]
+  scales = {k.split(".")[2] for k in shapes if k.startswith("blocks.downs.")}
+  if scales or "blocks.mid.mlp.fc1.weight" in shapes:
+    out["num_scales"] = len(scales)
+  temb = get("t_embedder.mlp.0.weight", 2)  # (hidden, freq_dim)
+  if temb:
+    out["freq_dim"] = temb[1]
+  return {k: out[k] for k in SIZE_KEYS if k in out}
+
+
+def _shapes(arrays: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+  return {k: tuple(np.shape(v)) for k, v in arrays.items()}
+
+
+def size_differences(
+  have: Mapping[str, Any], want: Mapping[str, Any]
+) -> dict[str, tuple[Any, Any]]:
+  """{key: (have's, want's)} of the sizes in `want` that `have` does not share (a window
+  compared as the window it means on `want`'s grid)."""
+  out = {}
+  for k, v in want.items():
+    mine = have.get(k)
+    if k == "window_size":  # None: a quarter of the grid, the grid `want`'s once it is set
+      grid = want["image_size"] // want["patch_size"] if "image_size" in want else None
+      quarter = lambda w, g=grid: g // 4 if w is None and g else w
+      same = quarter(mine) == quarter(v)
+    elif k == "mlp_ratio":
+      same = mine is not None and math.isclose(float(mine), float(v), rel_tol=1e-9)
+    else:
+      same = mine == v
+    if not same:
+      out[k] = (mine, v)
+  return out
+
+
+def size_flags(sizes: Mapping[str, Any]) -> str:
+  """`sizes` as the command line's flags (--config.model.hidden_size=384 ...)."""
+  return " ".join(f"--config.model.{k}={v}" for k, v in sizes.items())
+
+
 class StateDictMismatch(InputError):
   """A state dict does not match the model; the message lists every problem."""
 
@@ -128,6 +214,24 @@ def _problems(items: list[str], title: str, limit: int = 40) -> list[str]:
   shown = "\n    ".join(items[:limit])
   more = f"\n    ... and {len(items) - limit} more" if len(items) > limit else ""
   return [f"  {title} ({len(items)}):\n    {shown}{more}"]
+
+
+def _size_hint(have: dict[str, Any], got: dict[str, Any]) -> str:
+  """The last line of a mismatch: the sizes the checkpoint's shapes give, as flags."""
+  absent = [k for k in SIZE_KEYS if k not in got]
+  unread = f" (its shapes do not give {', '.join(absent)})" if absent else ""
+  diff = size_differences(have, got)
+  if diff:
+    was = ", ".join(f"{k}={mine}" for k, (mine, _) in diff.items())
+    return (
+      f"  Its shapes give other sizes than this model's ({was}): "
+      f"{size_flags({k: v for k, (_, v) in diff.items()})}{unread} (python -m cdeit_jax.convert "
+      "takes them from the checkpoint itself)."
+    )
+  return (
+    f"  Its shapes give this model's sizes ({size_flags(got)}){unread}: the keys above differ "
+    "otherwise (not a state dict of the published CDEIT's code?)."
+  )
 
 
 def load_torch_state_dict(
@@ -186,13 +290,22 @@ def load_torch_state_dict(
       f"{source} does not match the CDEIT model (hidden_size={model.hidden_size}, "
       f"image_size={model.image_size}, patch_size={model.patch_size}):\n"
       + "\n".join(errors)
-      + "\n  Check that the config's model section matches the checkpoint "
-      "(e.g. --config.model.hidden_size)."
+      + "\n"
+      + _size_hint(sizes_of(reference_shapes(model)), sizes_of(_shapes(arrays)))
     )
   for path, value in updates.items():
     flat[path].set_value(jax.numpy.asarray(value))
   nnx.update(model, nnx.from_flat_state(flat))
   return model
+
+
+def reference_shapes(model: CDEIT) -> dict[str, tuple[int, ...]]:
+  """{name: shape} of the state dict `export_torch_state_dict` gives, without computing it (an
+  abstract model, `nnx.eval_shape`, will do)."""
+  table, buffers = name_table(model)
+  flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  shapes = {n: e.to_torch(np.zeros(flat[e.path].shape, np.float32)).shape for n, e in table.items()}
+  return {**shapes, **_shapes(buffers)}
 
 
 def export_torch_state_dict(model: CDEIT) -> dict[str, np.ndarray]:
@@ -204,18 +317,98 @@ def export_torch_state_dict(model: CDEIT) -> dict[str, np.ndarray]:
   return out
 
 
-def read_state_dict(path: str) -> dict[str, np.ndarray]:
-  """Read a reference checkpoint: `.npz` of arrays, or a `.pt`/`.pth` (needs torch).
+# What a PyTorch CDEIT checkpoint holds, by who saved it. The authors' main.py saves
+# {"model": ema.ema_model.state_dict(), "epoch": N}: its "model" entry is the EMA weights.
+# DiT's train.py (which CDEIT's code derives from) saves {"model": the raw weights, "ema": the
+# EMA weights, "opt": ..., "args": ...}. A bare state dict, or an .npz of one, is one weight set.
+CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+NPZ_RECIPE = (
+  "python -c \"import sys, torch, numpy as np; c = torch.load(sys.argv[1], map_location='cpu'); "
+  "c = c.get('ema', c.get('model', c)); np.savez(sys.argv[2], **{k: (v.float() if "
+  'v.is_floating_point() else v).numpy() for k, v in c.items()})" best.pt best.npz'
+)
 
-  A `.pt` may be the authors' dict with a `model` entry, or a bare state dict.
-  """
+
+def _is_tensor(v) -> bool:
+  return hasattr(v, "detach") or isinstance(v, np.ndarray)
+
+
+def select_weights(obj: Any, weights: str, path: str) -> tuple[Mapping[str, Any], str]:
+  """The state dict of weight set `weights` ("ema" or "raw") in a loaded checkpoint `obj`, and
+  the entry it came from, in words.
+
+  A file holding both sets ("ema" and "model", DiT's layout) gives the one asked for; a file
+  holding one (the authors' {"model": EMA weights}, a bare state dict) gives it, recorded as the
+  set asked for. Prefixes a wrapper adds are taken off: "module." (DistributedDataParallel) and
+  "ema_model." / "online_model." (an `ema_pytorch.EMA`'s own state dict)."""
+  if not isinstance(obj, Mapping):
+    raise InputError(
+      f"{path}: expected a state dict or a dict with a 'model' state dict, got {type(obj).__name__}"
+    )
+  entry = ""
+  if isinstance(obj.get("ema"), Mapping):
+    if weights == "ema":
+      obj, entry = obj["ema"], "its 'ema' entry (the EMA weights)"
+    elif isinstance(obj.get("model"), Mapping):
+      obj, entry = obj["model"], "its 'model' entry (the raw weights; 'ema' holds the EMA)"
+    else:
+      raise InputError(f"{path}: holds 'ema' weights but no raw 'model' ones; leave --weights out")
+  elif isinstance(obj.get("model"), Mapping):
+    obj = obj["model"]
+    entry = "its 'model' entry" + (
+      " (the EMA weights, as the authors' main.py saves them)" if weights == "ema" else ""
+    )
+  keys = [k for k in obj if isinstance(k, str)]
+  if keys and all(k.startswith("module.") for k in keys):
+    obj = {k[len("module.") :]: v for k, v in obj.items()}
+  if any(isinstance(k, str) and k.startswith("ema_model.") for k in obj):  # ema_pytorch.EMA
+    prefix = {"ema": "ema_model.", "raw": "online_model."}[weights]
+    sub = {k[len(prefix) :]: v for k, v in obj.items() if k.startswith(prefix)}
+    if not sub:
+      raise InputError(
+        f"{path}: an ema_pytorch EMA's state dict without its {prefix[:-1]!r}; use --weights ema"
+      )
+    obj, entry = sub, f"{entry + ', ' if entry else ''}its {prefix[:-1]!r} weights"
+  for k, v in obj.items():
+    if not _is_tensor(v):
+      raise InputError(f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor")
+  return obj, entry or "its state dict"
+
+
+def read_checkpoint(path: str, weights: str = "ema") -> tuple[dict[str, np.ndarray], str]:
+  """A reference checkpoint's state dict of weight set `weights` as numpy arrays (float tensors
+  of any precision as float32), and where in the file it came from, in words: a `.pt`/`.pth`
+  as `torch.save` wrote it (needs torch; `select_weights` says which entry), or an `.npz` of a
+  state dict's arrays (no torch: `NPZ_RECIPE` makes one)."""
+  if weights not in ("ema", "raw"):
+    raise InputError(f"--weights {weights!r}: give ema or raw")
   if not fileio.path(path).exists():
     raise MissingFile(f"--checkpoint {path}: no such file")
   if path.endswith(".npz"):
     try:
-      return fileio.load_npz(path)
+      obj = fileio.load_npz(path)
     except (OSError, ValueError, zipfile.BadZipFile) as e:
       raise InputError(f"{path}: not a readable .npz of arrays ({e})") from e
+  else:
+    obj = _torch_load(path)
+  state_dict, entry = select_weights(obj, weights, path)
+  out = {}
+  for k, v in state_dict.items():
+    if hasattr(v, "detach"):
+      v = v.detach().cpu()
+      v = v.float() if v.is_floating_point() else v  # bfloat16 has no numpy type
+      v = v.numpy()
+    out[k] = np.asarray(v)
+  return out, entry
+
+
+def read_state_dict(path: str, weights: str = "ema") -> dict[str, np.ndarray]:
+  """A reference checkpoint's state dict (`read_checkpoint`) as numpy arrays."""
+  return read_checkpoint(path, weights)[0]
+
+
+def _torch_load(path: str) -> Any:
+  """What `torch.save` wrote to `path`, loaded with torch without running pickled code."""
   with fileio.open_binary(path) as fh:
     head = fh.read(2)
   if head != b"PK" and head[:1] != b"\x80":  # torch.save: a zip archive, or (torch < 1.6) a pickle
@@ -227,26 +420,36 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
     import torch
   except ImportError:
     raise InputError(
-      f"reading {path} needs PyTorch: pip install 'cdeit-jax[torch]' "
-      "(or convert it to .npz of arrays elsewhere and pass that)"
+      f"reading {path} needs PyTorch: pip install 'cdeit-jax[torch]' (on a machine without an "
+      f"NVIDIA GPU first `{CPU_TORCH}`, or pip takes the CUDA build, GBs); or make an .npz of "
+      f"it where torch is, `{NPZ_RECIPE}`, and give that"
     ) from None
+  import argparse
+  import contextlib
+
+  # DiT's train.py saves its argparse.Namespace beside the weights: allowed, nothing else.
+  allow = getattr(torch.serialization, "safe_globals", None)
+  scope = allow([argparse.Namespace]) if allow else contextlib.nullcontext()
   try:
-    with fileio.open_binary(path) as fh:  # weights_only: no arbitrary unpickling
-      obj = torch.load(fh, map_location="cpu", weights_only=True)
+    with fileio.open_binary(path) as fh, scope:  # weights_only: no arbitrary unpickling
+      return torch.load(fh, map_location="cpu", weights_only=True)
   except Exception as e:  # torch raises several types for corrupt or unsafe files
     raise InputError(f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})") from e
-  if isinstance(obj, Mapping) and "model" in obj and isinstance(obj["model"], Mapping):
-    obj = obj["model"]
-  if not isinstance(obj, Mapping):
-    raise InputError(
-      f"{path}: expected a state dict or a dict with a 'model' state dict, got {type(obj).__name__}"
-    )
-  out = {}
-  for k, v in obj.items():
-    if not hasattr(v, "detach"):
-      raise InputError(f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor")
-    out[k] = v.detach().cpu().numpy()
-  return out
+
+
+def fit_sizes(cfg, state_dict: Mapping[str, Any], source: str) -> tuple[Any, str]:
+  """`cfg` with config.model's sizes set to those `state_dict`'s shapes give (`sizes_of`: they
+  are fixed by the weights, so a config saying otherwise cannot load them), and one line naming
+  those changed ('' when none; `cfg` itself is not changed)."""
+  have = {k: cfg.model.get(k) for k in SIZE_KEYS}
+  diff = size_differences(have, sizes_of(_shapes(state_dict)))
+  if not diff:
+    return cfg, ""
+  cfg = copy.deepcopy(cfg)
+  for k, (_, v) in diff.items():
+    cfg.model[k] = v
+  said = ", ".join(f"{k}={v} (the config's {mine})" for k, (mine, v) in diff.items())
+  return cfg, f"{source}: model sizes from its shapes: {said}"
 
 
 def convert(
@@ -258,12 +461,19 @@ def convert(
   step: int = 0,
   weights: str = "ema",
 ) -> str:
-  """Read a reference checkpoint, load it strictly into the config's model, save a workdir."""
+  """Read a reference checkpoint (`read_checkpoint`: weight set `weights`), load it strictly into
+  the config's model with the sizes the checkpoint's shapes give (`fit_sizes`), save a workdir;
+  prints which entry of the file it read and the sizes it took from it."""
   from cdeit_jax.checkpoints import checkpoint, loading
   from cdeit_jax.data import stats
 
+  state_dict, entry = read_checkpoint(checkpoint_path, weights)
+  print(f"{checkpoint_path}: read {entry}, imported as the {weights!r} weights")
+  cfg, note = fit_sizes(cfg, state_dict, checkpoint_path)
+  if note:
+    print(note)
   model = loading.build(cfg, loading.resolve(cfg))
-  load_torch_state_dict(model, read_state_dict(checkpoint_path), source=checkpoint_path)
+  load_torch_state_dict(model, state_dict, source=f"{checkpoint_path} ({entry})")
   mean, std = stats.load_stats(stats_dir) if stats_dir else stats.authors_stats()
   return checkpoint.save_inference(
     workdir,
@@ -453,15 +663,15 @@ if __name__ == "__main__":
   config_flags.DEFINE_config_file(
     "config",
     None,
-    "config file whose `model` section matches the "
-    "checkpoint (e.g. configs/default.py); override keys with "
-    "--config.model.hidden_size=64",
+    "config of a PyTorch checkpoint's model (configs/default.py: the published one); its "
+    "sizes (hidden_size, num_heads, ...) are taken from the checkpoint's shapes",
     lock_config=True,
   )
   flags.DEFINE_string(
     "checkpoint",
     None,
-    "best.pt (dict with 'model'), a bare state dict, .npz, or a cdeit-jax model file "
+    "the authors' best.pt (its 'model': their EMA weights), DiT's layout ('model' and 'ema'), a "
+    "bare state dict, an .npz of one (no torch needed), or a cdeit-jax model file "
     "(python -m cdeit_jax.export; no --config then)",
   )
   flags.DEFINE_string("workdir", None, "output directory, loadable by eval.py --workdir")
@@ -476,7 +686,9 @@ if __name__ == "__main__":
     "weights",
     "ema",
     ["ema", "raw"],
-    "which weight set the file holds (the authors' best.pt holds EMA weights)",
+    "the weight set to import: from a file holding both ('ema' and 'model', DiT's layout) that "
+    "entry; a file holding one (the authors' best.pt, whose 'model' holds their EMA weights; a "
+    "state dict; an .npz) is imported as this set",
   )
   flags.mark_flags_as_required(["checkpoint", "workdir"])
   from cdeit_jax import cli

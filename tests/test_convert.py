@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import FIXTURES, system_of
+from conftest import FIXTURES, TINY, system_of
 from flax import nnx
 
 from cdeit_jax import config_lib, convert
@@ -189,22 +189,22 @@ def test_convert_command_line(tmp_path):
   )
   assert r.returncode == 0, r.stderr
   assert checkpoint.read_meta(str(tmp_path / "run"))["model"]["hidden_size"] == 64
-  r = subprocess.run(
-    [
-      sys.executable,
-      "-m",
-      "cdeit_jax.convert",
-      "--config",
-      "configs/default.py",
-      "--checkpoint",
-      str(FIXTURES / "dit_small_state_dict.npz"),
-      "--workdir",
-      str(tmp_path / "b"),
-    ],
+  assert "tracked_metric" not in r.stderr  # orbax's warning of a best-metric manager
+  run = lambda sd, out: subprocess.run(
+    [sys.executable, "-m", "cdeit_jax.convert", "--config", "configs/default.py",
+     "--checkpoint", sd, "--workdir", str(tmp_path / out)],
     capture_output=True,
     text=True,
-  )
-  assert r.returncode == 1 and "missing keys" not in r.stderr and "shape mismatches" in r.stderr
+  )  # fmt: skip
+  r = run(str(FIXTURES / "dit_small_state_dict.npz"), "b")  # the config's hidden_size is 512
+  assert r.returncode == 0, r.stderr
+  assert "model sizes from its shapes: hidden_size=64 (the config's 512)" in r.stdout
+  sd = dict(np.load(FIXTURES / "dit_small_state_dict.npz"))
+  del sd["final_layer.linear.bias"]
+  np.savez(tmp_path / "cut.npz", **sd)
+  r = run(str(tmp_path / "cut.npz"), "c")
+  assert r.returncode == 1 and "missing keys (1)" in r.stderr, r.stderr
+  assert "--config.model.hidden_size=64" in r.stderr  # the sizes its shapes give, as flags
   assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr  # our error: a report
 
 
@@ -227,8 +227,13 @@ def test_pt_without_torch_says_how_to_install(tmp_path, monkeypatch):
     z.writestr("archive/data.pkl", b"")
   (tmp_path / "notes.pt").write_text("not a checkpoint")
   monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
-  with pytest.raises(ValueError, match=r"best.pt needs PyTorch: pip install 'cdeit-jax\[torch\]'"):
+  with pytest.raises(
+    ValueError, match=r"best.pt needs PyTorch: pip install 'cdeit-jax\[torch\]'"
+  ) as e:
     convert.read_state_dict(str(tmp_path / "best.pt"))
+  # the CPU build's index, and the .npz recipe (which needs no torch here)
+  assert "--index-url https://download.pytorch.org/whl/cpu" in str(e.value)
+  assert convert.NPZ_RECIPE in str(e.value)
   with pytest.raises(ValueError, match=r"notes.pt: not a PyTorch checkpoint \(neither a zip"):
     convert.read_state_dict(str(tmp_path / "notes.pt"))
 
@@ -242,3 +247,188 @@ def test_pt_files_as_the_authors_save_them(tmp_path, small_state_dict):
     sd = convert.read_state_dict(str(tmp_path / name))
     assert set(sd) == set(small_state_dict)
     np.testing.assert_array_equal(sd["pos_embed"], small_state_dict["pos_embed"])
+
+
+def _sizes_model(**sizes):
+  """A CDEIT of these sizes, its shapes only (no weights computed: 1-2 s, not 10-30)."""
+  return nnx.eval_shape(lambda: CDEIT(system=system_of(), rngs=nnx.Rngs(0), **sizes))
+
+
+def test_sizes_from_shapes_are_the_models():
+  """The sizes read off a state dict's shapes are those its model was built with (the hand
+  truth: the constructor's arguments), and the published ones from its shapes (cdeit-model.md:
+  image 128, patch 2, width 512, 16 heads, MLP 4x, 4 scales, 256 frequencies)."""
+  built = dict(
+    image_size=32,
+    patch_size=2,
+    in_channels=1,
+    hidden_size=24,
+    num_heads=3,
+    mlp_ratio=2.0,
+    num_scales=2,
+    window_size=8,  # not the default quarter of the 16-token grid
+    freq_dim=32,
+  )
+  assert convert.sizes_of(convert.reference_shapes(_sizes_model(**built))) == built
+  quarter = {**built, "window_size": None}  # a quarter of the grid: the default
+  assert convert.sizes_of(convert.reference_shapes(_sizes_model(**quarter))) == quarter
+  # a model's exported state dict, computed (reference_shapes is its shapes)
+  tiny = CDEIT(system=system_of(), rngs=nnx.Rngs(0), **TINY)
+  shapes = {k: v.shape for k, v in export_torch_state_dict(tiny).items()}
+  assert shapes == convert.reference_shapes(tiny)
+  assert convert.sizes_of(shapes) == {
+    **dict(in_channels=1, mlp_ratio=4.0, window_size=None, freq_dim=256),
+    **TINY,
+  }
+  published = json.loads((FIXTURES / "dit_full_state_dict_shapes.json").read_text())
+  assert convert.sizes_of(published) == dict(
+    image_size=128,
+    patch_size=2,
+    in_channels=1,
+    hidden_size=512,
+    num_heads=16,
+    mlp_ratio=4.0,
+    num_scales=4,
+    window_size=None,
+    freq_dim=256,
+  )
+
+
+def test_mismatch_names_the_flags_with_the_checkpoints_values(small_state_dict):
+  """The fixture (hidden 64, 16 heads, 4 scales, image 128) into a tiny model: the message
+  gives the flags that build its model, each with the fixture's value."""
+  with pytest.raises(StateDictMismatch) as e:
+    load_torch_state_dict(_sizes_model(**TINY), small_state_dict)
+  last = str(e.value).splitlines()[-1]
+  for flag in (
+    "--config.model.image_size=128",
+    "--config.model.hidden_size=64",
+    "--config.model.num_heads=16",
+    "--config.model.num_scales=4",
+  ):
+    assert flag in last, (flag, last)
+  assert "patch_size" not in last  # the same in both: not a flag to change
+  assert "window_size" not in last  # a quarter of the grid in both
+  sd = dict(small_state_dict)
+  del sd["blocks.mid.attn.qkv.bias"]  # same sizes, a key missing: said so
+  with pytest.raises(StateDictMismatch, match="give this model's sizes"):
+    load_torch_state_dict(_sizes_model(hidden_size=64), sd)
+
+
+def test_convert_takes_the_sizes_from_the_checkpoint(tmp_path, capsys, caplog):
+  """The config's sizes are the tiny model's; the checkpoint's shapes win, and a line says so.
+  The imported step has no validation loss: saved by a manager that tracks none (orbax warned
+  'Requested `tracked_metric`; did not provide metrics.' at every convert)."""
+  import logging
+
+  cfg = config_lib.default_config()
+  cfg.model.update(TINY)
+  with caplog.at_level(logging.WARNING):
+    convert.convert(str(FIXTURES / "dit_small_state_dict.npz"), cfg, str(tmp_path / "run"))
+  assert not [r for r in caplog.records if "tracked_metric" in r.getMessage()]
+  out = capsys.readouterr().out
+  assert "model sizes from its shapes: image_size=128 (the config's 32)" in out
+  assert "hidden_size=64 (the config's 32), num_heads=16 (the config's 4)" in out
+  model, meta = loading.load(str(tmp_path / "run"))
+  assert meta["model"]["hidden_size"] == 64 and meta["model"]["num_heads"] == 16
+  assert meta["weights"] == ["ema"]
+  assert cfg.model.hidden_size == 32  # the caller's config is left as it was
+  reference = dict(np.load(FIXTURES / "dit_small_state_dict.npz"))
+  for k, v in export_torch_state_dict(model).items():
+    np.testing.assert_array_equal(v, reference[k], err_msg=k)
+
+
+def _layouts(torch, ema, raw):
+  """A checkpoint as each known writer saves one: {file name: (object, weight set: the state
+  dict --weights ema and --weights raw read from it)}."""
+  import argparse
+
+  t = lambda sd, prefix="": {prefix + k: torch.from_numpy(v) for k, v in sd.items()}
+  return {
+    # the authors' main.py: {"model": ema.ema_model.state_dict(), "epoch": epoch}
+    "authors.pt": ({"model": t(ema), "epoch": 41}, ema, ema),
+    # DiT's train.py: raw and EMA weights, the optimizer's state and the arguments
+    "dit.pt": (
+      {"model": t(raw), "ema": t(ema), "opt": {"state": {}}, "args": argparse.Namespace(lr=1e-4)},
+      ema,
+      raw,
+    ),
+    "bare.pt": (t(ema), ema, ema),
+    "ddp.pt": ({"model": t(ema, "module.")}, ema, ema),  # DistributedDataParallel's prefix
+    "ema_pytorch.pt": (  # an ema_pytorch.EMA's own state dict
+      {
+        "initted": torch.tensor(True),
+        "step": torch.tensor(1000),
+        **t(ema, "ema_model."),
+        **t(raw, "online_model."),
+      },
+      ema,
+      raw,
+    ),
+  }
+
+
+def test_best_pt_layouts_import_their_weight_sets(tmp_path, small_state_dict):
+  """Each writer's layout gives the weight set asked for, equal to its plain state dict; the
+  authors' best.pt converts to the same weights as the plain .npz of its state dict."""
+  torch = pytest.importorskip("torch")
+  ema = small_state_dict
+  raw = {k: (v + np.float32(1)) if v.dtype.kind == "f" else v for k, v in ema.items()}
+  raw["pos_embed"] = ema["pos_embed"]
+  for name, (obj, want_ema, want_raw) in _layouts(torch, ema, raw).items():
+    torch.save(obj, tmp_path / name)
+    for weights, want in (("ema", want_ema), ("raw", want_raw)):
+      sd = convert.read_state_dict(str(tmp_path / name), weights)
+      assert set(sd) == set(want), (name, weights)
+      for k in want:
+        np.testing.assert_array_equal(sd[k], want[k], err_msg=f"{name} {weights} {k}")
+  assert (
+    "EMA weights, as the authors' main.py saves them"
+    in convert.read_checkpoint(str(tmp_path / "authors.pt"))[1]
+  )
+  half = {"model": {k: torch.from_numpy(v).half() for k, v in ema.items() if v.dtype.kind == "f"}}
+  torch.save(half, tmp_path / "half.pt")  # float16 weights come back as float32
+  got = convert.read_state_dict(str(tmp_path / "half.pt"))
+  assert got["x_embedder.proj.weight"].dtype == np.float32
+  np.testing.assert_array_equal(
+    got["x_embedder.proj.weight"], ema["x_embedder.proj.weight"].astype(np.float16)
+  )
+  cfg = config_lib.default_config()  # hidden 512: the sizes come from the file
+  convert.convert(str(tmp_path / "authors.pt"), cfg, str(tmp_path / "run"))
+  got = export_torch_state_dict(loading.load(str(tmp_path / "run"))[0])
+  for k in ema:  # as the plain state dict's import is (test_convert_writes_loadable_checkpoint)
+    np.testing.assert_array_equal(got[k], ema[k], err_msg=k)
+
+
+def test_npz_recipe_of_the_docs_imports_equal(tmp_path, small_state_dict, monkeypatch):
+  """The one-line recipe docs/from_pytorch.md gives (convert.NPZ_RECIPE, run as written) makes
+  an .npz of each layout's default weights, which reads without torch equal to the state dict."""
+  import pathlib
+  import shlex
+  import subprocess
+
+  torch = pytest.importorskip("torch")
+  doc = (pathlib.Path(__file__).parents[1] / "docs" / "from_pytorch.md").read_text()
+  assert convert.NPZ_RECIPE in doc
+  raw = {k: v + np.float32(1) if v.dtype.kind == "f" else v for k, v in small_state_dict.items()}
+  for name, (obj, want, _) in _layouts(torch, small_state_dict, raw).items():
+    if name in ("ema_pytorch.pt", "ddp.pt"):
+      continue  # the recipe is for a best.pt's layouts, not a wrapper's own state dict
+    folder = tmp_path / name
+    folder.mkdir()
+    # torch.load (2.6 and later) refuses DiT's `args` (an argparse.Namespace): the docs say so
+    torch.save({k: v for k, v in obj.items() if k != "args"}, folder / "best.pt")
+    r = subprocess.run(
+      [sys.executable if a == "python" else a for a in shlex.split(convert.NPZ_RECIPE)],
+      cwd=folder,
+      capture_output=True,
+      text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    with monkeypatch.context() as m:
+      m.setitem(sys.modules, "torch", None)  # read without torch
+      sd = convert.read_state_dict(str(folder / "best.npz"))
+    assert set(sd) == set(want)
+    for k in want:
+      np.testing.assert_array_equal(sd[k], want[k], err_msg=f"{name} {k}")
+      assert sd[k].dtype == want[k].dtype, (name, k)

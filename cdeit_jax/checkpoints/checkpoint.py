@@ -238,7 +238,10 @@ def save_inference(
     fileio.remove_tree(stale)
   stage = fileio.join(workdir, f"{STAGE}{os.getpid()}-{secrets.token_hex(4)}")
   try:
-    with manager(stage) as mngr:
+    # No validation loss to track: a manager without `best_fn` (with one, orbax warns
+    # "Requested `tracked_metric`; did not provide metrics."); the step is the same on disk.
+    options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+    with manager(stage, options=options) as mngr:
       items = {WEIGHT_ITEMS[weights]: ocp.args.StandardSave(weights_of(model))}
       mngr.save(step, args=ocp.args.Composite(**items, meta=ocp.args.JsonSave(meta)))
       mngr.wait_until_finished()
