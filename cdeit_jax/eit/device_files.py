@@ -42,6 +42,10 @@ def register_device_format(fmt: DeviceFormat) -> DeviceFormat:
 
 register_device_format(DeviceFormat("KTC", ("Injref", "Inj"), ("Mpat",), ("Uelref", "Uel"), False))
 register_device_format(DeviceFormat("UEF", ("CurrentPattern",), ("MeasPattern",), ("Uel",), True))
+# a Sciospec recording (common.sciospec): its arrays' own names; electrodes numbered as UEF's
+register_device_format(
+  DeviceFormat("Sciospec", ("sciospec_currents",), ("sciospec_pairs",), ("sciospec_empty",), True)
+)
 
 
 def device_format(arrays: dict) -> DeviceFormat | None:

@@ -69,11 +69,17 @@ class Recording:
     if array_files.SINGLE in arrays:  # a format of one array: the frames
       arrays = {"frames": arrays[array_files.SINGLE]}
     self.device = None  # a device file's own measuring system (`frame_guards.check_source`)
+    # a recording that holds its device and its empty tank (a Sciospec folder): its frames, and
+    # the empty tank as `empty` (what --reference takes of it); `empty_where`: which frames
+    self.empty, self.empty_where = None, None
     if device_files.device_format(arrays) is not None:  # the device's own file: its one frame
       self.device, frame = layout.from_device_file(path)
       if frame is None:
         raise InputError(f"{path}: a device file without a frame (its values, e.g. Uel)")
-      arrays = {"frames": frame[None]}
+      if FRAME_KEYS[0] in arrays:
+        self.empty, self.empty_where = self.sign * frame, self.device.name
+      else:
+        arrays = {"frames": frame[None]}
     a = _pick(path, arrays, FRAME_KEYS, required=True)
     _numeric(path, a, "the frames")
     if a.ndim == 1 and a.shape[0] == m:
