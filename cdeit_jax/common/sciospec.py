@@ -132,8 +132,8 @@ def read_frame(path: str) -> Frame:
   mode = header.get("measure_mode", SINGLE_ENDED)
   if mode != SINGLE_ENDED:
     raise InputError(
-      f"{path}: measure mode {mode:g}; this reader knows measure mode {SINGLE_ENDED} (each "
-      "channel against ground, the vendor's conversion's)"
+      f"{path}: measure mode {mode:g} (2: differential at the device); this reader knows "
+      f"measure mode {SINGLE_ENDED} (each channel against ground) only"
     )
   body = lines[count:]
   while body and not body[-1].strip():
@@ -275,17 +275,15 @@ class Settings:
     return cls(int(text), span, part)
 
 
-def read(path: str):
+def read(path: str) -> dict[str, np.ndarray]:
   """The recording at `path` as named arrays: `frames` (N, P x M) the device's differential
   values, pattern by pattern; `sciospec_currents` (E, P), `sciospec_pairs` (E, M) (+1/-1 each),
   `sciospec_empty` (P x M,) the empty tank (the mean of the reference frames, rows
   `sciospec_empty_rows` from 0), `device_name` (which says which frames, by the files' numbers)."""
-  from cdeit_jax.common import array_files  # which registers this reader
-
   path = str(path).rstrip("/\\") or str(path)
   folder, files = frame_files(path)
   stamp = tuple((f, os.stat(f).st_mtime_ns, os.stat(f).st_size) for f in files)
-  return array_files.Arrays(dict(_read(path, stamp, Settings.from_env())))
+  return dict(_read(path, stamp, Settings.from_env()))
 
 
 @functools.lru_cache(maxsize=4)
@@ -339,7 +337,7 @@ def _read(path: str, stamp: tuple, settings: Settings) -> dict:
     f"{settings.part} part; empty tank: the mean of {used}, "
     f"{names[0]}{' to ' + names[1] if len(pick) > 1 else ''})"
   )
-  return {
+  out = {
     "frames": values,
     CURRENTS: currents,
     PAIRS: pairs,
@@ -347,6 +345,9 @@ def _read(path: str, stamp: tuple, settings: Settings) -> dict:
     EMPTY_ROWS: np.asarray(pick, np.int64),
     NAME: np.array(name),
   }
+  for a in out.values():  # shared by the callers of the cache
+    a.flags.writeable = False
+  return out
 
 
 def _file_number(path: str) -> int:

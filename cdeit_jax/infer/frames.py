@@ -3,7 +3,9 @@
 In: `.npy`, `.npz`, `.mat` (MATLAB v4 to v7.3) or `.csv`/`.txt`, frames as rows (N, R) in the
 measuring system's order (R = 208 for CDEIT's; columns (R, N), as EIDORS keeps them, are
 turned; NaN: a missing value), or the device's own file (any `eit.device_files.DeviceFormat`,
-KTC's or UEF's keys: its one frame, `eit.layout.from_device_file`). Files are read through the one
+KTC's or UEF's keys: its one frame, `eit.layout.from_device_file`), or a recording that holds
+its device, a Sciospec folder (`common.sciospec`: its frames, its empty tank as `empty`, which
+--reference takes). Files are read through the one
 registry of formats, `common.array_files`, a block of frames at a time (`Recording`). An `.npz`
 or `.mat` holds them under `frames` (or `voltages`, or as its only array) and may hold a
 reference frame under `reference`. A `.csv` may start with one header line.
