@@ -193,6 +193,13 @@ def test_a_missing_injection_or_other_injections_are_refused_naming_the_files(tm
     read(folder)
 
 
+def test_a_first_frame_without_an_injection_is_the_one_named(tmp_path):
+  folder, volts = recording(tmp_path, n=3)
+  write_frame(folder / "setup/setup_00001.eit", volts[0][1:], injections=INJECTIONS[1:])
+  with pytest.raises(InputError, match=r"1 frame file\(s\) differ .*: setup_00001.eit \(7\);"):
+    read(folder)
+
+
 def test_other_header_is_refused(tmp_path):
   folder, volts = recording(tmp_path, n=3)
   write_frame(folder / "setup/setup_00002.eit", volts[1], kind="v2short")

@@ -126,7 +126,7 @@ def read_frame(path: str) -> Frame:
       header[positional.pop(0)] = _number(path, i + 1, text)
   freqs = header["num_frequencies"]
   if freqs != int(freqs) or freqs < 1:
-    raise _fail(path, at - 4, f"frequency count {freqs:g}: must be a whole number >= 1")
+    raise _fail(path, at - 2, f"frequency count {freqs:g}: must be a whole number >= 1")
   freqs = int(freqs)
   header["num_frequencies"] = freqs
   mode = header.get("measure_mode", SINGLE_ENDED)
@@ -290,7 +290,10 @@ def read(path: str) -> dict[str, np.ndarray]:
 def _read(path: str, stamp: tuple, settings: Settings) -> dict:
   files = [f for f, _, _ in stamp]
   frames = [read_frame(f) for f in files]
-  first = frames[0]
+  # the frames are compared with the first of the most common setup (a damaged first frame is
+  # then the one named)
+  kinds = [(f.injections.tobytes(), f.injections.shape, f.voltages.shape) for f in frames]
+  first = frames[kinds.index(max(set(kinds), key=kinds.count))]
   _same(first, frames)
   head = first.header
   freqs = head["num_frequencies"]
@@ -382,9 +385,9 @@ _COMPARED = (
 
 
 def _same(first: Frame, frames: list[Frame]) -> None:
-  """Refuse frames whose injections, channels or header differ from the first's, naming them."""
+  """Refuse frames whose injections, channels or header differ from `first`'s, naming them."""
   odd: dict[str, list[str]] = {}
-  for f in frames[1:]:
+  for f in frames:
     why, name = None, os.path.basename(f.path)
     if not np.array_equal(f.injections, first.injections):
       why, name = "injections", f"{name} ({len(f.injections)})"
@@ -400,7 +403,7 @@ def _same(first: Frame, frames: list[Frame]) -> None:
     total = sum(len(v) for v in odd.values())
     shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
     raise InputError(
-      f"{os.path.dirname(first.path)}: {total} frame file(s) differ from the first "
+      f"{os.path.dirname(first.path)}: {total} frame file(s) differ from the others "
       f"({os.path.basename(first.path)}, {len(first.injections)} injections) in their {why}: "
       f"{shown}; a recording's frames are all of one setup: move them out (or repair them)"
     )
