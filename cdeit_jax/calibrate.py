@@ -66,7 +66,9 @@ def calibrate(
   fileio.output_file(
     out, "--out", device_files.is_saved_device, device_files.SAVED, makes_folder=True
   )
-  fileio.output_file(record_file(out), "--out", _is_record, "a calibration record")
+  fileio.output_file(
+    record_file(out), "--out", _is_record, "a calibration record", makes_folder=True
+  )
   width_deg = given_width(width_deg, electrode_cm, tank_cm)
   lay, reference = layout.from_device_file(
     device_file,

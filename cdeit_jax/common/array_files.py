@@ -79,6 +79,9 @@ def open(path: str, suffixes: tuple[str, ...], what: str) -> Arrays:  # noqa: A0
   the formats that allow it read on access (module docstring); one-line errors naming the file
   for a missing file, a folder, another suffix or an unreadable file."""
   kinds = " or ".join(suffixes)
+  got = _source(path)
+  if got is not None:
+    return got
   if fileio.path(path).is_dir():
     raise InputError(f"{path}: a folder; a {what} is a {kinds} file")
   if suffix(path) not in suffixes:
@@ -292,3 +295,33 @@ class _TextTable:
 
   def close(self) -> None:
     self._fh.close()
+
+
+# ----------------------------------------------------------------------------- sources
+# Recordings a path names by itself (a vendor's folder or file, e.g. Sciospec's), accepted wherever
+# a device file or a frames file is: (claims(path), reader) in the order they are tried. Their
+# readers live in modules of their own (`common.sciospec`), registered here.
+SOURCES: list[tuple[Callable[[str], bool], Reader]] = []
+
+
+def source(claims: Callable[[str], bool]) -> Callable[[Reader], Reader]:
+  """Register a reader for the paths `claims` says are its format (a folder, a vendor's file)."""
+
+  def register(fn: Reader) -> Reader:
+    SOURCES.append((claims, fn))
+    return fn
+
+  return register
+
+
+def _source(path: str) -> Arrays | None:
+  for claims, read_source in SOURCES:
+    if claims(path):
+      got = read_source(path)
+      return got if isinstance(got, Arrays) else Arrays(got)
+  return None
+
+
+from cdeit_jax.common import sciospec  # noqa: E402  (its recordings: registered below)
+
+source(sciospec.claims)(sciospec.read)

@@ -28,6 +28,7 @@ class DeviceFormat:
   pattern: tuple[str, ...]  # (E, M): the measured pairs, one +1 and one -1 each
   values: tuple[str, ...]  # the empty tank's values, pattern by pattern or (M, P)
   clockwise: bool  # electrode numbers grow clockwise (from the top)
+  described: str = ""  # how refusals name it, where not by its keys (a format read from a folder)
 
 
 # The registry of device-file formats, in the order they are tried (`device_format`): a new
@@ -42,6 +43,13 @@ def register_device_format(fmt: DeviceFormat) -> DeviceFormat:
 
 register_device_format(DeviceFormat("KTC", ("Injref", "Inj"), ("Mpat",), ("Uelref", "Uel"), False))
 register_device_format(DeviceFormat("UEF", ("CurrentPattern",), ("MeasPattern",), ("Uel",), True))
+# a Sciospec recording (common.sciospec): its arrays' own names; electrodes numbered as UEF's
+register_device_format(
+  DeviceFormat(
+    "Sciospec", ("sciospec_currents",), ("sciospec_pairs",), ("sciospec_empty",), True,
+    "a Sciospec recording folder (docs/your_device.md)",
+  )
+)  # fmt: skip
 
 
 def device_format(arrays: dict) -> DeviceFormat | None:
@@ -56,7 +64,8 @@ def device_format(arrays: dict) -> DeviceFormat | None:
 
 def _formats_text() -> str:
   return " or ".join(
-    f"{f.name}'s keys {' or '.join(f.currents)}, {' or '.join(f.pattern)} (and "
+    f.described
+    or f"{f.name}'s keys {' or '.join(f.currents)}, {' or '.join(f.pattern)} (and "
     f"{' or '.join(f.values)})"
     for f in DEVICE_FORMATS.values()
   )

@@ -3,7 +3,9 @@
 In: `.npy`, `.npz`, `.mat` (MATLAB v4 to v7.3) or `.csv`/`.txt`, frames as rows (N, R) in the
 measuring system's order (R = 208 for CDEIT's; columns (R, N), as EIDORS keeps them, are
 turned; NaN: a missing value), or the device's own file (any `eit.device_files.DeviceFormat`,
-KTC's or UEF's keys: its one frame, `eit.layout.from_device_file`). Files are read through the one
+KTC's or UEF's keys: its one frame, `eit.layout.from_device_file`), or a recording that holds
+its device, a Sciospec folder (`common.sciospec`: its frames, its empty tank as `empty`, which
+--reference takes). Files are read through the one
 registry of formats, `common.array_files`, a block of frames at a time (`Recording`). An `.npz`
 or `.mat` holds them under `frames` (or `voltages`, or as its only array) and may hold a
 reference frame under `reference`. A `.csv` may start with one header line.
@@ -69,11 +71,17 @@ class Recording:
     if array_files.SINGLE in arrays:  # a format of one array: the frames
       arrays = {"frames": arrays[array_files.SINGLE]}
     self.device = None  # a device file's own measuring system (`frame_guards.check_source`)
+    # a recording that holds its device and its empty tank (a Sciospec folder): its frames, and
+    # the empty tank as `empty` (what --reference takes of it); `empty_where`: which frames
+    self.empty, self.empty_where = None, None
     if device_files.device_format(arrays) is not None:  # the device's own file: its one frame
       self.device, frame = layout.from_device_file(path)
       if frame is None:
         raise InputError(f"{path}: a device file without a frame (its values, e.g. Uel)")
-      arrays = {"frames": frame[None]}
+      if FRAME_KEYS[0] in arrays:
+        self.empty, self.empty_where = self.sign * frame, self.device.name
+      else:
+        arrays = {"frames": frame[None]}
     a = _pick(path, arrays, FRAME_KEYS, required=True)
     _numeric(path, a, "the frames")
     if a.ndim == 1 and a.shape[0] == m:

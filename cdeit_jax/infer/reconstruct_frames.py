@@ -110,7 +110,10 @@ def _reconstruct(req: Request, overrides: dict, stack: contextlib.ExitStack) -> 
     if sink is not None:
       shown = recording.targets(sink.kept)
       written = sink.finish(
-        _info(req, rec, reference, k), fps=req.fps, figures=req.figures, targets=shown
+        {**_info(req, rec, reference, k), "reference_from": ref_where},
+        fps=req.fps,
+        figures=req.figures,
+        targets=shown,
       )
       if sink.nonfinite:
         logs.log.warning(
@@ -241,9 +244,12 @@ def _reference(req: Request, recording, system, workdir: str):
     where = f"--reference {req.reference}"
     with frames.Recording(req.reference, r, described, negate=req.negate) as ref:
       frame_guards.check_source(ref, system, where)
-      if ref.n != 1:
+      if ref.empty is not None:  # a recording with its own empty tank (a Sciospec folder)
+        reference, where = ref.empty, f"{where}: {ref.empty_where}"
+      elif ref.n != 1:
         raise InputError(f"{where}: holds {ref.n} frames; give one")
-      reference = ref.rows(0, 1)[0]
+      else:
+        reference = ref.rows(0, 1)[0]
   if req.reference_row is not None:
     if reference is not None:
       raise InputError(
