@@ -354,7 +354,7 @@ def test_frames_far_above_every_real_misfit_are_named_in_one_line():
     {"misfit": 0.52, "flagged": True},
   ]
   line = challenge.flagged_line(cases, records)
-  assert "\n" not in line and line.startswith("2 frames")
+  assert "\n" not in line and line.startswith("frames misfitting")
   assert "L/data1.mat (0.75)" in line and "L/data3.mat (0.52)" in line and "data2" not in line
   assert str(refinement.MISFIT_FLAG) in line
   assert challenge.flagged_line(cases, [{"misfit": 0.14, "flagged": False}] * 3) is None

@@ -255,9 +255,9 @@ def flagged_line(cases: list[Case], records: list[dict]) -> str | None:
   if not bad:
     return None
   return (
-    f"{len(bad)} frames misfit their refined answers far above any real frame's (> "
-    f"{refinement.MISFIT_FLAG}; the public 28: at most {refinement.PUBLIC_MISFIT_MAX}): "
-    f"{', '.join(bad)}: not a tank's frames? their answers are written, likely wrong"
+    f"frames misfitting their refined answers far above any real frame ("
+    f"> {refinement.MISFIT_FLAG}; the public 28: at most {refinement.PUBLIC_MISFIT_MAX}): "
+    f"{', '.join(bad)}: not a tank's frames? answered as any other, likely wrong"
   )
 
 

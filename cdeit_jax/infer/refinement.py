@@ -51,10 +51,11 @@ MAX_OBJECTS = 16  # the largest objects refined; the others stay as they are
 BUCKETS = (1, 2, 4, 8, 16)  # object counts compiled for: a count is padded to the next one
 JACOBIAN_CHUNK = 8  # Jacobian directions pushed through the CEM at once (memory: ~23 MB each)
 # A frame misfitting its refined answer by more is flagged (no real frame's): the public 28's
-# refined misfits reach PUBLIC_MISFIT_MAX (models/ktc2023, 2026-12-03), a constant frame's 0.75;
-# the flag is that largest plus a margin of 0.1.
-PUBLIC_MISFIT_MAX = 0.25
-MISFIT_FLAG = 0.35
+# misfits after refinement are 0.106-0.285 (models/ktc2023, 2026-12-03; the largest, level 4
+# target 1, takes no step), a constant frame's 0.748; the flag is their largest plus a margin of
+# 0.115 (40 %), still well under the constant frame's.
+PUBLIC_MISFIT_MAX = 0.285
+MISFIT_FLAG = 0.4
 # `budget` (seconds a frame might take, before 2026-12-03) is read and ignored: an old settings
 # string still parses, and the work is now bounded by `steps` (a frame's answer may not depend on
 # the machine's load or its compilation cache, issue 87 item 4).
