@@ -359,3 +359,22 @@ def test_a_refined_answer_is_the_models_own_with_the_networks_beside(device_run,
       device_run.run, level, str(tmp_path / "never"), {**common, "eval.refinement": "pixels"}
     )
   assert not (tmp_path / "never").exists()
+
+
+def test_frames_far_above_every_real_misfit_are_named_in_one_line():
+  """The flagged records' cases are named, each with its misfit, in one line; none, no line."""
+  from types import SimpleNamespace
+
+  from cdeit_jax.infer import refinement
+
+  cases = [SimpleNamespace(path=f"L/data{i}.mat") for i in (1, 2, 3)]
+  records = [
+    {"misfit": 0.75, "flagged": True},
+    {"misfit": 0.14, "flagged": False},
+    {"misfit": 0.52, "flagged": True},
+  ]
+  line = challenge.flagged_line(cases, records)
+  assert "\n" not in line and line.startswith("frames misfitting")
+  assert "L/data1.mat (0.75)" in line and "L/data3.mat (0.52)" in line and "data2" not in line
+  assert str(refinement.MISFIT_FLAG) in line
+  assert challenge.flagged_line(cases, [{"misfit": 0.14, "flagged": False}] * 3) is None

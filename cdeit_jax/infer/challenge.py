@@ -240,7 +240,12 @@ def model_samples(rec, cases: list[Case], fits: dict[bytes, calibration.Calibrat
 def refined(cases: list[Case], fits, answers: np.ndarray, settings) -> tuple[np.ndarray, list]:
   """Each answer (N, 128, 128 class maps) refined against its case's calibrated difference
   (`refinement.Refiner`, on the case's calibrated device, one per device), and each one's
-  record (objects, steps, misfits, seconds)."""
+  record (objects, steps, misfits, flagged, seconds). Frames that misfit their refined answers
+  far more than any real frame (`refinement.MISFIT_FLAG`) are named in one warning line; their
+  answers are written as any other's (the challenge scores every file)."""
+  import time
+
+  t0 = time.perf_counter()
   refiners: dict = {}
   out, records = [], []
   for c, answer, d in zip(cases, answers, calibrated_values(cases, fits)):
@@ -250,7 +255,27 @@ def refined(cases: list[Case], fits, answers: np.ndarray, settings) -> tuple[np.
     a, rec = refiners[device].refine_all(answer[None], d[None])
     out.append(a[0])
     records += rec
+  compiling = sum(r.compile_seconds for r in refiners.values())
+  log.info(
+    f"{len(cases)} answers refined against their frames in {time.perf_counter() - t0:.1f} s "
+    f"({compiling:.1f} s of it compiling)"
+  )
+  if line := flagged_line(cases, records):
+    log.warning(line)
   return np.stack(out), records
+
+
+def flagged_line(cases: list[Case], records: list[dict]) -> str | None:
+  """The warning naming the cases whose records are flagged (misfit above
+  `refinement.MISFIT_FLAG` after refinement), with their misfits; None when none is."""
+  bad = [f"{c.path} ({r['misfit']:.2f})" for c, r in zip(cases, records) if r.get("flagged")]
+  if not bad:
+    return None
+  return (
+    f"frames misfitting their refined answers far above any real frame ("
+    f"> {refinement.MISFIT_FLAG}; the public 28: at most {refinement.PUBLIC_MISFIT_MAX}): "
+    f"{', '.join(bad)}: not a tank's frames? answered as any other, likely wrong"
+  )
 
 
 def calibrated_values(cases: list[Case], fits: dict[bytes, calibration.Calibration]) -> np.ndarray:
@@ -380,12 +405,8 @@ def evaluate(
   refine = refinement.Refinement.parse(e.refinement)
   records = None
   if refine is not None:  # the model's own answer: refined against each frame
-    t1 = time.perf_counter()
     network = classes
     classes, records = refined(cases, fits, network, refine)
-    log.info(
-      f"{len(cases)} answers refined against their frames in {time.perf_counter() - t1:.1f} s"
-    )
   answers = ktc_score.to_challenge_grid(classes)
   methods = [
     Method("cdeit", list(r.images), list(answers), stds, list(zip(p_res, p_con))),
