@@ -27,6 +27,7 @@ def test_settings_are_read_and_refused_by_name():
   r = Refinement.parse("objects:tau=0.2:steps=3:move=5")
   assert (r.tau, r.steps, r.move, r.scale) == (0.2, 3, 5.0, Refinement().scale)
   assert Refinement.parse(str(r)) == r
+  assert Refinement.parse("objects:steps=6e0").steps == 6  # a whole number written as a float
   # a string of the shipped model's records (budget: seconds, before 2026-12-03) still parses,
   # its budget ignored: the steps bound a frame's work
   old = "objects:tau=0.13:move=3:scale=0.1:resistive=2:conductive=1.5:steps=6:budget=8"
@@ -36,7 +37,11 @@ def test_settings_are_read_and_refused_by_name():
     ("objects:speed=2", "speed"),
     ("objects:tau=abc", "not a number"),
     ("objects:tau=-1", "tau=-1"),
-    ("objects:steps=1.5", "not a number"),
+    ("objects:steps=1.5", "not a whole number"),
+    ("objects:steps=1e9", "a whole number from 0 to 100"),
+    ("objects:steps=inf", "not a whole number"),
+    ("objects:tau=1e-308", r"tau=1e-308: a number from 1e-06"),
+    ("objects:steps=3:tau=0.2:steps=4", "steps is given twice"),
   ):
     with pytest.raises(InputError, match=words) as e:
       Refinement.parse(text)

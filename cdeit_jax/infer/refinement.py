@@ -44,6 +44,10 @@ import numpy as np
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.eit.measurement import IMAGE_SIZE
 
+# the settings' ranges: a number outside them is a mistake (tau=1e-308 overflows the objective;
+# each step costs a Jacobian, and no frame has taken more than 6)
+VALUE_RANGE = (1e-6, 1e6)
+MAX_STEPS = 100
 MIN_PIXELS = 4  # an object of fewer pixels (of the 128 grid) is kept as it is
 CONTRAST_STD = 0.5  # the prior's std of log(v_k / v0_k): an object's log10 contrast
 TRIES = 8  # damping increases per step before the steps stop
@@ -78,12 +82,13 @@ class Refinement:
   steps: int = 6
 
   def __post_init__(self):
+    lo, hi = VALUE_RANGE
     for name in ("tau", "move", "scale", "resistive", "conductive"):
       v = getattr(self, name)
-      if not (np.isfinite(v) and v > 0):
-        raise InputError(f"refinement {name}={v}: a number > 0")
-    if not (isinstance(self.steps, int) and self.steps >= 0):
-      raise InputError(f"refinement steps={self.steps}: an integer >= 0")
+      if not (np.isfinite(v) and lo <= v <= hi):
+        raise InputError(f"refinement {name}={v}: a number from {lo:g} to {hi:g}")
+    if not (isinstance(self.steps, int) and 0 <= self.steps <= MAX_STEPS):
+      raise InputError(f"refinement steps={self.steps}: a whole number from 0 to {MAX_STEPS}")
 
   @classmethod
   def parse(cls, text: str, where: str = "--config.eval.refinement") -> Refinement | None:
@@ -106,10 +111,16 @@ class Refinement:
         raise InputError(
           f"{where}={text!r}: {part!r} is not KEY=VALUE of a key among {', '.join(fields)}"
         )
+      if key in given:
+        raise InputError(f"{where}={text!r}: {key} is given twice; give it once")
       try:
-        given[key] = int(value) if key == "steps" else float(value)
+        given[key] = float(value)
       except ValueError:
         raise InputError(f"{where}={text!r}: {key}={value!r} is not a number") from None
+      if key == "steps":
+        if not given[key].is_integer():
+          raise InputError(f"{where}={text!r}: steps={value!r} is not a whole number")
+        given[key] = int(given[key]) if abs(given[key]) <= 2**31 else given[key]
     for key in IGNORED:
       given.pop(key, None)
     try:
