@@ -165,7 +165,8 @@ def _pick(path: str, arrays: dict[str, Any], keys, required: bool) -> Any:
 def _text_shape(path: str, table: array_files.TextTable, m: int) -> None:
   """A text table of rows of another width than `m` is refused as soon as its first rows say
   so (not after a pass over a long file): one line of many values (no reshape is guessed), or
-  more rows than the `m` a table of one frame a column holds."""
+  more rows than the `m` a table of one frame a column holds (a shorter one is refused by its
+  shape, with the systems of as many values)."""
   if table.width == m:
     return
   rows = table.rows_upto(m + 1)
@@ -175,13 +176,11 @@ def _text_shape(path: str, table: array_files.TextTable, m: int) -> None:
       f"line: write each frame on a line of its own (the file's line ends may be lost: LF, CRLF "
       "and CR are read)"
     )
-  if rows != m:
-    many = f"more than {m}" if rows > m else str(rows)
+  if rows > m:
     values = f"{table.width} value{'s' * (table.width != 1)}"
     raise InputError(
-      f"{path}: its first data row holds {values}, and it has {many} rows: frames "
-      f"must be rows of {m} voltages (N, {m}), one frame a line (or {m} rows of frames as "
-      "columns)"
+      f"{path}: its first data row holds {values}, and it has more than {m} rows: frames must "
+      f"be rows of {m} voltages (N, {m}), one frame a line (or {m} rows of frames as columns)"
     )
 
 
