@@ -242,7 +242,7 @@ def test_another_protocols_frames_with_the_runs_reference_are_refused(translated
   )
   errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
   assert p.returncode == 1 and len(errors) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
-  assert f"--frames {skip3}: rows 0, 1, 2" in errors[0], errors[0]
+  assert f"error: {skip3}: rows 0, 1, 2" in errors[0], errors[0]
   assert f"differ from the reference frame (--reference {SKIP1 / 'ref.mat'})" in errors[0]
   assert "not of its protocol" in errors[0] and not (tmp_path / "out").exists()
   rec = Reconstructor.from_workdir(str(root / "run"))

@@ -334,6 +334,10 @@ class TextTable:
     data = self._first[self._header :]
     self.delimiter = _fields(data[0].text)[0] if data else None
     self.width = data[0].width if data else 0
+    if data and len(data[0].prefix) < PREFIX:  # a first row read whole: numbers, or named now
+      line = data[0].text.strip()
+      if not all(_is_number(f) for f in _fields(line)[1]):
+        raise self._bad_row(0, [line])
 
   @property
   def shape(self) -> tuple[int, int]:
@@ -376,7 +380,7 @@ class TextTable:
         [float(f) for f in fields]
       except ValueError:
         word = next(f for f in fields if not _is_number(f)).strip()[:20]
-        what = f"{word!r} is not a number"
+        what = f"{word!r} is not a number" if word else "an empty field (two delimiters in a row)"
         break
       if len(fields) != self.width:
         what = f"holds {len(fields)} numbers, data row 0 {self.width}"

@@ -170,6 +170,8 @@ def _text_shape(path: str, table: array_files.TextTable, m: int) -> None:
   if table.width == m:
     return
   rows = table.rows_upto(m + 1)
+  if rows == 0:
+    raise InputError(f"{path}: no rows of numbers (an empty file, or a header or comments only)")
   if rows == 1 and table.width > m:
     raise InputError(
       f"{path}: one line of {table.width} values; frames are rows of {m} voltages, one frame a "
