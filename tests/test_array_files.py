@@ -129,20 +129,29 @@ def test_a_recording_is_read_a_block_at_a_time(tmp_path):
 
 def test_a_bad_row_far_into_a_text_recording_is_named(tmp_path):
   """A .csv is parsed by rows: a word or a short row far down is an error naming the data row
-  (counted from 0) when that block is read, and the other blocks read as written."""
+  (counted from 0), its line (a comment line above counted) and what it holds, when that block
+  is read, without numpy's advice (`usecols`, its own API's); the other blocks read as
+  written."""
   a = np.arange(200, dtype=np.float64).reshape(40, 5)
   rows = [",".join(map(repr, r.tolist())) for r in a]
   rows[37] = rows[37].replace("186.0", "x")
   rows[30] = "150.0,151.0,152.0,153.0"
-  (tmp_path / "f.csv").write_text("\n".join(rows))
+  (tmp_path / "f.csv").write_text("# volts\n" + "\n".join(rows))
   with frames.Recording(str(tmp_path / "f.csv"), 5) as r:
     np.testing.assert_array_equal(r.rows(0, 30), a[:30])
-    with pytest.raises(InputError, match=r"f.csv: not a table of numbers \(data row 30 holds 4"):
-      r.rows(30, 31)
-    with pytest.raises(
-      InputError, match=r"f.csv: .*in the 8 rows from data row 32: could not convert .*x.* row 5"
+    for lo, hi, words in (
+      (
+        30,
+        31,
+        r"f.csv: not a table of numbers \(data row 30, line 32: holds 4 numbers, data row "
+        r"0 5\); give one row",
+      ),
+      (25, 35, r"\(data row 30, line 32: holds 4 numbers"),
+      (32, 40, r"f.csv: not a table of numbers \(data row 37, line 39: 'x' is not a number\)"),
     ):
-      r.rows(32, 40)
+      with pytest.raises(InputError, match=words) as e:
+        r.rows(lo, hi)
+      assert "usecols" not in str(e.value) and "\n" not in str(e.value)
 
 
 def test_text_frames_are_read_as_people_write_them(tmp_path):
@@ -237,3 +246,57 @@ def test_the_streamed_npz_writer_packs_np_savez_s_layout(tmp_path):
     np.testing.assert_array_equal(z["s"], s.astype(np.float32))
   with array_files.open(str(tmp_path / "out.npz"), (".npz",), "test file") as arrays:
     np.testing.assert_array_equal(np.asarray(arrays["a"]), a.astype(np.float32))
+
+
+def test_text_frames_of_any_line_shape_are_read_in_one_pass(tmp_path, monkeypatch):
+  """UEF2017's frames (208 values) as a .csv with CR-only line ends (old Macs, some
+  instruments) read equal to the LF one; all on one line (2,000 frames: 416,000 values) they
+  are refused in one line naming the count and the rows the model reads, no reshape guessed;
+  one number a row, the file is refused once its first rows say so (the pass over the file
+  stops after 209 of its 41,600 rows: its memory does not grow with the file). The one pass
+  reads the file a chunk at a time (a 4 kB chunk here: a line spans many) and scans each
+  byte once: its bytes read are the file's."""
+  monkeypatch.setattr(array_files, "CHUNK", 4096)
+  cases = sorted((REPO / "data" / "uef2017").glob("*.npz"))[:4]
+  ys = np.stack([np.load(p)["ys"].ravel() for p in cases]).astype(np.float64)
+  rows = [",".join(repr(v) for v in r) for r in ys.tolist()]
+  for name, text in (("lf.csv", "\n".join(rows) + "\n"), ("cr.csv", "\r".join(rows) + "\r")):
+    (tmp_path / name).write_bytes(text.encode())
+    with frames.Recording(str(tmp_path / name)) as r:
+      np.testing.assert_array_equal(r.rows(0, r.n), ys, err_msg=name)
+  (tmp_path / "mixed.txt").write_bytes(("\r\n".join(rows[:2]) + "\r" + rows[2]).encode())
+  with frames.Recording(str(tmp_path / "mixed.txt")) as r:
+    np.testing.assert_array_equal(r.rows(0, r.n), ys[:3])
+
+  reads = []
+  opened = array_files.fileio.open_binary
+
+  def counted(path):
+    fh = opened(path)
+    read = fh.read
+    fh.read = lambda n=-1: reads.append(len(got := read(n))) or got
+    return fh
+
+  monkeypatch.setattr(array_files.fileio, "open_binary", counted)
+  one = tmp_path / "one.csv"
+  one.write_bytes(",".join(rows[i % 4] for i in range(2000)).encode())
+  with pytest.raises(InputError) as e:
+    frames.Recording(str(one))
+  assert str(e.value) == (
+    f"{one}: one line of 416000 values; frames are rows of 208 voltages, one frame a line: "
+    "write each frame on a line of its own (the file's line ends may be lost: LF, CRLF and CR "
+    "are read)"
+  )
+  assert sum(reads) == one.stat().st_size and max(reads) <= 4096
+
+  column = tmp_path / "column.csv"
+  column.write_bytes("\n".join(v for r in rows * 50 for v in r.split(",")).encode())
+  table = array_files.TextTable(str(column))
+  with pytest.raises(
+    InputError,
+    match=r"column.csv: its first data row holds 1 value, and it "
+    r"has more than 208 rows: frames must be rows of 208",
+  ) as e:
+    frames._text_shape(str(column), table, 208)
+  assert len(table._starts) == 209 and not table._done
+  table.close()

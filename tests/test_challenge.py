@@ -122,15 +122,32 @@ def _edit(folder, name, **arrays):
 
 def test_inputs_that_cannot_be_a_measurement_are_refused_before_out(levels, tmp_path):
   """Each in one line naming the file, with no --out made: a negated and a constant empty-tank
-  frame, an all-zero one, a target of NaN only, truths other than 0/1/2, one level or target
-  under two names, levels of two measuring systems, and flags out of range."""
+  frame, an all-zero one, an all-NaN one (named, not the target beside it), a target of NaN
+  only, a target negated or scaled by 1e30 against its reference (named with it, in the
+  challenge's words: no reconstruct flags), truths other than 0/1/2, one level or target under
+  two names, levels of two measuring systems, and flags out of range."""
   cases = []
   ref = scipy.io.loadmat(levels / "level_1" / "ref.mat")["Uelref"]
+  uel = scipy.io.loadmat(levels / "level_1" / "data1.mat")["Uel"]
+  ours = r"\(each level's ref.mat and dataN.mat, as the challenge ships them\)$"
   for i, (name, arrays, words) in enumerate(
     (
       ("ref.mat", {"Uelref": -ref}, r"ref.mat: gain -\d+.* the frame's sign is flipped"),
       ("ref.mat", {"Uelref": np.full_like(ref, 0.3)}, r"ref.mat: current pattern 0's .* all 0.3"),
       ("ref.mat", {"Uelref": 0 * ref}, "ref.mat: every value is zero"),
+      ("ref.mat", {"Uelref": np.nan * ref}, "level_1/ref.mat: every value of Uelref is NaN"),
+      (
+        "data1.mat",
+        {"Uel": -uel},
+        r"data1.mat: its frame is the reference frame \(.*ref.mat\) "
+        r"negated \(cosine -1.00\).*" + ours,
+      ),
+      (
+        "data1.mat",
+        {"Uel": 1e30 * uel},
+        r"data1.mat: its frame is [\d.]+e\+29 times the reference "
+        r"frame \(.*ref.mat\): other units.*" + ours,
+      ),
       ("data1.mat", {"Uel": np.full_like(ref, np.nan)}, "data1.mat: every value of Uel is NaN"),
       ("true1.mat", {"truth": np.full((256, 256), 7.0)}, r"true1.mat: 'truth' holds .*: 7"),
       ("true1.mat", {"truth": -np.ones((256, 256))}, r"true1.mat: 'truth' holds .*: -1"),

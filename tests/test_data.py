@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import socket
 import subprocess
 import sys
@@ -133,11 +134,17 @@ def test_bad_files_are_named_and_skippable(tmp_path, caplog):
   np.savez(d / "nokey.npz", ys=np.zeros((208, 1)))
   np.savez(d / "shape.npz", ys=np.zeros((200, 1)), xs=np.zeros((128, 128)))
   np.savez(d / "nan.npz", ys=np.full((208, 1), np.nan), xs=np.zeros((128, 128)))
+  # a good example's voltages x 1e30 (finite in float32) and x 1e8 (other units than the rest)
+  ys = npz_files.read_npz(str(d / "00000.npz"))["ys"].astype(np.float64)
+  np.savez(d / "huge.npz", ys=(ys * 1e30).astype(np.float32), xs=np.zeros((128, 128)))
+  np.savez(d / "units.npz", ys=(ys * 1e8).astype(np.float32), xs=np.zeros((128, 128)))
   ok_stats = (np.zeros((1, 16, 13)), np.ones((1, 16, 13)))
   with pytest.raises(npz_files.DatasetError) as e:
     sources.NpzSource(str(d), stats=ok_stats)
   msg = str(e.value)
-  assert "4 of 7 files are bad" in msg
+  assert "6 of 9 files are bad" in msg
+  assert re.search(r"huge.npz: ys reaches [\d.]+e\+2\d: beyond 1e\+15, no device's voltages", msg)
+  assert re.search(r"units.npz: ys reaches [\d.]+e\+03, [\d.]+e\+07 times the folder's", msg)
   assert "junk.npz: not a readable npz" in msg
   assert "nokey.npz: missing key 'xs'" in msg
   assert "shape.npz: ys has shape (200, 1), expected (208, 1)" in msg
@@ -145,7 +152,7 @@ def test_bad_files_are_named_and_skippable(tmp_path, caplog):
   assert "skip_bad_files" in msg
   with caplog.at_level(logging.WARNING):
     src = sources.NpzSource(str(d), stats=ok_stats, skip_bad=True)
-  assert len(src) == 3 and "skipping 4 of 7 bad files" in caplog.text
+  assert len(src) == 3 and "skipping 6 of 9 bad files" in caplog.text
   with pytest.raises(npz_files.DatasetError, match="does not exist"):
     sources.NpzSource(str(tmp_path / "nope"), stats=ok_stats)
   (tmp_path / "empty").mkdir()

@@ -364,6 +364,47 @@ def test_the_checkpoints_statistics_unless_eval_stats_names_others(tiny_run, rec
   assert not np.allclose(other.reconstruct(uef_ys).images, rec.reconstruct(uef_ys).images)
 
 
+def test_frames_are_checked_against_their_reference_on_the_models_own_path(rec, uef_ys):
+  """On the model's own path (`FrameGuards.difference`) absolute frames are checked against the
+  reference they are differenced with: KTC2023's four real targets (level 1, reduced to CDEIT's
+  208) with their own empty tank, and UEF2017's differences on the empty tank, pass; the same
+  frames negated, in millivolts against a reference in volts, or given as differences with a
+  reference are refused in one line naming the rows, the reference and --reference; the rows
+  of a block are counted from its first (`first_row`)."""
+  import scipy.io
+
+  ktc = REPO / "data" / "ktc2023" / "levels" / "level_1"
+  ref = _ktc_208(scipy.io.loadmat(ktc / "ref.mat")["Uelref"])
+  tanks = np.stack([_ktc_208(scipy.io.loadmat(ktc / f"data{i}.mat")["Uel"]) for i in range(1, 5)])
+  empty = 1040.856 * rec.guards.vh
+  diff = lambda f, r, **kw: rec.guards.difference(frames=f, reference=r, where="F", **kw)
+  np.testing.assert_allclose(diff(tanks, ref), (tanks - ref).astype(np.float32))
+  diff(uef_ys + empty, empty)
+  for f, r, words in (
+    (
+      -tanks,
+      ref,
+      r"F: rows 0, 1, 2, 3 are the reference frame \(F: the reference frame\) "
+      r"negated \(cosine -0\.99",
+    ),
+    (1e3 * tanks, ref, r"F: rows 0, 1, 2, 3 are 1\.\d+e\+03 times the reference frame"),
+    (uef_ys, empty, r"F: rows 0, .* differ from .*difference voltages already"),
+  ):
+    with pytest.raises(InputError, match=words) as e:
+      diff(f, r)
+    assert "--reference REF or --reference_row N" in str(e.value) and "\n" not in str(e.value)
+  mixed = tanks.copy()
+  mixed[2] *= -1
+  with pytest.raises(InputError, match=r"F: rows 4098 are the reference frame"):
+    diff(mixed, ref, first_row=4096)
+  # eval.py's KTC2023 challenge reads values, not reconstruct's flags: its refusals say so
+  from cdeit_jax.infer import challenge
+
+  with pytest.raises(InputError, match=r"levels: rows 0, .* are absolute voltages") as e:
+    rec.reconstruct_values((uef_ys + empty) / 1040.856, where="levels", hints=challenge.HINTS)
+  assert "its level's ref.mat" in str(e.value) and "--reference" not in str(e.value)
+
+
 def test_a_reference_of_the_other_sign_is_refused_and_negate_reads_it(rec, uef_ys, tmp_path):
   """A device that measures with the other sign (the empty tank's values negative, as
   UEF2017's raw files are before the authors' conversion): its reference is refused in one line

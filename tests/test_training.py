@@ -320,6 +320,21 @@ def test_bad_config_values_are_named(over, match):
     config_lib.check_training_config(cfg_(**over), num_devices=8)
 
 
+def test_a_non_finite_step_before_any_checkpoint_says_none_was_saved(tmp_path):
+  """A run whose loss turns non-finite before its first checkpoint says that none was saved
+  (not "the last good checkpoint is step None"); with one, it names its step."""
+  from cdeit_jax.train import log_windows
+
+  for last_good, words in ((None, "No checkpoint was saved before it"), (8, "is step 8 in")):
+    w = log_windows.Window(0, 2, 1.0)
+    w.add({"finite": np.bool_(True)})
+    w.add({"finite": np.bool_(False)})
+    with pytest.raises(log_windows.NonFiniteLoss) as e:
+      w.close(2, last_good, str(tmp_path))
+    assert "non-finite at step 2" in str(e.value) and words in str(e.value)
+    assert "None" not in str(e.value)
+
+
 def test_non_finite_loss_stops_and_keeps_checkpoint(tmp_path, straight_run):
   import shutil
 

@@ -220,3 +220,32 @@ def test_convert_into_a_translated_run_is_refused(translated, tmp_path):
   assert p.returncode == 1 and len(errors) == 1, p.stderr[-3000:]
   assert "is a translated run's" in errors[0]
   assert sorted(p.name for p in (root / "run").iterdir()) == before
+
+
+def test_another_protocols_frames_with_the_runs_reference_are_refused(translated, tmp_path):
+  """skip-3's frames given with skip-1's ref.mat to skip-1's run (the reference is the run's
+  own empty tank: its check passes, and before this check they were imaged, RMSE 0.40): the
+  frames are not differences from that reference, and reconstruct refuses them in one line
+  naming the rows and both files, writing nothing; the API alike. (skip-1's own frames with it
+  pass: test_the_translated_run_images_the_tanks_frames.)"""
+  from cdeit_jax import Reconstructor
+  from cdeit_jax.common.errors import InputError
+
+  root, _ = translated
+  skip3 = SKIP1.parent / "skip3" / "frames.npy"
+  p = _run(
+    "cdeit_jax.reconstruct",
+    f"--workdir={root / 'run'}",
+    f"--frames={skip3}",
+    f"--reference={SKIP1 / 'ref.mat'}",
+    f"--out={tmp_path / 'out'}",
+  )
+  errors = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+  assert p.returncode == 1 and len(errors) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
+  assert f"error: {skip3}: rows 0, 1, 2" in errors[0], errors[0]
+  assert f"differ from the reference frame (--reference {SKIP1 / 'ref.mat'})" in errors[0]
+  assert "not of its protocol" in errors[0] and not (tmp_path / "out").exists()
+  rec = Reconstructor.from_workdir(str(root / "run"))
+  ref = lay.from_device_file(str(SKIP1 / "ref.mat"))[1]
+  with pytest.raises(InputError, match=r"voltages: rows 0, 1 differ from the reference frame"):
+    rec.reconstruct(frames=np.load(skip3)[:2], reference=ref)

@@ -101,3 +101,43 @@ def test_a_device_file_of_another_protocol_is_refused_as_frames_or_reference(ski
   with frames.Recording(str(PROTOCOLS / "skip3" / "ref.mat"), 256) as other:
     message = _refused(frame_guards.check_source, other, device.device, "--reference ref.mat")
   assert "skip 3" in message and "skip 1" in message and "another protocol's" in message
+
+
+def test_frames_are_checked_against_the_reference_they_are_differenced_with(skip1):
+  """The run's frames against the reference they are differenced with
+  (`eit.reference_match.check_frames`, which `FrameGuards.difference` applies on every path):
+  each protocol's own 22 targets with its own empty tank, and KTC2023's 28 targets with their
+  level's (objects move them by up to 23 %), pass; skip-3's frames with skip-1's empty tank (the
+  run's own reference: its check passes) are refused in one line naming the rows and both
+  files, and so are skip-1's frames negated or in millivolts, and difference frames given with
+  a reference."""
+  import scipy.io
+
+  from cdeit_jax.eit import reference_match
+
+  device, ref, frames_ = skip1
+  other_ref = lay.from_device_file(str(PROTOCOLS / "skip3" / "ref.mat"))[1]
+  other = np.load(PROTOCOLS / "skip3" / "frames.npy")
+  check = lambda f, r: reference_match.check_frames(f, r, "--frames F", "--reference R", "FIX")
+  check(frames_, ref)
+  check(other, other_ref)
+  for level in sorted((REPO / "data" / "ktc2023" / "levels").glob("level_*")):
+    empty = scipy.io.loadmat(level / "ref.mat")["Uelref"].ravel()
+    for data in sorted(level.glob("data*.mat")):
+      check(scipy.io.loadmat(data)["Uel"].ravel(), empty)
+  device.check_reference(ref, "--reference R")  # the reference is the run's
+  for f, words in (
+    (
+      other,
+      r"rows 0, 1, .* and 12 more differ from the reference frame \(--reference R\) by "
+      r"\d+% \(cosine 0\.4\d; .* not of its protocol, device or tank; .* \(FIX\)",
+    ),
+    (-frames_, r"rows 0, .* are the reference frame \(--reference R\) negated \(cosine -1\.00"),
+    (1e3 * frames_, r"rows 0, .* are 1\.\d+e\+03 times the reference frame .*other units"),
+    (frames_ - ref, r"differ from the reference frame .*difference voltages already"),
+  ):
+    message = _refused(check, f, ref)
+    assert message.startswith("--frames F: ") and re.search(words, message), message
+  mixed = frames_.copy()
+  mixed[[4, 9]] = other[[4, 9]]
+  assert "--frames F: rows 4, 9 differ" in _refused(check, mixed, ref)

@@ -15,11 +15,11 @@ variable is read from its HDF5 dataset (`matfile`); a `.csv`/`.txt` is parsed by
 
 from __future__ import annotations
 
-import io
+import array
 import re
 import struct
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -190,13 +190,16 @@ ADVICE_TEXT = (
   "'.' decimal point (not decimal commas), optionally after one header line"
 )
 BOM = b"\xef\xbb\xbf"  # UTF-8's byte-order mark: Excel's "CSV UTF-8", Python's utf-8-sig
+CHUNK = 1 << 20  # bytes read at a time by the text tables' one pass over the file
+PREFIX = 1 << 16  # the bytes of a first row that its header and decimal-comma checks read
+_SPACE = b" \t\f\v"
 
 
 @reader(".csv", ".txt")
 def _text(path: str) -> Arrays:
   """A table of numbers: commas, semicolons, spaces or tabs between them, optionally one header
   line."""
-  table = _TextTable(path)
+  table = TextTable(path)
   return Arrays({SINGLE: table}, table.close)
 
 
@@ -221,65 +224,187 @@ def _header(fields: list[str]) -> bool:
   return n >= 8 and any(np.array_equal(values, np.arange(k, n + k)) for k in (0, 1))
 
 
-class _TextTable:
+class _Row:
+  """A data row met by `TextTable`'s pass: where it starts, its first PREFIX bytes and, fed a
+  piece at a time, how many ';', ',' and whitespace-separated fields it holds (any length of
+  line, in memory bounded by the piece)."""
+
+  def __init__(self, start: int):
+    self.start, self.prefix = start, b""
+    self.semicolons = self.commas = self.words = 0
+    self.in_word = False
+
+  def feed(self, piece: bytes) -> None:
+    if len(self.prefix) < PREFIX:
+      self.prefix += piece[: PREFIX - len(self.prefix)]
+    self.semicolons += piece.count(b";")
+    self.commas += piece.count(b",")
+    if not (self.semicolons or self.commas):  # whitespace-separated so far
+      words = piece.split()
+      self.words += len(words) - (self.in_word and piece[:1] not in b" \t\f\v" and bool(words))
+      self.in_word = bool(piece) and piece[-1:] not in b" \t\f\v"
+
+  @property
+  def width(self) -> int:
+    if self.semicolons:
+      return self.semicolons + 1
+    return self.commas + 1 if self.commas else self.words
+
+  @property
+  def text(self) -> str:
+    return self.prefix.decode("utf-8", errors="replace")
+
+
+class TextTable:
   """A table of numbers in a text file, parsed a block of rows at a time (`t[lo:hi]`, by
-  np.loadtxt): one pass over the file finds where each row starts (blank lines are no rows).
-  A byte-order mark is skipped, CRLF line ends read as any others; decimal commas are refused in
-  one line (a ';' table of '0,5' is not a table of numbers here)."""
+  np.loadtxt): one pass over the file, a chunk at a time, finds where each row starts (blank
+  lines and '#' comments are no rows), in time and memory proportional to the file whatever
+  its shape (one long line, CR-only line ends). LF, CRLF and CR-only (old Macs', some
+  instruments') line ends are read alike, a byte-order mark is skipped; decimal commas are
+  refused in one line (a ';' table of '0,5' is not a table of numbers here). `width`: the
+  first row's count of numbers, known before the pass goes on; `rows_upto(k)` goes on only as
+  far as k rows (a reader that expects rows of another width refuses a long file early)."""
 
   ndim, dtype = 2, np.dtype(np.float64)
 
   def __init__(self, path: str):
     self.path, self._fh = path, fileio.open_binary(path)
-    starts, lines, at = [], [], 0
-    for line in self._fh:
-      if at == 0 and line.startswith(BOM):  # the mark is no part of the first row
-        line, at = line[len(BOM) :], len(BOM)
-      text = line.strip()
-      if text and not text.startswith(b"#"):  # np.loadtxt's comments are no rows either
-        if len(lines) < 2:
-          lines.append(line.decode("utf-8", errors="replace"))
-        starts.append(at)
-      at += len(line)
-    self._end = at
+    self._starts = array.array("q")  # each data row's first byte
+    self._pass = self._scan()
+    self._done, self._first = False, []  # the first two data rows (`_Row`)
+    try:
+      self._check_head()
+    except BaseException:
+      self._fh.close()
+      raise
+
+  def _scan(self) -> Iterator[None]:
+    """The one pass: yields after each data row that ends; `_end` is the file's length."""
+    at, line_start, row, decided = 0, 0, None, False
+    self._fh.seek(0)
+    while chunk := self._fh.read(CHUNK):
+      if at == 0 and chunk.startswith(BOM):  # the mark is no part of the first row
+        chunk, at = chunk[len(BOM) :], len(BOM)
+        line_start = at
+      for piece in chunk.splitlines(keepends=True):  # at \n, \r and \r\n: line ends alike
+        ends = piece[-1:] in (b"\n", b"\r")
+        body = piece.rstrip(b"\r\n") if ends else piece
+        if not decided:
+          first = body.lstrip(_SPACE)[:1]
+          if first:  # a line's first character decides: a row, or np.loadtxt's comment
+            decided = True
+            if first != b"#":
+              row = _Row(line_start)
+              self._starts.append(line_start)
+        if row is not None:
+          row.feed(body)
+        at += len(piece)
+        if ends:
+          if row is not None and len(self._first) < 2:
+            self._first.append(row)
+          line_start, decided, ended, row = at, False, row, None
+          if ended is not None:
+            yield
+    if row is not None and len(self._first) < 2:
+      self._first.append(row)
+    self._end, self._done = at, True
+
+  def rows_upto(self, most: int) -> int:
+    """The number of data rows, counted only as far as `most` (the pass goes on no further)."""
+    while not self._done and len(self._starts) - self._header < most:
+      next(self._pass, None)
+    return len(self._starts) - self._header
+
+  def _check_head(self) -> None:
+    """The first two rows read (no further): a header line left out, decimal commas refused,
+    the delimiter and the first row's `width` known."""
+    while not self._done and len(self._first) < 2:
+      next(self._pass, None)
     comma = re.compile(r"[-+]?\d*,\d+(?:[eE][-+]?\d+)?")
-    for line in lines:  # a number written '0,5' (a spreadsheet's decimal comma)
-      if any(comma.fullmatch(f) for f in _fields(line)[1] if _fields(line)[0] != ","):
+    for row in self._first:  # a number written '0,5' (a spreadsheet's decimal comma)
+      delimiter, fields = _fields(row.text)
+      if delimiter != "," and any(comma.fullmatch(f) for f in fields):
         raise InputError(
-          f"{path}: decimal commas ({line.strip()[:40]}...); {ADVICE_TEXT} (e.g. save it "
-          "again with a '.' decimal separator)"
+          f"{self.path}: decimal commas ({row.text.strip()[:40]}...); {ADVICE_TEXT} (e.g. save "
+          "it again with a '.' decimal separator)"
         )
-    if lines and _header(_fields(lines[0])[1]):
-      starts, lines = starts[1:], lines[1:]
-    self.delimiter = _fields(lines[0])[0] if lines else None
-    self._starts = np.asarray(starts, np.int64)
-    width = self._parse(0, 1).shape[1] if len(starts) else 0
-    self.shape = (len(self._starts), width)
-    self.size = self.shape[0] * self.shape[1]
+    # a header is a short line (a first row beyond PREFIX bytes is numbers: no system has so
+    # many columns to number)
+    first = self._first[0] if self._first else None
+    self._header = int(
+      first is not None and len(first.prefix) < PREFIX and _header(_fields(first.text)[1])
+    )
+    data = self._first[self._header :]
+    self.delimiter = _fields(data[0].text)[0] if data else None
+    self.width = data[0].width if data else 0
+    if data and len(data[0].prefix) < PREFIX:  # a first row read whole: numbers, or named now
+      line = data[0].text.strip()
+      if not all(_is_number(f) for f in _fields(line)[1]):
+        raise self._bad_row(0, [line])
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    return (self.rows_upto(np.iinfo(np.int64).max), self.width)
+
+  @property
+  def size(self) -> int:
+    return self.shape[0] * self.shape[1]
 
   def __len__(self) -> int:
     return self.shape[0]
 
+  def _row_start(self, k: int) -> int:
+    return int(self._starts[k + self._header])
+
   def _parse(self, lo: int, hi: int) -> np.ndarray:
-    n = len(self._starts)
+    n = len(self)
     if hi <= lo:
-      return np.zeros((0, self.shape[1] if hasattr(self, "shape") else 0))
-    self._fh.seek(int(self._starts[lo]))
-    end = int(self._starts[hi]) if hi < n else self._end
-    text = self._fh.read(end - int(self._starts[lo])).decode("utf-8", errors="replace")
+      return np.zeros((0, self.width))
+    end = self._row_start(hi) if hi < n else self._end
+    self._fh.seek(self._row_start(lo))
+    text = self._fh.read(end - self._row_start(lo)).decode("utf-8", errors="replace")
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     try:
-      a = np.loadtxt(io.StringIO(text), delimiter=self.delimiter, ndmin=2, dtype=np.float64)
-    except ValueError as e:  # numpy names the row (counted from `lo`) and column
-      where = f"in the {hi - lo} rows from data row {lo}: " if lo else ""
-      raise InputError(
-        f"{self.path}: not a table of numbers ({where}{_short(e)}); {ADVICE_TEXT}"
-      ) from None
-    if hasattr(self, "shape") and a.shape[1] != self.shape[1]:
-      raise InputError(
-        f"{self.path}: not a table of numbers (data row {lo} holds {a.shape[1]} numbers, row 0 "
-        f"{self.shape[1]}); {ADVICE_TEXT}"
-      )
+      a = np.loadtxt(lines, delimiter=self.delimiter, ndmin=2, dtype=np.float64)
+    except ValueError:
+      raise self._bad_row(lo, lines) from None
+    if a.shape[1] != self.width:
+      raise self._bad_row(lo, lines)
     return a
+
+  def _bad_row(self, lo: int, lines: list[str]) -> InputError:
+    """The one-line error of the first row of `lines` (data rows from `lo`) that is not `width`
+    numbers: its data row and line, what it holds (numpy's own words stay out: its advice
+    is for its own API)."""
+    k, what = 0, "not read as numbers"  # numpy refused what each row alone passes
+    for k, line in enumerate(lines):  # noqa: B007 (the row found is the loop's last)
+      fields = line.split(self.delimiter) if self.delimiter else line.split()
+      try:
+        [float(f) for f in fields]
+      except ValueError:
+        word = next(f for f in fields if not _is_number(f)).strip()[:20]
+        what = f"{word!r} is not a number" if word else "an empty field (two delimiters in a row)"
+        break
+      if len(fields) != self.width:
+        what = f"holds {len(fields)} numbers, data row 0 {self.width}"
+        break
+    row = lo + k
+    return InputError(
+      f"{self.path}: not a table of numbers (data row {row}, line "
+      f"{self._line_of(self._row_start(row))}: {what}); {ADVICE_TEXT}"
+    )
+
+  def _line_of(self, offset: int) -> int:
+    """The line number (from 1) of the byte at `offset`: line ends before it counted (a CRLF
+    once), a chunk at a time."""
+    self._fh.seek(0)
+    lines, left, last = 1, offset, b""
+    while left > 0 and (chunk := self._fh.read(min(CHUNK, left))):
+      left -= len(chunk)
+      lines += chunk.count(b"\n") + chunk.count(b"\r") - chunk.count(b"\r\n")
+      lines -= last == b"\r" and chunk[:1] == b"\n"
+      last = chunk[-1:]
+    return lines
 
   def __getitem__(self, key) -> np.ndarray:
     key = key if isinstance(key, tuple) else (key,)
@@ -295,6 +420,14 @@ class _TextTable:
 
   def close(self) -> None:
     self._fh.close()
+
+
+def _is_number(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True
 
 
 # ----------------------------------------------------------------------------- sources

@@ -15,6 +15,7 @@ import numpy as np
 from cdeit_jax.common import matfile
 from cdeit_jax.common.errors import InputError, MissingFile
 from cdeit_jax.eit import layout as lay
+from cdeit_jax.eit import reference_match
 
 _LEVEL = re.compile(r"^level_(\d+)$")
 _DATA = re.compile(r"^data(\d+)\.mat$")
@@ -108,6 +109,8 @@ def read_cases(path: str, flag: str = "--data_path") -> list[Case]:
     layout, reference = lay.from_device_file(ref_path)
     if reference is None:
       raise InputError(f"{ref_path}: no Uelref (the empty tank's voltages)")
+    if not np.isfinite(reference).any():
+      raise InputError(f"{ref_path}: every value of Uelref is NaN; give the empty tank's voltages")
     if cases and not layout.measures_as(cases[0].layout):
       raise InputError(
         f"{ref_path}: the level is of {layout.describe()}, {cases[0].path}'s of "
@@ -126,6 +129,13 @@ def read_cases(path: str, flag: str = "--data_path") -> list[Case]:
         raise InputError(f"{data_path}: every value of Uel is NaN; give the target's voltages")
       if not data_layout.measures_as(layout):
         raise InputError(f"{data_path}: its Inj/Mpat are not those of {ref_path}")
+      lacking = np.isfinite(frame) & ~np.isfinite(reference)
+      if lacking.any():  # a level removes electrodes from the targets' frames, not the tank's
+        raise InputError(
+          f"{ref_path}: Uelref is NaN at {int(lacking.sum())} values that {name} holds "
+          f"(measurements {reference_match.listed(np.flatnonzero(lacking))}); give the empty "
+          "tank's whole frame"
+        )
       truth = None
       truth_path = os.path.join(folder, f"true{n}.mat")
       if os.path.exists(truth_path):

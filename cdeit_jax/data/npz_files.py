@@ -47,6 +47,14 @@ class DatasetError(InputError):
   """A dataset folder or file is unusable; the message names every bad file."""
 
 
+# An example's voltages beyond LARGEST are in no device's units (10 V in nanovolts is 1e10) and
+# their squares, which the statistics sum over a folder, overflow float32 (3.4e38) once summed;
+# an example whose largest |ys| is FAR_FACTOR times its folder's typical one (the median of the
+# files' largest) is in other units than the others (real targets' differences span a factor
+# of about 1000, small objects to large).
+LARGEST, FAR_FACTOR = 1e15, 1e6
+
+
 def _read_checked(
   path: str, num_values: int = NUM_MEASUREMENTS
 ) -> tuple[str | None, dict[str, np.ndarray] | None]:
@@ -73,7 +81,19 @@ def _problem(z: dict[str, np.ndarray], num_values: int = NUM_MEASUREMENTS) -> st
       return f"{key} has dtype {a.dtype}, expected a float array"
     if not np.all(np.isfinite(a)):
       return f"{key} holds {int(np.size(a) - np.isfinite(a).sum())} non-finite values"
+  largest = _largest(z)
+  if largest > LARGEST:
+    return (
+      f"ys reaches {largest:.3g}: beyond {LARGEST:g}, no device's voltages in any units "
+      "(the statistics' squares overflow float32)"
+    )
   return None
+
+
+def _largest(z: dict[str, np.ndarray] | None) -> float:
+  """An example's largest |ys| (0 for none)."""
+  ys = None if z is None else z.get("ys")
+  return float(np.max(np.abs(ys))) if ys is not None and np.size(ys) else 0.0
 
 
 def check_count(directory: str, name: str, num_values: int) -> None:
@@ -102,6 +122,22 @@ def list_files(directory: str) -> list[str]:
   return files
 
 
+def _far(checked: list) -> list[str | None]:
+  """Each file's problem, with those whose largest |ys| is FAR_FACTOR times the folder's
+  typical file's named (other units)."""
+  good = [largest for p, largest, _ in checked if p is None and largest > 0]
+  typical = float(np.median(good)) if good else 0.0
+  return [
+    p
+    if p is not None or typical == 0 or largest <= FAR_FACTOR * typical
+    else (
+      f"ys reaches {largest:.3g}, {largest / typical:.2g} times the folder's typical example's "
+      f"largest ({typical:.3g}): other units than the other files'"
+    )
+    for p, largest, _ in checked
+  ]
+
+
 def check_folder(
   directory: str,
   files: Sequence[str],
@@ -115,18 +151,15 @@ def check_folder(
   system's count); raise listing all bad ones, or (skip_bad) warn and drop them. Returns the
   good file names, and with `keep` also their arrays ({name: arrays}: each file is read once)."""
   paths = [fileio.join(directory, f) for f in files]
-  # Without `keep` only the verdicts are held (the arrays of a big folder would not fit)
-  read = lambda path: (
-    _read_checked(path, num_values)
-    if keep
-    else (
-      _read_checked(path, num_values)[0],
-      None,
-    )
-  )
+
+  def read(path: str):  # without `keep` only the verdicts (the arrays would not fit)
+    problem, z = _read_checked(path, num_values)
+    return problem, _largest(z), z if keep else None
+
   with concurrent.futures.ThreadPoolExecutor(num_threads) as pool:
     checked = list(pool.map(read, paths))
-  problems = [p for p, _ in checked]
+  problems = _far(checked)
+  checked = [(p, z) for p, (_, _, z) in zip(problems, checked)]
   arrays = {f: z for f, (p, z) in zip(files, checked) if p is None} if keep else None
   del checked
   bad = [(f, p) for f, p in zip(files, problems) if p is not None]

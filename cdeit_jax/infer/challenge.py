@@ -25,10 +25,20 @@ import numpy as np
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data.ktc2023 import Case
-from cdeit_jax.eit import calibration, tikhonov, turns
+from cdeit_jax.eit import calibration, reference_match, tikhonov, turns
 from cdeit_jax.infer import answer_rules, ktc_score, outputs, refinement
+from cdeit_jax.infer.frame_guards import Hints
 
 METRICS = "metrics.json"
+# what a refusal of the targets' values asks for: the challenge's files (no reconstruct flags)
+HINTS = Hints(
+  reference=(
+    "each target's dataN.mat minus its level's ref.mat is imaged: give each level's own "
+    "ref.mat (the empty tank's voltages) beside its dataN.mat"
+  ),
+  same="each level's ref.mat and dataN.mat, as the challenge ships them",
+  skip="give those targets' voltages (NaN only on the electrodes the level removes)",
+)
 log = logs.log.getChild("challenge")
 
 
@@ -49,13 +59,16 @@ class Method:
 
 def calibrate(cases: list[Case]) -> dict[bytes, calibration.Calibration]:
   """The fit of every distinct reference frame among `cases` (the challenge's levels share one),
-  each logged; a reference that cannot be the empty tank's is refused (`calibration.fit`)."""
+  each logged; a reference that cannot be the empty tank's is refused (`calibration.fit`), and
+  then a target's frame that is not of its reference's tank, protocol, sign and units
+  (`eit.reference_match.check_frames`: negated, scaled, another device's)."""
   fits: dict[bytes, calibration.Calibration] = {}
   for c in cases:
+    ref = os.path.join(os.path.dirname(c.path), "ref.mat")
     if _reference_key(c) not in fits:
-      ref = os.path.join(os.path.dirname(c.path), "ref.mat")
       fits[_reference_key(c)] = fit = calibration.fit(c.layout, c.reference, ref)
       log.info(f"calibration from {ref}: {fit.describe()}")
+    reference_match.check_frames(c.frame, c.reference, c.path, ref, HINTS.same)
   return fits
 
 
@@ -226,7 +239,8 @@ def model_samples(rec, cases: list[Case], fits: dict[bytes, calibration.Calibrat
   turned by the angle the cases' electrodes are the model's turned by (`turns.offset`).
   Targets whose images come out NaN are named in a warning (their answers are all water)."""
   values = calibrated_values(cases, fits)
-  r = rec.reconstruct_values(values, where=os.path.dirname(cases[0].path), keep_samples=True)
+  where = os.path.dirname(cases[0].path)
+  r = rec.reconstruct_values(values, where=where, keep_samples=True, hints=HINTS)
   turn = turns.offset(rec.layout, cases[0].layout)
   if turn:  # the tank's electrodes are the model's turned (a model trained on the mesh's angles)
     log.info(f"the cases' electrodes are the model's turned by {np.rad2deg(turn):.4g} degrees")

@@ -18,7 +18,8 @@ import numpy as np
 
 from cdeit_jax import eit
 from cdeit_jax.common.errors import InputError
-from cdeit_jax.eit import layout
+from cdeit_jax.eit import layout, reference_match
+from cdeit_jax.eit.reference_match import listed
 
 FAR_OFF = 100.0  # a frame whose median |standardised voltage| exceeds this is in other units
 # frames whose size (RMS) is typically under this fraction of the training data's spread (its
@@ -37,6 +38,27 @@ ABSOLUTE_COS, ABSOLUTE_COEF, OFFSET_COS = 0.75, 0.2, 0.9
 # D = 0.1: that config's validation simulations with drift=(0.9, 1.1) reach 0.22 at the higher
 # levels; absolute frames at gains under about 0.4 then pass, at 0.5-3 they are still refused).
 DRIFT_COEF = 1.5
+
+
+@dataclasses.dataclass(frozen=True)
+class Hints:
+  """What a refusal asks for, in the words of the command that read the frames: `reference`
+  for absolute frames (give the empty tank's frame), `same`: where a reference frame is given,
+  for frames that are not of theirs (`eit.reference_match.check_frames`), `skip` for rows of
+  NaN or infinite values.
+  The defaults are reconstruct's and the Reconstructor's."""
+
+  reference: str = (
+    "give the empty-tank frame as the reference (--reference REF or --reference_row N; the "
+    "API's `reference=`), so that each frame minus it is imaged"
+  )
+  same: str = "--reference REF or --reference_row N; the API's `reference=`"
+  skip: str = (
+    "remove them, or skip them (--skip_bad_frames: they are listed and their images are NaN)"
+  )
+
+
+RECONSTRUCT = Hints()
 
 
 def absolute_rows(ys: np.ndarray, vh: np.ndarray, drift: float = 0.0) -> np.ndarray:
@@ -139,10 +161,14 @@ class FrameGuards:
     reference: np.ndarray | None = None,
     where: str = "voltages",
     ref_where: str | None = None,
+    first_row: int = 0,
+    hints: Hints = RECONSTRUCT,
   ) -> np.ndarray:
     """(N, R) float32 difference voltages in the device's units: `voltages` as given, or
     `frames - reference` (time-difference imaging; `ref_where` names where the reference came
-    from, by default `where`'s); `check_frames` checks them."""
+    from, by default `where`'s): the reference checked (`check_reference`) and the frames
+    checked against it (`eit.reference_match.check_frames`: the same tank, protocol, sign and
+    units; their rows numbered from `first_row`); `check_frames` checks the differences."""
     if (voltages is None) == (frames is None):
       raise InputError("give the difference voltages, or frames (and a reference frame)")
     if voltages is not None:
@@ -165,6 +191,7 @@ class FrameGuards:
           f"{listed(np.flatnonzero(bad))}); give a finite one"
         )
       self.check_reference(ref[0], ref_where)
+      reference_match.check_frames(dv, ref[0], where, ref_where, hints.same, first_row)
       dv = dv - ref
     return float32(dv)
 
@@ -175,12 +202,7 @@ class FrameGuards:
     tank, `translated_run.TranslatedGuards`). A difference frame alone carries no sign: -dv is
     dv's objects with their contrasts reversed, so only a reference (or absolute frames) can
     tell."""
-    x, h = np.asarray(reference, np.float64), np.asarray(self.vh, np.float64)
-    both = np.isfinite(x) & np.isfinite(h)
-    norms = float(np.linalg.norm(x[both]) * np.linalg.norm(h[both]))
-    if norms == 0:
-      return
-    cos = float(x[both] @ h[both]) / norms
+    cos = float(reference_match.likeness(reference, self.vh).cos[0])
     if cos <= -ABSOLUTE_COS:
       raise InputError(
         f"{where}: is the empty tank's voltages negated (cosine {cos:.2f} with the model's "
@@ -197,6 +219,7 @@ class FrameGuards:
     skip_bad: bool = False,
     block: int = 4096,
     ref_where: str | None = None,
+    hints: Hints = RECONSTRUCT,
   ) -> np.ndarray:
     """The rows of a recording (`infer.frames.Recording`, minus `reference`) that can be
     imaged: the guards of `check_values` over the whole recording, read `block` frames at a
@@ -211,24 +234,27 @@ class FrameGuards:
           reference=reference,
           where=where,
           ref_where=ref_where,
+          first_row=lo,
+          hints=hints,
         )
         / self.voltage_ratio,
         lo,
       )
       for lo in range(0, recording.n, block)
     ]
-    return self._judge(screens, where, skip_bad, self.units.name)
+    return self._judge(screens, where, skip_bad, self.units.name, hints)
 
   def check_frames(
     self,
     dv: np.ndarray,
     where: str = "voltages",
     skip_bad: bool = False,
+    hints: Hints = RECONSTRUCT,
   ) -> np.ndarray:
     """The rows of `dv` (N, R), in the device's units, that can be imaged (indices):
     `check_values` of them in simulation units."""
     values = np.asarray(dv) / self.voltage_ratio
-    return self.check_values(values, where, skip_bad, self.units.name)
+    return self.check_values(values, where, skip_bad, self.units.name, hints)
 
   def check_values(
     self,
@@ -236,17 +262,19 @@ class FrameGuards:
     where: str = "values",
     skip_bad: bool = False,
     units: str = "",
+    hints: Hints = RECONSTRUCT,
   ) -> np.ndarray:
     """The rows of `values` (N, R), in simulation units, that can be imaged (indices): the one
     set of guards of every entry point. Rows with infinite values, or NaN where no value is
     missing under any of the model's electrode-removal sets (CDEIT's 208: none), are refused
     (listed in the error), or with `skip_bad` left out; absolute frames (no reference frame
     subtracted) and rows far off the statistics' scale (other units) are refused, and frames
-    typically far too small for any device's (other units again)."""
+    typically far too small for any device's (other units again). `hints`: what the refusals
+    ask for, in the command's words."""
     v = np.asarray(values)
     if len(v) == 0:
       raise InputError(f"{where}: no frames (0 rows of {self.num_values} values)")
-    return self._judge([self._screen(v, 0)], where, skip_bad, units)
+    return self._judge([self._screen(v, 0)], where, skip_bad, units, hints)
 
   def _screen(self, v: np.ndarray, first_row: int) -> Screen:
     """One block of rows (simulation units; rows numbered from `first_row`) through the
@@ -270,7 +298,9 @@ class FrameGuards:
       sizes=size[size > 0],  # a frame equal to its reference is no evidence either way
     )
 
-  def _judge(self, screens: list[Screen], where: str, skip_bad: bool, units: str) -> np.ndarray:
+  def _judge(
+    self, screens: list[Screen], where: str, skip_bad: bool, units: str, hints: Hints = RECONSTRUCT
+  ) -> np.ndarray:
     """The rows of screened blocks that can be imaged, or one error naming every refused row
     of them (the first ones and how many in all), the units judged on all their frames."""
     pick = lambda name: np.concatenate([getattr(s, name) for s in screens])
@@ -285,8 +315,7 @@ class FrameGuards:
       sets_note += "".join(f"; {s.note}" for s in screens if s.note)
       raise InputError(
         f"{where}: rows {listed(bad)} hold NaN, infinite or out-of-range (beyond float32's "
-        f"3.4e38) voltages{sets_note}; remove them, or skip them (--skip_bad_frames: they are "
-        "listed and their images are NaN)"
+        f"3.4e38) voltages{sets_note}; {hints.skip}"
       )
     ok = pick("ok")
     if len(ok) == 0:
@@ -295,9 +324,8 @@ class FrameGuards:
     if len(absolute):
       raise InputError(
         f"{where}: rows {listed(absolute)} are absolute voltages (the empty tank's "
-        "pattern dominates them), or carry a constant offset, not difference voltages: give the "
-        "empty-tank frame as the reference (--reference REF or --reference_row N; the API's "
-        "`reference=`), so that each frame minus it is imaged"
+        f"pattern dominates them), or carry a constant offset, not difference voltages: "
+        f"{hints.reference}"
       )
     other_units = (
       f"units {units!r} (voltage ratio {self.voltage_ratio:g}) say; give the device's "
@@ -351,10 +379,3 @@ def float32(a: np.ndarray) -> np.ndarray:
   name them) without numpy's overflow warning."""
   with np.errstate(over="ignore"):
     return a.astype(np.float32)
-
-
-def listed(rows, most: int = 10) -> str:
-  """Rows for a message: the first `most`, then how many more."""
-  rows = [int(r) for r in rows]
-  text = ", ".join(map(str, rows[:most]))
-  return text + (f" and {len(rows) - most} more" if len(rows) > most else "")

@@ -84,6 +84,8 @@ class Recording:
         arrays = {"frames": frame[None]}
     a = _pick(path, arrays, FRAME_KEYS, required=True)
     _numeric(path, a, "the frames")
+    if isinstance(a, array_files.TextTable):
+      _text_shape(path, a, m)
     if a.ndim == 1 and a.shape[0] == m:
       a = np.asarray(a)[None]
     # (R, R): rows or columns cannot be told by the shape; read as rows (`square` says so)
@@ -166,6 +168,30 @@ def _pick(path: str, arrays: dict[str, Any], keys, required: bool) -> Any:
     f"{path}: no frames: it holds {held}{f' (besides {beside})' if beside else ''}; name the "
     f"frames array {FRAME_KEYS[0]!r} (and a reference frame {REFERENCE_KEYS[0]!r})"
   )
+
+
+def _text_shape(path: str, table: array_files.TextTable, m: int) -> None:
+  """A text table of rows of another width than `m` is refused as soon as its first rows say
+  so (not after a pass over a long file): one line of many values (no reshape is guessed), or
+  more rows than the `m` a table of one frame a column holds (a shorter one is refused by its
+  shape, with the systems of as many values)."""
+  if table.width == m:
+    return
+  rows = table.rows_upto(m + 1)
+  if rows == 0:
+    raise InputError(f"{path}: no rows of numbers (an empty file, or a header or comments only)")
+  if rows == 1 and table.width > m:
+    raise InputError(
+      f"{path}: one line of {table.width} values; frames are rows of {m} voltages, one frame a "
+      f"line: write each frame on a line of its own (the file's line ends may be lost: LF, CRLF "
+      "and CR are read)"
+    )
+  if rows > m:
+    values = f"{table.width} value{'s' * (table.width != 1)}"
+    raise InputError(
+      f"{path}: its first data row holds {values}, and it has more than {m} rows: frames must "
+      f"be rows of {m} voltages (N, {m}), one frame a line (or {m} rows of frames as columns)"
+    )
 
 
 def _numeric(path: str, a, what: str):

@@ -96,7 +96,11 @@ def _reconstruct(req: Request, overrides: dict, stack: contextlib.ExitStack) -> 
     for (lo, hi), runs in calls.items():
       # frames lo .. hi minus the reference, read from the file now (memory stays flat)
       dv = rec.guards.difference(
-        frames=recording.rows(lo, hi), reference=reference, where=where, ref_where=ref_where
+        frames=recording.rows(lo, hi),
+        reference=reference,
+        where=where,
+        ref_where=ref_where,
+        first_row=lo,
       )
       for run in runs:
         r = rec.reconstruct(  # checked above, as a whole

@@ -323,13 +323,15 @@ class Reconstructor:
     first_index: int = 0,
     where: str = "values",
     keep_samples: bool = False,
+    hints: frame_guards.Hints = frame_guards.RECONSTRUCT,
   ) -> Reconstruction:
     """Images of difference values (N, R) already in simulation units (a device's values
     divided by its calibrated gain, `eit.calibration`; the sign as the simulator's, electrode
     + minus electrode -), NaN where a removal set of the model leaves a value out: `reconstruct`
-    without the units, through the same guards (`guards.check_values`)."""
+    without the units, through the same guards (`guards.check_values`; `hints`: what their
+    refusals ask for, in the words of the command that reads the values)."""
     values = frame_guards.float32(self.guards.rows(values, where))
-    self.guards.check_values(values, where)
+    self.guards.check_values(values, where, hints=hints)
     return self._sample(self._condition(values), num_samples, first_index, keep_samples, None)
 
   def reconstruct_conditions(

@@ -18,11 +18,22 @@ from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
 from cdeit_jax.data import stats as stats_lib
+from cdeit_jax.eit import reference_match
 from cdeit_jax.eit.layout import Layout
 from cdeit_jax.eit.measurement import IMAGE_SIZE
 from cdeit_jax.infer import evaluate, run_frames
 from cdeit_jax.infer import frames as frames_files
-from cdeit_jax.infer.frame_guards import check_source, listed
+from cdeit_jax.infer.frame_guards import Hints, check_source, listed
+
+# what eval.py's refusals of a recording's frames ask for: the file holds frames and reference
+HINTS = Hints(
+  reference=(
+    "store the empty tank's frame in the file as `reference` (np.savez(..., frames=..., "
+    "reference=...)), so that each frame minus it is scored"
+  ),
+  same="the file's `reference`",
+  skip="remove them from the file",
+)
 
 
 class RecordingSource(sources.ArraySource):
@@ -71,6 +82,8 @@ class RecordingSource(sources.ArraySource):
       raise InputError(
         f"{path}: the reference frame holds NaN or infinite values; give the empty tank's frame"
       )
+    if reference is not None:  # frames of the reference's tank, protocol, sign and units
+      reference_match.check_frames(v, reference, path, f"{path}: its reference frame", HINTS.same)
     # in float64: frames and reference are large beside their difference
     dv = (v if reference is None else v - reference[None]).astype(np.float32)
     ignored = np.zeros_like(removed) if ignored is None else ignored
@@ -117,7 +130,7 @@ class RecordingEvaluator(evaluate.Evaluator):
 
   def _compile(self, model) -> None:
     super()._compile(model)
-    self.rec.guards.check_frames(self.src.dv[: self.n], self.data_path)
+    self.rec.guards.check_frames(self.src.dv[: self.n], self.data_path, hints=HINTS)
 
 
 def run(kind, path: str, data_path: str, out: str, overrides=None, units=None) -> dict[str, Any]:

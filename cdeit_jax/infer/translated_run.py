@@ -27,16 +27,14 @@ from cdeit_jax.common import fileio
 from cdeit_jax.common.errors import InputError
 from cdeit_jax.data import sources
 from cdeit_jax.eit import layout, translation
+from cdeit_jax.eit.reference_match import SAME_TANK_COS, SCALE, likeness
 from cdeit_jax.infer import run_frames
 from cdeit_jax.infer.frame_guards import FrameGuards, Screen, listed
 
 # A reference frame is the run's empty tank when its cosine with the calibrated one is at least
-# SAME_TANK_COS: the same tank's frames of its 22 targets keep 0.989 or more with it (UEF2017's
-# skip-1 and skip-3: up to 18 % and 23 % apart), the other protocol's empty tank 0.49 (100 %
-# apart), a reversed current's -1; and its scale (the coefficient along it) within SCALE: the
-# training draws gains within 10 %, other units are factors of 1000.
-SAME_TANK_COS = 0.9
-SCALE = (0.5, 2.0)
+# SAME_TANK_COS and its scale (the coefficient along it) within SCALE (`eit.reference_match`:
+# the same tank's frames of its targets keep 0.983 or more with it, the other protocol's empty
+# tank 0.49, a reversed current's -1; other units are factors of 1000).
 # A frame's present values determine a value of the model's system when they give at least this
 # share of its prior variance (`Translator.determined_values`): every UEF2017 value with one value,
 # a whole pattern or half the values missing (at least 0.94); 30 of 256 values left 0.69.
@@ -105,14 +103,10 @@ class TranslatedDevice(run_frames.Frames):
     run's empty tank: not its pattern, negated, or at another scale (module docstring)."""
     if self.empty is None:
       return
-    ref, empty = np.asarray(reference, np.float64), np.asarray(self.empty, np.float64)
-    both = np.isfinite(ref) & np.isfinite(empty)
-    a, b = ref[both], empty[both]
-    norms = np.linalg.norm(a) * np.linalg.norm(b)
-    if both.sum() < 2 or norms == 0:
+    s = likeness(reference, self.empty)
+    cos, scale, apart = float(s.cos[0]), float(s.scale[0]), float(s.apart[0])
+    if not np.isfinite(cos):
       return  # nothing to compare (all zero, or missing): the frames' own guards judge them
-    cos, scale = float(a @ b / norms), float(a @ b / (b @ b))
-    apart = float(np.linalg.norm(a - b) / np.linalg.norm(b))
     run = f"this run's empty tank ({self.path}, {self.device.describe()})"
     if cos <= -SAME_TANK_COS:
       raise InputError(

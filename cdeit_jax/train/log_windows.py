@@ -57,10 +57,14 @@ class Window:
     now = time.perf_counter()
     if not all(bool(m["finite"]) for m in host):
       bad = self.start + 1 + next(i for i, m in enumerate(host) if not bool(m["finite"]))
+      kept = (
+        f"The last good checkpoint is step {last_good} in {workdir}/checkpoints"
+        if last_good is not None
+        else f"No checkpoint was saved before it ({workdir}/checkpoints holds none of this run)"
+      )
       raise NonFiniteLoss(
         f"the loss or gradient became non-finite at step {bad}; stopping without saving. "
-        f"The last good checkpoint is step {last_good} in {workdir}/checkpoints "
-        "(lower config.optimizer.lr, check config.optimizer.grad_clip and the data)."
+        f"{kept} (lower config.optimizer.lr, check config.optimizer.grad_clip and the data)."
       )
     n, batch, devices = step - self.start, self.batch_size, jax.device_count()
     self.seconds = now - self.t0
