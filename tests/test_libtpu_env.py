@@ -55,3 +55,23 @@ def test_a_command_starting_jax_beside_libtpu_prints_no_libtpu_block():
     runs[switch] = p.stderr
   assert not any(text in runs["1"] for text in LIBTPU_BLOCK), runs["1"][-2000:]
   assert all(text in runs["0"] for text in LIBTPU_BLOCK), runs["0"][-2000:]
+
+
+def test_a_cpu_or_gpu_install_drops_jaxs_missing_tpu_line_too(monkeypatch):
+  """Without libtpu (a CPU or GPU install) and without a TPU, JAX's `Unable to initialize
+  backend 'tpu'` line is dropped as well; with a TPU chip present it is kept."""
+  import logging
+
+  from cdeit_jax.common import libtpu_env
+
+  logger = logging.getLogger("jax._src.xla_bridge")
+  record = logger.makeRecord(
+    logger.name, logging.INFO, "x", 1, "Unable to initialize backend 'tpu': no libtpu", (), None
+  )
+  monkeypatch.setattr(libtpu_env, "libtpu_installed", lambda: False)
+  for chips, shown in ((True, True), (False, False)):
+    monkeypatch.setattr(logger, "filters", [])
+    monkeypatch.setattr(libtpu_env, "tpu_chips_present", lambda c=chips: c)
+    monkeypatch.setenv("CDEIT_LIBTPU_ENV", "1")
+    libtpu_env.apply()
+    assert logger.filter(record) == shown, chips

@@ -93,7 +93,9 @@ class _NoTpuBackend(logging.Filter):
 
 def apply() -> None:
   """Before JAX starts (the commands' first lines): the variables above, and JAX's log line of
-  the missing TPU dropped, on a machine without a TPU."""
+  the missing TPU dropped, on a machine without a TPU (with libtpu, or without it: a CPU or GPU
+  install, where JAX still tries the TPU backend and logs that it found none)."""
   os.environ.update(quiet_environment(os.environ))
-  if no_tpu_here():
+  quiet = os.environ.get("CDEIT_LIBTPU_ENV", "1") != "0"
+  if no_tpu_here() or (quiet and not tpu_chips_present()):
     logging.getLogger("jax._src.xla_bridge").addFilter(_NoTpuBackend())
