@@ -266,6 +266,12 @@ def check_bucket_credentials() -> None:
 def run(main: Callable[[list[str]], None]) -> None:
   """`app.run(main)` with one-line flag errors and one-line reports of our own errors."""
 
+  from cdeit_jax.common import libtpu_env
+
+  # libtpu's settings on a machine without a TPU, before JAX starts its backends (the commands
+  # that re-execute through cpu_tuning.apply have them already; the others get them here)
+  libtpu_env.apply()
+
   def wrapped(argv):
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
     for name in ("absl", "asyncio"):  # orbax's logs; its failed writes' unretrieved tasks

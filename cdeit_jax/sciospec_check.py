@@ -98,6 +98,9 @@ def check(recording: str, out: str, figures_folder: str | None = None) -> dict:
     "max_centroid_jump_radii": float(np.max(jumps)),
   }
   if figures_folder:
+    from cdeit_jax.common import fileio
+
+    fileio.makedirs(figures_folder)  # as reconstruct makes its --out
     figures(figures_folder, images, change, rms, cen, obj, ref_rows)
   return report
 

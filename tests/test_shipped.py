@@ -470,6 +470,8 @@ def _copy(tiny_model, tmp_path) -> pathlib.Path:
   "setting, why",
   [
     ("eval.voltage_ratio=abc", "--set eval.voltage_ratio=abc: not a number (or None)"),
+    ("eval.voltage_ratio=-1", "--set eval.voltage_ratio=-1.0: must be a positive number"),
+    ("eval.current_ratio=0", "--set eval.current_ratio=0.0: must be a positive number"),
     ("sampling.batch_size=4.5", "--set sampling.batch_size=4.5: not an integer"),
     ("sampling.num_samples=-1", "--set sampling.num_samples=-1: must be an integer from 1"),
     ("sampling.steps=0", "--set sampling.steps=0: must be >= 1"),

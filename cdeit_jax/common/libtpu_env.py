@@ -97,5 +97,7 @@ def apply() -> None:
   install, where JAX still tries the TPU backend and logs that it found none)."""
   os.environ.update(quiet_environment(os.environ))
   quiet = os.environ.get("CDEIT_LIBTPU_ENV", "1") != "0"
+  logger = logging.getLogger("jax._src.xla_bridge")
   if no_tpu_here() or (quiet and not tpu_chips_present()):
-    logging.getLogger("jax._src.xla_bridge").addFilter(_NoTpuBackend())
+    if not any(isinstance(f, _NoTpuBackend) for f in logger.filters):  # applied once
+      logger.addFilter(_NoTpuBackend())
