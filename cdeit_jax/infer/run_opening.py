@@ -23,6 +23,7 @@ from cdeit_jax.checkpoints import checkpoint, loading, reader
 from cdeit_jax.common import fileio, logs
 from cdeit_jax.common import sharding as shd
 from cdeit_jax.common.errors import InputError
+from cdeit_jax.eit import measurement
 from cdeit_jax.infer import intervals, refinement, run_frames
 from cdeit_jax.model.system import ModelSystem
 
@@ -78,14 +79,13 @@ def settings(
   need(s.data_consistency_alpha > 0, "sampling.data_consistency_alpha", "must be > 0")
   need(isinstance(s.symmetric, bool), "sampling.symmetric", "must be True or False")
   need(e.max_examples is None or e.max_examples >= 1, "eval.max_examples", "must be >= 1")
-  for ratio in ("voltage_ratio", "current_ratio"):  # measurement.checked_ratios' rule, up front
+  for ratio in ("voltage_ratio", "current_ratio"):  # the units' own rule, checked up front
     r = e.get(ratio)
-    need(
-      r is None or (isinstance(r, (int, float)) and not isinstance(r, bool) and 1e-12 < r < 1e12),
-      f"eval.{ratio}",
-      "must be a positive number (measured / simulated units, from 1e-12 to 1e12; a negative "
-      "one would turn the images' sign)",
-    )
+    try:
+      ok = r is None or measurement.checked_ratios(r, 1.0) is not None
+    except InputError:
+      ok = False
+    need(ok, f"eval.{ratio}", "must be a positive number (measured / simulated units)")
   # a bad one: one line naming the flag
   refinement.Refinement.parse(e.get("refinement", ""), f"{flag}eval.refinement")
   need(
